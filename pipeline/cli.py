@@ -1,0 +1,128 @@
+"""The `tokenmill` command: wiring only; every verb calls into the pipeline package."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+from pipeline.config import ConfigError, load_config, tokenmill_home
+
+app = typer.Typer(add_completion=False, no_args_is_help=True, help="tokenmill: batch LLM summarisation at the lowest cost per document.")
+models_app = typer.Typer(no_args_is_help=True, help="Build local models.")
+config_app = typer.Typer(no_args_is_help=True, help="Inspect configuration.")
+app.add_typer(models_app, name="models")
+app.add_typer(config_app, name="config")
+console = Console(stderr=False)
+ConfigOption = typer.Option(..., "--config", "-c", help="YAML config file (e.g. configs/local.yaml).")
+
+
+def _fail(message: str) -> None:
+    typer.echo(f"error: {message}", err=True)
+    raise typer.Exit(2)
+
+
+def _load(path: Path, **overrides):
+    try:
+        return load_config(path, **overrides)
+    except ConfigError as e:
+        _fail(str(e))
+
+
+@config_app.command("show")
+def config_show(config: Path = ConfigOption, format: str = typer.Option("yaml", help="yaml or json")) -> None:
+    """Print the effective config: file, then TOKENMILL_<SECTION>__<FIELD> overrides, ${VAR}s expanded."""
+    cfg = _load(config)
+    data = cfg.model_dump(mode="json")
+    typer.echo(json.dumps(data, indent=2) if format == "json" else yaml.safe_dump(data, sort_keys=False))
+
+
+@models_app.command("tiny")
+def models_tiny(path: Optional[Path] = typer.Argument(None, help="Where to write it (default: $TOKENMILL_HOME/models/tiny-<size>)."),
+                size: str = typer.Option("small", help="small (about 1.1 M parameters) or large (about 5.5 M).")) -> None:
+    """Build a tiny random-weight Llama model offline. Its outputs are gibberish: it exercises the real engine."""
+    from pipeline.tiny_model import SIZES, build_tiny_model
+
+    if size not in SIZES:
+        _fail(f"--size must be one of {', '.join(SIZES)}")
+    target = path or tokenmill_home() / "models" / f"tiny-{size}"
+    build_tiny_model(target, size)
+    typer.echo(f"built tiny {size} model at {target}")
+
+
+@app.command("samples")
+def samples(path: Path = typer.Argument(..., help="Folder to write the sample corpus into."),
+            documents: int = typer.Option(60, help="Number of good documents."),
+            bad: bool = typer.Option(True, help="Also write one record of every kind of bad input.")) -> None:
+    """Write a small synthetic input corpus (JSONL, JSONL.gz, Parquet, .txt, .md), duplicates included."""
+    from pipeline.samples import write_sample_corpus
+
+    counts = write_sample_corpus(path, documents=documents, with_bad_input=bad)
+    typer.echo(f"wrote {counts['documents']} documents and {counts['bad_records']} bad records to {path}")
+
+
+def summary_table(manifest: dict) -> Table:
+    c, t, m = manifest["counts"], manifest["tokens"], manifest["cost"]
+    table = Table(title=f"job {manifest['job_id']}", show_header=False)
+    table.add_column(style="bold")
+    table.add_column(justify="right")
+    reused = c["outputs"] - c["by_source"].get("generated", 0)
+    rows = [
+        ("records", c["records"]), ("generated", c["by_source"].get("generated", 0)), ("reused", reused),
+        ("quarantined", c["quarantined"]),
+        ("  by reason", ", ".join(f"{k} {v}" for k, v in c["by_reason"].items()) or "-"),
+        ("prompt tokens (cached)", f"{t['prompt_tokens']} ({t['cached_prompt_tokens']})"),
+        ("output tokens", t["output_tokens"]),
+        ("GPU-seconds", f"{m['gpu_seconds']:.3f}"),
+        ("cost", f"${m['cost_usd']:.6f}"), ("baseline cost", f"${m['baseline_cost_usd']:.6f}"),
+        ("saved vs baseline", f"${m['saved_usd']:.6f}"),
+    ]
+    for tier, e in manifest["engines"].items():
+        tps = e["output_tokens_per_second"]
+        rows.append((f"tier {tier}", f"{e['engine_seconds']:.2f} s engine, {tps:.0f} output tok/s" if tps else "-"))
+    for k, v in rows:
+        table.add_row(k, str(v))
+    return table
+
+
+@app.command("run")
+def run(config: Path = ConfigOption,
+        input: Optional[str] = typer.Option(None, "--input", help="Input folder or URI (overrides input.uri)."),
+        output: Optional[str] = typer.Option(None, "--output", help="Output root (overrides output.uri)."),
+        job_id: Optional[str] = typer.Option(None, "--job-id", help="Job id (default: job-<UTC time>-<random>); rerunning an id replaces its files."),
+        json_summary: bool = typer.Option(False, "--json", help="Print the manifest as JSON instead of a table.")) -> None:
+    """Run one summarisation job end to end. Exit 0 when it finished (quarantined records included)."""
+    from pipeline.infer import shutdown_engines
+    from pipeline.progress import Progress
+    from pipeline.runner import JobError, run_job
+
+    cfg = _load(config, input__uri=input, output__uri=output)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    for noisy in ("vllm", "transformers", "httpx"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    try:
+        result = run_job(cfg, job_id=job_id, progress=Progress(cfg.run.progress, cfg.run.log_every_seconds))
+    except JobError as e:
+        _fail(f"job failed: {e}")
+    finally:
+        shutdown_engines()
+    if json_summary:
+        typer.echo(json.dumps(result.manifest, indent=2))
+    else:
+        console.print(summary_table(result.manifest))
+        console.print(f"outputs, ledger and quarantine under {cfg.output.uri}; manifest: jobs/{result.job_id}/manifest.json")
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    main()

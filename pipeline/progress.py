@@ -1,0 +1,55 @@
+"""Progress of a running job: a live bar on a terminal, periodic plain log lines elsewhere (Airflow, cron)."""
+
+from __future__ import annotations
+
+import logging
+import sys
+import time
+
+log = logging.getLogger("tokenmill.progress")
+
+
+class Progress:
+    """Counts items done (output or quarantine), reused and quarantined, and dollars spent so far."""
+
+    def __init__(self, mode: str = "auto", log_every_seconds: float = 10.0):
+        if mode == "auto":
+            mode = "bar" if sys.stderr.isatty() else "log"
+        self.mode, self.every = mode, log_every_seconds
+        self.total = self.done = self.reused = self.quarantined = 0
+        self.usd = 0.0
+        self._bar = self._task = None
+        self._last_log = 0.0
+
+    def start(self, total: int) -> None:
+        self.total = total
+        if self.mode == "bar":
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress as Bar, TextColumn, TimeElapsedColumn
+            self._bar = Bar(TextColumn("[bold]tokenmill"), BarColumn(), MofNCompleteColumn(),
+                            TextColumn("{task.fields[status]}"), TimeElapsedColumn(), transient=False)
+            self._bar.start()
+            self._task = self._bar.add_task("job", total=total, status="")
+        self._show(force=True)
+
+    def advance(self, done: int = 0, reused: int = 0, quarantined: int = 0, usd: float = 0.0) -> None:
+        self.done += done + quarantined
+        self.reused += reused
+        self.quarantined += quarantined
+        self.usd += usd
+        self._show()
+
+    def status(self) -> str:
+        return f"reused {self.reused}, quarantined {self.quarantined}, ${self.usd:.6f}"
+
+    def _show(self, force: bool = False) -> None:
+        if self.mode == "bar" and self._bar is not None:
+            self._bar.update(self._task, completed=self.done, status=self.status())
+        elif self.mode == "log" and (force or time.monotonic() - self._last_log >= self.every):
+            self._last_log = time.monotonic()
+            log.info("progress: %d/%d items done, %s", self.done, self.total, self.status())
+
+    def finish(self) -> None:
+        if self._bar is not None:
+            self._bar.stop()
+        elif self.mode == "log":
+            self._show(force=True)

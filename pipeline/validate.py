@@ -1,0 +1,73 @@
+"""Stage 2, validate: split raw records into valid records and quarantine rows with a reason.
+
+Every raw record leaves this stage exactly once: as a valid record or as a quarantine row.
+Checks run in a fixed order and the first failing one names the reason. Duplicate ids are
+checked last among valid records, so the first *valid* occurrence of an id wins.
+"""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pipeline.config import InputConfig
+from pipeline.schema import QUARANTINE
+
+
+def quarantine_rows(records: pa.Table, reasons: pa.Array, job_id: str, excerpt_chars: int,
+                    detail: pa.Array | None = None) -> pa.Table:
+    """Quarantine rows (QUARANTINE plus `partition`) for `records`, one per row of `reasons`.
+
+    The excerpt is the raw input where the read stage kept one, else the start of the text."""
+    if "raw_excerpt" in records.column_names:
+        excerpt = pc.coalesce(records["raw_excerpt"], pc.utf8_slice_codeunits(records["text"], 0, excerpt_chars))
+    else:
+        excerpt = pc.utf8_slice_codeunits(records["text"], 0, excerpt_chars)
+    n = records.num_rows
+    return pa.table({
+        "partition": records["partition"],
+        "id": records["id"], "tenant": records["tenant"], "file": records["file"], "line": records["line"],
+        "reason": reasons,
+        "detail": detail if detail is not None else pa.nulls(n, pa.string()),
+        "excerpt": excerpt,
+        "job_id": pa.array([job_id] * n, pa.string()),
+    }, schema=pa.schema([("partition", pa.string()), *QUARANTINE]))
+
+
+def validate_records(raw: pa.Table, config: InputConfig, job_id: str) -> tuple[pa.Table, pa.Table]:
+    """(valid records, quarantine rows).
+
+    Valid records keep every RAW_RECORDS column except the read-error ones.
+    """
+    n = raw.num_rows
+    text_bytes = pc.binary_length(raw["text"].cast(pa.binary()))
+    checks = [
+        ("read_error", pc.is_valid(raw["read_error"])),
+        ("missing_id", pc.is_null(raw["id"])),
+        ("missing_text", pc.is_null(raw["text"])),
+        ("empty_text", pc.equal(pc.utf8_trim_whitespace(raw["text"]), "")),
+        ("too_large", pc.greater(text_bytes, config.max_document_bytes)),
+    ]
+    reason = pa.nulls(n, pa.string())
+    for code, failed in checks:
+        failed = pc.fill_null(failed, False)
+        value = raw["read_error"] if code == "read_error" else pa.scalar(code)
+        reason = pc.if_else(pc.and_(pc.is_null(reason), failed), value, reason)
+
+    # Duplicate ids among the records that passed so far: the first occurrence wins.
+    passed = pc.is_null(reason).combine_chunks() if isinstance(reason, pa.ChunkedArray) else pc.is_null(reason)
+    ids = raw["id"].combine_chunks()
+    seen: set[str] = set()
+    dup = [False] * n
+    for i, (ok, id_) in enumerate(zip(passed.to_pylist(), ids.to_pylist())):
+        if ok:
+            if id_ in seen:
+                dup[i] = True
+            seen.add(id_)
+    reason = pc.if_else(pa.array(dup), pa.scalar("duplicate_id"), reason)
+
+    bad = pc.is_valid(reason)
+    bad_records = raw.filter(bad)
+    quarantine = quarantine_rows(bad_records, pc.drop_null(reason), job_id, config.excerpt_chars)
+    valid = raw.filter(pc.invert(bad)).drop_columns(["read_error", "raw_excerpt"])
+    return valid, quarantine
