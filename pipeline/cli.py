@@ -44,6 +44,14 @@ def config_show(config: Path = ConfigOption, format: str = typer.Option("yaml", 
     typer.echo(json.dumps(data, indent=2) if format == "json" else yaml.safe_dump(data, sort_keys=False))
 
 
+@config_app.command("docs")
+def config_docs() -> None:
+    """Print the configuration reference (docs/config.md) generated from the typed config."""
+    from pipeline.config import reference_markdown
+
+    typer.echo(reference_markdown(), nl=False)
+
+
 @models_app.command("tiny")
 def models_tiny(path: Optional[Path] = typer.Argument(None, help="Where to write it (default: $TOKENMILL_HOME/models/tiny-<size>)."),
                 size: str = typer.Option("small", help="small (about 1.1 M parameters) or large (about 5.5 M).")) -> None:

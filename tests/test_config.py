@@ -86,3 +86,9 @@ def test_config_show_bad_file_is_one_line_error(tmp_path):
                        capture_output=True, text=True, cwd=REPO)
     assert r.returncode == 2
     assert r.stderr.strip().startswith("error: config file not found") and "Traceback" not in r.stderr
+
+
+def test_config_reference_doc_is_current():
+    from pipeline.config import reference_markdown
+
+    assert (REPO / "docs" / "config.md").read_text() == reference_markdown(), "run: tokenmill config docs > docs/config.md"
