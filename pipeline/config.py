@@ -115,7 +115,9 @@ class CostConfig(Section):
 
 
 class StateConfig(Section):
-    url: str = Field("sqlite:///${TOKENMILL_HOME}/state.db", description="SQLAlchemy URL of the job-state catalog (SQLite locally, PostgreSQL in production).")
+    url: str = Field("sqlite:///${TOKENMILL_HOME}/state.db", description="SQLAlchemy URL of the job-state catalog (SQLite locally, PostgreSQL in production, e.g. `postgresql+psycopg://user@host/db`; put the password in the environment, not here).")
+    lease_seconds: float = Field(300.0, gt=0, description="A claimed partition is held this long without a heartbeat; a worker that dies loses it after this and another may take over.")
+    wait_seconds: float = Field(1.0, gt=0, description="How often a worker looks again at partitions other workers hold.")
 
 
 class RunConfig(Section):

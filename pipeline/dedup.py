@@ -4,6 +4,9 @@ Two records are exact duplicates when they belong to the same tenant and their n
 are equal (Unicode NFC, whitespace collapsed, optionally case-folded). The first record of each
 group is its representative; the others get `duplicate_of` = the representative's id and cost
 nothing. Tenants never share outputs.
+
+Across partitions and reruns, the same grouping runs on the request's content key (`item_key`:
+content hash + model + prompt + sampling), looked up in the state catalog's paid-for items.
 """
 
 from __future__ import annotations
@@ -29,17 +32,18 @@ def content_hash(tenant: str, text: str, case_fold: bool = False) -> str:
     return xxhash.xxh3_128_hexdigest(f"{tenant}\x00{normalise_text(text, case_fold)}".encode())
 
 
-def mark_duplicates(records: pa.Table, config: DedupConfig) -> pa.Table:
-    """Add `content_hash` and `duplicate_of` (null for representatives)."""
-    hashes = [content_hash(t, x, config.case_fold)
-              for t, x in zip(records["tenant"].to_pylist(), records["text"].to_pylist())]
+def add_content_hashes(records: pa.Table, config: DedupConfig) -> pa.Table:
+    """Add `content_hash`: equal for exact duplicates; the record's own id joins it when dedup is off."""
+    hashes = [content_hash(t, x if config.exact else f"{i}\x00{x}", config.case_fold)
+              for i, t, x in zip(records["id"].to_pylist(), records["tenant"].to_pylist(), records["text"].to_pylist())]
+    return records.append_column("content_hash", pa.array(hashes, pa.string()))
+
+
+def mark_duplicates(records: pa.Table, key: str) -> pa.Table:
+    """Add `duplicate_of`: the id of the first record with the same `key`, null for that first record."""
     duplicate_of: list[str | None] = []
     first: dict[str, str] = {}
-    for id_, h in zip(records["id"].to_pylist(), hashes):
-        if config.exact and h in first:
-            duplicate_of.append(first[h])
-        else:
-            first.setdefault(h, id_)
-            duplicate_of.append(None)
-    return records.append_column("content_hash", pa.array(hashes, pa.string())) \
-                  .append_column("duplicate_of", pa.array(duplicate_of, pa.string()))
+    for id_, k in zip(records["id"].to_pylist(), records[key].to_pylist()):
+        duplicate_of.append(first.get(k))
+        first.setdefault(k, id_)
+    return records.append_column("duplicate_of", pa.array(duplicate_of, pa.string()))

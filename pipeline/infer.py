@@ -197,8 +197,8 @@ def _generate_splitting(engine: Engine, prompts: list, max_tokens: list, samplin
 
 
 def run_inference(requests: pa.Table, pool: EnginePool, sampling: SamplingConfig,
-                  on_call_done: Callable[[pa.Table, float], None] | None = None) -> tuple[pa.Table, pa.Table, pa.Table]:
-    """(completions, calls, engine_errors). `on_call_done(completions, seconds)` follows each call (progress)."""
+                  on_call_done: Callable[[dict, pa.Table], None] | None = None) -> tuple[pa.Table, pa.Table, pa.Table]:
+    """(completions, calls, engine_errors). `on_call_done(call row, its completions)` follows each call."""
     completions, calls, errors = [], [], {"id": [], "detail": []}
     for call in sorted(set(requests["call"].to_pylist())):
         batch = requests.filter(pc.equal(requests["call"], call))
@@ -225,7 +225,7 @@ def run_inference(requests: pa.Table, pool: EnginePool, sampling: SamplingConfig
         completions.append(table)
         calls.append({"call": call, "tier": tier, "seconds": seconds, "items": len(done), "failed_attempts": attempts[0]})
         if on_call_done:
-            on_call_done(table, seconds)
+            on_call_done(calls[-1], table)
     return (pa.concat_tables(completions) if completions else COMPLETIONS.empty_table(),
             pa.Table.from_pylist(calls, schema=CALLS),
             pa.table(errors, schema=ENGINE_ERRORS))

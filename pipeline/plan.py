@@ -8,9 +8,11 @@ prompts sharing a prefix (system prompt, template) run back to back and hit vLLM
 
 from __future__ import annotations
 
+import json
 from typing import Protocol
 
 import pyarrow as pa
+import xxhash
 import pyarrow.compute as pc
 
 from pipeline.config import PlanConfig, PromptConfig, SamplingConfig
@@ -68,3 +70,18 @@ def plan_requests(records: pa.Table, prompt: PromptConfig, sampling: SamplingCon
         }, schema=REQUESTS))
     table = pa.concat_tables(requests) if requests else REQUESTS.empty_table()
     return table, pa.table({"id": too_long_ids, "detail": too_long_detail}, schema=TOO_LONG)
+
+
+def add_item_keys(records: pa.Table, prompt: PromptConfig, sampling: SamplingConfig, tiers: dict) -> pa.Table:
+    """Add `item_key`, the content address of a request: what is generated, by which model, how.
+
+    Two records with equal keys get the same output (greedy decoding), so one generation serves
+    both, in this partition, another partition, or a rerun. Changing the template, the model or
+    the sampling parameters changes every key: nothing stale is reused.
+    """
+    recipe = {tier: xxhash.xxh3_64_hexdigest(json.dumps([
+        tiers[tier].model, prompt.template_version, prompt.system, prompt.user, sampling.model_dump(mode="json"),
+    ], sort_keys=True).encode()) for tier in set(records["tier"].to_pylist())}
+    keys = [xxhash.xxh3_128_hexdigest(f"{recipe[t]}:{h}".encode()) for t, h in
+            zip(records["tier"].to_pylist(), records["content_hash"].to_pylist())]
+    return records.append_column("item_key", pa.array(keys, pa.string()))

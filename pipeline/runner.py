@@ -1,38 +1,45 @@
-"""The job: read -> validate -> dedup -> route -> plan -> infer -> write, each stage a function over Arrow tables.
+"""The job: plan it once, then run its partitions, each committed whole, any number of times.
 
-`run_job` is the one entry point the CLI and the DAGs call. It owns no logic of its own beyond
-wiring, timing the stages, keeping the accounting invariant and recording the job in the catalog.
+  plan (once per job):   read -> validate -> dedup -> route -> item keys -> staged per partition
+  each partition:        claim -> reuse paid-for items -> plan requests -> infer -> write -> commit
+  finish:                every partition succeeded -> manifest; otherwise the job fails, naming them
+
+`run_job` is the one entry point the CLI and the DAGs call. It owns no stage logic: it wires the
+stages, keeps the accounting invariant, and records progress in the state catalog so that a rerun
+(or a second worker) picks up exactly what is not done and pays for nothing twice.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import secrets
 import time
 from collections import Counter
-from contextlib import contextmanager
 from dataclasses import dataclass
-from datetime import datetime, timezone
+from datetime import datetime, timedelta, timezone
 
 import pyarrow as pa
 import pyarrow.compute as pc
+import pyarrow.parquet as pq
 
 from pipeline import storage
 from pipeline.config import TokenmillConfig
-from pipeline.cost import allocate_gpu_seconds, baseline_gpu_seconds, total
-from pipeline.dedup import mark_duplicates
-from pipeline.infer import EnginePool, run_inference
-from pipeline.plan import plan_requests
+from pipeline.cost import allocate_gpu_seconds, baseline_gpu_seconds
+from pipeline.dedup import add_content_hashes, mark_duplicates
+from pipeline.infer import CALLS, EngineDeadError, EnginePool, EngineStartError, run_inference
+from pipeline.plan import add_item_keys, plan_requests
 from pipeline.progress import Progress
 from pipeline.read import read_records
 from pipeline.route import assign_tiers
-from pipeline.state import StateStore
+from pipeline.state import Heartbeat, StateError, StateStore, aware, default_worker, now
 from pipeline.validate import validate_records
-from pipeline.write import assemble_results, count_by, write_manifest, write_partitions
+from pipeline.write import assemble_results, count_by, write_manifest, write_partition
 
 log = logging.getLogger(__name__)
 JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+JOB_FATAL = (EngineDeadError, EngineStartError, StateError)  # no point trying further partitions
 
 
 class JobError(RuntimeError):
@@ -49,135 +56,277 @@ def new_job_id() -> str:
     return f"job-{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}-{secrets.token_hex(3)}"
 
 
-class _Timer:
-    def __init__(self) -> None:
-        self.seconds: dict[str, float] = {}
-
-    @contextmanager
-    def stage(self, name: str):
-        started = time.perf_counter()
-        yield
-        self.seconds[name] = round(time.perf_counter() - started, 4)
+def staging_path(root: storage.Location, job_id: str, partition: str, name: str) -> str:
+    return root.join("_staging", f"job={job_id}", f"partition={partition}", name)
 
 
 def run_job(config: TokenmillConfig, job_id: str | None = None, pool: EnginePool | None = None,
-            progress: Progress | None = None) -> JobResult:
-    """Run one job to the end. Raises JobError with a one-line reason when it cannot finish."""
+            progress: Progress | None = None, partitions: list[str] | None = None,
+            worker: str | None = None) -> JobResult:
+    """Run (or continue) a job until every partition is committed. Raises JobError with a one-line reason.
+
+    `partitions` names partitions to run again even if they succeeded (a no-op that costs nothing,
+    since their items are already paid for); otherwise pending, failed and abandoned ones run.
+    """
     job_id = job_id or new_job_id()
     if not JOB_ID.match(job_id):
         raise JobError(f"job id {job_id!r} must be 1-128 characters of letters, digits, '.', '_' or '-'")
-    state = StateStore(config.state.url)
-    state.job_started(job_id, config.fingerprint(), config.input.uri, config.output.uri)
     try:
-        manifest = _run(config, job_id, pool or EnginePool(config.tiers), progress or Progress("off"))
+        state = StateStore(config.state.url)
+        return _Job(config, job_id, state, pool or EnginePool(config.tiers), progress or Progress("off"),
+                    worker or default_worker()).run(partitions or [])
+    except JobError:
+        raise
+    except (storage.StorageError, StateError) as e:
+        raise JobError(str(e)) from e
     except Exception as e:
-        reason = f"{type(e).__name__}: {e}" if not isinstance(e, (JobError, storage.StorageError)) else str(e)
-        state.job_finished(job_id, "failed", error=reason)
-        raise JobError(reason) from e
-    state.job_finished(job_id, "succeeded", counts=manifest["counts"])
-    return JobResult(job_id, manifest)
+        raise JobError(f"{type(e).__name__}: {e}") from e
 
 
-def _run(config: TokenmillConfig, job_id: str, pool: EnginePool, progress: Progress) -> dict:
-    started_at = datetime.now(timezone.utc)
-    timer = _Timer()
-    out_root = storage.resolve(config.output.uri)
+class _Job:
+    def __init__(self, config: TokenmillConfig, job_id: str, state: StateStore, pool: EnginePool,
+                 progress: Progress, worker: str):
+        self.config, self.job_id, self.state, self.pool, self.progress, self.worker = \
+            config, job_id, state, pool, progress, worker
+        self.out = storage.resolve(config.output.uri)
 
-    with timer.stage("read"):
-        raw, skipped = read_records(config.input.uri, config.input)
-    for path in skipped:
-        log.warning("skipped %s: not .jsonl, .jsonl.gz, .parquet, .txt or .md", path)
-    with timer.stage("validate"):
-        records, quarantine = validate_records(raw, config.input, job_id)
-    with timer.stage("dedup"):
-        records = mark_duplicates(records, config.dedup)
-    with timer.stage("route"):
-        records = assign_tiers(records, config.route)
-    with timer.stage("plan"):
-        tiers_used = sorted(set(records["tier"].to_pylist()))
-        requests, too_long = plan_requests(records, config.prompt, config.sampling, config.plan,
-                                           {t: pool.tokenizer(t) for t in tiers_used},
-                                           {t: pool.context_length(t) for t in tiers_used})
+    # -- plan -------------------------------------------------------------------------------------
+    def ensure_planned(self) -> None:
+        c = self.config
+        if self.state.claim_planning(self.job_id, c.fingerprint(), c.input.uri, c.output.uri):
+            return self.plan()
+        while True:
+            job = self.state.job(self.job_id)
+            if job.status not in ("planning", "plan_failed"):
+                break
+            if self.state.reclaim_planning(self.job_id, now() - timedelta(seconds=c.state.lease_seconds)):
+                return self.plan()  # the last planning failed or its planner died
+            time.sleep(c.state.wait_seconds)  # another worker is planning it now
+        if job.output_uri != c.output.uri:
+            raise JobError(f"job {self.job_id} writes to {job.output_uri}, not {c.output.uri}; use that output")
+        if job.config_fingerprint != c.fingerprint():
+            log.warning("job %s: config changed since it was planned; items whose request changed are generated again",
+                        self.job_id)
 
-    # Progress: a call's items are done together with every duplicate that reuses them.
-    copies = Counter(r or i for i, r in zip(records["id"].to_pylist(), records["duplicate_of"].to_pylist()))
-    progress.start(raw.num_rows)
-    progress.advance(quarantined=quarantine.num_rows + sum(copies[i] for i in too_long["id"].to_pylist()))
-
-    def on_call_done(done: pa.Table, seconds: float) -> None:
-        n = sum(copies[i] for i in done["id"].to_pylist())
-        tier = config.tiers[done["tier"][0].as_py()] if done.num_rows else None
-        usd = seconds * tier.gpus * tier.price_per_gpu_hour / 3600 if tier else 0.0
-        progress.advance(done=n, reused=n - done.num_rows, usd=usd)
-
-    with timer.stage("infer"):
+    def plan(self) -> None:
         try:
-            completions, calls, engine_errors = run_inference(requests, pool, config.sampling, on_call_done)
+            self._plan()
+        except Exception as e:
+            self.state.set_job(self.job_id, status="plan_failed", error=str(e)[:2000])
+            raise
+
+    def _plan(self) -> None:
+        """Read, validate, dedup and route the whole job; stage each partition's records; register partitions."""
+        c, started = self.config, time.perf_counter()
+        raw, skipped = read_records(c.input.uri, c.input)
+        for path in skipped:
+            log.warning("skipped %s: not .jsonl, .jsonl.gz, .parquet, .txt or .md", path)
+        records, quarantine = validate_records(raw, c.input, self.job_id)
+        records = add_content_hashes(records, c.dedup)
+        records = assign_tiers(records, c.route)
+        records = add_item_keys(records, c.prompt, c.sampling, c.tiers)
+        partitions: dict[str, dict] = {}
+        for part, file in zip(raw["partition"].to_pylist(), raw["file"].to_pylist()):
+            partitions.setdefault(part, {"file": file, "records": 0})["records"] += 1
+        for part in partitions:
+            for name, table in (("records.parquet", records), ("quarantine.parquet", quarantine)):
+                rows = table.filter(pc.equal(table["partition"], part))
+                storage.write_parquet_atomic(self.out, staging_path(self.out, self.job_id, part, name), rows, "zstd")
+        self.state.add_partitions(self.job_id, partitions)
+        self.state.set_job(self.job_id, status="planned",
+                           counts={"records": raw.num_rows, "partitions": len(partitions), "skipped_files": skipped,
+                                   "plan_seconds": round(time.perf_counter() - started, 3)})
+        write_manifest(self.out, self.job_id, self.manifest(partial=True))
+
+    # -- run ----------------------------------------------------------------------------------------
+    def run(self, forced: list[str]) -> JobResult:
+        self.ensure_planned()
+        known = {p.partition for p in self.state.partitions(self.job_id)}
+        unknown = sorted(set(forced) - known)
+        if unknown:
+            raise JobError(f"job {self.job_id} has no partition {', '.join(unknown)}")
+        self.state.set_job(self.job_id, status="running", started_at=now(), finished_at=None, error=None)
+        total = sum(p.records for p in self.state.partitions(self.job_id) if p.status != "succeeded" or p.partition in forced)
+        self.progress.start(total)
+        tried: set[str] = set()
+        try:
+            while True:
+                parts = self.state.partitions(self.job_id)
+                todo = [p for p in parts if p.partition not in tried
+                        and (p.status in ("pending", "failed", "running") or p.partition in forced)]
+                if not todo:
+                    break
+                claimed_any = False
+                for p in todo:
+                    if self.state.claim(self.job_id, p.partition, self.worker, self.config.state.lease_seconds,
+                                        force=p.partition in forced):
+                        claimed_any = True
+                        tried.add(p.partition)
+                        self.run_partition(p.partition)
+                if not claimed_any:
+                    if all(p.status != "running" for p in todo):
+                        break  # only failed partitions this run already tried, or none left
+                    time.sleep(self.config.state.wait_seconds)  # others hold them; their leases tell
         finally:
-            progress.finish()
+            self.progress.finish()
+        return self.finish()
 
-    with timer.stage("write"):
-        gpu_seconds = allocate_gpu_seconds(completions, calls, config.tiers, config.cost)
-        baseline = baseline_gpu_seconds(completions, gpu_seconds, config.largest_tier, config.cost)
-        failed = {i: ("too_long", d) for i, d in zip(too_long["id"].to_pylist(), too_long["detail"].to_pylist())}
-        failed |= {i: ("engine_error", d) for i, d in zip(engine_errors["id"].to_pylist(),
-                                                          engine_errors["detail"].to_pylist())}
-        outputs, ledger, late_quarantine = assemble_results(records, completions, gpu_seconds, baseline, failed,
-                                                            config, job_id, started_at)
+    def run_partition(self, partition: str) -> None:
+        try:
+            with Heartbeat(self.state, self.job_id, partition, self.worker, self.config.state.lease_seconds):
+                counts = self.process_partition(partition)
+        except Exception as e:
+            reason = str(e) if isinstance(e, (storage.StorageError, StateError)) else f"{type(e).__name__}: {e}"
+            log.error("partition %s failed: %s", partition, reason)
+            try:
+                self.state.finish_partition(self.job_id, partition, self.worker, "failed", error=reason[:2000])
+            except Exception:
+                pass  # the lease expires and the partition is claimable again
+            if isinstance(e, JOB_FATAL):
+                raise JobError(f"partition {partition}: {reason}") from e
+            return
+        self.state.finish_partition(self.job_id, partition, self.worker, "succeeded", counts=counts)
+
+    def process_partition(self, partition: str) -> dict:
+        c, job_id = self.config, self.job_id
+        records = pq.read_table(pa.BufferReader(storage.read_bytes(self.out, staging_path(self.out, job_id, partition, "records.parquet"))))
+        quarantine = pq.read_table(pa.BufferReader(storage.read_bytes(self.out, staging_path(self.out, job_id, partition, "quarantine.parquet"))))
+        self.progress.advance(quarantined=quarantine.num_rows)
+
+        # Reuse what this job already paid for (this partition's earlier attempts, other partitions).
+        keys = records["item_key"].to_pylist()
+        items = self.state.stored_items(job_id, sorted(set(keys)))
+        todo = records.filter(pa.array([k not in items for k in keys], pa.bool_()))
+        todo = mark_duplicates(todo, "item_key")
+        tiers_used = sorted(set(todo["tier"].to_pylist()))
+        requests, too_long = plan_requests(todo, c.prompt, c.sampling, c.plan,
+                                           {t: self.pool.tokenizer(t) for t in tiers_used},
+                                           {t: self.pool.context_length(t) for t in tiers_used})
+        copies = Counter(keys)
+        key_of = dict(zip(todo["id"].to_pylist(), todo["item_key"].to_pylist()))
+        self.progress.advance(done=sum(copies[k] for k in items), reused=sum(copies[k] for k in items))
+        self.progress.advance(quarantined=sum(copies[key_of[i]] for i in too_long["id"].to_pylist()))
+
+        def on_call_done(call: dict, done: pa.Table) -> None:
+            # Priced and stored as soon as the engine returns: a kill after this point loses no money.
+            gpu = allocate_gpu_seconds(done, pa.Table.from_pylist([call], schema=CALLS), c.tiers, c.cost)
+            base = baseline_gpu_seconds(done, gpu, c.largest_tier, c.cost)
+            created = now()
+            self.state.store_items(job_id, {
+                key_of[r["id"]]: {**{f: r[f] for f in ("id", "tier", "model", "summary", "prompt_tokens",
+                                                        "cached_prompt_tokens", "output_tokens", "finish_reason")},
+                                  "partition": partition, "gpu_seconds": float(g), "baseline_gpu_seconds": float(b),
+                                  "created_at": created}
+                for r, g, b in zip(done.to_pylist(), gpu, base)})
+            n = sum(copies[key_of[i]] for i in done["id"].to_pylist())
+            t = c.tiers[call["tier"]]
+            self.progress.advance(done=n, reused=n - done.num_rows, usd=call["seconds"] * t.gpus * t.price_per_gpu_hour / 3600)
+
+        completions, call_table, engine_errors = run_inference(requests, self.pool, c.sampling, on_call_done)
+        self.progress.advance(quarantined=sum(copies[key_of[i]] for i in engine_errors["id"].to_pylist()))
+        items = self.state.stored_items(job_id, sorted(set(keys)))  # ours and any other worker's, as stored
+        failed = {key_of[i]: ("too_long", d, i) for i, d in zip(too_long["id"].to_pylist(), too_long["detail"].to_pylist())}
+        failed |= {key_of[i]: ("engine_error", d, i) for i, d in zip(engine_errors["id"].to_pylist(),
+                                                                    engine_errors["detail"].to_pylist())}
+        outputs, ledger, late_quarantine = assemble_results(records, items, failed, c, job_id, now())
         quarantine = pa.concat_tables([quarantine, late_quarantine])
-        if outputs.num_rows + quarantine.num_rows != raw.num_rows:  # the invariant every row depends on
-            raise JobError(f"accounting mismatch: {outputs.num_rows} outputs + {quarantine.num_rows} quarantined "
-                           f"!= {raw.num_rows} records read; nothing was written")
-        partitions = sorted(set(raw["partition"].to_pylist()))
-        write_partitions(out_root, job_id, partitions,
-                         {"outputs": outputs, "ledger": ledger, "quarantine": quarantine}, config.output.compression)
+        expected = self.state_partition(partition).records
+        if outputs.num_rows + quarantine.num_rows != expected:  # the invariant every row depends on
+            raise JobError(f"partition {partition}: accounting mismatch: {outputs.num_rows} outputs + "
+                           f"{quarantine.num_rows} quarantined != {expected} records; nothing was committed")
+        write_partition(self.out, job_id, partition, {"outputs": outputs, "ledger": ledger, "quarantine": quarantine},
+                        c.output.compression)
+        return partition_counts(outputs, ledger, quarantine, completions, call_table, c)
 
-    manifest = build_manifest(config, job_id, raw, outputs, ledger, quarantine, calls, skipped, timer.seconds,
-                              started_at)
-    write_manifest(out_root, job_id, manifest)
-    return manifest
+    def state_partition(self, partition: str):
+        return next(p for p in self.state.partitions(self.job_id) if p.partition == partition)
+
+    # -- finish ---------------------------------------------------------------------------------------
+    def finish(self) -> JobResult:
+        parts = self.state.partitions(self.job_id)
+        unfinished = [p for p in parts if p.status != "succeeded"]
+        manifest = self.manifest(partial=bool(unfinished))
+        write_manifest(self.out, self.job_id, manifest)
+        if unfinished:
+            detail = "; ".join(f"{p.partition} ({p.file}): {p.status}" + (f": {p.last_error}" if p.last_error else "")
+                               for p in unfinished[:5])
+            error = f"{len(unfinished)} of {len(parts)} partitions not committed: {detail}"
+            self.state.set_job(self.job_id, status="failed", finished_at=now(), error=error, counts=manifest["counts"])
+            raise JobError(f"{error}. Rerun with: tokenmill rerun --job-id {self.job_id}")
+        self.state.set_job(self.job_id, status="succeeded", finished_at=now(), counts=manifest["counts"])
+        return JobResult(self.job_id, manifest)
+
+    def manifest(self, partial: bool) -> dict:
+        job = self.state.job(self.job_id)
+        plan = json.loads(job.counts or "{}") if job.status in ("planning", "planned") else {}
+        parts = self.state.partitions(self.job_id)
+        return build_manifest(self.config, self.job_id, job, parts, partial, plan)
 
 
-def build_manifest(config: TokenmillConfig, job_id: str, raw: pa.Table, outputs: pa.Table, ledger: pa.Table,
-                   quarantine: pa.Table, calls: pa.Table, skipped: list[str], stage_seconds: dict,
-                   started_at: datetime) -> dict:
+def partition_counts(outputs: pa.Table, ledger: pa.Table, quarantine: pa.Table, completions: pa.Table,
+                     calls: pa.Table, config: TokenmillConfig) -> dict:
+    """What a committed partition contributes to the job's totals (stored with the partition)."""
+    def s(table, col):
+        return float(pc.sum(table[col]).as_py() or 0) if table.num_rows else 0.0
+
     engines = {}
     for tier in sorted(set(calls["tier"].to_pylist())):
-        tier_calls = calls.filter(pc.equal(calls["tier"], tier))
-        tier_ledger = ledger.filter(pc.equal(ledger["tier"], tier))
-        seconds = total(tier_calls, "seconds")
-        engines[tier] = {
-            "model": config.tiers[tier].model, "gpus": config.tiers[tier].gpus, "calls": tier_calls.num_rows,
-            "engine_seconds": seconds, "gpu_seconds": seconds * config.tiers[tier].gpus,
-            "failed_attempts": int(total(tier_calls, "failed_attempts")),
-            "output_tokens_per_second": total(tier_ledger, "output_tokens") / seconds if seconds else None,
-        }
-    partitions = {}
-    for part, file in zip(raw["partition"].to_pylist(), raw["file"].to_pylist()):
-        partitions.setdefault(part, {"file": file, "records": 0})["records"] += 1
-    cost, baseline = total(ledger, "cost_usd"), total(ledger, "baseline_cost_usd")
+        tc = calls.filter(pc.equal(calls["tier"], tier))
+        engines[tier] = {"calls": tc.num_rows, "engine_seconds": s(tc, "seconds"),
+                         "output_tokens": int(s(completions.filter(pc.equal(completions["tier"], tier)), "output_tokens")),
+                         "gpu_seconds": s(tc, "seconds") * config.tiers[tier].gpus,
+                         "failed_attempts": int(s(tc, "failed_attempts"))}
+    return {
+        "records": outputs.num_rows + quarantine.num_rows, "outputs": outputs.num_rows,
+        "quarantined": quarantine.num_rows, "by_source": count_by(outputs, "source"),
+        "by_reason": count_by(quarantine, "reason"), "by_tier": count_by(outputs, "tier"),
+        "tokens": {k: int(s(ledger, k)) for k in ("prompt_tokens", "cached_prompt_tokens", "output_tokens")},
+        "cost_usd": s(ledger, "cost_usd"), "baseline_cost_usd": s(ledger, "baseline_cost_usd"),
+        "gpu_seconds": s(ledger, "gpu_seconds"), "engines": engines,
+    }
+
+
+def _add(total: dict, part: dict) -> dict:
+    for k, v in part.items():
+        if isinstance(v, dict):
+            _add(total.setdefault(k, {}), v)
+        else:
+            total[k] = total.get(k, 0) + v
+    return total
+
+
+def build_manifest(config: TokenmillConfig, job_id: str, job, parts: list, partial: bool, plan: dict) -> dict:
+    totals: dict = {}
+    for p in parts:
+        if p.status == "succeeded" and p.counts:
+            _add(totals, json.loads(p.counts))
+    engines = totals.get("engines", {})
+    for tier, e in engines.items():
+        e["model"] = config.tiers[tier].model if tier in config.tiers else None
+        e["output_tokens_per_second"] = e["output_tokens"] / e["engine_seconds"] if e["engine_seconds"] else None
+    cost, baseline = totals.get("cost_usd", 0.0), totals.get("baseline_cost_usd", 0.0)
     return {
         "job_id": job_id,
-        "status": "succeeded",
-        "config_fingerprint": config.fingerprint(),
-        "input_uri": config.input.uri,
-        "output_uri": config.output.uri,
+        "status": "incomplete" if partial else "succeeded",
+        "config_fingerprint": job.config_fingerprint,
+        "input_uri": job.input_uri,
+        "output_uri": job.output_uri,
         "template_version": config.prompt.template_version,
-        "started_at": started_at.isoformat(),
-        "finished_at": datetime.now(timezone.utc).isoformat(),
-        "stage_seconds": stage_seconds,
+        "created_at": aware(job.created_at).isoformat(),
+        "updated_at": now().isoformat(),
         "counts": {
-            "records": raw.num_rows,
-            "outputs": outputs.num_rows,
-            "quarantined": quarantine.num_rows,
-            "by_source": count_by(outputs, "source"),
-            "by_reason": count_by(quarantine, "reason"),
-            "by_tier": count_by(outputs, "tier"),
+            "records": sum(p.records for p in parts),
+            "outputs": totals.get("outputs", 0),
+            "quarantined": totals.get("quarantined", 0),
+            "by_source": totals.get("by_source", {}),
+            "by_reason": totals.get("by_reason", {}),
+            "by_tier": totals.get("by_tier", {}),
         },
-        "tokens": {name: int(total(ledger, name)) for name in ("prompt_tokens", "cached_prompt_tokens", "output_tokens")},
+        "tokens": totals.get("tokens", {"prompt_tokens": 0, "cached_prompt_tokens": 0, "output_tokens": 0}),
         "cost": {"cost_usd": cost, "baseline_cost_usd": baseline, "saved_usd": baseline - cost,
-                 "gpu_seconds": total(ledger, "gpu_seconds")},
+                 "gpu_seconds": totals.get("gpu_seconds", 0.0)},
         "engines": engines,
-        "partitions": partitions,
-        "skipped_files": skipped,
+        "partitions": {p.partition: {"file": p.file, "records": p.records, "status": p.status, "attempts": p.attempts}
+                       for p in parts},
+        **({"plan": plan} if plan else {}),
     }

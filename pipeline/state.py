@@ -1,17 +1,36 @@
-"""The job-state catalog: one row per job (SQLite under $TOKENMILL_HOME by default, PostgreSQL in production).
+"""The job-state catalog: jobs, their partitions, and the items already paid for.
 
-The spine records jobs only; partitions, leases and migrations build on this table.
+SQLite under $TOKENMILL_HOME by default, PostgreSQL in production; the schema is created and
+upgraded by Alembic (pipeline/migrations). Three rules keep reruns exact and cheap:
+
+- A partition is claimed with one conditional UPDATE (pending, failed, or running with an expired
+  lease -> running, attempts + 1). Exactly one worker's UPDATE matches, on SQLite and PostgreSQL alike.
+- A claimed partition's lease is extended by a heartbeat; a worker that dies stops extending it and
+  another worker can take the partition once it expires.
+- Every engine call's results are stored (`items`) as soon as the call returns, keyed by the request's
+  content key. A rerun finds them and pays nothing again, even when the attempt that paid was killed
+  before its partition committed.
 """
 
 from __future__ import annotations
 
 import json
-from datetime import datetime, timezone
+import os
+import socket
+import threading
+from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from sqlalchemy import DateTime, String, Text, create_engine, select
+from sqlalchemy import DateTime, Float, Integer, String, Text, create_engine, select, update
+from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.engine import Engine
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
+
+MIGRATIONS = Path(__file__).parent / "migrations"
+
+
+class StateError(RuntimeError):
+    """The state database cannot be used; the message names it without credentials."""
 
 
 class Base(DeclarativeBase):
@@ -22,41 +41,224 @@ class Job(Base):
     __tablename__ = "jobs"
 
     job_id: Mapped[str] = mapped_column(String(200), primary_key=True)
-    status: Mapped[str] = mapped_column(String(20))  # running | succeeded | failed
+    status: Mapped[str] = mapped_column(String(20))  # planning | plan_failed | planned | running | succeeded | failed
     config_fingerprint: Mapped[str] = mapped_column(String(64))
     input_uri: Mapped[str] = mapped_column(Text)
     output_uri: Mapped[str] = mapped_column(Text)
-    started_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     counts: Mapped[str | None] = mapped_column(Text, nullable=True)  # JSON
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
+
+
+class Partition(Base):
+    __tablename__ = "partitions"
+
+    job_id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    partition: Mapped[str] = mapped_column(String(64), primary_key=True)
+    file: Mapped[str] = mapped_column(Text)
+    records: Mapped[int] = mapped_column(Integer)
+    status: Mapped[str] = mapped_column(String(20), default="pending")  # pending | running | succeeded | failed
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    last_error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    worker: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    lease_expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    counts: Mapped[str | None] = mapped_column(Text, nullable=True)  # JSON
+
+
+class Item(Base):
+    """One paid-for generation, by content key: what it produced and what it cost."""
+
+    __tablename__ = "items"
+
+    job_id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    item_key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    id: Mapped[str] = mapped_column(Text)  # the record that generated it
+    partition: Mapped[str] = mapped_column(String(64))
+    tier: Mapped[str] = mapped_column(String(100))
+    model: Mapped[str] = mapped_column(Text)
+    summary: Mapped[str] = mapped_column(Text)
+    prompt_tokens: Mapped[int] = mapped_column(Integer)
+    cached_prompt_tokens: Mapped[int] = mapped_column(Integer)
+    output_tokens: Mapped[int] = mapped_column(Integer)
+    finish_reason: Mapped[str] = mapped_column(String(32))
+    gpu_seconds: Mapped[float] = mapped_column(Float)
+    baseline_gpu_seconds: Mapped[float] = mapped_column(Float)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+
+
+ITEM_FIELDS = [c.name for c in Item.__table__.columns if c.name not in ("job_id", "item_key")]
 
 
 def now() -> datetime:
     return datetime.now(timezone.utc)
 
 
+def aware(value: datetime | None) -> datetime | None:
+    """SQLite hands back naive datetimes; everything here is UTC."""
+    return value.replace(tzinfo=timezone.utc) if value is not None and value.tzinfo is None else value
+
+
+def default_worker() -> str:
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def upgrade_schema(url: str) -> None:
+    from alembic import command
+    from alembic.config import Config
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS))
+    cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    command.upgrade(cfg, "head")
+
+
 class StateStore:
     def __init__(self, url: str):
         if url.startswith("sqlite:///"):
             Path(url[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
-        self.engine: Engine = create_engine(url)
-        Base.metadata.create_all(self.engine)
+        connect_args = {"timeout": 60} if url.startswith("sqlite") else {"connect_timeout": 10}
+        try:
+            self.engine: Engine = create_engine(url, connect_args=connect_args, pool_pre_ping=True)
+            upgrade_schema(url)
+        except Exception as e:
+            raise StateError(f"state database {self.safe_url(url)} unreachable: {type(e).__name__}: "
+                             f"{str(e).splitlines()[0] if str(e) else ''}") from None
 
-    def job_started(self, job_id: str, fingerprint: str, input_uri: str, output_uri: str) -> None:
-        with Session(self.engine) as s, s.begin():
-            job = s.get(Job, job_id) or Job(job_id=job_id)
-            job.status, job.config_fingerprint = "running", fingerprint
-            job.input_uri, job.output_uri, job.started_at = input_uri, output_uri, now()
-            job.finished_at = job.error = job.counts = None
-            s.add(job)
+    @staticmethod
+    def safe_url(url: str) -> str:
+        from sqlalchemy.engine import make_url
 
-    def job_finished(self, job_id: str, status: str, counts: dict | None = None, error: str | None = None) -> None:
-        with Session(self.engine) as s, s.begin():
-            job = s.get(Job, job_id)
-            job.status, job.finished_at, job.error = status, now(), error
-            job.counts = json.dumps(counts) if counts is not None else None
+        try:
+            return make_url(url).render_as_string(hide_password=True)
+        except Exception:
+            return "<unparseable url>"
+
+    def session(self) -> Session:
+        return Session(self.engine)
+
+    # -- jobs ---------------------------------------------------------------------------------
+    def claim_planning(self, job_id: str, fingerprint: str, input_uri: str, output_uri: str) -> bool:
+        """True when this process must plan the job (it is new, or its planning died half-way)."""
+        with self.session() as s:
+            try:
+                with s.begin():
+                    s.add(Job(job_id=job_id, status="planning", config_fingerprint=fingerprint,
+                              input_uri=input_uri, output_uri=output_uri, created_at=now()))
+                return True
+            except IntegrityError:
+                return False
+
+    def reclaim_planning(self, job_id: str, stale_before: datetime) -> bool:
+        """Take over planning a job whose planning failed, or was abandoned before `stale_before`."""
+        with self.session() as s, s.begin():
+            result = s.execute(update(Job).where(
+                Job.job_id == job_id,
+                (Job.status == "plan_failed") | ((Job.status == "planning") & (Job.created_at < stale_before)),
+            ).values(status="planning", created_at=now(), error=None))
+            return result.rowcount == 1
+
+    def job(self, job_id: str) -> Job | None:
+        with self.session() as s:
+            return s.get(Job, job_id)
+
+    def set_job(self, job_id: str, **values) -> None:
+        if "counts" in values and values["counts"] is not None:
+            values["counts"] = json.dumps(values["counts"])
+        with self.session() as s, s.begin():
+            s.execute(update(Job).where(Job.job_id == job_id).values(**values))
 
     def jobs(self) -> list[Job]:
-        with Session(self.engine) as s:
-            return list(s.scalars(select(Job).order_by(Job.started_at.desc())))
+        with self.session() as s:
+            return list(s.scalars(select(Job).order_by(Job.created_at.desc())))
+
+    # -- partitions -----------------------------------------------------------------------------
+    def add_partitions(self, job_id: str, partitions: dict[str, dict]) -> None:
+        with self.session() as s, s.begin():
+            for name, p in partitions.items():
+                s.merge(Partition(job_id=job_id, partition=name, file=p["file"], records=p["records"],
+                                  status="pending", attempts=0))
+
+    def partitions(self, job_id: str) -> list[Partition]:
+        with self.session() as s:
+            return list(s.scalars(select(Partition).where(Partition.job_id == job_id).order_by(Partition.partition)))
+
+    def claim(self, job_id: str, partition: str, worker: str, lease_seconds: float, force: bool = False) -> bool:
+        """Atomically take a partition: one conditional UPDATE; True when this worker got it."""
+        t = now()
+        claimable = (Partition.status.in_(("pending", "failed", "succeeded") if force else ("pending", "failed"))
+                     | ((Partition.status == "running") & (Partition.lease_expires_at < t)))
+        with self.session() as s, s.begin():
+            result = s.execute(
+                update(Partition)
+                .where(Partition.job_id == job_id, Partition.partition == partition, claimable)
+                .values(status="running", worker=worker, attempts=Partition.attempts + 1, started_at=t,
+                        heartbeat_at=t, lease_expires_at=t + timedelta(seconds=lease_seconds), last_error=None,
+                        finished_at=None)
+                .execution_options(synchronize_session=False))
+            return result.rowcount == 1
+
+    def heartbeat(self, job_id: str, partition: str, worker: str, lease_seconds: float) -> bool:
+        t = now()
+        with self.session() as s, s.begin():
+            result = s.execute(update(Partition)
+                               .where(Partition.job_id == job_id, Partition.partition == partition,
+                                      Partition.worker == worker, Partition.status == "running")
+                               .values(heartbeat_at=t, lease_expires_at=t + timedelta(seconds=lease_seconds)))
+            return result.rowcount == 1
+
+    def finish_partition(self, job_id: str, partition: str, worker: str, status: str,
+                         counts: dict | None = None, error: str | None = None) -> None:
+        with self.session() as s, s.begin():
+            s.execute(update(Partition)
+                      .where(Partition.job_id == job_id, Partition.partition == partition, Partition.worker == worker)
+                      .values(status=status, finished_at=now(), lease_expires_at=None, last_error=error,
+                              counts=json.dumps(counts) if counts is not None else None))
+
+    # -- items ----------------------------------------------------------------------------------
+    def stored_items(self, job_id: str, keys: list[str]) -> dict[str, dict]:
+        out: dict[str, dict] = {}
+        with self.session() as s:
+            for start in range(0, len(keys), 500):
+                chunk = keys[start:start + 500]
+                for item in s.scalars(select(Item).where(Item.job_id == job_id, Item.item_key.in_(chunk))):
+                    out[item.item_key] = {f: getattr(item, f) for f in ITEM_FIELDS}
+        return out
+
+    def store_items(self, job_id: str, items: dict[str, dict]) -> None:
+        """Record paid-for generations; a key stored by another worker first keeps its first value."""
+        with self.session() as s, s.begin():
+            existing = set(s.scalars(select(Item.item_key).where(Item.job_id == job_id,
+                                                                 Item.item_key.in_(list(items)))))
+            for key, values in items.items():
+                if key not in existing:
+                    s.add(Item(job_id=job_id, item_key=key, **values))
+
+
+class Heartbeat:
+    """Extends a partition's lease every lease/3 seconds while the partition runs."""
+
+    def __init__(self, store: StateStore, job_id: str, partition: str, worker: str, lease_seconds: float):
+        self.args = (job_id, partition, worker, lease_seconds)
+        self.store, self.interval = store, max(lease_seconds / 3, 0.5)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name=f"heartbeat-{partition}")
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval):
+            try:
+                self.store.heartbeat(*self.args)
+            except OperationalError:
+                pass  # the lease simply runs out; another worker may take over
+
+    def __enter__(self) -> "Heartbeat":
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()

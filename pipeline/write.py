@@ -6,7 +6,7 @@ Layout under the output root (Hive style, zstd Parquet):
   quarantine/job=<job>/partition=<p>/part-0.parquet
   jobs/<job>/manifest.json
 Every partition of the job gets all three files (possibly empty), written atomically with fixed
-names, so a rerun of the same job id replaces them instead of adding rows.
+names, so running a partition again replaces them instead of adding rows.
 """
 
 from __future__ import annotations
@@ -26,43 +26,41 @@ from pipeline.validate import quarantine_rows
 KINDS = ("outputs", "ledger", "quarantine")
 
 
-def assemble_results(records: pa.Table, completions: pa.Table, gpu_seconds: np.ndarray, baseline_seconds: np.ndarray,
-                     failed: dict[str, tuple[str, str]], config: TokenmillConfig, job_id: str,
-                     created_at: datetime) -> tuple[pa.Table, pa.Table, pa.Table]:
-    """(outputs, ledger, quarantine) for the valid `records`, each with a `partition` column to file it under.
+def assemble_results(records: pa.Table, items: dict[str, dict], failed: dict[str, tuple[str, str, str]],
+                     config: TokenmillConfig, job_id: str, created_at: datetime) -> tuple[pa.Table, pa.Table, pa.Table]:
+    """(outputs, ledger, quarantine) for a partition's valid `records`, each with a `partition` column.
 
-    `failed` maps a representative's id to (reason, detail) when it produced no output; its
-    duplicates share its fate. Every record lands in exactly one of outputs or quarantine.
+    `items` maps an item key to its paid-for generation (state catalog); the record that generated
+    it carries its cost, every other record with that key reuses it at zero cost. `failed` maps an
+    item key to (reason, detail, id of the record tried) when no output exists. Every record lands in
+    exactly one table.
     """
-    done = {id_: i for i, id_ in enumerate(completions["id"].to_pylist())}
-    comp = {name: completions[name].to_pylist() for name in completions.column_names}
-    largest = config.tiers[config.largest_tier]
-    out = {name: [] for name in ["partition", *OUTPUTS.names, "gpu_seconds", "price", "baseline_usd"]}
+    largest_price = config.tiers[config.largest_tier].price_per_gpu_hour
+    out: dict[str, list] = {name: [] for name in ["partition", *OUTPUTS.names, "gpu_seconds", "price", "baseline_usd"]}
     bad_rows, bad_reasons, bad_details = [], [], []
-    for row, (id_, tenant, dup_of, part) in enumerate(zip(records["id"].to_pylist(), records["tenant"].to_pylist(),
-                                                          records["duplicate_of"].to_pylist(),
-                                                          records["partition"].to_pylist())):
-        rep = dup_of or id_
-        if rep not in done:
-            reason, detail = failed[rep]  # KeyError here is a bug: a record with no fate
+    for row, (id_, tenant, key, part) in enumerate(zip(records["id"].to_pylist(), records["tenant"].to_pylist(),
+                                                       records["item_key"].to_pylist(),
+                                                       records["partition"].to_pylist())):
+        item = items.get(key)
+        if item is None:
+            reason, detail, tried = failed[key]  # KeyError here is a bug: a record with no fate
             bad_rows.append(row)
             bad_reasons.append(reason)
-            bad_details.append(detail if dup_of is None else f"duplicate of {rep}: {detail}")
+            bad_details.append(detail if tried == id_ else f"duplicate of {tried}: {detail}")
             continue
-        i = done[rep]
-        generated = dup_of is None
-        price = config.tiers[comp["tier"][i]].price_per_gpu_hour
+        generated = item["id"] == id_
         values = {
-            "partition": part, "id": id_, "tenant": tenant, "summary": comp["summary"][i], "tier": comp["tier"][i],
-            "model": comp["model"][i], "source": "generated" if generated else "duplicate_in_job",
-            "source_id": None if generated else rep,
-            "prompt_tokens": comp["prompt_tokens"][i] if generated else 0,
-            "cached_prompt_tokens": comp["cached_prompt_tokens"][i] if generated else 0,
-            "output_tokens": comp["output_tokens"][i] if generated else 0,
-            "finish_reason": comp["finish_reason"][i], "template_version": config.prompt.template_version,
+            "partition": part, "id": id_, "tenant": tenant, "summary": item["summary"], "tier": item["tier"],
+            "model": item["model"], "source": "generated" if generated else "duplicate_in_job",
+            "source_id": None if generated else item["id"],
+            "prompt_tokens": item["prompt_tokens"] if generated else 0,
+            "cached_prompt_tokens": item["cached_prompt_tokens"] if generated else 0,
+            "output_tokens": item["output_tokens"] if generated else 0,
+            "finish_reason": item["finish_reason"], "template_version": config.prompt.template_version,
             "job_id": job_id, "created_at": created_at,
-            "gpu_seconds": float(gpu_seconds[i]) if generated else 0.0, "price": price,
-            "baseline_usd": float(baseline_seconds[i]) * largest.price_per_gpu_hour / 3600.0,
+            "gpu_seconds": item["gpu_seconds"] if generated else 0.0,
+            "price": config.tiers[item["tier"]].price_per_gpu_hour,
+            "baseline_usd": item["baseline_gpu_seconds"] * largest_price / 3600.0,
         }
         for name, value in values.items():
             out[name].append(value)
@@ -88,20 +86,19 @@ def part_path(root: storage.Location, kind: str, job_id: str, partition: str) ->
     return root.join(kind, f"job={job_id}", f"partition={partition}", "part-0.parquet")
 
 
-def write_partitions(root: storage.Location, job_id: str, partitions: list[str], tables: dict[str, pa.Table],
-                     compression: str) -> None:
-    """Write every partition's outputs, ledger and quarantine files (empty ones too)."""
+def write_partition(root: storage.Location, job_id: str, partition: str, tables: dict[str, pa.Table],
+                    compression: str) -> None:
+    """Write one partition's outputs, ledger and quarantine files (empty ones too), each atomically.
+
+    The files are a pure function of the partition's records and the paid-for items, so a partition
+    interrupted between its three renames is rewritten identically by the rerun that commits it.
+    """
     schemas = {"outputs": OUTPUTS, "ledger": LEDGER, "quarantine": QUARANTINE}
     for kind in KINDS:
-        table = tables[kind]
-        index: dict[str, list[int]] = {}
-        for i, p in enumerate(table["partition"].to_pylist()):
-            index.setdefault(p, []).append(i)
+        table = tables[kind].filter(pc.equal(tables[kind]["partition"], partition)) if tables[kind].num_rows else tables[kind]
         # Files hold the kind's schema; `partition` stays in the ledger's rows, elsewhere it is the path.
         body = table.select(schemas[kind].names).cast(schemas[kind])
-        for p in partitions:
-            rows = body.take(pa.array(index.get(p, []), pa.int64()))
-            storage.write_parquet_atomic(root, part_path(root, kind, job_id, p), rows, compression)
+        storage.write_parquet_atomic(root, part_path(root, kind, job_id, partition), body, compression)
 
 
 def write_manifest(root: storage.Location, job_id: str, manifest: dict) -> None:

@@ -1,7 +1,7 @@
 import pyarrow as pa
 
 from pipeline.config import DedupConfig, RouteConfig
-from pipeline.dedup import content_hash, mark_duplicates, normalise_text
+from pipeline.dedup import add_content_hashes, content_hash, mark_duplicates, normalise_text
 from pipeline.route import assign_tiers
 
 
@@ -15,16 +15,21 @@ def test_normalisation_nfc_and_whitespace():
 
 
 def test_exact_duplicates_within_a_tenant_reuse_the_first():
-    out = mark_duplicates(records([("a", "t1", "Hello  world"), ("b", "t1", "Hello world\n"),
-                                   ("c", "t2", "Hello world"), ("d", "t1", "hello world")]), DedupConfig())
+    out = mark_duplicates(add_content_hashes(records([("a", "t1", "Hello  world"), ("b", "t1", "Hello world\n"),
+                                   ("c", "t2", "Hello world"), ("d", "t1", "hello world")]), DedupConfig()), "content_hash")
     assert out["duplicate_of"].to_pylist() == [None, "a", None, None]
     assert content_hash("t1", "x") != content_hash("t2", "x")
 
 
 def test_case_fold_and_disabled():
     rows = records([("a", "t", "Hello"), ("b", "t", "hello")])
-    assert mark_duplicates(rows, DedupConfig(case_fold=True))["duplicate_of"].to_pylist() == [None, "a"]
-    assert mark_duplicates(rows, DedupConfig(exact=False, case_fold=True))["duplicate_of"].to_pylist() == [None, None]
+
+    def dups(config):
+        return mark_duplicates(add_content_hashes(rows, config), "content_hash")["duplicate_of"].to_pylist()
+
+    assert dups(DedupConfig(case_fold=True)) == [None, "a"]
+    assert dups(DedupConfig(case_fold=False)) == [None, None]
+    assert dups(DedupConfig(exact=False, case_fold=True)) == [None, None]
 
 
 def test_route_assigns_the_default_tier():

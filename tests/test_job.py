@@ -128,7 +128,7 @@ def test_a_job_that_cannot_run_is_recorded_failed(make_config, tmp_path):
     with pytest.raises(JobError, match="input not found"):
         run_job(config, job_id="broken")
     (job,) = StateStore(config.state.url).jobs()
-    assert job.status == "failed" and "input not found" in job.error
+    assert job.status == "plan_failed" and "input not found" in job.error
 
 
 def test_tokenmill_home_holds_state_and_models(tiny_models, tmp_path, sample_corpus):
