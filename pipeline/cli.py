@@ -20,6 +20,8 @@ models_app = typer.Typer(no_args_is_help=True, help="Build local models.")
 config_app = typer.Typer(no_args_is_help=True, help="Inspect configuration.")
 app.add_typer(models_app, name="models")
 app.add_typer(config_app, name="config")
+jobs_app = typer.Typer(no_args_is_help=True, help="Jobs in the state catalog.")
+app.add_typer(jobs_app, name="jobs")
 console = Console(stderr=False)
 ConfigOption = typer.Option(..., "--config", "-c", help="YAML config file (e.g. configs/local.yaml).")
 
@@ -100,23 +102,17 @@ def summary_table(manifest: dict) -> Table:
     return table
 
 
-@app.command("run")
-def run(config: Path = ConfigOption,
-        input: Optional[str] = typer.Option(None, "--input", help="Input folder or URI (overrides input.uri)."),
-        output: Optional[str] = typer.Option(None, "--output", help="Output root (overrides output.uri)."),
-        job_id: Optional[str] = typer.Option(None, "--job-id", help="Job id (default: job-<UTC time>-<random>); rerunning an id replaces its files."),
-        json_summary: bool = typer.Option(False, "--json", help="Print the manifest as JSON instead of a table.")) -> None:
-    """Run one summarisation job end to end. Exit 0 when it finished (quarantined records included)."""
+def _run(cfg, job_id: Optional[str], partitions: list[str] | None, json_summary: bool) -> None:
     from pipeline.infer import shutdown_engines
     from pipeline.progress import Progress
     from pipeline.runner import JobError, run_job
 
-    cfg = _load(config, input__uri=input, output__uri=output)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-    for noisy in ("vllm", "transformers", "httpx"):
+    for noisy in ("vllm", "transformers", "httpx", "alembic"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
-        result = run_job(cfg, job_id=job_id, progress=Progress(cfg.run.progress, cfg.run.log_every_seconds))
+        result = run_job(cfg, job_id=job_id, partitions=partitions,
+                         progress=Progress(cfg.run.progress, cfg.run.log_every_seconds))
     except JobError as e:
         _fail(f"job failed: {e}")
     finally:
@@ -126,6 +122,90 @@ def run(config: Path = ConfigOption,
     else:
         console.print(summary_table(result.manifest))
         console.print(f"outputs, ledger and quarantine under {cfg.output.uri}; manifest: jobs/{result.job_id}/manifest.json")
+
+
+@app.command("run")
+def run(config: Path = ConfigOption,
+        input: Optional[str] = typer.Option(None, "--input", help="Input folder or URI (overrides input.uri)."),
+        output: Optional[str] = typer.Option(None, "--output", help="Output root (overrides output.uri)."),
+        job_id: Optional[str] = typer.Option(None, "--job-id", help="Job id (default: job-<UTC time>-<random>). An existing id continues that job."),
+        json_summary: bool = typer.Option(False, "--json", help="Print the manifest as JSON instead of a table.")) -> None:
+    """Run a summarisation job end to end. Exit 0 when every partition committed (quarantined records included)."""
+    _run(_load(config, input__uri=input, output__uri=output), job_id, None, json_summary)
+
+
+@app.command("rerun")
+def rerun(config: Path = ConfigOption,
+          job_id: str = typer.Option(..., "--job-id", help="The job to continue."),
+          partition: Optional[list[str]] = typer.Option(None, "--partition", help="Run these partitions again even if they succeeded (repeatable)."),
+          json_summary: bool = typer.Option(False, "--json", help="Print the manifest as JSON.")) -> None:
+    """Re-run a job's failed and unfinished partitions (or the named ones). Committed work is never paid twice."""
+    cfg = _load(config)
+    job = _state(cfg).job(job_id)
+    if job is None:
+        _fail(f"no job {job_id} in {_state(cfg).safe_url(cfg.state.url)}")
+    # A rerun reads and writes where the job was planned, whatever the config file says now.
+    cfg = _load(config, input__uri=job.input_uri, output__uri=job.output_uri)
+    _run(cfg, job_id, partition or [], json_summary)
+
+
+def _state(cfg):
+    from pipeline.state import StateError, StateStore
+
+    try:
+        return StateStore(cfg.state.url)
+    except StateError as e:
+        _fail(str(e))
+
+
+def _when(value) -> str:
+    return value.strftime("%Y-%m-%d %H:%M:%S") if value else "-"
+
+
+@app.command("status")
+def status(config: Path = ConfigOption, job_id: str = typer.Option(..., "--job-id"),
+           format: str = typer.Option("table", "--format", help="table or json")) -> None:
+    """A job's partitions: status, attempts, worker, last error, counts."""
+    state = _state(_load(config))
+    job = state.job(job_id)
+    if job is None:
+        _fail(f"no job {job_id}")
+    parts = state.partitions(job_id)
+    if format == "json":
+        typer.echo(json.dumps({
+            "job_id": job.job_id, "status": job.status, "error": job.error,
+            "partitions": [{"partition": p.partition, "file": p.file, "records": p.records, "status": p.status,
+                            "attempts": p.attempts, "worker": p.worker, "last_error": p.last_error,
+                            "started_at": _when(p.started_at), "finished_at": _when(p.finished_at),
+                            "counts": json.loads(p.counts) if p.counts else None} for p in parts]}, indent=2))
+        return
+    table = Table(title=f"job {job.job_id}: {job.status}" + (f" ({job.error})" if job.error else ""))
+    for col in ("partition", "file", "records", "status", "attempts", "outputs", "quarantined", "cost $", "worker", "last error"):
+        table.add_column(col)
+    for p in parts:
+        counts = json.loads(p.counts) if p.counts else {}
+        table.add_row(p.partition, p.file, str(p.records), p.status, str(p.attempts), str(counts.get("outputs", "-")),
+                      str(counts.get("quarantined", "-")), f"{counts['cost_usd']:.6f}" if counts else "-",
+                      p.worker or "-", (p.last_error or "")[:80])
+    console.print(table)
+
+
+@jobs_app.command("list")
+def jobs_list(config: Path = ConfigOption, format: str = typer.Option("table", "--format", help="table or json")) -> None:
+    """Every job in the state catalog, newest first."""
+    jobs = _state(_load(config)).jobs()
+    rows = [{"job_id": j.job_id, "status": j.status, "created_at": _when(j.created_at), "finished_at": _when(j.finished_at),
+             "records": (json.loads(j.counts) if j.counts else {}).get("records"), "output_uri": j.output_uri,
+             "error": j.error} for j in jobs]
+    if format == "json":
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    table = Table()
+    for col in ("job_id", "status", "created_at", "finished_at", "records", "output_uri", "error"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(*(str(r[k]) if r[k] is not None else "-" for k in r))
+    console.print(table)
 
 
 def main() -> None:

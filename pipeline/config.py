@@ -33,7 +33,7 @@ class Section(BaseModel):
 
 
 class InputConfig(Section):
-    uri: str = Field("./data/input", description="Input folder (local path or file:// URI) holding .jsonl, .jsonl.gz, .parquet, .txt and .md files.")
+    uri: str = Field("./data/input", description="Input folder or prefix (local path, `file://…` or `s3://bucket/prefix`) holding .jsonl, .jsonl.gz, .parquet, .txt and .md files.")
     default_tenant: str = Field("default", description="Tenant for records that carry none, and for every .txt/.md file.")
     max_document_bytes: int = Field(200_000, gt=0, description="Documents whose text is larger (UTF-8 bytes) are quarantined as `too_large`.")
     records_per_partition: int = Field(10_000, gt=0, description="A file with more records is split into partitions of this many records.")
@@ -41,8 +41,19 @@ class InputConfig(Section):
 
 
 class OutputConfig(Section):
-    uri: str = Field("./data/output", description="Output root: outputs/, ledger/, quarantine/ (Hive layout) and jobs/<job_id>/manifest.json.")
+    uri: str = Field("./data/output", description="Output root (local path, `file://…` or `s3://bucket/prefix`): outputs/, ledger/, quarantine/ (Hive layout), jobs/<job_id>/manifest.json and _staging/.")
     compression: Literal["zstd", "snappy", "gzip", "none"] = Field("zstd", description="Parquet compression codec.")
+
+
+class StorageConfig(Section):
+    """Object storage (s3:// URIs). Credentials come from the standard AWS chain (environment variables,
+    shared profile, instance or pod role), never from this file."""
+
+    s3_endpoint_url: str | None = Field(None, description="Endpoint of an S3-compatible store, e.g. `http://127.0.0.1:8333`; unset for AWS S3.")
+    s3_region: str | None = Field(None, description="Bucket region; unset: from the environment / profile.")
+    s3_max_attempts: int = Field(5, ge=1, description="Attempts per S3 request; throttling, 5xx and timeouts are retried with exponential backoff and jitter.")
+    s3_connect_timeout_seconds: float = Field(5.0, gt=0, description="Connect timeout per S3 request.")
+    s3_request_timeout_seconds: float = Field(60.0, gt=0, description="Timeout per S3 request.")
 
 
 class DedupConfig(Section):
@@ -128,6 +139,7 @@ class RunConfig(Section):
 class TokenmillConfig(Section):
     input: InputConfig = Field(default_factory=InputConfig)
     output: OutputConfig = Field(default_factory=OutputConfig)
+    storage: StorageConfig = Field(default_factory=StorageConfig)
     dedup: DedupConfig = Field(default_factory=DedupConfig)
     prompt: PromptConfig = Field(default_factory=PromptConfig)
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
@@ -153,7 +165,8 @@ class TokenmillConfig(Section):
 
     def fingerprint(self) -> str:
         """Hash of everything that changes outputs or costs (not where they are read from or written to)."""
-        data = self.model_dump(mode="json", exclude={"input": {"uri"}, "output": {"uri"}, "run": True, "state": True})
+        data = self.model_dump(mode="json", exclude={"input": {"uri"}, "output": {"uri"}, "run": True, "state": True,
+                                                     "storage": True})
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 

@@ -19,7 +19,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline import storage
-from pipeline.config import InputConfig
+from pipeline.config import InputConfig, StorageConfig
 from pipeline.schema import RAW_RECORDS
 
 JSONL_SUFFIXES = (".jsonl", ".jsonl.gz")
@@ -146,7 +146,12 @@ def read_file(root: storage.Location, relative_path: str, config: InputConfig) -
     fmt = input_format(relative_path)
     rows = _Rows(relative_path, config)
     try:
-        data = storage.read_bytes(root, storage.input_path(root, relative_path))
+        try:
+            data = storage.read_bytes(root, storage.input_path(root, relative_path))
+        except storage.StorageError as e:
+            if root.scheme:
+                raise  # an object store failing is an outage to retry, not a property of the record
+            raise OSError(str(e)) from None
         if fmt == "jsonl":
             _read_jsonl(rows, data, gzipped=relative_path.lower().endswith(".gz"))
         elif fmt == "parquet":
@@ -160,9 +165,9 @@ def read_file(root: storage.Location, relative_path: str, config: InputConfig) -
     return rows.table()
 
 
-def read_records(uri: str, config: InputConfig) -> tuple[pa.Table, list[str]]:
+def read_records(uri: str, config: InputConfig, storage_config: StorageConfig | None = None) -> tuple[pa.Table, list[str]]:
     """Every record under `uri`, and the relative paths of files skipped for their extension."""
-    root = storage.resolve(uri)
+    root = storage.resolve(uri, storage_config)
     tables, skipped = [], []
     for relative_path, _size in storage.list_files(root):
         if input_format(relative_path) is None:

@@ -22,7 +22,6 @@ from datetime import datetime, timedelta, timezone
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 
 from pipeline import storage
 from pipeline.config import TokenmillConfig
@@ -88,7 +87,7 @@ class _Job:
                  progress: Progress, worker: str):
         self.config, self.job_id, self.state, self.pool, self.progress, self.worker = \
             config, job_id, state, pool, progress, worker
-        self.out = storage.resolve(config.output.uri)
+        self.out = storage.resolve(config.output.uri, config.storage)
 
     # -- plan -------------------------------------------------------------------------------------
     def ensure_planned(self) -> None:
@@ -118,7 +117,7 @@ class _Job:
     def _plan(self) -> None:
         """Read, validate, dedup and route the whole job; stage each partition's records; register partitions."""
         c, started = self.config, time.perf_counter()
-        raw, skipped = read_records(c.input.uri, c.input)
+        raw, skipped = read_records(c.input.uri, c.input, c.storage)
         for path in skipped:
             log.warning("skipped %s: not .jsonl, .jsonl.gz, .parquet, .txt or .md", path)
         records, quarantine = validate_records(raw, c.input, self.job_id)
@@ -189,8 +188,8 @@ class _Job:
 
     def process_partition(self, partition: str) -> dict:
         c, job_id = self.config, self.job_id
-        records = pq.read_table(pa.BufferReader(storage.read_bytes(self.out, staging_path(self.out, job_id, partition, "records.parquet"))))
-        quarantine = pq.read_table(pa.BufferReader(storage.read_bytes(self.out, staging_path(self.out, job_id, partition, "quarantine.parquet"))))
+        records = storage.read_parquet(self.out, staging_path(self.out, job_id, partition, "records.parquet"))
+        quarantine = storage.read_parquet(self.out, staging_path(self.out, job_id, partition, "quarantine.parquet"))
         self.progress.advance(quarantined=quarantine.num_rows)
 
         # Reuse what this job already paid for (this partition's earlier attempts, other partitions).

@@ -1,7 +1,13 @@
-"""Where bytes live: local folders and file:// URIs today, through pyarrow.fs so object stores plug in.
+"""Where bytes live: local folders, file:// URIs and s3:// buckets, all through pyarrow.fs.
+
+pyarrow's S3 filesystem (the AWS C++ SDK) gives what object storage needs without extra code:
+the standard credential chain (environment, profile, instance/pod role), listing that pages
+through large prefixes, multipart uploads for large objects, and bounded retries of throttling,
+5xx answers and timeouts with exponential backoff and jitter (`storage.s3_max_attempts`). Errors
+surface as StorageError naming the object, never the credentials.
 
 All writes are atomic: a reader sees a whole file or none. Locally that is a temporary name in
-the same folder and a rename; object stores publish an object only when its upload completes.
+the same folder and a rename; an S3 object appears only when its upload completes.
 """
 
 from __future__ import annotations
@@ -11,31 +17,60 @@ import os
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from urllib.parse import urlparse
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from pipeline.config import StorageConfig
+
 
 class StorageError(RuntimeError):
-    """A storage location that cannot be used; the message names it."""
+    """A storage location or object that cannot be used; the message names it."""
 
 
 @dataclass(frozen=True)
 class Location:
     fs: pafs.FileSystem
-    path: str  # filesystem path of the root, without a trailing slash
+    path: str           # filesystem path of the root, without a trailing slash ("bucket/prefix" on S3)
+    scheme: str = ""    # "s3" for object storage, "" for local
 
     def join(self, *parts: str) -> str:
         return "/".join([self.path.rstrip("/"), *parts])
 
+    def uri(self, path: str) -> str:
+        return f"{self.scheme}://{path}" if self.scheme else path
 
-def resolve(uri: str) -> Location:
+
+def s3_filesystem(config: StorageConfig) -> pafs.S3FileSystem:
+    endpoint = urlparse(config.s3_endpoint_url) if config.s3_endpoint_url else None
+    return pafs.S3FileSystem(
+        region=config.s3_region,
+        endpoint_override=endpoint.netloc if endpoint else None,
+        scheme=endpoint.scheme if endpoint else "https",
+        connect_timeout=config.s3_connect_timeout_seconds,
+        request_timeout=config.s3_request_timeout_seconds,
+        retry_strategy=pafs.AwsStandardS3RetryStrategy(max_attempts=config.s3_max_attempts),
+        allow_bucket_creation=False,
+        check_directory_existence_before_creation=False,
+    )
+
+
+def resolve(uri: str, config: StorageConfig | None = None) -> Location:
+    config = config or StorageConfig()
+    if uri.startswith("s3://"):
+        bucket_and_prefix = uri[len("s3://"):].rstrip("/")
+        if not bucket_and_prefix:
+            raise StorageError(f"{uri}: no bucket")
+        try:
+            return Location(s3_filesystem(config), bucket_and_prefix, "s3")
+        except (pa.ArrowException, OSError) as e:
+            raise StorageError(f"{uri}: {e}") from None
     if "://" not in uri:
         uri = str(Path(uri).expanduser().resolve())
     elif not uri.startswith("file://"):
-        scheme = uri.split("://", 1)[0]
-        raise StorageError(f"{uri}: the {scheme}:// scheme is not supported yet (local paths and file:// are)")
+        raise StorageError(f"{uri}: the {uri.split('://', 1)[0]}:// scheme is not supported (local paths, file:// and s3:// are)")
     try:
         fs, path = pafs.FileSystem.from_uri(uri)
     except (pa.ArrowInvalid, OSError) as e:
@@ -43,14 +78,22 @@ def resolve(uri: str) -> Location:
     return Location(fs, path.rstrip("/") or "/")
 
 
+def _error(root: Location, path: str, e: Exception) -> StorageError:
+    message = str(e).splitlines()[0] if str(e) else type(e).__name__
+    return StorageError(f"{root.uri(path)}: {message}")
+
+
 def list_files(root: Location) -> list[tuple[str, int]]:
     """(path relative to root, size) of every file under root, sorted by path."""
-    info = root.fs.get_file_info(root.path)
-    if info.type == pafs.FileType.NotFound:
-        raise StorageError(f"input not found: {root.path}")
-    if info.type == pafs.FileType.File:
-        return [(os.path.basename(root.path), info.size)]
-    entries = root.fs.get_file_info(pafs.FileSelector(root.path, recursive=True))
+    try:
+        info = root.fs.get_file_info(root.path)
+        if info.type == pafs.FileType.NotFound:
+            raise StorageError(f"input not found: {root.uri(root.path)}")
+        if info.type == pafs.FileType.File:
+            return [(os.path.basename(root.path), info.size)]
+        entries = root.fs.get_file_info(pafs.FileSelector(root.path, recursive=True))
+    except OSError as e:
+        raise _error(root, root.path, e) from None
     prefix = root.path.rstrip("/") + "/"
     return sorted((e.path[len(prefix):], e.size) for e in entries if e.type == pafs.FileType.File)
 
@@ -61,26 +104,32 @@ def input_path(root: Location, relative: str) -> str:
 
 
 def read_bytes(root: Location, path: str) -> bytes:
-    # compression=None: hand back the stored bytes; the reader decides how to decode (.gz included).
-    with root.fs.open_input_stream(path, compression=None) as f:
-        return f.read()
+    try:
+        # compression=None: hand back the stored bytes; the reader decides how to decode (.gz included).
+        with root.fs.open_input_stream(path, compression=None) as f:
+            return f.read()
+    except OSError as e:
+        raise _error(root, path, e) from None
 
 
 def write_bytes_atomic(root: Location, path: str, data: bytes) -> None:
-    parent = path.rsplit("/", 1)[0]
-    root.fs.create_dir(parent, recursive=True)
-    if root.fs.type_name != "local":
-        with root.fs.open_output_stream(path, compression=None) as f:
-            f.write(data)
-        return
-    tmp = f"{parent}/.tmp-{uuid.uuid4().hex}-{path.rsplit('/', 1)[1]}"
     try:
-        with root.fs.open_output_stream(tmp, compression=None) as f:
-            f.write(data)
-        root.fs.move(tmp, path)
-    finally:
-        if root.fs.get_file_info(tmp).type != pafs.FileType.NotFound:
-            root.fs.delete_file(tmp)
+        if root.scheme:  # object stores publish an object only once its upload completes
+            with root.fs.open_output_stream(path, compression=None) as f:
+                f.write(data)
+            return
+        parent = path.rsplit("/", 1)[0]
+        root.fs.create_dir(parent, recursive=True)
+        tmp = f"{parent}/.tmp-{uuid.uuid4().hex}-{path.rsplit('/', 1)[1]}"
+        try:
+            with root.fs.open_output_stream(tmp, compression=None) as f:
+                f.write(data)
+            root.fs.move(tmp, path)
+        finally:
+            if root.fs.get_file_info(tmp).type != pafs.FileType.NotFound:
+                root.fs.delete_file(tmp)
+    except OSError as e:
+        raise _error(root, path, e) from None
 
 
 def write_parquet_atomic(root: Location, path: str, table: pa.Table, compression: str) -> None:
@@ -89,6 +138,5 @@ def write_parquet_atomic(root: Location, path: str, table: pa.Table, compression
     write_bytes_atomic(root, path, buf.getvalue())
 
 
-def delete_dir_if_exists(root: Location, path: str) -> None:
-    if root.fs.get_file_info(path).type == pafs.FileType.Directory:
-        root.fs.delete_dir(path)
+def read_parquet(root: Location, path: str) -> pa.Table:
+    return pq.read_table(pa.BufferReader(read_bytes(root, path)))

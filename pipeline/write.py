@@ -106,10 +106,6 @@ def write_manifest(root: storage.Location, job_id: str, manifest: dict) -> None:
     storage.write_bytes_atomic(root, root.join("jobs", job_id, "manifest.json"), data)
 
 
-def read_manifest(root: storage.Location, job_id: str) -> dict:
-    return json.loads(storage.read_bytes(root, root.join("jobs", job_id, "manifest.json")))
-
-
 def count_by(table: pa.Table, column: str) -> dict[str, int]:
     if table.num_rows == 0:
         return {}

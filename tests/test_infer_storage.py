@@ -71,7 +71,7 @@ def test_atomic_write_leaves_no_partial_file(tmp_path):
 
     root = storage.Location(CrashBeforeRename(), str(tmp_path))
     target = root.join("outputs", "x.parquet")
-    with pytest.raises(OSError, match="disk full"):
+    with pytest.raises(storage.StorageError, match=r"outputs/x.parquet: disk full"):
         storage.write_bytes_atomic(root, target, b"data")
     assert list((tmp_path / "outputs").iterdir()) == []
 
