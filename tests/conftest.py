@@ -6,6 +6,7 @@ tier configuration per process, and every engine test uses the same tiny-model t
 
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
@@ -36,14 +37,15 @@ def make_config(tmp_path, tiny_models):
     """Build the local config with input/output/state in this test's tmp folder; kwargs override fields."""
     from pipeline.config import load_config
 
-    def make(input_dir: Path | None = None, **overrides):
+    def make(input_dir: Path | str | None = None, **overrides):
+        """overrides: section__field=value, e.g. storage__s3_max_attempts=2."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("TOKENMILL_") or k == "TOKENMILL_HOME"}
         env["TOKENMILL_INPUT__URI"] = str(input_dir or tmp_path / "input")
         env["TOKENMILL_OUTPUT__URI"] = str(tmp_path / "output")
         env["TOKENMILL_STATE__URL"] = f"sqlite:///{tmp_path}/state.db"
         env["TOKENMILL_RUN__PROGRESS"] = "off"
         for key, value in overrides.items():
-            env[f"TOKENMILL_{key.upper()}"] = str(value)
+            env[f"TOKENMILL_{key.upper()}"] = value if isinstance(value, str) else json.dumps(value)
         return load_config(LOCAL_CONFIG, environ=env)
 
     return make
@@ -64,3 +66,36 @@ def _stop_engines_at_session_end():
     from pipeline.infer import shutdown_engines
 
     shutdown_engines()
+
+
+S3_SECRET = "tokenmill-test-secret-must-not-leak"
+
+
+@pytest.fixture(scope="session")
+def s3_server():
+    """A real S3-compatible HTTP endpoint (moto's server, in a thread), with test credentials in the env."""
+    from moto.server import ThreadedMotoServer
+
+    os.environ.update({"AWS_ACCESS_KEY_ID": "tokenmill-test", "AWS_SECRET_ACCESS_KEY": S3_SECRET,
+                       "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"})
+    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
+    server.start()
+    host, port = server.get_host_and_port()
+    yield f"http://{host}:{port}"
+    server.stop()
+
+
+@pytest.fixture
+def s3_proxy(s3_server):
+    from tests.s3proxy import FlakyS3Proxy
+
+    proxy = FlakyS3Proxy(s3_server)
+    yield proxy
+    proxy.close()
+
+
+@pytest.fixture
+def s3_client(s3_server):
+    import boto3
+
+    return boto3.client("s3", endpoint_url=s3_server, region_name="us-east-1")

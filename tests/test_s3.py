@@ -1,0 +1,114 @@
+"""Jobs reading from and writing to a real S3-compatible HTTP server, including throttling and outages."""
+
+import io
+import json
+import uuid
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from pipeline.read import partition_id
+from pipeline.runner import JobError, run_job
+from pipeline.samples import write_sample_corpus
+from pipeline.state import StateStore
+from pipeline.storage import StorageError, list_files, resolve
+from tests.conftest import S3_SECRET
+
+pytestmark = pytest.mark.engine
+
+
+def upload_corpus(s3_client, tmp_path, bucket: str, prefix: str, documents: int = 30) -> dict:
+    counts = write_sample_corpus(tmp_path / "corpus", documents=documents)
+    for path in sorted((tmp_path / "corpus").rglob("*")):
+        if path.is_file():
+            s3_client.put_object(Bucket=bucket, Key=f"{prefix}/{path.relative_to(tmp_path / 'corpus')}", Body=path.read_bytes())
+    return counts
+
+
+def read_s3_kind(s3_client, bucket: str, prefix: str, kind: str, job_id: str) -> pa.Table:
+    pages = s3_client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=f"{prefix}/{kind}/job={job_id}/")
+    keys = sorted(o["Key"] for page in pages for o in page.get("Contents", []))
+    return pa.concat_tables([pq.read_table(io.BytesIO(s3_client.get_object(Bucket=bucket, Key=k)["Body"].read()))
+                             for k in keys])
+
+
+@pytest.fixture
+def buckets(s3_client):
+    name = f"tm-{uuid.uuid4().hex[:8]}"
+    s3_client.create_bucket(Bucket=f"{name}-in")
+    s3_client.create_bucket(Bucket=f"{name}-out")
+    return f"{name}-in", f"{name}-out"
+
+
+def s3_config(make_config, endpoint: str, buckets, **overrides):
+    return make_config(input_dir=f"s3://{buckets[0]}/corpus", output__uri=f"s3://{buckets[1]}/tokenmill",
+                       storage__s3_endpoint_url=endpoint, storage__s3_max_attempts=overrides.pop("attempts", 3),
+                       **overrides)
+
+
+def test_job_reads_and_writes_s3(make_config, s3_server, s3_client, buckets, tmp_path):
+    counts = upload_corpus(s3_client, tmp_path, buckets[0], "corpus")
+    m = run_job(s3_config(make_config, s3_server, buckets), job_id="s3-job").manifest
+    outputs = read_s3_kind(s3_client, buckets[1], "tokenmill", "outputs", "s3-job")
+    quarantine = read_s3_kind(s3_client, buckets[1], "tokenmill", "quarantine", "s3-job")
+    ledger = read_s3_kind(s3_client, buckets[1], "tokenmill", "ledger", "s3-job")
+    assert outputs.num_rows + quarantine.num_rows == counts["documents"] + counts["bad_records"] == m["counts"]["records"]
+    assert ledger.num_rows == outputs.num_rows
+    manifest = s3_client.get_object(Bucket=buckets[1], Key="tokenmill/jobs/s3-job/manifest.json")["Body"].read().decode()
+    assert json.loads(manifest)["status"] == "succeeded"
+    assert S3_SECRET not in manifest
+
+
+def test_listing_pages_through_a_large_prefix(s3_server, s3_client, buckets):
+    for i in range(1105):  # S3 lists 1,000 keys a page
+        s3_client.put_object(Bucket=buckets[0], Key=f"many/{i:05d}.txt", Body=b"x")
+    from pipeline.config import StorageConfig
+
+    files = list_files(resolve(f"s3://{buckets[0]}/many", StorageConfig(s3_endpoint_url=s3_server)))
+    assert len(files) == 1105 and files[0] == ("00000.txt", 1)
+
+
+def test_missing_bucket_is_a_clear_error_without_credentials(make_config, s3_server, buckets):
+    config = make_config(input_dir="s3://no-such-bucket-here/x", storage__s3_endpoint_url=s3_server)
+    with pytest.raises(JobError) as e:
+        run_job(config, job_id="nobucket")
+    assert "s3://no-such-bucket-here/x" in str(e.value) and S3_SECRET not in str(e.value)
+
+
+def test_throttling_is_retried_transparently(make_config, s3_proxy, s3_client, buckets, tmp_path):
+    counts = upload_corpus(s3_client, tmp_path, buckets[0], "corpus", documents=10)
+    s3_proxy.fail("/ledger/", times=2)  # two SlowDown answers, then the store recovers
+    m = run_job(s3_config(make_config, s3_proxy.url, buckets, attempts=4), job_id="throttled").manifest
+    assert s3_proxy.failed == 2
+    assert m["counts"]["records"] == counts["documents"] + counts["bad_records"] and m["status"] == "succeeded"
+
+
+def test_store_outage_fails_only_that_partition_and_the_rerun_pays_nothing_twice(make_config, s3_proxy, s3_client,
+                                                                                    buckets, tmp_path):
+    counts = upload_corpus(s3_client, tmp_path, buckets[0], "corpus", documents=24)
+    config = s3_config(make_config, s3_proxy.url, buckets, attempts=2)
+    victim = partition_id("batch-a.jsonl", 0)
+    s3_proxy.fail(f"/outputs/job=outage/partition={victim}/")  # this partition's commit fails, every time
+    with pytest.raises(JobError) as e:
+        run_job(config, job_id="outage")
+    assert f"1 of" in str(e.value) and victim in str(e.value)
+    state = StateStore(config.state.url)
+    parts = {p.partition: p for p in state.partitions("outage")}
+    assert parts[victim].status == "failed"
+    assert f"s3://{buckets[1]}/tokenmill/outputs/job=outage/partition={victim}/part-0.parquet" in parts[victim].last_error
+    assert S3_SECRET not in parts[victim].last_error
+    assert all(p.status == "succeeded" for name, p in parts.items() if name != victim)
+    with state.session() as s:
+        items_before = s.execute(__import__("sqlalchemy").text("select count(*), sum(gpu_seconds) from items where job_id='outage'")).one()
+
+    s3_proxy.fail(None)  # the store is back
+    m = run_job(config, job_id="outage").manifest
+    with state.session() as s:
+        items_after = s.execute(__import__("sqlalchemy").text("select count(*), sum(gpu_seconds) from items where job_id='outage'")).one()
+    assert items_after == items_before  # nothing generated (or paid) again
+    outputs = read_s3_kind(s3_client, buckets[1], "tokenmill", "outputs", "outage")
+    ledger = read_s3_kind(s3_client, buckets[1], "tokenmill", "ledger", "outage")
+    assert len(set(outputs["id"].to_pylist())) == outputs.num_rows == ledger.num_rows
+    assert outputs.num_rows + m["counts"]["quarantined"] == counts["documents"] + counts["bad_records"]
+    assert sum(ledger["gpu_seconds"].to_pylist()) == pytest.approx(items_before[1])
