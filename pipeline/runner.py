@@ -172,8 +172,8 @@ class _Job:
 
     def run_partition(self, partition: str) -> None:
         try:
-            with Heartbeat(self.state, self.job_id, partition, self.worker, self.config.state.lease_seconds):
-                counts = self.process_partition(partition)
+            with Heartbeat(self.state, self.job_id, partition, self.worker, self.config.state.lease_seconds) as beat:
+                counts = self.process_partition(partition, beat)
         except Exception as e:
             reason = str(e) if isinstance(e, (storage.StorageError, StateError)) else f"{type(e).__name__}: {e}"
             log.error("partition %s failed: %s", partition, reason)
@@ -186,7 +186,7 @@ class _Job:
             return
         self.state.finish_partition(self.job_id, partition, self.worker, "succeeded", counts=counts)
 
-    def process_partition(self, partition: str) -> dict:
+    def process_partition(self, partition: str, beat: Heartbeat) -> dict:
         c, job_id = self.config, self.job_id
         records = storage.read_parquet(self.out, staging_path(self.out, job_id, partition, "records.parquet"))
         quarantine = storage.read_parquet(self.out, staging_path(self.out, job_id, partition, "quarantine.parquet"))
@@ -233,6 +233,8 @@ class _Job:
         if outputs.num_rows + quarantine.num_rows != expected:  # the invariant every row depends on
             raise JobError(f"partition {partition}: accounting mismatch: {outputs.num_rows} outputs + "
                            f"{quarantine.num_rows} quarantined != {expected} records; nothing was committed")
+        if beat.lost:
+            raise JobError(f"partition {partition}: lease lost to another worker; not committing")
         write_partition(self.out, job_id, partition, {"outputs": outputs, "ledger": ledger, "quarantine": quarantine},
                         c.output.compression)
         return partition_counts(outputs, ledger, quarantine, completions, call_table, c)

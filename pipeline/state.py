@@ -248,12 +248,16 @@ class Heartbeat:
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name=f"heartbeat-{partition}")
 
+    lost = False  # set when another worker took the partition over (our lease had expired)
+
     def _run(self) -> None:
         while not self._stop.wait(self.interval):
             try:
-                self.store.heartbeat(*self.args)
+                if not self.store.heartbeat(*self.args):
+                    self.lost = True
+                    return
             except OperationalError:
-                pass  # the lease simply runs out; another worker may take over
+                pass  # database unreachable for now: the lease runs out unless a later beat lands
 
     def __enter__(self) -> "Heartbeat":
         self._thread.start()

@@ -99,3 +99,39 @@ def s3_client(s3_server):
     import boto3
 
     return boto3.client("s3", endpoint_url=s3_server, region_name="us-east-1")
+
+
+PG_ADMIN_URL = os.environ.get("TOKENMILL_TEST_PG_URL", "postgresql+psycopg://postgres@127.0.0.1:5432/postgres")
+
+
+@pytest.fixture(scope="session")
+def postgres_url():
+    """A throwaway database on the PostgreSQL server (CI: the machine's own; elsewhere TOKENMILL_TEST_PG_URL).
+
+    Skipped where no server answers, unless TOKENMILL_REQUIRE_POSTGRES=1 (CI sets it): then it fails.
+    """
+    import uuid
+
+    from sqlalchemy import create_engine, text
+    from sqlalchemy.engine import make_url
+
+    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT", connect_args={"connect_timeout": 5})
+    name = f"tokenmill_test_{uuid.uuid4().hex[:8]}"
+    try:
+        with admin.connect() as c:
+            c.execute(text(f'CREATE DATABASE "{name}"'))
+    except Exception as e:
+        if os.environ.get("TOKENMILL_REQUIRE_POSTGRES") == "1":
+            raise
+        pytest.skip(f"no PostgreSQL at {PG_ADMIN_URL}: {type(e).__name__}")
+    yield make_url(PG_ADMIN_URL).set(database=name).render_as_string(hide_password=False)
+    with admin.connect() as c:
+        c.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
+    admin.dispose()
+
+
+@pytest.fixture(params=["sqlite", "postgresql"])
+def state_url(request, tmp_path):
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path}/state.db"
+    return request.getfixturevalue("postgres_url")

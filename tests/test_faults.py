@@ -1,0 +1,170 @@
+"""Faults ops must survive: a worker killed mid-partition, two workers on one job, reruns, the state DB."""
+
+import json
+import os
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from pipeline.runner import JobError, run_job
+from pipeline.samples import write_sample_corpus
+from pipeline.state import StateStore
+from tests.conftest import LOCAL_CONFIG, REPO
+
+pytestmark = pytest.mark.engine
+
+
+def read_kind(output, kind, job_id) -> pa.Table:
+    files = sorted((output / kind / f"job={job_id}").glob("partition=*/*.parquet"))
+    return pa.concat_tables([pq.read_table(f) for f in files])
+
+
+def cli_env(tiny_models, tmp_path, **extra) -> dict:
+    env = {**os.environ, "TOKENMILL_HOME": str(tiny_models.parent), "TOKENMILL_STATE__URL": f"sqlite:///{tmp_path}/state.db",
+           "TOKENMILL_INPUT__URI": str(tmp_path / "input"), "TOKENMILL_OUTPUT__URI": str(tmp_path / "output")}
+    env.update({f"TOKENMILL_{k.upper()}": str(v) for k, v in extra.items()})
+    return env
+
+
+def start_cli(args, env) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "pipeline.cli", *args], env=env, cwd=REPO, start_new_session=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def scalar(db, sql):
+    with sqlite3.connect(db, timeout=30) as c:
+        return c.execute(sql).fetchone()[0]
+
+
+def assert_exactly_once(output, job_id, expected_records, state_db):
+    outputs, ledger, quarantine = (read_kind(output, k, job_id) for k in ("outputs", "ledger", "quarantine"))
+    ids = outputs["id"].to_pylist() + quarantine["id"].to_pylist()
+    assert len(ids) == expected_records
+    assert len(set(outputs["id"].to_pylist())) == outputs.num_rows == ledger.num_rows
+    # Nothing charged twice: the ledger carries each paid-for generation exactly once.
+    generated = [r for r in ledger.to_pylist() if r["source"] == "generated"]
+    assert len(generated) == scalar(state_db, f"select count(*) from items where job_id='{job_id}'")
+    assert sum(r["gpu_seconds"] for r in generated) == pytest.approx(
+        scalar(state_db, f"select sum(gpu_seconds) from items where job_id='{job_id}'"))
+    return outputs
+
+
+def test_worker_killed_mid_partition_rerun_completes_without_paying_twice(make_config, tiny_models, tmp_path):
+    (tmp_path / "input").mkdir()
+    from pipeline.samples import synthetic_document
+    import random
+
+    rng = random.Random(3)
+    docs = [{"id": f"d{i:03d}", "text": synthetic_document(rng, 4)} for i in range(120)]
+    (tmp_path / "input" / "one.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
+    db = tmp_path / "state.db"
+    env = cli_env(tiny_models, tmp_path, plan__items_per_engine_call=4, state__lease_seconds=3)
+    proc = start_cli(["run", "--config", str(LOCAL_CONFIG), "--job-id", "killed"], env)
+    deadline = time.monotonic() + 300
+    while time.monotonic() < deadline and proc.poll() is None:
+        if db.exists() and scalar(db, "select count(*) from sqlite_master where name='items'") \
+                and scalar(db, "select count(*) from items where job_id='killed'") >= 4:
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, f"the worker ended before it could be killed: {proc.stderr.read()[-2000:]}"
+    os.killpg(proc.pid, signal.SIGKILL)  # the worker and its engine processes, mid-partition
+    proc.wait()
+    paid_before = scalar(db, "select count(*) from items where job_id='killed'")
+    assert scalar(db, "select status from partitions where job_id='killed'") == "running"  # never committed
+    assert not (tmp_path / "output" / "outputs" / "job=killed").exists()
+
+    config = make_config(plan__items_per_engine_call=4, state__lease_seconds=3)
+    m = run_job(config, job_id="killed").manifest  # waits out the dead worker's lease, then takes over
+    assert m["status"] == "succeeded"
+    assert scalar(db, "select attempts from partitions where job_id='killed'") == 2
+    outputs = assert_exactly_once(tmp_path / "output", "killed", 120, db)
+    assert outputs.num_rows == 120 and paid_before < 120
+
+
+def test_two_workers_on_one_job_process_each_partition_once(tiny_models, tmp_path):
+    counts = write_sample_corpus(tmp_path / "input", documents=40)
+    env = cli_env(tiny_models, tmp_path, run__progress="off")
+    procs = [start_cli(["run", "--config", str(LOCAL_CONFIG), "--job-id", "twice"], env) for _ in range(2)]
+    results = [p.communicate(timeout=600) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [r[1][-1500:] for r in results]
+    db = tmp_path / "state.db"
+    assert scalar(db, "select max(attempts) from partitions where job_id='twice'") == 1
+    assert scalar(db, "select count(distinct worker) from partitions where job_id='twice'") >= 1
+    outputs = read_kind(tmp_path / "output", "outputs", "twice")
+    quarantine = read_kind(tmp_path / "output", "quarantine", "twice")
+    assert outputs.num_rows + quarantine.num_rows == counts["documents"] + counts["bad_records"]
+    assert len(set(outputs["id"].to_pylist())) == outputs.num_rows
+
+
+def test_rerun_of_succeeded_partitions_changes_nothing_and_costs_nothing(make_config, sample_corpus, tiny_models, tmp_path):
+    config = make_config()
+    first = run_job(config, job_id="again").manifest
+    before = {k: read_kind(tmp_path / "output", k, "again") for k in ("outputs", "ledger", "quarantine")}
+    env = cli_env(tiny_models, tmp_path, run__progress="off")
+    parts = [f"--partition={p}" for p in first["partitions"]]
+    r = subprocess.run([sys.executable, "-m", "pipeline.cli", "rerun", "--config", str(LOCAL_CONFIG), "--job-id", "again",
+                        "--json", *parts], env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    second = json.loads(r.stdout)
+    assert second["engines"] == {} and second["cost"] == first["cost"]  # no engine call, same money
+    for kind, table in before.items():
+        after = read_kind(tmp_path / "output", kind, "again")
+        assert after.drop_columns(["created_at"] if "created_at" in after.column_names else []).equals(
+            table.drop_columns(["created_at"] if "created_at" in table.column_names else []))
+    status = subprocess.run([sys.executable, "-m", "pipeline.cli", "status", "--config", str(LOCAL_CONFIG), "--job-id",
+                             "again", "--format", "json"], env=env, cwd=REPO, capture_output=True, text=True, check=True)
+    parts = json.loads(status.stdout)["partitions"]
+    assert {p["status"] for p in parts} == {"succeeded"} and {p["attempts"] for p in parts} == {2}
+    listing = subprocess.run([sys.executable, "-m", "pipeline.cli", "jobs", "list", "--config", str(LOCAL_CONFIG),
+                              "--format", "json"], env=env, cwd=REPO, capture_output=True, text=True, check=True)
+    assert [(j["job_id"], j["status"]) for j in json.loads(listing.stdout)] == [("again", "succeeded")]
+
+
+def test_failed_partition_reruns_alone(make_config, sample_corpus, tmp_path, monkeypatch):
+    from pipeline import runner
+
+    config = make_config()
+    real = runner._Job.process_partition
+    victim = {}
+
+    def flaky(self, partition, beat):
+        if not victim:
+            victim["p"] = partition
+            raise OSError("disk went away")
+        return real(self, partition, beat)
+
+    monkeypatch.setattr(runner._Job, "process_partition", flaky)
+    with pytest.raises(JobError, match="1 of .* partitions not committed.*disk went away"):
+        run_job(config, job_id="flaky")
+    monkeypatch.setattr(runner._Job, "process_partition", real)
+    state = StateStore(config.state.url)
+    attempts_before = {p.partition: p.attempts for p in state.partitions("flaky")}
+    run_job(config, job_id="flaky")
+    after = {p.partition: (p.status, p.attempts) for p in state.partitions("flaky")}
+    assert after[victim["p"]] == ("succeeded", 2)
+    assert all(a == ("succeeded", attempts_before[p]) for p, a in after.items() if p != victim["p"])
+    assert_exactly_once(tmp_path / "output", "flaky", sample_corpus[1]["documents"] + sample_corpus[1]["bad_records"],
+                        tmp_path / "state.db")
+
+
+def test_unreachable_state_database_is_one_clear_line(tiny_models, tmp_path, sample_corpus):
+    env = cli_env(tiny_models, tmp_path, state__url="postgresql+psycopg://tm:hunter2@127.0.0.1:1/db")
+    r = subprocess.run([sys.executable, "-m", "pipeline.cli", "run", "--config", str(LOCAL_CONFIG)], env=env, cwd=REPO,
+                       capture_output=True, text=True, timeout=120)
+    assert r.returncode != 0 and "Traceback" not in r.stderr
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: job failed: state database") and "unreachable" in last and "hunter2" not in r.stderr
+
+
+def test_job_on_postgresql(make_config, sample_corpus, postgres_url, tmp_path):
+    config = make_config(state__url=postgres_url)
+    m = run_job(config, job_id="pg").manifest
+    assert m["status"] == "succeeded"
+    assert m["counts"]["records"] == sample_corpus[1]["documents"] + sample_corpus[1]["bad_records"]
+    assert [(j.job_id, j.status) for j in StateStore(postgres_url).jobs()] == [("pg", "succeeded")]

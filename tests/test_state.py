@@ -1,0 +1,90 @@
+"""The state catalog's contract, on SQLite and on a real PostgreSQL server."""
+
+import threading
+import time
+import uuid
+
+import pytest
+
+from pipeline.state import StateError, StateStore
+
+
+@pytest.fixture
+def store(state_url):
+    return StateStore(state_url)
+
+
+@pytest.fixture
+def job(store):
+    job_id = f"j-{uuid.uuid4().hex[:6]}"
+    assert store.claim_planning(job_id, "fp", "in", "out")
+    store.add_partitions(job_id, {"p1": {"file": "a", "records": 3}, "p2": {"file": "b", "records": 1}})
+    return job_id
+
+
+def test_planning_is_claimed_once(store, job):
+    assert not store.claim_planning(job, "fp", "in", "out")
+
+
+def test_claim_is_exclusive_under_contention(store, job):
+    wins = []
+
+    def worker(name):
+        if store.claim(job, "p1", name, lease_seconds=60):
+            wins.append(name)
+
+    threads = [threading.Thread(target=worker, args=(f"w{i}",)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(wins) == 1
+    (p1,) = [p for p in store.partitions(job) if p.partition == "p1"]
+    assert p1.status == "running" and p1.worker == wins[0] and p1.attempts == 1
+
+
+def test_a_dead_workers_lease_expires_and_another_takes_over(store, job):
+    assert store.claim(job, "p1", "dead", lease_seconds=0.5)
+    assert not store.claim(job, "p1", "alive", lease_seconds=30)  # still leased
+    time.sleep(0.7)  # the dead worker never heartbeats
+    assert store.claim(job, "p1", "alive", lease_seconds=30)
+    assert not store.heartbeat(job, "p1", "dead", 30)  # the old owner lost it and learns so
+    store.finish_partition(job, "p1", "dead", "succeeded", counts={})  # a late finish from the old owner...
+    (p1,) = [p for p in store.partitions(job) if p.partition == "p1"]
+    assert p1.status == "running" and p1.worker == "alive" and p1.attempts == 2  # ...changes nothing
+
+
+def test_heartbeat_keeps_the_lease(store, job):
+    assert store.claim(job, "p1", "w", lease_seconds=0.6)
+    for _ in range(3):
+        time.sleep(0.3)
+        assert store.heartbeat(job, "p1", "w", 0.6)
+    assert not store.claim(job, "p1", "other", lease_seconds=30)
+
+
+def test_succeeded_partitions_are_claimed_only_when_forced(store, job):
+    assert store.claim(job, "p2", "w", 30)
+    store.finish_partition(job, "p2", "w", "succeeded", counts={"outputs": 1})
+    assert not store.claim(job, "p2", "w", 30)
+    assert store.claim(job, "p2", "w", 30, force=True)
+
+
+def test_items_keep_the_first_stored_value(store, job):
+    from pipeline.state import now
+
+    def item(summary):
+        return {"id": "a", "partition": "p1", "tier": "small", "model": "m", "summary": summary, "prompt_tokens": 3,
+                "cached_prompt_tokens": 0, "output_tokens": 2, "finish_reason": "length", "gpu_seconds": 0.5,
+                "baseline_gpu_seconds": 0.5, "created_at": now()}
+
+    store.store_items(job, {"k1": item("first")})
+    store.store_items(job, {"k1": item("second"), "k2": item("other")})
+    got = store.stored_items(job, ["k1", "k2", "missing"])
+    assert got["k1"]["summary"] == "first" and set(got) == {"k1", "k2"}
+
+
+def test_unreachable_database_is_a_clear_error_without_password():
+    with pytest.raises(StateError) as e:
+        StateStore("postgresql+psycopg://tokenmill:hunter2@127.0.0.1:1/nowhere")
+    message = str(e.value)
+    assert "unreachable" in message and "127.0.0.1:1/nowhere" in message and "hunter2" not in message
