@@ -27,7 +27,7 @@ ConfigOption = typer.Option(..., "--config", "-c", help="YAML config file (e.g. 
 
 
 def _fail(message: str) -> None:
-    typer.echo(f"error: {message}", err=True)
+    typer.echo(f"error: {' '.join(message.split())}", err=True)  # always one line
     raise typer.Exit(2)
 
 

@@ -23,6 +23,8 @@ from datetime import datetime, timedelta, timezone
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from sqlalchemy.exc import OperationalError
+
 from pipeline import storage
 from pipeline.config import TokenmillConfig
 from pipeline.cost import allocate_gpu_seconds, baseline_gpu_seconds
@@ -38,7 +40,7 @@ from pipeline.write import assemble_results, count_by, write_manifest, write_par
 
 log = logging.getLogger(__name__)
 JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
-JOB_FATAL = (EngineDeadError, EngineStartError, StateError)  # no point trying further partitions
+JOB_FATAL = (EngineDeadError, EngineStartError, StateError, OperationalError)  # no point trying further partitions
 
 
 class JobError(RuntimeError):
@@ -78,6 +80,10 @@ def run_job(config: TokenmillConfig, job_id: str | None = None, pool: EnginePool
         raise
     except (storage.StorageError, StateError) as e:
         raise JobError(str(e)) from e
+    except OperationalError as e:
+        # Leases make this safe: what this worker held is claimable again once its lease runs out.
+        raise JobError(f"state database {StateStore.safe_url(config.state.url)} unreachable: "
+                       f"{str(e.orig).splitlines()[0] if e.orig else e}") from e
     except Exception as e:
         raise JobError(f"{type(e).__name__}: {e}") from e
 
@@ -181,8 +187,10 @@ class _Job:
                 self.state.finish_partition(self.job_id, partition, self.worker, "failed", error=reason[:2000])
             except Exception:
                 pass  # the lease expires and the partition is claimable again
+            if isinstance(e, OperationalError):
+                raise
             if isinstance(e, JOB_FATAL):
-                raise JobError(f"partition {partition}: {reason}") from e
+                raise JobError(f"partition {partition}: {reason}".splitlines()[0]) from e
             return
         self.state.finish_partition(self.job_id, partition, self.worker, "succeeded", counts=counts)
 

@@ -168,3 +168,46 @@ def test_job_on_postgresql(make_config, sample_corpus, postgres_url, tmp_path):
     assert m["status"] == "succeeded"
     assert m["counts"]["records"] == sample_corpus[1]["documents"] + sample_corpus[1]["bad_records"]
     assert [(j.job_id, j.status) for j in StateStore(postgres_url).jobs()] == [("pg", "succeeded")]
+
+
+def test_state_database_outage_mid_job_leaves_no_partition_running_forever(make_config, tmp_path, postgres_url,
+                                                                          monkeypatch):
+    """A real outage: the catalog's PostgreSQL connection is cut after the first paid engine call."""
+    from sqlalchemy import text
+    from sqlalchemy.engine import make_url
+
+    from tests.tcpproxy import CuttableTcpProxy
+
+    url = make_url(postgres_url)
+    proxy = CuttableTcpProxy(url.host, url.port or 5432)
+    proxied = url.set(host="127.0.0.1", port=proxy.port).render_as_string(hide_password=False)
+    write_sample_corpus(tmp_path / "input", documents=30)
+    config = make_config(state__url=proxied, state__lease_seconds=2, plan__items_per_engine_call=4)
+    real_store = StateStore.store_items
+
+    def store_then_cut(self, job_id, items):
+        real_store(self, job_id, items)
+        proxy.cut()
+
+    monkeypatch.setattr(StateStore, "store_items", store_then_cut)
+    with pytest.raises(JobError) as e:
+        run_job(config, job_id="dbdown")
+    message = str(e.value)
+    assert "state database" in message and "unreachable" in message and "\n" not in message
+    monkeypatch.setattr(StateStore, "store_items", real_store)
+    proxy.restore()
+
+    state = StateStore(postgres_url)
+    running = [p for p in state.partitions("dbdown") if p.status == "running"]
+    assert running and all(p.lease_expires_at is not None for p in running)  # held only until the lease ends
+    m = run_job(config, job_id="dbdown").manifest  # takes the abandoned partition over once its lease is out
+    assert m["status"] == "succeeded"
+    assert {p.status for p in state.partitions("dbdown")} == {"succeeded"}
+    with state.session() as s:
+        paid = s.execute(text("select count(*), coalesce(sum(gpu_seconds), 0) from items where job_id='dbdown'")).one()
+    ledger = read_kind(tmp_path / "output", "ledger", "dbdown")
+    outputs = read_kind(tmp_path / "output", "outputs", "dbdown")
+    assert len(set(outputs["id"].to_pylist())) == outputs.num_rows == ledger.num_rows
+    generated = [r for r in ledger.to_pylist() if r["source"] == "generated"]
+    assert len(generated) == paid[0] and sum(r["gpu_seconds"] for r in generated) == pytest.approx(paid[1])
+    proxy.close()
