@@ -38,7 +38,7 @@ models: $(MODELS)/tiny-small/config.json $(MODELS)/tiny-large/config.json
 demo: models
 	rm -rf data/sample
 	$(VENV)/bin/tokenmill samples data/sample
-	$(VENV)/bin/tokenmill run --config configs/local.yaml --input data/sample --output data/output --job-id demo
+	$(VENV)/bin/tokenmill run --config configs/local.yaml --input data/sample --output data/output
 
 test: install
 	$(PY) -m pytest -q tests

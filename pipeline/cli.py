@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import sys
 from pathlib import Path
 from typing import Optional
@@ -14,6 +15,9 @@ from rich.console import Console
 from rich.table import Table
 
 from pipeline.config import ConfigError, load_config, tokenmill_home
+
+# vLLM logs every engine step at INFO; a batch job's own progress lines are what people read.
+os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="tokenmill: batch LLM summarisation at the lowest cost per document.")
 models_app = typer.Typer(no_args_is_help=True, help="Build local models.")
