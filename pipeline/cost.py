@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import numpy as np
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from pipeline.config import CostConfig, TierConfig
 
@@ -56,11 +55,3 @@ def baseline_gpu_seconds(completions: pa.Table, gpu_seconds: np.ndarray, largest
         rates[name] = gpu_seconds[rows].sum() / actual_w[rows].sum() if actual_w[rows].sum() > 0 else 0.0
     rate = np.array([rates.get(largest_tier, rates[t]) for t in tier], dtype=np.float64) if len(tier) else np.zeros(0)
     return uncached_w * rate
-
-
-def usd(gpu_seconds, price_per_gpu_hour) -> np.ndarray:
-    return np.asarray(gpu_seconds, dtype=np.float64) * np.asarray(price_per_gpu_hour, dtype=np.float64) / 3600.0
-
-
-def total(table: pa.Table, column: str) -> float:
-    return float(pc.sum(table[column]).as_py() or 0.0) if table.num_rows else 0.0

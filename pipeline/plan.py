@@ -12,8 +12,8 @@ import json
 from typing import Protocol
 
 import pyarrow as pa
-import xxhash
 import pyarrow.compute as pc
+import xxhash
 
 from pipeline.config import PlanConfig, PromptConfig, SamplingConfig
 

@@ -24,7 +24,8 @@ class Progress:
     def start(self, total: int) -> None:
         self.total = total
         if self.mode == "bar":
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress as Bar, TextColumn, TimeElapsedColumn
+            from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
+            from rich.progress import Progress as Bar
             self._bar = Bar(TextColumn("[bold]tokenmill"), BarColumn(), MofNCompleteColumn(),
                             TextColumn("{task.fields[status]}"), TimeElapsedColumn(), transient=False)
             self._bar.start()

@@ -22,7 +22,6 @@ from datetime import datetime, timedelta, timezone
 
 import pyarrow as pa
 import pyarrow.compute as pc
-
 from sqlalchemy.exc import OperationalError
 
 from pipeline import storage

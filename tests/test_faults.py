@@ -57,8 +57,9 @@ def assert_exactly_once(output, job_id, expected_records, state_db):
 
 def test_worker_killed_mid_partition_rerun_completes_without_paying_twice(make_config, tiny_models, tmp_path):
     (tmp_path / "input").mkdir()
-    from pipeline.samples import synthetic_document
     import random
+
+    from pipeline.samples import synthetic_document
 
     rng = random.Random(3)
     docs = [{"id": f"d{i:03d}", "text": synthetic_document(rng, 4)} for i in range(120)]

@@ -12,7 +12,7 @@ from pipeline.read import partition_id
 from pipeline.runner import JobError, run_job
 from pipeline.samples import write_sample_corpus
 from pipeline.state import StateStore
-from pipeline.storage import StorageError, list_files, resolve
+from pipeline.storage import list_files, resolve
 from tests.conftest import S3_SECRET
 
 pytestmark = pytest.mark.engine
@@ -92,7 +92,7 @@ def test_store_outage_fails_only_that_partition_and_the_rerun_pays_nothing_twice
     s3_proxy.fail(f"/outputs/job=outage/partition={victim}/")  # this partition's commit fails, every time
     with pytest.raises(JobError) as e:
         run_job(config, job_id="outage")
-    assert f"1 of" in str(e.value) and victim in str(e.value)
+    assert "1 of" in str(e.value) and victim in str(e.value)
     state = StateStore(config.state.url)
     parts = {p.partition: p for p in state.partitions("outage")}
     assert parts[victim].status == "failed"
