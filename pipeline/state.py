@@ -178,10 +178,13 @@ class StateStore:
 
     # -- partitions -----------------------------------------------------------------------------
     def add_partitions(self, job_id: str, partitions: dict[str, dict]) -> None:
+        """Register partitions as pending; ones already registered (a re-plan) keep their state."""
         with self.session() as s, s.begin():
+            known = set(s.scalars(select(Partition.partition).where(Partition.job_id == job_id)))
             for name, p in partitions.items():
-                s.merge(Partition(job_id=job_id, partition=name, file=p["file"], records=p["records"],
-                                  status="pending", attempts=0))
+                if name not in known:
+                    s.add(Partition(job_id=job_id, partition=name, file=p["file"], records=p["records"],
+                                    status="pending", attempts=0))
 
     def partitions(self, job_id: str) -> list[Partition]:
         with self.session() as s:
