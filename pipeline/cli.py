@@ -6,6 +6,7 @@ import json
 import logging
 import os
 import sys
+from datetime import datetime
 from pathlib import Path
 from typing import Optional
 
@@ -26,7 +27,10 @@ app.add_typer(models_app, name="models")
 app.add_typer(config_app, name="config")
 jobs_app = typer.Typer(no_args_is_help=True, help="Jobs in the state catalog.")
 app.add_typer(jobs_app, name="jobs")
-console = Console(stderr=False)
+ledger_app = typer.Typer(no_args_is_help=True, help="Query the cost ledgers (DuckDB over the Parquet files).")
+app.add_typer(ledger_app, name="ledger")
+# Off a terminal (pipes, Airflow logs) rich would wrap tables at 80 columns; ledgers are wider.
+console = Console(width=None if sys.stdout.isatty() else 200)
 ConfigOption = typer.Option(..., "--config", "-c", help="YAML config file (e.g. configs/local.yaml).")
 
 
@@ -210,6 +214,86 @@ def jobs_list(config: Path = ConfigOption, format: str = typer.Option("table", "
     for r in rows:
         table.add_row(*(str(r[k]) if r[k] is not None else "-" for k in r))
     console.print(table)
+
+
+def _print_table(table, format: str, title: str | None = None) -> None:
+    """An Arrow table as a rich table, CSV or JSON on stdout."""
+    from decimal import Decimal
+
+    if format == "csv":
+        import io
+
+        import pyarrow.csv as pacsv
+
+        buf = io.BytesIO()
+        pacsv.write_csv(table, buf)
+        text = buf.getvalue().decode()
+        typer.echo(text if text.endswith("\n") else text + "\n", nl=False)
+        return
+    rows = table.to_pylist()
+    if format == "json":
+        def plain(v):
+            return float(v) if isinstance(v, Decimal) else v.isoformat() if hasattr(v, "isoformat") else v
+
+        typer.echo(json.dumps([{k: plain(v) for k, v in r.items()} for r in rows], indent=2))
+        return
+    if format != "table":
+        _fail(f"--format must be table, csv or json, not {format}")
+    out = Table(title=title)
+    for name in table.column_names:
+        out.add_column(name, justify="left" if table.schema.field(name).type in ("string",) else "right")
+    for r in rows:
+        out.add_row(*("-" if v is None else f"{v:.6f}" if isinstance(v, (float, Decimal)) else str(v) for v in r.values()))
+    console.print(out)
+
+
+def _ledger(output: str, config: Optional[Path]):
+    from pipeline.config import StorageConfig
+    from pipeline.ledger import connect
+    from pipeline.storage import StorageError
+
+    storage_config = _load(config).storage if config else StorageConfig()
+    try:
+        return connect(output, storage_config)
+    except StorageError as e:
+        _fail(str(e))
+
+
+OutputOption = typer.Option(..., "--output", help="Output root holding ledger/, outputs/, quarantine/ (local or s3://).")
+LedgerConfigOption = typer.Option(None, "--config", "-c", help="Config for storage settings (S3 endpoint, region).")
+FormatOption = typer.Option("table", "--format", help="table, csv or json")
+
+
+@ledger_app.command("summary")
+def ledger_summary(output: str = OutputOption,
+                   by: str = typer.Option("tenant,tier", "--by", help="Comma-separated: tenant, tier, model, source, job, partition, day (or '' for one total row)."),
+                   job_id: Optional[str] = typer.Option(None, "--job-id", help="Only this job."),
+                   since: Optional[datetime] = typer.Option(None, "--since", formats=["%Y-%m-%d"], help="From this day (UTC), inclusive."),
+                   until: Optional[datetime] = typer.Option(None, "--until", formats=["%Y-%m-%d"], help="To this day (UTC), inclusive."),
+                   format: str = FormatOption, config: Optional[Path] = LedgerConfigOption) -> None:
+    """Items, tokens, GPU-seconds, cost, baseline and saving, grouped as asked."""
+    from pipeline.ledger import LedgerError, summary
+
+    keys = [b.strip() for b in by.split(",") if b.strip()]
+    try:
+        table = summary(_ledger(output, config), keys, job_id, since.date() if since else None,
+                        until.date() if until else None)
+    except LedgerError as e:
+        _fail(str(e))
+    _print_table(table, format, title="ledger summary")
+
+
+@ledger_app.command("sql")
+def ledger_sql(sql: str = typer.Argument(..., help="A query over the views ledger, outputs and quarantine."),
+               output: str = OutputOption, format: str = FormatOption, config: Optional[Path] = LedgerConfigOption) -> None:
+    """Run SQL (DuckDB) over the ledger, outputs and quarantine of an output root."""
+    from pipeline.ledger import LedgerError, query
+
+    try:
+        table = query(_ledger(output, config), sql)
+    except LedgerError as e:
+        _fail(str(e))
+    _print_table(table, format)
 
 
 def main() -> None:

@@ -1,0 +1,108 @@
+"""Questions analysts ask of the ledgers, answered with DuckDB over the Parquet files where they lie.
+
+The output root (local or s3://) is opened through pyarrow datasets, so DuckDB needs no extension
+and no network: `ledger`, `outputs` and `quarantine` are views any SQL can use. Money columns are
+summed as DECIMAL(38, 18) so totals do not depend on summation order.
+"""
+
+from __future__ import annotations
+
+import re
+from datetime import date
+
+import duckdb
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pyarrow.fs as pafs
+
+from pipeline import storage
+from pipeline.config import StorageConfig
+from pipeline.schema import LEDGER, OUTPUTS, QUARANTINE
+
+# Grouping keys an analyst may ask for, and the SQL that computes each.
+GROUP_KEYS = {
+    "tenant": "tenant", "tier": "tier", "model": "model", "source": "source", "job": "job_id",
+    "partition": "partition", "day": "CAST(created_at AS DATE)",
+}
+MONEY = "CAST({col} AS DECIMAL(38, 18))"
+MEASURES = {
+    "items": "count(*)",
+    "prompt_tokens": "CAST(sum(prompt_tokens) AS BIGINT)",
+    "cached_prompt_tokens": "CAST(sum(cached_prompt_tokens) AS BIGINT)",
+    "output_tokens": "CAST(sum(output_tokens) AS BIGINT)",
+    "gpu_seconds": "sum(gpu_seconds)",
+    "cost_usd": f"sum({MONEY.format(col='cost_usd')})",
+    "baseline_cost_usd": f"sum({MONEY.format(col='baseline_cost_usd')})",
+    "saved_usd": f"sum({MONEY.format(col='baseline_cost_usd')}) - sum({MONEY.format(col='cost_usd')})",
+}
+
+
+class LedgerError(ValueError):
+    """A ledger question that cannot be answered as asked; the message says why."""
+
+
+def _dataset(root: storage.Location, kind: str, schema: pa.Schema) -> ds.Dataset:
+    path = root.join(kind)
+    if root.fs.get_file_info(path).type == pafs.FileType.NotFound:
+        return ds.dataset(schema.empty_table())
+    # The ledger carries `partition` in its rows; outputs and quarantine take it from the path.
+    in_path = [] if "partition" in schema.names else [("partition", pa.string())]
+    partitioning = ds.partitioning(pa.schema(in_path), flavor="hive") if in_path else None
+    return ds.dataset(path, filesystem=root.fs, format="parquet", partitioning=partitioning,
+                      schema=pa.schema([*schema, *in_path]), exclude_invalid_files=False)
+
+
+def connect(output_uri: str, storage_config: StorageConfig | None = None) -> duckdb.DuckDBPyConnection:
+    """A DuckDB connection with views `ledger`, `outputs` and `quarantine` over an output root."""
+    root = storage.resolve(output_uri, storage_config)
+    con = duckdb.connect()
+    for kind, schema in (("ledger", LEDGER), ("outputs", OUTPUTS), ("quarantine", QUARANTINE)):
+        con.register(kind, _dataset(root, kind, schema))
+    return con
+
+
+def summary_sql(by: list[str], job_id: str | None = None, since: date | None = None,
+                until: date | None = None) -> tuple[str, list]:
+    unknown = [b for b in by if b not in GROUP_KEYS]
+    if unknown:
+        raise LedgerError(f"cannot group by {', '.join(unknown)}; choose from {', '.join(GROUP_KEYS)}")
+    keys = [f"{GROUP_KEYS[b]} AS {b}" for b in by]
+    measures = [f"{sql} AS {name}" for name, sql in MEASURES.items()]
+    where, params = [], []
+    if job_id:
+        where.append("job_id = ?")
+        params.append(job_id)
+    if since:
+        where.append("CAST(created_at AS DATE) >= ?")
+        params.append(since)
+    if until:
+        where.append("CAST(created_at AS DATE) <= ?")
+        params.append(until)
+    sql = f"SELECT {', '.join(keys + measures)} FROM ledger"
+    if where:
+        sql += " WHERE " + " AND ".join(where)
+    if by:
+        sql += f" GROUP BY {', '.join(GROUP_KEYS[b] for b in by)} ORDER BY {', '.join(b for b in by)}"
+    return sql, params
+
+
+def summary(con: duckdb.DuckDBPyConnection, by: list[str], job_id: str | None = None, since: date | None = None,
+            until: date | None = None) -> pa.Table:
+    """Totals (items, tokens, GPU-seconds, cost, baseline, saved) grouped by any of GROUP_KEYS."""
+    sql, params = summary_sql(by, job_id, since, until)
+    return con.sql(sql, params=params).to_arrow_table()
+
+
+_WRITES = re.compile(r"^\s*(insert|update|delete|create|drop|alter|copy|attach|detach|install|load|pragma|set|export|import)\b",
+                     re.IGNORECASE)
+
+
+def query(con: duckdb.DuckDBPyConnection, sql: str) -> pa.Table:
+    """Any read-only SQL over the views. The files are the record: nothing here writes to them."""
+    if _WRITES.match(sql):
+        raise LedgerError("ledger sql answers queries only (SELECT, WITH, DESCRIBE, SUMMARIZE, …)")
+    try:
+        result = con.sql(sql)
+        return result.to_arrow_table() if result is not None else pa.table({})
+    except duckdb.Error as e:
+        raise LedgerError(str(e).splitlines()[0]) from None
