@@ -296,6 +296,23 @@ def ledger_sql(sql: str = typer.Argument(..., help="A query over the views ledge
     _print_table(table, format)
 
 
+@app.command("report")
+def report(output: str = OutputOption, job_id: str = typer.Option(..., "--job-id"),
+           out: Path = typer.Option(..., "--out", help="HTML file to write (self-contained: opens offline)."),
+           config: Optional[Path] = LedgerConfigOption) -> None:
+    """Write a job's cost report: cost by tenant and tier, savings waterfall, throughput, reuse, slowest partitions."""
+    from pipeline.config import StorageConfig
+    from pipeline.report import build_report
+    from pipeline.storage import StorageError
+
+    try:
+        page = build_report(output, job_id, _load(config).storage if config else StorageConfig())
+    except StorageError as e:
+        _fail(str(e))
+    out.write_text(page, encoding="utf-8")
+    typer.echo(f"wrote {out}")
+
+
 def main() -> None:
     app()
 

@@ -194,7 +194,7 @@ class _Job:
         self.state.finish_partition(self.job_id, partition, self.worker, "succeeded", counts=counts)
 
     def process_partition(self, partition: str, beat: Heartbeat) -> dict:
-        c, job_id = self.config, self.job_id
+        c, job_id, started = self.config, self.job_id, time.perf_counter()
         records = storage.read_parquet(self.out, staging_path(self.out, job_id, partition, "records.parquet"))
         quarantine = storage.read_parquet(self.out, staging_path(self.out, job_id, partition, "quarantine.parquet"))
         self.progress.advance(quarantined=quarantine.num_rows)
@@ -244,7 +244,8 @@ class _Job:
             raise JobError(f"partition {partition}: lease lost to another worker; not committing")
         write_partition(self.out, job_id, partition, {"outputs": outputs, "ledger": ledger, "quarantine": quarantine},
                         c.output.compression)
-        return partition_counts(outputs, ledger, quarantine, completions, call_table, c)
+        return {**partition_counts(outputs, ledger, quarantine, completions, call_table, c),
+                "seconds": round(time.perf_counter() - started, 3)}
 
     def state_partition(self, partition: str):
         return next(p for p in self.state.partitions(self.job_id) if p.partition == partition)
@@ -334,7 +335,8 @@ def build_manifest(config: TokenmillConfig, job_id: str, job, parts: list, parti
         "cost": {"cost_usd": cost, "baseline_cost_usd": baseline, "saved_usd": baseline - cost,
                  "gpu_seconds": totals.get("gpu_seconds", 0.0)},
         "engines": engines,
-        "partitions": {p.partition: {"file": p.file, "records": p.records, "status": p.status, "attempts": p.attempts}
+        "partitions": {p.partition: {"file": p.file, "records": p.records, "status": p.status, "attempts": p.attempts,
+                                     "seconds": json.loads(p.counts).get("seconds") if p.counts else None}
                        for p in parts},
         **({"plan": plan} if plan else {}),
     }
