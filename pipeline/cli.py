@@ -34,9 +34,9 @@ console = Console(width=None if sys.stdout.isatty() else 200)
 ConfigOption = typer.Option(..., "--config", "-c", help="YAML config file (e.g. configs/local.yaml).")
 
 
-def _fail(message: str) -> None:
+def _fail(message: str, code: int = 2) -> None:
     typer.echo(f"error: {' '.join(message.split())}", err=True)  # always one line
-    raise typer.Exit(2)
+    raise typer.Exit(code)
 
 
 def _load(path: Path, **overrides):
@@ -122,7 +122,8 @@ def _run(cfg, job_id: Optional[str], partitions: list[str] | None, json_summary:
         result = run_job(cfg, job_id=job_id, partitions=partitions,
                          progress=Progress(cfg.run.progress, cfg.run.log_every_seconds))
     except JobError as e:
-        _fail(f"job failed: {e}")
+        # Exit 3: stopped by a budget cap (refused, or partitions deferred); 2: any other failure.
+        _fail(f"job {'stopped' if e.budget else 'failed'}: {e}", code=3 if e.budget else 2)
     finally:
         shutdown_engines()
     if json_summary:
@@ -294,6 +295,41 @@ def ledger_sql(sql: str = typer.Argument(..., help="A query over the views ledge
     except LedgerError as e:
         _fail(str(e))
     _print_table(table, format)
+
+
+@app.command("plan")
+def plan(config: Path = ConfigOption,
+         input: Optional[str] = typer.Option(None, "--input", help="Input folder or URI (overrides input.uri)."),
+         format: str = typer.Option("table", "--format", help="table or json")) -> None:
+    """Pre-flight: records, duplicates, share per tier, tokens and dollars, before any GPU work."""
+    from pipeline.estimate import budget_problems, preflight
+    from pipeline.infer import EnginePool, EngineStartError
+    from pipeline.storage import StorageError
+
+    cfg = _load(config, input__uri=input)
+    try:
+        est = preflight(cfg, EnginePool(cfg.tiers))
+    except (StorageError, EngineStartError) as e:
+        _fail(str(e))
+    est["budget_problems"] = budget_problems(cfg, est["est_usd"], est["tenants"]) if cfg.budget.active else []
+    if format == "json":
+        typer.echo(json.dumps(est, indent=2))
+        return
+    table = Table(title=f"pre-flight estimate for {cfg.input.uri}", show_header=False)
+    table.add_column(style="bold")
+    table.add_column(justify="right")
+    for k in ("records", "quarantined", "duplicates", "to_generate"):
+        table.add_row(k.replace("_", " "), str(est[k]))
+    for name, t in est["tiers"].items():
+        table.add_row(f"tier {name}", f"{t['items']} items ({t['share']:.0%}), {t['prompt_tokens']} prompt tokens, "
+                                      f"~{t['est_output_tokens']:.0f} output tokens, ~${t['est_usd']:.6f}")
+        table.add_row("  estimated from", t["method"])
+    for tenant, usd in est["tenants"].items():
+        table.add_row(f"tenant {tenant}", f"~${usd:.6f}")
+    table.add_row("estimated cost", f"~${est['est_usd']:.6f}")
+    table.add_row("budget", "; ".join(est["budget_problems"]) or ("within caps" if cfg.budget.active else "no caps set"))
+    console.print(table)
+    console.print(est["note"])
 
 
 @app.command("report")

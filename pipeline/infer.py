@@ -197,11 +197,20 @@ def _generate_splitting(engine: Engine, prompts: list, max_tokens: list, samplin
 
 
 def run_inference(requests: pa.Table, pool: EnginePool, sampling: SamplingConfig,
-                  on_call_done: Callable[[dict, pa.Table], None] | None = None) -> tuple[pa.Table, pa.Table, pa.Table]:
-    """(completions, calls, engine_errors). `on_call_done(call row, its completions)` follows each call."""
+                  on_call_done: Callable[[dict, pa.Table], None] | None = None,
+                  admit: Callable[[pa.Table], bool] | None = None) -> tuple[pa.Table, pa.Table, pa.Table, pa.Table]:
+    """(completions, calls, engine_errors, deferred requests).
+
+    `on_call_done(call row, its completions)` follows each call. `admit(batch)` is asked before each
+    call; the first call it refuses, and every call after it, is returned unrun as deferred.
+    """
     completions, calls, errors = [], [], {"id": [], "detail": []}
+    deferred = requests.slice(0, 0)
     for call in sorted(set(requests["call"].to_pylist())):
         batch = requests.filter(pc.equal(requests["call"], call))
+        if admit is not None and not admit(batch):
+            deferred = requests.filter(pc.greater_equal(requests["call"], call))
+            break
         tier = batch["tier"][0].as_py()
         engine = pool.engine(tier)
         ids = batch["id"].to_pylist()
@@ -228,4 +237,4 @@ def run_inference(requests: pa.Table, pool: EnginePool, sampling: SamplingConfig
             on_call_done(calls[-1], table)
     return (pa.concat_tables(completions) if completions else COMPLETIONS.empty_table(),
             pa.Table.from_pylist(calls, schema=CALLS),
-            pa.table(errors, schema=ENGINE_ERRORS))
+            pa.table(errors, schema=ENGINE_ERRORS), deferred)

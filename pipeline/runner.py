@@ -28,6 +28,7 @@ from pipeline import storage
 from pipeline.config import TokenmillConfig
 from pipeline.cost import allocate_gpu_seconds, baseline_gpu_seconds
 from pipeline.dedup import add_content_hashes, mark_duplicates
+from pipeline.estimate import budget_problems, estimate_usd, tier_rates
 from pipeline.infer import CALLS, EngineDeadError, EnginePool, EngineStartError, run_inference
 from pipeline.plan import add_item_keys, plan_requests
 from pipeline.progress import Progress
@@ -43,7 +44,15 @@ JOB_FATAL = (EngineDeadError, EngineStartError, StateError, OperationalError)  #
 
 
 class JobError(RuntimeError):
-    """A job that could not finish; the message is the one-line reason."""
+    """A job that could not finish; the message is the one-line reason. `budget`: stopped by a budget cap."""
+
+    def __init__(self, message: str, budget: bool = False):
+        super().__init__(message)
+        self.budget = budget
+
+
+class BudgetReached(RuntimeError):
+    """A partition stopped admitting engine calls at a budget cap; it is deferred, not failed."""
 
 
 @dataclass
@@ -93,6 +102,9 @@ class _Job:
         self.config, self.job_id, self.state, self.pool, self.progress, self.worker = \
             config, job_id, state, pool, progress, worker
         self.out = storage.resolve(config.output.uri, config.storage)
+        self._rates = None
+        self.spent: dict[str, float] = {}  # USD paid so far in this job, per tenant
+        self.budget_reason = ""
 
     # -- plan -------------------------------------------------------------------------------------
     def ensure_planned(self) -> None:
@@ -149,15 +161,19 @@ class _Job:
         unknown = sorted(set(forced) - known)
         if unknown:
             raise JobError(f"job {self.job_id} has no partition {', '.join(unknown)}")
+        to_run = [p for p in self.state.partitions(self.job_id) if p.status != "succeeded" or p.partition in forced]
+        if self.config.budget.active:
+            self.spent = self.state.spent_by_tenant(self.job_id, {n: t.price_per_gpu_hour for n, t in self.config.tiers.items()})
+            self.check_budget([p.partition for p in to_run])
         self.state.set_job(self.job_id, status="running", started_at=now(), finished_at=None, error=None)
-        total = sum(p.records for p in self.state.partitions(self.job_id) if p.status != "succeeded" or p.partition in forced)
+        total = sum(p.records for p in to_run)
         self.progress.start(total)
         tried: set[str] = set()
         try:
             while True:
                 parts = self.state.partitions(self.job_id)
                 todo = [p for p in parts if p.partition not in tried
-                        and (p.status in ("pending", "failed", "running") or p.partition in forced)]
+                        and (p.status in ("pending", "failed", "running", "deferred") or p.partition in forced)]
                 if not todo:
                     break
                 claimed_any = False
@@ -179,6 +195,10 @@ class _Job:
         try:
             with Heartbeat(self.state, self.job_id, partition, self.worker, self.config.state.lease_seconds) as beat:
                 counts = self.process_partition(partition, beat)
+        except BudgetReached as e:
+            log.warning("partition %s deferred: %s", partition, e)
+            self.state.finish_partition(self.job_id, partition, self.worker, "deferred", error=str(e))
+            return
         except Exception as e:
             reason = str(e) if isinstance(e, (storage.StorageError, StateError)) else f"{type(e).__name__}: {e}"
             log.error("partition %s failed: %s", partition, reason)
@@ -199,15 +219,8 @@ class _Job:
         quarantine = storage.read_parquet(self.out, staging_path(self.out, job_id, partition, "quarantine.parquet"))
         self.progress.advance(quarantined=quarantine.num_rows)
 
-        # Reuse what this job already paid for (this partition's earlier attempts, other partitions).
         keys = records["item_key"].to_pylist()
-        items = self.state.stored_items(job_id, sorted(set(keys)))
-        todo = records.filter(pa.array([k not in items for k in keys], pa.bool_()))
-        todo = mark_duplicates(todo, "item_key")
-        tiers_used = sorted(set(todo["tier"].to_pylist()))
-        requests, too_long = plan_requests(todo, c.prompt, c.sampling, c.plan,
-                                           {t: self.pool.tokenizer(t) for t in tiers_used},
-                                           {t: self.pool.context_length(t) for t in tiers_used})
+        items, todo, requests, too_long = self.unpaid_requests(records)
         copies = Counter(keys)
         key_of = dict(zip(todo["id"].to_pylist(), todo["item_key"].to_pylist()))
         self.progress.advance(done=sum(copies[k] for k in items), reused=sum(copies[k] for k in items))
@@ -221,14 +234,35 @@ class _Job:
             self.state.store_items(job_id, {
                 key_of[r["id"]]: {**{f: r[f] for f in ("id", "tier", "model", "summary", "prompt_tokens",
                                                         "cached_prompt_tokens", "output_tokens", "finish_reason")},
-                                  "partition": partition, "gpu_seconds": float(g), "baseline_gpu_seconds": float(b),
-                                  "created_at": created}
+                                  "tenant": tenant_of[r["id"]], "partition": partition, "gpu_seconds": float(g),
+                                  "baseline_gpu_seconds": float(b), "created_at": created}
                 for r, g, b in zip(done.to_pylist(), gpu, base)})
+            price = c.tiers[call["tier"]].price_per_gpu_hour
+            for r, g in zip(done.to_pylist(), gpu):
+                self.spent[tenant_of[r["id"]]] = self.spent.get(tenant_of[r["id"]], 0.0) + g * price / 3600
             n = sum(copies[key_of[i]] for i in done["id"].to_pylist())
             t = c.tiers[call["tier"]]
             self.progress.advance(done=n, reused=n - done.num_rows, usd=call["seconds"] * t.gpus * t.price_per_gpu_hour / 3600)
 
-        completions, call_table, engine_errors = run_inference(requests, self.pool, c.sampling, on_call_done)
+        def admit(batch: pa.Table) -> bool:
+            """Budget admission: spent so far + this call's estimate must stay under every cap."""
+            if not c.budget.active:
+                return True
+            planned = dict(self.spent)
+            usd = estimate_usd(batch["tier"], pc.list_value_length(batch["prompt_token_ids"]), c, self.rates())
+            for id_, cost in zip(batch["id"].to_pylist(), usd):
+                planned[tenant_of[id_]] = planned.get(tenant_of[id_], 0.0) + cost
+            problems = budget_problems(c, sum(planned.values()), planned)
+            if problems:
+                self.budget_reason = "; ".join(problems)
+            return not problems
+
+        tenant_of = dict(zip(todo["id"].to_pylist(), todo["tenant"].to_pylist()))
+        completions, call_table, engine_errors, deferred = run_inference(requests, self.pool, c.sampling, on_call_done,
+                                                                         admit)
+        if deferred.num_rows:
+            raise BudgetReached(f"budget reached before an engine call of this partition: {self.budget_reason}; "
+                                f"{deferred.num_rows} items deferred (what was generated is kept and not paid again)")
         self.progress.advance(quarantined=sum(copies[key_of[i]] for i in engine_errors["id"].to_pylist()))
         items = self.state.stored_items(job_id, sorted(set(keys)))  # ours and any other worker's, as stored
         failed = {key_of[i]: ("too_long", d, i) for i, d in zip(too_long["id"].to_pylist(), too_long["detail"].to_pylist())}
@@ -247,6 +281,44 @@ class _Job:
         return {**partition_counts(outputs, ledger, quarantine, completions, call_table, c),
                 "seconds": round(time.perf_counter() - started, 3)}
 
+    def unpaid_requests(self, records: pa.Table) -> tuple[dict, pa.Table, pa.Table, pa.Table]:
+        """(paid items by key, records to generate, their engine requests, too_long) for staged records.
+
+        Paid items are this job's generations from any partition or earlier attempt: reused, not redone.
+        """
+        c = self.config
+        keys = records["item_key"].to_pylist()
+        items = self.state.stored_items(self.job_id, sorted(set(keys)))
+        todo = mark_duplicates(records.filter(pa.array([k not in items for k in keys], pa.bool_())), "item_key")
+        tiers_used = sorted(set(todo["tier"].to_pylist()))
+        requests, too_long = plan_requests(todo, c.prompt, c.sampling, c.plan,
+                                           {t: self.pool.tokenizer(t) for t in tiers_used},
+                                           {t: self.pool.context_length(t) for t in tiers_used})
+        return items, todo, requests, too_long
+
+    def rates(self) -> dict:
+        if self._rates is None:
+            self._rates = tier_rates(self.config, self.config.output.uri)
+        return self._rates
+
+    def check_budget(self, partitions: list[str]) -> None:
+        """Refuse to start when spent + the estimate of what is left would cross a cap (before any GPU work)."""
+        c = self.config
+        planned = dict(self.spent)
+        for partition in partitions:
+            records = storage.read_parquet(self.out, staging_path(self.out, self.job_id, partition, "records.parquet"))
+            _, todo, requests, _ = self.unpaid_requests(records)
+            tenant_of = dict(zip(todo["id"].to_pylist(), todo["tenant"].to_pylist()))
+            usd = estimate_usd(requests["tier"], pc.list_value_length(requests["prompt_token_ids"]), c, self.rates())
+            for id_, cost in zip(requests["id"].to_pylist(), usd):
+                planned[tenant_of[id_]] = planned.get(tenant_of[id_], 0.0) + cost
+        problems = budget_problems(c, sum(planned.values()), planned)
+        if problems:
+            reason = (f"refused before any GPU work: estimated {'; '.join(problems)} "
+                      f"({', '.join(sorted({r.method for r in self.rates().values()}))})")
+            self.state.set_job(self.job_id, status="refused", error=reason)
+            raise JobError(reason, budget=True)
+
     def state_partition(self, partition: str):
         return next(p for p in self.state.partitions(self.job_id) if p.partition == partition)
 
@@ -256,6 +328,13 @@ class _Job:
         unfinished = [p for p in parts if p.status != "succeeded"]
         manifest = self.manifest(partial=bool(unfinished))
         write_manifest(self.out, self.job_id, manifest)
+        deferred = [p for p in unfinished if p.status == "deferred"]
+        if unfinished and len(deferred) == len(unfinished):
+            reason = (f"budget reached: {len(deferred)} of {len(parts)} partitions ({sum(p.records for p in deferred)} "
+                      f"records) deferred, nothing lost: {deferred[0].last_error}. Raise the cap (budget.*), then: "
+                      f"tokenmill rerun --job-id {self.job_id}")
+            self.state.set_job(self.job_id, status="deferred", finished_at=now(), error=reason, counts=manifest["counts"])
+            raise JobError(reason, budget=True)
         if unfinished:
             detail = "; ".join(f"{p.partition} ({p.file}): {p.status}" + (f": {p.last_error}" if p.last_error else "")
                                for p in unfinished[:5])
@@ -327,6 +406,7 @@ def build_manifest(config: TokenmillConfig, job_id: str, job, parts: list, parti
             "records": sum(p.records for p in parts),
             "outputs": totals.get("outputs", 0),
             "quarantined": totals.get("quarantined", 0),
+            "deferred_records": sum(p.records for p in parts if p.status == "deferred"),
             "by_source": dict(sorted(totals.get("by_source", {}).items())),
             "by_reason": dict(sorted(totals.get("by_reason", {}).items())),
             "by_tier": dict(sorted(totals.get("by_tier", {}).items())),

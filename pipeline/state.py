@@ -59,7 +59,7 @@ class Partition(Base):
     partition: Mapped[str] = mapped_column(String(64), primary_key=True)
     file: Mapped[str] = mapped_column(Text)
     records: Mapped[int] = mapped_column(Integer)
-    status: Mapped[str] = mapped_column(String(20), default="pending")  # pending | running | succeeded | failed
+    status: Mapped[str] = mapped_column(String(20), default="pending")  # pending | running | succeeded | failed | deferred
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     last_error: Mapped[str | None] = mapped_column(Text, nullable=True)
     worker: Mapped[str | None] = mapped_column(String(200), nullable=True)
@@ -78,6 +78,7 @@ class Item(Base):
     job_id: Mapped[str] = mapped_column(String(200), primary_key=True)
     item_key: Mapped[str] = mapped_column(String(64), primary_key=True)
     id: Mapped[str] = mapped_column(Text)  # the record that generated it
+    tenant: Mapped[str] = mapped_column(String(200))
     partition: Mapped[str] = mapped_column(String(64))
     tier: Mapped[str] = mapped_column(String(100))
     model: Mapped[str] = mapped_column(Text)
@@ -193,7 +194,8 @@ class StateStore:
     def claim(self, job_id: str, partition: str, worker: str, lease_seconds: float, force: bool = False) -> bool:
         """Atomically take a partition: one conditional UPDATE; True when this worker got it."""
         t = now()
-        claimable = (Partition.status.in_(("pending", "failed", "succeeded") if force else ("pending", "failed"))
+        claimable = (Partition.status.in_(("pending", "failed", "deferred", "succeeded") if force
+                                          else ("pending", "failed", "deferred"))
                      | ((Partition.status == "running") & (Partition.lease_expires_at < t)))
         with self.session() as s, s.begin():
             result = s.execute(
@@ -231,6 +233,18 @@ class StateStore:
                 for item in s.scalars(select(Item).where(Item.job_id == job_id, Item.item_key.in_(chunk))):
                     out[item.item_key] = {f: getattr(item, f) for f in ITEM_FIELDS}
         return out
+
+    def spent_by_tenant(self, job_id: str, prices: dict[str, float]) -> dict[str, float]:
+        """USD this job has paid for generations so far, per tenant (`prices`: tier -> USD per GPU-hour)."""
+        from sqlalchemy import func
+
+        with self.session() as s:
+            rows = s.execute(select(Item.tenant, Item.tier, func.sum(Item.gpu_seconds))
+                             .where(Item.job_id == job_id).group_by(Item.tenant, Item.tier)).all()
+        spent: dict[str, float] = {}
+        for tenant, tier, seconds in rows:
+            spent[tenant] = spent.get(tenant, 0.0) + (seconds or 0.0) * prices.get(tier, 0.0) / 3600
+        return spent
 
     def store_items(self, job_id: str, items: dict[str, dict]) -> None:
         """Record paid-for generations; a key stored by another worker first keeps its first value."""

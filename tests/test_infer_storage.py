@@ -37,7 +37,7 @@ def requests(prompts):
 def test_failed_batch_is_halved_until_the_bad_item_is_alone():
     pool = EnginePool({"t": TierConfig(model="m-poison", price_per_gpu_hour=1)}, factory=PoisonEngine)
     PoisonEngine.calls.clear()
-    completions, calls, errors = run_inference(requests([[1], [2], [666], [4], [5], [6], [7], [8]]), pool, SamplingConfig())
+    completions, calls, errors, _ = run_inference(requests([[1], [2], [666], [4], [5], [6], [7], [8]]), pool, SamplingConfig())
     assert sorted(completions["id"].to_pylist()) == ["r0", "r1", "r3", "r4", "r5", "r6", "r7"]
     assert errors["id"].to_pylist() == ["r2"] and "kernel failure" in errors["detail"][0].as_py()
     assert calls["items"].to_pylist() == [7] and calls["failed_attempts"].to_pylist() == [4]

@@ -73,7 +73,7 @@ def test_items_keep_the_first_stored_value(store, job):
     from pipeline.state import now
 
     def item(summary):
-        return {"id": "a", "partition": "p1", "tier": "small", "model": "m", "summary": summary, "prompt_tokens": 3,
+        return {"id": "a", "tenant": "t", "partition": "p1", "tier": "small", "model": "m", "summary": summary, "prompt_tokens": 3,
                 "cached_prompt_tokens": 0, "output_tokens": 2, "finish_reason": "length", "gpu_seconds": 0.5,
                 "baseline_gpu_seconds": 0.5, "created_at": now()}
 

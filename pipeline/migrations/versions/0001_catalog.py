@@ -49,6 +49,7 @@ def upgrade() -> None:
         sa.Column("job_id", sa.String(200), primary_key=True),
         sa.Column("item_key", sa.String(64), primary_key=True),
         sa.Column("id", sa.Text, nullable=False),
+        sa.Column("tenant", sa.String(200), nullable=False),
         sa.Column("partition", sa.String(64), nullable=False),
         sa.Column("tier", sa.String(100), nullable=False),
         sa.Column("model", sa.Text, nullable=False),

@@ -1,0 +1,91 @@
+"""Pre-flight estimates and budget caps: refuse before GPU work, stop cleanly mid-run, defer, resume."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from pipeline.runner import JobError, run_job
+from pipeline.state import StateStore
+from tests.conftest import LOCAL_CONFIG, REPO
+from tests.test_faults import assert_exactly_once, read_kind
+
+pytestmark = pytest.mark.engine
+
+
+def items_paid(config, job_id):
+    from sqlalchemy import text
+
+    with StateStore(config.state.url).session() as s:
+        return s.execute(text("select count(*) from items where job_id = :j"), {"j": job_id}).scalar()
+
+
+def test_job_over_budget_is_refused_before_any_gpu_work(make_config, sample_corpus, tmp_path):
+    config = make_config(budget__max_job_usd=1e-9)
+    with pytest.raises(JobError) as e:
+        run_job(config, job_id="refused")
+    assert e.value.budget and "refused before any GPU work" in str(e.value)
+    assert "budget.max_job_usd" in str(e.value) and "configured default" in str(e.value)
+    assert items_paid(config, "refused") == 0
+    assert not (tmp_path / "output" / "outputs").exists()
+    assert StateStore(config.state.url).job("refused").status == "refused"
+
+
+def test_tenant_cap_refuses_naming_the_tenant(make_config, sample_corpus):
+    config = make_config(budget__max_tenant_usd={"acme": 1e-9})
+    with pytest.raises(JobError, match="tenant acme .* > its cap"):
+        run_job(config, job_id="tenant-cap")
+
+
+def test_spending_crossing_the_cap_stops_cleanly_and_the_rest_is_deferred(make_config, sample_corpus, tmp_path):
+    expected = sample_corpus[1]["documents"] + sample_corpus[1]["bad_records"]
+    # A near-zero estimate lets the job start; what the engine really spends then crosses the cap.
+    config = make_config(budget__max_job_usd=1e-9, plan__items_per_engine_call=4,
+                         tiers__small__default_tokens_per_gpu_second=1e12)
+    with pytest.raises(JobError) as e:
+        run_job(config, job_id="capped")
+    assert e.value.budget and "budget reached" in str(e.value) and "deferred, nothing lost" in str(e.value)
+    state = StateStore(config.state.url)
+    parts = state.partitions("capped")
+    deferred = [p for p in parts if p.status == "deferred"]
+    assert deferred and all(p.status in ("deferred", "succeeded") for p in parts)
+    assert state.job("capped").status == "deferred"
+    assert items_paid(config, "capped") == 4  # exactly one engine call was admitted
+    manifest = json.loads((tmp_path / "output" / "jobs" / "capped" / "manifest.json").read_text())
+    assert manifest["counts"]["deferred_records"] == sum(p.records for p in deferred)
+    committed = manifest["counts"]["outputs"] + manifest["counts"]["quarantined"]
+    assert committed + manifest["counts"]["deferred_records"] == expected  # every record accounted for
+
+    # Raise the cap and run the rest: what was generated before the stop is not paid again.
+    run_job(make_config(plan__items_per_engine_call=4), job_id="capped")
+    assert {p.status for p in state.partitions("capped")} == {"succeeded"}
+    assert_exactly_once(tmp_path / "output", "capped", expected, tmp_path / "state.db")
+
+
+def test_plan_estimates_then_learns_from_ledgers(make_config, sample_corpus, tiny_models, tmp_path):
+    import os
+
+    env = {**os.environ, "TOKENMILL_HOME": str(tiny_models.parent), "TOKENMILL_OUTPUT__URI": str(tmp_path / "output"),
+           "TOKENMILL_BUDGET__MAX_JOB_USD": "1e-9"}
+
+    def plan():
+        r = subprocess.run([sys.executable, "-m", "pipeline.cli", "plan", "--config", str(LOCAL_CONFIG), "--input",
+                            str(sample_corpus[0]), "--format", "json"], env=env, cwd=REPO, capture_output=True,
+                           text=True, timeout=300)
+        assert r.returncode == 0, r.stderr[-1500:]
+        return json.loads(r.stdout)
+
+    before = plan()
+    assert before["records"] == sample_corpus[1]["documents"] + sample_corpus[1]["bad_records"]
+    assert before["duplicates"] > 0 and before["to_generate"] + before["duplicates"] + before["quarantined"] == before["records"]
+    assert before["tiers"]["small"]["share"] == 1.0 and before["est_usd"] > 0
+    assert before["tiers"]["small"]["method"].startswith("configured default")
+    assert before["budget_problems"] and "budget.max_job_usd" in before["budget_problems"][0]
+
+    run_job(make_config(), job_id="history")
+    after = plan()
+    assert after["tiers"]["small"]["method"].startswith("measured:")
+    ledger = read_kind(tmp_path / "output", "ledger", "history")
+    actual = sum(ledger["cost_usd"].to_pylist())
+    assert after["est_usd"] == pytest.approx(actual, rel=1.0)  # same corpus, measured rate: the right magnitude
