@@ -103,8 +103,11 @@ def summary_table(manifest: dict) -> Table:
         ("saved vs baseline", f"${m['saved_usd']:.6f}"),
     ]
     for tier, e in manifest["engines"].items():
-        tps = e["output_tokens_per_second"]
-        rows.append((f"tier {tier}", f"{e['engine_seconds']:.2f} s engine, {tps:.0f} output tok/s" if tps else "-"))
+        tps, eff = e["output_tokens_per_second"], e.get("efficiency") or {}
+        line = f"{e['engine_seconds']:.2f} s engine, {tps:.0f} output tok/s" if tps else "-"
+        if eff.get("mfu") is not None:
+            line += f", MFU {eff['mfu']:.1%}, MBU {eff['mbu']:.1%} ({eff['gpu_model']})"
+        rows.append((f"tier {tier}", line))
     for k, v in rows:
         table.add_row(k, str(v))
     return table

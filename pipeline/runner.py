@@ -35,6 +35,7 @@ from pipeline.progress import Progress
 from pipeline.read import read_records
 from pipeline.route import assign_tiers
 from pipeline.state import Heartbeat, StateError, StateStore, aware, default_worker, now
+from pipeline.telemetry import decode_steps, efficiency
 from pipeline.validate import validate_records
 from pipeline.write import assemble_results, count_by, write_manifest, write_partition
 
@@ -360,8 +361,16 @@ def partition_counts(outputs: pa.Table, ledger: pa.Table, quarantine: pa.Table, 
     engines = {}
     for tier in sorted(set(calls["tier"].to_pylist())):
         tc = calls.filter(pc.equal(calls["tier"], tier))
+        done = completions.filter(pc.equal(completions["tier"], tier))
+        steps = 0
+        for call in set(done["call"].to_pylist()):
+            in_call = done.filter(pc.equal(done["call"], call))
+            steps += decode_steps(in_call.num_rows, s(in_call, "output_tokens") / in_call.num_rows,
+                                  config.tiers[tier].vllm.max_num_seqs)
         engines[tier] = {"calls": tc.num_rows, "engine_seconds": s(tc, "seconds"),
-                         "output_tokens": int(s(completions.filter(pc.equal(completions["tier"], tier)), "output_tokens")),
+                         "output_tokens": int(s(done, "output_tokens")),
+                         "uncached_prompt_tokens": int(s(done, "prompt_tokens") - s(done, "cached_prompt_tokens")),
+                         "decode_steps_estimate": steps,
                          "gpu_seconds": s(tc, "seconds") * config.tiers[tier].gpus,
                          "failed_attempts": int(s(tc, "failed_attempts"))}
     return {
@@ -392,6 +401,9 @@ def build_manifest(config: TokenmillConfig, job_id: str, job, parts: list, parti
     for tier, e in engines.items():
         e["model"] = config.tiers[tier].model if tier in config.tiers else None
         e["output_tokens_per_second"] = e["output_tokens"] / e["engine_seconds"] if e["engine_seconds"] else None
+        if tier in config.tiers:
+            t = config.tiers[tier]
+            e["efficiency"] = efficiency(t.gpu_model, t.model, t.gpus, t.vllm.max_num_seqs, e)
     cost, baseline = totals.get("cost_usd", 0.0), totals.get("baseline_cost_usd", 0.0)
     return {
         "job_id": job_id,

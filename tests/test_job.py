@@ -163,3 +163,19 @@ def test_cli_run_end_to_end_and_one_line_failure(tiny_models, tmp_path, sample_c
     assert "progress:" in ok.stderr  # not a terminal: plain progress log lines
     manifest = json.loads((tmp_path / "o" / "jobs" / "cli" / "manifest.json").read_text())
     assert manifest["counts"]["records"] == sample_corpus[1]["documents"] + sample_corpus[1]["bad_records"]
+
+
+def test_manifest_reports_efficiency_against_the_gpu_limits(make_config, sample_corpus):
+    from pipeline.telemetry import GPU_PEAKS, checkpoint_size
+
+    config = make_config(tiers__small__gpu_model="H100-SXM")  # arithmetic check: the tiny model on a named GPU
+    e = run_job(config, job_id="eff").manifest["engines"]["small"]
+    params, weight_bytes = checkpoint_size(config.tiers["small"].model)
+    assert params == 1_115_264 and weight_bytes == 4 * params  # fp32 tiny model, read from safetensors headers
+    peak = GPU_PEAKS["H100-SXM"]
+    tokens = e["uncached_prompt_tokens"] + e["output_tokens"]
+    assert e["efficiency"]["mfu"] == pytest.approx(2 * params * tokens / (e["engine_seconds"] * peak["flops"]["16bit"]))
+    assert e["efficiency"]["mbu"] == pytest.approx(weight_bytes * e["decode_steps_estimate"] / (e["engine_seconds"] * peak["bandwidth"]))
+    assert 0 < e["efficiency"]["mfu"] < 1 and e["decode_steps_estimate"] >= 48
+    unnamed = run_job(make_config(), job_id="eff-cpu").manifest["engines"]
+    assert all(v["efficiency"]["mfu"] is None for v in unnamed.values()) or unnamed == {}

@@ -70,3 +70,11 @@ def test_baseline_uses_the_largest_tier_rate_without_prefix_cache():
     gpu = np.array([1.0, 8.0])  # large: 8 GPU-s for 200 weight = 0.04 per token
     base = baseline_gpu_seconds(comp, gpu, "large", CostConfig())
     np.testing.assert_allclose(base, [150 * 0.04, 200 * 0.04])
+
+
+def test_decode_steps_estimate():
+    from pipeline.telemetry import decode_steps
+
+    assert decode_steps(0, 10, 64) == 0
+    assert decode_steps(64, 47.2, 64) == 48
+    assert decode_steps(65, 10, 64) == 20
