@@ -71,16 +71,11 @@ def estimate_usd(tiers: pa.Array, prompt_tokens: pa.Array, config: TokenmillConf
 
 def preflight(config: TokenmillConfig, pool, input_uri: str | None = None) -> dict:
     """Read, validate, dedup and route the input, tokenise what would be generated, and price it."""
-    from pipeline.dedup import add_content_hashes, mark_duplicates
-    from pipeline.plan import add_item_keys, plan_requests
-    from pipeline.read import read_records
-    from pipeline.route import assign_tiers
-    from pipeline.validate import validate_records
+    from pipeline.dedup import mark_duplicates
+    from pipeline.plan import plan_requests
+    from pipeline.prepare import prepare_records
 
-    raw, skipped = read_records(input_uri or config.input.uri, config.input, config.storage)
-    records, quarantine = validate_records(raw, config.input, "preflight")
-    records = add_item_keys(assign_tiers(add_content_hashes(records, config.dedup), config.route),
-                            config.prompt, config.sampling, config.tiers)
+    raw, records, quarantine, skipped = prepare_records(config, "preflight", input_uri)
     records = mark_duplicates(records, "item_key")
     tiers_used = sorted(set(records["tier"].to_pylist()))
     requests, too_long = plan_requests(records, config.prompt, config.sampling, config.plan,

@@ -27,17 +27,15 @@ from sqlalchemy.exc import OperationalError
 from pipeline import storage
 from pipeline.config import TokenmillConfig
 from pipeline.cost import allocate_gpu_seconds, baseline_gpu_seconds
-from pipeline.dedup import add_content_hashes, mark_duplicates
+from pipeline.dedup import mark_duplicates
 from pipeline.estimate import budget_problems, estimate_usd, tier_rates
 from pipeline.infer import CALLS, EngineDeadError, EnginePool, EngineStartError, run_inference
-from pipeline.plan import add_item_keys, plan_requests
+from pipeline.manifest import build_manifest, partition_counts
+from pipeline.plan import plan_requests
+from pipeline.prepare import prepare_records
 from pipeline.progress import Progress
-from pipeline.read import read_records
-from pipeline.route import assign_tiers
-from pipeline.state import Heartbeat, StateError, StateStore, aware, default_worker, now
-from pipeline.telemetry import decode_steps, efficiency
-from pipeline.validate import validate_records
-from pipeline.write import assemble_results, count_by, write_manifest, write_partition
+from pipeline.state import Heartbeat, StateError, StateStore, default_worker, now
+from pipeline.write import assemble_results, write_manifest, write_partition
 
 log = logging.getLogger(__name__)
 JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -134,14 +132,8 @@ class _Job:
 
     def _plan(self) -> None:
         """Read, validate, dedup and route the whole job; stage each partition's records; register partitions."""
-        c, started = self.config, time.perf_counter()
-        raw, skipped = read_records(c.input.uri, c.input, c.storage)
-        for path in skipped:
-            log.warning("skipped %s: not .jsonl, .jsonl.gz, .parquet, .txt or .md", path)
-        records, quarantine = validate_records(raw, c.input, self.job_id)
-        records = add_content_hashes(records, c.dedup)
-        records = assign_tiers(records, c.route)
-        records = add_item_keys(records, c.prompt, c.sampling, c.tiers)
+        started = time.perf_counter()
+        raw, records, quarantine, skipped = prepare_records(self.config, self.job_id)
         partitions: dict[str, dict] = {}
         for part, file in zip(raw["partition"].to_pylist(), raw["file"].to_pylist()):
             partitions.setdefault(part, {"file": file, "records": 0})["records"] += 1
@@ -350,85 +342,3 @@ class _Job:
         plan = json.loads(job.counts or "{}") if job.status in ("planning", "planned") else {}
         parts = self.state.partitions(self.job_id)
         return build_manifest(self.config, self.job_id, job, parts, partial, plan)
-
-
-def partition_counts(outputs: pa.Table, ledger: pa.Table, quarantine: pa.Table, completions: pa.Table,
-                     calls: pa.Table, config: TokenmillConfig) -> dict:
-    """What a committed partition contributes to the job's totals (stored with the partition)."""
-    def s(table, col):
-        return float(pc.sum(table[col]).as_py() or 0) if table.num_rows else 0.0
-
-    engines = {}
-    for tier in sorted(set(calls["tier"].to_pylist())):
-        tc = calls.filter(pc.equal(calls["tier"], tier))
-        done = completions.filter(pc.equal(completions["tier"], tier))
-        steps = 0
-        for call in set(done["call"].to_pylist()):
-            in_call = done.filter(pc.equal(done["call"], call))
-            steps += decode_steps(in_call.num_rows, s(in_call, "output_tokens") / in_call.num_rows,
-                                  config.tiers[tier].vllm.max_num_seqs)
-        engines[tier] = {"calls": tc.num_rows, "engine_seconds": s(tc, "seconds"),
-                         "output_tokens": int(s(done, "output_tokens")),
-                         "uncached_prompt_tokens": int(s(done, "prompt_tokens") - s(done, "cached_prompt_tokens")),
-                         "decode_steps_estimate": steps,
-                         "gpu_seconds": s(tc, "seconds") * config.tiers[tier].gpus,
-                         "failed_attempts": int(s(tc, "failed_attempts"))}
-    return {
-        "records": outputs.num_rows + quarantine.num_rows, "outputs": outputs.num_rows,
-        "quarantined": quarantine.num_rows, "by_source": count_by(outputs, "source"),
-        "by_reason": count_by(quarantine, "reason"), "by_tier": count_by(outputs, "tier"),
-        "tokens": {k: int(s(ledger, k)) for k in ("prompt_tokens", "cached_prompt_tokens", "output_tokens")},
-        "cost_usd": s(ledger, "cost_usd"), "baseline_cost_usd": s(ledger, "baseline_cost_usd"),
-        "gpu_seconds": s(ledger, "gpu_seconds"), "engines": engines,
-    }
-
-
-def _add(total: dict, part: dict) -> dict:
-    for k, v in part.items():
-        if isinstance(v, dict):
-            _add(total.setdefault(k, {}), v)
-        else:
-            total[k] = total.get(k, 0) + v
-    return total
-
-
-def build_manifest(config: TokenmillConfig, job_id: str, job, parts: list, partial: bool, plan: dict) -> dict:
-    totals: dict = {}
-    for p in parts:
-        if p.status == "succeeded" and p.counts:
-            _add(totals, json.loads(p.counts))
-    engines = totals.get("engines", {})
-    for tier, e in engines.items():
-        e["model"] = config.tiers[tier].model if tier in config.tiers else None
-        e["output_tokens_per_second"] = e["output_tokens"] / e["engine_seconds"] if e["engine_seconds"] else None
-        if tier in config.tiers:
-            t = config.tiers[tier]
-            e["efficiency"] = efficiency(t.gpu_model, t.model, t.gpus, t.vllm.max_num_seqs, e)
-    cost, baseline = totals.get("cost_usd", 0.0), totals.get("baseline_cost_usd", 0.0)
-    return {
-        "job_id": job_id,
-        "status": "incomplete" if partial else "succeeded",
-        "config_fingerprint": job.config_fingerprint,
-        "input_uri": job.input_uri,
-        "output_uri": job.output_uri,
-        "template_version": config.prompt.template_version,
-        "created_at": aware(job.created_at).isoformat(),
-        "updated_at": now().isoformat(),
-        "counts": {
-            "records": sum(p.records for p in parts),
-            "outputs": totals.get("outputs", 0),
-            "quarantined": totals.get("quarantined", 0),
-            "deferred_records": sum(p.records for p in parts if p.status == "deferred"),
-            "by_source": dict(sorted(totals.get("by_source", {}).items())),
-            "by_reason": dict(sorted(totals.get("by_reason", {}).items())),
-            "by_tier": dict(sorted(totals.get("by_tier", {}).items())),
-        },
-        "tokens": totals.get("tokens", {"prompt_tokens": 0, "cached_prompt_tokens": 0, "output_tokens": 0}),
-        "cost": {"cost_usd": cost, "baseline_cost_usd": baseline, "saved_usd": baseline - cost,
-                 "gpu_seconds": totals.get("gpu_seconds", 0.0)},
-        "engines": engines,
-        "partitions": {p.partition: {"file": p.file, "records": p.records, "status": p.status, "attempts": p.attempts,
-                                     "seconds": json.loads(p.counts).get("seconds") if p.counts else None}
-                       for p in parts},
-        **({"plan": plan} if plan else {}),
-    }
