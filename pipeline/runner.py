@@ -213,7 +213,7 @@ class _Job:
         self.progress.advance(quarantined=quarantine.num_rows)
 
         keys = records["item_key"].to_pylist()
-        items, todo, requests, too_long = self.unpaid_requests(records)
+        items, todo, requests, too_long = self.read_prepared(partition, keys) or self.unpaid_requests(records)
         copies = Counter(keys)
         key_of = dict(zip(todo["id"].to_pylist(), todo["item_key"].to_pylist()))
         self.progress.advance(done=sum(copies[k] for k in items), reused=sum(copies[k] for k in items))
@@ -288,6 +288,44 @@ class _Job:
                                            {t: self.pool.tokenizer(t) for t in tiers_used},
                                            {t: self.pool.context_length(t) for t in tiers_used})
         return items, todo, requests, too_long
+
+    def prepared_path(self, partition: str, name: str) -> str:
+        # Keyed by the config fingerprint: requests prepared under another prompt or model are not reused.
+        return staging_path(self.out, self.job_id, partition, f"prepared-{self.config.fingerprint()}-{name}.parquet")
+
+    def prepare_partition(self, partition: str) -> dict:
+        """CPU work ahead of the GPU: look up paid items, dedup, render and tokenise, and stage the requests."""
+        records = storage.read_parquet(self.out, staging_path(self.out, self.job_id, partition, "records.parquet"))
+        items, todo, requests, too_long = self.unpaid_requests(records)
+        for name, table in (("todo", todo), ("requests", requests), ("too_long", too_long)):
+            storage.write_parquet_atomic(self.out, self.prepared_path(partition, name), table, "zstd")
+        return {"partition": partition, "records": records.num_rows, "already_paid": len(items),
+                "to_generate": requests.num_rows, "too_long": too_long.num_rows}
+
+    def read_prepared(self, partition: str, keys: list[str]) -> tuple | None:
+        """Like unpaid_requests, from staged requests minus anything paid since; None when none are staged."""
+        try:
+            todo, requests, too_long = (storage.read_parquet(self.out, self.prepared_path(partition, n))
+                                        for n in ("todo", "requests", "too_long"))
+        except storage.StorageError:
+            return None
+        items = self.state.stored_items(self.job_id, sorted(set(keys)))
+        todo = todo.filter(pc.invert(pc.is_in(todo["item_key"], pa.array(list(items), pa.string()))))
+        return items, todo, requests.filter(pc.is_in(requests["id"], todo["id"])), too_long
+
+    def run_single(self, partition: str) -> dict:
+        """Run one partition to commit (an orchestrator's task): a no-op when it is already committed."""
+        p = next((p for p in self.state.partitions(self.job_id) if p.partition == partition), None)
+        if p is None:
+            raise JobError(f"job {self.job_id} has no partition {partition}")
+        if p.status != "succeeded":
+            if not self.state.claim(self.job_id, partition, self.worker, self.config.state.lease_seconds):
+                raise JobError(f"partition {partition} is held by {p.worker} until its lease ends; retry later")
+            self.run_partition(partition)
+        p = next(p for p in self.state.partitions(self.job_id) if p.partition == partition)
+        if p.status != "succeeded":
+            raise JobError(f"partition {partition}: {p.status}: {p.last_error}", budget=p.status == "deferred")
+        return {"partition": partition, "status": p.status, "attempts": p.attempts, **json.loads(p.counts or "{}")}
 
     def rates(self) -> dict:
         if self._rates is None:

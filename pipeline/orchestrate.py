@@ -1,0 +1,89 @@
+"""What an orchestrator's tasks call: one function per task, each named after what it returns.
+
+The Airflow DAG (dags/nightly_summarization.py) only wires these. Every function is idempotent:
+a retry or a cleared task re-runs it without paying twice, because the state catalog and the
+paid-for items decide what is left to do. They take plain arguments (paths, URIs, ids) and return
+plain JSON-able values, so they pass through XCom and can be called from any scheduler.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+from pipeline.config import TokenmillConfig, load_config
+from pipeline.infer import EnginePool
+from pipeline.runner import JOB_ID, JobError, _Job
+from pipeline.state import StateStore, default_worker
+
+def job_id_for(prefix: str, run_date: str) -> str:
+    """One job per scheduled date: `<prefix>-<YYYY-MM-DD>`, so a backfill gives each date its own job."""
+    job_id = re.sub(r"[^A-Za-z0-9._-]", "-", f"{prefix}-{run_date}")
+    if not JOB_ID.match(job_id):
+        raise JobError(f"job id {job_id!r} is not valid")
+    return job_id
+
+
+def job_config(config_path: str, run_date: str, input_uri: str | None = None,
+               output_uri: str | None = None) -> TokenmillConfig:
+    """The config with the task's URIs; `{date}` in either URI becomes the run date (YYYY-MM-DD)."""
+    config = load_config(Path(config_path), input__uri=input_uri, output__uri=output_uri)
+    config.input.uri = config.input.uri.replace("{date}", run_date)
+    config.output.uri = config.output.uri.replace("{date}", run_date)
+    return config
+
+
+def job_from_params(params: dict, dag_id: str, logical_date: str) -> tuple[TokenmillConfig, str]:
+    """(config, job id) from a DAG run's params: config path, URIs, and the run date (default: logical date)."""
+    run_date = params.get("run_date") or logical_date
+    config = job_config(params["config"], run_date, params.get("input_uri"), params.get("output_uri"))
+    return config, job_id_for(dag_id, run_date)
+
+
+def _job(config: TokenmillConfig, job_id: str) -> _Job:
+    from pipeline.progress import Progress
+
+    return _Job(config, job_id, StateStore(config.state.url), EnginePool(config.tiers),
+                Progress("log", config.run.log_every_seconds), default_worker())
+
+
+def planned_partitions(config: TokenmillConfig, job_id: str) -> list[str]:
+    """Plan the job once (later calls return the same partitions) and check the budget before GPU work."""
+    job = _job(config, job_id)
+    job.ensure_planned()
+    partitions = job.state.partitions(job_id)
+    todo = [p.partition for p in partitions if p.status != "succeeded"]
+    if config.budget.active and todo:
+        job.spent = job.state.spent_by_tenant(job_id, {n: t.price_per_gpu_hour for n, t in config.tiers.items()})
+        job.check_budget(todo)
+    return [p.partition for p in partitions]
+
+
+def prepared_partition(config: TokenmillConfig, job_id: str, partition: str) -> dict:
+    """CPU side of a partition: paid-item lookup, dedup, prompts tokenised and staged for the GPU task."""
+    return _job(config, job_id).prepare_partition(partition)
+
+
+def committed_partition(config: TokenmillConfig, job_id: str, partition: str) -> dict:
+    """GPU side: generate what is not paid for, commit the partition, return its counts. Raises if it fails."""
+    return _job(config, job_id).run_single(partition)
+
+
+def job_manifest(config: TokenmillConfig, job_id: str) -> dict:
+    """Write and return the manifest over whatever has committed; never raises for failed partitions."""
+    from pipeline.write import write_manifest
+
+    job = _job(config, job_id)
+    parts = job.state.partitions(job_id)
+    manifest = job.manifest(partial=any(p.status != "succeeded" for p in parts))
+    write_manifest(job.out, job_id, manifest)
+    return manifest
+
+
+def job_outcome(manifest: dict) -> str:
+    """'succeeded', or raise naming the partitions that did not commit (the run's final, failing task)."""
+    bad = {p: v["status"] for p, v in manifest["partitions"].items() if v["status"] != "succeeded"}
+    if bad:
+        raise JobError(f"{len(bad)} of {len(manifest['partitions'])} partitions not committed: "
+                       + ", ".join(f"{p} {s}" for p, s in sorted(bad.items())))
+    return "succeeded"
