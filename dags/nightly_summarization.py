@@ -22,6 +22,7 @@ from pipeline.config import load_config
 
 CONFIG = os.environ.get("TOKENMILL_CONFIG", str(Path(__file__).resolve().parents[1] / "configs" / "local.yaml"))
 DAG_ID = "nightly_summarization"
+RUN = load_config(CONFIG).run  # schedule and retries
 
 
 def _job():
@@ -31,13 +32,13 @@ def _job():
 
 @dag(
     dag_id=DAG_ID,
-    schedule=load_config(CONFIG).run.schedule,
+    schedule=RUN.schedule,
     start_date=pendulum.datetime(2026, 1, 1, tz="UTC"),
     catchup=False,
     max_active_runs=1,
     tags=["tokenmill"],
-    default_args={"retries": 2, "retry_delay": timedelta(minutes=1), "retry_exponential_backoff": True,
-                  "max_retry_delay": timedelta(minutes=15)},
+    default_args={"retries": RUN.retries, "retry_delay": timedelta(seconds=RUN.retry_delay_seconds),
+                  "retry_exponential_backoff": True, "max_retry_delay": timedelta(minutes=15)},
     params={
         "config": Param(CONFIG, type="string", description="tokenmill YAML config on the workers"),
         "input_uri": Param(None, type=["null", "string"], description="overrides input.uri; {date} = run date"),

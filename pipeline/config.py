@@ -151,6 +151,8 @@ class StateConfig(Section):
 
 class RunConfig(Section):
     schedule: str = Field("0 2 * * *", description="Cron schedule of the Airflow DAG (`dags/nightly_summarization.py`); nightly at 02:00 UTC by default.")
+    retries: int = Field(2, ge=0, description="Airflow retries of each task (a partition is retried alone), with exponential backoff.")
+    retry_delay_seconds: float = Field(60.0, ge=0, description="First Airflow retry delay; doubles per retry, at most 15 minutes.")
     progress: Literal["auto", "bar", "log", "off"] = Field("auto", description="`auto`: a bar on a terminal, plain log lines otherwise.")
     log_every_seconds: float = Field(10.0, gt=0, description="Interval of progress log lines when not on a terminal.")
 

@@ -16,6 +16,7 @@ from pipeline.infer import EnginePool
 from pipeline.runner import JOB_ID, JobError, _Job
 from pipeline.state import StateStore, default_worker
 
+
 def job_id_for(prefix: str, run_date: str) -> str:
     """One job per scheduled date: `<prefix>-<YYYY-MM-DD>`, so a backfill gives each date its own job."""
     job_id = re.sub(r"[^A-Za-z0-9._-]", "-", f"{prefix}-{run_date}")

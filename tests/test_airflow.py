@@ -1,0 +1,97 @@
+"""The nightly DAG under real Airflow 3: DagBag, and dag.test() on the real engine, failure and re-run."""
+
+import os
+import subprocess
+import sys
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from pipeline.samples import write_sample_corpus
+from pipeline.state import StateStore
+from tests.conftest import REPO
+from tests.test_faults import assert_exactly_once
+
+pytestmark = pytest.mark.engine
+DAG_ID = "nightly_summarization"
+
+
+@pytest.fixture(scope="module")
+def airflow_home(tmp_path_factory, tiny_models):
+    """A migrated Airflow metadata DB and this repo's dags/ folder; env set before Airflow is imported."""
+    home = tmp_path_factory.mktemp("airflow-home")
+    os.environ.update({"AIRFLOW_HOME": str(home), "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
+                       "AIRFLOW__CORE__LOAD_EXAMPLES": "False", "TOKENMILL_RUN__RETRIES": "0"})
+    subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], check=True, capture_output=True, cwd=home)
+    from airflow.models.pool import Pool
+
+    Pool.create_or_update_pool("gpu", slots=1, description="GPU workers", include_deferred=False)
+    return home
+
+
+@pytest.fixture(scope="module")
+def dag(airflow_home):
+    from airflow.dag_processing.dagbag import DagBag
+
+    bag = DagBag(dag_folder=str(REPO / "dags"))
+    assert bag.import_errors == {}
+    return bag.get_dag(DAG_ID)
+
+
+def test_dagbag_loads_with_known_pools_only(dag):
+    assert {t.pool for t in dag.tasks} <= {"default_pool", "gpu"}
+    generate = dag.get_task("generate")
+    assert generate.pool == "gpu" and generate.queue == "gpu"
+    assert dag.catchup is False and dag.params["config"] is not None
+
+
+def read_kind(output, kind, job_id):
+    files = sorted((output / kind / f"job={job_id}").glob("partition=*/*.parquet"))
+    return pa.concat_tables([pq.read_table(f) for f in files])
+
+
+def test_dag_runs_end_to_end_then_a_failed_partition_reruns_alone(dag, tmp_path, monkeypatch):
+    import pendulum
+
+    from pipeline import runner
+
+    counts = write_sample_corpus(tmp_path / "input", documents=20)
+    monkeypatch.setenv("TOKENMILL_STATE__URL", f"sqlite:///{tmp_path}/state.db")
+    conf = {"input_uri": str(tmp_path / "input"), "output_uri": str(tmp_path / "output")}
+    day = pendulum.datetime(2026, 11, 29, tz="UTC")
+    job_id = f"{DAG_ID}-2026-11-29"
+
+    real = runner._Job.process_partition
+    victim = {}
+
+    def fail_one(self, partition, beat):
+        victim.setdefault("p", partition)
+        if partition == victim["p"]:
+            raise OSError("GPU worker lost")
+        return real(self, partition, beat)
+
+    monkeypatch.setattr(runner._Job, "process_partition", fail_one)
+    run = dag.test(logical_date=day, run_conf=conf)
+    assert run.state == "failed"  # the outcome task fails the run
+    states = {(ti.task_id, ti.rendered_map_index): ti.state for ti in run.get_task_instances()}
+    assert states[("generate", victim["p"])] == "failed"  # the mapped task is named by its partition
+    assert states[("summary", None)] == "success" and states[("outcome", None)] == "failed"
+    state = StateStore(f"sqlite:///{tmp_path}/state.db")
+    before = {p.partition: (p.status, p.attempts) for p in state.partitions(job_id)}
+    assert before[victim["p"]] == ("failed", 1)
+
+    # The worker is back; Airflow runs the date again (dag.test clears the run's task instances).
+    monkeypatch.setattr(runner._Job, "process_partition", real)
+    run = dag.test(logical_date=day, run_conf=conf)
+    assert run.state == "success"
+    after = {p.partition: (p.status, p.attempts) for p in state.partitions(job_id)}
+    assert after[victim["p"]] == ("succeeded", 2)
+    assert all(after[p] == before[p] for p in before if p != victim["p"])  # committed partitions: not re-run
+    assert_exactly_once(tmp_path / "output", job_id, counts["documents"] + counts["bad_records"], tmp_path / "state.db")
+
+    # Outputs and ledger as from `tokenmill run`: same schema, one row per valid record.
+    from pipeline.schema import LEDGER, OUTPUTS
+
+    assert read_kind(tmp_path / "output", "outputs", job_id).schema.equals(OUTPUTS)
+    assert read_kind(tmp_path / "output", "ledger", job_id).schema.equals(LEDGER)
