@@ -1,0 +1,25 @@
+"""The functions Airflow's tasks call: job ids per date and dated URIs (backfills), and the outcome rule."""
+
+import pytest
+
+from pipeline.orchestrate import job_from_params, job_id_for, job_outcome
+from pipeline.runner import JobError
+from tests.conftest import LOCAL_CONFIG
+
+
+def test_each_date_is_its_own_job_with_dated_uris(tmp_path, monkeypatch):
+    monkeypatch.setenv("TOKENMILL_HOME", str(tmp_path))
+    params = {"config": str(LOCAL_CONFIG), "input_uri": "s3://in/{date}/", "output_uri": str(tmp_path / "out"),
+              "run_date": None}
+    jobs = {d: job_from_params(params, "nightly_summarization", d) for d in ("2026-11-01", "2026-11-02")}
+    assert {j for _, j in jobs.values()} == {"nightly_summarization-2026-11-01", "nightly_summarization-2026-11-02"}
+    assert jobs["2026-11-02"][0].input.uri == "s3://in/2026-11-02/"
+    config, job_id = job_from_params({**params, "run_date": "2026-10-31"}, "nightly_summarization", "2026-11-02")
+    assert job_id.endswith("2026-10-31") and config.input.uri == "s3://in/2026-10-31/"
+    assert job_id_for("a b", "2026/11/01") == "a-b-2026-11-01"
+
+
+def test_outcome_fails_when_a_partition_did_not_commit():
+    assert job_outcome({"partitions": {"p1": {"status": "succeeded"}}}) == "succeeded"
+    with pytest.raises(JobError, match="1 of 2 partitions not committed: p2 failed"):
+        job_outcome({"partitions": {"p1": {"status": "succeeded"}, "p2": {"status": "failed"}}})
