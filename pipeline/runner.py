@@ -142,9 +142,9 @@ class _Job:
                 rows = table.filter(pc.equal(table["partition"], part))
                 storage.write_parquet_atomic(self.out, staging_path(self.out, self.job_id, part, name), rows, "zstd")
         self.state.add_partitions(self.job_id, partitions)
-        self.state.set_job(self.job_id, status="planned",
-                           counts={"records": raw.num_rows, "partitions": len(partitions), "skipped_files": skipped,
-                                   "plan_seconds": round(time.perf_counter() - started, 3)})
+        self.state.set_job(self.job_id, status="planned", counts={"records": raw.num_rows, "plan": {
+            "records": raw.num_rows, "partitions": len(partitions), "skipped_files": skipped,
+            "plan_seconds": round(time.perf_counter() - started, 3)}})
         write_manifest(self.out, self.job_id, self.manifest(partial=True))
 
     # -- run ----------------------------------------------------------------------------------------
@@ -364,19 +364,24 @@ class _Job:
             reason = (f"budget reached: {len(deferred)} of {len(parts)} partitions ({sum(p.records for p in deferred)} "
                       f"records) deferred, nothing lost: {deferred[0].last_error}. Raise the cap (budget.*), then: "
                       f"tokenmill rerun --job-id {self.job_id}")
-            self.state.set_job(self.job_id, status="deferred", finished_at=now(), error=reason, counts=manifest["counts"])
+            self.state.set_job(self.job_id, status="deferred", finished_at=now(), error=reason, counts=self.job_counts(manifest))
             raise JobError(reason, budget=True)
         if unfinished:
             detail = "; ".join(f"{p.partition} ({p.file}): {p.status}" + (f": {p.last_error}" if p.last_error else "")
                                for p in unfinished[:5])
             error = f"{len(unfinished)} of {len(parts)} partitions not committed: {detail}"
-            self.state.set_job(self.job_id, status="failed", finished_at=now(), error=error, counts=manifest["counts"])
+            self.state.set_job(self.job_id, status="failed", finished_at=now(), error=error, counts=self.job_counts(manifest))
             raise JobError(f"{error}. Rerun with: tokenmill rerun --job-id {self.job_id}")
-        self.state.set_job(self.job_id, status="succeeded", finished_at=now(), counts=manifest["counts"])
+        self.state.set_job(self.job_id, status="succeeded", finished_at=now(), counts=self.job_counts(manifest))
         return JobResult(self.job_id, manifest)
+
+    @staticmethod
+    def job_counts(manifest: dict) -> dict:
+        """What the catalog keeps of a finished job: its counts and how it was planned."""
+        return {**manifest["counts"], "plan": manifest.get("plan", {})}
 
     def manifest(self, partial: bool) -> dict:
         job = self.state.job(self.job_id)
-        plan = json.loads(job.counts or "{}") if job.status in ("planning", "planned") else {}
+        plan = json.loads(job.counts or "{}").get("plan", {})
         parts = self.state.partitions(self.job_id)
         return build_manifest(self.config, self.job_id, job, parts, partial, plan)
