@@ -16,6 +16,15 @@ REPO = Path(__file__).resolve().parents[1]
 LOCAL_CONFIG = REPO / "configs" / "local.yaml"
 
 
+def read_kind(output: Path, kind: str, job_id: str):
+    """All rows of one kind (outputs, ledger, quarantine) of a job under a local output root."""
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    files = sorted((output / kind / f"job={job_id}").glob("partition=*/*.parquet"))
+    return pa.concat_tables([pq.read_table(f) for f in files])
+
+
 @pytest.fixture(scope="session")
 def tokenmill_home(tmp_path_factory) -> Path:
     home = tmp_path_factory.mktemp("tokenmill-home")

@@ -4,13 +4,11 @@ import os
 import subprocess
 import sys
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from pipeline.samples import write_sample_corpus
 from pipeline.state import StateStore
-from tests.conftest import REPO
+from tests.conftest import REPO, read_kind
 from tests.test_faults import assert_exactly_once
 
 pytestmark = pytest.mark.engine
@@ -46,9 +44,6 @@ def test_dagbag_loads_with_known_pools_only(dag):
     assert dag.catchup is False and dag.params["config"] is not None
 
 
-def read_kind(output, kind, job_id):
-    files = sorted((output / kind / f"job={job_id}").glob("partition=*/*.parquet"))
-    return pa.concat_tables([pq.read_table(f) for f in files])
 
 
 def test_dag_runs_end_to_end_then_a_failed_partition_reruns_alone(dag, tmp_path, monkeypatch):

@@ -8,8 +8,8 @@ import pytest
 
 from pipeline.runner import JobError, run_job
 from pipeline.state import StateStore
-from tests.conftest import LOCAL_CONFIG, REPO
-from tests.test_faults import assert_exactly_once, read_kind
+from tests.conftest import LOCAL_CONFIG, REPO, read_kind
+from tests.test_faults import assert_exactly_once
 
 pytestmark = pytest.mark.engine
 

@@ -8,21 +8,16 @@ import subprocess
 import sys
 import time
 
-import pyarrow as pa
-import pyarrow.parquet as pq
 import pytest
 
 from pipeline.runner import JobError, run_job
 from pipeline.samples import write_sample_corpus
 from pipeline.state import StateStore
-from tests.conftest import LOCAL_CONFIG, REPO
+from tests.conftest import LOCAL_CONFIG, REPO, read_kind
 
 pytestmark = pytest.mark.engine
 
 
-def read_kind(output, kind, job_id) -> pa.Table:
-    files = sorted((output / kind / f"job={job_id}").glob("partition=*/*.parquet"))
-    return pa.concat_tables([pq.read_table(f) for f in files])
 
 
 def cli_env(tiny_models, tmp_path, **extra) -> dict:

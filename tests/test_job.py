@@ -6,23 +6,18 @@ import subprocess
 import sys
 from pathlib import Path
 
-import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.parquet as pq
 import pytest
 
 from pipeline.infer import VllmEngine
 from pipeline.runner import JobError, run_job
 from pipeline.schema import LEDGER, OUTPUTS, QUARANTINE
 from pipeline.state import StateStore
-from tests.conftest import LOCAL_CONFIG, REPO
+from tests.conftest import LOCAL_CONFIG, REPO, read_kind
 
 pytestmark = pytest.mark.engine
 
 
-def read_kind(output: Path, kind: str, job_id: str) -> pa.Table:
-    files = sorted((output / kind / f"job={job_id}").glob("partition=*/*.parquet"))
-    return pa.concat_tables([pq.read_table(f) for f in files])
 
 
 def add_long_document(input_dir: Path) -> None:
