@@ -6,8 +6,8 @@ cached prompt tokens and output tokens each weighted by config), so the ledger's
 up exactly to what the engines ran. cost_usd = gpu_seconds × price_per_gpu_hour / 3600.
 
 The baseline is what an item would have cost with no dedup and no cache (prefix cache included),
-on the largest tier, at the GPU-seconds per token weight that tier achieved in this job (or the
-item's own tier's rate when the largest tier did not run).
+on the largest tier, at the GPU-seconds per token weight that tier achieved in the same engine call
+(or the item's own tier's rate when the call ran on another tier).
 """
 
 from __future__ import annotations

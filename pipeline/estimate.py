@@ -69,6 +69,16 @@ def estimate_usd(tiers: pa.Array, prompt_tokens: pa.Array, config: TokenmillConf
     return out
 
 
+def with_estimates(totals: dict[str, float], requests: pa.Table, tenant_of: dict[str, str],
+                   config: TokenmillConfig, rates: dict[str, TierRate]) -> dict[str, float]:
+    """USD per tenant: `totals` plus the estimated cost of `requests` (ids mapped to tenants by `tenant_of`)."""
+    out = dict(totals)
+    usd = estimate_usd(requests["tier"], pc.list_value_length(requests["prompt_token_ids"]), config, rates)
+    for id_, cost in zip(requests["id"].to_pylist(), usd):
+        out[tenant_of[id_]] = out.get(tenant_of[id_], 0.0) + cost
+    return out
+
+
 def preflight(config: TokenmillConfig, pool, input_uri: str | None = None) -> dict:
     """Read, validate, dedup and route the input, tokenise what would be generated, and price it."""
     from pipeline.dedup import mark_duplicates

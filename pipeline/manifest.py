@@ -77,6 +77,7 @@ def build_manifest(config: TokenmillConfig, job_id: str, job, parts: list, parti
         "input_uri": job.input_uri,
         "output_uri": job.output_uri,
         "template_version": config.prompt.template_version,
+        "largest_tier": config.largest_tier,  # the baseline tier
         "created_at": aware(job.created_at).isoformat(),
         "updated_at": now().isoformat(),
         "counts": {

@@ -55,7 +55,6 @@ def planned_partitions(config: TokenmillConfig, job_id: str) -> list[str]:
     partitions = job.state.partitions(job_id)
     todo = [p.partition for p in partitions if p.status != "succeeded"]
     if config.budget.active and todo:
-        job.spent = job.state.spent_by_tenant(job_id, {n: t.price_per_gpu_hour for n, t in config.tiers.items()})
         job.check_budget(todo)
     return [p.partition for p in partitions]
 

@@ -141,13 +141,13 @@ def _read_text(rows: _Rows, data: bytes) -> None:
     rows.add(0, None, id=rows.file, text=text)
 
 
-def read_file(root: storage.Location, relative_path: str, config: InputConfig) -> pa.Table:
+def read_file(root: storage.Location, relative_path: str, path: str, config: InputConfig) -> pa.Table:
     """All records of one input file; a file that cannot be read at all is one `unreadable_file` row."""
     fmt = input_format(relative_path)
     rows = _Rows(relative_path, config)
     try:
         try:
-            data = storage.read_bytes(root, storage.input_path(root, relative_path))
+            data = storage.read_bytes(root, path)
         except storage.StorageError as e:
             if root.scheme:
                 raise  # an object store failing is an outage to retry, not a property of the record
@@ -169,11 +169,11 @@ def read_records(uri: str, config: InputConfig, storage_config: StorageConfig | 
     """Every record under `uri`, and the relative paths of files skipped for their extension."""
     root = storage.resolve(uri, storage_config)
     tables, skipped = [], []
-    for relative_path, _size in storage.list_files(root):
+    for relative_path, path, _size in storage.list_files(root):
         if input_format(relative_path) is None:
             skipped.append(relative_path)
             continue
-        tables.append(read_file(root, relative_path, config))
+        tables.append(read_file(root, relative_path, path, config))
     if not tables:
         return RAW_RECORDS.empty_table(), skipped
     return pa.concat_tables(tables), skipped

@@ -14,6 +14,7 @@ from decimal import Decimal
 import duckdb
 
 from pipeline import storage
+from pipeline.ledger import MONEY
 
 WIDTH, BAR_H, GAP, LABEL_W = 640, 22, 8, 170
 COLORS = {"bar": "#3b6ea5", "save": "#3a9a5b", "total": "#555", "paid": "#c0533a"}
@@ -82,10 +83,10 @@ def savings_steps(con: duckdb.DuckDBPyConnection, job_id: str, largest_tier: str
     baseline − cost: on the largest tier that is the prefix cache and batching; on a smaller tier it
     is routing (and that tier's prefix cache).
     """
-    money = "CAST({} AS DECIMAL(38, 18))"
-    steps = _rows(con, f"SELECT source, sum({money.format('baseline_cost_usd')}) FROM ledger WHERE job_id = ? "
+    baseline, cost = MONEY.format(col="baseline_cost_usd"), MONEY.format(col="cost_usd")
+    steps = _rows(con, f"SELECT source, sum({baseline}) FROM ledger WHERE job_id = ? "
                        "AND source <> 'generated' GROUP BY 1 ORDER BY 1", [job_id])
-    generated = _rows(con, f"SELECT tier = ?, sum({money.format('baseline_cost_usd')} - {money.format('cost_usd')}) "
+    generated = _rows(con, f"SELECT tier = ?, sum({baseline} - {cost}) "
                            "FROM ledger WHERE job_id = ? AND source = 'generated' GROUP BY 1", [largest_tier, job_id])
     out = [(f"reuse: {source.replace('_', ' ')}", saved) for source, saved in steps]
     for on_largest, saved in generated:
@@ -102,12 +103,11 @@ def build_report(output_uri: str, job_id: str, storage_config=None) -> str:
     except storage.StorageError as e:
         raise storage.StorageError(f"no manifest for job {job_id}: {e}") from None
     con = connect(output_uri, storage_config)
-    by = "SELECT {k}, sum(CAST(cost_usd AS DECIMAL(38, 18))) AS c FROM ledger WHERE job_id = ? GROUP BY 1 ORDER BY c DESC"
+    by = "SELECT {k}, sum(" + MONEY.format(col="cost_usd") + ") AS c FROM ledger WHERE job_id = ? GROUP BY 1 ORDER BY c DESC"
     tenants = _rows(con, by.format(k="tenant"), [job_id])
     tiers = _rows(con, by.format(k="tier"), [job_id])
     cost, baseline = manifest["cost"]["cost_usd"], manifest["cost"]["baseline_cost_usd"]
     engines = manifest.get("engines", {})
-    largest = max(engines, key=lambda t: engines[t].get("gpu_seconds", 0)) if engines else None
     counts = manifest["counts"]
     reuse = [(k, v / counts["outputs"]) for k, v in counts["by_source"].items() if k != "generated" and counts["outputs"]]
     slow = sorted(((f'{p} ({v["file"]})', v["seconds"]) for p, v in manifest["partitions"].items() if v.get("seconds")),
@@ -116,7 +116,7 @@ def build_report(output_uri: str, job_id: str, storage_config=None) -> str:
         bar_chart("cost-by-tenant", "Cost by tenant", tenants),
         bar_chart("cost-by-tier", "Cost by tier", tiers),
         waterfall("savings", "Savings: from baseline to paid", baseline,
-                  savings_steps(con, job_id, manifest.get("largest_tier", largest)), cost),
+                  savings_steps(con, job_id, manifest["largest_tier"]), cost),
         bar_chart("tokens-per-second", "Output tokens per second, per tier",
                   [(t, e["output_tokens_per_second"] or 0.0) for t, e in engines.items()], fmt=lambda v: f"{v:,.0f} tok/s")
         + "".join(f'<p class="note">{html.escape(t)}: {html.escape(_efficiency_line(e.get("efficiency") or {}))}</p>'

@@ -28,7 +28,7 @@ from pipeline import storage
 from pipeline.config import TokenmillConfig
 from pipeline.cost import allocate_gpu_seconds, baseline_gpu_seconds
 from pipeline.dedup import mark_duplicates
-from pipeline.estimate import budget_problems, estimate_usd, tier_rates
+from pipeline.estimate import budget_problems, tier_rates, with_estimates
 from pipeline.infer import CALLS, EngineDeadError, EnginePool, EngineStartError, run_inference
 from pipeline.manifest import build_manifest, partition_counts
 from pipeline.plan import plan_requests
@@ -156,7 +156,6 @@ class _Job:
             raise JobError(f"job {self.job_id} has no partition {', '.join(unknown)}")
         to_run = [p for p in self.state.partitions(self.job_id) if p.status != "succeeded" or p.partition in forced]
         if self.config.budget.active:
-            self.spent = self.state.spent_by_tenant(self.job_id, {n: t.price_per_gpu_hour for n, t in self.config.tiers.items()})
             self.check_budget([p.partition for p in to_run])
         self.state.set_job(self.job_id, status="running", started_at=now(), finished_at=None, error=None)
         total = sum(p.records for p in to_run)
@@ -230,21 +229,18 @@ class _Job:
                                   "tenant": tenant_of[r["id"]], "partition": partition, "gpu_seconds": float(g),
                                   "baseline_gpu_seconds": float(b), "created_at": created}
                 for r, g, b in zip(done.to_pylist(), gpu, base)})
-            price = c.tiers[call["tier"]].price_per_gpu_hour
+            tier = c.tiers[call["tier"]]
             for r, g in zip(done.to_pylist(), gpu):
-                self.spent[tenant_of[r["id"]]] = self.spent.get(tenant_of[r["id"]], 0.0) + g * price / 3600
+                self.spent[tenant_of[r["id"]]] = self.spent.get(tenant_of[r["id"]], 0.0) + g * tier.price_per_gpu_hour / 3600
             n = sum(copies[key_of[i]] for i in done["id"].to_pylist())
-            t = c.tiers[call["tier"]]
-            self.progress.advance(done=n, reused=n - done.num_rows, usd=call["seconds"] * t.gpus * t.price_per_gpu_hour / 3600)
+            self.progress.advance(done=n, reused=n - done.num_rows,
+                                  usd=call["seconds"] * tier.gpus * tier.price_per_gpu_hour / 3600)
 
         def admit(batch: pa.Table) -> bool:
             """Budget admission: spent so far + this call's estimate must stay under every cap."""
             if not c.budget.active:
                 return True
-            planned = dict(self.spent)
-            usd = estimate_usd(batch["tier"], pc.list_value_length(batch["prompt_token_ids"]), c, self.rates())
-            for id_, cost in zip(batch["id"].to_pylist(), usd):
-                planned[tenant_of[id_]] = planned.get(tenant_of[id_], 0.0) + cost
+            planned = with_estimates(self.spent, batch, tenant_of, c, self.rates())
             problems = budget_problems(c, sum(planned.values()), planned)
             if problems:
                 self.budget_reason = "; ".join(problems)
@@ -315,14 +311,14 @@ class _Job:
 
     def run_single(self, partition: str) -> dict:
         """Run one partition to commit (an orchestrator's task): a no-op when it is already committed."""
-        p = next((p for p in self.state.partitions(self.job_id) if p.partition == partition), None)
+        p = self.state_partition(partition)
         if p is None:
             raise JobError(f"job {self.job_id} has no partition {partition}")
         if p.status != "succeeded":
             if not self.state.claim(self.job_id, partition, self.worker, self.config.state.lease_seconds):
                 raise JobError(f"partition {partition} is held by {p.worker} until its lease ends; retry later")
             self.run_partition(partition)
-        p = next(p for p in self.state.partitions(self.job_id) if p.partition == partition)
+        p = self.state_partition(partition)
         if p.status != "succeeded":
             raise JobError(f"partition {partition}: {p.status}: {p.last_error}", budget=p.status == "deferred")
         return {"partition": partition, "status": p.status, "attempts": p.attempts, **json.loads(p.counts or "{}")}
@@ -335,14 +331,13 @@ class _Job:
     def check_budget(self, partitions: list[str]) -> None:
         """Refuse to start when spent + the estimate of what is left would cross a cap (before any GPU work)."""
         c = self.config
+        self.spent = self.state.spent_by_tenant(self.job_id, {n: t.price_per_gpu_hour for n, t in c.tiers.items()})
         planned = dict(self.spent)
         for partition in partitions:
             records = storage.read_parquet(self.out, staging_path(self.out, self.job_id, partition, "records.parquet"))
             _, todo, requests, _ = self.unpaid_requests(records)
             tenant_of = dict(zip(todo["id"].to_pylist(), todo["tenant"].to_pylist()))
-            usd = estimate_usd(requests["tier"], pc.list_value_length(requests["prompt_token_ids"]), c, self.rates())
-            for id_, cost in zip(requests["id"].to_pylist(), usd):
-                planned[tenant_of[id_]] = planned.get(tenant_of[id_], 0.0) + cost
+            planned = with_estimates(planned, requests, tenant_of, c, self.rates())
         problems = budget_problems(c, sum(planned.values()), planned)
         if problems:
             reason = (f"refused before any GPU work: estimated {'; '.join(problems)} "
@@ -351,7 +346,7 @@ class _Job:
             raise JobError(reason, budget=True)
 
     def state_partition(self, partition: str):
-        return next(p for p in self.state.partitions(self.job_id) if p.partition == partition)
+        return next((p for p in self.state.partitions(self.job_id) if p.partition == partition), None)
 
     # -- finish ---------------------------------------------------------------------------------------
     def finish(self) -> JobResult:

@@ -83,24 +83,19 @@ def _error(root: Location, path: str, e: Exception) -> StorageError:
     return StorageError(f"{root.uri(path)}: {message}")
 
 
-def list_files(root: Location) -> list[tuple[str, int]]:
-    """(path relative to root, size) of every file under root, sorted by path."""
+def list_files(root: Location) -> list[tuple[str, str, int]]:
+    """(path relative to root, full path, size) of every file under root, sorted by path."""
     try:
         info = root.fs.get_file_info(root.path)
         if info.type == pafs.FileType.NotFound:
             raise StorageError(f"input not found: {root.uri(root.path)}")
         if info.type == pafs.FileType.File:
-            return [(os.path.basename(root.path), info.size)]
+            return [(os.path.basename(root.path), root.path, info.size)]
         entries = root.fs.get_file_info(pafs.FileSelector(root.path, recursive=True))
     except OSError as e:
         raise _error(root, root.path, e) from None
     prefix = root.path.rstrip("/") + "/"
-    return sorted((e.path[len(prefix):], e.size) for e in entries if e.type == pafs.FileType.File)
-
-
-def input_path(root: Location, relative: str) -> str:
-    info = root.fs.get_file_info(root.path)
-    return root.path if info.type == pafs.FileType.File else root.join(relative)
+    return sorted((e.path[len(prefix):], e.path, e.size) for e in entries if e.type == pafs.FileType.File)
 
 
 def read_bytes(root: Location, path: str) -> bytes:

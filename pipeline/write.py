@@ -90,14 +90,15 @@ def write_partition(root: storage.Location, job_id: str, partition: str, tables:
                     compression: str) -> None:
     """Write one partition's outputs, ledger and quarantine files (empty ones too), each atomically.
 
+    `tables` hold this partition's rows only (with a `partition` column, as `assemble_results` makes them).
+
     The files are a pure function of the partition's records and the paid-for items, so a partition
     interrupted between its three renames is rewritten identically by the rerun that commits it.
     """
     schemas = {"outputs": OUTPUTS, "ledger": LEDGER, "quarantine": QUARANTINE}
     for kind in KINDS:
-        table = tables[kind].filter(pc.equal(tables[kind]["partition"], partition)) if tables[kind].num_rows else tables[kind]
         # Files hold the kind's schema; `partition` stays in the ledger's rows, elsewhere it is the path.
-        body = table.select(schemas[kind].names).cast(schemas[kind])
+        body = tables[kind].select(schemas[kind].names).cast(schemas[kind])
         storage.write_parquet_atomic(root, part_path(root, kind, job_id, partition), body, compression)
 
 

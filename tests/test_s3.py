@@ -66,7 +66,7 @@ def test_listing_pages_through_a_large_prefix(s3_server, s3_client, buckets):
     from pipeline.config import StorageConfig
 
     files = list_files(resolve(f"s3://{buckets[0]}/many", StorageConfig(s3_endpoint_url=s3_server)))
-    assert len(files) == 1105 and files[0] == ("00000.txt", 1)
+    assert len(files) == 1105 and files[0] == ("00000.txt", f"{buckets[0]}/many/00000.txt", 1)
 
 
 def test_missing_bucket_is_a_clear_error_without_credentials(make_config, s3_server, buckets):
