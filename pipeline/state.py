@@ -14,6 +14,7 @@ upgraded by Alembic (pipeline/migrations). Three rules keep reruns exact and che
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import socket
@@ -109,13 +110,23 @@ def default_worker() -> str:
 
 
 def upgrade_schema(url: str) -> None:
+    """Bring the catalog to the latest schema; safe when several workers start at once.
+
+    Concurrent upgrades are serialised: on SQLite by a lock file beside the database, on PostgreSQL
+    by an advisory lock that pipeline/migrations/env.py takes before looking at the schema version.
+    """
     from alembic import command
     from alembic.config import Config
 
     cfg = Config()
     cfg.set_main_option("script_location", str(MIGRATIONS))
     cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
-    command.upgrade(cfg, "head")
+    if url.startswith("sqlite:///") and len(url) > len("sqlite:///"):
+        with open(url[len("sqlite:///"):] + ".migrate.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            command.upgrade(cfg, "head")
+    else:
+        command.upgrade(cfg, "head")
 
 
 class StateStore:

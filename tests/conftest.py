@@ -115,6 +115,16 @@ PG_ADMIN_URL = os.environ.get("TOKENMILL_TEST_PG_URL", "postgresql+psycopg://pos
 
 @pytest.fixture(scope="session")
 def postgres_url():
+    yield from _throwaway_database()
+
+
+@pytest.fixture
+def fresh_postgres_url():
+    """An empty database of its own (no schema yet), dropped afterwards."""
+    yield from _throwaway_database()
+
+
+def _throwaway_database():
     """A throwaway database on the PostgreSQL server (CI: the machine's own; elsewhere TOKENMILL_TEST_PG_URL).
 
     Skipped where no server answers, unless TOKENMILL_REQUIRE_POSTGRES=1 (CI sets it): then it fails.

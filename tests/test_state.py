@@ -88,3 +88,19 @@ def test_unreachable_database_is_a_clear_error_without_password():
         StateStore("postgresql+psycopg://tokenmill:hunter2@127.0.0.1:1/nowhere")
     message = str(e.value)
     assert "unreachable" in message and "127.0.0.1:1/nowhere" in message and "hunter2" not in message
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_workers_starting_together_on_a_fresh_catalog_all_get_it(backend, tmp_path, request):
+    """Several processes creating the schema at once: one migrates, the others wait and find it current."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO
+
+    url = f"sqlite:///{tmp_path}/fresh.db" if backend == "sqlite" else request.getfixturevalue("fresh_postgres_url")
+    code = f"from pipeline.state import StateStore; StateStore({url!r}).jobs()"
+    procs = [subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                              text=True) for _ in range(6)]
+    results = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0] * 6, [r[1][-500:] for r in results]
