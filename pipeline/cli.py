@@ -75,6 +75,20 @@ def models_tiny(path: Optional[Path] = typer.Argument(None, help="Where to write
     typer.echo(f"built tiny {size} model at {target}")
 
 
+@models_app.command("embedder")
+def models_embedder(path: Optional[Path] = typer.Argument(None, help="Where to write it (default: $TOKENMILL_HOME/models/static-minilm)."),
+                    dims: int = typer.Option(256, help="Embedding dimensions kept (PCA).")) -> None:
+    """Distil the static embedding model for semantic reuse, offline, from the bundled all-MiniLM-L6-v2 (about 20 s)."""
+    from pipeline.embed import EmbedderError, build_static_embedder
+
+    target = path or tokenmill_home() / "models" / "static-minilm"
+    try:
+        build_static_embedder(target, dims)
+    except EmbedderError as e:
+        _fail(str(e))
+    typer.echo(f"built static embedder at {target}")
+
+
 @app.command("samples")
 def samples(path: Path = typer.Argument(..., help="Folder to write the sample corpus into."),
             documents: int = typer.Option(60, help="Number of good documents."),
@@ -94,6 +108,8 @@ def summary_table(manifest: dict) -> Table:
     reused = c["outputs"] - c["by_source"].get("generated", 0)
     rows = [
         ("records", c["records"]), ("generated", c["by_source"].get("generated", 0)), ("reused", reused),
+        *((f"  {src.replace('_', ' ')}", f"{r['items']} ({r['rate']:.1%}), saved ${r['saved_usd']:.6f}")
+          for src, r in manifest.get("reuse", {}).get("by_source", {}).items()),
         ("quarantined", c["quarantined"]),
         ("  by reason", ", ".join(f"{k} {v}" for k, v in c["by_reason"].items()) or "-"),
         ("prompt tokens (cached)", f"{t['prompt_tokens']} ({t['cached_prompt_tokens']})"),
@@ -102,6 +118,12 @@ def summary_table(manifest: dict) -> Table:
         ("cost", f"${m['cost_usd']:.6f}"), ("baseline cost", f"${m['baseline_cost_usd']:.6f}"),
         ("saved vs baseline", f"${m['saved_usd']:.6f}"),
     ]
+    v = manifest.get("reuse", {}).get("verification", {})
+    if v.get("checked"):
+        rows.append(("reuse false-hit rate", f"{v['false_hit_rate']:.1%} of {v['checked']} verified "
+                                             f"(95% CI {v['ci95'][0]:.1%}-{v['ci95'][1]:.1%})"))
+    if manifest.get("reuse", {}).get("cache_status", {}).get("bypassed"):
+        rows.append(("cache", f"bypassed for {manifest['reuse']['cache_status']['bypassed']} items (store unreachable)"))
     for tier, e in manifest["engines"].items():
         tps, eff = e["output_tokens_per_second"], e.get("efficiency") or {}
         line = f"{e['engine_seconds']:.2f} s engine, {tps:.0f} output tok/s" if tps else "-"

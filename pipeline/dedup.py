@@ -1,42 +1,102 @@
-"""Stage 3, dedup: generate once per distinct document within a job; the copies reuse its output.
+"""Stage 3, dedup: generate once per meaning-equivalent document; every other copy reuses that output.
 
-Two records are exact duplicates when they belong to the same tenant and their normalised texts
-are equal (Unicode NFC, whitespace collapsed, optionally case-folded). The first record of each
-group is its representative; the others get `duplicate_of` = the representative's id and cost
-nothing. Tenants never share outputs.
+Three kinds of reuse inside a job, tried in this order on the records left over by the previous one:
+  exact      same tenant scope and normalised text (NFC, whitespace collapsed, boilerplate stripped,
+             optionally case-folded) -> same content hash -> same item key;
+  near       MinHash LSH over word shingles, estimated Jaccard >= `near_threshold`;
+  semantic   static-embedding cosine >= `semantic_threshold` (off unless an embedder is configured).
+Near and semantic matches must also pass the meaning guards (numbers, negations, entities, length;
+see guards.py). The first record of a cluster (job order) is its representative.
 
-Across partitions and reruns, the same grouping runs on the request's content key (`item_key`:
-content hash + model + prompt + sampling), looked up in the state catalog's paid-for items.
+Against earlier jobs the same near and semantic lookups run on the cache index (cache.py), and the
+exact lookup runs by item key when a partition runs. Tenants never share an output unless they are
+listed together in `dedup.shared_tenants`.
+
+Columns added (all read by the partition runner and the writer):
+  scope, content_hash       tenant scope and content hash (the item key is built from them)
+  gen_key                   item key whose output this record gets (its own `item_key` unless it reuses)
+  gen_id, gen_text          the representative's id, and its text when it sits in another partition
+  reuse, similarity         near_duplicate | semantic | cache_near | cache_semantic, and the score
+  shadow                    reused, but generated anyway to measure the false-hit rate
+  signature, embedding      what the cache index stores for a generated record (with its guard features)
 """
 
 from __future__ import annotations
 
+import logging
 import re
 import unicodedata
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Protocol
 
+import numpy as np
 import pyarrow as pa
 import xxhash
 
+from pipeline import guards, minhash
 from pipeline.config import DedupConfig
 
-_WHITESPACE = re.compile(r"\s+")
+log = logging.getLogger(__name__)
+REUSE_KINDS = ("near_duplicate", "semantic", "cache_near", "cache_semantic")
 
 
-def normalise_text(text: str, case_fold: bool = False) -> str:
-    text = _WHITESPACE.sub(" ", unicodedata.normalize("NFC", text)).strip()
+class Embedder(Protocol):
+    def encode(self, texts: list[str]) -> np.ndarray: ...  # (n, d) float32, rows L2-normalised
+
+
+@dataclass
+class DedupStats:
+    """What the stage found, for the plan section of the manifest."""
+
+    clusters: Counter = field(default_factory=Counter)        # records per reuse kind
+    refused: Counter = field(default_factory=Counter)         # similar pairs the guards refused, by guard
+    cache_index: dict = field(default_factory=dict)           # entries loaded per scope
+    seconds: dict = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return {"reused": dict(self.clusters), "guard_refusals": dict(self.refused),
+                "cache_index_entries": sum(self.cache_index.values()),
+                "seconds": {k: round(v, 3) for k, v in self.seconds.items()}}
+
+
+def compile_boilerplate(patterns: list[str]) -> list[re.Pattern]:
+    return [re.compile(p, re.MULTILINE) for p in patterns]
+
+
+def clean_text(text: str, boilerplate: list[re.Pattern] = ()) -> str:
+    """NFC, boilerplate removed, whitespace collapsed: what near/semantic matching and the guards compare."""
+    if not unicodedata.is_normalized("NFC", text):
+        text = unicodedata.normalize("NFC", text)
+    for pattern in boilerplate:
+        text = pattern.sub(" ", text)
+    return " ".join(text.split())
+
+
+def normalise_text(text: str, case_fold: bool = False, boilerplate: list[re.Pattern] = ()) -> str:
+    text = clean_text(text, boilerplate)
     return text.casefold() if case_fold else text
 
 
-def content_hash(tenant: str, text: str, case_fold: bool = False) -> str:
-    """128-bit xxh3 of (tenant, normalised text): fast, and collisions are negligible at corpus scale."""
-    return xxhash.xxh3_128_hexdigest(f"{tenant}\x00{normalise_text(text, case_fold)}".encode())
+def tenant_scope(tenant: str, shared: set[str]) -> str:
+    """The namespace a tenant's outputs live in: its own, or the opt-in shared one."""
+    return "shared" if tenant in shared else f"t={tenant}"
+
+
+def content_hash(scope: str, text: str, case_fold: bool = False, boilerplate: list[re.Pattern] = ()) -> str:
+    """128-bit xxh3 of (scope, normalised text): fast, and collisions are negligible at corpus scale."""
+    return xxhash.xxh3_128_hexdigest(f"{scope}\x00{normalise_text(text, case_fold, boilerplate)}".encode())
 
 
 def add_content_hashes(records: pa.Table, config: DedupConfig) -> pa.Table:
-    """Add `content_hash`: equal for exact duplicates; the record's own id joins it when dedup is off."""
-    hashes = [content_hash(t, x if config.exact else f"{i}\x00{x}", config.case_fold)
-              for i, t, x in zip(records["id"].to_pylist(), records["tenant"].to_pylist(), records["text"].to_pylist())]
-    return records.append_column("content_hash", pa.array(hashes, pa.string()))
+    """Add `scope` and `content_hash`: equal for exact duplicates; the record's id joins it when exact dedup is off."""
+    shared, boilerplate = set(config.shared_tenants), compile_boilerplate(config.boilerplate_patterns)
+    scopes = [tenant_scope(t, shared) for t in records["tenant"].to_pylist()]
+    hashes = [content_hash(s, x, config.case_fold, boilerplate) if config.exact
+              else xxhash.xxh3_128_hexdigest(f"{s}\x00{i}\x00{x}".encode())
+              for i, s, x in zip(records["id"].to_pylist(), scopes, records["text"].to_pylist())]
+    return records.append_column("scope", pa.array(scopes, pa.string())).append_column(
+        "content_hash", pa.array(hashes, pa.string()))
 
 
 def mark_duplicates(records: pa.Table, key: str) -> pa.Table:
@@ -47,3 +107,214 @@ def mark_duplicates(records: pa.Table, key: str) -> pa.Table:
         duplicate_of.append(first.get(k))
         first.setdefault(k, id_)
     return records.append_column("duplicate_of", pa.array(duplicate_of, pa.string()))
+
+
+def shadow_selected(item_key: str, rate: float) -> bool:
+    """Deterministic sample: the same items are verified on every rerun."""
+    return rate > 0 and xxhash.xxh64_intdigest(item_key) < rate * 2 ** 64
+
+
+# -- the stage -----------------------------------------------------------------------------------------
+class _Clusters:
+    """Representatives and members over the records of a job; index i is the record's row."""
+
+    def __init__(self, n: int):
+        self.rep = list(range(n))          # row of the representative
+        self.kind: list[str | None] = [None] * n
+        self.similarity: list[float | None] = [None] * n
+        self.cached: dict[int, tuple[str, str, float]] = {}  # rep row -> (cache key, kind, similarity)
+
+    def join(self, member: int, rep: int, kind: str, similarity: float) -> None:
+        self.rep[member], self.kind[member], self.similarity[member] = rep, kind, similarity
+
+
+def cluster_records(records: pa.Table, config: DedupConfig, embedder: Embedder | None = None,
+                    cache=None) -> tuple[pa.Table, DedupStats]:
+    """Add the reuse columns (module docstring) to keyed records (`scope`, `recipe`, `item_key`, `partition`)."""
+    import time
+
+    stats = DedupStats()
+    n = records.num_rows
+    boilerplate = compile_boilerplate(config.boilerplate_patterns)
+    texts = [clean_text(t, boilerplate) for t in records["text"].to_pylist()]
+    compare = [t.casefold() for t in texts] if config.case_fold else texts
+    keys = records["item_key"].to_pylist()
+    groups: dict[tuple[str, str], list[int]] = {}  # (scope, recipe) -> first row of each item key, in job order
+    seen: set[str] = set()
+    for row, (scope, recipe, key) in enumerate(zip(records["scope"].to_pylist(), records["recipe"].to_pylist(), keys)):
+        if key not in seen:
+            seen.add(key)
+            groups.setdefault((scope, recipe), []).append(row)
+    clusters = _Clusters(n)
+    feats: list[guards.Features | None] = [None] * n
+
+    def feature(row: int) -> guards.Features:
+        if feats[row] is None:
+            feats[row] = guards.features(texts[row])
+        return feats[row]
+
+    def agree(a: int, b: int) -> bool:
+        if not config.guards:
+            return True
+        failed = guards.texts_agree(texts[a], texts[b], config.max_length_ratio, feature(a), feature(b))
+        if failed:
+            stats.refused[failed] += 1
+        return failed is None
+
+    started = time.perf_counter()
+    sigs = np.zeros((n, config.num_perm), np.uint32)
+    firsts = sorted(r for rows in groups.values() for r in rows)
+    if config.near or cache is not None:
+        for row in firsts:
+            sigs[row] = minhash.signature(compare[row], config.shingle_words, config.num_perm)
+    if config.near:
+        for rows in groups.values():
+            index = minhash.LshIndex(config.near_threshold, config.num_perm)
+            for row in rows:
+                best = sorted(((minhash.jaccard(sigs[row], sigs[c]), c) for c in index.candidates(sigs[row])),
+                              reverse=True)
+                match = next((c for s, c in best if s >= config.near_threshold and agree(row, c)), None)
+                if match is None:
+                    index.add(row, sigs[row])
+                else:
+                    clusters.join(row, match, "near_duplicate", next(s for s, c in best if c == match))
+    stats.seconds["near"] = time.perf_counter() - started
+
+    started = time.perf_counter()
+    vectors = None
+    if embedder is not None:
+        vectors = np.zeros((n, 0), np.float32)
+        reps = [r for r in firsts if clusters.rep[r] == r]
+        if reps:
+            encoded = embedder.encode([texts[r] for r in reps]).astype(np.float32)
+            vectors = np.zeros((n, encoded.shape[1]), np.float32)
+            vectors[reps] = encoded
+        if config.semantic:
+            for rows in groups.values():
+                reps = [r for r in rows if clusters.rep[r] == r]
+                for row, candidates in _nearest_earlier(vectors, reps, config.semantic_threshold):
+                    match = next(((s, c) for s, c in candidates if clusters.rep[c] == c and agree(row, c)), None)
+                    if match:
+                        clusters.join(row, match[1], "semantic", match[0])
+    stats.seconds["semantic"] = time.perf_counter() - started
+
+    started = time.perf_counter()
+    if cache is not None:
+        _match_cache(records, groups, clusters, sigs, vectors, feature, config, cache, stats)
+    stats.seconds["cache_lookup"] = time.perf_counter() - started
+    return _with_columns(records, clusters, keys, sigs, vectors, config, stats), stats
+
+
+def _nearest_earlier(vectors: np.ndarray, rows: list[int], threshold: float, block: int = 1024, top: int = 4):
+    """For each row (in order), earlier rows with cosine >= threshold, best first: exact search in blocks."""
+    if len(rows) < 2:
+        return
+    matrix = vectors[rows]
+    for start in range(0, len(rows), block):
+        sims = matrix[start:start + block] @ matrix[:start + block].T
+        for i in range(sims.shape[0]):
+            row_sims = sims[i, :start + i]  # earlier rows only
+            if row_sims.size == 0:
+                continue
+            best = np.argpartition(-row_sims, min(top, row_sims.size) - 1)[:top]
+            hits = sorted(((float(row_sims[j]), rows[j]) for j in best if row_sims[j] >= threshold), reverse=True)
+            if hits:
+                yield rows[start + i], hits
+
+
+def _match_cache(records, groups, clusters: _Clusters, sigs, vectors, feature, config: DedupConfig, cache,
+                 stats: DedupStats) -> None:
+    """Representatives left after in-job clustering, looked up in the near/semantic index of earlier jobs."""
+    from pipeline.cache import load_index
+
+    for (scope, recipe), rows in groups.items():
+        reps = [r for r in rows if clusters.rep[r] == r]
+        if not reps:
+            continue
+        index = load_index(cache, scope, recipe)
+        if index is None:
+            continue
+        stats.cache_index[scope] = stats.cache_index.get(scope, 0) + len(index["keys"])
+        known = set(index["keys"].tolist())
+        reps = [r for r in reps if records["item_key"][r].as_py() not in known]  # exact hits come from the key lookup
+        index_feats: dict[int, guards.Features] = {}
+
+        def agree(row: int, j: int) -> bool:
+            if not config.guards:
+                return True
+            if j not in index_feats:
+                index_feats[j] = guards.Features.from_json(str(index["features"][j]))
+            failed = guards.features_agree(feature(row), index_feats[j], config.max_length_ratio)
+            if failed:
+                stats.refused[failed] += 1
+            return failed is None
+
+        if config.near:
+            lsh = minhash.LshIndex(config.near_threshold, config.num_perm)
+            for j, sig in enumerate(index["signatures"]):
+                lsh.add(j, sig)
+            for row in reps:
+                best = sorted(((minhash.jaccard(sigs[row], index["signatures"][j]), j)
+                               for j in lsh.candidates(sigs[row])), reverse=True)
+                match = next(((s, j) for s, j in best if s >= config.near_threshold and agree(row, j)), None)
+                if match:
+                    clusters.cached[row] = (str(index["keys"][match[1]]), "cache_near", match[0])
+        stored = index["embeddings"].astype(np.float32)
+        if config.semantic and vectors is not None and stored.shape[1] == vectors.shape[1] and stored.shape[1]:
+            left = [r for r in reps if r not in clusters.cached]
+            for start in range(0, len(left), 1024):
+                block = left[start:start + 1024]
+                sims = vectors[block] @ stored.T
+                for i, row in enumerate(block):
+                    for j in np.argsort(-sims[i])[:4]:
+                        if sims[i, j] < config.semantic_threshold:
+                            break
+                        if agree(row, int(j)):
+                            clusters.cached[row] = (str(index["keys"][j]), "cache_semantic", float(sims[i, j]))
+                            break
+
+
+def _with_columns(records, clusters: _Clusters, keys, sigs, vectors, config: DedupConfig,
+                  stats: DedupStats) -> pa.Table:
+    n = records.num_rows
+    ids = records["id"].to_pylist()
+    parts = records["partition"].to_pylist()
+    raw_texts = records["text"].to_pylist()
+    first_row: dict[str, int] = {}
+    for row, key in enumerate(keys):
+        first_row.setdefault(key, row)
+    gen_key, gen_id, gen_text, reuse, similarity, shadow = [], [], [], [], [], []
+    for row in range(n):
+        first = first_row[keys[row]]       # exact duplicates follow their key's first record
+        rep = clusters.rep[first]
+        kind, sim = clusters.kind[first], clusters.similarity[first]
+        key, gid, gtext = keys[row], None, None
+        if rep != first:                    # an in-job near/semantic member
+            key, gid = keys[rep], ids[rep]
+            gtext = raw_texts[rep] if parts[rep] != parts[row] else None
+        cached = clusters.cached.get(rep)
+        if cached is not None:              # its representative reuses an earlier job's output
+            key, gid, gtext = cached[0], None, None
+            if rep == first:
+                kind, sim = cached[1], cached[2]
+        gen_key.append(key)
+        gen_id.append(gid)
+        gen_text.append(gtext)
+        reuse.append(kind)
+        similarity.append(sim)
+        shadow.append(kind is not None and shadow_selected(keys[row], config.shadow_rate))
+        if kind is not None:
+            stats.clusters[kind] += 1
+    dim = vectors.shape[1] if vectors is not None else 0
+    return (records
+            .append_column("gen_key", pa.array(gen_key, pa.string()))
+            .append_column("gen_id", pa.array(gen_id, pa.string()))
+            .append_column("gen_text", pa.array(gen_text, pa.string()))
+            .append_column("reuse", pa.array(reuse, pa.string()))
+            .append_column("similarity", pa.array(similarity, pa.float64()))
+            .append_column("shadow", pa.array(shadow, pa.bool_()))
+            .append_column("signature", pa.FixedSizeListArray.from_arrays(pa.array(sigs.reshape(-1), pa.uint32()),
+                                                                          config.num_perm))
+            .append_column("embedding", pa.FixedSizeListArray.from_arrays(
+                pa.array((vectors if dim else np.zeros((n, 0), np.float32)).reshape(-1).astype(np.float16), pa.float16()),
+                dim) if dim else pa.nulls(n, pa.list_(pa.float16()))))

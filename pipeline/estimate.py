@@ -85,8 +85,9 @@ def preflight(config: TokenmillConfig, pool, input_uri: str | None = None) -> di
     from pipeline.plan import plan_requests
     from pipeline.prepare import prepare_records
 
-    raw, records, quarantine, skipped = prepare_records(config, "preflight", input_uri)
-    records = mark_duplicates(records, "item_key")
+    prepared = prepare_records(config, "preflight", input_uri)
+    raw, quarantine, skipped = prepared.raw, prepared.quarantine, prepared.skipped
+    records = mark_duplicates(prepared.records, "gen_key")
     tiers_used = sorted(set(records["tier"].to_pylist()))
     requests, too_long = plan_requests(records, config.prompt, config.sampling, config.plan,
                                        {t: pool.tokenizer(t) for t in tiers_used},

@@ -12,6 +12,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline.config import TokenmillConfig
+from pipeline.reuse import summarise_verification
 from pipeline.state import aware, now
 from pipeline.telemetry import decode_steps, efficiency
 from pipeline.write import count_by
@@ -45,6 +46,9 @@ def partition_counts(outputs: pa.Table, ledger: pa.Table, quarantine: pa.Table, 
         "tokens": {k: int(s(ledger, k)) for k in ("prompt_tokens", "cached_prompt_tokens", "output_tokens")},
         "cost_usd": s(ledger, "cost_usd"), "baseline_cost_usd": s(ledger, "baseline_cost_usd"),
         "gpu_seconds": s(ledger, "gpu_seconds"), "engines": engines,
+        "saved_by_source": {src: s(ledger.filter(pc.equal(ledger["source"], src)), "saved_cost_usd")
+                            for src in count_by(ledger, "source") if src != "generated"},
+        "cache_status": count_by(ledger.filter(pc.is_valid(ledger["cache_status"])), "cache_status"),
     }
 
 
@@ -52,6 +56,8 @@ def _add(total: dict, part: dict) -> dict:
     for k, v in part.items():
         if isinstance(v, dict):
             _add(total.setdefault(k, {}), v)
+        elif isinstance(v, list):
+            total.setdefault(k, []).extend(v)
         else:
             total[k] = total.get(k, 0) + v
     return total
@@ -70,6 +76,10 @@ def build_manifest(config: TokenmillConfig, job_id: str, job, parts: list, parti
             t = config.tiers[tier]
             e["efficiency"] = efficiency(t.gpu_model, t.model, t.gpus, t.vllm.max_num_seqs, e)
     cost, baseline = totals.get("cost_usd", 0.0), totals.get("baseline_cost_usd", 0.0)
+    outputs, by_source = totals.get("outputs", 0), totals.get("by_source", {})
+    saved = totals.get("saved_by_source", {})
+    verification = summarise_verification([json.loads(p.counts).get("verification", {}) for p in parts
+                                           if p.status == "succeeded" and p.counts], config.dedup.shadow_min_f1)
     return {
         "job_id": job_id,
         "status": "incomplete" if partial else "succeeded",
@@ -92,6 +102,14 @@ def build_manifest(config: TokenmillConfig, job_id: str, job, parts: list, parti
         "tokens": totals.get("tokens", {"prompt_tokens": 0, "cached_prompt_tokens": 0, "output_tokens": 0}),
         "cost": {"cost_usd": cost, "baseline_cost_usd": baseline, "saved_usd": baseline - cost,
                  "gpu_seconds": totals.get("gpu_seconds", 0.0)},
+        "reuse": {
+            "by_source": {src: {"items": n, "rate": round(n / outputs, 4) if outputs else 0.0,
+                                "saved_usd": saved.get(src, 0.0)}
+                          for src, n in sorted(by_source.items()) if src != "generated"},
+            "saved_usd": sum(saved.values()),
+            "cache_status": dict(sorted(totals.get("cache_status", {}).items())),
+            "verification": verification,
+        },
         "engines": engines,
         "partitions": {p.partition: {"file": p.file, "records": p.records, "status": p.status, "attempts": p.attempts,
                                      "seconds": json.loads(p.counts).get("seconds") if p.counts else None}

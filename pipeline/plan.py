@@ -73,7 +73,7 @@ def plan_requests(records: pa.Table, prompt: PromptConfig, sampling: SamplingCon
 
 
 def add_item_keys(records: pa.Table, prompt: PromptConfig, sampling: SamplingConfig, tiers: dict) -> pa.Table:
-    """Add `item_key`, the content address of a request: what is generated, by which model, how.
+    """Add `recipe` (hash of model, prompt and sampling) and `item_key`, the content address of a request: what is generated, by which model, how.
 
     Two records with equal keys get the same output (greedy decoding), so one generation serves
     both, in this partition, another partition, or a rerun. Changing the template, the model or
@@ -82,6 +82,8 @@ def add_item_keys(records: pa.Table, prompt: PromptConfig, sampling: SamplingCon
     recipe = {tier: xxhash.xxh3_64_hexdigest(json.dumps([
         tiers[tier].model, prompt.template_version, prompt.system, prompt.user, sampling.model_dump(mode="json"),
     ], sort_keys=True).encode()) for tier in set(records["tier"].to_pylist())}
+    tiers_of = records["tier"].to_pylist()
     keys = [xxhash.xxh3_128_hexdigest(f"{recipe[t]}:{h}".encode()) for t, h in
-            zip(records["tier"].to_pylist(), records["content_hash"].to_pylist())]
-    return records.append_column("item_key", pa.array(keys, pa.string()))
+            zip(tiers_of, records["content_hash"].to_pylist())]
+    return (records.append_column("recipe", pa.array([recipe[t] for t in tiers_of], pa.string()))
+            .append_column("item_key", pa.array(keys, pa.string())))

@@ -1,17 +1,18 @@
 """Stages 1-4 over a whole input: read -> validate -> dedup -> route, each record given its item key.
 
 Shared by job planning (which stages the result per partition) and the pre-flight estimate (which
-prices it), so both see exactly the same records, duplicates and tiers.
+prices it), so both see exactly the same records, reuse clusters and tiers.
 """
 
 from __future__ import annotations
 
 import logging
+from dataclasses import dataclass
 
 import pyarrow as pa
 
 from pipeline.config import TokenmillConfig
-from pipeline.dedup import add_content_hashes
+from pipeline.dedup import DedupStats, add_content_hashes, cluster_records
 from pipeline.plan import add_item_keys
 from pipeline.read import read_records
 from pipeline.route import assign_tiers
@@ -20,9 +21,26 @@ from pipeline.validate import validate_records
 log = logging.getLogger(__name__)
 
 
-def prepare_records(config: TokenmillConfig, job_id: str,
-                    input_uri: str | None = None) -> tuple[pa.Table, pa.Table, pa.Table, list[str]]:
-    """(raw records, valid keyed records, quarantine rows, skipped files)."""
+@dataclass
+class Prepared:
+    raw: pa.Table           # every record read, good or bad
+    records: pa.Table       # valid records with item keys and reuse columns
+    quarantine: pa.Table    # rows for the bad ones
+    skipped: list[str]      # files of unknown formats
+    dedup: DedupStats
+
+
+def load_embedder(config: TokenmillConfig):
+    """The static embedder when semantic reuse is on; None otherwise."""
+    if not config.dedup.semantic:
+        return None
+    from pipeline.embed import StaticEmbedder
+
+    return StaticEmbedder(config.dedup.embedder)
+
+
+def prepare_records(config: TokenmillConfig, job_id: str, input_uri: str | None = None, cache=None) -> Prepared:
+    """`cache`: a ResilientStore whose near/semantic index is searched too (None: in-job reuse only)."""
     raw, skipped = read_records(input_uri or config.input.uri, config.input, config.storage)
     for path in skipped:
         log.warning("skipped %s: not .jsonl, .jsonl.gz, .parquet, .txt or .md", path)
@@ -30,4 +48,5 @@ def prepare_records(config: TokenmillConfig, job_id: str,
     records = add_content_hashes(records, config.dedup)
     records = assign_tiers(records, config.route)
     records = add_item_keys(records, config.prompt, config.sampling, config.tiers)
-    return raw, records, quarantine, skipped
+    records, stats = cluster_records(records, config.dedup, load_embedder(config), cache)
+    return Prepared(raw, records, quarantine, skipped, stats)

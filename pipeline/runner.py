@@ -20,6 +20,7 @@ from collections import Counter
 from dataclasses import dataclass
 from datetime import datetime, timedelta, timezone
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 from sqlalchemy.exc import OperationalError
@@ -27,13 +28,17 @@ from sqlalchemy.exc import OperationalError
 from pipeline import storage
 from pipeline.config import TokenmillConfig
 from pipeline.cost import allocate_gpu_seconds, baseline_gpu_seconds
-from pipeline.dedup import mark_duplicates
+from pipeline import guards
+from pipeline.cache import ResilientStore, open_store, pack_segment
+from pipeline.dedup import clean_text, compile_boilerplate
 from pipeline.estimate import budget_problems, tier_rates, with_estimates
 from pipeline.infer import CALLS, EngineDeadError, EnginePool, EngineStartError, run_inference
 from pipeline.manifest import build_manifest, partition_counts
 from pipeline.plan import plan_requests
 from pipeline.prepare import prepare_records
 from pipeline.progress import Progress
+from pipeline.reuse import (cache_value, cached_items, effective_keys, generation_units, needed_keys, reference_keys,
+                            resolve, verify_shadows)
 from pipeline.state import Heartbeat, StateError, StateStore, default_worker, now
 from pipeline.write import assemble_results, write_manifest, write_partition
 
@@ -102,6 +107,7 @@ class _Job:
             config, job_id, state, pool, progress, worker
         self.out = storage.resolve(config.output.uri, config.storage)
         self._rates = None
+        self._cache = None
         self.spent: dict[str, float] = {}  # USD paid so far in this job, per tenant
         self.budget_reason = ""
 
@@ -133,7 +139,8 @@ class _Job:
     def _plan(self) -> None:
         """Read, validate, dedup and route the whole job; stage each partition's records; register partitions."""
         started = time.perf_counter()
-        raw, records, quarantine, skipped = prepare_records(self.config, self.job_id)
+        prepared = prepare_records(self.config, self.job_id, cache=self.cache)
+        raw, records, quarantine, skipped = prepared.raw, prepared.records, prepared.quarantine, prepared.skipped
         partitions: dict[str, dict] = {}
         for part, file in zip(raw["partition"].to_pylist(), raw["file"].to_pylist()):
             partitions.setdefault(part, {"file": file, "records": 0})["records"] += 1
@@ -144,7 +151,7 @@ class _Job:
         self.state.add_partitions(self.job_id, partitions)
         self.state.set_job(self.job_id, status="planned", counts={"records": raw.num_rows, "plan": {
             "records": raw.num_rows, "partitions": len(partitions), "skipped_files": skipped,
-            "plan_seconds": round(time.perf_counter() - started, 3)}})
+            "dedup": prepared.dedup.as_dict(), "plan_seconds": round(time.perf_counter() - started, 3)}})
         write_manifest(self.out, self.job_id, self.manifest(partial=True))
 
     # -- run ----------------------------------------------------------------------------------------
@@ -205,33 +212,50 @@ class _Job:
             return
         self.state.finish_partition(self.job_id, partition, self.worker, "succeeded", counts=counts)
 
+    @property
+    def cache(self) -> ResilientStore:
+        if self._cache is None:
+            self._cache = open_store(self.config.cache)
+        return self._cache
+
+    def cache_status(self) -> str:
+        return "off" if not self.config.cache.enabled else "bypassed" if self.cache.bypassed else "miss"
+
     def process_partition(self, partition: str, beat: Heartbeat) -> dict:
         c, job_id, started = self.config, self.job_id, time.perf_counter()
         records = storage.read_parquet(self.out, staging_path(self.out, job_id, partition, "records.parquet"))
         quarantine = storage.read_parquet(self.out, staging_path(self.out, job_id, partition, "quarantine.parquet"))
         self.progress.advance(quarantined=quarantine.num_rows)
 
-        keys = records["item_key"].to_pylist()
-        items, todo, requests, too_long = self.read_prepared(partition, keys) or self.unpaid_requests(records)
-        copies = Counter(keys)
-        key_of = dict(zip(todo["id"].to_pylist(), todo["item_key"].to_pylist()))
+        records, items, units, requests, too_long = self.read_prepared(partition, records) or self.unpaid_requests(
+            partition, records)
+        copies = Counter(effective_keys(records))
+        key_of = dict(zip(units["id"].to_pylist(), units["item_key"].to_pylist()))
+        scope_of = dict(zip(units["id"].to_pylist(), units["scope"].to_pylist()))
+        tenant_of = dict(zip(units["id"].to_pylist(), units["tenant"].to_pylist()))
         self.progress.advance(done=sum(copies[k] for k in items), reused=sum(copies[k] for k in items))
         self.progress.advance(quarantined=sum(copies[key_of[i]] for i in too_long["id"].to_pylist()))
+        status = self.cache_status()
 
         def on_call_done(call: dict, done: pa.Table) -> None:
             # Priced and stored as soon as the engine returns: a kill after this point loses no money.
             gpu = allocate_gpu_seconds(done, pa.Table.from_pylist([call], schema=CALLS), c.tiers, c.cost)
             base = baseline_gpu_seconds(done, gpu, c.largest_tier, c.cost)
-            created = now()
-            self.state.store_items(job_id, {
+            created, tier = now(), c.tiers[call["tier"]]
+            new_items = {
                 key_of[r["id"]]: {**{f: r[f] for f in ("id", "tier", "model", "summary", "prompt_tokens",
                                                         "cached_prompt_tokens", "output_tokens", "finish_reason")},
                                   "tenant": tenant_of[r["id"]], "partition": partition, "gpu_seconds": float(g),
-                                  "baseline_gpu_seconds": float(b), "created_at": created}
-                for r, g, b in zip(done.to_pylist(), gpu, base)})
-            tier = c.tiers[call["tier"]]
-            for r, g in zip(done.to_pylist(), gpu):
-                self.spent[tenant_of[r["id"]]] = self.spent.get(tenant_of[r["id"]], 0.0) + g * tier.price_per_gpu_hour / 3600
+                                  "baseline_gpu_seconds": float(b), "created_at": created, "cache_status": status}
+                for r, g, b in zip(done.to_pylist(), gpu, base)}
+            self.state.store_items(job_id, new_items)
+            by_scope: dict[str, dict] = {}
+            for key, item in new_items.items():
+                usd = item["gpu_seconds"] * tier.price_per_gpu_hour / 3600
+                by_scope.setdefault(scope_of[item["id"]], {})[key] = cache_value(item, job_id, usd)
+                self.spent[item["tenant"]] = self.spent.get(item["tenant"], 0.0) + usd
+            for scope, values in by_scope.items():
+                self.cache.put_many(scope, values)
             n = sum(copies[key_of[i]] for i in done["id"].to_pylist())
             self.progress.advance(done=n, reused=n - done.num_rows,
                                   usd=call["seconds"] * tier.gpus * tier.price_per_gpu_hour / 3600)
@@ -246,14 +270,13 @@ class _Job:
                 self.budget_reason = "; ".join(problems)
             return not problems
 
-        tenant_of = dict(zip(todo["id"].to_pylist(), todo["tenant"].to_pylist()))
         completions, call_table, engine_errors, deferred = run_inference(requests, self.pool, c.sampling, on_call_done,
                                                                          admit)
         if deferred.num_rows:
             raise BudgetReached(f"budget reached before an engine call of this partition: {self.budget_reason}; "
                                 f"{deferred.num_rows} items deferred (what was generated is kept and not paid again)")
         self.progress.advance(quarantined=sum(copies[key_of[i]] for i in engine_errors["id"].to_pylist()))
-        items = self.state.stored_items(job_id, sorted(set(keys)))  # ours and any other worker's, as stored
+        items = self.state.stored_items(job_id, needed_keys(records))  # ours and any other worker's, as stored
         failed = {key_of[i]: ("too_long", d, i) for i, d in zip(too_long["id"].to_pylist(), too_long["detail"].to_pylist())}
         failed |= {key_of[i]: ("engine_error", d, i) for i, d in zip(engine_errors["id"].to_pylist(),
                                                                     engine_errors["detail"].to_pylist())}
@@ -267,47 +290,107 @@ class _Job:
             raise JobError(f"partition {partition}: lease lost to another worker; not committing")
         write_partition(self.out, job_id, partition, {"outputs": outputs, "ledger": ledger, "quarantine": quarantine},
                         c.output.compression)
+        self.index_generated(partition, records, items)
+        verification = verify_shadows(records, items, self.reference_outputs(records, items), c.dedup.shadow_min_f1)
         return {**partition_counts(outputs, ledger, quarantine, completions, call_table, c),
-                "seconds": round(time.perf_counter() - started, 3)}
+                "verification": verification, "seconds": round(time.perf_counter() - started, 3)}
 
-    def unpaid_requests(self, records: pa.Table) -> tuple[dict, pa.Table, pa.Table, pa.Table]:
-        """(paid items by key, records to generate, their engine requests, too_long) for staged records.
+    def reference_outputs(self, records: pa.Table, items: dict[str, dict]) -> dict[str, str]:
+        """Outputs shadow-verified records are compared with: this job's items, else the cache's."""
+        refs = set(reference_keys(records))
+        out = {k: items[k]["summary"] for k in refs if k in items}
+        scope_of = dict(zip(records["gen_key"].to_pylist(), records["scope"].to_pylist()))
+        for scope in {scope_of[k] for k in refs - set(out)}:
+            hits = self.cache.get_many(scope, [k for k in refs - set(out) if scope_of[k] == scope])
+            out.update({k: v["summary"] for k, v in hits.items()})
+        return out
 
-        Paid items are this job's generations from any partition or earlier attempt: reused, not redone.
+    def index_generated(self, partition: str, records: pa.Table, items: dict[str, dict]) -> None:
+        """Add what this partition generated to the cache's near/semantic index (one segment, replaced on rerun)."""
+        if not self.config.cache.enabled or self.cache.bypassed:
+            return
+        boilerplate = compile_boilerplate(self.config.dedup.boilerplate_patterns)
+        groups: dict[tuple[str, str], list[int]] = {}
+        for row, (id_, key, scope, recipe) in enumerate(zip(*(records[c].to_pylist() for c in
+                                                              ("id", "item_key", "scope", "recipe")))):
+            item = items.get(key)
+            if item is not None and item["id"] == id_ and item.get("origin") is None:
+                groups.setdefault((scope, recipe), []).append(row)
+        for (scope, recipe), rows in groups.items():
+            part = records.take(pa.array(rows, pa.int64()))
+            embeddings = None
+            if pa.types.is_fixed_size_list(part["embedding"].type):
+                embeddings = np.asarray(part["embedding"].combine_chunks().flatten(), np.float16).reshape(len(rows), -1)
+            blob = pack_segment(part["item_key"].to_pylist(), part["id"].to_pylist(),
+                                np.asarray(part["signature"].combine_chunks().flatten(), np.uint32).reshape(len(rows), -1),
+                                embeddings, [guards.features(clean_text(t, boilerplate)).to_json()
+                                             for t in part["text"].to_pylist()])
+            self.cache.put_segment(scope, recipe, f"{self.job_id}/{partition}", blob)
+
+    def lookup(self, partition: str, records: pa.Table, items: dict[str, dict], keys: list[str]) -> dict[str, dict]:
+        """Items for `keys`: this job's paid ones, plus exact hits in the cache (stored as items, so reruns see them)."""
+        missing = [k for k in keys if k not in items]
+        items = items | self.state.stored_items(self.job_id, missing)
+        missing = set(k for k in missing if k not in items)
+        if not missing or not self.config.cache.enabled:
+            return items
+        lookers: dict[str, dict] = {}  # key -> the record that asks for it (labels the item)
+        for id_, tenant, scope, own, gen in zip(*(records[c].to_pylist() for c in
+                                                  ("id", "tenant", "scope", "item_key", "gen_key"))):
+            for key in (own, gen):
+                if key in missing:
+                    lookers.setdefault(key, {"id": id_, "tenant": tenant, "scope": scope})
+        hits: dict[str, dict] = {}
+        for scope in sorted({v["scope"] for v in lookers.values()}):
+            hits |= self.cache.get_many(scope, [k for k, v in lookers.items() if v["scope"] == scope])
+        if hits:
+            found = cached_items(hits, lookers, partition, now())
+            self.state.store_items(self.job_id, found)
+            items = items | self.state.stored_items(self.job_id, list(found))
+        return items
+
+    def unpaid_requests(self, partition: str, records: pa.Table) -> tuple:
+        """(records resolved, items at hand by key, generation units, their engine requests, too_long).
+
+        Items at hand are this job's generations from any partition or earlier attempt, and exact
+        cache hits from earlier jobs: reused, not redone.
         """
         c = self.config
-        keys = records["item_key"].to_pylist()
-        items = self.state.stored_items(self.job_id, sorted(set(keys)))
-        todo = mark_duplicates(records.filter(pa.array([k not in items for k in keys], pa.bool_())), "item_key")
-        tiers_used = sorted(set(todo["tier"].to_pylist()))
-        requests, too_long = plan_requests(todo, c.prompt, c.sampling, c.plan,
+        items = self.lookup(partition, records, {}, needed_keys(records))
+        records = resolve(records, set(items))
+        items = self.lookup(partition, records, items, needed_keys(records))  # keys of records that fell back
+        units = generation_units(records, set(needed_keys(records)) - set(items))
+        tiers_used = sorted(set(units["tier"].to_pylist()))
+        requests, too_long = plan_requests(units.append_column("duplicate_of", pa.nulls(units.num_rows, pa.string())),
+                                           c.prompt, c.sampling, c.plan,
                                            {t: self.pool.tokenizer(t) for t in tiers_used},
                                            {t: self.pool.context_length(t) for t in tiers_used})
-        return items, todo, requests, too_long
+        return records, items, units, requests, too_long
 
     def prepared_path(self, partition: str, name: str) -> str:
         # Keyed by the config fingerprint: requests prepared under another prompt or model are not reused.
         return staging_path(self.out, self.job_id, partition, f"prepared-{self.config.fingerprint()}-{name}.parquet")
 
     def prepare_partition(self, partition: str) -> dict:
-        """CPU work ahead of the GPU: look up paid items, dedup, render and tokenise, and stage the requests."""
+        """CPU work ahead of the GPU: look up paid and cached items, render and tokenise, and stage the requests."""
         records = storage.read_parquet(self.out, staging_path(self.out, self.job_id, partition, "records.parquet"))
-        items, todo, requests, too_long = self.unpaid_requests(records)
-        for name, table in (("todo", todo), ("requests", requests), ("too_long", too_long)):
+        _, items, units, requests, too_long = self.unpaid_requests(partition, records)
+        for name, table in (("units", units), ("requests", requests), ("too_long", too_long)):
             storage.write_parquet_atomic(self.out, self.prepared_path(partition, name), table, "zstd")
         return {"partition": partition, "records": records.num_rows, "already_paid": len(items),
                 "to_generate": requests.num_rows, "too_long": too_long.num_rows}
 
-    def read_prepared(self, partition: str, keys: list[str]) -> tuple | None:
+    def read_prepared(self, partition: str, records: pa.Table) -> tuple | None:
         """Like unpaid_requests, from staged requests minus anything paid since; None when none are staged."""
         try:
-            todo, requests, too_long = (storage.read_parquet(self.out, self.prepared_path(partition, n))
-                                        for n in ("todo", "requests", "too_long"))
+            units, requests, too_long = (storage.read_parquet(self.out, self.prepared_path(partition, n))
+                                         for n in ("units", "requests", "too_long"))
         except storage.StorageError:
             return None
-        items = self.state.stored_items(self.job_id, sorted(set(keys)))
-        todo = todo.filter(pc.invert(pc.is_in(todo["item_key"], pa.array(list(items), pa.string()))))
-        return items, todo, requests.filter(pc.is_in(requests["id"], todo["id"])), too_long
+        items = self.state.stored_items(self.job_id, needed_keys(records))
+        records = resolve(records, set(items))
+        units = units.filter(pc.invert(pc.is_in(units["item_key"], pa.array(list(items), pa.string()))))
+        return records, items, units, requests.filter(pc.is_in(requests["id"], units["id"])), too_long
 
     def run_single(self, partition: str) -> dict:
         """Run one partition to commit (an orchestrator's task): a no-op when it is already committed."""
@@ -335,8 +418,8 @@ class _Job:
         planned = dict(self.spent)
         for partition in partitions:
             records = storage.read_parquet(self.out, staging_path(self.out, self.job_id, partition, "records.parquet"))
-            _, todo, requests, _ = self.unpaid_requests(records)
-            tenant_of = dict(zip(todo["id"].to_pylist(), todo["tenant"].to_pylist()))
+            _, _, units, requests, _ = self.unpaid_requests(partition, records)
+            tenant_of = dict(zip(units["id"].to_pylist(), units["tenant"].to_pylist()))
             planned = with_estimates(planned, requests, tenant_of, c, self.rates())
         problems = budget_problems(c, sum(planned.values()), planned)
         if problems:

@@ -28,8 +28,9 @@ OUTPUTS = pa.schema([
     ("summary", pa.string()),
     ("tier", pa.string()),
     ("model", pa.string()),
-    ("source", pa.string()),        # generated | duplicate_in_job
+    ("source", pa.string()),        # generated | duplicate_in_job | near_duplicate | semantic | cache_exact | cache_near | cache_semantic
     ("source_id", pa.string()),     # id of the item whose output was reused; null when generated
+    ("similarity", pa.float64()),   # 1.0 for exact reuse, the score for near/semantic, null when generated
     ("prompt_tokens", pa.int64()),
     ("cached_prompt_tokens", pa.int64()),
     ("output_tokens", pa.int64()),
@@ -46,7 +47,11 @@ LEDGER = pa.schema([
     ("tenant", pa.string()),
     ("tier", pa.string()),
     ("model", pa.string()),
-    ("source", pa.string()),
+    ("source", pa.string()),        # as in outputs
+    ("source_id", pa.string()),
+    ("source_job", pa.string()),    # job that generated a reused output (this job unless from the cache)
+    ("similarity", pa.float64()),
+    ("cache_status", pa.string()),  # generated items: miss | bypassed (store unreachable) | off; cache_*: hit
     ("prompt_tokens", pa.int64()),
     ("cached_prompt_tokens", pa.int64()),
     ("output_tokens", pa.int64()),
@@ -54,6 +59,7 @@ LEDGER = pa.schema([
     ("price_per_gpu_hour", pa.float64()),
     ("cost_usd", pa.float64()),
     ("baseline_cost_usd", pa.float64()),  # same item, no dedup and no cache, on the largest tier
+    ("saved_cost_usd", pa.float64()),     # reused items: what the generation they reuse cost; else 0
     ("created_at", pa.timestamp("us", tz="UTC")),
 ])
 

@@ -91,6 +91,11 @@ class Item(Base):
     gpu_seconds: Mapped[float] = mapped_column(Float)
     baseline_gpu_seconds: Mapped[float] = mapped_column(Float)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    origin: Mapped[str | None] = mapped_column(String(16), nullable=True)  # "cache": reused from an earlier job
+    source_job: Mapped[str | None] = mapped_column(Text, nullable=True)
+    source_id: Mapped[str | None] = mapped_column(Text, nullable=True)
+    saved_usd: Mapped[float | None] = mapped_column(Float, nullable=True)  # what the reused generation cost
+    cache_status: Mapped[str | None] = mapped_column(String(16), nullable=True)  # hit | miss | bypassed | off
 
 
 ITEM_FIELDS = [c.name for c in Item.__table__.columns if c.name not in ("job_id", "item_key")]
@@ -243,6 +248,7 @@ class StateStore:
                 chunk = keys[start:start + 500]
                 for item in s.scalars(select(Item).where(Item.job_id == job_id, Item.item_key.in_(chunk))):
                     out[item.item_key] = {f: getattr(item, f) for f in ITEM_FIELDS}
+                    out[item.item_key]["created_at"] = aware(item.created_at)
         return out
 
     def spent_by_tenant(self, job_id: str, prices: dict[str, float]) -> dict[str, float]:

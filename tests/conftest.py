@@ -52,6 +52,7 @@ def make_config(tmp_path, tiny_models):
         env["TOKENMILL_INPUT__URI"] = str(input_dir or tmp_path / "input")
         env["TOKENMILL_OUTPUT__URI"] = str(tmp_path / "output")
         env["TOKENMILL_STATE__URL"] = f"sqlite:///{tmp_path}/state.db"
+        env["TOKENMILL_CACHE__PATH"] = str(tmp_path / "cache")  # one cache per test: reuse across tests would hide work
         env["TOKENMILL_RUN__PROGRESS"] = "off"
         for key, value in overrides.items():
             env[f"TOKENMILL_{key.upper()}"] = value if isinstance(value, str) else json.dumps(value)

@@ -1,0 +1,234 @@
+"""The reuse cache across jobs: generated outputs by content key, and the near/semantic index beside them.
+
+One small interface (`CacheStore`), two implementations that pass the same contract tests:
+  - `LocalStore`: an embedded SQLite file under `$TOKENMILL_HOME/cache` (the local default);
+  - `RedisStore`: Redis in production (pipelined MGET/SET with TTL, keys prefixed per namespace and tenant scope).
+
+Values are JSON: the output with its token counts, its origin (job, item id) and what it cost, so a
+later job can record what reusing it saved. The index for near and semantic lookups is stored as
+append-only segments (one per job partition, replaced when that partition runs again), so workers
+never overwrite each other's entries: a lookup loads every segment of its (tenant scope, recipe).
+
+`ResilientStore` wraps either: a store that is down, slow or full costs one warning, and the job
+goes on with caching bypassed (`bypassed` tells the ledger); nothing is lost and nothing crashes.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+import sqlite3
+import threading
+import time
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+import xxhash
+
+log = logging.getLogger(__name__)
+
+
+class CacheStore(Protocol):
+    def get_many(self, scope: str, keys: list[str]) -> dict[str, dict]: ...
+    def put_many(self, scope: str, values: dict[str, dict]) -> None: ...
+    def put_segment(self, scope: str, recipe: str, segment: str, data: bytes) -> None: ...
+    def segments(self, scope: str, recipe: str) -> dict[str, bytes]: ...
+    def close(self) -> None: ...
+
+
+class LocalStore:
+    """SQLite under a folder: one file, safe for several processes on one machine (WAL, busy timeout)."""
+
+    def __init__(self, path: str | Path, ttl_seconds: float | None = None):
+        Path(path).mkdir(parents=True, exist_ok=True)
+        self.ttl = ttl_seconds
+        self.db = sqlite3.connect(Path(path) / "cache.sqlite", timeout=60, check_same_thread=False)
+        self.lock = threading.Lock()
+        with self.lock, self.db:
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute("CREATE TABLE IF NOT EXISTS entries (scope TEXT, key TEXT, value TEXT, expires REAL,"
+                            " PRIMARY KEY (scope, key))")
+            self.db.execute("CREATE TABLE IF NOT EXISTS segments (scope TEXT, recipe TEXT, segment TEXT, data BLOB,"
+                            " PRIMARY KEY (scope, recipe, segment))")
+
+    def get_many(self, scope: str, keys: list[str]) -> dict[str, dict]:
+        out: dict[str, dict] = {}
+        with self.lock:
+            for start in range(0, len(keys), 500):
+                chunk = keys[start:start + 500]
+                rows = self.db.execute(
+                    f"SELECT key, value FROM entries WHERE scope = ? AND key IN ({','.join('?' * len(chunk))})"
+                    " AND (expires IS NULL OR expires > ?)", [scope, *chunk, time.time()])
+                out.update((k, json.loads(v)) for k, v in rows)
+        return out
+
+    def put_many(self, scope: str, values: dict[str, dict]) -> None:
+        expires = time.time() + self.ttl if self.ttl else None
+        with self.lock, self.db:
+            self.db.executemany("INSERT OR REPLACE INTO entries VALUES (?, ?, ?, ?)",
+                                [(scope, k, json.dumps(v), expires) for k, v in values.items()])
+
+    def put_segment(self, scope: str, recipe: str, segment: str, data: bytes) -> None:
+        with self.lock, self.db:
+            self.db.execute("INSERT OR REPLACE INTO segments VALUES (?, ?, ?, ?)", (scope, recipe, segment, data))
+
+    def segments(self, scope: str, recipe: str) -> dict[str, bytes]:
+        with self.lock:
+            rows = self.db.execute("SELECT segment, data FROM segments WHERE scope = ? AND recipe = ?", (scope, recipe))
+            return {s: bytes(d) for s, d in rows}
+
+    def close(self) -> None:
+        self.db.close()
+
+
+class RedisStore:
+    """Redis: `<namespace>:<scope>:v:<key>` holds a value (with TTL); `<namespace>:<scope>:ix:<recipe>` a hash of segments."""
+
+    CHUNK = 1000  # keys per MGET / pipeline round trip
+
+    def __init__(self, url: str, namespace: str, ttl_seconds: float | None = None, timeout_seconds: float = 2.0):
+        import redis
+
+        self.client = redis.Redis.from_url(url, socket_timeout=timeout_seconds, socket_connect_timeout=timeout_seconds)
+        self.namespace, self.ttl = namespace, ttl_seconds
+
+    def _key(self, scope: str, kind: str, name: str) -> str:
+        return f"{self.namespace}:{scope}:{kind}:{name}"
+
+    def get_many(self, scope: str, keys: list[str]) -> dict[str, dict]:
+        out: dict[str, dict] = {}
+        for start in range(0, len(keys), self.CHUNK):
+            chunk = keys[start:start + self.CHUNK]
+            for key, value in zip(chunk, self.client.mget([self._key(scope, "v", k) for k in chunk])):
+                if value is not None:
+                    out[key] = json.loads(value)
+        return out
+
+    def put_many(self, scope: str, values: dict[str, dict]) -> None:
+        items = list(values.items())
+        ttl = int(self.ttl) if self.ttl else None
+        for start in range(0, len(items), self.CHUNK):
+            pipe = self.client.pipeline(transaction=False)
+            for key, value in items[start:start + self.CHUNK]:
+                pipe.set(self._key(scope, "v", key), json.dumps(value), ex=ttl)
+            pipe.execute()
+
+    def put_segment(self, scope: str, recipe: str, segment: str, data: bytes) -> None:
+        self.client.hset(self._key(scope, "ix", recipe), segment, data)
+
+    def segments(self, scope: str, recipe: str) -> dict[str, bytes]:
+        return {k.decode(): v for k, v in self.client.hgetall(self._key(scope, "ix", recipe)).items()}
+
+    def close(self) -> None:
+        self.client.close()
+
+
+class ResilientStore:
+    """Any store, made safe: the first failure logs one warning and bypasses the store for the rest of the job."""
+
+    def __init__(self, store: CacheStore | None, describe: str, error: str | None = None):
+        self.store, self.describe = store, describe
+        self.bypassed = error is not None
+        if error:
+            log.warning("cache %s unavailable, continuing without it: %s", describe, error)
+
+    def _call(self, what: str, fn, default):
+        if self.bypassed or self.store is None:
+            return default
+        try:
+            return fn()
+        except Exception as e:  # connection refused, timeout, OOM ("full"), corrupt file: all mean "go on without"
+            self.bypassed = True
+            log.warning("cache %s failed on %s, continuing without it for this job: %s: %s",
+                        self.describe, what, type(e).__name__, str(e).splitlines()[0] if str(e) else "")
+            return default
+
+    def get_many(self, scope: str, keys: list[str]) -> dict[str, dict]:
+        return self._call("read", lambda: self.store.get_many(scope, keys), {}) if keys else {}
+
+    def put_many(self, scope: str, values: dict[str, dict]) -> None:
+        if values:
+            self._call("write", lambda: self.store.put_many(scope, values), None)
+
+    def put_segment(self, scope: str, recipe: str, segment: str, data: bytes) -> None:
+        self._call("index write", lambda: self.store.put_segment(scope, recipe, segment, data), None)
+
+    def segments(self, scope: str, recipe: str) -> dict[str, bytes]:
+        return self._call("index read", lambda: self.store.segments(scope, recipe), {})
+
+    def close(self) -> None:
+        if self.store is not None:
+            try:
+                self.store.close()
+            except Exception:
+                pass
+
+
+def open_store(config) -> ResilientStore:
+    """The configured cache store (`config` is a CacheConfig), wrapped; disabled or unreachable -> bypassed."""
+    if not config.enabled:
+        return ResilientStore(None, "off")
+    ttl = config.ttl_days * 86400 if config.ttl_days else None
+    if config.store == "redis":
+        describe = f"redis {config.redis_url.split('@')[-1]}"
+        try:
+            store = RedisStore(config.redis_url, config.namespace, ttl, config.timeout_seconds)
+            store.client.ping()
+            return ResilientStore(store, describe)
+        except Exception as e:
+            return ResilientStore(None, describe, f"{type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}")
+    describe = f"local {config.path}"
+    try:
+        return ResilientStore(LocalStore(config.path, ttl), describe)
+    except Exception as e:
+        return ResilientStore(None, describe, f"{type(e).__name__}: {e}")
+
+
+# -- index segments --------------------------------------------------------------------------------
+SEGMENT_FIELDS = ("keys", "ids", "signatures", "embeddings", "features")
+
+
+def pack_segment(keys: list[str], ids: list[str], signatures: np.ndarray, embeddings: np.ndarray | None,
+                 features: list[str]) -> bytes:
+    """One segment: item keys and ids, MinHash signatures, embeddings (float16, or none) and guard features."""
+    buf = io.BytesIO()
+    np.savez_compressed(buf, keys=np.array(keys, dtype=object).astype(str), ids=np.array(ids, dtype=object).astype(str),
+                        signatures=signatures.astype(np.uint32),
+                        embeddings=(embeddings if embeddings is not None else np.zeros((len(keys), 0))).astype(np.float16),
+                        features=np.array(features, dtype=object).astype(str))
+    data = buf.getvalue()
+    return xxhash.xxh64_hexdigest(data).encode() + data  # checksum first: a torn or corrupt segment is detected
+
+
+def unpack_segment(blob: bytes) -> dict[str, np.ndarray]:
+    digest, data = blob[:16], blob[16:]
+    if xxhash.xxh64_hexdigest(data).encode() != digest:
+        raise ValueError("checksum mismatch")
+    with np.load(io.BytesIO(data), allow_pickle=False) as z:
+        return {f: z[f] for f in SEGMENT_FIELDS}
+
+
+def load_index(store: ResilientStore, scope: str, recipe: str) -> dict[str, np.ndarray] | None:
+    """All segments of a (scope, recipe) concatenated; corrupt segments are skipped with a warning."""
+    parts = []
+    for name, blob in sorted(store.segments(scope, recipe).items()):
+        try:
+            parts.append(unpack_segment(blob))
+        except Exception as e:
+            log.warning("cache index segment %s of scope %s is unreadable (%s: %s); skipped, its items are "
+                        "generated again if needed", name, scope, type(e).__name__, e)
+    parts = [p for p in parts if len(p["keys"])]
+    if not parts:
+        return None
+    width = max(p["embeddings"].shape[1] for p in parts)
+    return {
+        "keys": np.concatenate([p["keys"] for p in parts]),
+        "ids": np.concatenate([p["ids"] for p in parts]),
+        "signatures": np.concatenate([p["signatures"] for p in parts]),
+        # Segments written without embeddings (semantic off then) get zero vectors: they never match.
+        "embeddings": np.concatenate([p["embeddings"] if p["embeddings"].shape[1] == width
+                                      else np.zeros((len(p["keys"]), width), np.float16) for p in parts]),
+        "features": np.concatenate([p["features"] for p in parts]),
+    }
