@@ -111,7 +111,7 @@ def mark_duplicates(records: pa.Table, key: str) -> pa.Table:
 
 def shadow_selected(item_key: str, rate: float) -> bool:
     """Deterministic sample: the same items are verified on every rerun."""
-    return rate > 0 and xxhash.xxh64_intdigest(item_key) < rate * 2 ** 64
+    return rate > 0 and xxhash.xxh64_intdigest(item_key.encode()) < rate * 2 ** 64
 
 
 # -- the stage -----------------------------------------------------------------------------------------
@@ -239,7 +239,7 @@ def _match_cache(records, groups, clusters: _Clusters, sigs, vectors, feature, c
         reps = [r for r in reps if records["item_key"][r].as_py() not in known]  # exact hits come from the key lookup
         index_feats: dict[int, guards.Features] = {}
 
-        def agree(row: int, j: int) -> bool:
+        def agree(row: int, j: int, index=index, index_feats=index_feats) -> bool:
             if not config.guards:
                 return True
             if j not in index_feats:

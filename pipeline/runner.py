@@ -25,11 +25,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from sqlalchemy.exc import OperationalError
 
-from pipeline import storage
+from pipeline import guards, storage
+from pipeline.cache import ResilientStore, open_store, pack_segment
 from pipeline.config import TokenmillConfig
 from pipeline.cost import allocate_gpu_seconds, baseline_gpu_seconds
-from pipeline import guards
-from pipeline.cache import ResilientStore, open_store, pack_segment
 from pipeline.dedup import clean_text, compile_boilerplate
 from pipeline.estimate import budget_problems, tier_rates, with_estimates
 from pipeline.infer import CALLS, EngineDeadError, EnginePool, EngineStartError, run_inference
@@ -37,8 +36,16 @@ from pipeline.manifest import build_manifest, partition_counts
 from pipeline.plan import plan_requests
 from pipeline.prepare import prepare_records
 from pipeline.progress import Progress
-from pipeline.reuse import (cache_value, cached_items, effective_keys, generation_units, needed_keys, reference_keys,
-                            resolve, verify_shadows)
+from pipeline.reuse import (
+    cache_value,
+    cached_items,
+    effective_keys,
+    generation_units,
+    needed_keys,
+    reference_keys,
+    resolve,
+    verify_shadows,
+)
 from pipeline.state import Heartbeat, StateError, StateStore, default_worker, now
 from pipeline.write import assemble_results, write_manifest, write_partition
 

@@ -57,8 +57,9 @@ def tokenizer_training_text(lines: int = 4000, seed: int = 7) -> list[str]:
 def write_sample_corpus(root: Path, documents: int = 60, seed: int = 11, with_bad_input: bool = True) -> dict:
     """Write a mixed input folder: JSONL, gzipped JSONL, Parquet, .txt and .md.
 
-    About one document in six repeats an earlier one (exactly, or with other whitespace), and with
-    `with_bad_input` every kind of bad record the validate stage quarantines is present once.
+    About one document in six repeats an earlier one: exactly, with other whitespace, or as a
+    mirror copy with a forwarding header (a near duplicate). With `with_bad_input` every kind of bad
+    record the validate stage quarantines is present once.
     Returns counts the caller can check against the job summary.
     """
     import pyarrow as pa
@@ -71,7 +72,13 @@ def write_sample_corpus(root: Path, documents: int = 60, seed: int = 11, with_ba
     for i in range(documents):
         if docs and rng.random() < 0.17:
             src = rng.choice(docs)
-            text = src["text"] if rng.random() < 0.5 else "  " + src["text"].replace(" ", "  ", 3) + "\n"
+            kind = rng.random()
+            if kind < 0.35:
+                text = src["text"]
+            elif kind < 0.7 or len(src["text"].split()) < 40:  # short texts: a header would change too much
+                text = "  " + src["text"].replace(" ", "  ", 3) + "\n"
+            else:
+                text = "Fwd: " + src["text"]
             docs.append({"id": f"doc-{i:05d}", "text": text, "tenant": src["tenant"]})
         else:
             docs.append({"id": f"doc-{i:05d}", "text": synthetic_document(rng, rng.randint(2, 8)),

@@ -155,3 +155,79 @@ def state_url(request, tmp_path):
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path}/state.db"
     return request.getfixturevalue("postgres_url")
+
+
+def free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class RedisServer:
+    """A throwaway `redis-server` on a free port, no persistence; `stop()` / `start()` simulate outages."""
+
+    def __init__(self, binary: str, workdir: Path):
+        self.binary, self.workdir, self.port, self.proc = binary, workdir, free_port(), None
+        self.url = f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        import subprocess
+        import time
+
+        import redis
+
+        self.proc = subprocess.Popen([self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
+                                      "--appendonly", "no", "--dir", str(self.workdir)],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        for _ in range(100):
+            try:
+                redis.Redis(port=self.port).ping()
+                return
+            except redis.ConnectionError:
+                time.sleep(0.05)
+        raise RuntimeError(f"redis-server did not start on port {self.port}")
+
+    def stop(self) -> None:
+        if self.proc is not None:
+            self.proc.terminate()
+            self.proc.wait(10)
+            self.proc = None
+
+    def client(self):
+        import redis
+
+        return redis.Redis(port=self.port)
+
+
+@pytest.fixture(scope="session")
+def redis_binary() -> str:
+    import shutil
+
+    binary = shutil.which("redis-server")
+    if binary is None:
+        if os.environ.get("TOKENMILL_REQUIRE_REDIS") == "1":
+            pytest.fail("redis-server is required here (apt-get install redis-server)")
+        pytest.skip("no redis-server on this machine (apt-get install redis-server)")
+    return binary
+
+
+@pytest.fixture
+def redis_server(redis_binary, tmp_path):
+    """A real Redis for one test, started by the test on a free port (never the machine's shared one)."""
+    server = RedisServer(redis_binary, tmp_path)
+    server.start()
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="session")
+def static_embedder(tokenmill_home) -> Path:
+    """The static embedding model, distilled offline from the bundled all-MiniLM-L6-v2 (about 20 s, once)."""
+    from pipeline.embed import build_static_embedder
+
+    path = tokenmill_home / "models" / "static-minilm"
+    if not (path / "model.safetensors").exists():
+        build_static_embedder(path)
+    return path

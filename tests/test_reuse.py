@@ -1,0 +1,146 @@
+"""Near-duplicate and semantic reuse, the meaning guards, tenant scopes and shadow verification (no engine)."""
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from pipeline import guards, minhash
+from pipeline.config import DedupConfig, PromptConfig, SamplingConfig, TierConfig
+from pipeline.dedup import add_content_hashes, cluster_records, normalise_text, shadow_selected
+from pipeline.reuse import generation_units, resolve, summarise_verification, token_f1, wilson_interval
+
+BASE = ("Acme Corp reported quarterly revenue of 120 million dollars, up from last year. The board approved a new "
+        "dividend and the chief executive said demand for the company's industrial pumps remained strong across "
+        "Europe and Asia. Analysts expect growth to continue into the next fiscal year as new plants open in Ohio.")
+
+
+def keyed(rows, config: DedupConfig, partitions=None):
+    table = pa.table({"id": [r[0] for r in rows], "tenant": [r[1] for r in rows], "text": [r[2] for r in rows],
+                      "partition": partitions or ["p0"] * len(rows), "tier": ["small"] * len(rows)})
+    from pipeline.plan import add_item_keys
+
+    return add_item_keys(add_content_hashes(table, config), PromptConfig(), SamplingConfig(),
+                         {"small": TierConfig(model="m", price_per_gpu_hour=1.0)})
+
+
+def reuse_of(rows, config=None, embedder=None, partitions=None):
+    config = config or DedupConfig(shadow_rate=0.0)
+    out, stats = cluster_records(keyed(rows, config, partitions), config, embedder)
+    return {r["id"]: (r["reuse"], r["gen_id"]) for r in out.to_pylist()}, out, stats
+
+
+def test_minhash_estimates_jaccard_and_lsh_finds_close_pairs():
+    a = " ".join(f"w{i}" for i in range(300))
+    b = " ".join(f"w{i}" for i in range(30, 330))  # 270 of 330 distinct 1-shingles shared
+    sa, sb = minhash.signature(a, 1, 256), minhash.signature(b, 1, 256)
+    assert abs(minhash.jaccard(sa, sb) - 270 / 330) < 0.08
+    assert (minhash.signature(a) == minhash.signature(a)).all()
+    index = minhash.LshIndex(0.8, 128)
+    index.add(7, minhash.signature(a))
+    assert index.candidates(minhash.signature(a + " one more")) == [7]
+    assert index.candidates(minhash.signature("entirely different words here and there " * 5)) == []
+    bands, rows = minhash.bands_for(0.8, 128)
+    assert bands * rows <= 128 and 0.5 < (1 / bands) ** (1 / rows) < 0.9  # S-curve midpoint below the threshold
+
+
+@pytest.mark.parametrize("changed, guard", [
+    (BASE.replace("approved", "did not approve"), "negation"),
+    (BASE.replace("120", "150"), "numbers"),
+    (BASE.replace("Europe and Asia", "Africa and Asia"), "entities"),
+    (BASE + " " + BASE, "length"),
+])
+def test_guards_refuse_changed_meaning(changed, guard):
+    assert guards.texts_agree(BASE, changed, 1.5) == guard
+
+
+def test_guards_let_headers_footers_and_whitespace_through():
+    assert guards.texts_agree(BASE, "Fwd: Forwarded message from Dana Smith, 3 May. " + BASE + " Sent from my phone", 1.5) is None
+    assert guards.texts_agree(BASE, normalise_text(BASE.replace(" ", "   ")), 1.5) is None
+    assert guards.texts_agree(BASE, "NOT FOR DISTRIBUTION. " + BASE, 1.5) == "negation", "an added 'not' is never boilerplate"
+
+
+def test_near_duplicates_reuse_and_changed_meaning_does_not():
+    got, _, stats = reuse_of([
+        ("a", "t1", BASE),
+        ("b", "t1", "Fwd: " + BASE + " Sent from my phone"),
+        ("c", "t1", BASE.replace("approved", "did not approve")),
+        ("d", "t1", BASE.replace("120", "150")),
+        ("e", "t1", "  " + BASE.replace(" ", "  ")),
+    ])
+    assert got == {"a": (None, None), "b": ("near_duplicate", "a"), "c": (None, None), "d": (None, None),
+                   "e": (None, None)}  # e is an exact duplicate: same key, no near/semantic kind
+    assert stats.refused["numbers"] >= 1  # similar enough to be a candidate; the guard said no
+
+
+def test_no_reuse_across_tenants_unless_shared():
+    rows = [("a", "t1", BASE), ("b", "t2", "Fwd: " + BASE), ("c", "t2", BASE)]
+    got, out, _ = reuse_of(rows)
+    assert got == {"a": (None, None), "b": (None, None), "c": ("near_duplicate", "b")}, "t2 reuses only t2's"
+    assert len(set(out["item_key"].to_pylist())) == 3
+    shared = DedupConfig(shadow_rate=0.0, shared_tenants=["t1", "t2"])
+    got, out, _ = reuse_of(rows, shared)
+    assert got["b"] == ("near_duplicate", "a")
+    assert out["item_key"][0].as_py() == out["item_key"][2].as_py(), "shared tenants share exact outputs too"
+
+
+def test_guards_off_reuse_even_changed_numbers():
+    got, _, _ = reuse_of([("a", "t", BASE), ("b", "t", BASE.replace("120", "150"))],
+                         DedupConfig(shadow_rate=0.0, guards=False, near_threshold=0.5))
+    assert got["b"] == ("near_duplicate", "a")
+
+
+def test_representative_in_another_partition_travels_with_its_member():
+    _, out, _ = reuse_of([("a", "t", BASE), ("b", "t", "Fwd: " + BASE)], partitions=["p0", "p1"])
+    member = out.to_pylist()[1]
+    assert member["gen_id"] == "a" and member["gen_text"] == BASE
+    units = generation_units(out.filter(pa.compute.equal(out["partition"], "p1")), {member["gen_key"]})
+    assert units.to_pylist() == [{"id": "a", "text": BASE, "tenant": "t", "scope": "t=t", "tier": "small",
+                                  "item_key": member["gen_key"]}]
+
+
+def test_missing_cache_target_falls_back_to_generating():
+    _, out, _ = reuse_of([("a", "t", BASE)])
+    out = out.set_column(out.schema.get_field_index("gen_key"), "gen_key", pa.array(["cached-key"]))
+    out = out.set_column(out.schema.get_field_index("reuse"), "reuse", pa.array(["cache_near"]))
+    assert resolve(out, {"cached-key"})["gen_key"].to_pylist() == ["cached-key"]
+    fallen = resolve(out, set())
+    assert fallen["gen_key"].to_pylist() == out["item_key"].to_pylist() and fallen["reuse"].to_pylist() == [None]
+
+
+def test_semantic_reuse_of_a_paraphrase_with_guards(static_embedder):
+    from pipeline.embed import StaticEmbedder
+
+    paraphrase = ("Acme Corp said its quarterly revenue was 120 million dollars, higher than last year. The board "
+                  "approved a new dividend, and the chief executive said demand for the company's industrial pumps "
+                  "stayed strong in Europe and Asia. Analysts expect more growth next fiscal year as new plants open in Ohio.")
+    embedder = StaticEmbedder(static_embedder)
+    v = embedder.encode([BASE, paraphrase, "The weather in Paris was sunny all week."])
+    assert v.shape[0] == 3 and np.allclose(np.linalg.norm(v, axis=1), 1.0, atol=1e-5)
+    config = DedupConfig(shadow_rate=0.0, near=False, semantic=True, semantic_threshold=0.85)
+    got, out, _ = reuse_of([("a", "t", BASE), ("b", "t", paraphrase),
+                            ("c", "t", paraphrase.replace("120", "90")), ("d", "u", paraphrase)], config, embedder)
+    assert got == {"a": (None, None), "b": ("semantic", "a"), "c": (None, None), "d": (None, None)}
+    assert out["similarity"][1].as_py() >= 0.85
+
+
+def test_shadow_sample_is_deterministic_and_sized():
+    keys = [f"key-{i}" for i in range(20_000)]
+    picked = [k for k in keys if shadow_selected(k, 0.1)]
+    assert 1_700 < len(picked) < 2_300
+    assert picked == [k for k in keys if shadow_selected(k, 0.1)]
+    assert not any(shadow_selected(k, 0.0) for k in keys[:100])
+
+
+def test_verification_arithmetic():
+    assert token_f1("the cat sat", "the cat sat") == 1.0
+    assert token_f1("a b", "c d") == 0.0
+    assert token_f1("a b c d", "a b") == pytest.approx(2 * 1.0 * 0.5 / 1.5)
+    low, high = wilson_interval(0, 20)
+    assert low == 0.0 and 0.1 < high < 0.2
+    low, high = wilson_interval(5, 100)
+    assert low < 0.05 < high
+    total = summarise_verification([{"by_kind": {"near_duplicate": {"checked": 10, "false_hits": 1}}},
+                                    {"by_kind": {"near_duplicate": {"checked": 10, "false_hits": 0},
+                                                 "semantic": {"checked": 5, "false_hits": 2}}}], 0.5)
+    assert total["checked"] == 25 and total["false_hits"] == 3 and total["false_hit_rate"] == 0.12
+    assert total["by_kind"]["semantic"]["false_hit_rate"] == 0.4
