@@ -20,7 +20,7 @@ help:
 $(STAMP): pyproject.toml constraints/cpu.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
-	$(PIP) install --quiet -c constraints/cpu.txt -e '.[cpu,test,airflow]'
+	$(PIP) install --quiet -c constraints/cpu.txt -e '.[cpu,test,airflow,semantic]'
 	@# PyPI's torchvision is a CUDA build that breaks transformers' imports next to torch+cpu;
 	@# triton is unused on CPUs. Neither is needed here.
 	$(PIP) uninstall --quiet -y torchvision torchaudio torchcodec triton || true
