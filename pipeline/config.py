@@ -68,7 +68,7 @@ class DedupConfig(Section):
     shingle_words: int = Field(5, ge=1, description="Words per shingle.")
     num_perm: int = Field(128, ge=16, le=1024, description="MinHash permutations (signature length); more is more precise and slower.")
     semantic: bool = Field(False, description="Reuse semantic neighbours: static-embedding cosine similarity (needs `embedder`).")
-    semantic_threshold: float = Field(0.95, gt=0, le=1, description="Cosine similarity at or above which two texts are semantic neighbours.")
+    semantic_threshold: float = Field(0.92, gt=0, le=1, description="Cosine similarity at or above which two texts are semantic neighbours.")
     embedder: str = Field("${TOKENMILL_HOME}/models/static-minilm", description="Static embedding model folder (model2vec), built offline by `tokenmill models embedder`.")
     guards: bool = Field(True, description="Refuse a near or semantic match whose numbers, negations or named entities differ, or whose lengths differ by more than `max_length_ratio`.")
     max_length_ratio: float = Field(1.5, ge=1, description="Longest / shortest text length a near or semantic match may have.")

@@ -64,12 +64,19 @@ def compile_boilerplate(patterns: list[str]) -> list[re.Pattern]:
     return [re.compile(p, re.MULTILINE) for p in patterns]
 
 
+_ASCII_SPACE = "\t\n\r\x0b\x0c\x1c\x1d\x1e\x1f"
+
+
 def clean_text(text: str, boilerplate: list[re.Pattern] = ()) -> str:
     """NFC, boilerplate removed, whitespace collapsed: what near/semantic matching and the guards compare."""
     if not unicodedata.is_normalized("NFC", text):
         text = unicodedata.normalize("NFC", text)
     for pattern in boilerplate:
         text = pattern.sub(" ", text)
+    # Fast path (most documents): ASCII with single spaces only is already collapsed; split/join costs 4x more.
+    if (text.isascii() and "  " not in text and text[:1] != " " and text[-1:] != " "
+            and not any(c in text for c in _ASCII_SPACE)):
+        return text
     return " ".join(text.split())
 
 
@@ -244,7 +251,7 @@ def _match_cache(records, groups, clusters: _Clusters, sigs, vectors, feature, c
                 return True
             if j not in index_feats:
                 index_feats[j] = guards.Features.from_json(str(index["features"][j]))
-            failed = guards.features_agree(feature(row), index_feats[j], config.max_length_ratio)
+            failed = guards.features_agree(feature(row), index_feats[j], config.max_length_ratio, entity_subset=True)
             if failed:
                 stats.refused[failed] += 1
             return failed is None

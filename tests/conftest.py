@@ -42,7 +42,7 @@ def tiny_models(tokenmill_home) -> Path:
 
 
 @pytest.fixture
-def make_config(tmp_path, tiny_models):
+def make_config(tmp_path, tiny_models, static_embedder):
     """Build the local config with input/output/state in this test's tmp folder; kwargs override fields."""
     from pipeline.config import load_config
 

@@ -143,3 +143,30 @@ def test_unreachable_redis_from_the_start_is_one_warning(make_config, sample_cor
         m = run_job(config, job_id="no-redis").manifest
     assert m["status"] == "succeeded" and m["reuse"]["cache_status"]["bypassed"] > 0
     assert len([r for r in caplog.records if r.name == "pipeline.cache"]) == 1
+
+
+PARAPHRASE = ("Quarterly report for the north region. Revenue came to 4200 thousand dollars, higher than the previous "
+              "quarter, while support ticket volume declined and customer satisfaction scores got better. The board "
+              "approved the hiring plan for the warehouse team and asked the director to examine supplier contracts "
+              "ahead of the next release. Inventory levels stayed stable and shipment delays were rare in the period.")
+
+
+def test_semantic_paraphrases_are_reused_in_the_job_and_from_the_cache(make_config, tmp_path):
+    write_jsonl(tmp_path / "input" / "a.jsonl", [{"id": "orig", "tenant": "acme", "text": REPORT},
+                                                 {"id": "para", "tenant": "acme", "text": PARAPHRASE}])
+    # This paraphrase scores about 0.88 with the static model: below the conservative default (0.92).
+    semantic = {"dedup__semantic": True, "dedup__near": False, "dedup__shadow_rate": 0.0,
+                "dedup__semantic_threshold": 0.85}
+    m = run_job(make_config(**semantic), job_id="s1").manifest
+    out = by_id(read_kind(tmp_path / "output", "outputs", "s1"))
+    assert out["para"]["source"] == "semantic" and out["para"]["source_id"] == "orig"
+    assert out["para"]["similarity"] >= 0.85
+    assert m["plan"]["dedup"]["reused"] == {"semantic": 1}
+
+    write_jsonl(tmp_path / "input2" / "b.jsonl", [
+        {"id": "para-2", "tenant": "acme", "text": PARAPHRASE.replace("got better", "improved")},
+        {"id": "para-other-number", "tenant": "acme", "text": PARAPHRASE.replace("4200", "4300")}])
+    run_job(make_config(tmp_path / "input2", **semantic), job_id="s2")
+    out2 = by_id(read_kind(tmp_path / "output", "outputs", "s2"))
+    assert out2["para-2"]["source"] == "cache_semantic" and out2["para-2"]["summary"] == out["orig"]["summary"]
+    assert out2["para-other-number"]["source"] == "generated"

@@ -17,7 +17,7 @@ def test_local_config_loads_and_expands_home(monkeypatch, tmp_path):
 
 def test_production_example_is_valid(monkeypatch):
     monkeypatch.setenv("TOKENMILL_HOME", "/tmp/x")
-    cfg = load_config(REPO / "configs" / "production.example.yaml", environ={"TOKENMILL_PG_DSN": "postgresql://db/t"})
+    cfg = load_config(REPO / "configs" / "production.example.yaml", environ={"TOKENMILL_PG_DSN": "postgresql://db/t", "TOKENMILL_REDIS_PASSWORD": "pw"})
     assert set(cfg.tiers) >= {"small"}
     assert cfg.tiers["small"].vllm.engine_kwargs()["max_num_seqs"] >= 256
 
