@@ -50,6 +50,7 @@ if __name__ == "__main__":
         config = load_config(Path(__file__).resolve().parents[1] / "configs" / "local.yaml", environ={
             "TOKENMILL_INPUT__URI": str(tmp / "in"), "TOKENMILL_OUTPUT__URI": str(tmp / "out"),
             "TOKENMILL_STATE__URL": f"sqlite:///{tmp}/state.db", "TOKENMILL_RUN__PROGRESS": "off",
+            "TOKENMILL_CACHE__PATH": str(tmp / "cache"),
             "TOKENMILL_INPUT__RECORDS_PER_PARTITION": str(per_file),
             "TOKENMILL_PLAN__ITEMS_PER_ENGINE_CALL": "4096",
             **{k: v for k, v in __import__("os").environ.items() if k == "TOKENMILL_HOME"}})

@@ -53,11 +53,12 @@ class DedupStats:
     refused: Counter = field(default_factory=Counter)         # similar pairs the guards refused, by guard
     cache_index: dict = field(default_factory=dict)           # entries loaded per scope
     seconds: dict = field(default_factory=dict)
+    notes: list = field(default_factory=list)                 # what was asked for and could not be done
 
     def as_dict(self) -> dict:
         return {"reused": dict(self.clusters), "guard_refusals": dict(self.refused),
                 "cache_index_entries": sum(self.cache_index.values()),
-                "seconds": {k: round(v, 3) for k, v in self.seconds.items()}}
+                "seconds": {k: round(v, 3) for k, v in self.seconds.items()}, "notes": self.notes}
 
 
 def compile_boilerplate(patterns: list[str]) -> list[re.Pattern]:

@@ -30,13 +30,20 @@ class Prepared:
     dedup: DedupStats
 
 
-def load_embedder(config: TokenmillConfig):
-    """The static embedder when semantic reuse is on; None otherwise."""
-    if not config.dedup.semantic:
-        return None
-    from pipeline.embed import StaticEmbedder
+def load_embedder(config: TokenmillConfig) -> tuple[object | None, str | None]:
+    """(the static embedder or None, why semantic reuse is off when it was asked for).
 
-    return StaticEmbedder(config.dedup.embedder)
+    A missing model does not stop a nightly job: it runs without semantic reuse, says so in the
+    log and in the manifest, and pays for what semantic reuse would have saved."""
+    if not config.dedup.semantic:
+        return None, None
+    from pipeline.embed import EmbedderError, StaticEmbedder
+
+    try:
+        return StaticEmbedder(config.dedup.embedder), None
+    except EmbedderError as e:
+        log.warning("semantic reuse off for this job: %s", e)
+        return None, str(e)
 
 
 def prepare_records(config: TokenmillConfig, job_id: str, input_uri: str | None = None, cache=None) -> Prepared:
@@ -48,5 +55,8 @@ def prepare_records(config: TokenmillConfig, job_id: str, input_uri: str | None 
     records = add_content_hashes(records, config.dedup)
     records = assign_tiers(records, config.route)
     records = add_item_keys(records, config.prompt, config.sampling, config.tiers)
-    records, stats = cluster_records(records, config.dedup, load_embedder(config), cache)
+    embedder, problem = load_embedder(config)
+    records, stats = cluster_records(records, config.dedup, embedder, cache)
+    if problem:
+        stats.notes.append(f"semantic reuse off: {problem}")
     return Prepared(raw, records, quarantine, skipped, stats)

@@ -165,8 +165,10 @@ def test_semantic_paraphrases_are_reused_in_the_job_and_from_the_cache(make_conf
 
     write_jsonl(tmp_path / "input2" / "b.jsonl", [
         {"id": "para-2", "tenant": "acme", "text": PARAPHRASE.replace("got better", "improved")},
-        {"id": "para-other-number", "tenant": "acme", "text": PARAPHRASE.replace("4200", "4300")}])
+        {"id": "para-other-number", "tenant": "acme", "text": PARAPHRASE.replace("4200", "4300")},
+        {"id": "para-other-tenant", "tenant": "globex", "text": PARAPHRASE.replace("got better", "improved")}])
     run_job(make_config(tmp_path / "input2", **semantic), job_id="s2")
     out2 = by_id(read_kind(tmp_path / "output", "outputs", "s2"))
     assert out2["para-2"]["source"] == "cache_semantic" and out2["para-2"]["summary"] == out["orig"]["summary"]
     assert out2["para-other-number"]["source"] == "generated"
+    assert out2["para-other-tenant"]["source"] == "generated", "never another tenant's output"

@@ -22,6 +22,7 @@ pytestmark = pytest.mark.engine
 
 def cli_env(tiny_models, tmp_path, **extra) -> dict:
     env = {**os.environ, "TOKENMILL_HOME": str(tiny_models.parent), "TOKENMILL_STATE__URL": f"sqlite:///{tmp_path}/state.db",
+           "TOKENMILL_CACHE__PATH": str(tmp_path / "cache"),
            "TOKENMILL_INPUT__URI": str(tmp_path / "input"), "TOKENMILL_OUTPUT__URI": str(tmp_path / "output")}
     env.update({f"TOKENMILL_{k.upper()}": str(v) for k, v in extra.items()})
     return env
@@ -44,7 +45,7 @@ def assert_exactly_once(output, job_id, expected_records, state_db):
     assert len(set(outputs["id"].to_pylist())) == outputs.num_rows == ledger.num_rows
     # Nothing charged twice: the ledger carries each paid-for generation exactly once.
     generated = [r for r in ledger.to_pylist() if r["source"] == "generated"]
-    assert len(generated) == scalar(state_db, f"select count(*) from items where job_id='{job_id}'")
+    assert len(generated) == scalar(state_db, f"select count(*) from items where job_id='{job_id}' and origin is null")
     assert sum(r["gpu_seconds"] for r in generated) == pytest.approx(
         scalar(state_db, f"select sum(gpu_seconds) from items where job_id='{job_id}'"))
     return outputs

@@ -133,8 +133,10 @@ def test_tokenmill_home_holds_state_and_models(tiny_models, tmp_path, sample_cor
     env = {"TOKENMILL_HOME": str(home), "TOKENMILL_TIERS__SMALL__MODEL": str(tiny_models / "tiny-small"),
            "TOKENMILL_INPUT__URI": str(sample_corpus[0]), "TOKENMILL_OUTPUT__URI": str(tmp_path / "out"),
            "TOKENMILL_RUN__PROGRESS": "off"}
-    run_job(load_config(LOCAL_CONFIG, environ=env), job_id="home")
-    assert (home / "state.db").exists()
+    m = run_job(load_config(LOCAL_CONFIG, environ=env), job_id="home").manifest
+    assert (home / "state.db").exists() and (home / "cache" / "cache.sqlite").exists()
+    # No embedding model in this home: the job runs without semantic reuse and says so.
+    assert m["status"] == "succeeded" and "semantic reuse off" in m["plan"]["dedup"]["notes"][0]
     assert load_config(LOCAL_CONFIG, environ={"TOKENMILL_HOME": str(home)}).tiers["small"].model == str(home / "models" / "tiny-small")
 
 
@@ -144,7 +146,8 @@ def cli(args, env, cwd):
 
 
 def test_cli_run_end_to_end_and_one_line_failure(tiny_models, tmp_path, sample_corpus):
-    env = {"TOKENMILL_HOME": str(tiny_models.parent), "TOKENMILL_STATE__URL": f"sqlite:///{tmp_path}/s.db"}
+    env = {"TOKENMILL_HOME": str(tiny_models.parent), "TOKENMILL_STATE__URL": f"sqlite:///{tmp_path}/s.db",
+           "TOKENMILL_CACHE__PATH": str(tmp_path / "cache")}
     missing = cli(["run", "--config", str(LOCAL_CONFIG), "--input", str(tmp_path / "nope"), "--output", str(tmp_path / "o")],
                   env, REPO)
     assert missing.returncode != 0
