@@ -22,8 +22,10 @@ os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
 app = typer.Typer(add_completion=False, no_args_is_help=True, help="tokenmill: batch LLM summarisation at the lowest cost per document.")
 models_app = typer.Typer(no_args_is_help=True, help="Build local models.")
+router_app = typer.Typer(no_args_is_help=True, help="Train and calibrate the learned router on your own labels.")
 config_app = typer.Typer(no_args_is_help=True, help="Inspect configuration.")
 app.add_typer(models_app, name="models")
+app.add_typer(router_app, name="router")
 app.add_typer(config_app, name="config")
 jobs_app = typer.Typer(no_args_is_help=True, help="Jobs in the state catalog.")
 app.add_typer(jobs_app, name="jobs")
@@ -87,6 +89,92 @@ def models_embedder(path: Optional[Path] = typer.Argument(None, help="Where to w
     except EmbedderError as e:
         _fail(str(e))
     typer.echo(f"built static embedder at {target}")
+
+
+def _router_tiers(cfg) -> tuple[str, str]:
+    """(small, large): the cheapest tier and the largest (baseline) tier of the config."""
+    small = min(cfg.tiers, key=lambda t: cfg.tiers[t].price_per_gpu_hour * cfg.tiers[t].gpus)
+    if small == cfg.largest_tier:
+        _fail("the router needs two tiers of different price in the config")
+    return small, cfg.largest_tier
+
+
+def _cost_per_item(cfg, tier: str, texts: list[str]) -> float:
+    """Rough USD per item on a tier: (prompt ≈ chars/4 + max_tokens) tokens at the tier's default rate."""
+    t = cfg.tiers[tier]
+    tokens = sum(len(x) for x in texts) / max(len(texts), 1) / 4 + cfg.sampling.max_tokens
+    return tokens / t.default_tokens_per_gpu_second * t.gpus * t.price_per_gpu_hour / 3600
+
+
+@router_app.command("train")
+def router_train(config: Path = typer.Option(..., "--config", help="Config whose tiers the router chooses between."),
+                 labels: Path = typer.Option(..., "--labels", help="Labelled JSONL (see docs/data-engineer.md)."),
+                 out: Optional[Path] = typer.Option(None, "--out", help="Artifact path (default: route.router from the config, else ./router.json)."),
+                 target_quality: float = typer.Option(0.95, "--target-quality", help="An item's small-tier output 'suffices' at this share of the large tier's quality.")) -> None:
+    """Fit the router on labelled items and write a versioned artifact (then run `router eval` to calibrate it)."""
+    from pipeline.router import RouterError, read_labels, train
+
+    cfg = _load(config)
+    small, large = _router_tiers(cfg)
+    try:
+        artifact = train(read_labels(labels, small, large), small, large, target_quality)
+    except RouterError as e:
+        _fail(str(e))
+    target = out or Path(cfg.route.router or "router.json")
+    target.write_text(json.dumps(artifact, indent=2))
+    typer.echo(f"router {artifact['version']} trained on {artifact['trained_on']} items "
+               f"({artifact['small_suffices_share']:.0%} fine on {small}) -> {target}")
+
+
+@router_app.command("eval")
+def router_eval(config: Path = typer.Option(..., "--config"),
+                labels: Path = typer.Option(..., "--labels", help="Labelled JSONL, ideally not the training set."),
+                artifact: Optional[Path] = typer.Option(None, "--router", help="Artifact (default: route.router from the config)."),
+                target_quality: float = typer.Option(0.95, "--target-quality", help="Quality to keep, relative to sending everything to the large tier."),
+                fmt: str = typer.Option("table", "--format", help="table or json")) -> None:
+    """Per threshold: share sent to the large tier, cost per item, quality kept; writes the cheapest threshold meeting the target."""
+    from pipeline.router import Router, RouterError, evaluate, pick_threshold, read_labels
+
+    cfg = _load(config)
+    small, large = _router_tiers(cfg)
+    path = artifact or (Path(cfg.route.router) if cfg.route.router else None)
+    if path is None:
+        _fail("no router artifact: pass --router or set route.router")
+    try:
+        router, data = Router.load(path), read_labels(labels, small, large)
+    except RouterError as e:
+        _fail(str(e))
+    rows = evaluate(router, data, _cost_per_item(cfg, small, data.texts), _cost_per_item(cfg, large, data.texts))
+    best = pick_threshold(rows, target_quality)
+    if best is not None:
+        router.artifact.update(threshold=best["threshold"], calibrated_quality=best["quality_kept"],
+                               calibrated_target=target_quality, calibrated_on=len(data.texts))
+        path.write_text(json.dumps(router.artifact, indent=2))
+    if fmt == "json":
+        typer.echo(json.dumps({"rows": rows, "chosen": best, "target_quality": target_quality}, indent=2))
+    else:
+        table = Table(title=f"router {router.artifact['version']} on {len(data.texts)} labelled items")
+        for col in ("threshold", f"to {large}", "cost/item", "quality kept"):
+            table.add_column(col, justify="right")
+        for r in rows:
+            mark = " <" if best and r["threshold"] == best["threshold"] else ""
+            table.add_row(f"{r['threshold']:.2f}{mark}", f"{r['large_share']:.1%}", f"${r['cost_per_item_usd']:.8f}",
+                          f"{r['quality_kept']:.1%}")
+        console.print(table)
+    if best is None:
+        _fail(f"no threshold keeps {target_quality:.0%} of all-{large} quality; the artifact keeps its threshold")
+    typer.echo(f"threshold {best['threshold']:.2f} written to {path}: {best['large_share']:.1%} to {large}, "
+               f"quality kept {best['quality_kept']:.1%}")
+
+
+@router_app.command("example-labels")
+def router_example_labels(path: Path = typer.Argument(..., help="Where to write the JSONL."),
+                          items: int = typer.Option(400, help="Number of labelled items.")) -> None:
+    """Write a clearly SYNTHETIC labelled set (the format, and something to try train/eval on)."""
+    from pipeline.router import example_labels
+
+    example_labels(path, items)
+    typer.echo(f"wrote {items} synthetic labelled items to {path}")
 
 
 @app.command("samples")

@@ -141,12 +141,48 @@ class TierConfig(Section):
     vllm: VllmArgs = Field(default_factory=VllmArgs, description="Engine arguments passed to vllm.LLM.")
 
 
+class RouteRule(Section):
+    """A rule sends matching items to a tier; all the conditions given must hold. Rules are tried in order."""
+
+    name: str = Field(description="Recorded as the item's `route_reason` (`rule:<name>`).")
+    tier: str = Field(description="Tier the matching items go to.")
+    min_chars: int | None = Field(None, ge=0, description="Text at least this many characters long.")
+    max_chars: int | None = Field(None, ge=0, description="Text at most this many characters long.")
+    tenants: list[str] = Field(default_factory=list, description="Tenant is one of these.")
+    metadata: dict[str, Any] = Field(default_factory=dict, description="Every listed metadata field equals the value given.")
+    regex: str | None = Field(None, description="Regular expression found in the text (Python syntax).")
+
+    @model_validator(mode="after")
+    def _regex_compiles(self) -> "RouteRule":
+        if self.regex is not None:
+            try:
+                re.compile(self.regex)
+            except re.error as e:
+                raise ValueError(f"route rule {self.name!r}: regex does not compile: {e}") from None
+        return self
+
+
+class EscalationConfig(Section):
+    """Generate-then-verify: a low-confidence output of a smaller tier is generated again on `to_tier`."""
+
+    enabled: bool = Field(False, description="Escalate low-confidence outputs.")
+    to_tier: str | None = Field(None, description="Tier escalations go to; unset: the largest tier.")
+    min_mean_logprob: float = Field(-2.5, description="Outputs whose mean token log-probability (from vLLM) is below this are escalated.")
+    on_truncation: bool = Field(True, description="Also escalate outputs cut off by `max_tokens` (finish reason `length`).")
+
+
 class RouteConfig(Section):
-    default_tier: str = Field(description="Tier every item goes to (rules and a learned router come later).")
+    default_tier: str = Field(description="Tier for items no rule or router decides.")
+    rules: list[RouteRule] = Field(default_factory=list, description="Rules tried first, in order; the first that matches decides.")
+    router: str | None = Field(None, description="Learned router artifact (`tokenmill router train`); decides items no rule matched.")
+    escalation: EscalationConfig = Field(default_factory=EscalationConfig, description="Generate-then-verify escalation.")
 
 
 class PlanConfig(Section):
     items_per_engine_call: int = Field(512, gt=0, description="Items handed to one `LLM.generate` call; vLLM batches continuously inside it. Smaller calls give finer progress and cost attribution.")
+    long_prompt_tokens: int = Field(4096, gt=0, description="Prompts at least this long go to the engine in their own calls of at most `long_items_per_engine_call` items, so a few long prompts do not crowd the KV cache of a large batch.")
+    long_items_per_engine_call: int = Field(32, gt=0, description="Items per engine call for long prompts.")
+    long_documents: Literal["chunk", "quarantine"] = Field("chunk", description="A document whose prompt exceeds the tier's context: `chunk` summarises it map-reduce style (chunk summaries, then a summary of them); `quarantine` rejects it as `too_long`.")
 
 
 class CostConfig(Section):
@@ -205,9 +241,18 @@ class TokenmillConfig(Section):
     def _tiers_known(self) -> "TokenmillConfig":
         if not self.tiers:
             raise ValueError("tiers: at least one tier is required")
-        if self.route.default_tier not in self.tiers:
-            raise ValueError(f"route.default_tier {self.route.default_tier!r} is not one of tiers {sorted(self.tiers)}")
+        named = {"route.default_tier": self.route.default_tier, "route.escalation.to_tier": self.route.escalation.to_tier,
+                 **{f"route.rules[{r.name}].tier": r.tier for r in self.route.rules}}
+        for where, tier in named.items():
+            if tier is not None and tier not in self.tiers:
+                raise ValueError(f"{where} {tier!r} is not one of tiers {sorted(self.tiers)}")
         return self
+
+    @property
+    def escalation_tier(self) -> str | None:
+        """Where low-confidence outputs are generated again; None when escalation is off."""
+        e = self.route.escalation
+        return (e.to_tier or self.largest_tier) if e.enabled else None
 
     @property
     def largest_tier(self) -> str:

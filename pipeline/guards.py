@@ -28,7 +28,6 @@ _WORD_NUMBERS = {"zero", "one", "two", "three", "four", "five", "six", "seven", 
                  "dozen", "first", "second", "third"}
 _NEGATIONS = {"not", "no", "never", "none", "nobody", "nothing", "neither", "nor", "without", "cannot",
               "nowhere", "hardly", "barely", "denied", "denies", "deny", "refused", "rejected", "fails", "failed"}
-_STRIP = ".,;:!?\"'()[]{}<>«»“”‘’"
 
 
 @dataclass(frozen=True)
@@ -47,23 +46,20 @@ class Features:
         return Features(tuple(n), tuple(g), tuple(e), int(length))
 
 
+_WORD = re.compile(r"[A-Za-z][A-Za-z']*")
+_CAPITALISED = re.compile(r"\b[A-Z][\w&-]*")
+
+
 def _token_facts(tokens: list[str]) -> tuple[Counter, Counter, set]:
-    numbers: Counter = Counter()
-    negations: Counter = Counter()
-    entities: set[str] = set()
-    for raw in tokens:
-        word = raw.strip(_STRIP)
-        lower = word.lower()
-        for n in _NUMBER.findall(word):
-            numbers[n.replace(",", "")] += 1
-        if lower in _WORD_NUMBERS:
-            numbers[lower] += 1
-        if lower in _NEGATIONS or lower.endswith("n't"):
-            negations["not" if lower.endswith("n't") else lower] += 1
-        if word[:1].isupper():
-            # Sentence-initial words count too: "Globex reported" must differ from "Initech reported".
-            # Ordinary capitalised openers ("The") appear in both texts alike, so they cancel out.
-            entities.add(word)
+    """(numbers, negations, entities) of whitespace tokens: regexes over the joined text (C speed)."""
+    text = " ".join(tokens)
+    numbers = Counter(n.replace(",", "") for n in _NUMBER.findall(text))
+    words = [w.lower() for w in _WORD.findall(text)]
+    numbers.update(w for w in words if w in _WORD_NUMBERS)
+    negations = Counter("not" if w.endswith("n't") else w for w in words if w in _NEGATIONS or w.endswith("n't"))
+    # Sentence-initial words count too: "Globex reported" must differ from "Initech reported".
+    # Ordinary capitalised openers ("The") appear in both texts alike, so they cancel out.
+    entities = set(_CAPITALISED.findall(text))
     return numbers, negations, entities
 
 

@@ -35,6 +35,7 @@ COMPLETIONS = pa.schema([
     ("cached_prompt_tokens", pa.int64()),
     ("output_tokens", pa.int64()),
     ("finish_reason", pa.string()),
+    ("mean_logprob", pa.float64()),
     ("call", pa.int64()),
 ])
 CALLS = pa.schema([("call", pa.int64()), ("tier", pa.string()), ("seconds", pa.float64()), ("items", pa.int64()),
@@ -58,6 +59,7 @@ class Completion:
     output_tokens: int
     finish_reason: str
     token_ids: tuple[int, ...] = ()  # the generated ids (benchmarks compare engines on them)
+    mean_logprob: float | None = None  # mean log-probability of the generated tokens: the confidence signal
 
 
 class Engine(Protocol):
@@ -97,8 +99,9 @@ class VllmEngine:
             from vllm.v1.engine.exceptions import EngineDeadError as VllmDead
         except ImportError:  # pragma: no cover - layout of other vLLM versions
             VllmDead = ()
+        # logprobs=0: only the sampled token's log-probability, enough for the mean (escalation's signal).
         params = [SamplingParams(max_tokens=m, temperature=sampling.temperature, top_p=sampling.top_p,
-                                 seed=sampling.seed) for m in max_tokens]
+                                 seed=sampling.seed, logprobs=0) for m in max_tokens]
         try:
             outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
         except VllmDead as e:
@@ -106,7 +109,15 @@ class VllmEngine:
         return [Completion(text=o.outputs[0].text, prompt_tokens=len(o.prompt_token_ids),
                            cached_prompt_tokens=o.num_cached_tokens or 0, output_tokens=len(o.outputs[0].token_ids),
                            finish_reason=o.outputs[0].finish_reason or "unknown",
-                           token_ids=tuple(o.outputs[0].token_ids)) for o in outputs]
+                           token_ids=tuple(o.outputs[0].token_ids),
+                           mean_logprob=_mean_logprob(o.outputs[0])) for o in outputs]
+
+
+def _mean_logprob(output) -> float | None:
+    n = len(output.token_ids)
+    if not n or output.cumulative_logprob is None:
+        return None
+    return float(output.cumulative_logprob) / n
 
 
 def _model_path_problem(model: str) -> str | None:
@@ -231,7 +242,7 @@ def run_inference(requests: pa.Table, pool: EnginePool, sampling: SamplingConfig
             "summary": [r.text for _, r in done], "prompt_tokens": [r.prompt_tokens for _, r in done],
             "cached_prompt_tokens": [r.cached_prompt_tokens for _, r in done],
             "output_tokens": [r.output_tokens for _, r in done], "finish_reason": [r.finish_reason for _, r in done],
-            "call": [call] * len(done),
+            "mean_logprob": [r.mean_logprob for _, r in done], "call": [call] * len(done),
         }, schema=COMPLETIONS)
         completions.append(table)
         calls.append({"call": call, "tier": tier, "seconds": seconds, "items": len(done), "failed_attempts": attempts[0]})

@@ -23,6 +23,7 @@ REQUESTS = pa.schema([
     ("prompt_token_ids", pa.list_(pa.int32())),
     ("max_tokens", pa.int64()),
     ("call", pa.int64()),  # engine call index, in execution order
+    ("shareable_tokens", pa.int64()),  # prompt tokens shared with the request before it: what prefix caching can skip
 ])
 TOO_LONG = pa.schema([("id", pa.string()), ("detail", pa.string())])
 
@@ -57,31 +58,53 @@ def plan_requests(records: pa.Table, prompt: PromptConfig, sampling: SamplingCon
                 too_long_detail.append(f"{len(ids)} prompt tokens; tier {tier} context is {context}")
             else:
                 kept.append((ids, id_))
-        kept.sort()  # shared prefixes adjacent
-        per_call = config.items_per_engine_call
-        calls = [call + i // per_call for i in range(len(kept))]
-        call += -(-len(kept) // per_call)
-        requests.append(pa.table({
-            "id": [k[1] for k in kept],
-            "tier": [tier] * len(kept),
-            "prompt_token_ids": [k[0] for k in kept],
-            "max_tokens": [min(sampling.max_tokens, context - len(k[0])) for k in kept],
-            "call": calls,
-        }, schema=REQUESTS))
+        kept.sort()  # shared prefixes adjacent: vLLM's prefix cache hits when they run back to back
+        # Length-aware admission: long prompts in their own, smaller calls, after the short ones.
+        normal = [k for k in kept if len(k[0]) < config.long_prompt_tokens]
+        long = [k for k in kept if len(k[0]) >= config.long_prompt_tokens]
+        for group, per_call in ((normal, config.items_per_engine_call), (long, config.long_items_per_engine_call)):
+            calls = [call + i // per_call for i in range(len(group))]
+            call += -(-len(group) // per_call)
+            requests.append(pa.table({
+                "id": [k[1] for k in group],
+                "tier": [tier] * len(group),
+                "prompt_token_ids": [k[0] for k in group],
+                "max_tokens": [min(sampling.max_tokens, context - len(k[0])) for k in group],
+                "call": calls,
+                "shareable_tokens": [common_prefix(group[i - 1][0], k[0]) if i else 0 for i, k in enumerate(group)],
+            }, schema=REQUESTS))
     table = pa.concat_tables(requests) if requests else REQUESTS.empty_table()
     return table, pa.table({"id": too_long_ids, "detail": too_long_detail}, schema=TOO_LONG)
 
 
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+def recipe_hash(model: str, prompt: PromptConfig, sampling: SamplingConfig) -> str:
+    """What, besides the text, decides an output: the model, the prompt and the sampling parameters."""
+    return xxhash.xxh3_64_hexdigest(json.dumps([
+        model, prompt.template_version, prompt.system, prompt.user, sampling.model_dump(mode="json"),
+    ], sort_keys=True).encode())
+
+
+def derived_key(key: str, kind: str, detail: str | int) -> str:
+    """Key of a generation derived from another: its escalation to a larger tier, or one chunk of it."""
+    return xxhash.xxh3_128_hexdigest(f"{key}>{kind}>{detail}".encode())
+
+
 def add_item_keys(records: pa.Table, prompt: PromptConfig, sampling: SamplingConfig, tiers: dict) -> pa.Table:
-    """Add `recipe` (hash of model, prompt and sampling) and `item_key`, the content address of a request: what is generated, by which model, how.
+    """Add `recipe` (hash of model, prompt and sampling) and `item_key`, the content address of a request.
 
     Two records with equal keys get the same output (greedy decoding), so one generation serves
     both, in this partition, another partition, or a rerun. Changing the template, the model or
     the sampling parameters changes every key: nothing stale is reused.
     """
-    recipe = {tier: xxhash.xxh3_64_hexdigest(json.dumps([
-        tiers[tier].model, prompt.template_version, prompt.system, prompt.user, sampling.model_dump(mode="json"),
-    ], sort_keys=True).encode()) for tier in set(records["tier"].to_pylist())}
+    recipe = {tier: recipe_hash(tiers[tier].model, prompt, sampling) for tier in set(records["tier"].to_pylist())}
     tiers_of = records["tier"].to_pylist()
     keys = [xxhash.xxh3_128_hexdigest(f"{recipe[t]}:{h}".encode()) for t, h in
             zip(tiers_of, records["content_hash"].to_pylist())]

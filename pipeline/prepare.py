@@ -53,7 +53,12 @@ def prepare_records(config: TokenmillConfig, job_id: str, input_uri: str | None 
         log.warning("skipped %s: not .jsonl, .jsonl.gz, .parquet, .txt or .md", path)
     records, quarantine = validate_records(raw, config.input, job_id)
     records = add_content_hashes(records, config.dedup)
-    records = assign_tiers(records, config.route)
+    router = None
+    if config.route.router:
+        from pipeline.router import Router
+
+        router = Router.load(config.route.router)
+    records = assign_tiers(records, config.route, router)
     records = add_item_keys(records, config.prompt, config.sampling, config.tiers)
     embedder, problem = load_embedder(config)
     records, stats = cluster_records(records, config.dedup, embedder, cache)

@@ -87,14 +87,15 @@ def cached_items(hits: dict[str, dict], lookers: dict[str, dict], partition: str
         "output_tokens": value["output_tokens"], "finish_reason": value["finish_reason"],
         "gpu_seconds": 0.0, "baseline_gpu_seconds": value["baseline_gpu_seconds"], "created_at": created_at,
         "origin": "cache", "source_job": value["job_id"], "source_id": value["id"], "saved_usd": value["cost_usd"],
-        "cache_status": "hit",
+        "cache_status": "hit", "mean_logprob": value.get("mean_logprob"), "chunks": value.get("chunks"),
     } for key, value in hits.items()}
 
 
 def cache_value(item: dict, job_id: str, cost_usd: float) -> dict:
     """What the cache keeps of a generated item."""
-    return {f: item[f] for f in ("tier", "model", "summary", "prompt_tokens", "cached_prompt_tokens", "output_tokens",
-                                 "finish_reason", "id", "baseline_gpu_seconds")} | {"job_id": job_id, "cost_usd": cost_usd}
+    return {f: item.get(f) for f in ("tier", "model", "summary", "prompt_tokens", "cached_prompt_tokens", "output_tokens",
+                                     "finish_reason", "id", "baseline_gpu_seconds", "mean_logprob", "chunks")} | {
+        "job_id": job_id, "cost_usd": cost_usd}
 
 
 # -- shadow verification --------------------------------------------------------------------------------

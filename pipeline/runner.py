@@ -31,12 +31,22 @@ from pipeline.config import TokenmillConfig
 from pipeline.cost import allocate_gpu_seconds, baseline_gpu_seconds
 from pipeline.dedup import clean_text, compile_boilerplate
 from pipeline.estimate import budget_problems, tier_rates, with_estimates
+from pipeline.followup import (
+    chunk_keys,
+    chunk_units,
+    escalation_key,
+    needs_escalation,
+    reduce_unit,
+    related_keys,
+    split_for_context,
+)
 from pipeline.infer import CALLS, EngineDeadError, EnginePool, EngineStartError, run_inference
 from pipeline.manifest import build_manifest, partition_counts
 from pipeline.plan import plan_requests
 from pipeline.prepare import prepare_records
 from pipeline.progress import Progress
 from pipeline.reuse import (
+    ITEM_COLUMNS,
     cache_value,
     cached_items,
     effective_keys,
@@ -237,56 +247,107 @@ class _Job:
         records, items, units, requests, too_long = self.read_prepared(partition, records) or self.unpaid_requests(
             partition, records)
         copies = Counter(effective_keys(records))
-        key_of = dict(zip(units["id"].to_pylist(), units["item_key"].to_pylist()))
-        scope_of = dict(zip(units["id"].to_pylist(), units["scope"].to_pylist()))
-        tenant_of = dict(zip(units["id"].to_pylist(), units["tenant"].to_pylist()))
         self.progress.advance(done=sum(copies[k] for k in items), reused=sum(copies[k] for k in items))
-        self.progress.advance(quarantined=sum(copies[key_of[i]] for i in too_long["id"].to_pylist()))
         status = self.cache_status()
+        current: dict[str, dict] = {}  # request id -> its unit, for the round in flight
+        extra: dict[str, dict] = {}    # item key -> fields stored with it (chunk counts)
 
         def on_call_done(call: dict, done: pa.Table) -> None:
             # Priced and stored as soon as the engine returns: a kill after this point loses no money.
             gpu = allocate_gpu_seconds(done, pa.Table.from_pylist([call], schema=CALLS), c.tiers, c.cost)
             base = baseline_gpu_seconds(done, gpu, c.largest_tier, c.cost)
             created, tier = now(), c.tiers[call["tier"]]
-            new_items = {
-                key_of[r["id"]]: {**{f: r[f] for f in ("id", "tier", "model", "summary", "prompt_tokens",
-                                                        "cached_prompt_tokens", "output_tokens", "finish_reason")},
-                                  "tenant": tenant_of[r["id"]], "partition": partition, "gpu_seconds": float(g),
-                                  "baseline_gpu_seconds": float(b), "created_at": created, "cache_status": status}
-                for r, g, b in zip(done.to_pylist(), gpu, base)}
+            new_items, by_scope = {}, {}
+            for r, g, b in zip(done.to_pylist(), gpu, base):
+                unit = current[r["id"]]
+                key = unit["item_key"]
+                new_items[key] = {**{f: r[f] for f in ("tier", "model", "summary", "prompt_tokens", "cached_prompt_tokens",
+                                                        "output_tokens", "finish_reason", "mean_logprob")},
+                                  "id": unit["id"].split("#")[0], "tenant": unit["tenant"], "partition": partition,
+                                  "gpu_seconds": float(g), "baseline_gpu_seconds": float(b), "created_at": created,
+                                  "cache_status": status, **extra.get(key, {})}
+                usd = float(g) * tier.price_per_gpu_hour / 3600
+                by_scope.setdefault(unit["scope"], {})[key] = cache_value(new_items[key], job_id, usd)
+                self.spent[unit["tenant"]] = self.spent.get(unit["tenant"], 0.0) + usd
             self.state.store_items(job_id, new_items)
-            by_scope: dict[str, dict] = {}
-            for key, item in new_items.items():
-                usd = item["gpu_seconds"] * tier.price_per_gpu_hour / 3600
-                by_scope.setdefault(scope_of[item["id"]], {})[key] = cache_value(item, job_id, usd)
-                self.spent[item["tenant"]] = self.spent.get(item["tenant"], 0.0) + usd
             for scope, values in by_scope.items():
                 self.cache.put_many(scope, values)
-            n = sum(copies[key_of[i]] for i in done["id"].to_pylist())
-            self.progress.advance(done=n, reused=n - done.num_rows,
+            n = sum(copies[current[i]["item_key"]] for i in done["id"].to_pylist())
+            self.progress.advance(done=n, reused=max(n - done.num_rows, 0),
                                   usd=call["seconds"] * tier.gpus * tier.price_per_gpu_hour / 3600)
 
         def admit(batch: pa.Table) -> bool:
             """Budget admission: spent so far + this call's estimate must stay under every cap."""
             if not c.budget.active:
                 return True
-            planned = with_estimates(self.spent, batch, tenant_of, c, self.rates())
+            tenants = {i: current[i]["tenant"] for i in batch["id"].to_pylist()}
+            planned = with_estimates(self.spent, batch, tenants, c, self.rates())
             problems = budget_problems(c, sum(planned.values()), planned)
             if problems:
                 self.budget_reason = "; ".join(problems)
             return not problems
 
-        completions, call_table, engine_errors, deferred = run_inference(requests, self.pool, c.sampling, on_call_done,
-                                                                         admit)
-        if deferred.num_rows:
-            raise BudgetReached(f"budget reached before an engine call of this partition: {self.budget_reason}; "
-                                f"{deferred.num_rows} items deferred (what was generated is kept and not paid again)")
-        self.progress.advance(quarantined=sum(copies[key_of[i]] for i in engine_errors["id"].to_pylist()))
-        items = self.state.stored_items(job_id, needed_keys(records))  # ours and any other worker's, as stored
-        failed = {key_of[i]: ("too_long", d, i) for i, d in zip(too_long["id"].to_pylist(), too_long["detail"].to_pylist())}
-        failed |= {key_of[i]: ("engine_error", d, i) for i, d in zip(engine_errors["id"].to_pylist(),
-                                                                    engine_errors["detail"].to_pylist())}
+        failed: dict[str, tuple[str, str, str]] = {}
+        known = {u["item_key"]: u for u in units.to_pylist()}  # every unit of this partition, by key
+        chunked: dict[str, dict] = {}   # key -> its unit, for documents cut into chunks
+        tried: set[str] = set()         # escalation keys already attempted
+        all_completions, all_calls, shareable = [], [], 0
+        for _ in range(4):  # base + chunk maps; reduces + escalations; escalations of late outputs
+            current.clear()
+            current.update({u["id"]: u for u in units.to_pylist()})
+            completions, call_table, engine_errors, deferred = run_inference(requests, self.pool, c.sampling,
+                                                                             on_call_done, admit)
+            all_completions.append(completions)
+            all_calls.append(call_table)
+            shareable += int(pc.sum(requests["shareable_tokens"]).as_py() or 0) if requests.num_rows else 0
+            if deferred.num_rows:
+                raise BudgetReached(f"budget reached before an engine call of this partition: {self.budget_reason}; "
+                                    f"{deferred.num_rows} items deferred (what was generated is kept and not paid again)")
+            for i, d in zip(engine_errors["id"].to_pylist(), engine_errors["detail"].to_pylist()):
+                failed.setdefault(current[i]["item_key"], ("engine_error", d, i.split("#")[0]))
+            next_units: list[dict] = []
+            for i, d in zip(too_long["id"].to_pylist(), too_long["detail"].to_pylist()):
+                unit = current[i]
+                if unit.get("escalation"):
+                    continue  # the larger tier cannot take it: the first output stands
+                if c.plan.long_documents == "chunk" and "#" not in unit["id"] and not unit.get("chunks"):
+                    pieces = split_for_context(unit["text"], self.pool.tokenizer(unit["tier"]), c.prompt,
+                                               self.pool.context_length(unit["tier"]), c.sampling.max_tokens)
+                    chunked[unit["item_key"]] = {**unit, "pieces": len(pieces)}
+                    next_units.extend(chunk_units(unit, pieces))
+                else:
+                    failed.setdefault(unit["item_key"], ("too_long", d, i.split("#")[0]))
+            items = self.state.stored_items(job_id, sorted(set(needed_keys(records)) | set(known)
+                                                           | {k for u in chunked.values()
+                                                              for k in chunk_keys(u["item_key"], u["pieces"])}))
+            for key, unit in chunked.items():
+                if key in items or key in failed or any(u["item_key"] == key for u in next_units):
+                    continue
+                keys = chunk_keys(key, unit["pieces"])
+                bad = next((failed[k] for k in keys if k in failed), None)
+                if bad:
+                    failed[key] = (bad[0], f"chunk of a long document: {bad[1]}", unit["id"])
+                elif all(k in items for k in keys):
+                    extra[key] = {"chunks": unit["pieces"]}
+                    next_units.append(reduce_unit({k: v for k, v in unit.items() if k != "pieces"},
+                                                  [items[k]["summary"] for k in keys]))
+            if c.escalation_tier:
+                next_units.extend(self.escalations(partition, records, items, known, tried))
+            if not next_units:
+                break
+            units = pa.Table.from_pylist([{k: u[k] for k in ITEM_COLUMNS} for u in next_units])
+            extras = {u["item_key"]: u for u in next_units}
+            known.update({k: u for k, u in extras.items() if "#" not in u["id"]})
+            requests, too_long = self.plan_units(units)
+            current.update({u["id"]: u for u in next_units})
+            for u in next_units:  # plan_units keeps only the standard columns; remember the rest
+                current[u["id"]] = u
+        completions, call_table = pa.concat_tables(all_completions), pa.concat_tables(all_calls)
+        self.progress.advance(quarantined=sum(copies[k] for k in failed))
+
+        keys = needed_keys(records)
+        items = self.state.stored_items(job_id, keys)
+        items |= self.state.stored_items(job_id, related_keys(keys, items, c))
         outputs, ledger, late_quarantine = assemble_results(records, items, failed, c, job_id, now())
         quarantine = pa.concat_tables([quarantine, late_quarantine])
         expected = self.state_partition(partition).records
@@ -299,8 +360,43 @@ class _Job:
                         c.output.compression)
         self.index_generated(partition, records, items)
         verification = verify_shadows(records, items, self.reference_outputs(records, items), c.dedup.shadow_min_f1)
-        return {**partition_counts(outputs, ledger, quarantine, completions, call_table, c),
-                "verification": verification, "seconds": round(time.perf_counter() - started, 3)}
+        counts = partition_counts(outputs, ledger, quarantine, completions, call_table, c)
+        counts["tokens"]["shareable_prompt_tokens"] = shareable
+        return {**counts, "verification": verification, "seconds": round(time.perf_counter() - started, 3)}
+
+    def escalations(self, partition: str, records: pa.Table, items: dict[str, dict], known: dict[str, dict],
+                    tried: set[str]) -> list[dict]:
+        """Units regenerating low-confidence outputs on the escalation tier (found in the cache: stored, not run)."""
+        c, to = self.config, self.config.escalation_tier
+        wanted = {}
+        for key in sorted(set(effective_keys(records))):
+            item = items.get(key)
+            target = escalation_key(key, to)
+            if item is None or target in tried or target in items or not needs_escalation(item, c):
+                continue
+            unit = known.get(key)
+            if unit is None:
+                found = generation_units(records, {key}).to_pylist()
+                if not found:
+                    continue
+                unit = found[0]
+            wanted[target] = {**unit, "tier": to, "item_key": target, "escalation": True}
+            tried.add(target)
+        if wanted and c.cache.enabled:
+            hits: dict[str, dict] = {}
+            for scope in {u["scope"] for u in wanted.values()}:
+                hits |= self.cache.get_many(scope, [k for k, u in wanted.items() if u["scope"] == scope])
+            if hits:
+                self.state.store_items(self.job_id, cached_items(hits, wanted, partition, now()))
+        return [u for k, u in wanted.items() if k not in hits] if wanted and c.cache.enabled else list(wanted.values())
+
+    def plan_units(self, units: pa.Table) -> tuple[pa.Table, pa.Table]:
+        c = self.config
+        tiers_used = sorted(set(units["tier"].to_pylist()))
+        return plan_requests(units.append_column("duplicate_of", pa.nulls(units.num_rows, pa.string())),
+                             c.prompt, c.sampling, c.plan,
+                             {t: self.pool.tokenizer(t) for t in tiers_used},
+                             {t: self.pool.context_length(t) for t in tiers_used})
 
     def reference_outputs(self, records: pa.Table, items: dict[str, dict]) -> dict[str, str]:
         """Outputs shadow-verified records are compared with: this job's items, else the cache's."""
@@ -362,16 +458,11 @@ class _Job:
         Items at hand are this job's generations from any partition or earlier attempt, and exact
         cache hits from earlier jobs: reused, not redone.
         """
-        c = self.config
         items = self.lookup(partition, records, {}, needed_keys(records))
         records = resolve(records, set(items))
         items = self.lookup(partition, records, items, needed_keys(records))  # keys of records that fell back
         units = generation_units(records, set(needed_keys(records)) - set(items))
-        tiers_used = sorted(set(units["tier"].to_pylist()))
-        requests, too_long = plan_requests(units.append_column("duplicate_of", pa.nulls(units.num_rows, pa.string())),
-                                           c.prompt, c.sampling, c.plan,
-                                           {t: self.pool.tokenizer(t) for t in tiers_used},
-                                           {t: self.pool.context_length(t) for t in tiers_used})
+        requests, too_long = self.plan_units(units)
         return records, items, units, requests, too_long
 
     def prepared_path(self, partition: str, name: str) -> str:

@@ -47,6 +47,10 @@ LEDGER = pa.schema([
     ("tenant", pa.string()),
     ("tier", pa.string()),
     ("model", pa.string()),
+    ("route_reason", pa.string()),  # why this tier: rule:<name> | router:<p> | default
+    ("escalated", pa.bool_()),      # regenerated on the escalation tier after a low-confidence first attempt
+    ("attempts", pa.int64()),       # generations paid for this row (2 when escalated; 0 when reused)
+    ("chunks", pa.int64()),         # map-reduce: chunk summaries of a long document (0: not chunked)
     ("source", pa.string()),        # as in outputs
     ("source_id", pa.string()),
     ("source_job", pa.string()),    # job that generated a reused output (this job unless from the cache)

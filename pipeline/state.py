@@ -96,6 +96,8 @@ class Item(Base):
     source_id: Mapped[str | None] = mapped_column(Text, nullable=True)
     saved_usd: Mapped[float | None] = mapped_column(Float, nullable=True)  # what the reused generation cost
     cache_status: Mapped[str | None] = mapped_column(String(16), nullable=True)  # hit | miss | bypassed | off
+    mean_logprob: Mapped[float | None] = mapped_column(Float, nullable=True)  # the confidence signal
+    chunks: Mapped[int | None] = mapped_column(Integer, nullable=True)  # map-reduce: chunk summaries reduced
 
 
 ITEM_FIELDS = [c.name for c in Item.__table__.columns if c.name not in ("job_id", "item_key")]

@@ -38,6 +38,7 @@ def tiny_models(tokenmill_home) -> Path:
 
     models = tokenmill_home / "models"
     build_tiny_model(models / "tiny-small", "small")
+    build_tiny_model(models / "tiny-large", "large")
     return models
 
 

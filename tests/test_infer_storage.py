@@ -31,7 +31,7 @@ class DeadEngine(PoisonEngine):
 def requests(prompts):
     n = len(prompts)
     return pa.table({"id": [f"r{i}" for i in range(n)], "tier": ["t"] * n, "prompt_token_ids": prompts,
-                     "max_tokens": [4] * n, "call": [0] * n}, schema=REQUESTS)
+                     "max_tokens": [4] * n, "call": [0] * n, "shareable_tokens": [0] * n}, schema=REQUESTS)
 
 
 def test_failed_batch_is_halved_until_the_bad_item_is_alone():

@@ -1,0 +1,188 @@
+"""The learned router: which items the small tier summarises well enough, calibrated on the user's labels.
+
+Features are cheap and need no model: lengths, sentence and word statistics, the density of digits,
+capitals and punctuation (what makes a document hard to summarise faithfully). A logistic
+regression over them gives p = P(the small tier suffices); items with p >= threshold go to the
+small tier. `tokenmill router train` fits it on a labelled JSONL file, `tokenmill router eval`
+prints per threshold the share sent to the large tier, the cost per item and the quality kept
+relative to all-large, and writes the cheapest threshold that keeps the target into the artifact.
+
+Labels, one JSON object per line:
+  {"text": "...", "tier": "small"}                             the cheapest tier whose summary suffices, or
+  {"text": "...", "quality": {"small": 0.72, "large": 0.91}}   a quality score per tier (any scale, higher is better)
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from datetime import datetime, timezone
+from pathlib import Path
+
+import numpy as np
+import xxhash
+
+FORMAT = 1
+FEATURES = ["log_chars", "log_words", "log_sentences", "mean_word_len", "mean_sentence_words", "digit_share",
+            "upper_share", "punct_share", "log_numbers", "unique_word_share", "log_lines"]
+_NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
+
+
+class RouterError(ValueError):
+    """A labels file or artifact that cannot be used; the message says which line or field."""
+
+
+def text_features(texts: list[str]) -> np.ndarray:
+    rows = []
+    for t in texts:
+        words = t.split()
+        n_chars, n_words = max(len(t), 1), max(len(words), 1)
+        sentences = max(t.count(".") + t.count("!") + t.count("?"), 1)
+        rows.append([
+            np.log1p(len(t)), np.log1p(len(words)), np.log1p(sentences),
+            sum(len(w) for w in words) / n_words, len(words) / sentences,
+            sum(c.isdigit() for c in t) / n_chars, sum(c.isupper() for c in t) / n_chars,
+            sum(not c.isalnum() and not c.isspace() for c in t) / n_chars,
+            np.log1p(len(_NUMBER.findall(t))), len(set(w.lower() for w in words)) / n_words,
+            np.log1p(t.count("\n")),
+        ])
+    return np.asarray(rows, dtype=np.float64).reshape(len(texts), len(FEATURES))
+
+
+@dataclass
+class Labels:
+    texts: list[str]
+    small_quality: np.ndarray  # per item, quality of the small tier's output
+    large_quality: np.ndarray
+
+    def small_suffices(self, target: float) -> np.ndarray:
+        return self.small_quality >= target * self.large_quality
+
+
+def read_labels(path: str | Path, small: str, large: str) -> Labels:
+    texts, qs, ql = [], [], []
+    for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            text = row["text"]
+            if "quality" in row:
+                q = row["quality"]
+                qs.append(float(q[small]))
+                ql.append(float(q[large]))
+            else:
+                if row["tier"] not in (small, large):
+                    raise RouterError(f"{path}:{n}: tier {row['tier']!r} is neither {small!r} nor {large!r}")
+                qs.append(1.0 if row["tier"] == small else 0.0)
+                ql.append(1.0)
+        except RouterError:
+            raise
+        except (ValueError, KeyError, TypeError) as e:
+            raise RouterError(f"{path}:{n}: expected {{\"text\", \"tier\"}} or {{\"text\", \"quality\": "
+                              f"{{\"{small}\", \"{large}\"}}}}: {type(e).__name__}: {e}") from None
+        if not isinstance(text, str) or not text.strip():
+            raise RouterError(f"{path}:{n}: `text` must be a non-empty string")
+        texts.append(text)
+    if len(texts) < 10:
+        raise RouterError(f"{path}: {len(texts)} labelled items; at least 10 are needed (hundreds to calibrate well)")
+    return Labels(texts, np.asarray(qs), np.asarray(ql))
+
+
+def fit_logistic(x: np.ndarray, y: np.ndarray, l2: float = 1e-2, steps: int = 2000, lr: float = 0.5) -> tuple[np.ndarray, float]:
+    """L2-regularised logistic regression by gradient descent on standardised features."""
+    w, b = np.zeros(x.shape[1]), 0.0
+    for _ in range(steps):
+        p = 1 / (1 + np.exp(-(x @ w + b)))
+        w -= lr * (x.T @ (p - y) / len(y) + l2 * w)
+        b -= lr * float(np.mean(p - y))
+    return w, b
+
+
+class Router:
+    """A trained router artifact: scales, weights, the tiers it chooses between, and its threshold."""
+
+    def __init__(self, artifact: dict):
+        if artifact.get("format") != FORMAT or artifact.get("features") != FEATURES:
+            raise RouterError(f"router artifact format {artifact.get('format')} / features do not match this "
+                              "tokenmill; train it again with `tokenmill router train`")
+        self.artifact = artifact
+        self.mean, self.scale = np.asarray(artifact["mean"]), np.asarray(artifact["scale"])
+        self.weights, self.bias = np.asarray(artifact["weights"]), float(artifact["bias"])
+        self.small, self.large = artifact["small_tier"], artifact["large_tier"]
+        self.threshold = float(artifact["threshold"])
+
+    @staticmethod
+    def load(path: str | Path) -> "Router":
+        try:
+            return Router(json.loads(Path(path).read_text()))
+        except FileNotFoundError:
+            raise RouterError(f"router artifact {path} not found (train one: tokenmill router train)") from None
+        except (ValueError, KeyError) as e:
+            raise RouterError(f"router artifact {path} is unreadable: {e}") from None
+
+    def probabilities(self, texts: list[str]) -> np.ndarray:
+        x = (text_features(texts) - self.mean) / self.scale
+        return 1 / (1 + np.exp(-(x @ self.weights + self.bias)))
+
+    def route(self, texts: list[str]) -> list[tuple[str, float]]:
+        return [(self.small if p >= self.threshold else self.large, float(p)) for p in self.probabilities(texts)]
+
+
+def train(labels: Labels, small: str, large: str, target_quality: float) -> dict:
+    x = text_features(labels.texts)
+    mean, scale = x.mean(axis=0), x.std(axis=0) + 1e-9
+    y = labels.small_suffices(target_quality).astype(np.float64)
+    w, b = fit_logistic((x - mean) / scale, y)
+    artifact = {"format": FORMAT, "features": FEATURES, "mean": mean.tolist(), "scale": scale.tolist(),
+                "weights": w.tolist(), "bias": b, "small_tier": small, "large_tier": large, "threshold": 0.5,
+                "target_quality": target_quality, "trained_on": len(labels.texts),
+                "small_suffices_share": float(y.mean()), "trained_at": datetime.now(timezone.utc).isoformat()}
+    artifact["version"] = xxhash.xxh64_hexdigest(json.dumps([w.tolist(), b, mean.tolist()]).encode())
+    return artifact
+
+
+def evaluate(router: Router, labels: Labels, cost_small: float, cost_large: float,
+             thresholds: np.ndarray | None = None) -> list[dict]:
+    """Per threshold: share to the large tier, cost per item, quality kept relative to all-large."""
+    p = router.probabilities(labels.texts)
+    all_large = float(labels.large_quality.sum()) or 1.0
+    rows = []
+    for t in (np.round(np.arange(0.0, 1.0001, 0.05), 2) if thresholds is None else thresholds):
+        small = p >= t
+        quality = float(np.where(small, labels.small_quality, labels.large_quality).sum()) / all_large
+        rows.append({"threshold": float(t), "large_share": round(float(1 - small.mean()), 4),
+                     "cost_per_item_usd": float(small.mean() * cost_small + (1 - small.mean()) * cost_large),
+                     "quality_kept": round(quality, 4)})
+    return rows
+
+
+def pick_threshold(rows: list[dict], target_quality: float) -> dict | None:
+    """The cheapest threshold whose quality kept meets the target (None: only all-large does)."""
+    ok = [r for r in rows if r["quality_kept"] >= target_quality]
+    return min(ok, key=lambda r: (r["cost_per_item_usd"], -r["threshold"])) if ok else None
+
+
+def example_labels(path: str | Path, items: int = 400, small: str = "small", large: str = "large", seed: int = 3) -> Path:
+    """A clearly SYNTHETIC labelled set: short plain documents suffice on the small tier, long number-dense
+    ones need the large tier, with some noise. It shows the format and exercises train/eval; it says
+    nothing about any real model's quality."""
+    import random
+
+    from pipeline.samples import synthetic_document
+
+    rng = random.Random(seed)
+    lines = []
+    for _ in range(items):
+        hard = rng.random() < 0.4
+        text = synthetic_document(rng, rng.randint(10, 24) if hard else rng.randint(2, 8))
+        if hard:
+            text += " " + " ".join(f"Figure {rng.randint(1, 99)}: {rng.randint(100, 99999)} units." for _ in range(6))
+        q_large = round(rng.uniform(0.8, 1.0), 3)
+        q_small = round(q_large * (rng.uniform(0.55, 0.85) if hard else rng.uniform(0.93, 1.0)), 3)
+        if rng.random() < 0.08:  # label noise, as in any human-labelled set
+            q_small = round(q_large * rng.uniform(0.5, 1.0), 3)
+        lines.append(json.dumps({"text": text, "quality": {small: q_small, large: q_large}, "synthetic": True}))
+    Path(path).write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return Path(path)
