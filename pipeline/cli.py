@@ -188,6 +188,12 @@ def samples(path: Path = typer.Argument(..., help="Folder to write the sample co
     typer.echo(f"wrote {counts['documents']} documents and {counts['bad_records']} bad records to {path}")
 
 
+def _prefix_line(p: dict) -> str:
+    if not p or p.get("hit_ratio") is None:
+        return "-"
+    return f"{p['hit_ratio']:.1%} of prompt tokens cached; sharing allows {p['shareable_ratio']:.1%}"
+
+
 def summary_table(manifest: dict) -> Table:
     c, t, m = manifest["counts"], manifest["tokens"], manifest["cost"]
     table = Table(title=f"job {manifest['job_id']}", show_header=False)
@@ -200,7 +206,12 @@ def summary_table(manifest: dict) -> Table:
           for src, r in manifest.get("reuse", {}).get("by_source", {}).items()),
         ("quarantined", c["quarantined"]),
         ("  by reason", ", ".join(f"{k} {v}" for k, v in c["by_reason"].items()) or "-"),
+        ("  by tier", ", ".join(f"{k} {v}" for k, v in c.get("by_tier", {}).items()) or "-"),
+        ("  by route", ", ".join(f"{k} {v}" for k, v in manifest.get("routing", {}).get("by_reason", {}).items()) or "-"),
+        ("  escalated / chunked", f"{manifest.get('routing', {}).get('escalated', 0)} / "
+                                  f"{manifest.get('routing', {}).get('chunked', 0)}"),
         ("prompt tokens (cached)", f"{t['prompt_tokens']} ({t['cached_prompt_tokens']})"),
+        ("prefix cache", _prefix_line(manifest.get("prefix_cache", {}))),
         ("output tokens", t["output_tokens"]),
         ("GPU-seconds", f"{m['gpu_seconds']:.3f}"),
         ("cost", f"${m['cost_usd']:.6f}"), ("baseline cost", f"${m['baseline_cost_usd']:.6f}"),

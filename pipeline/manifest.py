@@ -49,7 +49,22 @@ def partition_counts(outputs: pa.Table, ledger: pa.Table, quarantine: pa.Table, 
         "saved_by_source": {src: s(ledger.filter(pc.equal(ledger["source"], src)), "saved_cost_usd")
                             for src in count_by(ledger, "source") if src != "generated"},
         "cache_status": count_by(ledger.filter(pc.is_valid(ledger["cache_status"])), "cache_status"),
+        "routing": {"by_reason": count_by(ledger, "route_reason"),
+                    "escalated": int(pc.sum(ledger["escalated"].cast(pa.int64())).as_py() or 0) if ledger.num_rows else 0,
+                    "chunked": int(pc.sum(pc.greater(ledger["chunks"], 0).cast(pa.int64())).as_py() or 0)
+                    if ledger.num_rows else 0},
     }
+
+
+def prefix_cache(tokens: dict) -> dict:
+    """Prompt tokens served from vLLM's prefix cache, next to the share that prefix sharing allows in theory
+    (each request's common prefix with the one before it in plan order; the engine caches whole blocks,
+    so it reaches a little less)."""
+    prompt = tokens.get("prompt_tokens", 0)
+    cached, shareable = tokens.get("cached_prompt_tokens", 0), tokens.get("shareable_prompt_tokens", 0)
+    return {"hit_ratio": round(cached / prompt, 4) if prompt else None,
+            "shareable_ratio": round(shareable / prompt, 4) if prompt else None,
+            "of_shareable": round(cached / shareable, 4) if shareable else None}
 
 
 def _add(total: dict, part: dict) -> dict:
@@ -100,6 +115,8 @@ def build_manifest(config: TokenmillConfig, job_id: str, job, parts: list, parti
             "by_tier": dict(sorted(totals.get("by_tier", {}).items())),
         },
         "tokens": totals.get("tokens", {"prompt_tokens": 0, "cached_prompt_tokens": 0, "output_tokens": 0}),
+        "prefix_cache": prefix_cache(totals.get("tokens", {})),
+        "routing": totals.get("routing", {}),
         "cost": {"cost_usd": cost, "baseline_cost_usd": baseline, "saved_usd": baseline - cost,
                  "gpu_seconds": totals.get("gpu_seconds", 0.0)},
         "reuse": {

@@ -47,13 +47,19 @@ def make_config(tmp_path, tiny_models, static_embedder):
     """Build the local config with input/output/state in this test's tmp folder; kwargs override fields."""
     from pipeline.config import load_config
 
-    def make(input_dir: Path | str | None = None, **overrides):
-        """overrides: section__field=value, e.g. storage__s3_max_attempts=2."""
+    def make(input_dir: Path | str | None = None, routing: bool = False, **overrides):
+        """overrides: section__field=value, e.g. storage__s3_max_attempts=2.
+
+        `routing`: keep the local config's route rules and escalation (off by default, so a test
+        sees one tier unless it is about routing)."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("TOKENMILL_") or k == "TOKENMILL_HOME"}
         env["TOKENMILL_INPUT__URI"] = str(input_dir or tmp_path / "input")
         env["TOKENMILL_OUTPUT__URI"] = str(tmp_path / "output")
         env["TOKENMILL_STATE__URL"] = f"sqlite:///{tmp_path}/state.db"
         env["TOKENMILL_CACHE__PATH"] = str(tmp_path / "cache")  # one cache per test: reuse across tests would hide work
+        if not routing:
+            env["TOKENMILL_ROUTE__RULES"] = "[]"
+            env["TOKENMILL_ROUTE__ESCALATION__ENABLED"] = "false"
         env["TOKENMILL_RUN__PROGRESS"] = "off"
         for key, value in overrides.items():
             env[f"TOKENMILL_{key.upper()}"] = value if isinstance(value, str) else json.dumps(value)

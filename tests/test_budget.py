@@ -67,7 +67,8 @@ def test_plan_estimates_then_learns_from_ledgers(make_config, sample_corpus, tin
     import os
 
     env = {**os.environ, "TOKENMILL_HOME": str(tiny_models.parent), "TOKENMILL_OUTPUT__URI": str(tmp_path / "output"),
-           "TOKENMILL_BUDGET__MAX_JOB_USD": "1e-9"}
+           "TOKENMILL_BUDGET__MAX_JOB_USD": "1e-9", "TOKENMILL_ROUTE__RULES": "[]",
+           "TOKENMILL_ROUTE__ESCALATION__ENABLED": "false"}
 
     def plan():
         r = subprocess.run([sys.executable, "-m", "pipeline.cli", "plan", "--config", str(LOCAL_CONFIG), "--input",

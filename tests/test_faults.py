@@ -23,6 +23,7 @@ pytestmark = pytest.mark.engine
 def cli_env(tiny_models, tmp_path, **extra) -> dict:
     env = {**os.environ, "TOKENMILL_HOME": str(tiny_models.parent), "TOKENMILL_STATE__URL": f"sqlite:///{tmp_path}/state.db",
            "TOKENMILL_CACHE__PATH": str(tmp_path / "cache"),
+           "TOKENMILL_ROUTE__RULES": "[]", "TOKENMILL_ROUTE__ESCALATION__ENABLED": "false",
            "TOKENMILL_INPUT__URI": str(tmp_path / "input"), "TOKENMILL_OUTPUT__URI": str(tmp_path / "output")}
     env.update({f"TOKENMILL_{k.upper()}": str(v) for k, v in extra.items()})
     return env
@@ -45,7 +46,9 @@ def assert_exactly_once(output, job_id, expected_records, state_db):
     assert len(set(outputs["id"].to_pylist())) == outputs.num_rows == ledger.num_rows
     # Nothing charged twice: the ledger carries each paid-for generation exactly once.
     generated = [r for r in ledger.to_pylist() if r["source"] == "generated"]
-    assert len(generated) == scalar(state_db, f"select count(*) from items where job_id='{job_id}' and origin is null")
+    # One item per attempt and per chunk summary, all charged to the record that generated them.
+    assert sum(r["attempts"] + r["chunks"] for r in generated) == scalar(
+        state_db, f"select count(*) from items where job_id='{job_id}' and origin is null")
     assert sum(r["gpu_seconds"] for r in generated) == pytest.approx(
         scalar(state_db, f"select sum(gpu_seconds) from items where job_id='{job_id}'"))
     return outputs

@@ -29,7 +29,7 @@ def add_long_document(input_dir: Path) -> None:
 def test_job_accounts_for_every_record_and_every_gpu_second(make_config, sample_corpus, tmp_path):
     input_dir, counts = sample_corpus
     add_long_document(input_dir)
-    config = make_config()
+    config = make_config(routing=True)  # both tiers, rules and escalation, as the demo runs
     result = run_job(config, job_id="acct")
     m, out_dir = result.manifest, tmp_path / "output"
     outputs, ledger, quarantine = (read_kind(out_dir, k, "acct") for k in ("outputs", "ledger", "quarantine"))

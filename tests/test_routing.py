@@ -1,0 +1,131 @@
+"""Two tiers: rules, the learned router and its calibration, escalation and map-reduce on the real engine."""
+
+import json
+
+import pyarrow as pa
+import pytest
+from typer.testing import CliRunner
+
+from pipeline.cli import app
+from pipeline.config import ConfigError, RouteConfig, RouteRule, load_config
+from pipeline.route import assign_tiers
+from pipeline.router import Router, RouterError, example_labels, read_labels
+from pipeline.runner import run_job
+from tests.conftest import LOCAL_CONFIG, read_kind
+
+
+def table(rows):
+    return pa.table({"id": [r[0] for r in rows], "tenant": [r[1] for r in rows], "text": [r[2] for r in rows],
+                     "metadata": [json.dumps(r[3]) if r[3] else None for r in rows]})
+
+
+def test_rules_decide_in_order_and_say_why():
+    config = RouteConfig(default_tier="small", rules=[
+        RouteRule(name="vip", tier="large", tenants=["acme"]),
+        RouteRule(name="legal", tier="large", metadata={"kind": "contract"}),
+        RouteRule(name="long", tier="large", min_chars=50),
+        RouteRule(name="urgent", tier="large", regex=r"(?i)\burgent\b"),
+    ])
+    out = assign_tiers(table([
+        ("a", "acme", "short", None), ("b", "globex", "short", {"kind": "contract"}),
+        ("c", "globex", "x" * 60, None), ("d", "globex", "URGENT: call back", None), ("e", "globex", "plain", None),
+    ]), config)
+    assert out["tier"].to_pylist() == ["large", "large", "large", "large", "small"]
+    assert out["route_reason"].to_pylist() == ["rule:vip", "rule:legal", "rule:long", "rule:urgent", "default"]
+
+
+def test_a_rule_naming_an_unknown_tier_or_a_bad_regex_is_a_config_error():
+    with pytest.raises(ConfigError, match=r"route.rules\[x\].tier 'huge' is not one of tiers"):
+        load_config(LOCAL_CONFIG, environ={"TOKENMILL_ROUTE__RULES": '[{"name": "x", "tier": "huge"}]'})
+    with pytest.raises(ConfigError, match="regex does not compile"):
+        load_config(LOCAL_CONFIG, environ={"TOKENMILL_ROUTE__RULES": '[{"name": "x", "tier": "large", "regex": "("}]'})
+
+
+def test_router_train_then_eval_picks_the_cheapest_threshold_that_keeps_quality(tmp_path, tiny_models):
+    labels, artifact = tmp_path / "labels.jsonl", tmp_path / "router.json"
+    example_labels(labels, 300)
+    runner = CliRunner()
+    trained = runner.invoke(app, ["router", "train", "--config", str(LOCAL_CONFIG), "--labels", str(labels),
+                                  "--out", str(artifact)])
+    assert trained.exit_code == 0, trained.output
+    result = runner.invoke(app, ["router", "eval", "--config", str(LOCAL_CONFIG), "--labels", str(labels),
+                                 "--router", str(artifact), "--target-quality", "0.95", "--format", "json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads(result.output[:result.output.rindex("}") + 1])
+    rows, chosen = report["rows"], report["chosen"]
+    assert rows[0]["large_share"] == 0.0 and rows[0]["threshold"] == 0.0  # everything small: cheapest
+    all_large = [r for r in rows if r["large_share"] == 1.0]
+    assert all_large and all_large[0]["quality_kept"] == 1.0
+    assert chosen["quality_kept"] >= 0.95
+    assert all(r["cost_per_item_usd"] >= chosen["cost_per_item_usd"] for r in rows if r["quality_kept"] >= 0.95)
+    assert 0 < chosen["large_share"] < 1, "the synthetic set has easy and hard items"
+    saved = json.loads(artifact.read_text())
+    assert saved["threshold"] == chosen["threshold"] and saved["calibrated_target"] == 0.95
+    router = Router.load(artifact)
+    routed = router.route(["Short plain note about the team meeting."])
+    assert routed[0][0] in ("small", "large") and 0 <= routed[0][1] <= 1
+
+
+def test_bad_labels_are_named_by_line(tmp_path):
+    path = tmp_path / "l.jsonl"
+    path.write_text('{"text": "a", "tier": "small"}\n{"text": "b", "tier": "medium"}\n')
+    with pytest.raises(RouterError, match=r"l.jsonl:2: tier 'medium'"):
+        read_labels(path, "small", "large")
+    path.write_text('{"text": "a", "tier": "small"}\n' * 3)
+    with pytest.raises(RouterError, match="at least 10"):
+        read_labels(path, "small", "large")
+
+
+def docs(n, prefix="d", words=40):
+    body = "quarterly revenue growth customer order shipment delay invoice payment refund "
+    return [{"id": f"{prefix}{i}", "tenant": "acme", "text": body * (words // 10) + f"Note {i}."} for i in range(n)]
+
+
+def write(path, rows):
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+
+
+def test_escalation_regenerates_low_confidence_outputs_and_pays_both_attempts(make_config, tmp_path):
+    write(tmp_path / "input" / "a.jsonl", docs(6))
+    # Threshold 0: every small-tier output is "low confidence" (log-probabilities are negative).
+    config = make_config(routing=True, route__escalation__min_mean_logprob=0.0, route__rules=[], dedup__near=False)
+    m = run_job(config, job_id="esc").manifest
+    ledger = {r["id"]: r for r in read_kind(tmp_path / "output", "ledger", "esc").to_pylist()}
+    assert all(r["escalated"] and r["attempts"] == 2 and r["tier"] == "large" for r in ledger.values())
+    assert all(r["route_reason"] == "default" for r in ledger.values())
+    assert m["routing"]["escalated"] == 6 and set(m["engines"]) == {"small", "large"}
+    # Both attempts are in the cost: the ledger adds up to both engines' GPU-seconds.
+    assert sum(r["gpu_seconds"] for r in ledger.values()) == pytest.approx(
+        sum(e["gpu_seconds"] for e in m["engines"].values()), rel=1e-9)
+    small_price, large_price = (config.tiers[t].price_per_gpu_hour for t in ("small", "large"))
+    assert all(small_price < r["price_per_gpu_hour"] < large_price for r in ledger.values())
+
+    again = run_job(config, job_id="esc").manifest  # a rerun: nothing generated twice
+    assert again["engines"] == m["engines"]
+    cached = run_job(config, job_id="esc-2").manifest  # another night: both attempts come from the cache
+    assert cached["counts"]["by_source"] == {"cache_exact": 6} and cached["cost"]["cost_usd"] == 0
+    assert "engines" not in cached or cached["engines"] == {}
+
+
+def test_confident_outputs_stay_on_the_small_tier(make_config, tmp_path):
+    write(tmp_path / "input" / "a.jsonl", docs(4))
+    config = make_config(routing=True, route__escalation__min_mean_logprob=-1000.0, route__rules=[], dedup__near=False)
+    m = run_job(config, job_id="calm").manifest
+    ledger = read_kind(tmp_path / "output", "ledger", "calm").to_pylist()
+    assert {(r["tier"], r["escalated"], r["attempts"]) for r in ledger} == {("small", False, 1)}
+    assert set(m["engines"]) == {"small"}, "an engine starts only for a tier that gets items"
+
+
+def test_long_documents_are_quarantined_when_chunking_is_off(make_config, tmp_path):
+    write(tmp_path / "input" / "a.jsonl", docs(1, words=3000))
+    m = run_job(make_config(plan__long_documents="quarantine"), job_id="q").manifest
+    assert m["counts"]["by_reason"] == {"too_long": 1}
+
+
+def test_prefix_sharing_is_reported_against_what_is_possible(make_config, tmp_path):
+    write(tmp_path / "input" / "a.jsonl", docs(12, words=200))
+    m = run_job(make_config(dedup__near=False), job_id="px").manifest
+    p = m["prefix_cache"]
+    assert p["shareable_ratio"] > 0.5, "every prompt shares the system prompt and template"
+    assert 0 <= p["hit_ratio"] <= p["shareable_ratio"] and p["of_shareable"] is not None
