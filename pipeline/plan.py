@@ -23,7 +23,7 @@ REQUESTS = pa.schema([
     ("prompt_token_ids", pa.list_(pa.int32())),
     ("max_tokens", pa.int64()),
     ("call", pa.int64()),  # engine call index, in execution order
-    ("shareable_tokens", pa.int64()),  # prompt tokens shared with the request before it: what prefix caching can skip
+    ("shareable_tokens", pa.int64()),  # prompt tokens shared with its neighbour in sorted order: what prefix caching can skip
 ])
 TOO_LONG = pa.schema([("id", pa.string()), ("detail", pa.string())])
 
@@ -58,7 +58,11 @@ def plan_requests(records: pa.Table, prompt: PromptConfig, sampling: SamplingCon
                 too_long_detail.append(f"{len(ids)} prompt tokens; tier {tier} context is {context}")
             else:
                 kept.append((ids, id_))
-        kept.sort()  # shared prefixes adjacent: vLLM's prefix cache hits when they run back to back
+        # What prefix sharing allows in theory: each prompt's common prefix with its neighbour in sorted order.
+        ordered = sorted(kept)
+        shareable = {k[1]: common_prefix(ordered[i - 1][0], k[0]) if i else 0 for i, k in enumerate(ordered)}
+        if config.prefix_ordering:
+            kept = ordered  # shared prefixes adjacent: vLLM's prefix cache hits when they run back to back
         # Length-aware admission: long prompts in their own, smaller calls, after the short ones.
         normal = [k for k in kept if len(k[0]) < config.long_prompt_tokens]
         long = [k for k in kept if len(k[0]) >= config.long_prompt_tokens]
@@ -71,7 +75,7 @@ def plan_requests(records: pa.Table, prompt: PromptConfig, sampling: SamplingCon
                 "prompt_token_ids": [k[0] for k in group],
                 "max_tokens": [min(sampling.max_tokens, context - len(k[0])) for k in group],
                 "call": calls,
-                "shareable_tokens": [common_prefix(group[i - 1][0], k[0]) if i else 0 for i, k in enumerate(group)],
+                "shareable_tokens": [shareable[k[1]] for k in group],
             }, schema=REQUESTS))
     table = pa.concat_tables(requests) if requests else REQUESTS.empty_table()
     return table, pa.table({"id": too_long_ids, "detail": too_long_detail}, schema=TOO_LONG)
