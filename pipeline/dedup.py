@@ -16,6 +16,7 @@ Columns added (all read by the partition runner and the writer):
   scope, content_hash       tenant scope and content hash (the item key is built from them)
   gen_key                   item key whose output this record gets (its own `item_key` unless it reuses)
   gen_id, gen_text          the representative's id, and its text when it sits in another partition
+  gen_tier                  the tier that generates gen_key (a member may reuse a higher tier's output)
   reuse, similarity         near_duplicate | semantic | cache_near | cache_semantic, and the score
   shadow                    reused, but generated anyway to measure the false-hit rate
   signature, embedding      what the cache index stores for a generated record (with its guard features)
@@ -137,8 +138,13 @@ class _Clusters:
 
 
 def cluster_records(records: pa.Table, config: DedupConfig, embedder: Embedder | None = None,
-                    cache=None) -> tuple[pa.Table, DedupStats]:
-    """Add the reuse columns (module docstring) to keyed records (`scope`, `recipe`, `item_key`, `partition`)."""
+                    cache=None, tier_rank: dict[str, float] | None = None) -> tuple[pa.Table, DedupStats]:
+    """Add the reuse columns (module docstring) to keyed records (`scope`, `recipe`, `item_key`, `partition`, `tier`).
+
+    `tier_rank` (tier -> price): a record may reuse a representative routed to a tier ranked at least
+    as high as its own (a mirror copy whose header hid a routing rule still reuses the large tier's
+    output), never a lower one. Without it, only the same tier.
+    """
     import time
 
     stats = DedupStats()
@@ -155,6 +161,17 @@ def cluster_records(records: pa.Table, config: DedupConfig, embedder: Embedder |
             groups.setdefault((scope, recipe), []).append(row)
     clusters = _Clusters(n)
     feats: list[guards.Features | None] = [None] * n
+    tiers = records["tier"].to_pylist()
+    in_job: dict[str, list[int]] = {}  # scope -> first row of each item key, any tier, in job order
+    for (scope, _), rows in groups.items():
+        in_job.setdefault(scope, []).extend(rows)
+    for rows in in_job.values():
+        rows.sort()
+
+    def servable(row: int, rep: int) -> bool:
+        if tiers[row] == tiers[rep]:
+            return True
+        return tier_rank is not None and tier_rank.get(tiers[row], 0.0) <= tier_rank.get(tiers[rep], 0.0)
 
     def feature(row: int) -> guards.Features:
         if feats[row] is None:
@@ -176,11 +193,11 @@ def cluster_records(records: pa.Table, config: DedupConfig, embedder: Embedder |
         for row in firsts:
             sigs[row] = minhash.signature(compare[row], config.shingle_words, config.num_perm)
     if config.near:
-        for rows in groups.values():
+        for rows in in_job.values():
             index = minhash.LshIndex(config.near_threshold, config.num_perm)
             for row in rows:
-                best = sorted(((minhash.jaccard(sigs[row], sigs[c]), c) for c in index.candidates(sigs[row])),
-                              reverse=True)
+                best = sorted(((minhash.jaccard(sigs[row], sigs[c]), c) for c in index.candidates(sigs[row])
+                               if servable(row, c)), reverse=True)
                 match = next((c for s, c in best if s >= config.near_threshold and agree(row, c)), None)
                 if match is None:
                     index.add(row, sigs[row])
@@ -198,10 +215,11 @@ def cluster_records(records: pa.Table, config: DedupConfig, embedder: Embedder |
             vectors = np.zeros((n, encoded.shape[1]), np.float32)
             vectors[reps] = encoded
         if config.semantic:
-            for rows in groups.values():
+            for rows in in_job.values():
                 reps = [r for r in rows if clusters.rep[r] == r]
                 for row, candidates in _nearest_earlier(vectors, reps, config.semantic_threshold):
-                    match = next(((s, c) for s, c in candidates if clusters.rep[c] == c and agree(row, c)), None)
+                    match = next(((s, c) for s, c in candidates
+                                  if clusters.rep[c] == c and servable(row, c) and agree(row, c)), None)
                     if match:
                         clusters.join(row, match[1], "semantic", match[0])
     stats.seconds["semantic"] = time.perf_counter() - started
@@ -291,14 +309,15 @@ def _with_columns(records, clusters: _Clusters, keys, sigs, vectors, config: Ded
     first_row: dict[str, int] = {}
     for row, key in enumerate(keys):
         first_row.setdefault(key, row)
-    gen_key, gen_id, gen_text, reuse, similarity, shadow = [], [], [], [], [], []
+    tiers = records["tier"].to_pylist()
+    gen_key, gen_id, gen_text, gen_tier, reuse, similarity, shadow = [], [], [], [], [], [], []
     for row in range(n):
         first = first_row[keys[row]]       # exact duplicates follow their key's first record
         rep = clusters.rep[first]
         kind, sim = clusters.kind[first], clusters.similarity[first]
-        key, gid, gtext = keys[row], None, None
+        key, gid, gtext, gtier = keys[row], None, None, tiers[row]
         if rep != first:                    # an in-job near/semantic member
-            key, gid = keys[rep], ids[rep]
+            key, gid, gtier = keys[rep], ids[rep], tiers[rep]
             gtext = raw_texts[rep] if parts[rep] != parts[row] else None
         cached = clusters.cached.get(rep)
         if cached is not None:              # its representative reuses an earlier job's output
@@ -308,6 +327,7 @@ def _with_columns(records, clusters: _Clusters, keys, sigs, vectors, config: Ded
         gen_key.append(key)
         gen_id.append(gid)
         gen_text.append(gtext)
+        gen_tier.append(gtier)
         reuse.append(kind)
         similarity.append(sim)
         shadow.append(kind is not None and shadow_selected(keys[row], config.shadow_rate))
@@ -318,6 +338,7 @@ def _with_columns(records, clusters: _Clusters, keys, sigs, vectors, config: Ded
             .append_column("gen_key", pa.array(gen_key, pa.string()))
             .append_column("gen_id", pa.array(gen_id, pa.string()))
             .append_column("gen_text", pa.array(gen_text, pa.string()))
+            .append_column("gen_tier", pa.array(gen_tier, pa.string()))
             .append_column("reuse", pa.array(reuse, pa.string()))
             .append_column("similarity", pa.array(similarity, pa.float64()))
             .append_column("shadow", pa.array(shadow, pa.bool_()))

@@ -63,7 +63,7 @@ def generation_units(records: pa.Table, missing: set[str]) -> pa.Table:
     record it summarises, whichever partition pays for it first.
     """
     rows: dict[str, dict] = {}
-    cols = {c: records[c].to_pylist() for c in (*ITEM_COLUMNS, "gen_key", "gen_id", "gen_text")}
+    cols = {c: records[c].to_pylist() for c in (*ITEM_COLUMNS, "gen_key", "gen_id", "gen_text", "gen_tier")}
     for i in range(records.num_rows):
         key = cols["item_key"][i]
         if key in missing and key not in rows:
@@ -72,7 +72,7 @@ def generation_units(records: pa.Table, missing: set[str]) -> pa.Table:
         key = cols["gen_key"][i]
         if key in missing and key not in rows and cols["gen_id"][i] is not None:
             rows[key] = {"id": cols["gen_id"][i], "text": cols["gen_text"][i], "tenant": cols["tenant"][i],
-                         "scope": cols["scope"][i], "tier": cols["tier"][i], "item_key": key}
+                         "scope": cols["scope"][i], "tier": cols["gen_tier"][i], "item_key": key}
     units = list(rows.values())
     return pa.table({c: [u[c] for u in units] for c in ITEM_COLUMNS},
                     schema=pa.schema([(c, pa.string()) for c in ITEM_COLUMNS]))

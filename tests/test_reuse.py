@@ -144,3 +144,21 @@ def test_verification_arithmetic():
                                                  "semantic": {"checked": 5, "false_hits": 2}}}], 0.5)
     assert total["checked"] == 25 and total["false_hits"] == 3 and total["false_hit_rate"] == 0.12
     assert total["by_kind"]["semantic"]["false_hit_rate"] == 0.4
+
+
+def test_a_copy_may_reuse_a_larger_tier_never_a_smaller_one():
+    from pipeline.plan import add_item_keys
+
+    config = DedupConfig(shadow_rate=0.0)
+    table = pa.table({"id": ["big", "copy", "small", "copy-up"], "tenant": ["t"] * 4,
+                      "text": [BASE, "Fwd: " + BASE, BASE.replace("Ohio", "Texas"), "Fwd: " + BASE.replace("Ohio", "Texas")],
+                      "partition": ["p0"] * 4, "tier": ["large", "small", "small", "large"]})
+    tiers = {"small": TierConfig(model="s", price_per_gpu_hour=1.0), "large": TierConfig(model="l", price_per_gpu_hour=4.0)}
+    keyed_table = add_item_keys(add_content_hashes(table, config), PromptConfig(), SamplingConfig(), tiers)
+    out, _ = cluster_records(keyed_table, config, None, None, {"small": 1.0, "large": 4.0})
+    rows = {r["id"]: r for r in out.to_pylist()}
+    assert rows["copy"]["reuse"] == "near_duplicate" and rows["copy"]["gen_id"] == "big"
+    assert rows["copy"]["gen_tier"] == "large" and rows["copy"]["gen_key"] == rows["big"]["item_key"]
+    assert rows["copy-up"]["reuse"] is None, "a large-tier item never gets a small-tier output"
+    same_tier_only, _ = cluster_records(keyed_table, config, None, None, None)
+    assert same_tier_only.to_pylist()[1]["reuse"] is None
