@@ -292,9 +292,10 @@ class _Job:
         chunked: dict[str, dict] = {}   # key -> its unit, for documents cut into chunks
         tried: set[str] = set()         # escalation keys already attempted
         all_completions, all_calls, shareable = [], [], 0
+        round_units = units.to_pylist()  # whole unit dicts: follow-ups carry flags the request table does not
         for _ in range(4):  # base + chunk maps; reduces + escalations; escalations of late outputs
             current.clear()
-            current.update({u["id"]: u for u in units.to_pylist()})
+            current.update({u["id"]: u for u in round_units})
             completions, call_table, engine_errors, deferred = run_inference(requests, self.pool, c.sampling,
                                                                              on_call_done, admit)
             all_completions.append(completions)
@@ -335,13 +336,10 @@ class _Job:
                 next_units.extend(self.escalations(partition, records, items, known, tried))
             if not next_units:
                 break
-            units = pa.Table.from_pylist([{k: u[k] for k in ITEM_COLUMNS} for u in next_units])
-            extras = {u["item_key"]: u for u in next_units}
-            known.update({k: u for k, u in extras.items() if "#" not in u["id"]})
-            requests, too_long = self.plan_units(units)
-            current.update({u["id"]: u for u in next_units})
-            for u in next_units:  # plan_units keeps only the standard columns; remember the rest
-                current[u["id"]] = u
+            known.update({u["item_key"]: u for u in next_units if "#" not in u["id"]})
+            round_units = next_units
+            requests, too_long = self.plan_units(
+                pa.Table.from_pylist([{k: u[k] for k in ITEM_COLUMNS} for u in next_units]))
         completions, call_table = pa.concat_tables(all_completions), pa.concat_tables(all_calls)
         self.progress.advance(quarantined=sum(copies[k] for k in failed))
 
