@@ -486,7 +486,8 @@ class _Job:
         items = self.state.stored_items(self.job_id, needed_keys(records))
         records = resolve(records, set(items))
         units = units.filter(pc.invert(pc.is_in(units["item_key"], pa.array(list(items), pa.string()))))
-        return records, items, units, requests.filter(pc.is_in(requests["id"], units["id"])), too_long
+        return (records, items, units, requests.filter(pc.is_in(requests["id"], units["id"])),
+                too_long.filter(pc.is_in(too_long["id"], units["id"])))
 
     def run_single(self, partition: str) -> dict:
         """Run one partition to commit (an orchestrator's task): a no-op when it is already committed."""
