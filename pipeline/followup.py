@@ -4,7 +4,7 @@ of documents longer than the tier's context.
 Both are keyed from the item key they follow (`plan.derived_key`), so they are stored, reused and
 cached like any generation, and a rerun finds them instead of paying again:
   escalation   item K on a smaller tier whose mean token log-probability is below the threshold (or
-               that was cut off by max_tokens) is generated again on the escalation tier as K>esc;
+               that is empty, or was cut off by max_tokens) is generated again on the escalation tier;
                the record gets K>esc's output and pays for both attempts;
   map-reduce   a document whose prompt does not fit is cut into chunks that do (K>chunk>i), each
                summarised, then the chunk summaries are summarised as K itself; the record pays for
@@ -30,7 +30,8 @@ def needs_escalation(item: dict, config: TokenmillConfig) -> bool:
     if to is None or item["tier"] == to or item.get("chunks"):
         return False
     low = item.get("mean_logprob") is not None and item["mean_logprob"] < e.min_mean_logprob
-    return low or (e.on_truncation and item["finish_reason"] == "length")
+    empty = not (item.get("summary") or "").strip()  # an output check no log-probability catches
+    return low or empty or (e.on_truncation and item["finish_reason"] == "length")
 
 
 def final_output(key: str, items: dict[str, dict], config: TokenmillConfig) -> tuple[dict | None, list[dict], bool]:

@@ -129,3 +129,18 @@ def test_prefix_sharing_is_reported_against_what_is_possible(make_config, tmp_pa
     p = m["prefix_cache"]
     assert p["shareable_ratio"] > 0.5, "every prompt shares the system prompt and template"
     assert 0 <= p["hit_ratio"] <= p["shareable_ratio"] and p["of_shareable"] is not None
+
+
+def test_which_outputs_escalate(make_config):
+    from pipeline.followup import needs_escalation
+
+    config = make_config(routing=True, route__escalation__min_mean_logprob=-3.0,
+                         route__escalation__on_truncation=True)
+    item = {"tier": "small", "summary": "fine", "mean_logprob": -1.0, "finish_reason": "stop", "chunks": 0}
+    assert not needs_escalation(item, config)
+    assert needs_escalation({**item, "mean_logprob": -4.0}, config)
+    assert needs_escalation({**item, "finish_reason": "length"}, config)
+    assert needs_escalation({**item, "summary": "  "}, config), "an empty output escalates"
+    assert not needs_escalation({**item, "tier": "large", "mean_logprob": -9.0}, config), "already on the top tier"
+    assert not needs_escalation({**item, "chunks": 3, "mean_logprob": -9.0}, config), "map-reduce outputs stay"
+    assert not needs_escalation({**item, "mean_logprob": -9.0}, make_config()), "escalation off"
