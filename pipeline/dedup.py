@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import logging
 import re
+import time
 import unicodedata
 from collections import Counter
 from dataclasses import dataclass, field
@@ -145,8 +146,6 @@ def cluster_records(records: pa.Table, config: DedupConfig, embedder: Embedder |
     as high as its own (a mirror copy whose header hid a routing rule still reuses the large tier's
     output), never a lower one. Without it, only the same tier.
     """
-    import time
-
     stats = DedupStats()
     n = records.num_rows
     boilerplate = compile_boilerplate(config.boilerplate_patterns)

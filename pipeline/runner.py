@@ -380,13 +380,21 @@ class _Job:
                 unit = found[0]
             wanted[target] = {**unit, "tier": to, "item_key": target, "escalation": True}
             tried.add(target)
-        if wanted and c.cache.enabled:
-            hits: dict[str, dict] = {}
-            for scope in {u["scope"] for u in wanted.values()}:
-                hits |= self.cache.get_many(scope, [k for k, u in wanted.items() if u["scope"] == scope])
-            if hits:
-                self.state.store_items(self.job_id, cached_items(hits, wanted, partition, now()))
-        return [u for k, u in wanted.items() if k not in hits] if wanted and c.cache.enabled else list(wanted.values())
+        found = self.store_cache_hits(partition, wanted)
+        return [u for k, u in wanted.items() if k not in found]
+
+    def store_cache_hits(self, partition: str, lookers: dict[str, dict]) -> dict[str, dict]:
+        """Exact cache hits for `lookers` (key -> the unit or record asking: id, tenant, scope), stored as
+        this job's items so reruns see them; returns them by key."""
+        if not lookers or not self.config.cache.enabled:
+            return {}
+        hits: dict[str, dict] = {}
+        for scope in sorted({v["scope"] for v in lookers.values()}):
+            hits |= self.cache.get_many(scope, [k for k, v in lookers.items() if v["scope"] == scope])
+        found = cached_items(hits, lookers, partition, now()) if hits else {}
+        if found:
+            self.state.store_items(self.job_id, found)
+        return found
 
     def plan_units(self, units: pa.Table) -> tuple[pa.Table, pa.Table]:
         c = self.config
@@ -441,14 +449,9 @@ class _Job:
             for key in (own, gen):
                 if key in missing:
                     lookers.setdefault(key, {"id": id_, "tenant": tenant, "scope": scope})
-        hits: dict[str, dict] = {}
-        for scope in sorted({v["scope"] for v in lookers.values()}):
-            hits |= self.cache.get_many(scope, [k for k, v in lookers.items() if v["scope"] == scope])
-        if hits:
-            found = cached_items(hits, lookers, partition, now())
-            self.state.store_items(self.job_id, found)
-            items = items | self.state.stored_items(self.job_id, list(found))
-        return items
+        found = self.store_cache_hits(partition, lookers)
+        # Read back as stored: another worker may have stored the key first, and the first value wins.
+        return items | self.state.stored_items(self.job_id, list(found)) if found else items
 
     def unpaid_requests(self, partition: str, records: pa.Table) -> tuple:
         """(records resolved, items at hand by key, generation units, their engine requests, too_long).

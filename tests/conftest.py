@@ -42,6 +42,10 @@ def tiny_models(tokenmill_home) -> Path:
     return models
 
 
+# The local config routes across two tiers and escalates; tests not about routing run on one tier.
+ONE_TIER = {"TOKENMILL_ROUTE__RULES": "[]", "TOKENMILL_ROUTE__ESCALATION__ENABLED": "false"}
+
+
 @pytest.fixture
 def make_config(tmp_path, tiny_models, static_embedder):
     """Build the local config with input/output/state in this test's tmp folder; kwargs override fields."""
@@ -58,8 +62,7 @@ def make_config(tmp_path, tiny_models, static_embedder):
         env["TOKENMILL_STATE__URL"] = f"sqlite:///{tmp_path}/state.db"
         env["TOKENMILL_CACHE__PATH"] = str(tmp_path / "cache")  # one cache per test: reuse across tests would hide work
         if not routing:
-            env["TOKENMILL_ROUTE__RULES"] = "[]"
-            env["TOKENMILL_ROUTE__ESCALATION__ENABLED"] = "false"
+            env.update(ONE_TIER)
         env["TOKENMILL_RUN__PROGRESS"] = "off"
         for key, value in overrides.items():
             env[f"TOKENMILL_{key.upper()}"] = value if isinstance(value, str) else json.dumps(value)

@@ -8,7 +8,7 @@ import pytest
 
 from pipeline.samples import write_sample_corpus
 from pipeline.state import StateStore
-from tests.conftest import REPO, read_kind
+from tests.conftest import ONE_TIER, REPO, read_kind
 from tests.test_faults import assert_exactly_once
 
 pytestmark = pytest.mark.engine
@@ -54,8 +54,8 @@ def test_dag_runs_end_to_end_then_a_failed_partition_reruns_alone(dag, tmp_path,
     counts = write_sample_corpus(tmp_path / "input", documents=20)
     monkeypatch.setenv("TOKENMILL_STATE__URL", f"sqlite:///{tmp_path}/state.db")
     monkeypatch.setenv("TOKENMILL_CACHE__PATH", str(tmp_path / "cache"))
-    monkeypatch.setenv("TOKENMILL_ROUTE__RULES", "[]")  # one tier here; routing is tested in test_routing.py
-    monkeypatch.setenv("TOKENMILL_ROUTE__ESCALATION__ENABLED", "false")
+    for name, value in ONE_TIER.items():  # one tier here; routing is tested in test_routing.py
+        monkeypatch.setenv(name, value)
     conf = {"input_uri": str(tmp_path / "input"), "output_uri": str(tmp_path / "output")}
     day = pendulum.datetime(2026, 11, 29, tz="UTC")
     job_id = f"{DAG_ID}-2026-11-29"

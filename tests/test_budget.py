@@ -8,7 +8,7 @@ import pytest
 
 from pipeline.runner import JobError, run_job
 from pipeline.state import StateStore
-from tests.conftest import LOCAL_CONFIG, REPO, read_kind
+from tests.conftest import LOCAL_CONFIG, ONE_TIER, REPO, read_kind
 from tests.test_faults import assert_exactly_once
 
 pytestmark = pytest.mark.engine
@@ -67,8 +67,7 @@ def test_plan_estimates_then_learns_from_ledgers(make_config, sample_corpus, tin
     import os
 
     env = {**os.environ, "TOKENMILL_HOME": str(tiny_models.parent), "TOKENMILL_OUTPUT__URI": str(tmp_path / "output"),
-           "TOKENMILL_BUDGET__MAX_JOB_USD": "1e-9", "TOKENMILL_ROUTE__RULES": "[]",
-           "TOKENMILL_ROUTE__ESCALATION__ENABLED": "false"}
+           "TOKENMILL_BUDGET__MAX_JOB_USD": "1e-9", **ONE_TIER}
 
     def plan():
         r = subprocess.run([sys.executable, "-m", "pipeline.cli", "plan", "--config", str(LOCAL_CONFIG), "--input",

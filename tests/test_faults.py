@@ -13,7 +13,7 @@ import pytest
 from pipeline.runner import JobError, run_job
 from pipeline.samples import write_sample_corpus
 from pipeline.state import StateStore
-from tests.conftest import LOCAL_CONFIG, REPO, read_kind
+from tests.conftest import LOCAL_CONFIG, ONE_TIER, REPO, read_kind
 
 pytestmark = pytest.mark.engine
 
@@ -23,7 +23,7 @@ pytestmark = pytest.mark.engine
 def cli_env(tiny_models, tmp_path, **extra) -> dict:
     env = {**os.environ, "TOKENMILL_HOME": str(tiny_models.parent), "TOKENMILL_STATE__URL": f"sqlite:///{tmp_path}/state.db",
            "TOKENMILL_CACHE__PATH": str(tmp_path / "cache"),
-           "TOKENMILL_ROUTE__RULES": "[]", "TOKENMILL_ROUTE__ESCALATION__ENABLED": "false",
+           **ONE_TIER,
            "TOKENMILL_INPUT__URI": str(tmp_path / "input"), "TOKENMILL_OUTPUT__URI": str(tmp_path / "output")}
     env.update({f"TOKENMILL_{k.upper()}": str(v) for k, v in extra.items()})
     return env
