@@ -106,6 +106,18 @@ class SamplingConfig(Section):
     temperature: float = Field(0.0, ge=0.0, description="0 is greedy: the reproducible choice for nightly batch work.")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
     seed: int | None = Field(0, description="Per-request sampling seed (used when temperature > 0).")
+    json_schema: dict[str, Any] | None = Field(None, description="JSON schema every summary must follow, enforced by vLLM's guided decoding (compact JSON, no free whitespace). An output that still fails validation (cut off by max_tokens) is retried once with twice the token budget, then quarantined as `invalid_output`. Part of the item key: changing it regenerates.")
+
+    @model_validator(mode="after")
+    def _schema_is_valid(self) -> "SamplingConfig":
+        if self.json_schema is not None:
+            from jsonschema import Draft202012Validator
+            from jsonschema.exceptions import SchemaError
+            try:
+                Draft202012Validator.check_schema(self.json_schema)
+            except SchemaError as e:
+                raise ValueError(f"json_schema is not a valid JSON schema: {e.message}") from None
+        return self
 
 
 class VllmArgs(Section):

@@ -8,10 +8,20 @@ cached like any generation, and a rerun finds them instead of paying again:
                the record gets K>esc's output and pays for both attempts;
   map-reduce   a document whose prompt does not fit is cut into chunks that do (K>chunk>i), each
                summarised, then the chunk summaries are summarised as K itself; the record pays for
-               every call and is marked with its chunk count.
+               every call and is marked with its chunk count;
+  retry        with `sampling.json_schema`, an output that does not validate (guided decoding keeps
+               it on the schema, but max_tokens can cut it off) is generated once more with twice
+               the token budget (K>retry>1); still invalid, the record is quarantined as
+               `invalid_output` and its ledger row keeps what both attempts cost.
+
+Order per key: retry an invalid output first, then escalate a valid low-confidence one.
 """
 
 from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from functools import lru_cache
 
 from pipeline.config import TokenmillConfig
 from pipeline.plan import derived_key, render_messages
@@ -25,6 +35,34 @@ def chunk_keys(key: str, n: int) -> list[str]:
     return [derived_key(key, "chunk", i) for i in range(n)]
 
 
+def retry_key(key: str) -> str:
+    return derived_key(key, "retry", 1)
+
+
+@lru_cache(maxsize=8)
+def _validator(schema_json: str):
+    from jsonschema import Draft202012Validator
+    return Draft202012Validator(json.loads(schema_json))
+
+
+def output_problem(item: dict, config: TokenmillConfig) -> str | None:
+    """Why an item's output breaks `sampling.json_schema` (None: valid, or no schema configured)."""
+    schema = config.sampling.json_schema
+    if schema is None:
+        return None
+    text = item.get("summary") or ""
+    try:
+        value = json.loads(text)
+    except ValueError as e:
+        cut = " (cut off by max_tokens)" if item.get("finish_reason") == "length" else ""
+        return f"not JSON{cut}: {e}"
+    error = next(iter(_validator(json.dumps(schema, sort_keys=True)).iter_errors(value)), None)
+    if error is not None:
+        where = "/".join(str(p) for p in error.absolute_path) or "(root)"
+        return f"schema violation at {where}: {error.message}"[:500]
+    return None
+
+
 def needs_escalation(item: dict, config: TokenmillConfig) -> bool:
     e, to = config.route.escalation, config.escalation_tier
     if to is None or item["tier"] == to or item.get("chunks"):
@@ -34,33 +72,75 @@ def needs_escalation(item: dict, config: TokenmillConfig) -> bool:
     return low or empty or (e.on_truncation and item["finish_reason"] == "length")
 
 
-def final_output(key: str, items: dict[str, dict], config: TokenmillConfig) -> tuple[dict | None, list[dict], bool]:
-    """(the item whose output a record with `key` gets, every item paid to make it, escalated?).
+@dataclass
+class Outcome:
+    """What a record with item key K ends with: the output it gets (`item`), every item paid to make
+    it, and how it got there. `problem` is set when the output still breaks the JSON schema."""
 
-    An escalation that failed (its tier could not take the prompt, or the engine failed) leaves the
-    first attempt's output in place: the record is still served, and pays for what ran.
+    item: dict | None
+    paid: list[dict] = field(default_factory=list)
+    escalated: bool = False
+    retried: bool = False
+    problem: str | None = None
+
+    @property
+    def attempts(self) -> int:
+        return 1 + self.retried + self.escalated
+
+
+def final_output(key: str, items: dict[str, dict], config: TokenmillConfig) -> Outcome:
+    """The outcome of `key` from the items at hand (missing follow-ups: the attempt so far stands).
+
+    An escalation that failed (its tier could not take the prompt, or the engine failed) or whose
+    output breaks the schema leaves the earlier output in place: the record is still served, and
+    pays for what ran.
     """
     item = items.get(key)
     if item is None:
-        return None, [], False
-    paid = [item] + [items[k] for k in chunk_keys(key, item.get("chunks") or 0) if k in items]
-    if needs_escalation(item, config):
+        return Outcome(None)
+    out = Outcome(item, [item] + [items[k] for k in chunk_keys(key, item.get("chunks") or 0) if k in items])
+    out.problem = output_problem(item, config)
+    if out.problem and retry_key(key) in items:
+        out.item = items[retry_key(key)]
+        out.paid.append(out.item)
+        out.retried, out.problem = True, output_problem(out.item, config)
+    if out.problem is None and needs_escalation(out.item, config):
         second = items.get(escalation_key(key, config.escalation_tier))
         if second is not None:
-            return second, paid + [second], True
-    return item, paid, False
+            out.paid.append(second)
+            if output_problem(second, config) is None:
+                out.item, out.escalated = second, True
+    return out
+
+
+def next_attempt(key: str, items: dict[str, dict], config: TokenmillConfig) -> tuple[str, dict] | None:
+    """(key, unit changes) of the generation `key` needs next, or None when it is complete."""
+    item = items.get(key)
+    if item is None:
+        return None
+    if output_problem(item, config):
+        if retry_key(key) not in items:
+            return retry_key(key), {"max_tokens": 2 * config.sampling.max_tokens, "retry": True}
+        item = items[retry_key(key)]
+        if output_problem(item, config):
+            return None  # retried once: quarantined
+    if needs_escalation(item, config) and escalation_key(key, config.escalation_tier) not in items:
+        return escalation_key(key, config.escalation_tier), {"tier": config.escalation_tier, "escalation": True}
+    return None
 
 
 def related_keys(keys: list[str], items: dict[str, dict], config: TokenmillConfig) -> list[str]:
-    """Keys whose items complete the picture of `keys`: their chunks and their escalations."""
+    """Keys whose items complete the picture of `keys`: their chunks, retries and escalations."""
     out = []
     for key in keys:
         item = items.get(key)
         if item is None:
             continue
         out.extend(chunk_keys(key, item.get("chunks") or 0))
-        if needs_escalation(item, config):
-            out.append(escalation_key(key, config.escalation_tier))
+        if output_problem(item, config):
+            out.append(retry_key(key))
+        if config.escalation_tier and item["tier"] != config.escalation_tier and not item.get("chunks"):
+            out.append(escalation_key(key, config.escalation_tier))  # needed when this or its retry escalated
     return out
 
 

@@ -77,6 +77,9 @@ class VllmEngine:
             os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(tier.cpu_kvcache_space_gib)
             kwargs.setdefault("dtype", "float32")     # auto picks bf16, slower on CPUs without AMX
             kwargs.setdefault("enforce_eager", True)  # torch.compile warm-up costs a minute, gains nothing here
+        # JSON-schema outputs (sampling.json_schema) without free whitespace: compact JSON is fewer
+        # tokens, and a weak model cannot pad its way to max_tokens with indentation. Engine-wide in vLLM.
+        kwargs.setdefault("structured_outputs_config", {"backend": "guidance", "disable_any_whitespace": True})
         try:
             from vllm import LLM
         except ImportError as e:
@@ -99,9 +102,15 @@ class VllmEngine:
             from vllm.v1.engine.exceptions import EngineDeadError as VllmDead
         except ImportError:  # pragma: no cover - layout of other vLLM versions
             VllmDead = ()
+        def structured():
+            if sampling.json_schema is None:
+                return None
+            from vllm.sampling_params import StructuredOutputsParams
+            # One object per request: vLLM records its backend on it.
+            return StructuredOutputsParams(json=sampling.json_schema)
         # logprobs=0: only the sampled token's log-probability, enough for the mean (escalation's signal).
         params = [SamplingParams(max_tokens=m, temperature=sampling.temperature, top_p=sampling.top_p,
-                                 seed=sampling.seed, logprobs=0) for m in max_tokens]
+                                 seed=sampling.seed, logprobs=0, structured_outputs=structured()) for m in max_tokens]
         try:
             outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
         except VllmDead as e:

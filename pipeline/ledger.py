@@ -35,6 +35,7 @@ MEASURES = {
     "baseline_cost_usd": f"sum({MONEY.format(col='baseline_cost_usd')})",
     "saved_usd": f"sum({MONEY.format(col='baseline_cost_usd')}) - sum({MONEY.format(col='cost_usd')})",
     "reused_items": "count(*) FILTER (WHERE source <> 'generated')",
+    "quarantined_items": "count(*) FILTER (WHERE quarantined)",  # paid, output invalid (json_schema)
     "reuse_saved_usd": f"coalesce(sum({MONEY.format(col='saved_cost_usd')}), 0)",
 }
 

@@ -50,6 +50,10 @@ def plan_requests(records: pa.Table, prompt: PromptConfig, sampling: SamplingCon
         tok, context = tokenizers[tier], context_lengths[tier]
         rendered = [tok.apply_chat_template(render_messages(t, prompt), tokenize=False, add_generation_prompt=True)
                     for t in tier_reps["text"].to_pylist()]
+        # A unit may ask for its own output budget (a schema retry asks for twice the usual).
+        wanted = (tier_reps["max_tokens"].cast(pa.int64()).fill_null(sampling.max_tokens).to_pylist() if "max_tokens" in tier_reps.column_names
+                  else [sampling.max_tokens] * tier_reps.num_rows)
+        budget = dict(zip(tier_reps["id"].to_pylist(), wanted))
         token_ids = tok(rendered, add_special_tokens=False)["input_ids"] if rendered else []
         kept = []
         for id_, ids in zip(tier_reps["id"].to_pylist(), token_ids):
@@ -73,7 +77,7 @@ def plan_requests(records: pa.Table, prompt: PromptConfig, sampling: SamplingCon
                 "id": [k[1] for k in group],
                 "tier": [tier] * len(group),
                 "prompt_token_ids": [k[0] for k in group],
-                "max_tokens": [min(sampling.max_tokens, context - len(k[0])) for k in group],
+                "max_tokens": [min(budget[k[1]], context - len(k[0])) for k in group],
                 "call": calls,
                 "shareable_tokens": [shareable[k[1]] for k in group],
             }, schema=REQUESTS))

@@ -34,8 +34,7 @@ from pipeline.estimate import budget_problems, tier_rates, with_estimates
 from pipeline.followup import (
     chunk_keys,
     chunk_units,
-    escalation_key,
-    needs_escalation,
+    next_attempt,
     reduce_unit,
     related_keys,
     split_for_context,
@@ -290,10 +289,10 @@ class _Job:
         failed: dict[str, tuple[str, str, str]] = {}
         known = {u["item_key"]: u for u in units.to_pylist()}  # every unit of this partition, by key
         chunked: dict[str, dict] = {}   # key -> its unit, for documents cut into chunks
-        tried: set[str] = set()         # escalation keys already attempted
+        tried: set[str] = set()         # follow-up keys already attempted
         all_completions, all_calls, shareable = [], [], 0
         round_units = units.to_pylist()  # whole unit dicts: follow-ups carry flags the request table does not
-        for _ in range(4):  # base + chunk maps; reduces + escalations; escalations of late outputs
+        for _ in range(6):  # base; chunk maps; reduces; retries; escalations; escalations of late outputs
             current.clear()
             current.update({u["id"]: u for u in round_units})
             completions, call_table, engine_errors, deferred = run_inference(requests, self.pool, c.sampling,
@@ -309,8 +308,8 @@ class _Job:
             next_units: list[dict] = []
             for i, d in zip(too_long["id"].to_pylist(), too_long["detail"].to_pylist()):
                 unit = current[i]
-                if unit.get("escalation"):
-                    continue  # the larger tier cannot take it: the first output stands
+                if unit.get("escalation") or unit.get("retry"):
+                    continue  # a follow-up that does not fit: the earlier output stands
                 if c.plan.long_documents == "chunk" and "#" not in unit["id"] and not unit.get("chunks"):
                     pieces = split_for_context(unit["text"], self.pool.tokenizer(unit["tier"]), c.prompt,
                                                self.pool.context_length(unit["tier"]), c.sampling.max_tokens)
@@ -332,14 +331,13 @@ class _Job:
                     extra[key] = {"chunks": unit["pieces"]}
                     next_units.append(reduce_unit({k: v for k, v in unit.items() if k != "pieces"},
                                                   [items[k]["summary"] for k in keys]))
-            if c.escalation_tier:
-                next_units.extend(self.escalations(partition, records, items, known, tried))
+            next_units.extend(self.followups(partition, records, items, known, tried))
             if not next_units:
                 break
             known.update({u["item_key"]: u for u in next_units if "#" not in u["id"]})
             round_units = next_units
-            requests, too_long = self.plan_units(
-                pa.Table.from_pylist([{k: u[k] for k in ITEM_COLUMNS} for u in next_units]))
+            requests, too_long = self.plan_units(pa.Table.from_pylist(
+                [{**{k: u[k] for k in ITEM_COLUMNS}, "max_tokens": u.get("max_tokens")} for u in next_units]))
         completions, call_table = pa.concat_tables(all_completions), pa.concat_tables(all_calls)
         self.progress.advance(quarantined=sum(copies[k] for k in failed))
 
@@ -362,23 +360,22 @@ class _Job:
         counts["tokens"]["shareable_prompt_tokens"] = shareable
         return {**counts, "verification": verification, "seconds": round(time.perf_counter() - started, 3)}
 
-    def escalations(self, partition: str, records: pa.Table, items: dict[str, dict], known: dict[str, dict],
-                    tried: set[str]) -> list[dict]:
-        """Units regenerating low-confidence outputs on the escalation tier (found in the cache: stored, not run)."""
-        c, to = self.config, self.config.escalation_tier
+    def followups(self, partition: str, records: pa.Table, items: dict[str, dict], known: dict[str, dict],
+                  tried: set[str]) -> list[dict]:
+        """Units for the next attempt records need: schema retries and escalations (cache hits: stored, not run)."""
         wanted = {}
         for key in sorted(set(effective_keys(records))):
-            item = items.get(key)
-            target = escalation_key(key, to)
-            if item is None or target in tried or target in items or not needs_escalation(item, c):
+            attempt = next_attempt(key, items, self.config)
+            if attempt is None or attempt[0] in tried:
                 continue
+            target, changes = attempt
             unit = known.get(key)
             if unit is None:
                 found = generation_units(records, {key}).to_pylist()
                 if not found:
                     continue
                 unit = found[0]
-            wanted[target] = {**unit, "tier": to, "item_key": target, "escalation": True}
+            wanted[target] = {**unit, "item_key": target, **changes}
             tried.add(target)
         found = self.store_cache_hits(partition, wanted)
         return [u for k, u in wanted.items() if k not in found]

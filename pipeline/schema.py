@@ -64,6 +64,7 @@ LEDGER = pa.schema([
     ("cost_usd", pa.float64()),
     ("baseline_cost_usd", pa.float64()),  # same item, no dedup and no cache, on the largest tier
     ("saved_cost_usd", pa.float64()),     # reused items: what the generation they reuse cost; else 0
+    ("quarantined", pa.bool_()),    # paid, but the output broke sampling.json_schema: no output row, a quarantine row
     ("created_at", pa.timestamp("us", tz="UTC")),
 ])
 
@@ -93,4 +94,5 @@ REASONS = {
     "duplicate_id": "the `id` appeared earlier in the job (the first occurrence wins)",
     "too_long": "the prompt does not fit the tier's context length",
     "engine_error": "the engine failed on this item even when run alone",
+    "invalid_output": "the output broke sampling.json_schema, also after one retry (its cost is in the ledger)",
 }
