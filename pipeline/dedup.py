@@ -188,9 +188,8 @@ def cluster_records(records: pa.Table, config: DedupConfig, embedder: Embedder |
     started = time.perf_counter()
     sigs = np.zeros((n, config.num_perm), np.uint32)
     firsts = sorted(r for rows in groups.values() for r in rows)
-    if config.near or cache is not None:
-        for row in firsts:
-            sigs[row] = minhash.signature(compare[row], config.shingle_words, config.num_perm)
+    if (config.near or cache is not None) and firsts:
+        sigs[firsts] = minhash.signatures([compare[r] for r in firsts], config.shingle_words, config.num_perm)
     if config.near:
         for rows in in_job.values():
             index = minhash.LshIndex(config.near_threshold, config.num_perm)

@@ -7,10 +7,13 @@ averages, about 60x faster on CPUs than running the transformer. `tokenmill mode
 
 from __future__ import annotations
 
+import itertools
 import os
 from pathlib import Path
 
 import numpy as np
+
+from pipeline import minhash
 
 
 class EmbedderError(RuntimeError):
@@ -26,14 +29,51 @@ class StaticEmbedder:
         from model2vec import StaticModel
 
         self.model = StaticModel.from_pretrained(str(path))
+        # The distilled tokenizer pads every batch (to 128 or its longest text): the pad token's
+        # vector then entered each mean, so a text's embedding depended on the texts batched with it.
+        self.model.tokenizer.no_padding()
+        self.model.tokenizer.no_truncation()
 
-    def encode(self, texts: list[str]) -> np.ndarray:
-        """(n, d) float32, L2-normalised rows (cosine similarity is a dot product)."""
-        if not texts:
-            return np.zeros((0, self.model.dim), np.float32)
-        # No multiprocessing: its worker pool pickles every text across processes and, on 2 cores, only
-        # waited (16 s of 30,000 documents spent in joblib's retrieve loop); the Rust tokenizer is fast alone.
-        vectors = np.asarray(self.model.encode(texts, max_length=512, use_multiprocessing=False), dtype=np.float32)
+    def encode(self, texts: list[str], max_tokens: int = 512) -> np.ndarray:
+        """(n, d) float32, L2-normalised rows (cosine similarity is a dot product): the mean of each
+        text's token vectors, over the words that start within its first `max_tokens` tokens."""
+        out = np.zeros((len(texts), self.model.dim), np.float32)
+        for start, end in minhash.chunks(texts):
+            out[start:end] = self._encode(texts[start:end], max_tokens)
+        return out
+
+    def _encode(self, texts: list[str], max_tokens: int) -> np.ndarray:
+        """The tokenizer (WordPiece after whitespace and punctuation splitting) tokenises each
+        whitespace-separated word on its own, so a text's token vectors are the sum of its words'.
+        Each distinct word is tokenised once per batch, and the texts' sums are one sparse
+        (texts x words) product: on 2 KB documents about 3x faster than tokenising every text."""
+        from scipy.sparse import csr_matrix
+
+        m = self.model
+        hashes, text_of, (buffer, starts, ends) = minhash.words(texts)
+        distinct, first, word_of = np.unique(hashes, return_index=True, return_inverse=True)
+        encodings = m.tokenizer.encode_batch_fast([buffer[starts[i]:ends[i]].decode() for i in first],
+                                                  add_special_tokens=False)
+        ids = [e.ids for e in encodings]
+        lengths = np.fromiter(map(len, ids), np.int64, len(ids))
+        flat = np.fromiter(itertools.chain.from_iterable(ids), np.int64, int(lengths.sum()))
+        weights = np.ones(len(flat), np.float32) if m.weights is None else m.weights[flat].astype(np.float32)
+        if m.unk_token_id is not None:
+            weights[flat == m.unk_token_id] = 0.0  # model2vec drops unknown tokens
+        columns = flat if m.token_mapping is None else np.asarray(m.token_mapping)[flat]
+        word_rows = np.repeat(np.arange(len(ids)), lengths)
+        word_vectors = csr_matrix((weights, (word_rows, columns)), shape=(len(ids), m.embedding.shape[0])) \
+            @ m.embedding.astype(np.float32)
+        # Truncation: keep the words that start within the text's first max_tokens tokens.
+        tokens = lengths[word_of]
+        before = np.cumsum(tokens) - tokens
+        text_start = np.searchsorted(text_of, np.arange(len(texts)))
+        before -= np.repeat(before[np.minimum(text_start, len(before) - 1)] if len(before) else before,
+                            np.bincount(text_of, minlength=len(texts)))
+        keep = before < max_tokens
+        counts = csr_matrix((np.ones(int(keep.sum()), np.float32), (text_of[keep], word_of[keep])),
+                            shape=(len(texts), len(distinct)))
+        vectors = np.asarray(counts @ word_vectors, np.float32)
         norms = np.linalg.norm(vectors, axis=1, keepdims=True)
         return vectors / np.maximum(norms, 1e-12)
 

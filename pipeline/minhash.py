@@ -1,13 +1,15 @@
 """MinHash signatures over word shingles, and LSH banding to find near-duplicate candidates fast.
 
-A document's signature is `num_perm` minima of universal hashes over its word k-shingles; the share
-of equal positions in two signatures estimates the Jaccard similarity of their shingle sets.
+A document's signature holds `num_perm` minima over its word k-shingles (one-permutation hashing
+with densification, see `signatures`); the share of equal positions in two signatures estimates
+the Jaccard similarity of their shingle sets.
 Candidates come from LSH: the signature is cut into bands, and documents sharing any band's hash
 are compared. Bands and rows are picked for the threshold so that pairs at the threshold are found
 with high probability while far pairs rarely collide.
 
-Everything is numpy over 64-bit hashes with fixed seeds: signatures are the same in every process,
-so they can be persisted in the cache index and compared across jobs.
+Everything is numpy over 64-bit hashes with fixed constants, vectorised over many texts at once:
+signatures are the same in every process, so they can be persisted in the cache index and compared
+across jobs.
 """
 
 from __future__ import annotations
@@ -15,55 +17,136 @@ from __future__ import annotations
 import functools
 
 import numpy as np
-import xxhash
 
-_MERSENNE = np.uint64((1 << 61) - 1)
-_MAX = np.uint32(0xFFFFFFFF)
-
-
-def _permutations(num_perm: int) -> tuple[np.ndarray, np.ndarray]:
-    rng = np.random.default_rng(20261130)  # fixed: signatures must agree across processes and jobs
-    a = rng.integers(1, (1 << 61) - 1, size=num_perm, dtype=np.uint64) | np.uint64(1)
-    b = rng.integers(0, (1 << 61) - 1, size=num_perm, dtype=np.uint64)
-    return a, b
+_MASK32 = np.uint64(0xFFFFFFFF)
+_EMPTY = np.uint64(1 << 32)  # above every 32-bit value: marks a bin no shingle fell into
+_P = 0x100000001B3            # odd, so invertible mod 2**64: word hashes come from prefix sums
+_Q = pow(_P, -1, 1 << 64)
+_IS_SPACE = np.zeros(256, bool)
+_IS_SPACE[[ord(c) for c in " \t\n\r\x0b\x0c"]] = True
+_CHUNK_BYTES = 1 << 22        # texts hashed together: bounds the temporary arrays to tens of MB
 
 
-_PERMS: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+def _mix(x: np.ndarray) -> np.ndarray:
+    """splitmix64's finaliser: every input bit moves every output bit (uint64 arithmetic wraps)."""
+    x = (x ^ (x >> np.uint64(30))) * np.uint64(0xBF58476D1CE4E5B9)
+    x = (x ^ (x >> np.uint64(27))) * np.uint64(0x94D049BB133111EB)
+    return x ^ (x >> np.uint64(31))
 
 
-def shingle_hashes(text: str, k: int) -> np.ndarray:
-    """64-bit hashes of the text's word k-shingles (the whole text as one shingle when shorter)."""
-    words = text.split()
-    if not words:
-        return np.zeros(1, dtype=np.uint64)
-    h = np.fromiter((xxhash.xxh64_intdigest(w.encode()) for w in words), dtype=np.uint64, count=len(words))
-    if len(words) < k:
-        k = len(words)
-    # Rolling combination of k consecutive word hashes; uint64 arithmetic wraps, which is what we want.
+_POWERS: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+
+
+def _powers(n: int) -> tuple[np.ndarray, np.ndarray]:
+    """(P**i, Q**(i+1)) for i < n, mod 2**64."""
+    size = max(1 << max(n - 1, 1).bit_length(), 1 << 16)
+    if size not in _POWERS:
+        _POWERS.clear()
+        p = np.cumprod(np.full(size, _P, np.uint64))
+        _POWERS[size] = (np.concatenate([[np.uint64(1)], p[:-1]]), np.cumprod(np.full(size, _Q, np.uint64)))
+    p, q = _POWERS[size]
+    return p[:n], q[:n]
+
+
+def words(texts: list[str]) -> tuple[np.ndarray, np.ndarray, tuple[bytes, np.ndarray, np.ndarray]]:
+    """(64-bit hash of each whitespace-separated word, index of its text, (UTF-8 bytes of all texts,
+    start, end of each word in them)), for all texts at once.
+
+    A word's hash is the polynomial sum v_j * P**(e-j-1) of its bytes, computed for every word from
+    one prefix sum (S[e] - S[s]) * P**e, where S[i] = sum v_j * Q**(j+1) and Q = 1/P: no Python loop
+    over words, and the same word hashes equally wherever it stands.
+    """
+    encoded = [t.encode() for t in texts]
+    lengths = np.fromiter((len(e) + 1 for e in encoded), np.int64, len(encoded))
+    buffer = b" ".join(encoded) + b" "
+    data = np.frombuffer(buffer, np.uint8)
+    starts_of_text = np.concatenate([[0], np.cumsum(lengths)[:-1]])
+    sep = _IS_SPACE[data]
+    edges = np.flatnonzero(np.diff(np.concatenate([[1], sep.view(np.int8), [1]])))
+    word_start, word_end = edges[0::2], edges[1::2]
     with np.errstate(over="ignore"):
-        out = h[: len(h) - k + 1].copy()
-        for j in range(1, k):
-            out = out * np.uint64(0x9E3779B97F4A7C15) + h[j: len(h) - k + 1 + j]
-    return np.unique(out)
+        p_pow, q_pow = _powers(len(data) + 1)
+        prefix = np.concatenate([[np.uint64(0)], np.cumsum((data.astype(np.uint64) + np.uint64(1)) * q_pow[:len(data)])])
+        hashes = _mix((prefix[word_end] - prefix[word_start]) * p_pow[word_end])
+    return hashes, np.searchsorted(starts_of_text, word_start, side="right") - 1, (buffer, word_start, word_end)
 
 
-def signature(text: str, k: int = 5, num_perm: int = 128) -> np.ndarray:
-    """MinHash signature (uint32[num_perm]) of a (normalised) text."""
-    if num_perm not in _PERMS:
-        _PERMS[num_perm] = _permutations(num_perm)
-    a, b = _PERMS[num_perm]
-    h = shingle_hashes(text, k)
+def _shingles(hashes: np.ndarray, text_of: np.ndarray, n_texts: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """(hash of each run of k consecutive words inside one text, its text); a text of fewer than k
+    words is one shingle of all its words, and an empty text one shingle of value 0."""
+    counts = np.bincount(text_of, minlength=n_texts)
     with np.errstate(over="ignore"):
-        # Multiply-shift hashing: (a*h + b) >> 32 is a universal family on 64-bit words.
-        values = (np.multiply.outer(a, h) + b[:, None]) >> np.uint64(32)
-    return values.min(axis=1).astype(np.uint32)
+        m = len(hashes) - k + 1
+        if m > 0:
+            out = hashes[:m].copy()
+            for j in range(1, k):
+                out = out * np.uint64(0x9E3779B97F4A7C15) + hashes[j:m + j]
+            keep = text_of[:m] == text_of[k - 1:]
+            values, owners = [out[keep]], [text_of[:m][keep]]
+        else:
+            values, owners = [], []
+        first = np.concatenate([[0], np.cumsum(counts)[:-1]])
+        for t in np.flatnonzero(counts < k):  # short texts: rare, so a loop is fine
+            h = np.uint64(0)
+            for x in hashes[first[t]:first[t] + counts[t]]:
+                h = h * np.uint64(0x9E3779B97F4A7C15) + x
+            values.append(np.array([h], np.uint64))
+            owners.append(np.array([t]))
+    return np.concatenate(values), np.concatenate(owners)
 
 
 def signatures(texts: list[str], k: int = 5, num_perm: int = 128) -> np.ndarray:
-    out = np.empty((len(texts), num_perm), dtype=np.uint32)
-    for i, text in enumerate(texts):
-        out[i] = signature(text, k, num_perm)
+    """MinHash signatures (uint32[len(texts), num_perm]) of (normalised) texts, vectorised over all of them.
+
+    One-permutation hashing: each shingle is hashed once; its hash picks one of `num_perm` bins and
+    the bin keeps its smallest value. Empty bins borrow from the next non-empty bin (rotation
+    densification), so every position is filled and two texts agree in a position with probability
+    equal to their Jaccard similarity, as with `num_perm` independent hash functions, at 1/num_perm
+    of the hashing work.
+    """
+    out = np.empty((len(texts), num_perm), np.uint32)
+    for start, end in chunks(texts):
+        out[start:end] = _signatures(texts[start:end], k, num_perm)
     return out
+
+
+def chunks(texts: list[str], max_chars: int = _CHUNK_BYTES):
+    """(start, end) of consecutive runs of texts of about `max_chars` in all: bounds temporary arrays."""
+    start = 0
+    while start < len(texts):
+        end, size = start, 0
+        while end < len(texts) and (end == start or size < max_chars):
+            size += len(texts[end]) + 1
+            end += 1
+        yield start, end
+        start = end
+
+
+def _signatures(texts: list[str], k: int, num_perm: int) -> np.ndarray:
+    n = len(texts)
+    hashes, text_of, _ = words(texts)
+    shingles, owner = _shingles(hashes, text_of, n, k)
+    with np.errstate(over="ignore"):
+        mixed = _mix(shingles + np.uint64(0x632BE59BD9B4E019))
+    bins = np.full(n * num_perm, _EMPTY, np.uint64)
+    slot = owner * num_perm + ((mixed & _MASK32) % np.uint64(num_perm)).astype(np.int64)
+    np.minimum.at(bins, slot, mixed >> np.uint64(32))
+    bins = bins.reshape(n, num_perm)
+    filled, empty = bins.copy(), bins == _EMPTY
+    for step in range(1, num_perm):
+        if not empty.any():
+            break
+        source = np.roll(bins, -step, axis=1)
+        take = empty & (source != _EMPTY)
+        filled[take] = (source[take] + np.uint64(step * 0x9E3779B9)) & _MASK32
+        empty &= ~take
+    filled[empty] = 0
+    return filled.astype(np.uint32)
+
+
+def signature(text: str, k: int = 5, num_perm: int = 128) -> np.ndarray:
+    """MinHash signature (uint32[num_perm]) of one (normalised) text."""
+    return signatures([text], k, num_perm)[0]
 
 
 def jaccard(a: np.ndarray, b: np.ndarray) -> float:

@@ -1,5 +1,7 @@
 """Near-duplicate and semantic reuse, the meaning guards, tenant scopes and shadow verification (no engine)."""
 
+import random
+
 import numpy as np
 import pyarrow as pa
 import pytest
@@ -41,6 +43,44 @@ def test_minhash_estimates_jaccard_and_lsh_finds_close_pairs():
     assert index.candidates(minhash.signature("entirely different words here and there " * 5)) == []
     bands, rows = minhash.bands_for(0.8, 128)
     assert bands * rows <= 128 and 0.5 < (1 / bands) ** (1 / rows) < 0.9  # S-curve midpoint below the threshold
+
+
+def test_minhash_signatures_do_not_depend_on_the_batch_and_estimate_jaccard_without_bias():
+    rng = random.Random(3)
+    vocabulary = [f"v{i}" for i in range(400)]
+    texts = [" ".join(rng.choice(vocabulary) for _ in range(rng.randint(0, 300))) for _ in range(60)] + ["", "one", "a b"]
+    together = minhash.signatures(texts)
+    assert all((minhash.signature(t) == together[i]).all() for i, t in enumerate(texts))
+    assert (minhash.signatures(texts, 5, 128) == minhash.signatures(texts[::-1], 5, 128)[::-1]).all()
+    errors = []
+    for t in texts[:50]:
+        words = t.split()
+        if len(words) < 50:
+            continue
+        changed = list(words)
+        for _ in range(rng.randint(1, 20)):
+            changed[rng.randrange(len(changed))] = f"x{rng.random()}"
+        shingles = [{tuple(w[i:i + 5]) for i in range(len(w) - 4)} for w in (words, changed)]
+        truth = len(shingles[0] & shingles[1]) / len(shingles[0] | shingles[1])
+        errors.append(minhash.jaccard(minhash.signature(t), minhash.signature(" ".join(changed))) - truth)
+    assert abs(np.mean(errors)) < 0.02 and np.std(errors) < 0.07
+
+
+def test_static_embeddings_are_model2vec_means_whatever_the_batch(static_embedder):
+    from pipeline.embed import StaticEmbedder
+
+    embedder = StaticEmbedder(static_embedder)
+    long = " ".join(["alpha"] * 512 + ["beta"] * 188)
+    texts = [BASE, "Héllo wörld, it's 3.5% — ok?", "", long, "short"]
+    together = embedder.encode(texts)
+    alone = np.vstack([embedder.encode([t]) for t in texts])
+    assert np.allclose(together, alone, atol=1e-6), "a text's embedding must not depend on its batch"
+    # model2vec's own (weighted) mean over the same tokens
+    reference = np.asarray(embedder.model.encode(texts[:2] + texts[4:], use_multiprocessing=False), np.float32)
+    reference /= np.linalg.norm(reference, axis=1, keepdims=True)
+    assert np.allclose(together[[0, 1, 4]], reference, atol=1e-5)
+    assert not together[2].any(), "an empty text has no direction"
+    assert np.allclose(together[3], embedder.encode(["alpha"])[0], atol=1e-6), "words past max_tokens are not counted"
 
 
 @pytest.mark.parametrize("changed, guard", [
