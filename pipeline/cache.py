@@ -194,7 +194,8 @@ def pack_segment(keys: list[str], ids: list[str], signatures: np.ndarray, embedd
                  features: list[str]) -> bytes:
     """One segment: item keys and ids, MinHash signatures, embeddings (float16, or none) and guard features."""
     buf = io.BytesIO()
-    np.savez_compressed(buf, keys=np.array(keys, dtype=object).astype(str), ids=np.array(ids, dtype=object).astype(str),
+    # Uncompressed: signatures and float16 embeddings are near-random bytes that zlib only spends time on.
+    np.savez(buf, keys=np.array(keys, dtype=object).astype(str), ids=np.array(ids, dtype=object).astype(str),
                         signatures=signatures.astype(np.uint32),
                         embeddings=(embeddings if embeddings is not None else np.zeros((len(keys), 0))).astype(np.float16),
                         features=np.array(features, dtype=object).astype(str))

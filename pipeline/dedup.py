@@ -19,7 +19,8 @@ Columns added (all read by the partition runner and the writer):
   gen_tier                  the tier that generates gen_key (a member may reuse a higher tier's output)
   reuse, similarity         near_duplicate | semantic | cache_near | cache_semantic, and the score
   shadow                    reused, but generated anyway to measure the false-hit rate
-  signature, embedding      what the cache index stores for a generated record (with its guard features)
+  signature, embedding      what the cache index stores for a generated record
+  features                  its guard features (JSON), when clustering needed them (else computed at indexing)
 """
 
 from __future__ import annotations
@@ -226,7 +227,9 @@ def cluster_records(records: pa.Table, config: DedupConfig, embedder: Embedder |
     if cache is not None:
         _match_cache(records, groups, clusters, sigs, vectors, feature, config, cache, stats)
     stats.seconds["cache_lookup"] = time.perf_counter() - started
-    return _with_columns(records, clusters, keys, sigs, vectors, config, stats), stats
+    out = _with_columns(records, clusters, keys, sigs, vectors, config, stats)
+    # Guard features computed here are kept: the cache index stores them for generated records.
+    return out.append_column("features", pa.array([f.to_json() if f else None for f in feats], pa.string())), stats
 
 
 def _nearest_earlier(vectors: np.ndarray, rows: list[int], threshold: float, block: int = 1024, top: int = 4):
@@ -236,14 +239,12 @@ def _nearest_earlier(vectors: np.ndarray, rows: list[int], threshold: float, blo
     matrix = vectors[rows]
     for start in range(0, len(rows), block):
         sims = matrix[start:start + block] @ matrix[:start + block].T
-        for i in range(sims.shape[0]):
-            row_sims = sims[i, :start + i]  # earlier rows only
-            if row_sims.size == 0:
-                continue
-            best = np.argpartition(-row_sims, min(top, row_sims.size) - 1)[:top]
-            hits = sorted(((float(row_sims[j]), rows[j]) for j in best if row_sims[j] >= threshold), reverse=True)
-            if hits:
-                yield rows[start + i], hits
+        sims[np.arange(sims.shape[0])[:, None] + start <= np.arange(sims.shape[1])] = -np.inf  # earlier rows only
+        k = min(top, sims.shape[1])
+        best = np.argpartition(-sims, k - 1, axis=1)[:, :k]  # one call per block, not per row
+        for i in np.flatnonzero((np.take_along_axis(sims, best, axis=1) >= threshold).any(axis=1)):
+            hits = sorted(((float(sims[i, j]), rows[j]) for j in best[i] if sims[i, j] >= threshold), reverse=True)
+            yield rows[start + i], hits
 
 
 def _match_cache(records, groups, clusters: _Clusters, sigs, vectors, feature, config: DedupConfig, cache,

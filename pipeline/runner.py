@@ -427,10 +427,11 @@ class _Job:
             embeddings = None
             if pa.types.is_fixed_size_list(part["embedding"].type):
                 embeddings = np.asarray(part["embedding"].combine_chunks().flatten(), np.float16).reshape(len(rows), -1)
+            known = part["features"].to_pylist() if "features" in part.column_names else [None] * len(rows)
             blob = pack_segment(part["item_key"].to_pylist(), part["id"].to_pylist(),
                                 np.asarray(part["signature"].combine_chunks().flatten(), np.uint32).reshape(len(rows), -1),
-                                embeddings, [guards.features(clean_text(t, boilerplate)).to_json()
-                                             for t in part["text"].to_pylist()])
+                                embeddings, [f or guards.features(clean_text(t, boilerplate)).to_json()
+                                             for f, t in zip(known, part["text"].to_pylist())])
             self.cache.put_segment(scope, recipe, f"{self.job_id}/{partition}", blob)
 
     def lookup(self, partition: str, records: pa.Table, items: dict[str, dict], keys: list[str]) -> dict[str, dict]:

@@ -22,7 +22,7 @@ import threading
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from sqlalchemy import DateTime, Float, Integer, String, Text, create_engine, select, update
+from sqlalchemy import DateTime, Float, Integer, String, Text, create_engine, insert, select, update
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
@@ -270,9 +270,12 @@ class StateStore:
         with self.session() as s, s.begin():
             existing = set(s.scalars(select(Item.item_key).where(Item.job_id == job_id,
                                                                  Item.item_key.in_(list(items)))))
+            by_shape: dict[tuple, list[dict]] = {}  # an executemany needs the same columns in every row
             for key, values in items.items():
                 if key not in existing:
-                    s.add(Item(job_id=job_id, item_key=key, **values))
+                    by_shape.setdefault(tuple(sorted(values)), []).append({"job_id": job_id, "item_key": key, **values})
+            for rows in by_shape.values():
+                s.execute(insert(Item), rows)  # Core executemany: ORM objects cost more than the SQL
 
 
 class Heartbeat:
