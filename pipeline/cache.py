@@ -152,11 +152,19 @@ class ResilientStore:
         if values:
             self._call("write", lambda: self.store.put_many(scope, values), None)
 
+    # Index entries are comparable only within one way of computing signatures and embeddings: the
+    # format names the index, so entries of another format are never compared (they stay, unread, until
+    # the cache store is cleared; exact reuse by item key is unaffected).
+    # 2: one-permutation MinHash, embeddings without the tokenizer's padding.
+    INDEX_FORMAT = "2"
+
     def put_segment(self, scope: str, recipe: str, segment: str, data: bytes) -> None:
-        self._call("index write", lambda: self.store.put_segment(scope, recipe, segment, data), None)
+        index = f"{recipe}@{self.INDEX_FORMAT}"
+        self._call("index write", lambda: self.store.put_segment(scope, index, segment, data), None)
 
     def segments(self, scope: str, recipe: str) -> dict[str, bytes]:
-        return self._call("index read", lambda: self.store.segments(scope, recipe), {})
+        index = f"{recipe}@{self.INDEX_FORMAT}"
+        return self._call("index read", lambda: self.store.segments(scope, index), {})
 
     def close(self) -> None:
         if self.store is not None:

@@ -245,12 +245,16 @@ class StateStore:
     # -- items ----------------------------------------------------------------------------------
     def stored_items(self, job_id: str, keys: list[str]) -> dict[str, dict]:
         out: dict[str, dict] = {}
+        table = Item.__table__
+        columns = [table.c.item_key, *(table.c[f] for f in ITEM_FIELDS)]
         with self.session() as s:
-            for start in range(0, len(keys), 500):
-                chunk = keys[start:start + 500]
-                for item in s.scalars(select(Item).where(Item.job_id == job_id, Item.item_key.in_(chunk))):
-                    out[item.item_key] = {f: getattr(item, f) for f in ITEM_FIELDS}
-                    out[item.item_key]["created_at"] = aware(item.created_at)
+            for start in range(0, len(keys), 900):  # under SQLite's oldest limit of 999 parameters
+                chunk = keys[start:start + 900]
+                # Core rows, not ORM objects: tens of thousands of items per partition.
+                for row in s.execute(select(*columns).where(table.c.job_id == job_id, table.c.item_key.in_(chunk))).mappings():
+                    item = dict(row)
+                    item["created_at"] = aware(item["created_at"])
+                    out[item.pop("item_key")] = item
         return out
 
     def spent_by_tenant(self, job_id: str, prices: dict[str, float]) -> dict[str, float]:
