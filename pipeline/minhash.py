@@ -34,18 +34,16 @@ def _mix(x: np.ndarray) -> np.ndarray:
     return x ^ (x >> np.uint64(31))
 
 
-_POWERS: dict[int, tuple[np.ndarray, np.ndarray]] = {}
+_POWERS: list[np.ndarray] = []  # [P**i, Q**(i+1)], grown on demand and kept: every chunk slices them
 
 
 def _powers(n: int) -> tuple[np.ndarray, np.ndarray]:
     """(P**i, Q**(i+1)) for i < n, mod 2**64."""
-    size = max(1 << max(n - 1, 1).bit_length(), 1 << 16)
-    if size not in _POWERS:
-        _POWERS.clear()
+    if not _POWERS or len(_POWERS[0]) < n:
+        size = max(1 << max(n - 1, 1).bit_length(), 1 << 16)
         p = np.cumprod(np.full(size, _P, np.uint64))
-        _POWERS[size] = (np.concatenate([[np.uint64(1)], p[:-1]]), np.cumprod(np.full(size, _Q, np.uint64)))
-    p, q = _POWERS[size]
-    return p[:n], q[:n]
+        _POWERS[:] = [np.concatenate([[np.uint64(1)], p[:-1]]), np.cumprod(np.full(size, _Q, np.uint64))]
+    return _POWERS[0][:n], _POWERS[1][:n]
 
 
 def words(texts: list[str]) -> tuple[np.ndarray, np.ndarray, tuple[bytes, np.ndarray, np.ndarray]]:
