@@ -240,18 +240,14 @@ def _nearest_earlier(vectors: np.ndarray, rows: list[int], threshold: float, blo
     for start in range(0, len(rows), block):
         sims = matrix[start:start + block] @ matrix[:start + block].T
         sims[np.arange(sims.shape[0])[:, None] + start <= np.arange(sims.shape[1])] = -np.inf  # earlier rows only
-        hit_i, hit_j = np.nonzero(sims >= threshold)  # one pass per block; most pairs are far below it
-        for i, js in zip(*_groups(hit_i, hit_j)):
-            best = js[np.argsort(-sims[i, js], kind="stable")[:top]]
-            yield rows[start + i], [(float(sims[i, j]), rows[j]) for j in best]
-
-
-def _groups(keys: np.ndarray, values: np.ndarray) -> tuple[list, list]:
-    """(each distinct key, its values) for keys already sorted, as np.nonzero returns them."""
-    if not len(keys):
-        return [], []
-    cuts = np.flatnonzero(np.diff(keys)) + 1
-    return [int(k) for k in keys[np.concatenate([[0], cuts])]], np.split(values, cuts)
+        hit = np.flatnonzero((sims >= threshold).any(axis=1))  # one cheap pass: rows with any neighbour
+        if not len(hit):
+            continue
+        k = min(top, sims.shape[1])
+        best = np.argpartition(-sims[hit], k - 1, axis=1)[:, :k]  # top k of those rows, in one call
+        for i, js in zip(hit, best):
+            hits = sorted(((float(sims[i, j]), -int(j)) for j in js if sims[i, j] >= threshold), reverse=True)
+            yield rows[start + i], [(s, rows[-j]) for s, j in hits]  # ties: the earlier row first
 
 
 def _match_cache(records, groups, clusters: _Clusters, sigs, vectors, feature, config: DedupConfig, cache,
