@@ -240,14 +240,22 @@ def _nearest_earlier(vectors: np.ndarray, rows: list[int], threshold: float, blo
     for start in range(0, len(rows), block):
         sims = matrix[start:start + block] @ matrix[:start + block].T
         sims[np.arange(sims.shape[0])[:, None] + start <= np.arange(sims.shape[1])] = -np.inf  # earlier rows only
-        hit = np.flatnonzero((sims >= threshold).any(axis=1))  # one cheap pass: rows with any neighbour
-        if not len(hit):
-            continue
-        k = min(top, sims.shape[1])
-        best = np.argpartition(-sims[hit], k - 1, axis=1)[:, :k]  # top k of those rows, in one call
-        for i, js in zip(hit, best):
-            hits = sorted(((float(sims[i, j]), -int(j)) for j in js if sims[i, j] >= threshold), reverse=True)
-            yield rows[start + i], [(s, rows[-j]) for s, j in hits]  # ties: the earlier row first
+        above = sims >= threshold
+        counts = above.sum(axis=1)
+        # Rows with a few neighbours: list them; rows with many (alike documents): top k by partition.
+        # Either alone is slow on one of the two shapes real corpora have.
+        found: dict[int, np.ndarray] = {}
+        few = np.flatnonzero((counts > 0) & (counts <= 64))
+        if len(few):
+            hit_i, hit_j = np.nonzero(above[few])
+            cuts = np.flatnonzero(np.diff(hit_i)) + 1
+            found.update(zip(few[hit_i[np.concatenate([[0], cuts])]].tolist(), np.split(hit_j, cuts)))
+        many = np.flatnonzero(counts > 64)
+        if len(many):
+            found.update(zip(many.tolist(), np.argpartition(-sims[many], top - 1, axis=1)[:, :top]))
+        for i in sorted(found):
+            hits = sorted(((float(sims[i, j]), -int(j)) for j in found[i] if sims[i, j] >= threshold), reverse=True)
+            yield rows[start + i], [(s, rows[-j]) for s, j in hits[:top]]  # ties: the earlier row first
 
 
 def _match_cache(records, groups, clusters: _Clusters, sigs, vectors, feature, config: DedupConfig, cache,
