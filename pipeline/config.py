@@ -66,7 +66,7 @@ class DedupConfig(Section):
     near: bool = Field(True, description="Reuse near duplicates: MinHash LSH over word shingles.")
     near_threshold: float = Field(0.8, gt=0, le=1, description="Estimated Jaccard similarity of the shingle sets at or above which two texts are near duplicates.")
     shingle_words: int = Field(5, ge=1, description="Words per shingle.")
-    num_perm: int = Field(128, ge=16, le=1024, description="MinHash permutations (signature length); more is more precise and slower.")
+    num_perm: int = Field(128, ge=16, le=1024, description="MinHash signature length (one-permutation hashing into this many bins); more is more precise: the Jaccard estimate's error shrinks as 1/sqrt(num_perm).")
     semantic: bool = Field(False, description="Reuse semantic neighbours: static-embedding cosine similarity (needs `embedder`).")
     semantic_threshold: float = Field(0.92, gt=0, le=1, description="Cosine similarity at or above which two texts are semantic neighbours.")
     embedder: str = Field("${TOKENMILL_HOME}/models/static-minilm", description="Static embedding model folder (model2vec), built offline by `tokenmill models embedder`.")
