@@ -82,10 +82,12 @@ class Outcome:
     escalated: bool = False
     retried: bool = False
     problem: str | None = None
+    chunks: int = 0  # chunk summaries among `paid`
 
     @property
     def attempts(self) -> int:
-        return 1 + self.retried + self.escalated
+        """Generations of the document paid for (chunks aside): a failed escalation counts too."""
+        return len(self.paid) - self.chunks
 
 
 def final_output(key: str, items: dict[str, dict], config: TokenmillConfig) -> Outcome:
@@ -98,7 +100,8 @@ def final_output(key: str, items: dict[str, dict], config: TokenmillConfig) -> O
     item = items.get(key)
     if item is None:
         return Outcome(None)
-    out = Outcome(item, [item] + [items[k] for k in chunk_keys(key, item.get("chunks") or 0) if k in items])
+    chunks = [items[k] for k in chunk_keys(key, item.get("chunks") or 0) if k in items]
+    out = Outcome(item, [item] + chunks, chunks=len(chunks))
     out.problem = output_problem(item, config)
     if out.problem and retry_key(key) in items:
         out.item = items[retry_key(key)]

@@ -44,6 +44,7 @@ def test_invalid_outputs_are_retried_first_then_valid_ones_escalate(make_config)
     large_bad = {**cut, "tier": "large"}
     out = final_output("k", {"k": unsure, esc: large_bad}, config)
     assert out.item is unsure and not out.escalated and len(out.paid) == 2, "an invalid escalation keeps the valid first output"
+    assert out.attempts == 2, "and is still a paid attempt"
 
 
 def test_a_job_with_a_json_schema_serves_valid_json_retries_once_and_quarantines_the_rest(make_config, tmp_path):
