@@ -6,7 +6,9 @@ Three kinds of reuse inside a job, tried in this order on the records left over 
   near       MinHash LSH over word shingles, estimated Jaccard >= `near_threshold`;
   semantic   static-embedding cosine >= `semantic_threshold` (off unless an embedder is configured).
 Near and semantic matches must also pass the meaning guards (numbers, negations, entities, length;
-see guards.py). The first record of a cluster (job order) is its representative.
+see guards.py). The first record of a cluster (job order) is its representative, unless a later
+member is routed to a dearer tier: that one then represents the cluster, since a record may reuse
+an output of a tier at least as dear as its own, never a cheaper one.
 
 Against earlier jobs the same near and semantic lookups run on the cache index (cache.py), and the
 exact lookup runs by item key when a partition runs. Tenants never share an output unless they are
@@ -134,9 +136,18 @@ class _Clusters:
         self.kind: list[str | None] = [None] * n
         self.similarity: list[float | None] = [None] * n
         self.cached: dict[int, tuple[str, str, float]] = {}  # rep row -> (cache key, kind, similarity)
+        self.members: dict[int, list[int]] = {}  # rep row -> rows joined to it
 
     def join(self, member: int, rep: int, kind: str, similarity: float) -> None:
         self.rep[member], self.kind[member], self.similarity[member] = rep, kind, similarity
+        self.members.setdefault(rep, []).append(member)
+
+    def promote(self, new: int, old: int, kind: str, similarity: float) -> None:
+        """`new` (a later record on a dearer tier) represents `old`'s cluster: one generation instead of two."""
+        for member in self.members.pop(old, []):
+            self.rep[member] = new
+            self.members.setdefault(new, []).append(member)
+        self.join(old, new, kind, similarity)
 
 
 def cluster_records(records: pa.Table, config: DedupConfig, embedder: Embedder | None = None,
@@ -195,13 +206,18 @@ def cluster_records(records: pa.Table, config: DedupConfig, embedder: Embedder |
         for rows in in_job.values():
             index = minhash.LshIndex(config.near_threshold, config.num_perm)
             for row in rows:
-                best = sorted(((minhash.jaccard(sigs[row], sigs[c]), c) for c in index.candidates(sigs[row])
-                               if servable(row, c)), reverse=True)
-                match = next((c for s, c in best if s >= config.near_threshold and agree(row, c)), None)
-                if match is None:
-                    index.add(row, sigs[row])
-                else:
-                    clusters.join(row, match, "near_duplicate", next(s for s, c in best if c == match))
+                close = sorted(((s, c) for c in index.candidates(sigs[row]) if clusters.rep[c] == c
+                                for s in [minhash.jaccard(sigs[row], sigs[c])] if s >= config.near_threshold),
+                               reverse=True)
+                match = next(((s, c) for s, c in close if servable(row, c) and agree(row, c)), None)
+                if match is not None:
+                    clusters.join(row, match[1], "near_duplicate", match[0])
+                    continue
+                index.add(row, sigs[row])
+                promoted = next(((s, c) for s, c in close if not servable(row, c) and servable(c, row)
+                                 and agree(row, c)), None)
+                if promoted is not None:  # an earlier copy on a cheaper tier reuses this one's output
+                    clusters.promote(row, promoted[1], "near_duplicate", promoted[0])
     stats.seconds["near"] = time.perf_counter() - started
 
     started = time.perf_counter()
@@ -217,10 +233,15 @@ def cluster_records(records: pa.Table, config: DedupConfig, embedder: Embedder |
             for rows in in_job.values():
                 reps = [r for r in rows if clusters.rep[r] == r]
                 for row, candidates in _nearest_earlier(vectors, reps, config.semantic_threshold):
-                    match = next(((s, c) for s, c in candidates
-                                  if clusters.rep[c] == c and servable(row, c) and agree(row, c)), None)
+                    candidates = [(s, c) for s, c in candidates if clusters.rep[c] == c]
+                    match = next(((s, c) for s, c in candidates if servable(row, c) and agree(row, c)), None)
                     if match:
                         clusters.join(row, match[1], "semantic", match[0])
+                        continue
+                    promoted = next(((s, c) for s, c in candidates if not servable(row, c) and servable(c, row)
+                                     and agree(row, c)), None)
+                    if promoted:
+                        clusters.promote(row, promoted[1], "semantic", promoted[0])
     stats.seconds["semantic"] = time.perf_counter() - started
 
     started = time.perf_counter()

@@ -200,5 +200,8 @@ def test_a_copy_may_reuse_a_larger_tier_never_a_smaller_one():
     assert rows["copy"]["reuse"] == "near_duplicate" and rows["copy"]["gen_id"] == "big"
     assert rows["copy"]["gen_tier"] == "large" and rows["copy"]["gen_key"] == rows["big"]["item_key"]
     assert rows["copy-up"]["reuse"] is None, "a large-tier item never gets a small-tier output"
+    # ... so the later large-tier copy represents the pair and the earlier small one reuses it: one generation.
+    assert rows["small"]["reuse"] == "near_duplicate" and rows["small"]["gen_id"] == "copy-up"
+    assert rows["small"]["gen_tier"] == "large"
     same_tier_only, _ = cluster_records(keyed_table, config, None, None, None)
-    assert same_tier_only.to_pylist()[1]["reuse"] is None
+    assert same_tier_only.to_pylist()[1]["reuse"] is None and same_tier_only.to_pylist()[2]["reuse"] is None
