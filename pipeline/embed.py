@@ -67,9 +67,8 @@ class StaticEmbedder:
         # Truncation: keep the words that start within the text's first max_tokens tokens.
         tokens = lengths[word_of]
         before = np.cumsum(tokens) - tokens
-        text_start = np.searchsorted(text_of, np.arange(len(texts)))
-        before -= np.repeat(before[np.minimum(text_start, len(before) - 1)] if len(before) else before,
-                            np.bincount(text_of, minlength=len(texts)))
+        first_word = np.searchsorted(text_of, np.arange(len(texts)))  # of each text (its words are contiguous)
+        before -= np.concatenate([before, [0]])[first_word][text_of]   # tokens before the text's first word
         keep = before < max_tokens
         counts = csr_matrix((np.ones(int(keep.sum()), np.float32), (text_of[keep], word_of[keep])),
                             shape=(len(texts), len(distinct)))
