@@ -93,17 +93,22 @@ def models_embedder(path: Optional[Path] = typer.Argument(None, help="Where to w
 
 def _router_tiers(cfg) -> tuple[str, str]:
     """(small, large): the cheapest tier and the largest (baseline) tier of the config."""
-    small = min(cfg.tiers, key=lambda t: cfg.tiers[t].price_per_gpu_hour * cfg.tiers[t].gpus)
+    prices = cfg.tier_prices
+    small = min(prices, key=prices.get)
     if small == cfg.largest_tier:
         _fail("the router needs two tiers of different price in the config")
     return small, cfg.largest_tier
 
 
 def _cost_per_item(cfg, tier: str, texts: list[str]) -> float:
-    """Rough USD per item on a tier: (prompt ≈ chars/4 + max_tokens) tokens at the tier's default rate."""
-    t = cfg.tiers[tier]
-    tokens = sum(len(x) for x in texts) / max(len(texts), 1) / 4 + cfg.sampling.max_tokens
-    return tokens / t.default_tokens_per_gpu_second * t.gpus * t.price_per_gpu_hour / 3600
+    """Rough USD per item on a tier: the pre-flight estimate (estimate.py) of a prompt of the labels'
+    mean length (≈ chars/4 tokens) at the tier's configured default rate."""
+    import pyarrow as pa
+
+    from pipeline.estimate import estimate_usd, tier_rates
+
+    prompt = sum(len(x) for x in texts) / max(len(texts), 1) / 4
+    return estimate_usd(pa.array([tier]), pa.array([prompt]), cfg, tier_rates(cfg))[0]
 
 
 @router_app.command("train")

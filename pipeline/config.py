@@ -268,9 +268,15 @@ class TokenmillConfig(Section):
         return (e.to_tier or self.largest_tier) if e.enabled else None
 
     @property
+    def tier_prices(self) -> dict[str, float]:
+        """USD per hour of each tier's engine (price per GPU-hour x GPUs): how tiers rank."""
+        return {name: t.price_per_gpu_hour * t.gpus for name, t in self.tiers.items()}
+
+    @property
     def largest_tier(self) -> str:
         """The baseline tier: the one with the highest price per hour of its engine."""
-        return max(self.tiers, key=lambda t: self.tiers[t].price_per_gpu_hour * self.tiers[t].gpus)
+        prices = self.tier_prices
+        return max(prices, key=prices.get)
 
     def fingerprint(self) -> str:
         """Hash of everything that changes outputs or costs (not where they are read from or written to)."""

@@ -189,6 +189,18 @@ def cluster_records(records: pa.Table, config: DedupConfig, embedder: Embedder |
             feats[row] = guards.features(texts[row])
         return feats[row]
 
+    def attach(row: int, close: list[tuple[float, int]], kind: str) -> bool:
+        """Join `row` to the best representative in `close` (score, rep) that may serve it; failing that,
+        let `row` represent the best one on a cheaper tier. True when `row` joined a cluster."""
+        match = next(((s, c) for s, c in close if servable(row, c) and agree(row, c)), None)
+        if match is not None:
+            clusters.join(row, match[1], kind, match[0])
+            return True
+        promoted = next(((s, c) for s, c in close if not servable(row, c) and servable(c, row) and agree(row, c)), None)
+        if promoted is not None:  # an earlier copy on a cheaper tier reuses this one's output
+            clusters.promote(row, promoted[1], kind, promoted[0])
+        return False
+
     def agree(a: int, b: int) -> bool:
         if not config.guards:
             return True
@@ -209,15 +221,8 @@ def cluster_records(records: pa.Table, config: DedupConfig, embedder: Embedder |
                 close = sorted(((s, c) for c in index.candidates(sigs[row]) if clusters.rep[c] == c
                                 for s in [minhash.jaccard(sigs[row], sigs[c])] if s >= config.near_threshold),
                                reverse=True)
-                match = next(((s, c) for s, c in close if servable(row, c) and agree(row, c)), None)
-                if match is not None:
-                    clusters.join(row, match[1], "near_duplicate", match[0])
-                    continue
-                index.add(row, sigs[row])
-                promoted = next(((s, c) for s, c in close if not servable(row, c) and servable(c, row)
-                                 and agree(row, c)), None)
-                if promoted is not None:  # an earlier copy on a cheaper tier reuses this one's output
-                    clusters.promote(row, promoted[1], "near_duplicate", promoted[0])
+                if not attach(row, close, "near_duplicate"):
+                    index.add(row, sigs[row])
     stats.seconds["near"] = time.perf_counter() - started
 
     started = time.perf_counter()
@@ -233,15 +238,7 @@ def cluster_records(records: pa.Table, config: DedupConfig, embedder: Embedder |
             for rows in in_job.values():
                 reps = [r for r in rows if clusters.rep[r] == r]
                 for row, candidates in _nearest_earlier(vectors, reps, config.semantic_threshold):
-                    candidates = [(s, c) for s, c in candidates if clusters.rep[c] == c]
-                    match = next(((s, c) for s, c in candidates if servable(row, c) and agree(row, c)), None)
-                    if match:
-                        clusters.join(row, match[1], "semantic", match[0])
-                        continue
-                    promoted = next(((s, c) for s, c in candidates if not servable(row, c) and servable(c, row)
-                                     and agree(row, c)), None)
-                    if promoted:
-                        clusters.promote(row, promoted[1], "semantic", promoted[0])
+                    attach(row, [(s, c) for s, c in candidates if clusters.rep[c] == c], "semantic")
     stats.seconds["semantic"] = time.perf_counter() - started
 
     started = time.perf_counter()

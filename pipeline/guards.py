@@ -22,7 +22,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass
 
-_NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
+NUMBER = re.compile(r"\d+(?:[.,]\d+)*")  # 1,000 and 3.5 are one number each
 _WORD_NUMBERS = {"zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten",
                  "eleven", "twelve", "twenty", "thirty", "hundred", "thousand", "million", "billion", "half",
                  "dozen", "first", "second", "third"}
@@ -52,7 +52,7 @@ _CAPITALISED = re.compile(r"\b[A-Z][\w&-]*")
 
 def _facts(text: str) -> tuple[Counter, Counter, set]:
     """(numbers, negations, entities) of a text: regexes and C-level counting, no Python loop per word."""
-    numbers = Counter(n.replace(",", "") for n in _NUMBER.findall(text))
+    numbers = Counter(n.replace(",", "") for n in NUMBER.findall(text))
     words = Counter(_WORD.findall(text.lower()))  # each distinct word is looked at once below
     numbers.update({w: c for w, c in words.items() if w in _WORD_NUMBERS})
     negations = Counter()

@@ -51,8 +51,8 @@ def plan_requests(records: pa.Table, prompt: PromptConfig, sampling: SamplingCon
         rendered = [tok.apply_chat_template(render_messages(t, prompt), tokenize=False, add_generation_prompt=True)
                     for t in tier_reps["text"].to_pylist()]
         # A unit may ask for its own output budget (a schema retry asks for twice the usual).
-        wanted = (tier_reps["max_tokens"].cast(pa.int64()).fill_null(sampling.max_tokens).to_pylist() if "max_tokens" in tier_reps.column_names
-                  else [sampling.max_tokens] * tier_reps.num_rows)
+        wanted = (tier_reps["max_tokens"].cast(pa.int64()).fill_null(sampling.max_tokens).to_pylist()
+                  if "max_tokens" in tier_reps.column_names else [sampling.max_tokens] * tier_reps.num_rows)
         budget = dict(zip(tier_reps["id"].to_pylist(), wanted))
         token_ids = tokenize(tok, rendered)
         kept = []

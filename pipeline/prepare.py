@@ -61,8 +61,7 @@ def prepare_records(config: TokenmillConfig, job_id: str, input_uri: str | None 
     records = assign_tiers(records, config.route, router)
     records = add_item_keys(records, config.prompt, config.sampling, config.tiers)
     embedder, problem = load_embedder(config)
-    rank = {name: t.price_per_gpu_hour * t.gpus for name, t in config.tiers.items()}
-    records, stats = cluster_records(records, config.dedup, embedder, cache, rank)
+    records, stats = cluster_records(records, config.dedup, embedder, cache, config.tier_prices)
     if problem:
         stats.notes.append(f"semantic reuse off: {problem}")
     return Prepared(raw, records, quarantine, skipped, stats)

@@ -15,7 +15,6 @@ Labels, one JSON object per line:
 from __future__ import annotations
 
 import json
-import re
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -23,10 +22,11 @@ from pathlib import Path
 import numpy as np
 import xxhash
 
+from pipeline.guards import NUMBER
+
 FORMAT = 1
 FEATURES = ["log_chars", "log_words", "log_sentences", "mean_word_len", "mean_sentence_words", "digit_share",
             "upper_share", "punct_share", "log_numbers", "unique_word_share", "log_lines"]
-_NUMBER = re.compile(r"\d+(?:[.,]\d+)*")
 
 
 class RouterError(ValueError):
@@ -44,7 +44,7 @@ def text_features(texts: list[str]) -> np.ndarray:
             sum(len(w) for w in words) / n_words, len(words) / sentences,
             sum(c.isdigit() for c in t) / n_chars, sum(c.isupper() for c in t) / n_chars,
             sum(not c.isalnum() and not c.isspace() for c in t) / n_chars,
-            np.log1p(len(_NUMBER.findall(t))), len(set(w.lower() for w in words)) / n_words,
+            np.log1p(len(NUMBER.findall(t))), len(set(w.lower() for w in words)) / n_words,
             np.log1p(t.count("\n")),
         ])
     return np.asarray(rows, dtype=np.float64).reshape(len(texts), len(FEATURES))

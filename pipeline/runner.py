@@ -342,8 +342,9 @@ class _Job:
         self.progress.advance(quarantined=sum(copies[k] for k in failed))
 
         keys = needed_keys(records)
-        items = self.state.stored_items(job_id, keys)
-        items |= self.state.stored_items(job_id, related_keys(keys, items, c))
+        # The last round read every needed key after its engine calls; only follow-ups found in the
+        # cache after that read are not at hand yet.
+        items |= self.state.stored_items(job_id, [k for k in related_keys(keys, items, c) if k not in items])
         outputs, ledger, late_quarantine = assemble_results(records, items, failed, c, job_id, now())
         quarantine = pa.concat_tables([quarantine, late_quarantine])
         expected = self.state_partition(partition).records

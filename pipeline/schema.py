@@ -49,7 +49,7 @@ LEDGER = pa.schema([
     ("model", pa.string()),
     ("route_reason", pa.string()),  # why this tier: rule:<name> | router:<p> | default
     ("escalated", pa.bool_()),      # regenerated on the escalation tier after a low-confidence first attempt
-    ("attempts", pa.int64()),       # generations paid for this row (2 when escalated; 0 when reused)
+    ("attempts", pa.int64()),       # generations paid for this row (1, +1 schema retry, +1 escalation; 0 when reused)
     ("chunks", pa.int64()),         # map-reduce: chunk summaries of a long document (0: not chunked)
     ("source", pa.string()),        # as in outputs
     ("source_id", pa.string()),
