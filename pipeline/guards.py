@@ -53,12 +53,15 @@ _CAPITALISED = re.compile(r"\b[A-Z][\w&-]*")
 def _facts(text: str) -> tuple[Counter, Counter, set]:
     """(numbers, negations, entities) of a text: regexes and C-level counting, no Python loop per word."""
     numbers = Counter(n.replace(",", "") for n in NUMBER.findall(text))
-    words = Counter(_WORD.findall(text.lower()))  # each distinct word is looked at once below
-    numbers.update({w: c for w, c in words.items() if w in _WORD_NUMBERS})
-    negations = Counter()
-    for w, c in words.items():
-        if w in _NEGATIONS or w.endswith("n't"):
-            negations["not" if w.endswith("n't") else w] += c
+    lowered = text.lower()
+    words = Counter(_WORD.findall(lowered))
+    # Set intersections in C rather than a Python test per distinct word.
+    numbers.update({w: words[w] for w in words.keys() & _WORD_NUMBERS})
+    negations = Counter({w: words[w] for w in words.keys() & _NEGATIONS})
+    if "n't" in lowered:
+        contracted = sum(c for w, c in words.items() if w.endswith("n't"))
+        if contracted:
+            negations["not"] += contracted
     # Sentence-initial words count too: "Globex reported" must differ from "Initech reported".
     # Ordinary capitalised openers ("The") appear in both texts alike, so they cancel out.
     entities = set(_CAPITALISED.findall(text))

@@ -151,6 +151,24 @@ def shutdown_engines() -> None:
                 log.warning("engine shutdown failed: %s", e)
 
 
+# Tokenizer classes that are the plain Rust tokenizer from tokenizer.json, with nothing model-specific.
+_PLAIN_TOKENIZERS = {None, "PreTrainedTokenizerFast", "TokenizersBackend"}
+
+
+def load_tokenizer(model: str):
+    """The tier's tokenizer (with its chat template). A plain tokenizer.json loads without
+    `AutoTokenizer`, whose import pulls in torch and every model family (5 s, once per process,
+    for a planner that never runs a model); any other class goes through `AutoTokenizer`."""
+    path = Path(model).expanduser()
+    config_file = path / "tokenizer_config.json"
+    if (path / "tokenizer.json").exists() and config_file.exists() and \
+            json.loads(config_file.read_text()).get("tokenizer_class") in _PLAIN_TOKENIZERS:
+        from transformers import PreTrainedTokenizerFast
+        return PreTrainedTokenizerFast.from_pretrained(str(path))
+    from transformers import AutoTokenizer
+    return AutoTokenizer.from_pretrained(model)
+
+
 class EnginePool:
     """Tokenizers, context lengths and engines of the configured tiers, each built on first use."""
 
@@ -168,9 +186,8 @@ class EnginePool:
     def tokenizer(self, name: str):
         if name not in self._tokenizers:
             tier = self._check(name)
-            from transformers import AutoTokenizer
             try:
-                self._tokenizers[name] = AutoTokenizer.from_pretrained(tier.model)
+                self._tokenizers[name] = load_tokenizer(tier.model)
             except Exception as e:
                 raise EngineStartError(f"tier {name}: cannot load the tokenizer of {tier.model}: {e}") from e
         return self._tokenizers[name]

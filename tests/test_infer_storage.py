@@ -4,7 +4,7 @@ import pytest
 
 from pipeline import storage
 from pipeline.config import SamplingConfig, TierConfig
-from pipeline.infer import Completion, EngineDeadError, EnginePool, EngineStartError, run_inference
+from pipeline.infer import Completion, EngineDeadError, EnginePool, EngineStartError, load_tokenizer, run_inference
 from pipeline.plan import REQUESTS
 
 
@@ -54,6 +54,17 @@ def test_missing_model_path_is_named(tmp_path):
     pool = EnginePool({"t": TierConfig(model=str(tmp_path / "absent"), price_per_gpu_hour=1)})
     with pytest.raises(EngineStartError, match=r"tier t: model path .*absent does not exist"):
         pool.engine("t")
+
+
+def test_plain_tokenizer_loads_without_auto_classes_and_matches_them(tiny_models):
+    from transformers import AutoTokenizer
+
+    model = str(tiny_models / "tiny-small")
+    ours, auto = load_tokenizer(model), AutoTokenizer.from_pretrained(model)
+    messages = [{"role": "system", "content": "Summarise."}, {"role": "user", "content": "Revenue rose 5% in Oslo."}]
+    rendered = ours.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert rendered == auto.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    assert ours([rendered], add_special_tokens=False)["input_ids"] == auto([rendered], add_special_tokens=False)["input_ids"]
 
 
 def test_atomic_write_leaves_no_partial_file(tmp_path):

@@ -5,7 +5,7 @@ import pytest
 from pipeline.config import CostConfig, PlanConfig, PromptConfig, SamplingConfig, TierConfig
 from pipeline.cost import allocate_gpu_seconds, baseline_gpu_seconds
 from pipeline.infer import COMPLETIONS, EnginePool
-from pipeline.plan import plan_requests
+from pipeline.plan import plan_requests, render_messages, render_prompts
 
 
 @pytest.fixture(scope="module")
@@ -30,6 +30,26 @@ def test_plan_renders_chat_template_orders_and_cuts_calls(tokenizer):
     text = tokenizer.decode(ids[0])
     assert text.startswith("<|bos|><|system|>") and text.endswith("<|assistant|>\n")
     assert set(requests["max_tokens"].to_pylist()) == {16}
+
+
+class TrimmingTemplate:
+    """A chat template that changes the content it is given, as real templates may (`| trim`, `| upper`)."""
+
+    def __init__(self, transform):
+        self.transform = transform
+
+    def apply_chat_template(self, messages, tokenize, add_generation_prompt):
+        return "".join(f"<{m['role']}>{self.transform(m['content'])}</{m['role']}>" for m in messages) + "<assistant>"
+
+
+@pytest.mark.parametrize("transform", [str.strip, str.upper, lambda t: t])
+def test_prompts_rendered_around_a_marker_equal_full_renders(tokenizer, transform):
+    prompt = PromptConfig()
+    for tok in (tokenizer, TrimmingTemplate(transform)):
+        for texts in (["alpha memo", "Revenue rose 5%.", "gamma " * 5 + "end"], ["  padded  ", "x"]):
+            expected = [tok.apply_chat_template(render_messages(t, prompt), tokenize=False, add_generation_prompt=True)
+                        for t in texts]
+            assert render_prompts(tok, texts, prompt) == expected
 
 
 def test_prompt_that_does_not_fit_is_too_long_and_output_budget_is_capped(tokenizer):
