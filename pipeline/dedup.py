@@ -32,6 +32,7 @@ import re
 import time
 import unicodedata
 from collections import Counter
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol
 
@@ -201,17 +202,30 @@ def cluster_records(records: pa.Table, config: DedupConfig, embedder: Embedder |
             clusters.promote(row, promoted[1], kind, promoted[0])
         return False
 
+    verdicts: dict[tuple[int, int], bool] = {}  # the semantic pass meets many pairs the near pass judged
+
     def agree(a: int, b: int) -> bool:
         if not config.guards:
             return True
-        failed = guards.texts_agree(texts[a], texts[b], config.max_length_ratio, feature(a), feature(b))
-        if failed:
-            stats.refused[failed] += 1
-        return failed is None
+        if (a, b) not in verdicts:
+            failed = guards.texts_agree(texts[a], texts[b], config.max_length_ratio, feature(a), feature(b))
+            if failed:
+                stats.refused[failed] += 1
+            verdicts[a, b] = failed is None
+        return verdicts[a, b]
 
     started = time.perf_counter()
     sigs = np.zeros((n, config.num_perm), np.uint32)
     firsts = sorted(r for rows in groups.values() for r in rows)
+    embedding = None
+    if embedder is not None and firsts:
+        # Embedding (the Rust tokenizer, numpy and scipy: mostly outside the GIL) runs on a second
+        # thread while this one hashes and clusters near duplicates, which is mostly Python. It covers
+        # every first row, not only those left as representatives after near clustering: the extra
+        # rows cost less than waiting for near clustering to finish first.
+        worker = ThreadPoolExecutor(1, thread_name_prefix="embed")
+        embedding = worker.submit(embedder.encode, [texts[r] for r in firsts])
+        worker.shutdown(wait=False)
     if (config.near or cache is not None) and firsts:
         sigs[firsts] = minhash.signatures([compare[r] for r in firsts], config.shingle_words, config.num_perm)
     if config.near:
@@ -229,11 +243,10 @@ def cluster_records(records: pa.Table, config: DedupConfig, embedder: Embedder |
     vectors = None
     if embedder is not None:
         vectors = np.zeros((n, 0), np.float32)
-        reps = [r for r in firsts if clusters.rep[r] == r]
-        if reps:
-            encoded = embedder.encode([texts[r] for r in reps]).astype(np.float32)
+        if embedding is not None:
+            encoded = embedding.result().astype(np.float32)
             vectors = np.zeros((n, encoded.shape[1]), np.float32)
-            vectors[reps] = encoded
+            vectors[firsts] = encoded
         if config.semantic:
             for rows in in_job.values():
                 reps = [r for r in rows if clusters.rep[r] == r]
