@@ -207,8 +207,12 @@ class EnginePool:
         if key not in _ENGINES:
             started = time.perf_counter()
             if not _ENGINES:
-                # Registered after vLLM is imported, so it runs before multiprocessing's own exit hook
-                # (atexit is last-in, first-out), which would otherwise wait forever on the engine.
+                # Registered after multiprocessing's own exit hook (which importing multiprocessing.util
+                # registers), so it runs first (atexit is last-in, first-out): that hook joins the
+                # engine's processes and would wait forever on an engine still running. Nothing
+                # imported before this point may be relied on to have imported it already.
+                import multiprocessing.util  # noqa: F401
+
                 atexit.register(shutdown_engines)
             try:
                 _ENGINES[key] = self.factory(tier)
