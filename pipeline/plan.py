@@ -41,10 +41,10 @@ def render_messages(text: str, prompt: PromptConfig) -> list[dict]:
 def render_prompts(tokenizer: Tokenizer, texts: list[str], prompt: PromptConfig) -> list[str]:
     """Each text in the tier's chat template.
 
-    The template is rendered once around a marker and each text put in its place: a Jinja render
-    per document costs a sixth of its tokenisation. Templates may trim the content, so this
-    is used only when no text has surrounding whitespace (validated texts have none) and the first
-    text renders to the same string in full; otherwise each text is rendered on its own.
+    The template is rendered once around a marker and each text put in its place (a Jinja render
+    per document costs about 15 µs, seven times the concatenation). Templates may trim the content,
+    so this is used only when no text has surrounding whitespace (validated texts have none) and
+    the first text renders to the same string in full; otherwise each text is rendered on its own.
     """
     def render(text: str) -> str:
         return tokenizer.apply_chat_template(render_messages(text, prompt), tokenize=False, add_generation_prompt=True)
