@@ -44,7 +44,7 @@ def render_prompts(tokenizer: Tokenizer, texts: list[str], prompt: PromptConfig)
     The template is rendered once around a marker and each text put in its place (a Jinja render
     per document costs about 15 µs, seven times the concatenation). Templates may trim the content,
     so this is used only when no text has surrounding whitespace (validated texts have none) and
-    the first text renders to the same string in full; otherwise each text is rendered on its own.
+    the first and last texts render to the same strings in full; otherwise each is rendered alone.
     """
     def render(text: str) -> str:
         return tokenizer.apply_chat_template(render_messages(text, prompt), tokenize=False, add_generation_prompt=True)
@@ -55,7 +55,7 @@ def render_prompts(tokenizer: Tokenizer, texts: list[str], prompt: PromptConfig)
     around = render(marker)
     if around.count(marker) == 1 and all(t == t.strip() for t in texts):
         head, tail = around.split(marker)
-        if head + texts[0] + tail == render(texts[0]):
+        if all(head + t + tail == render(t) for t in {texts[0], texts[-1]}):
             return [head + t + tail for t in texts]
     return [render(t) for t in texts]
 
