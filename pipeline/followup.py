@@ -117,17 +117,14 @@ def final_output(key: str, items: dict[str, dict], config: TokenmillConfig) -> O
 
 
 def next_attempt(key: str, items: dict[str, dict], config: TokenmillConfig) -> tuple[str, dict] | None:
-    """(key, unit changes) of the generation `key` needs next, or None when it is complete."""
-    item = items.get(key)
-    if item is None:
+    """(key, unit changes) of the generation `key` needs next, or None when it is complete: the
+    step `final_output` would take next, had its item been made."""
+    out = final_output(key, items, config)
+    if out.item is None:
         return None
-    if output_problem(item, config):
-        if retry_key(key) not in items:
-            return retry_key(key), {"max_tokens": 2 * config.sampling.max_tokens, "retry": True}
-        item = items[retry_key(key)]
-        if output_problem(item, config):
-            return None  # retried once: quarantined
-    if needs_escalation(item, config) and escalation_key(key, config.escalation_tier) not in items:
+    if out.problem:  # retried once and still invalid: quarantined
+        return None if out.retried else (retry_key(key), {"max_tokens": 2 * config.sampling.max_tokens, "retry": True})
+    if needs_escalation(out.item, config) and escalation_key(key, config.escalation_tier) not in items:
         return escalation_key(key, config.escalation_tier), {"tier": config.escalation_tier, "escalation": True}
     return None
 
