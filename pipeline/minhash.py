@@ -69,27 +69,30 @@ def words(texts: list[str]) -> tuple[np.ndarray, np.ndarray, tuple[bytes, np.nda
     return hashes, np.searchsorted(starts_of_text, word_start, side="right") - 1, (buffer, word_start, word_end)
 
 
+def _runs(h: np.ndarray, k: int) -> np.ndarray:
+    """Hash of each run of k (>= 1) consecutive word hashes in `h`."""
+    m = len(h) - k + 1
+    out = h[:m].copy()
+    with np.errstate(over="ignore"):  # uint64 arithmetic wraps, which is what we want
+        for j in range(1, k):
+            out = out * np.uint64(0x9E3779B97F4A7C15) + h[j:m + j]
+    return out
+
+
 def _shingles(hashes: np.ndarray, text_of: np.ndarray, n_texts: int, k: int) -> tuple[np.ndarray, np.ndarray]:
     """(hash of each run of k consecutive words inside one text, its text); a text of fewer than k
     words is one shingle of all its words, and an empty text one shingle of value 0."""
     counts = np.bincount(text_of, minlength=n_texts)
-    with np.errstate(over="ignore"):
-        m = len(hashes) - k + 1
-        if m > 0:
-            out = hashes[:m].copy()
-            for j in range(1, k):
-                out = out * np.uint64(0x9E3779B97F4A7C15) + hashes[j:m + j]
-            keep = text_of[:m] == text_of[k - 1:]
-            values, owners = [out[keep]], [text_of[:m][keep]]
-        else:
-            values, owners = [], []
-        first = np.concatenate([[0], np.cumsum(counts)[:-1]])
-        for t in np.flatnonzero(counts < k):  # short texts: rare, so a loop is fine
-            h = np.uint64(0)
-            for x in hashes[first[t]:first[t] + counts[t]]:
-                h = h * np.uint64(0x9E3779B97F4A7C15) + x
-            values.append(np.array([h], np.uint64))
-            owners.append(np.array([t]))
+    values, owners = [], []
+    if len(hashes) >= k:
+        out = _runs(hashes, k)
+        keep = text_of[:len(out)] == text_of[k - 1:]  # runs inside one text only
+        values, owners = [out[keep]], [text_of[:len(out)][keep]]
+    first = np.concatenate([[0], np.cumsum(counts)[:-1]])
+    for t in np.flatnonzero(counts < k):  # short texts: rare, so a loop is fine
+        h = hashes[first[t]:first[t] + counts[t]]
+        values.append(_runs(h, len(h)) if len(h) else np.zeros(1, np.uint64))
+        owners.append(np.array([t]))
     return np.concatenate(values), np.concatenate(owners)
 
 
