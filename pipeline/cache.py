@@ -158,13 +158,14 @@ class ResilientStore:
     # 2: one-permutation MinHash, embeddings without the tokenizer's padding.
     INDEX_FORMAT = "2"
 
+    def _index(self, recipe: str) -> str:
+        return f"{recipe}@{self.INDEX_FORMAT}"
+
     def put_segment(self, scope: str, recipe: str, segment: str, data: bytes) -> None:
-        index = f"{recipe}@{self.INDEX_FORMAT}"
-        self._call("index write", lambda: self.store.put_segment(scope, index, segment, data), None)
+        self._call("index write", lambda: self.store.put_segment(scope, self._index(recipe), segment, data), None)
 
     def segments(self, scope: str, recipe: str) -> dict[str, bytes]:
-        index = f"{recipe}@{self.INDEX_FORMAT}"
-        return self._call("index read", lambda: self.store.segments(scope, index), {})
+        return self._call("index read", lambda: self.store.segments(scope, self._index(recipe)), {})
 
     def close(self) -> None:
         if self.store is not None:
