@@ -30,9 +30,9 @@ if __name__ == "__main__":
 
     from benchmarks.common import emit
     from benchmarks.reuse_quality import document, should_variant
-    from pipeline import infer
+    from pipeline.generate import engine as infer
     from pipeline.config import load_config
-    from pipeline.runner import run_job
+    from pipeline.job.lifecycle import run_job
 
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 300
     rng = random.Random(17)

@@ -21,10 +21,10 @@ if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from benchmarks.common import emit
     from pipeline.config import load_config
-    from pipeline.infer import Completion, EnginePool, load_tokenizer
-    from pipeline.plan import render_prompts, tokenize
-    from pipeline.runner import run_job
-    from pipeline.samples import synthetic_document
+    from pipeline.generate.engine import Completion, EnginePool, load_tokenizer
+    from pipeline.generate.requests import render_prompts, tokenize
+    from pipeline.job.lifecycle import run_job
+    from pipeline.dev.samples import synthetic_document
 
     class ZeroCostEngine:
         """Not an engine: answers every request at once, so only tokenmill's own work is timed."""

@@ -23,9 +23,9 @@ if __name__ == "__main__":
 
     from benchmarks.common import emit
     from pipeline.config import load_config
-    from pipeline.infer import shutdown_engines
-    from pipeline.runner import run_job
-    from pipeline.samples import synthetic_document
+    from pipeline.generate.engine import shutdown_engines
+    from pipeline.job.lifecycle import run_job
+    from pipeline.dev.samples import synthetic_document
 
     rng = random.Random(23)
     preambles = [f"Policy {k}. " + synthetic_document(rng, 28) for k in range(8)]

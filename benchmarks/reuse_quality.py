@@ -27,10 +27,10 @@ import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 
 from benchmarks.common import emit  # noqa: E402
-from pipeline import guards, minhash  # noqa: E402
+from pipeline.dedup import guards, minhash  # noqa: E402
 from pipeline.config import DedupConfig, PromptConfig, SamplingConfig, TierConfig  # noqa: E402
-from pipeline.dedup import add_content_hashes, clean_text, cluster_records  # noqa: E402
-from pipeline.plan import add_item_keys  # noqa: E402
+from pipeline.dedup.cluster import add_content_hashes, cluster_records  # noqa: E402
+from pipeline.keys import add_item_keys, clean_text  # noqa: E402
 
 COMPANIES = ["Acme Corp", "Globex", "Initech", "Umbrella Labs", "Stark Industries", "Wayne Logistics", "Hooli",
              "Vandelay Imports", "Soylent Foods", "Tyrell Systems", "Cyberdyne", "Massive Dynamic"]
@@ -190,7 +190,7 @@ def main() -> None:
     parser.add_argument("--embedder", default=None, help="static embedder folder (default: $TOKENMILL_HOME/models/static-minilm)")
     args = parser.parse_args()
     from pipeline.config import tokenmill_home
-    from pipeline.embed import EmbedderError, StaticEmbedder
+    from pipeline.dedup.embed import EmbedderError, StaticEmbedder
 
     try:
         embedder = StaticEmbedder(args.embedder or tokenmill_home() / "models" / "static-minilm")

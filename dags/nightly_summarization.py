@@ -1,6 +1,6 @@
 """Nightly summarisation: plan -> prepare (CPU, per partition) -> generate (GPU, per partition) -> summary -> outcome.
 
-Wiring only: every task calls one function of pipeline.orchestrate, which is idempotent, so retries
+Wiring only: every task calls one function of pipeline.job.orchestrate, which is idempotent, so retries
 and cleared tasks never pay twice. Re-run a failed partition by clearing its `generate` task
 instance with downstream (UI, or REST clearTaskInstances); see docs/ops.md.
 
@@ -17,7 +17,7 @@ from pathlib import Path
 import pendulum
 from airflow.sdk import Param, dag, get_current_context, task
 
-from pipeline import orchestrate
+from pipeline.job import orchestrate
 from pipeline.config import load_config
 
 CONFIG = os.environ.get("TOKENMILL_CONFIG", str(Path(__file__).resolve().parents[1] / "configs" / "local.yaml"))

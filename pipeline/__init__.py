@@ -4,7 +4,7 @@ Public facade: `load_config` builds the one typed config; `run_job` runs a job w
 """
 
 from pipeline.config import TokenmillConfig, load_config
-from pipeline.runner import JobError, JobResult, run_job
+from pipeline.job.lifecycle import JobError, JobResult, run_job
 
 __all__ = ["TokenmillConfig", "load_config", "run_job", "JobError", "JobResult"]
 __version__ = "0.1.0"

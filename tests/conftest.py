@@ -34,7 +34,7 @@ def tokenmill_home(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_models(tokenmill_home) -> Path:
-    from pipeline.tiny_model import build_tiny_model
+    from pipeline.dev.tiny_model import build_tiny_model
 
     models = tokenmill_home / "models"
     build_tiny_model(models / "tiny-small", "small")
@@ -73,7 +73,7 @@ def make_config(tmp_path, tiny_models, static_embedder):
 
 @pytest.fixture
 def sample_corpus(tmp_path) -> tuple[Path, dict]:
-    from pipeline.samples import write_sample_corpus
+    from pipeline.dev.samples import write_sample_corpus
 
     root = tmp_path / "input"
     return root, write_sample_corpus(root, documents=40)
@@ -83,7 +83,7 @@ def sample_corpus(tmp_path) -> tuple[Path, dict]:
 def _stop_engines_at_session_end():
     """Stop vLLM engines while pytest's output capture is still open (at exit it is closed)."""
     yield
-    from pipeline.infer import shutdown_engines
+    from pipeline.generate.engine import shutdown_engines
 
     shutdown_engines()
 
@@ -235,7 +235,7 @@ def redis_server(redis_binary, tmp_path):
 @pytest.fixture(scope="session")
 def static_embedder(tokenmill_home) -> Path:
     """The static embedding model, distilled offline from the bundled all-MiniLM-L6-v2 (about 20 s, once)."""
-    from pipeline.embed import build_static_embedder
+    from pipeline.dedup.embed import build_static_embedder
 
     path = tokenmill_home / "models" / "static-minilm"
     if not (path / "model.safetensors").exists():

@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from pipeline.samples import write_sample_corpus
-from pipeline.state import StateStore
+from pipeline.dev.samples import write_sample_corpus
+from pipeline.stores.catalog import StateStore
 from tests.conftest import ONE_TIER, REPO, read_kind
 from tests.test_faults import assert_exactly_once
 
@@ -49,7 +49,7 @@ def test_dagbag_loads_with_known_pools_only(dag):
 def test_dag_runs_end_to_end_then_a_failed_partition_reruns_alone(dag, tmp_path, monkeypatch):
     import pendulum
 
-    from pipeline import runner
+    from pipeline.job import lifecycle as runner
 
     counts = write_sample_corpus(tmp_path / "input", documents=20)
     monkeypatch.setenv("TOKENMILL_STATE__URL", f"sqlite:///{tmp_path}/state.db")

@@ -6,8 +6,8 @@ import sys
 
 import pytest
 
-from pipeline.runner import JobError, run_job
-from pipeline.state import StateStore
+from pipeline.job.lifecycle import JobError, run_job
+from pipeline.stores.catalog import StateStore
 from tests.conftest import LOCAL_CONFIG, ONE_TIER, REPO, read_kind
 from tests.test_faults import assert_exactly_once
 

@@ -7,7 +7,7 @@ import logging
 import pyarrow.compute as pc
 import pytest
 
-from pipeline.runner import run_job
+from pipeline.job.lifecycle import run_job
 from tests.conftest import free_port, read_kind
 
 REPORT = ("Quarterly report for the north region. Revenue was 4200 thousand dollars, up from the previous quarter, "
@@ -112,7 +112,7 @@ def test_shadow_verification_measures_the_false_hit_rate(make_config, tmp_path):
 
 
 def _f1(a, b):
-    from pipeline.reuse import token_f1
+    from pipeline.generate.reuse import token_f1
 
     return token_f1(a, b)
 
@@ -126,23 +126,23 @@ def test_redis_cache_serves_the_second_night_and_its_outage_loses_nothing(make_c
     assert "generated" not in second["counts"]["by_source"] and second["cost"]["cost_usd"] == 0
 
     redis_server.stop()  # the store goes away: the job generates, warns once, marks the ledger
-    with caplog.at_level(logging.WARNING, logger="pipeline.cache"):
+    with caplog.at_level(logging.WARNING, logger="pipeline.stores.cache"):
         third = run_job(make_config(**redis), job_id="r3").manifest
     assert third["counts"]["outputs"] == first["counts"]["outputs"] and third["status"] == "succeeded"
     assert third["counts"]["by_source"].get("generated", 0) == first["counts"]["by_source"]["generated"]
     ledger = read_kind(tmp_path / "output", "ledger", "r3")
     generated = ledger.filter(pc.equal(ledger["source"], "generated"))
     assert set(generated["cache_status"].to_pylist()) == {"bypassed"}
-    assert len([r for r in caplog.records if r.name == "pipeline.cache"]) == 1
+    assert len([r for r in caplog.records if r.name == "pipeline.stores.cache"]) == 1
 
 
 def test_unreachable_redis_from_the_start_is_one_warning(make_config, sample_corpus, caplog):
     config = make_config(cache__store="redis", cache__redis_url=f"redis://127.0.0.1:{free_port()}/0",
                          cache__timeout_seconds=0.5)
-    with caplog.at_level(logging.WARNING, logger="pipeline.cache"):
+    with caplog.at_level(logging.WARNING, logger="pipeline.stores.cache"):
         m = run_job(config, job_id="no-redis").manifest
     assert m["status"] == "succeeded" and m["reuse"]["cache_status"]["bypassed"] > 0
-    assert len([r for r in caplog.records if r.name == "pipeline.cache"]) == 1
+    assert len([r for r in caplog.records if r.name == "pipeline.stores.cache"]) == 1
 
 
 PARAPHRASE = ("Quarterly report for the north region. Revenue came to 4200 thousand dollars, higher than the previous "

@@ -6,7 +6,7 @@ import time
 import numpy as np
 import pytest
 
-from pipeline.cache import LocalStore, RedisStore, ResilientStore, load_index, open_store, pack_segment
+from pipeline.stores.cache import LocalStore, RedisStore, ResilientStore, load_index, open_store, pack_segment
 from pipeline.config import CacheConfig
 
 VALUE = {"summary": "s", "tier": "small", "model": "m", "prompt_tokens": 3, "cached_prompt_tokens": 0,

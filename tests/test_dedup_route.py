@@ -1,8 +1,9 @@
 import pyarrow as pa
 
 from pipeline.config import DedupConfig, RouteConfig
-from pipeline.dedup import add_content_hashes, content_hash, mark_duplicates, normalise_text
-from pipeline.route import assign_tiers
+from pipeline.dedup.cluster import add_content_hashes, mark_duplicates
+from pipeline.keys import content_hash, normalise_text
+from pipeline.route.rules import assign_tiers
 
 
 def records(rows):

@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from pipeline.runner import JobError, run_job
-from pipeline.samples import write_sample_corpus
-from pipeline.state import StateStore
+from pipeline.job.lifecycle import JobError, run_job
+from pipeline.dev.samples import write_sample_corpus
+from pipeline.stores.catalog import StateStore
 from tests.conftest import LOCAL_CONFIG, ONE_TIER, REPO, read_kind
 
 pytestmark = pytest.mark.engine
@@ -58,7 +58,7 @@ def test_worker_killed_mid_partition_rerun_completes_without_paying_twice(make_c
     (tmp_path / "input").mkdir()
     import random
 
-    from pipeline.samples import synthetic_document
+    from pipeline.dev.samples import synthetic_document
 
     rng = random.Random(3)
     docs = [{"id": f"d{i:03d}", "text": synthetic_document(rng, 4)} for i in range(120)]
@@ -126,7 +126,7 @@ def test_rerun_of_succeeded_partitions_changes_nothing_and_costs_nothing(make_co
 
 
 def test_failed_partition_reruns_alone(make_config, sample_corpus, tmp_path, monkeypatch):
-    from pipeline import runner
+    from pipeline.job import lifecycle as runner
 
     config = make_config()
     real = runner._Job.process_partition

@@ -2,10 +2,10 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pytest
 
-from pipeline import storage
+from pipeline.stores import storage
 from pipeline.config import SamplingConfig, TierConfig
-from pipeline.infer import Completion, EngineDeadError, EnginePool, EngineStartError, load_tokenizer, run_inference
-from pipeline.plan import REQUESTS
+from pipeline.generate.engine import Completion, EngineDeadError, EnginePool, EngineStartError, load_tokenizer, run_inference
+from pipeline.generate.requests import REQUESTS
 
 
 class PoisonEngine:
@@ -70,7 +70,7 @@ def test_plain_tokenizer_loads_without_auto_classes_and_matches_them(tiny_models
 EXITS_WITHOUT_SHUTDOWN = """
 import sys
 from pipeline.config import SamplingConfig, load_config
-from pipeline.infer import EnginePool
+from pipeline.generate.engine import EnginePool
 config = load_config(sys.argv[1])
 pool = EnginePool(config.tiers)
 pool.tokenizer("small")  # what a job loads first

@@ -9,10 +9,10 @@ from pathlib import Path
 import pyarrow.compute as pc
 import pytest
 
-from pipeline.infer import VllmEngine
-from pipeline.runner import JobError, run_job
+from pipeline.generate.engine import VllmEngine
+from pipeline.job.lifecycle import JobError, run_job
 from pipeline.schema import LEDGER, OUTPUTS, QUARANTINE
-from pipeline.state import StateStore
+from pipeline.stores.catalog import StateStore
 from tests.conftest import LOCAL_CONFIG, REPO, read_kind
 
 pytestmark = pytest.mark.engine
@@ -169,7 +169,7 @@ def test_cli_run_end_to_end_and_one_line_failure(tiny_models, tmp_path, sample_c
 
 
 def test_manifest_reports_efficiency_against_the_gpu_limits(make_config, sample_corpus):
-    from pipeline.telemetry import GPU_PEAKS, checkpoint_size
+    from pipeline.output.telemetry import GPU_PEAKS, checkpoint_size
 
     config = make_config(tiers__small__gpu_model="H100-SXM")  # arithmetic check: the tiny model on a named GPU
     e = run_job(config, job_id="eff").manifest["engines"]["small"]

@@ -13,10 +13,10 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pytest
 
-from pipeline import storage
-from pipeline.ledger import LedgerError, connect, query, summary
+from pipeline.stores import storage
+from pipeline.output.ledger import LedgerError, connect, query, summary
 from pipeline.schema import LEDGER, OUTPUTS, QUARANTINE
-from pipeline.write import write_partition
+from pipeline.output.write import write_partition
 from tests.conftest import REPO
 
 

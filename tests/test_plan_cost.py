@@ -3,9 +3,9 @@ import pyarrow as pa
 import pytest
 
 from pipeline.config import CostConfig, PlanConfig, PromptConfig, SamplingConfig, TierConfig
-from pipeline.cost import allocate_gpu_seconds, baseline_gpu_seconds
-from pipeline.infer import COMPLETIONS, EnginePool
-from pipeline.plan import plan_requests, render_messages, render_prompts
+from pipeline.generate.pricing import allocate_gpu_seconds, baseline_gpu_seconds
+from pipeline.generate.engine import COMPLETIONS, EnginePool
+from pipeline.generate.requests import plan_requests, render_messages, render_prompts
 
 
 @pytest.fixture(scope="module")
@@ -93,7 +93,7 @@ def test_baseline_uses_the_largest_tier_rate_without_prefix_cache():
 
 
 def test_decode_steps_estimate():
-    from pipeline.telemetry import decode_steps
+    from pipeline.output.telemetry import decode_steps
 
     assert decode_steps(0, 10, 64) == 0
     assert decode_steps(64, 47.2, 64) == 48

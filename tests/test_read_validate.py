@@ -6,9 +6,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.config import InputConfig
-from pipeline.read import partition_id, read_records
-from pipeline.samples import write_sample_corpus
-from pipeline.validate import validate_records
+from pipeline.ingest.read import partition_id, read_records
+from pipeline.dev.samples import write_sample_corpus
+from pipeline.ingest.validate import validate_records
 
 
 def run(tmp_path, **cfg):
@@ -97,14 +97,14 @@ def test_partitions_are_stable_and_chunked(tmp_path):
 
 
 def test_missing_input_folder_is_a_clear_error(tmp_path):
-    from pipeline.storage import StorageError
+    from pipeline.stores.storage import StorageError
 
     with pytest.raises(StorageError, match="input not found"):
         read_records(str(tmp_path / "nope"), InputConfig())
 
 
 def test_unsupported_scheme_is_a_clear_error():
-    from pipeline.storage import StorageError, resolve
+    from pipeline.stores.storage import StorageError, resolve
 
     with pytest.raises(StorageError, match="gs:// scheme is not supported"):
         resolve("gs://bucket/x")

@@ -7,8 +7,8 @@ import subprocess
 
 import pytest
 
-from pipeline.report import build_report
-from pipeline.runner import run_job
+from pipeline.output.report import build_report
+from pipeline.job.lifecycle import run_job
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.engine
@@ -51,7 +51,7 @@ def test_report_renders_offline_with_every_chart_drawn(make_config, sample_corpu
 
 
 def test_report_for_unknown_job_is_a_clear_error(tmp_path):
-    from pipeline.storage import StorageError
+    from pipeline.stores.storage import StorageError
 
     with pytest.raises(StorageError, match="no manifest for job nope"):
         build_report(str(tmp_path), "nope")

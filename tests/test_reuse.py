@@ -6,10 +6,11 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from pipeline import guards, minhash
+from pipeline.dedup import guards, minhash
 from pipeline.config import DedupConfig, PromptConfig, SamplingConfig, TierConfig
-from pipeline.dedup import add_content_hashes, cluster_records, normalise_text, shadow_selected
-from pipeline.reuse import generation_units, resolve, summarise_verification, token_f1, wilson_interval
+from pipeline.dedup.cluster import add_content_hashes, cluster_records, shadow_selected
+from pipeline.keys import normalise_text
+from pipeline.generate.reuse import generation_units, resolve, summarise_verification, token_f1, wilson_interval
 
 BASE = ("Acme Corp reported quarterly revenue of 120 million dollars, up from last year. The board approved a new "
         "dividend and the chief executive said demand for the company's industrial pumps remained strong across "
@@ -19,7 +20,7 @@ BASE = ("Acme Corp reported quarterly revenue of 120 million dollars, up from la
 def keyed(rows, config: DedupConfig, partitions=None):
     table = pa.table({"id": [r[0] for r in rows], "tenant": [r[1] for r in rows], "text": [r[2] for r in rows],
                       "partition": partitions or ["p0"] * len(rows), "tier": ["small"] * len(rows)})
-    from pipeline.plan import add_item_keys
+    from pipeline.keys import add_item_keys
 
     return add_item_keys(add_content_hashes(table, config), PromptConfig(), SamplingConfig(),
                          {"small": TierConfig(model="m", price_per_gpu_hour=1.0)})
@@ -67,7 +68,7 @@ def test_minhash_signatures_do_not_depend_on_the_batch_and_estimate_jaccard_with
 
 
 def test_static_embeddings_are_model2vec_means_whatever_the_batch(static_embedder):
-    from pipeline.embed import StaticEmbedder
+    from pipeline.dedup.embed import StaticEmbedder
 
     embedder = StaticEmbedder(static_embedder)
     long = " ".join(["alpha"] * 512 + ["beta"] * 188)
@@ -148,7 +149,7 @@ def test_missing_cache_target_falls_back_to_generating():
 
 
 def test_semantic_reuse_of_a_paraphrase_with_guards(static_embedder):
-    from pipeline.embed import StaticEmbedder
+    from pipeline.dedup.embed import StaticEmbedder
 
     paraphrase = ("Acme Corp said its quarterly revenue was 120 million dollars, higher than last year. The board "
                   "approved a new dividend, and the chief executive said demand for the company's industrial pumps "
@@ -187,7 +188,7 @@ def test_verification_arithmetic():
 
 
 def test_a_copy_may_reuse_a_larger_tier_never_a_smaller_one():
-    from pipeline.plan import add_item_keys
+    from pipeline.keys import add_item_keys
 
     config = DedupConfig(shadow_rate=0.0)
     table = pa.table({"id": ["big", "copy", "small", "copy-up"], "tenant": ["t"] * 4,

@@ -8,9 +8,9 @@ from typer.testing import CliRunner
 
 from pipeline.cli import app
 from pipeline.config import ConfigError, RouteConfig, RouteRule, load_config
-from pipeline.route import assign_tiers
-from pipeline.router import Router, RouterError, example_labels, read_labels
-from pipeline.runner import run_job
+from pipeline.route.rules import assign_tiers
+from pipeline.route.router import Router, RouterError, example_labels, read_labels
+from pipeline.job.lifecycle import run_job
 from tests.conftest import LOCAL_CONFIG, read_kind
 
 
@@ -132,7 +132,7 @@ def test_prefix_sharing_is_reported_against_what_is_possible(make_config, tmp_pa
 
 
 def test_which_outputs_escalate(make_config):
-    from pipeline.followup import needs_escalation
+    from pipeline.generate.followup import needs_escalation
 
     config = make_config(routing=True, route__escalation__min_mean_logprob=-3.0,
                          route__escalation__on_truncation=True)

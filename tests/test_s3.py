@@ -8,11 +8,11 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.read import partition_id
-from pipeline.runner import JobError, run_job
-from pipeline.samples import write_sample_corpus
-from pipeline.state import StateStore
-from pipeline.storage import list_files, resolve
+from pipeline.ingest.read import partition_id
+from pipeline.job.lifecycle import JobError, run_job
+from pipeline.dev.samples import write_sample_corpus
+from pipeline.stores.catalog import StateStore
+from pipeline.stores.storage import list_files, resolve
 from tests.conftest import S3_SECRET
 
 pytestmark = pytest.mark.engine
@@ -115,7 +115,7 @@ def test_store_outage_fails_only_that_partition_and_the_rerun_pays_nothing_twice
 
 
 def test_large_objects_go_up_as_multipart(s3_server, s3_client, buckets):
-    from pipeline import storage
+    from pipeline.stores import storage
     from pipeline.config import StorageConfig
 
     root = resolve(f"s3://{buckets[1]}/big", StorageConfig(s3_endpoint_url=s3_server))

@@ -6,7 +6,7 @@ import uuid
 
 import pytest
 
-from pipeline.state import StateError, StateStore
+from pipeline.stores.catalog import StateError, StateStore
 
 
 @pytest.fixture
@@ -70,7 +70,7 @@ def test_succeeded_partitions_are_claimed_only_when_forced(store, job):
 
 
 def test_items_keep_the_first_stored_value(store, job):
-    from pipeline.state import now
+    from pipeline.stores.catalog import now
 
     def item(summary):
         return {"id": "a", "tenant": "t", "partition": "p1", "tier": "small", "model": "m", "summary": summary, "prompt_tokens": 3,
@@ -99,7 +99,7 @@ def test_workers_starting_together_on_a_fresh_catalog_all_get_it(backend, tmp_pa
     from tests.conftest import REPO
 
     url = f"sqlite:///{tmp_path}/fresh.db" if backend == "sqlite" else request.getfixturevalue("fresh_postgres_url")
-    code = f"from pipeline.state import StateStore; StateStore({url!r}).jobs()"
+    code = f"from pipeline.stores.catalog import StateStore; StateStore({url!r}).jobs()"
     procs = [subprocess.Popen([sys.executable, "-c", code], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                               text=True) for _ in range(6)]
     results = [p.communicate(timeout=120) for p in procs]

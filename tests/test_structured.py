@@ -7,9 +7,10 @@ import pytest
 from jsonschema import Draft202012Validator
 
 from pipeline.config import ConfigError, load_config
-from pipeline.followup import escalation_key, final_output, next_attempt, retry_key
-from pipeline.runner import run_job
-from pipeline.samples import write_sample_corpus
+from pipeline.generate.followup import final_output, next_attempt
+from pipeline.keys import escalation_key, retry_key
+from pipeline.job.lifecycle import run_job
+from pipeline.dev.samples import write_sample_corpus
 from tests.conftest import LOCAL_CONFIG, read_kind
 
 SCHEMA = {"type": "object", "properties": {"summary": {"type": "string", "maxLength": 40}},

@@ -8,12 +8,10 @@ prompts sharing a prefix (system prompt, template) run back to back and hit vLLM
 
 from __future__ import annotations
 
-import json
 from typing import Protocol
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import xxhash
 
 from pipeline.config import PlanConfig, PromptConfig, SamplingConfig
 
@@ -127,28 +125,3 @@ def common_prefix(a: list[int], b: list[int]) -> int:
     return i
 
 
-def recipe_hash(model: str, prompt: PromptConfig, sampling: SamplingConfig) -> str:
-    """What, besides the text, decides an output: the model, the prompt and the sampling parameters."""
-    return xxhash.xxh3_64_hexdigest(json.dumps([
-        model, prompt.template_version, prompt.system, prompt.user, sampling.model_dump(mode="json"),
-    ], sort_keys=True).encode())
-
-
-def derived_key(key: str, kind: str, detail: str | int) -> str:
-    """Key of a generation derived from another: its escalation to a larger tier, or one chunk of it."""
-    return xxhash.xxh3_128_hexdigest(f"{key}>{kind}>{detail}".encode())
-
-
-def add_item_keys(records: pa.Table, prompt: PromptConfig, sampling: SamplingConfig, tiers: dict) -> pa.Table:
-    """Add `recipe` (hash of model, prompt and sampling) and `item_key`, the content address of a request.
-
-    Two records with equal keys get the same output (greedy decoding), so one generation serves
-    both, in this partition, another partition, or a rerun. Changing the template, the model or
-    the sampling parameters changes every key: nothing stale is reused.
-    """
-    recipe = {tier: recipe_hash(tiers[tier].model, prompt, sampling) for tier in set(records["tier"].to_pylist())}
-    tiers_of = records["tier"].to_pylist()
-    keys = [xxhash.xxh3_128_hexdigest(f"{recipe[t]}:{h}".encode()) for t, h in
-            zip(tiers_of, records["content_hash"].to_pylist())]
-    return (records.append_column("recipe", pa.array([recipe[t] for t in tiers_of], pa.string()))
-            .append_column("item_key", pa.array(keys, pa.string())))

@@ -1,7 +1,7 @@
 """The job-state catalog: jobs, their partitions, and the items already paid for.
 
 SQLite under $TOKENMILL_HOME by default, PostgreSQL in production; the schema is created and
-upgraded by Alembic (pipeline/migrations). Three rules keep reruns exact and cheap:
+upgraded by Alembic (pipeline/stores/migrations). Three rules keep reruns exact and cheap:
 
 - A partition is claimed with one conditional UPDATE (pending, failed, or running with an expired
   lease -> running, attempts + 1). Exactly one worker's UPDATE matches, on SQLite and PostgreSQL alike.
@@ -120,7 +120,7 @@ def upgrade_schema(url: str) -> None:
     """Bring the catalog to the latest schema; safe when several workers start at once.
 
     Concurrent upgrades are serialised: on SQLite by a lock file beside the database, on PostgreSQL
-    by an advisory lock that pipeline/migrations/env.py takes before looking at the schema version.
+    by an advisory lock that pipeline/stores/migrations/env.py takes before looking at the schema version.
     """
     from alembic import command
     from alembic.config import Config

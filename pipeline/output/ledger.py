@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 
-from pipeline import storage
+from pipeline.stores import storage
 from pipeline.config import StorageConfig
 from pipeline.schema import LEDGER, OUTPUTS, QUARANTINE
 

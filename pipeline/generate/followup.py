@@ -24,19 +24,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from pipeline.config import TokenmillConfig
-from pipeline.plan import derived_key, render_messages
-
-
-def escalation_key(key: str, tier: str) -> str:
-    return derived_key(key, "escalate", tier)
-
-
-def chunk_keys(key: str, n: int) -> list[str]:
-    return [derived_key(key, "chunk", i) for i in range(n)]
-
-
-def retry_key(key: str) -> str:
-    return derived_key(key, "retry", 1)
+from pipeline.generate.requests import render_messages
+from pipeline.keys import chunk_keys, escalation_key, retry_key
 
 
 @lru_cache(maxsize=8)

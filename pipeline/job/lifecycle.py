@@ -25,13 +25,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from sqlalchemy.exc import OperationalError
 
-from pipeline import guards, storage
-from pipeline.cache import ResilientStore, open_store, pack_segment
+from pipeline.dedup import guards
+
+from pipeline.stores import storage
+from pipeline.stores.cache import ResilientStore, open_store, pack_segment
 from pipeline.config import TokenmillConfig
-from pipeline.cost import allocate_gpu_seconds, baseline_gpu_seconds
-from pipeline.dedup import clean_text, compile_boilerplate
-from pipeline.estimate import budget_problems, tier_rates, with_estimates
-from pipeline.followup import (
+from pipeline.generate.pricing import allocate_gpu_seconds, baseline_gpu_seconds
+from pipeline.keys import clean_text, compile_boilerplate
+from pipeline.job.estimate import budget_problems, tier_rates, with_estimates
+from pipeline.generate.followup import (
     chunk_keys,
     chunk_units,
     next_attempt,
@@ -39,12 +41,12 @@ from pipeline.followup import (
     related_keys,
     split_for_context,
 )
-from pipeline.infer import CALLS, EngineDeadError, EnginePool, EngineStartError, run_inference
-from pipeline.manifest import build_manifest, partition_counts
-from pipeline.plan import plan_requests
-from pipeline.prepare import prepare_records
-from pipeline.progress import Progress
-from pipeline.reuse import (
+from pipeline.generate.engine import CALLS, EngineDeadError, EnginePool, EngineStartError, run_inference
+from pipeline.job.manifest import build_manifest, partition_counts
+from pipeline.generate.requests import plan_requests
+from pipeline.job.stages import prepare_records
+from pipeline.job.progress import Progress
+from pipeline.generate.reuse import (
     ITEM_COLUMNS,
     cache_value,
     cached_items,
@@ -55,8 +57,8 @@ from pipeline.reuse import (
     resolve,
     verify_shadows,
 )
-from pipeline.state import Heartbeat, StateError, StateStore, default_worker, now
-from pipeline.write import assemble_results, write_manifest, write_partition
+from pipeline.stores.catalog import Heartbeat, StateError, StateStore, default_worker, now
+from pipeline.output.write import assemble_results, write_manifest, write_partition
 
 log = logging.getLogger(__name__)
 JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")

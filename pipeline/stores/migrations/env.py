@@ -3,7 +3,7 @@
 from alembic import context
 from sqlalchemy import create_engine, text
 
-from pipeline.state import Base
+from pipeline.stores.catalog import Base
 
 config = context.config
 url = config.get_main_option("sqlalchemy.url")

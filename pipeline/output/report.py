@@ -13,8 +13,8 @@ from decimal import Decimal
 
 import duckdb
 
-from pipeline import storage
-from pipeline.ledger import MONEY
+from pipeline.stores import storage
+from pipeline.output.ledger import MONEY
 
 WIDTH, BAR_H, GAP, LABEL_W = 640, 22, 8, 170
 COLORS = {"bar": "#3b6ea5", "save": "#3a9a5b", "total": "#555", "paid": "#c0533a"}
@@ -95,7 +95,7 @@ def savings_steps(con: duckdb.DuckDBPyConnection, job_id: str, largest_tier: str
 
 
 def build_report(output_uri: str, job_id: str, storage_config=None) -> str:
-    from pipeline.ledger import connect
+    from pipeline.output.ledger import connect
 
     root = storage.resolve(output_uri, storage_config)
     try:

@@ -18,7 +18,7 @@ from collections.abc import Iterator
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline import storage
+from pipeline.stores import storage
 from pipeline.config import InputConfig, StorageConfig
 from pipeline.schema import RAW_RECORDS
 

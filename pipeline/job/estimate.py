@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline.config import TokenmillConfig
-from pipeline.storage import StorageError
+from pipeline.stores.storage import StorageError
 
 log = logging.getLogger(__name__)
 
@@ -31,7 +31,7 @@ def tier_rates(config: TokenmillConfig, output_uri: str | None = None) -> dict[s
     """Throughput per tier from earlier ledgers under `output_uri`, else configured defaults."""
     history: dict[str, tuple] = {}
     if output_uri:
-        from pipeline.ledger import connect
+        from pipeline.output.ledger import connect
 
         c = config.cost
         weight = (f"{c.prefill_token_weight} * (prompt_tokens - cached_prompt_tokens) + "
@@ -81,9 +81,9 @@ def with_estimates(totals: dict[str, float], requests: pa.Table, tenant_of: dict
 
 def preflight(config: TokenmillConfig, pool, input_uri: str | None = None) -> dict:
     """Read, validate, dedup and route the input, tokenise what would be generated, and price it."""
-    from pipeline.dedup import mark_duplicates
-    from pipeline.plan import plan_requests
-    from pipeline.prepare import prepare_records
+    from pipeline.dedup.cluster import mark_duplicates
+    from pipeline.generate.requests import plan_requests
+    from pipeline.job.stages import prepare_records
 
     prepared = prepare_records(config, "preflight", input_uri)
     raw, quarantine, skipped = prepared.raw, prepared.quarantine, prepared.skipped

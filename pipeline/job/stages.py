@@ -12,11 +12,11 @@ from dataclasses import dataclass
 import pyarrow as pa
 
 from pipeline.config import TokenmillConfig
-from pipeline.dedup import DedupStats, add_content_hashes, cluster_records
-from pipeline.plan import add_item_keys
-from pipeline.read import read_records
-from pipeline.route import assign_tiers
-from pipeline.validate import validate_records
+from pipeline.dedup.cluster import DedupStats, add_content_hashes, cluster_records
+from pipeline.keys import add_item_keys
+from pipeline.ingest.read import read_records
+from pipeline.route.rules import assign_tiers
+from pipeline.ingest.validate import validate_records
 
 log = logging.getLogger(__name__)
 
@@ -37,7 +37,7 @@ def load_embedder(config: TokenmillConfig) -> tuple[object | None, str | None]:
     log and in the manifest, and pays for what semantic reuse would have saved."""
     if not config.dedup.semantic:
         return None, None
-    from pipeline.embed import EmbedderError, StaticEmbedder
+    from pipeline.dedup.embed import EmbedderError, StaticEmbedder
 
     try:
         return StaticEmbedder(config.dedup.embedder), None
@@ -55,7 +55,7 @@ def prepare_records(config: TokenmillConfig, job_id: str, input_uri: str | None 
     records = add_content_hashes(records, config.dedup)
     router = None
     if config.route.router:
-        from pipeline.router import Router
+        from pipeline.route.router import Router
 
         router = Router.load(config.route.router)
     records = assign_tiers(records, config.route, router)

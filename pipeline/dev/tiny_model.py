@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from pipeline.samples import tokenizer_training_text
+from pipeline.dev.samples import tokenizer_training_text
 
 # Two clearly different sizes, so routing between tiers is visible in engine seconds.
 SIZES = {

@@ -28,9 +28,7 @@ Columns added (all read by the partition runner and the writer):
 from __future__ import annotations
 
 import logging
-import re
 import time
-import unicodedata
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -40,8 +38,9 @@ import numpy as np
 import pyarrow as pa
 import xxhash
 
-from pipeline import guards, minhash
+from pipeline.dedup import guards, minhash
 from pipeline.config import DedupConfig
+from pipeline.keys import clean_text, compile_boilerplate, content_hash, tenant_scope
 
 log = logging.getLogger(__name__)
 REUSE_KINDS = ("near_duplicate", "semantic", "cache_near", "cache_semantic")
@@ -65,41 +64,6 @@ class DedupStats:
         return {"reused": dict(self.clusters), "guard_refusals": dict(self.refused),
                 "cache_index_entries": sum(self.cache_index.values()),
                 "seconds": {k: round(v, 3) for k, v in self.seconds.items()}, "notes": self.notes}
-
-
-def compile_boilerplate(patterns: list[str]) -> list[re.Pattern]:
-    return [re.compile(p, re.MULTILINE) for p in patterns]
-
-
-_ASCII_SPACE = "\t\n\r\x0b\x0c\x1c\x1d\x1e\x1f"
-
-
-def clean_text(text: str, boilerplate: list[re.Pattern] = ()) -> str:
-    """NFC, boilerplate removed, whitespace collapsed: what near/semantic matching and the guards compare."""
-    if not unicodedata.is_normalized("NFC", text):
-        text = unicodedata.normalize("NFC", text)
-    for pattern in boilerplate:
-        text = pattern.sub(" ", text)
-    # Fast path (most documents): ASCII with single spaces only is already collapsed; split/join costs 4x more.
-    if (text.isascii() and "  " not in text and text[:1] != " " and text[-1:] != " "
-            and not any(c in text for c in _ASCII_SPACE)):
-        return text
-    return " ".join(text.split())
-
-
-def normalise_text(text: str, case_fold: bool = False, boilerplate: list[re.Pattern] = ()) -> str:
-    text = clean_text(text, boilerplate)
-    return text.casefold() if case_fold else text
-
-
-def tenant_scope(tenant: str, shared: set[str]) -> str:
-    """The namespace a tenant's outputs live in: its own, or the opt-in shared one."""
-    return "shared" if tenant in shared else f"t={tenant}"
-
-
-def content_hash(scope: str, text: str, case_fold: bool = False, boilerplate: list[re.Pattern] = ()) -> str:
-    """128-bit xxh3 of (scope, normalised text): fast, and collisions are negligible at corpus scale."""
-    return xxhash.xxh3_128_hexdigest(f"{scope}\x00{normalise_text(text, case_fold, boilerplate)}".encode())
 
 
 def add_content_hashes(records: pa.Table, config: DedupConfig) -> pa.Table:
@@ -292,7 +256,7 @@ def _nearest_earlier(vectors: np.ndarray, rows: list[int], threshold: float, blo
 def _match_cache(records, groups, clusters: _Clusters, sigs, vectors, feature, config: DedupConfig, cache,
                  stats: DedupStats) -> None:
     """Representatives left after in-job clustering, looked up in the near/semantic index of earlier jobs."""
-    from pipeline.cache import load_index
+    from pipeline.stores.cache import load_index
 
     for (scope, recipe), rows in groups.items():
         reps = [r for r in rows if clusters.rep[r] == r]

@@ -17,10 +17,10 @@ from datetime import datetime
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline import storage
+from pipeline.stores import storage
 from pipeline.config import TokenmillConfig
 from pipeline.schema import LEDGER, OUTPUTS, QUARANTINE
-from pipeline.validate import quarantine_rows
+from pipeline.ingest.validate import quarantine_rows
 
 KINDS = ("outputs", "ledger", "quarantine")
 
@@ -52,8 +52,8 @@ def assemble_results(records: pa.Table, items: dict[str, dict], failed: dict[str
     has a row per output, plus one (`quarantined` true) per record quarantined as `invalid_output`
     after paid generations, so what a tenant paid is all in the ledger.
     """
-    from pipeline.followup import final_output
-    from pipeline.reuse import effective_keys
+    from pipeline.generate.followup import final_output
+    from pipeline.generate.reuse import effective_keys
 
     largest_price = config.tiers[config.largest_tier].price_per_gpu_hour
 

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import xxhash
 
-from pipeline.guards import NUMBER
+from pipeline.dedup.guards import NUMBER
 
 FORMAT = 1
 FEATURES = ["log_chars", "log_words", "log_sentences", "mean_word_len", "mean_sentence_words", "digit_share",
@@ -170,7 +170,7 @@ def example_labels(path: str | Path, items: int = 400, small: str = "small", lar
     nothing about any real model's quality."""
     import random
 
-    from pipeline.samples import synthetic_document
+    from pipeline.dev.samples import synthetic_document
 
     rng = random.Random(seed)
     lines = []

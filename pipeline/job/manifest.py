@@ -12,10 +12,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline.config import TokenmillConfig
-from pipeline.reuse import summarise_verification
-from pipeline.state import aware, now
-from pipeline.telemetry import decode_steps, efficiency
-from pipeline.write import count_by
+from pipeline.generate.reuse import summarise_verification
+from pipeline.stores.catalog import aware, now
+from pipeline.output.telemetry import decode_steps, efficiency
+from pipeline.output.write import count_by
 
 
 def partition_counts(outputs: pa.Table, ledger: pa.Table, quarantine: pa.Table, completions: pa.Table,

@@ -12,9 +12,9 @@ import re
 from pathlib import Path
 
 from pipeline.config import TokenmillConfig, load_config
-from pipeline.infer import EnginePool
-from pipeline.runner import JOB_ID, JobError, _Job
-from pipeline.state import StateStore, default_worker
+from pipeline.generate.engine import EnginePool
+from pipeline.job.lifecycle import JOB_ID, JobError, _Job
+from pipeline.stores.catalog import StateStore, default_worker
 
 
 def job_id_for(prefix: str, run_date: str) -> str:
@@ -42,7 +42,7 @@ def job_from_params(params: dict, dag_id: str, logical_date: str) -> tuple[Token
 
 
 def _job(config: TokenmillConfig, job_id: str) -> _Job:
-    from pipeline.progress import Progress
+    from pipeline.job.progress import Progress
 
     return _Job(config, job_id, StateStore(config.state.url), EnginePool(config.tiers),
                 Progress("log", config.run.log_every_seconds), default_worker())
@@ -71,7 +71,7 @@ def committed_partition(config: TokenmillConfig, job_id: str, partition: str) ->
 
 def job_manifest(config: TokenmillConfig, job_id: str) -> dict:
     """Write and return the manifest over whatever has committed; never raises for failed partitions."""
-    from pipeline.write import write_manifest
+    from pipeline.output.write import write_manifest
 
     job = _job(config, job_id)
     parts = job.state.partitions(job_id)

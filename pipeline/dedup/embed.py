@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from pipeline import minhash
+from pipeline.dedup import minhash
 
 
 class EmbedderError(RuntimeError):

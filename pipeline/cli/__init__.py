@@ -68,7 +68,7 @@ def config_docs() -> None:
 def models_tiny(path: Optional[Path] = typer.Argument(None, help="Where to write it (default: $TOKENMILL_HOME/models/tiny-<size>)."),
                 size: str = typer.Option("small", help="small (about 1.1 M parameters) or large (about 5.5 M).")) -> None:
     """Build a tiny random-weight Llama model offline. Its outputs are gibberish: it exercises the real engine."""
-    from pipeline.tiny_model import SIZES, build_tiny_model
+    from pipeline.dev.tiny_model import SIZES, build_tiny_model
 
     if size not in SIZES:
         _fail(f"--size must be one of {', '.join(SIZES)}")
@@ -81,7 +81,7 @@ def models_tiny(path: Optional[Path] = typer.Argument(None, help="Where to write
 def models_embedder(path: Optional[Path] = typer.Argument(None, help="Where to write it (default: $TOKENMILL_HOME/models/static-minilm)."),
                     dims: int = typer.Option(256, help="Embedding dimensions kept (PCA).")) -> None:
     """Distil the static embedding model for semantic reuse, offline, from the bundled all-MiniLM-L6-v2 (about 20 s)."""
-    from pipeline.embed import EmbedderError, build_static_embedder
+    from pipeline.dedup.embed import EmbedderError, build_static_embedder
 
     target = path or tokenmill_home() / "models" / "static-minilm"
     try:
@@ -105,7 +105,7 @@ def _cost_per_item(cfg, tier: str, texts: list[str]) -> float:
     mean length (≈ chars/4 tokens) at the tier's configured default rate."""
     import pyarrow as pa
 
-    from pipeline.estimate import estimate_usd, tier_rates
+    from pipeline.job.estimate import estimate_usd, tier_rates
 
     prompt = sum(len(x) for x in texts) / max(len(texts), 1) / 4
     return estimate_usd(pa.array([tier]), pa.array([prompt]), cfg, tier_rates(cfg))[0]
@@ -117,7 +117,7 @@ def router_train(config: Path = typer.Option(..., "--config", help="Config whose
                  out: Optional[Path] = typer.Option(None, "--out", help="Artifact path (default: route.router from the config, else ./router.json)."),
                  target_quality: float = typer.Option(0.95, "--target-quality", help="An item's small-tier output 'suffices' at this share of the large tier's quality.")) -> None:
     """Fit the router on labelled items and write a versioned artifact (then run `router eval` to calibrate it)."""
-    from pipeline.router import RouterError, read_labels, train
+    from pipeline.route.router import RouterError, read_labels, train
 
     cfg = _load(config)
     small, large = _router_tiers(cfg)
@@ -138,7 +138,7 @@ def router_eval(config: Path = typer.Option(..., "--config"),
                 target_quality: float = typer.Option(0.95, "--target-quality", help="Quality to keep, relative to sending everything to the large tier."),
                 fmt: str = typer.Option("table", "--format", help="table or json")) -> None:
     """Per threshold: share sent to the large tier, cost per item, quality kept; writes the cheapest threshold meeting the target."""
-    from pipeline.router import Router, RouterError, evaluate, pick_threshold, read_labels
+    from pipeline.route.router import Router, RouterError, evaluate, pick_threshold, read_labels
 
     cfg = _load(config)
     small, large = _router_tiers(cfg)
@@ -176,7 +176,7 @@ def router_eval(config: Path = typer.Option(..., "--config"),
 def router_example_labels(path: Path = typer.Argument(..., help="Where to write the JSONL."),
                           items: int = typer.Option(400, help="Number of labelled items.")) -> None:
     """Write a clearly SYNTHETIC labelled set (the format, and something to try train/eval on)."""
-    from pipeline.router import example_labels
+    from pipeline.route.router import example_labels
 
     example_labels(path, items)
     typer.echo(f"wrote {items} synthetic labelled items to {path}")
@@ -187,7 +187,7 @@ def samples(path: Path = typer.Argument(..., help="Folder to write the sample co
             documents: int = typer.Option(60, help="Number of good documents."),
             bad: bool = typer.Option(True, help="Also write one record of every kind of bad input.")) -> None:
     """Write a small synthetic input corpus (JSONL, JSONL.gz, Parquet, .txt, .md), duplicates included."""
-    from pipeline.samples import write_sample_corpus
+    from pipeline.dev.samples import write_sample_corpus
 
     counts = write_sample_corpus(path, documents=documents, with_bad_input=bad)
     typer.echo(f"wrote {counts['documents']} documents and {counts['bad_records']} bad records to {path}")
@@ -240,9 +240,9 @@ def summary_table(manifest: dict) -> Table:
 
 
 def _run(cfg, job_id: Optional[str], partitions: list[str] | None, json_summary: bool) -> None:
-    from pipeline.infer import shutdown_engines
-    from pipeline.progress import Progress
-    from pipeline.runner import JobError, run_job
+    from pipeline.generate.engine import shutdown_engines
+    from pipeline.job.progress import Progress
+    from pipeline.job.lifecycle import JobError, run_job
 
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
     for noisy in ("vllm", "transformers", "httpx", "alembic"):
@@ -288,7 +288,7 @@ def rerun(config: Path = ConfigOption,
 
 
 def _state(cfg):
-    from pipeline.state import StateError, StateStore
+    from pipeline.stores.catalog import StateError, StateStore
 
     try:
         return StateStore(cfg.state.url)
@@ -379,8 +379,8 @@ def _print_table(table, format: str, title: str | None = None) -> None:
 
 def _ledger(output: str, config: Optional[Path]):
     from pipeline.config import StorageConfig
-    from pipeline.ledger import connect
-    from pipeline.storage import StorageError
+    from pipeline.output.ledger import connect
+    from pipeline.stores.storage import StorageError
 
     storage_config = _load(config).storage if config else StorageConfig()
     try:
@@ -402,7 +402,7 @@ def ledger_summary(output: str = OutputOption,
                    until: Optional[datetime] = typer.Option(None, "--until", formats=["%Y-%m-%d"], help="To this day (UTC), inclusive."),
                    format: str = FormatOption, config: Optional[Path] = LedgerConfigOption) -> None:
     """Items, tokens, GPU-seconds, cost, baseline and saving, grouped as asked."""
-    from pipeline.ledger import LedgerError, summary
+    from pipeline.output.ledger import LedgerError, summary
 
     keys = [b.strip() for b in by.split(",") if b.strip()]
     try:
@@ -417,7 +417,7 @@ def ledger_summary(output: str = OutputOption,
 def ledger_sql(sql: str = typer.Argument(..., help="A query over the views ledger, outputs and quarantine."),
                output: str = OutputOption, format: str = FormatOption, config: Optional[Path] = LedgerConfigOption) -> None:
     """Run SQL (DuckDB) over the ledger, outputs and quarantine of an output root."""
-    from pipeline.ledger import LedgerError, query
+    from pipeline.output.ledger import LedgerError, query
 
     try:
         table = query(_ledger(output, config), sql)
@@ -431,9 +431,9 @@ def plan(config: Path = ConfigOption,
          input: Optional[str] = typer.Option(None, "--input", help="Input folder or URI (overrides input.uri)."),
          format: str = typer.Option("table", "--format", help="table or json")) -> None:
     """Pre-flight: records, duplicates, share per tier, tokens and dollars, before any GPU work."""
-    from pipeline.estimate import budget_problems, preflight
-    from pipeline.infer import EnginePool, EngineStartError
-    from pipeline.storage import StorageError
+    from pipeline.job.estimate import budget_problems, preflight
+    from pipeline.generate.engine import EnginePool, EngineStartError
+    from pipeline.stores.storage import StorageError
 
     cfg = _load(config, input__uri=input)
     try:
@@ -467,8 +467,8 @@ def report(output: str = OutputOption, job_id: str = typer.Option(..., "--job-id
            config: Optional[Path] = LedgerConfigOption) -> None:
     """Write a job's cost report: cost by tenant and tier, savings waterfall, throughput, reuse, slowest partitions."""
     from pipeline.config import StorageConfig
-    from pipeline.report import build_report
-    from pipeline.storage import StorageError
+    from pipeline.output.report import build_report
+    from pipeline.stores.storage import StorageError
 
     try:
         page = build_report(output, job_id, _load(config).storage if config else StorageConfig())
