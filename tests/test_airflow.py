@@ -60,7 +60,7 @@ def test_dag_runs_end_to_end_then_a_failed_partition_reruns_alone(dag, tmp_path,
     day = pendulum.datetime(2026, 11, 29, tz="UTC")
     job_id = f"{DAG_ID}-2026-11-29"
 
-    real = runner._Job.process_partition
+    real = runner.Job.process_partition
     victim = {}
 
     def fail_one(self, partition, beat):
@@ -69,7 +69,7 @@ def test_dag_runs_end_to_end_then_a_failed_partition_reruns_alone(dag, tmp_path,
             raise OSError("GPU worker lost")
         return real(self, partition, beat)
 
-    monkeypatch.setattr(runner._Job, "process_partition", fail_one)
+    monkeypatch.setattr(runner.Job, "process_partition", fail_one)
     run = dag.test(logical_date=day, run_conf=conf)
     assert run.state == "failed"  # the outcome task fails the run
     states = {(ti.task_id, ti.rendered_map_index): ti.state for ti in run.get_task_instances()}
@@ -80,7 +80,7 @@ def test_dag_runs_end_to_end_then_a_failed_partition_reruns_alone(dag, tmp_path,
     assert before[victim["p"]] == ("failed", 1)
 
     # The worker is back; Airflow runs the date again (dag.test clears the run's task instances).
-    monkeypatch.setattr(runner._Job, "process_partition", real)
+    monkeypatch.setattr(runner.Job, "process_partition", real)
     run = dag.test(logical_date=day, run_conf=conf)
     assert run.state == "success"
     after = {p.partition: (p.status, p.attempts) for p in state.partitions(job_id)}

@@ -129,7 +129,7 @@ def test_failed_partition_reruns_alone(make_config, sample_corpus, tmp_path, mon
     from pipeline.job import lifecycle as runner
 
     config = make_config()
-    real = runner._Job.process_partition
+    real = runner.Job.process_partition
     victim = {}
 
     def flaky(self, partition, beat):
@@ -138,10 +138,10 @@ def test_failed_partition_reruns_alone(make_config, sample_corpus, tmp_path, mon
             raise OSError("disk went away")
         return real(self, partition, beat)
 
-    monkeypatch.setattr(runner._Job, "process_partition", flaky)
+    monkeypatch.setattr(runner.Job, "process_partition", flaky)
     with pytest.raises(JobError, match="1 of .* partitions not committed.*disk went away"):
         run_job(config, job_id="flaky")
-    monkeypatch.setattr(runner._Job, "process_partition", real)
+    monkeypatch.setattr(runner.Job, "process_partition", real)
     state = StateStore(config.state.url)
     attempts_before = {p.partition: p.attempts for p in state.partitions("flaky")}
     run_job(config, job_id="flaky")

@@ -431,13 +431,13 @@ def plan(config: Path = ConfigOption,
          input: Optional[str] = typer.Option(None, "--input", help="Input folder or URI (overrides input.uri)."),
          format: str = typer.Option("table", "--format", help="table or json")) -> None:
     """Pre-flight: records, duplicates, share per tier, tokens and dollars, before any GPU work."""
-    from pipeline.job.estimate import budget_problems, preflight
+    from pipeline.job.estimate import budget_problems, estimate_job
     from pipeline.generate.engine import EnginePool, EngineStartError
     from pipeline.stores.storage import StorageError
 
     cfg = _load(config, input__uri=input)
     try:
-        est = preflight(cfg, EnginePool(cfg.tiers))
+        est = estimate_job(cfg, EnginePool(cfg.tiers))
     except (StorageError, EngineStartError) as e:
         _fail(str(e))
     est["budget_problems"] = budget_problems(cfg, est["est_usd"], est["tenants"]) if cfg.budget.active else []

@@ -79,8 +79,12 @@ def with_estimates(totals: dict[str, float], requests: pa.Table, tenant_of: dict
     return out
 
 
-def preflight(config: TokenmillConfig, pool, input_uri: str | None = None) -> dict:
-    """Read, validate, dedup and route the input, tokenise what would be generated, and price it."""
+def estimate_job(config: TokenmillConfig, pool=None, input_uri: str | None = None) -> dict:
+    """The pre-flight estimate: read, validate, dedup and route the input, tokenise what would be
+    generated, and price it, before any GPU work. `pool`: an EnginePool (its tokenizers are used)."""
+    if pool is None:
+        from pipeline.generate.engine import EnginePool
+        pool = EnginePool(config.tiers)
     from pipeline.dedup.cluster import mark_duplicates
     from pipeline.generate.requests import plan_requests
     from pipeline.job.stages import prepare_records

@@ -104,7 +104,7 @@ def run_job(config: TokenmillConfig, job_id: str | None = None, pool: EnginePool
         raise JobError(f"job id {job_id!r} must be 1-128 characters of letters, digits, '.', '_' or '-'")
     try:
         state = StateStore(config.state.url)
-        return _Job(config, job_id, state, pool or EnginePool(config.tiers), progress or Progress("off"),
+        return Job(config, job_id, state, pool or EnginePool(config.tiers), progress or Progress("off"),
                     worker or default_worker()).run(partitions or [])
     except JobError:
         raise
@@ -118,7 +118,7 @@ def run_job(config: TokenmillConfig, job_id: str | None = None, pool: EnginePool
         raise JobError(f"{type(e).__name__}: {e}") from e
 
 
-class _Job:
+class Job:
     def __init__(self, config: TokenmillConfig, job_id: str, state: StateStore, pool: EnginePool,
                  progress: Progress, worker: str):
         self.config, self.job_id, self.state, self.pool, self.progress, self.worker = \

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from pipeline.config import TokenmillConfig, load_config
 from pipeline.generate.engine import EnginePool
-from pipeline.job.lifecycle import JOB_ID, JobError, _Job
+from pipeline.job.lifecycle import JOB_ID, JobError, Job
 from pipeline.stores.catalog import StateStore, default_worker
 
 
@@ -41,10 +41,10 @@ def job_from_params(params: dict, dag_id: str, logical_date: str) -> tuple[Token
     return config, job_id_for(dag_id, run_date)
 
 
-def _job(config: TokenmillConfig, job_id: str) -> _Job:
+def _job(config: TokenmillConfig, job_id: str) -> Job:
     from pipeline.job.progress import Progress
 
-    return _Job(config, job_id, StateStore(config.state.url), EnginePool(config.tiers),
+    return Job(config, job_id, StateStore(config.state.url), EnginePool(config.tiers),
                 Progress("log", config.run.log_every_seconds), default_worker())
 
 
