@@ -5,7 +5,8 @@ and cleared tasks never pay twice. Re-run a failed partition by clearing its `ge
 instance with downstream (UI, or REST clearTaskInstances); see docs/ops.md.
 
 Environment: TOKENMILL_CONFIG (default: configs/local.yaml of this checkout) is the default config;
-the `config` param overrides it per run.
+the `config` param overrides it per run. Parsing this file reads only the config's `run:` section (schedule,
+retries), so the DAG processor needs none of the secrets the rest of the config names.
 """
 
 from __future__ import annotations
@@ -17,12 +18,12 @@ from pathlib import Path
 import pendulum
 from airflow.sdk import Param, dag, get_current_context, task
 
+from pipeline.config import load_run_section
 from pipeline.job import orchestrate
-from pipeline.config import load_config
 
 CONFIG = os.environ.get("TOKENMILL_CONFIG", str(Path(__file__).resolve().parents[1] / "configs" / "local.yaml"))
 DAG_ID = "nightly_summarization"
-RUN = load_config(CONFIG).run  # schedule and retries
+RUN = load_run_section(CONFIG)  # schedule and retries; nothing else is read or expanded at parse time
 
 
 def _job():

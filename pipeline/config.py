@@ -3,13 +3,16 @@
 Every model forbids unknown fields, so a typo in a YAML file is an error, not a silent default.
 Overrides: `TOKENMILL_<SECTION>__<FIELD>[__<SUBFIELD>...]=value` (value parsed as JSON when it
 is JSON, so `64`, `true` and `[1, 2]` keep their types; any other value is a string). `${VAR}` in string values expands from the
-environment; `${TOKENMILL_HOME}` defaults to `./.tokenmill`, made absolute.
+environment, in the YAML, the overrides and the defaults alike; `${TOKENMILL_HOME}` defaults to `./.tokenmill`, made absolute.
+`load_run_section` reads the `run:` section alone (the Airflow DAG's shape) and expands nothing else, so parsing
+the DAG needs no secret.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import re
 import types
@@ -22,6 +25,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 
 ENV_PREFIX = "TOKENMILL_"
 DEFAULT_HOME = "./.tokenmill"
+log = logging.getLogger(__name__)
 
 
 class ConfigError(ValueError):
@@ -190,7 +194,9 @@ class RouteConfig(Section):
     escalation: EscalationConfig = Field(default_factory=EscalationConfig, description="Generate-then-verify escalation.")
 
 
-class PlanConfig(Section):
+class RequestsConfig(Section):
+    """Building engine requests: render, tokenise, fit the context, order and cut into engine calls."""
+
     items_per_engine_call: int = Field(512, gt=0, description="Items handed to one `LLM.generate` call; vLLM batches continuously inside it. Smaller calls give finer progress and cost attribution.")
     prefix_ordering: bool = Field(True, description="Send requests sorted by their token ids, so prompts sharing a prefix (system prompt, template, few-shot examples) run back to back and hit vLLM's prefix cache. Off: input order (for comparison).")
     long_prompt_tokens: int = Field(4096, gt=0, description="Prompts at least this long go to the engine in their own calls of at most `long_items_per_engine_call` items, so a few long prompts do not crowd the KV cache of a large batch.")
@@ -244,11 +250,22 @@ class TokenmillConfig(Section):
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
     tiers: dict[str, TierConfig]
     route: RouteConfig
-    plan: PlanConfig = Field(default_factory=PlanConfig)
+    requests: RequestsConfig = Field(default_factory=RequestsConfig)
     cost: CostConfig = Field(default_factory=CostConfig)
     budget: BudgetConfig = Field(default_factory=BudgetConfig)
     state: StateConfig = Field(default_factory=StateConfig)
     run: RunConfig = Field(default_factory=RunConfig)
+
+    @model_validator(mode="before")
+    @classmethod
+    def plan_is_requests(cls, data: Any) -> Any:
+        """`plan:` (and TOKENMILL_PLAN__*) is the deprecated name of `requests:`."""
+        if isinstance(data, dict) and "plan" in data:
+            if "requests" in data:
+                raise ValueError("give `requests:` only; `plan:` is its deprecated name")
+            log.warning("config section `plan:` is deprecated: rename it `requests:` (TOKENMILL_PLAN__* -> TOKENMILL_REQUESTS__*)")
+            data = {("requests" if k == "plan" else k): v for k, v in data.items()}
+        return data
 
     @model_validator(mode="after")
     def _tiers_known(self) -> "TokenmillConfig":
@@ -310,6 +327,24 @@ def _expand(value: Any, environ: dict[str, str]) -> Any:
     return value
 
 
+def _expand_defaults(model: BaseModel, environ: dict[str, str]) -> None:
+    """Expand ${VAR}s in the fields left at their defaults (explicit values were expanded from the YAML already).
+
+    Each nested model knows which of its fields were given; a section left out entirely is all defaults.
+    Assignment re-validates each field changed."""
+    for name in type(model).model_fields:
+        value = getattr(model, name)
+        nested = (value.values() if isinstance(value, dict) else value if isinstance(value, list) else [value])
+        models = [v for v in nested if isinstance(v, BaseModel)]
+        if models:
+            for child in models:
+                _expand_defaults(child, environ)
+        elif name not in model.model_fields_set:
+            expanded = _expand(value, environ)
+            if expanded != value:
+                setattr(model, name, expanded)
+
+
 def _env_value(value: str) -> Any:
     """JSON where the value is JSON (`64`, `true`, `[1, 2]`, `{"a": 1}`), else the string itself.
 
@@ -336,30 +371,75 @@ def apply_env_overrides(raw: dict, environ: dict[str, str]) -> dict:
     return raw
 
 
+def _read_yaml(path: str | Path | None) -> dict:
+    if path is None:
+        return {}
+    p = Path(path)
+    try:
+        raw = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+    except FileNotFoundError:
+        raise ConfigError(f"config file not found: {p}") from None
+    except yaml.YAMLError as e:
+        raise ConfigError(f"{p}: not valid YAML: {e}") from None
+    if not isinstance(raw, dict):
+        raise ConfigError(f"{p}: the top level must be a mapping of sections")
+    return raw
+
+
+def _config_error(path: str | Path | None, e: ValidationError, where: str = "") -> ConfigError:
+    problems = "; ".join(f"{'.'.join(str(x) for x in (where, *err['loc']) if x != '') or '<root>'}: {err['msg']}"
+                         for err in e.errors())
+    return ConfigError(f"{path or '<defaults>'}: {problems}")
+
+
+def _plan_env_alias(environ: dict[str, str]) -> dict[str, str]:
+    """TOKENMILL_PLAN__* is the deprecated name of TOKENMILL_REQUESTS__*; renamed before the overrides apply,
+    so that they merge with a YAML `requests:` section."""
+    old = f"{ENV_PREFIX}PLAN__"
+    for name in sorted(n for n in environ if n.startswith(old)):
+        new = f"{ENV_PREFIX}REQUESTS__{name[len(old):]}"
+        log.warning("environment override %s is deprecated: use %s", name, new)
+        environ.setdefault(new, environ[name])
+        del environ[name]
+    return environ
+
+
 def load_config(path: str | Path | None, environ: dict[str, str] | None = None, **overrides: Any) -> TokenmillConfig:
-    """Load YAML, apply environment overrides, expand ${VAR}s, validate. Raises ConfigError."""
-    environ = dict(os.environ if environ is None else environ)
-    raw: dict = {}
-    if path is not None:
-        p = Path(path)
-        try:
-            raw = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
-        except FileNotFoundError:
-            raise ConfigError(f"config file not found: {p}") from None
-        except yaml.YAMLError as e:
-            raise ConfigError(f"{p}: not valid YAML: {e}") from None
-        if not isinstance(raw, dict):
-            raise ConfigError(f"{p}: the top level must be a mapping of sections")
+    """Load YAML, apply environment overrides, expand ${VAR}s, validate, then expand the defaults. Raises ConfigError."""
+    environ = _plan_env_alias(dict(os.environ if environ is None else environ))
+    raw = _read_yaml(path)
+    try:
+        raw = TokenmillConfig.plan_is_requests(raw)
+    except ValueError as e:
+        raise ConfigError(f"{path}: {e}") from None
     raw = apply_env_overrides(raw, environ)
     for dotted, value in overrides.items():
         if value is not None:
             section, field = dotted.split("__")
             raw.setdefault(section, {})[field] = value
     try:
-        return TokenmillConfig.model_validate(_expand(raw, environ))
+        config = TokenmillConfig.model_validate(_expand(raw, environ))
+        _expand_defaults(config, environ)
     except ValidationError as e:
-        problems = "; ".join(f"{'.'.join(str(x) for x in err['loc']) or '<root>'}: {err['msg']}" for err in e.errors())
-        raise ConfigError(f"{path or '<defaults>'}: {problems}") from None
+        raise _config_error(path, e) from None
+    return config
+
+
+def load_run_section(path: str | Path | None, environ: dict[str, str] | None = None) -> RunConfig:
+    """The `run:` section alone (with TOKENMILL_RUN__* overrides): what the Airflow DAG's shape needs.
+
+    Nothing outside `run:` is validated or expanded, so parsing the DAG needs neither the secrets the
+    rest of the config names (`${TOKENMILL_PG_DSN}`) nor the models it points to."""
+    environ = dict(os.environ if environ is None else environ)
+    run = _read_yaml(path).get("run") or {}
+    if not isinstance(run, dict):
+        raise ConfigError(f"{path}: run: must be a mapping")
+    overrides = {k: v for k, v in environ.items() if k.startswith(f"{ENV_PREFIX}RUN__")}
+    run = apply_env_overrides({"run": run}, overrides)["run"]
+    try:
+        return RunConfig.model_validate(_expand(run, environ))
+    except ValidationError as e:
+        raise _config_error(path, e, "run") from None
 
 
 def _type_name(annotation: Any) -> str:
@@ -401,6 +481,9 @@ def reference_markdown() -> str:
         if name == "tiers":
             section("tiers.<name>", TierConfig, "A mapping of tier name to tier. Each tier runs its own vLLM engine.")
             section("tiers.<name>.vllm", VllmArgs)
+        elif name == "requests":
+            section(name, model, "Building engine requests. Formerly `plan:` (and `TOKENMILL_PLAN__*`), still accepted "
+                                 "with a deprecation warning.")
         elif isinstance(model, type) and issubclass(model, BaseModel):
             section(name, model)
     from pipeline.schema import REASONS

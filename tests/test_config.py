@@ -4,7 +4,7 @@ import sys
 import pytest
 import yaml
 
-from pipeline.config import ConfigError, TokenmillConfig, apply_env_overrides, load_config
+from pipeline.config import ConfigError, TokenmillConfig, apply_env_overrides, load_config, load_run_section
 from tests.conftest import LOCAL_CONFIG, REPO
 
 
@@ -92,3 +92,89 @@ def test_config_reference_doc_is_current():
     from pipeline.config import reference_markdown
 
     assert (REPO / "docs" / "config.md").read_text() == reference_markdown(), "run: tokenmill config docs > docs/config.md"
+
+
+MINIMAL = "tiers: {a: {model: m, price_per_gpu_hour: 1}}\nroute: {default_tier: a}\n"
+
+
+def _strings(node):
+    if isinstance(node, dict):
+        for v in node.values():
+            yield from _strings(v)
+    elif isinstance(node, list):
+        for v in node:
+            yield from _strings(v)
+    elif isinstance(node, str):
+        yield node
+
+
+def test_defaults_expand_tokenmill_home(tmp_path):
+    path = tmp_path / "minimal.yaml"
+    path.write_text(MINIMAL)
+    home = tmp_path / "home"
+    cfg = load_config(path, environ={"TOKENMILL_HOME": str(home)})
+    assert not [s for s in _strings(cfg.model_dump(mode="json")) if "${" in s]
+    assert cfg.cache.path == str(home / "cache")
+    assert cfg.state.url == f"sqlite:///{home / 'state.db'}"
+    assert cfg.dedup.embedder == str(home / "models" / "static-minilm")
+
+
+def test_defaults_expand_next_to_explicit_fields_of_the_same_section(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(MINIMAL + "cache: {ttl_days: 3}\nstate: {lease_seconds: 9}\n")
+    cfg = load_config(path, environ={"TOKENMILL_HOME": str(tmp_path), "TOKENMILL_DEDUP__NEAR": "false"})
+    assert (cfg.cache.ttl_days, cfg.cache.path) == (3, str(tmp_path / "cache"))
+    assert cfg.state.url == f"sqlite:///{tmp_path / 'state.db'}" and cfg.dedup.embedder.startswith(str(tmp_path))
+
+
+def test_explicit_values_are_expanded_once(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(MINIMAL + "state: {url: '${DSN}'}\n")
+    cfg = load_config(path, environ={"TOKENMILL_HOME": str(tmp_path), "DSN": "postgresql://u:p${x}@db/t"})
+    assert cfg.state.url == "postgresql://u:p${x}@db/t"  # a secret's own `${` is not expanded again
+
+
+def test_plan_section_is_a_deprecated_alias_of_requests(tmp_path, caplog):
+    path = tmp_path / "c.yaml"
+    path.write_text(MINIMAL + "plan: {items_per_engine_call: 7}\n")
+    with caplog.at_level("WARNING", logger="pipeline.config"):
+        cfg = load_config(path, environ={"TOKENMILL_HOME": str(tmp_path)})
+    assert cfg.requests.items_per_engine_call == 7
+    assert "deprecated" in caplog.text and "requests" in caplog.text
+
+
+def test_plan_env_override_merges_with_requests_section(tmp_path, caplog):
+    path = tmp_path / "c.yaml"
+    path.write_text(MINIMAL + "requests: {items_per_engine_call: 7}\n")
+    with caplog.at_level("WARNING", logger="pipeline.config"):
+        cfg = load_config(path, environ={"TOKENMILL_HOME": str(tmp_path), "TOKENMILL_PLAN__PREFIX_ORDERING": "false"})
+    assert (cfg.requests.items_per_engine_call, cfg.requests.prefix_ordering) == (7, False)
+    assert "TOKENMILL_REQUESTS__PREFIX_ORDERING" in caplog.text
+    cfg = load_config(path, environ={"TOKENMILL_HOME": str(tmp_path), "TOKENMILL_REQUESTS__ITEMS_PER_ENGINE_CALL": "3"})
+    assert cfg.requests.items_per_engine_call == 3
+
+
+def test_plan_and_requests_together_is_an_error(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(MINIMAL + "plan: {items_per_engine_call: 7}\nrequests: {items_per_engine_call: 8}\n")
+    with pytest.raises(ConfigError, match="deprecated"):
+        load_config(path, environ={})
+    with pytest.raises(ValueError, match="deprecated"):
+        TokenmillConfig.model_validate(yaml.safe_load(path.read_text()))
+
+
+def test_load_run_section_reads_run_alone_with_env_overrides(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text("state: {url: '${TOKENMILL_PG_DSN}'}\ntiers: {a: {model: '${NOT_SET}'}}\n"
+                    "run: {schedule: '30 4 * * *', retries: 5}\n")
+    run = load_run_section(path, environ={"TOKENMILL_RUN__RETRY_DELAY_SECONDS": "7", "TOKENMILL_STATE__URL": "x"})
+    assert (run.schedule, run.retries, run.retry_delay_seconds) == ("30 4 * * *", 5, 7.0)
+    assert load_run_section(path, environ={"TOKENMILL_RUN__RETRIES": "0"}).retries == 0
+    with pytest.raises(ConfigError, match=r"run\.retries"):
+        load_run_section(path, environ={"TOKENMILL_RUN__RETRIES": "-1"})
+
+
+def test_load_run_section_without_run_gives_defaults(tmp_path):
+    path = tmp_path / "c.yaml"
+    path.write_text(MINIMAL)
+    assert load_run_section(path, environ={}) == load_config(path, environ={"TOKENMILL_HOME": str(tmp_path)}).run

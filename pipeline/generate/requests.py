@@ -1,4 +1,5 @@
-"""Stage 5, plan: turn representatives into engine requests, ordered and cut into engine calls.
+"""Building engine requests, the first step of the generate stage: turn representatives into engine
+requests, ordered and cut into engine calls (configured by the `requests:` section).
 
 Prompts are rendered with the tier's chat template and tokenised here, once: the engine gets token
 ids, so the lengths checked here are exactly what the engine sees. A prompt that does not fit the
@@ -13,7 +14,7 @@ from typing import Protocol
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.config import PlanConfig, PromptConfig, SamplingConfig
+from pipeline.config import PromptConfig, RequestsConfig, SamplingConfig
 
 REQUESTS = pa.schema([
     ("id", pa.string()),
@@ -58,8 +59,8 @@ def render_prompts(tokenizer: Tokenizer, texts: list[str], prompt: PromptConfig)
     return [render(t) for t in texts]
 
 
-def plan_requests(records: pa.Table, prompt: PromptConfig, sampling: SamplingConfig, config: PlanConfig,
-                  tokenizers: dict[str, Tokenizer], context_lengths: dict[str, int]) -> tuple[pa.Table, pa.Table]:
+def build_requests(records: pa.Table, prompt: PromptConfig, sampling: SamplingConfig, config: RequestsConfig,
+                   tokenizers: dict[str, Tokenizer], context_lengths: dict[str, int]) -> tuple[pa.Table, pa.Table]:
     """(requests, too_long) for the representatives in `records` (rows with `duplicate_of` null)."""
     reps = records.filter(pc.is_null(records["duplicate_of"]))
     requests: list[pa.Table] = []

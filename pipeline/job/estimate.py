@@ -86,14 +86,14 @@ def estimate_job(config: TokenmillConfig, pool=None, input_uri: str | None = Non
         from pipeline.generate.engine import EnginePool
         pool = EnginePool(config.tiers)
     from pipeline.dedup.cluster import mark_duplicates
-    from pipeline.generate.requests import plan_requests
+    from pipeline.generate.requests import build_requests
     from pipeline.job.stages import prepare_records
 
     prepared = prepare_records(config, "preflight", input_uri)
     raw, quarantine, skipped = prepared.raw, prepared.quarantine, prepared.skipped
     records = mark_duplicates(prepared.records, "gen_key")
     tiers_used = sorted(set(records["tier"].to_pylist()))
-    requests, too_long = plan_requests(records, config.prompt, config.sampling, config.plan,
+    requests, too_long = build_requests(records, config.prompt, config.sampling, config.requests,
                                        {t: pool.tokenizer(t) for t in tiers_used},
                                        {t: pool.context_length(t) for t in tiers_used})
     rates = tier_rates(config, config.output.uri)

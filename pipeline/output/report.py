@@ -13,8 +13,8 @@ from decimal import Decimal
 
 import duckdb
 
-from pipeline.stores import storage
 from pipeline.output.ledger import MONEY
+from pipeline.stores import storage
 
 WIDTH, BAR_H, GAP, LABEL_W = 640, 22, 8, 170
 COLORS = {"bar": "#3b6ea5", "save": "#3a9a5b", "total": "#555", "paid": "#c0533a"}
@@ -94,6 +94,17 @@ def savings_steps(con: duckdb.DuckDBPyConnection, job_id: str, largest_tier: str
     return out
 
 
+def _false_reuse_line(v: dict) -> str:
+    """The false-reuse rate measured by shadow verification (manifest `reuse.verification`)."""
+    if not v.get("checked"):
+        return ("False-reuse rate: no near or semantic reuse was shadow-verified in this job "
+                "(dedup.shadow_rate; the manifest's reuse.verification).")
+    low, high = v["ci95"]
+    return (f"False-reuse rate (shadow verification, token F1 below {v.get('min_f1')}): {v['false_hit_rate']:.1%} "
+            f"of {v['checked']} verified reuses (95% CI {low:.1%}-{high:.1%}); per kind and samples in the "
+            "manifest's reuse.verification.")
+
+
 def build_report(output_uri: str, job_id: str, storage_config=None) -> str:
     from pipeline.output.ledger import connect
 
@@ -122,8 +133,7 @@ def build_report(output_uri: str, job_id: str, storage_config=None) -> str:
         + "".join(f'<p class="note">{html.escape(t)}: {html.escape(_efficiency_line(e.get("efficiency") or {}))}</p>'
                   for t, e in engines.items()),
         bar_chart("reuse", "Reuse rate by kind (share of output rows)", reuse, fmt=lambda v: f"{v:.1%}")
-        + '<p class="note">False-reuse rate: not measured (only exact duplicates are reused; near and semantic '
-          "reuse, with shadow verification, arrive with the cache work).</p>",
+        + f'<p class="note">{html.escape(_false_reuse_line(manifest.get("reuse", {}).get("verification") or {}))}</p>',
         bar_chart("slowest-partitions", "Slowest partitions (wall seconds)", slow, fmt=lambda v: f"{v:.2f} s"),
     ]
     quarantined = ", ".join(f"{k} {v}" for k, v in counts["by_reason"].items()) or "none"

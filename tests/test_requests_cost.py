@@ -2,10 +2,10 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from pipeline.config import CostConfig, PlanConfig, PromptConfig, SamplingConfig, TierConfig
-from pipeline.generate.pricing import allocate_gpu_seconds, baseline_gpu_seconds
+from pipeline.config import CostConfig, PromptConfig, RequestsConfig, SamplingConfig, TierConfig
 from pipeline.generate.engine import COMPLETIONS, EnginePool
-from pipeline.generate.requests import plan_requests, render_messages, render_prompts
+from pipeline.generate.pricing import allocate_gpu_seconds, baseline_gpu_seconds
+from pipeline.generate.requests import build_requests, render_messages, render_prompts
 
 
 @pytest.fixture(scope="module")
@@ -19,10 +19,10 @@ def reps(texts):
                      "duplicate_of": pa.nulls(n, pa.string())})
 
 
-def test_plan_renders_chat_template_orders_and_cuts_calls(tokenizer):
+def test_requests_render_chat_template_orders_and_cuts_calls(tokenizer):
     texts = ["beta report " * 3, "alpha memo", "gamma " * 5, "delta"]
-    requests, too_long = plan_requests(reps(texts), PromptConfig(), SamplingConfig(max_tokens=16),
-                                       PlanConfig(items_per_engine_call=3), {"small": tokenizer}, {"small": 1024})
+    requests, too_long = build_requests(reps(texts), PromptConfig(), SamplingConfig(max_tokens=16),
+                                        RequestsConfig(items_per_engine_call=3), {"small": tokenizer}, {"small": 1024})
     assert too_long.num_rows == 0 and requests.num_rows == 4
     ids = requests["prompt_token_ids"].to_pylist()
     assert ids == sorted(ids)  # shared prefixes adjacent
@@ -53,8 +53,8 @@ def test_prompts_rendered_around_a_marker_equal_full_renders(tokenizer, template
 
 
 def test_prompt_that_does_not_fit_is_too_long_and_output_budget_is_capped(tokenizer):
-    requests, too_long = plan_requests(reps(["word " * 400, "short"]), PromptConfig(), SamplingConfig(max_tokens=500),
-                                       PlanConfig(), {"small": tokenizer}, {"small": 256})
+    requests, too_long = build_requests(reps(["word " * 400, "short"]), PromptConfig(), SamplingConfig(max_tokens=500),
+                                        RequestsConfig(), {"small": tokenizer}, {"small": 256})
     assert too_long["id"].to_pylist() == ["d0"] and "context is 256" in too_long["detail"][0].as_py()
     (prompt,) = requests["prompt_token_ids"].to_pylist()
     assert requests["max_tokens"].to_pylist() == [256 - len(prompt)]
