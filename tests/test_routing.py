@@ -6,11 +6,12 @@ import pyarrow as pa
 import pytest
 from typer.testing import CliRunner
 
+from pipeline import run_job
 from pipeline.cli import app
 from pipeline.config import ConfigError, RouteConfig, RouteRule, load_config
+from pipeline.dev.labels import example_labels
+from pipeline.route.router import Router, RouterError, read_labels
 from pipeline.route.rules import assign_tiers
-from pipeline.route.router import Router, RouterError, example_labels, read_labels
-from pipeline.job.lifecycle import run_job
 from tests.conftest import LOCAL_CONFIG, read_kind
 
 

@@ -1,0 +1,209 @@
+"""Jobs: run, rerun, the pre-flight estimate, and what the state catalog says about jobs."""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from pipeline import JobError, estimate_job, run_job
+from pipeline.cli.common import ConfigOption, app, console, fail, jobs_app, load, state_store, when
+
+InputOption = typer.Option(None, "--input", help="Input folder or URI (overrides input.uri).")
+
+
+def _prefix_line(p: dict) -> str:
+    if not p or p.get("hit_ratio") is None:
+        return "-"
+    return f"{p['hit_ratio']:.1%} of prompt tokens cached; sharing allows {p['shareable_ratio']:.1%}"
+
+
+def _engine_rows(manifest: dict) -> list[tuple[str, str]]:
+    rows = []
+    for tier, e in manifest["engines"].items():
+        tps, eff = e["output_tokens_per_second"], e.get("efficiency") or {}
+        line = f"{e['engine_seconds']:.2f} s engine, {tps:.0f} output tok/s" if tps else "-"
+        if eff.get("mfu") is not None:
+            line += f", MFU {eff['mfu']:.1%}, MBU {eff['mbu']:.1%} ({eff['gpu_model']})"
+        rows.append((f"tier {tier}", line))
+    return rows
+
+
+def summary_table(manifest: dict) -> Table:
+    """A job manifest as the table `tokenmill run` prints."""
+    c, t, m = manifest["counts"], manifest["tokens"], manifest["cost"]
+    reuse, routing = manifest.get("reuse", {}), manifest.get("routing", {})
+    table = Table(title=f"job {manifest['job_id']}", show_header=False)
+    table.add_column(style="bold")
+    table.add_column(justify="right")
+    reused = c["outputs"] - c["by_source"].get("generated", 0)
+    rows = [
+        ("records", c["records"]), ("generated", c["by_source"].get("generated", 0)), ("reused", reused),
+        *((f"  {src.replace('_', ' ')}", f"{r['items']} ({r['rate']:.1%}), saved ${r['saved_usd']:.6f}")
+          for src, r in reuse.get("by_source", {}).items()),
+        ("quarantined", c["quarantined"]),
+        ("  by reason", ", ".join(f"{k} {v}" for k, v in c["by_reason"].items()) or "-"),
+        ("  by tier", ", ".join(f"{k} {v}" for k, v in c.get("by_tier", {}).items()) or "-"),
+        ("  by route", ", ".join(f"{k} {v}" for k, v in routing.get("by_reason", {}).items()) or "-"),
+        ("  escalated / chunked", f"{routing.get('escalated', 0)} / {routing.get('chunked', 0)}"),
+        ("prompt tokens (cached)", f"{t['prompt_tokens']} ({t['cached_prompt_tokens']})"),
+        ("prefix cache", _prefix_line(manifest.get("prefix_cache", {}))),
+        ("output tokens", t["output_tokens"]),
+        ("GPU-seconds", f"{m['gpu_seconds']:.3f}"),
+        ("cost", f"${m['cost_usd']:.6f}"), ("baseline cost", f"${m['baseline_cost_usd']:.6f}"),
+        ("saved vs baseline", f"${m['saved_usd']:.6f}"),
+    ]
+    v = reuse.get("verification", {})
+    if v.get("checked"):
+        rows.append(("reuse false-hit rate", f"{v['false_hit_rate']:.1%} of {v['checked']} verified "
+                                             f"(95% CI {v['ci95'][0]:.1%}-{v['ci95'][1]:.1%})"))
+    if reuse.get("cache_status", {}).get("bypassed"):
+        rows.append(("cache", f"bypassed for {reuse['cache_status']['bypassed']} items (store unreachable)"))
+    rows += _engine_rows(manifest)
+    for k, v in rows:
+        table.add_row(k, str(v))
+    return table
+
+
+def _run(cfg, job_id: Optional[str], partitions: list[str] | None, json_summary: bool) -> None:
+    from pipeline.generate.engine import shutdown_engines
+    from pipeline.job.progress import Progress
+
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
+    for noisy in ("vllm", "transformers", "httpx", "alembic"):
+        logging.getLogger(noisy).setLevel(logging.WARNING)
+    try:
+        result = run_job(cfg, job_id=job_id, partitions=partitions,
+                         progress=Progress(cfg.run.progress, cfg.run.log_every_seconds))
+    except JobError as e:
+        # Exit 3: stopped by a budget cap (refused, or partitions deferred); 2: any other failure.
+        fail(f"job {'stopped' if e.budget else 'failed'}: {e}", code=3 if e.budget else 2)
+    finally:
+        shutdown_engines()
+    if json_summary:
+        typer.echo(json.dumps(result.manifest, indent=2))
+    else:
+        console.print(summary_table(result.manifest))
+        console.print(f"outputs, ledger and quarantine under {cfg.output.uri}; manifest: jobs/{result.job_id}/manifest.json")
+
+
+@app.command("run")
+def run(config: Path = ConfigOption, input: Optional[str] = InputOption,
+        output: Optional[str] = typer.Option(None, "--output", help="Output root (overrides output.uri)."),
+        job_id: Optional[str] = typer.Option(None, "--job-id", help="Job id (default: job-<UTC time>-<random>). An existing id continues that job."),
+        json_summary: bool = typer.Option(False, "--json", help="Print the manifest as JSON instead of a table.")) -> None:
+    """Run a summarisation job end to end. Exit 0 when every partition committed (quarantined records included)."""
+    _run(load(config, input__uri=input, output__uri=output), job_id, None, json_summary)
+
+
+@app.command("rerun")
+def rerun(config: Path = ConfigOption,
+          job_id: str = typer.Option(..., "--job-id", help="The job to continue."),
+          partition: Optional[list[str]] = typer.Option(None, "--partition", help="Run these partitions again even if they succeeded (repeatable)."),
+          json_summary: bool = typer.Option(False, "--json", help="Print the manifest as JSON.")) -> None:
+    """Re-run a job's failed and unfinished partitions (or the named ones). Committed work is never paid twice."""
+    cfg = load(config)
+    state = state_store(cfg)
+    job = state.job(job_id)
+    if job is None:
+        fail(f"no job {job_id} in {state.safe_url(cfg.state.url)}")
+    # A rerun reads and writes where the job was staged, whatever the config file says now.
+    cfg = load(config, input__uri=job.input_uri, output__uri=job.output_uri)
+    _run(cfg, job_id, partition or [], json_summary)
+
+
+def _estimate_table(cfg, est: dict) -> Table:
+    table = Table(title=f"pre-flight estimate for {cfg.input.uri}", show_header=False)
+    table.add_column(style="bold")
+    table.add_column(justify="right")
+    for k in ("records", "quarantined", "duplicates", "to_generate"):
+        table.add_row(k.replace("_", " "), str(est[k]))
+    for name, t in est["tiers"].items():
+        table.add_row(f"tier {name}", f"{t['items']} items ({t['share']:.0%}), {t['prompt_tokens']} prompt tokens, "
+                                      f"~{t['est_output_tokens']:.0f} output tokens, ~${t['est_usd']:.6f}")
+        table.add_row("  estimated from", t["method"])
+    for tenant, usd in est["tenants"].items():
+        table.add_row(f"tenant {tenant}", f"~${usd:.6f}")
+    table.add_row("estimated cost", f"~${est['est_usd']:.6f}")
+    table.add_row("budget", "; ".join(est["budget_problems"]) or ("within caps" if cfg.budget.active else "no caps set"))
+    return table
+
+
+@app.command("estimate")
+def estimate(config: Path = ConfigOption, input: Optional[str] = InputOption,
+             format: str = typer.Option("table", "--format", help="table or json")) -> None:
+    """Pre-flight estimate: records, duplicates, share per tier, tokens and dollars, before any GPU work."""
+    from pipeline.generate.engine import EngineStartError
+    from pipeline.job.estimate import budget_problems
+    from pipeline.stores.storage import StorageError
+
+    cfg = load(config, input__uri=input)
+    try:
+        est = estimate_job(cfg)
+    except (StorageError, EngineStartError) as e:
+        fail(str(e))
+    est["budget_problems"] = budget_problems(cfg, est["est_usd"], est["tenants"]) if cfg.budget.active else []
+    if format == "json":
+        typer.echo(json.dumps(est, indent=2))
+        return
+    console.print(_estimate_table(cfg, est))
+    console.print(est["note"])
+
+
+@app.command("plan", hidden=True)
+def plan(config: Path = ConfigOption, input: Optional[str] = InputOption,
+         format: str = typer.Option("table", "--format", help="table or json")) -> None:
+    """Deprecated alias of `tokenmill estimate` (the pre-flight estimate)."""
+    typer.echo("note: `tokenmill plan` is deprecated, use `tokenmill estimate` (same options and output)", err=True)
+    estimate(config, input, format)
+
+
+@app.command("status")
+def status(config: Path = ConfigOption, job_id: str = typer.Option(..., "--job-id"),
+           format: str = typer.Option("table", "--format", help="table or json")) -> None:
+    """A job's partitions: status, attempts, worker, last error, counts."""
+    state = state_store(load(config))
+    job = state.job(job_id)
+    if job is None:
+        fail(f"no job {job_id}")
+    parts = state.partitions(job_id)
+    if format == "json":
+        typer.echo(json.dumps({
+            "job_id": job.job_id, "status": job.status, "error": job.error,
+            "partitions": [{"partition": p.partition, "file": p.file, "records": p.records, "status": p.status,
+                            "attempts": p.attempts, "worker": p.worker, "last_error": p.last_error,
+                            "started_at": when(p.started_at), "finished_at": when(p.finished_at),
+                            "counts": json.loads(p.counts) if p.counts else None} for p in parts]}, indent=2))
+        return
+    table = Table(title=f"job {job.job_id}: {job.status}" + (f" ({job.error})" if job.error else ""))
+    for col in ("partition", "file", "records", "status", "attempts", "outputs", "quarantined", "cost $", "worker", "last error"):
+        table.add_column(col)
+    for p in parts:
+        counts = json.loads(p.counts) if p.counts else {}
+        table.add_row(p.partition, p.file, str(p.records), p.status, str(p.attempts), str(counts.get("outputs", "-")),
+                      str(counts.get("quarantined", "-")), f"{counts['cost_usd']:.6f}" if counts else "-",
+                      p.worker or "-", (p.last_error or "")[:80])
+    console.print(table)
+
+
+@jobs_app.command("list")
+def jobs_list(config: Path = ConfigOption, format: str = typer.Option("table", "--format", help="table or json")) -> None:
+    """Every job in the state catalog, newest first."""
+    jobs = state_store(load(config)).jobs()
+    rows = [{"job_id": j.job_id, "status": j.status, "created_at": when(j.created_at), "finished_at": when(j.finished_at),
+             "records": (json.loads(j.counts) if j.counts else {}).get("records"), "output_uri": j.output_uri,
+             "error": j.error} for j in jobs]
+    if format == "json":
+        typer.echo(json.dumps(rows, indent=2))
+        return
+    table = Table()
+    for col in ("job_id", "status", "created_at", "finished_at", "records", "output_uri", "error"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(*(str(r[k]) if r[k] is not None else "-" for k in r))
+    console.print(table)

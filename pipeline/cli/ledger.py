@@ -1,0 +1,116 @@
+"""Ledgers: cost summaries and SQL over an output root's ledger, outputs and quarantine, and the HTML report."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from pipeline.cli.common import app, console, fail, ledger_app, load
+
+OutputOption = typer.Option(..., "--output", help="Output root holding ledger/, outputs/, quarantine/ (local or s3://).")
+LedgerConfigOption = typer.Option(None, "--config", "-c", help="Config for storage settings (S3 endpoint, region).")
+FormatOption = typer.Option("table", "--format", help="table, csv or json")
+
+
+def _plain(v):
+    from decimal import Decimal
+
+    return float(v) if isinstance(v, Decimal) else v.isoformat() if hasattr(v, "isoformat") else v
+
+
+def print_table(table, format: str, title: str | None = None) -> None:
+    """An Arrow table as a rich table, CSV or JSON on stdout."""
+    from decimal import Decimal
+
+    if format == "csv":
+        import io
+
+        import pyarrow.csv as pacsv
+
+        buf = io.BytesIO()
+        pacsv.write_csv(table, buf)
+        text = buf.getvalue().decode()
+        typer.echo(text if text.endswith("\n") else text + "\n", nl=False)
+        return
+    rows = table.to_pylist()
+    if format == "json":
+        typer.echo(json.dumps([{k: _plain(v) for k, v in r.items()} for r in rows], indent=2))
+        return
+    if format != "table":
+        fail(f"--format must be table, csv or json, not {format}")
+    out = Table(title=title)
+    for name in table.column_names:
+        out.add_column(name, justify="left" if table.schema.field(name).type in ("string",) else "right")
+    for r in rows:
+        out.add_row(*("-" if v is None else f"{v:.6f}" if isinstance(v, (float, Decimal)) else str(v) for v in r.values()))
+    console.print(out)
+
+
+def _storage_config(config: Optional[Path]):
+    from pipeline.config import StorageConfig
+
+    return load(config).storage if config else StorageConfig()
+
+
+def _connect(output: str, config: Optional[Path]):
+    from pipeline.output.ledger import connect
+    from pipeline.stores.storage import StorageError
+
+    storage_config = _storage_config(config)
+    try:
+        return connect(output, storage_config)
+    except StorageError as e:
+        fail(str(e))
+
+
+@ledger_app.command("summary")
+def ledger_summary(output: str = OutputOption,
+                   by: str = typer.Option("tenant,tier", "--by", help="Comma-separated: tenant, tier, model, source, job, partition, day (or '' for one total row)."),
+                   job_id: Optional[str] = typer.Option(None, "--job-id", help="Only this job."),
+                   since: Optional[datetime] = typer.Option(None, "--since", formats=["%Y-%m-%d"], help="From this day (UTC), inclusive."),
+                   until: Optional[datetime] = typer.Option(None, "--until", formats=["%Y-%m-%d"], help="To this day (UTC), inclusive."),
+                   format: str = FormatOption, config: Optional[Path] = LedgerConfigOption) -> None:
+    """Items, tokens, GPU-seconds, cost, baseline and saving, grouped as asked."""
+    from pipeline.output.ledger import LedgerError, summary
+
+    keys = [b.strip() for b in by.split(",") if b.strip()]
+    try:
+        table = summary(_connect(output, config), keys, job_id, since.date() if since else None,
+                        until.date() if until else None)
+    except LedgerError as e:
+        fail(str(e))
+    print_table(table, format, title="ledger summary")
+
+
+@ledger_app.command("sql")
+def ledger_sql(sql: str = typer.Argument(..., help="A query over the views ledger, outputs and quarantine."),
+               output: str = OutputOption, format: str = FormatOption, config: Optional[Path] = LedgerConfigOption) -> None:
+    """Run SQL (DuckDB) over the ledger, outputs and quarantine of an output root."""
+    from pipeline.output.ledger import LedgerError, query
+
+    try:
+        table = query(_connect(output, config), sql)
+    except LedgerError as e:
+        fail(str(e))
+    print_table(table, format)
+
+
+@app.command("report")
+def report(output: str = OutputOption, job_id: str = typer.Option(..., "--job-id"),
+           out: Path = typer.Option(..., "--out", help="HTML file to write (self-contained: opens offline)."),
+           config: Optional[Path] = LedgerConfigOption) -> None:
+    """Write a job's cost report: cost by tenant and tier, savings waterfall, throughput, reuse, slowest partitions."""
+    from pipeline.output.report import build_report
+    from pipeline.stores.storage import StorageError
+
+    try:
+        page = build_report(output, job_id, _storage_config(config))
+    except StorageError as e:
+        fail(str(e))
+    out.write_text(page, encoding="utf-8")
+    typer.echo(f"wrote {out}")

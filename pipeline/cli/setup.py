@@ -1,0 +1,67 @@
+"""Setting up: inspect the config, build the local models, write a sample corpus."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+import yaml
+
+from pipeline.cli.common import ConfigOption, app, config_app, fail, load, models_app
+from pipeline.config import tokenmill_home
+
+
+@config_app.command("show")
+def config_show(config: Path = ConfigOption, format: str = typer.Option("yaml", help="yaml or json")) -> None:
+    """Print the effective config: file, then TOKENMILL_<SECTION>__<FIELD> overrides, ${VAR}s expanded."""
+    cfg = load(config)
+    data = cfg.model_dump(mode="json")
+    typer.echo(json.dumps(data, indent=2) if format == "json" else yaml.safe_dump(data, sort_keys=False))
+
+
+@config_app.command("docs")
+def config_docs() -> None:
+    """Print the configuration reference (docs/config.md) generated from the typed config."""
+    from pipeline.config import reference_markdown
+
+    typer.echo(reference_markdown(), nl=False)
+
+
+@models_app.command("tiny")
+def models_tiny(path: Optional[Path] = typer.Argument(None, help="Where to write it (default: $TOKENMILL_HOME/models/tiny-<size>)."),
+                size: str = typer.Option("small", help="small (about 1.1 M parameters) or large (about 5.5 M).")) -> None:
+    """Build a tiny random-weight Llama model offline. Its outputs are gibberish: it exercises the real engine."""
+    from pipeline.dev.tiny_model import SIZES, build_tiny_model
+
+    if size not in SIZES:
+        fail(f"--size must be one of {', '.join(SIZES)}")
+    target = path or tokenmill_home() / "models" / f"tiny-{size}"
+    build_tiny_model(target, size)
+    typer.echo(f"built tiny {size} model at {target}")
+
+
+@models_app.command("embedder")
+def models_embedder(path: Optional[Path] = typer.Argument(None, help="Where to write it (default: $TOKENMILL_HOME/models/static-minilm)."),
+                    dims: int = typer.Option(256, help="Embedding dimensions kept (PCA).")) -> None:
+    """Distil the static embedding model for semantic reuse, offline, from the bundled all-MiniLM-L6-v2 (about 20 s)."""
+    from pipeline.dedup.embed import EmbedderError, build_static_embedder
+
+    target = path or tokenmill_home() / "models" / "static-minilm"
+    try:
+        build_static_embedder(target, dims)
+    except EmbedderError as e:
+        fail(str(e))
+    typer.echo(f"built static embedder at {target}")
+
+
+@app.command("samples")
+def samples(path: Path = typer.Argument(..., help="Folder to write the sample corpus into."),
+            documents: int = typer.Option(60, help="Number of good documents."),
+            bad: bool = typer.Option(True, help="Also write one record of every kind of bad input.")) -> None:
+    """Write a small synthetic input corpus (JSONL, JSONL.gz, Parquet, .txt, .md), duplicates included."""
+    from pipeline.dev.samples import write_sample_corpus
+
+    counts = write_sample_corpus(path, documents=documents, with_bad_input=bad)
+    typer.echo(f"wrote {counts['documents']} documents and {counts['bad_records']} bad records to {path}")
