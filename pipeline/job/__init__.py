@@ -1,1 +1,19 @@
-"""job"""
+"""job: the control beside the data path. Runs the stages over an input, partition by partition.
+
+  lifecycle.py    Job: stage the input once, run its partitions, finish with the manifest; run_job
+  stages.py       the CPU stages staging runs (read -> validate -> content_hash -> route -> item_keys
+                  -> cluster), each declaring the columns it needs and adds; staged_input
+  staging.py      the staging area (`_staging/`): staged records and prepared requests per partition
+  partition.py    PartitionRun: claim, heartbeat, lookups, generation rounds, write, commit
+  budget.py       BudgetGuard: USD caps before the job starts and before every engine call
+  estimate.py     the pre-flight estimate (`tokenmill estimate`, estimate_job)
+  orchestrate.py  one idempotent function per orchestrator task (the Airflow DAG wires them)
+  manifest.py     the job manifest, summed from committed partitions
+  progress.py     progress bar or log lines
+  faults.py       the documented seam through which tests inject faults
+  errors.py       JobError
+
+Layer: may import every stage (output, generate, route, dedup, ingest), pipeline.stores and the base;
+never pipeline.dev or pipeline.cli. The facade pipeline/__init__.py re-exports its public names.
+tests/test_architecture.py enforces this.
+"""

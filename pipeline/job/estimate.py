@@ -87,9 +87,9 @@ def estimate_job(config: TokenmillConfig, pool=None, input_uri: str | None = Non
         pool = EnginePool(config.tiers)
     from pipeline.dedup.cluster import mark_duplicates
     from pipeline.generate.requests import build_requests
-    from pipeline.job.stages import prepare_records
+    from pipeline.job.stages import staged_input
 
-    prepared = prepare_records(config, "preflight", input_uri)
+    prepared = staged_input(config, "preflight", input_uri)
     raw, quarantine, skipped = prepared.raw, prepared.quarantine, prepared.skipped
     records = mark_duplicates(prepared.records, "gen_key")
     tiers_used = sorted(set(records["tier"].to_pylist()))

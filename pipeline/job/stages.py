@@ -1,33 +1,103 @@
-"""Stages 1-4 over a whole input: read -> validate -> dedup -> route, each record given its item key.
+"""The CPU stages that staging runs over a whole input, each with a declared contract.
 
-Shared by job planning (which stages the result per partition) and the pre-flight estimate (which
-prices it), so both see exactly the same records, reuse clusters and tiers.
+  read -> validate -> content_hash -> route -> item_keys -> cluster
+
+Each `Stage` names the columns it needs in its input and the columns it adds (and, for validate,
+drops); `run_stages` runs them in order and checks every contract as it goes (column names only,
+so the check costs nothing next to the stages). `staged_input` is what job staging (which writes
+the result per partition to the staging area) and the pre-flight estimate (which prices it) both
+call, so both see exactly the same records, reuse clusters and tiers.
+
+Side outputs that are not columns of the record table (every raw record, quarantine rows, skipped
+files, dedup statistics) are kept on the `StageContext` the stages share.
 """
 
 from __future__ import annotations
 
 import logging
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import pyarrow as pa
 
 from pipeline.config import TokenmillConfig
 from pipeline.dedup.cluster import DedupStats, add_content_hashes, cluster_records
-from pipeline.keys import add_item_keys
 from pipeline.ingest.read import read_records
-from pipeline.route.rules import assign_tiers
 from pipeline.ingest.validate import validate_records
+from pipeline.keys import add_item_keys
+from pipeline.route.rules import assign_tiers
+from pipeline.schema import RAW_RECORDS
 
 log = logging.getLogger(__name__)
 
 
+class StageContractError(RuntimeError):
+    """A stage got a table without the columns it needs, or returned other columns than it declares."""
+
+
 @dataclass
-class Prepared:
-    raw: pa.Table           # every record read, good or bad
-    records: pa.Table       # valid records with item keys and reuse columns
-    quarantine: pa.Table    # rows for the bad ones
-    skipped: list[str]      # files of unknown formats
-    dedup: DedupStats
+class StageContext:
+    """What the stages share besides the record table: their inputs and their side outputs."""
+    config: TokenmillConfig
+    job_id: str
+    input_uri: str
+    cache: object | None = None            # a ResilientStore whose near/semantic index is searched too
+    raw: pa.Table | None = None            # every record read, good or bad (set by read)
+    quarantine: pa.Table | None = None     # rows for the bad ones (set by validate)
+    skipped: list[str] = field(default_factory=list)  # files of unknown formats (set by read)
+    dedup: DedupStats | None = None        # set by cluster
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One CPU stage: `fn(table, context) -> table` adds exactly `adds` and removes exactly `drops`."""
+    name: str
+    needs: tuple[str, ...]
+    adds: tuple[str, ...]
+    fn: Callable[[pa.Table, StageContext], pa.Table]
+    drops: tuple[str, ...] = ()
+
+
+def check_needs(stage: Stage, table: pa.Table) -> None:
+    missing = [c for c in stage.needs if c not in table.column_names]
+    if missing:
+        raise StageContractError(f"stage {stage.name!r} needs columns {missing} missing from its input "
+                                 f"(input has {table.column_names})")
+
+
+def check_adds(stage: Stage, before: pa.Table, after: pa.Table) -> None:
+    names = after.column_names
+    doubled = sorted({c for c in names if names.count(c) > 1})
+    added, removed = set(names) - set(before.column_names), set(before.column_names) - set(names)
+    problems = []
+    if doubled:
+        problems.append(f"returned columns {doubled} twice")
+    if added - set(stage.adds):
+        problems.append(f"added undeclared columns {sorted(added - set(stage.adds))}")
+    if set(stage.adds) - added:
+        problems.append(f"did not add declared columns {sorted(set(stage.adds) - added)}")
+    if removed != set(stage.drops):
+        problems.append(f"removed {sorted(removed)}, declared drops {sorted(stage.drops)}")
+    if problems:
+        raise StageContractError(f"stage {stage.name!r} broke its contract: {'; '.join(problems)}")
+
+
+def run_stages(stages: tuple[Stage, ...], table: pa.Table, context: StageContext) -> pa.Table:
+    """Run `stages` in order on `table`, checking each one's contract before and after."""
+    for stage in stages:
+        check_needs(stage, table)
+        out = stage.fn(table, context)
+        check_adds(stage, table, out)
+        table = out
+    return table
+
+
+def columns_after(stages: tuple[Stage, ...], start: tuple[str, ...] = ()) -> tuple[str, ...]:
+    """The columns a table has after `stages`, by their declarations alone."""
+    columns = list(start)
+    for stage in stages:
+        columns = [c for c in columns if c not in stage.drops] + list(stage.adds)
+    return tuple(columns)
 
 
 def load_embedder(config: TokenmillConfig) -> tuple[object | None, str | None]:
@@ -46,22 +116,72 @@ def load_embedder(config: TokenmillConfig) -> tuple[object | None, str | None]:
         return None, str(e)
 
 
-def prepare_records(config: TokenmillConfig, job_id: str, input_uri: str | None = None, cache=None) -> Prepared:
-    """`cache`: a ResilientStore whose near/semantic index is searched too (None: in-job reuse only)."""
-    raw, skipped = read_records(input_uri or config.input.uri, config.input, config.storage)
-    for path in skipped:
+def read(table: pa.Table, ctx: StageContext) -> pa.Table:
+    raw, ctx.skipped = read_records(ctx.input_uri, ctx.config.input, ctx.config.storage)
+    for path in ctx.skipped:
         log.warning("skipped %s: not .jsonl, .jsonl.gz, .parquet, .txt or .md", path)
-    records, quarantine = validate_records(raw, config.input, job_id)
-    records = add_content_hashes(records, config.dedup)
+    ctx.raw = raw
+    return raw
+
+
+def validate(table: pa.Table, ctx: StageContext) -> pa.Table:
+    records, ctx.quarantine = validate_records(table, ctx.config.input, ctx.job_id)
+    return records
+
+
+def content_hashes(table: pa.Table, ctx: StageContext) -> pa.Table:
+    return add_content_hashes(table, ctx.config.dedup)
+
+
+def route(table: pa.Table, ctx: StageContext) -> pa.Table:
     router = None
-    if config.route.router:
+    if ctx.config.route.router:
         from pipeline.route.router import Router
 
-        router = Router.load(config.route.router)
-    records = assign_tiers(records, config.route, router)
-    records = add_item_keys(records, config.prompt, config.sampling, config.tiers)
-    embedder, problem = load_embedder(config)
-    records, stats = cluster_records(records, config.dedup, embedder, cache, config.tier_prices)
+        router = Router.load(ctx.config.route.router)
+    return assign_tiers(table, ctx.config.route, router)
+
+
+def item_keys(table: pa.Table, ctx: StageContext) -> pa.Table:
+    c = ctx.config
+    return add_item_keys(table, c.prompt, c.sampling, c.tiers)
+
+
+def cluster(table: pa.Table, ctx: StageContext) -> pa.Table:
+    embedder, problem = load_embedder(ctx.config)
+    records, ctx.dedup = cluster_records(table, ctx.config.dedup, embedder, ctx.cache, ctx.config.tier_prices)
     if problem:
-        stats.notes.append(f"semantic reuse off: {problem}")
-    return Prepared(raw, records, quarantine, skipped, stats)
+        ctx.dedup.notes.append(f"semantic reuse off: {problem}")
+    return records
+
+
+STAGES: tuple[Stage, ...] = (
+    Stage("read", needs=(), adds=tuple(RAW_RECORDS.names), fn=read),
+    Stage("validate", needs=("id", "text", "tenant", "file", "line", "partition", "read_error", "raw_excerpt"),
+          adds=(), drops=("read_error", "raw_excerpt"), fn=validate),
+    Stage("content_hash", needs=("id", "tenant", "text"), adds=("scope", "content_hash"), fn=content_hashes),
+    Stage("route", needs=("text", "tenant", "metadata"), adds=("tier", "route_reason"), fn=route),
+    Stage("item_keys", needs=("tier", "content_hash"), adds=("recipe", "item_key"), fn=item_keys),
+    Stage("cluster", needs=("id", "text", "partition", "tier", "scope", "recipe", "item_key"),
+          adds=("gen_key", "gen_id", "gen_text", "gen_tier", "reuse", "similarity", "shadow",
+                "signature", "embedding", "features"), fn=cluster),
+)
+STAGED_COLUMNS = columns_after(STAGES)  # what every staged record carries into its partition run
+
+
+@dataclass
+class StagedInput:
+    raw: pa.Table           # every record read, good or bad
+    records: pa.Table       # valid records with item keys and reuse columns (STAGED_COLUMNS)
+    quarantine: pa.Table    # rows for the bad ones
+    skipped: list[str]      # files of unknown formats
+    dedup: DedupStats
+
+
+def staged_input(config: TokenmillConfig, job_id: str, input_uri: str | None = None, cache=None,
+                 stages: tuple[Stage, ...] = STAGES) -> StagedInput:
+    """Run the staging stages over the whole input. `cache`: a ResilientStore whose near/semantic
+    index is searched too (None: in-job reuse only)."""
+    ctx = StageContext(config, job_id, input_uri or config.input.uri, cache)
+    records = run_stages(stages, pa.table({}), ctx)
+    return StagedInput(ctx.raw, records, ctx.quarantine, ctx.skipped, ctx.dedup)

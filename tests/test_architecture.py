@@ -1,0 +1,331 @@
+"""The architecture contract, read from the source (AST), so that breaking it fails the suite.
+
+1. Layers (docs/architecture.md): a module may import its own folder and the layers below it,
+   never one above. Every import counts: module level, inside functions, under TYPE_CHECKING,
+   and `importlib.import_module("pipeline....")` with a literal name.
+       pipeline.cli > pipeline.dev > pipeline.job > pipeline.output > pipeline.generate
+       > pipeline.route > pipeline.dedup > pipeline.ingest > pipeline.stores
+       > base: pipeline.config, pipeline.schema, pipeline.keys (schema imports nothing of ours)
+   The facade pipeline/__init__.py imports pipeline.config and pipeline.job only; pipeline.cli may
+   use it (as the DAG does); every other module inside pipeline/ imports submodules by their full
+   path, never through the facade.
+2. No reach-ins: no file in pipeline/, benchmarks/, tests/ or dags/ imports a `_private` name from
+   another module of ours, reads `module._private` off one of our modules, or patches one by name
+   (`monkeypatch.setattr(module, "_x", ...)`, `mock.patch("pipeline.x._y")`).
+3. dags/ and benchmarks/ are held to rule 2 only (they may use any public module).
+4. Size: no module in pipeline/ over MAX_MODULE_LINES lines, no function over MAX_FUNCTION_LINES.
+
+Each failure names the file, the line and the rule it breaks.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+PACKAGE = REPO / "pipeline"
+CHECKED_TREES = ("pipeline", "benchmarks", "tests", "dags")  # for rule 2
+
+LAYERS = ("pipeline.cli", "pipeline.dev", "pipeline.job", "pipeline.output", "pipeline.generate",
+          "pipeline.route", "pipeline.dedup", "pipeline.ingest", "pipeline.stores", "base")
+BASE = {"pipeline.config": {"pipeline.schema", "pipeline.keys"},   # base module -> base modules it may import
+        "pipeline.keys": {"pipeline.config", "pipeline.schema"},
+        "pipeline.schema": set()}
+FACADE = "pipeline"
+FACADE_MAY_IMPORT = ("pipeline.config", "pipeline.job")
+FACADE_USER_INSIDE = "pipeline.cli"  # the one folder of pipeline/ that may use the facade (like the DAG)
+MAX_MODULE_LINES = 400
+MAX_FUNCTION_LINES = 80
+
+
+# -- reading the source ---------------------------------------------------------------------------
+
+def module_name(path: Path) -> str:
+    parts = list(path.relative_to(REPO).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def python_files(*trees: str) -> list[Path]:
+    return sorted(p for tree in trees for p in (REPO / tree).rglob("*.py") if "__pycache__" not in p.parts)
+
+
+OUR_MODULES = {module_name(p) for p in python_files(*CHECKED_TREES)}
+
+
+def ours(name: str) -> bool:
+    return name.split(".")[0] in CHECKED_TREES
+
+
+@dataclass(frozen=True)
+class Import:
+    line: int
+    target: str          # the module imported (a submodule when `from pkg import submodule`)
+    names: tuple[str, ...] = ()  # names imported from it (`from target import a, b`)
+
+
+def _absolute(module: str, is_package: bool, node: ast.ImportFrom) -> str:
+    if not node.level:
+        return node.module or ""
+    base = module.split(".")
+    base = base if is_package else base[:-1]
+    base = base[:len(base) - (node.level - 1)]
+    return ".".join(base + ([node.module] if node.module else []))
+
+
+def imports(tree: ast.AST, module: str, is_package: bool, modules: set[str] = OUR_MODULES) -> list[Import]:
+    """Every import of `tree` (anywhere in it), resolved to the module it loads."""
+    out = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            out.extend(Import(node.lineno, a.name) for a in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            source = _absolute(module, is_package, node)
+            plain = []
+            for a in node.names:
+                if f"{source}.{a.name}" in modules:          # `from pipeline.dedup import guards`: a module
+                    out.append(Import(node.lineno, f"{source}.{a.name}"))
+                else:
+                    plain.append(a.name)
+            if plain:
+                out.append(Import(node.lineno, source, tuple(plain)))
+        elif (isinstance(node, ast.Call) and isinstance(node.func, (ast.Attribute, ast.Name))
+              and (node.func.attr if isinstance(node.func, ast.Attribute) else node.func.id) in
+              ("import_module", "__import__")
+              and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+            out.append(Import(node.lineno, node.args[0].value))
+    return out
+
+
+def parse(path: Path) -> ast.AST:
+    return ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+
+
+def rel(path: Path) -> str:
+    return str(path.relative_to(REPO))
+
+
+# -- rule 1: layers -------------------------------------------------------------------------------
+
+def layer_of(module: str) -> str | None:
+    if module in BASE:
+        return "base"
+    return next((layer for layer in LAYERS[:-1] if module == layer or module.startswith(layer + ".")), None)
+
+
+def layer_problems(module: str, is_package: bool, tree: ast.AST, where: str) -> list[str]:
+    """Rule 1 for one module of pipeline/: a line per import that breaks it."""
+    problems = []
+    own = layer_of(module)
+    for imp in imports(tree, module, is_package):
+        target = imp.target
+        if not (target == "pipeline" or target.startswith("pipeline.")) or target == module:
+            continue
+        at = f"{where}:{imp.line}: {module} imports {target}"
+        if module == FACADE:
+            if not any(target == p or target.startswith(p + ".") for p in FACADE_MAY_IMPORT):
+                problems.append(f"{at}: the facade may import {' and '.join(FACADE_MAY_IMPORT)} only")
+            continue
+        if target == FACADE and own != FACADE_USER_INSIDE:
+            problems.append(f"{at} (the facade{': ' + ', '.join(imp.names) if imp.names else ''}): "
+                            f"inside pipeline/ import the submodule by its full path")
+            continue
+        if target == FACADE:
+            continue  # the CLI: the facade re-exports pipeline.job and pipeline.config, both below it
+        theirs = layer_of(target)
+        if own is None or theirs is None:
+            continue  # reported by test_every_module_has_a_layer
+        if own == "base":
+            if theirs != "base" or target not in BASE[module]:
+                allowed = ", ".join(sorted(BASE[module])) or "nothing of ours"
+                problems.append(f"{at}: base module {module} may import {allowed}")
+        elif LAYERS.index(theirs) < LAYERS.index(own):
+            problems.append(f"{at}: layer {theirs} is above {own}; a module may import its own folder "
+                            f"and the layers below it only")
+    return problems
+
+
+def pipeline_modules() -> list[tuple[Path, str]]:
+    return [(p, module_name(p)) for p in python_files("pipeline")]
+
+
+def test_every_module_has_a_layer():
+    lost = [f"{rel(p)}: {m} is in no layer; put it in a folder of pipeline/ or add it to BASE"
+            for p, m in pipeline_modules() if m != FACADE and layer_of(m) is None]
+    assert not lost, "\n".join(lost)
+
+
+def test_imports_follow_the_layers():
+    problems = [line for p, m in pipeline_modules()
+                for line in layer_problems(m, p.name == "__init__.py", parse(p), rel(p))]
+    assert not problems, "layer rule broken (docs/architecture.md):\n" + "\n".join(problems)
+
+
+# -- rule 2: no reach-ins -------------------------------------------------------------------------
+
+def private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+_PATCHERS = {"setattr", "getattr", "delattr", "hasattr", "object"}  # builtins, monkeypatch, mock.patch.object
+_DOTTED_PRIVATE = re.compile(r"^(?:%s)(?:\.\w+)*\._(?!_)\w*(?:\.\w+)*$" % "|".join(CHECKED_TREES))
+
+
+def _dotted(node: ast.AST) -> list[str] | None:
+    """['a', 'b', 'c'] for the expression a.b.c, else None."""
+    parts = []
+    while isinstance(node, ast.Attribute):
+        parts.append(node.attr)
+        node = node.value
+    if not isinstance(node, ast.Name):
+        return None
+    return [node.id, *reversed(parts)]
+
+
+def _module_bindings(tree: ast.AST, module: str, is_package: bool) -> dict[str, str]:
+    """Names this file binds to one of our modules (anywhere in the file) -> that module."""
+    bound = {}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if ours(a.name):  # `import a.b as x` binds x to a.b; `import a.b` binds a to a
+                    bound[a.asname or a.name.split(".")[0]] = a.name if a.asname else a.name.split(".")[0]
+        elif isinstance(node, ast.ImportFrom):
+            source = _absolute(module, is_package, node)
+            for a in node.names:
+                if f"{source}.{a.name}" in OUR_MODULES:
+                    bound[a.asname or a.name] = f"{source}.{a.name}"
+    return bound
+
+
+def _resolve(chain: list[str], bound: dict[str, str]) -> tuple[str, list[str]] | None:
+    """(our module the chain's prefix names, the attributes after it), or None."""
+    if chain[0] not in bound:
+        return None
+    module, rest = bound[chain[0]], chain[1:]
+    while rest and f"{module}.{rest[0]}" in OUR_MODULES:
+        module, rest = f"{module}.{rest[0]}", rest[1:]
+    return module, rest
+
+
+def reach_in_problems(module: str, is_package: bool, tree: ast.AST, where: str) -> list[str]:
+    """Rule 2 for one file: a line per private name taken from another module of ours."""
+    problems = []
+    for imp in imports(tree, module, is_package):
+        if ours(imp.target) and imp.target != module:
+            for name in imp.names:
+                if private(name):
+                    problems.append(f"{where}:{imp.line}: imports private {name} from {imp.target}; "
+                                    f"use (or add) a public name")
+            if private(imp.target.rsplit(".", 1)[-1]) and not imp.names:
+                problems.append(f"{where}:{imp.line}: imports private module {imp.target}")
+    bound = _module_bindings(tree, module, is_package)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Attribute) and private(node.attr):
+            chain = _dotted(node)
+            found = chain and _resolve(chain[:-1], bound)
+            if found and not found[1] and found[0] != module:
+                problems.append(f"{where}:{node.lineno}: reads {'.'.join(chain)}, private to {found[0]}; "
+                                f"use (or add) a public name")
+        elif isinstance(node, ast.Call):
+            name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+            args = node.args
+            if (name in _PATCHERS and len(args) >= 2 and isinstance(args[1], ast.Constant)
+                    and isinstance(args[1].value, str) and private(args[1].value)):
+                chain = _dotted(args[0])
+                found = chain and _resolve(chain, bound)
+                if found and not found[1] and found[0] != module:
+                    problems.append(f"{where}:{node.lineno}: {name}() on {found[0]}.{args[1].value}, a private "
+                                    f"name; tests inject faults through documented seams")
+            for arg in args[:1]:
+                if (isinstance(arg, ast.Constant) and isinstance(arg.value, str) and _DOTTED_PRIVATE.match(arg.value)
+                        and name in ("setattr", "patch", "delattr")):
+                    problems.append(f"{where}:{node.lineno}: {name}({arg.value!r}) patches a private name")
+    return problems
+
+
+def test_no_reach_ins():
+    problems = [line for p in python_files(*CHECKED_TREES)
+                for line in reach_in_problems(module_name(p), p.name == "__init__.py", parse(p), rel(p))]
+    assert not problems, "private name used from another module:\n" + "\n".join(problems)
+
+
+# -- rule 4: size ---------------------------------------------------------------------------------
+
+def size_problems(tree: ast.AST, lines: int, where: str) -> list[str]:
+    problems = []
+    if lines > MAX_MODULE_LINES:
+        problems.append(f"{where}: {lines} lines, over {MAX_MODULE_LINES}: split the module")
+    for node in ast.walk(tree):
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            n = node.end_lineno - node.lineno + 1
+            if n > MAX_FUNCTION_LINES:
+                problems.append(f"{where}:{node.lineno}: function {node.name} is {n} lines, "
+                                f"over {MAX_FUNCTION_LINES}: split it")
+    return problems
+
+
+def test_modules_and_functions_are_small():
+    problems = []
+    for p in python_files("pipeline"):
+        text = p.read_text(encoding="utf-8")
+        problems += size_problems(ast.parse(text), len(text.splitlines()), rel(p))
+    assert not problems, "too big to read in one sitting:\n" + "\n".join(problems)
+
+
+# -- the checks themselves catch what they should -------------------------------------------------
+
+def _layer(source: str, module: str, is_package: bool = False) -> list[str]:
+    return layer_problems(module, is_package, ast.parse(source), "x.py")
+
+
+def _reach(source: str, module: str = "tests.test_x") -> list[str]:
+    return reach_in_problems(module, False, ast.parse(source), "x.py")
+
+
+@pytest.mark.parametrize("source, module, broken", [
+    ("from pipeline.generate.requests import build_requests", "pipeline.dedup.cluster", True),
+    ("def f():\n    from pipeline.job import estimate", "pipeline.output.report", True),
+    ("import pipeline.cli", "pipeline.dev.samples", True),
+    ("from ..generate import engine", "pipeline.dedup.cluster", True),
+    ("from pipeline import load_config", "pipeline.job.orchestrate", True),
+    ("from pipeline import load_config", "pipeline.cli.common", False),
+    ("from pipeline.stores import storage", "pipeline", True),
+    ("from pipeline.config import TokenmillConfig", "pipeline.schema", True),
+    ("import importlib\nimportlib.import_module('pipeline.job.lifecycle')", "pipeline.stores.cache", True),
+    ("from pipeline.keys import add_item_keys\nfrom pipeline.stores import storage", "pipeline.dedup.cluster", False),
+    ("from pipeline.dedup import guards", "pipeline.dedup.cluster", False),
+    ("from . import minhash", "pipeline.dedup.cluster", False),
+    ("from pipeline.config import TokenmillConfig", "pipeline.keys", False),
+    ("from pipeline.job.lifecycle import Job", "pipeline", False),
+])
+def test_layer_check_catches(source, module, broken):
+    assert bool(_layer(source, module, is_package=module == "pipeline")) == broken
+
+
+@pytest.mark.parametrize("source, broken", [
+    ("from pipeline.job.lifecycle import _Job", True),
+    ("import pipeline.generate.engine as infer\ninfer._ENGINES.clear()", True),
+    ("from pipeline.generate import engine\nfor e in engine._ENGINES.values(): pass", True),
+    ("import pipeline.generate.engine\npipeline.generate.engine._ENGINES", True),
+    ("from pipeline.job import lifecycle\ndef t(monkeypatch):\n    monkeypatch.setattr(lifecycle, '_x', 1)", True),
+    ("def t(monkeypatch):\n    monkeypatch.setattr('pipeline.job.lifecycle._x', 1)", True),
+    ("from pipeline.generate import engine\nengine.EnginePool.__name__\nengine.__file__", False),
+    ("from pipeline.generate.engine import EnginePool\nEnginePool._private_to_class", False),
+    ("import os\nos._exit", False),
+])
+def test_reach_in_check_catches(source, broken):
+    assert bool(_reach(source)) == broken
+
+
+def test_size_check_catches():
+    body = "def f():\n" + "    x = 1\n" * MAX_FUNCTION_LINES
+    assert size_problems(ast.parse(body), MAX_MODULE_LINES + 1, "x.py") == [
+        f"x.py: {MAX_MODULE_LINES + 1} lines, over {MAX_MODULE_LINES}: split the module",
+        f"x.py:1: function f is {MAX_FUNCTION_LINES + 1} lines, over {MAX_FUNCTION_LINES}: split it"]
