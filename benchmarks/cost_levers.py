@@ -30,9 +30,9 @@ if __name__ == "__main__":
 
     from benchmarks.common import emit
     from benchmarks.reuse_quality import document, should_variant
-    from pipeline.generate import engine as infer
+    from pipeline import run_job
     from pipeline.config import load_config
-    from pipeline.job.lifecycle import run_job
+    from pipeline.generate.engine import EnginePool
 
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 300
     rng = random.Random(17)
@@ -51,7 +51,7 @@ if __name__ == "__main__":
 
     off = {"DEDUP__EXACT": "false", "DEDUP__NEAR": "false", "DEDUP__SEMANTIC": "false", "CACHE__ENABLED": "false",
            "ROUTE__DEFAULT_TIER": "large", "ROUTE__RULES": "[]", "ROUTE__ESCALATION__ENABLED": "false",
-           "PLAN__ITEMS_PER_ENGINE_CALL": "16", "DEDUP__SHADOW_RATE": "0"}
+           "REQUESTS__ITEMS_PER_ENGINE_CALL": "16", "DEDUP__SHADOW_RATE": "0"}
     rule = json.dumps([{"name": "audit", "tier": "large", "regex": "^AUDIT REVIEW"}])
     steps = [
         ("all off", off),
@@ -59,7 +59,7 @@ if __name__ == "__main__":
         ("+ routing", {**off, "DEDUP__EXACT": "true", "DEDUP__NEAR": "true", "DEDUP__SEMANTIC": "true",
                        "ROUTE__DEFAULT_TIER": "small", "ROUTE__RULES": rule}),
         ("+ batching", {**off, "DEDUP__EXACT": "true", "DEDUP__NEAR": "true", "DEDUP__SEMANTIC": "true",
-                        "ROUTE__DEFAULT_TIER": "small", "ROUTE__RULES": rule, "PLAN__ITEMS_PER_ENGINE_CALL": "512",
+                        "ROUTE__DEFAULT_TIER": "small", "ROUTE__RULES": rule, "REQUESTS__ITEMS_PER_ENGINE_CALL": "512",
                         "CACHE__ENABLED": "true"}),
     ]
     results = {}
@@ -77,8 +77,7 @@ if __name__ == "__main__":
             (tmp / work).mkdir(exist_ok=True)
             # Engines live on across runs in this process, and so would their KV blocks: a run after
             # another over the same corpus would find its prompts already in vLLM's prefix cache.
-            for engine in infer._ENGINES.values():
-                engine.llm.reset_prefix_cache()
+            EnginePool(config.tiers).reset_prefix_caches()
             m = run_job(config, job_id=job).manifest
             return {"cost_usd": m["cost"]["cost_usd"], "gpu_seconds": m["cost"]["gpu_seconds"],
                     "baseline_cost_usd": m["cost"]["baseline_cost_usd"], "by_source": m["counts"]["by_source"],

@@ -19,9 +19,9 @@ if __name__ == "__main__":
 
     from benchmarks.common import emit
     from pipeline.config import SamplingConfig, load_config
+    from pipeline.dev.samples import synthetic_document
     from pipeline.generate.engine import EnginePool, shutdown_engines
     from pipeline.generate.requests import render_messages
-    from pipeline.dev.samples import synthetic_document
 
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 200
     new_tokens = 32

@@ -20,11 +20,11 @@ from pathlib import Path
 if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from benchmarks.common import emit
+    from pipeline import run_job
     from pipeline.config import load_config
+    from pipeline.dev.samples import synthetic_document
     from pipeline.generate.engine import Completion, EnginePool, load_tokenizer
     from pipeline.generate.requests import render_prompts, tokenize
-    from pipeline.job.lifecycle import run_job
-    from pipeline.dev.samples import synthetic_document
 
     class ZeroCostEngine:
         """Not an engine: answers every request at once, so only tokenmill's own work is timed."""
@@ -55,12 +55,12 @@ if __name__ == "__main__":
             "TOKENMILL_STATE__URL": f"sqlite:///{tmp}/state.db", "TOKENMILL_RUN__PROGRESS": "off",
             "TOKENMILL_CACHE__PATH": str(tmp / "cache"),
             "TOKENMILL_INPUT__RECORDS_PER_PARTITION": str(per_file),
-            "TOKENMILL_PLAN__ITEMS_PER_ENGINE_CALL": "4096",
+            "TOKENMILL_REQUESTS__ITEMS_PER_ENGINE_CALL": "4096",
             **{k: v for k, v in __import__("os").environ.items() if k == "TOKENMILL_HOME"}})
         started = time.perf_counter()
         manifest = run_job(config, job_id="bench", pool=EnginePool(config.tiers, factory=ZeroCostEngine)).manifest
         seconds = time.perf_counter() - started
-        plan_s = manifest["plan"]["plan_seconds"]
+        staging_s = manifest["staging"]["seconds"]
         part_s = sum(p["seconds"] or 0 for p in manifest["partitions"].values())
         # The ceiling set by exact prompt tokenisation: the same prompts rendered and tokenised alone.
         tier = config.largest_tier
@@ -72,9 +72,9 @@ if __name__ == "__main__":
         emit("pipeline_overhead", {
             "engine": "zero-cost (no inference)", "documents": n, "input_mb": round(size / 1e6, 1),
             "seconds": round(seconds, 2), "docs_per_second": round(n / seconds), "target_docs_per_second": 5000,
-            "plan_seconds (read, validate, dedup, route, stage)": plan_s,
+            "staging_seconds (read, validate, dedup, route, write staged partitions)": staging_s,
             "partition_seconds (lookup, tokenise, store, price, write)": round(part_s, 2),
-            "dedup_seconds": manifest["plan"]["dedup"]["seconds"],
+            "dedup_seconds": manifest["staging"]["dedup"]["seconds"],
             f"tokenisation_alone_docs_per_second (tier {tier}'s tokenizer, chat template included)": round(tokenise_rate),
             "outputs": manifest["counts"]["outputs"],
         })

@@ -22,10 +22,10 @@ if __name__ == "__main__":
     import os
 
     from benchmarks.common import emit
+    from pipeline import run_job
     from pipeline.config import load_config
-    from pipeline.generate.engine import shutdown_engines
-    from pipeline.job.lifecycle import run_job
     from pipeline.dev.samples import synthetic_document
+    from pipeline.generate.engine import shutdown_engines
 
     rng = random.Random(23)
     preambles = [f"Policy {k}. " + synthetic_document(rng, 28) for k in range(8)]
@@ -45,8 +45,8 @@ if __name__ == "__main__":
                 "TOKENMILL_STATE__URL": f"sqlite:///{work}/state.db", "TOKENMILL_CACHE__ENABLED": "false",
                 "TOKENMILL_RUN__PROGRESS": "off", "TOKENMILL_ROUTE__RULES": "[]",
                 "TOKENMILL_ROUTE__ESCALATION__ENABLED": "false", "TOKENMILL_DEDUP__NEAR": "false",
-                "TOKENMILL_DEDUP__SEMANTIC": "false", "TOKENMILL_PLAN__ITEMS_PER_ENGINE_CALL": "16",
-                "TOKENMILL_PLAN__PREFIX_ORDERING": ordering})
+                "TOKENMILL_DEDUP__SEMANTIC": "false", "TOKENMILL_REQUESTS__ITEMS_PER_ENGINE_CALL": "16",
+                "TOKENMILL_REQUESTS__PREFIX_ORDERING": ordering})
             m = run_job(config, job_id="prefix").manifest
             shutdown_engines()  # a fresh engine (and an empty prefix cache) for the next run
             figures[name] = {**m["prefix_cache"], "prompt_tokens": m["tokens"]["prompt_tokens"],

@@ -27,8 +27,8 @@ import numpy as np  # noqa: E402
 import pyarrow as pa  # noqa: E402
 
 from benchmarks.common import emit  # noqa: E402
-from pipeline.dedup import guards, minhash  # noqa: E402
 from pipeline.config import DedupConfig, PromptConfig, SamplingConfig, TierConfig  # noqa: E402
+from pipeline.dedup import guards, minhash  # noqa: E402
 from pipeline.dedup.cluster import add_content_hashes, cluster_records  # noqa: E402
 from pipeline.keys import add_item_keys, clean_text  # noqa: E402
 

@@ -50,7 +50,7 @@ def _job():
 def nightly_summarization():
     @task
     def plan() -> list[str]:
-        return orchestrate.planned_partitions(*_job())
+        return orchestrate.staged_partitions(*_job())
 
     @task(map_index_template="{{ partition }}")
     def prepare(partition: str) -> str:

@@ -49,7 +49,7 @@ def test_dagbag_loads_with_known_pools_only(dag):
 def test_dag_runs_end_to_end_then_a_failed_partition_reruns_alone(dag, tmp_path, monkeypatch):
     import pendulum
 
-    from pipeline.job import lifecycle as runner
+    from pipeline.job import faults
 
     counts = write_sample_corpus(tmp_path / "input", documents=20)
     monkeypatch.setenv("TOKENMILL_STATE__URL", f"sqlite:///{tmp_path}/state.db")
@@ -60,17 +60,15 @@ def test_dag_runs_end_to_end_then_a_failed_partition_reruns_alone(dag, tmp_path,
     day = pendulum.datetime(2026, 11, 29, tz="UTC")
     job_id = f"{DAG_ID}-2026-11-29"
 
-    real = runner.Job.process_partition
     victim = {}
 
-    def fail_one(self, partition, beat):
+    def fail_one(point, job, partition):
         victim.setdefault("p", partition)
         if partition == victim["p"]:
             raise OSError("GPU worker lost")
-        return real(self, partition, beat)
 
-    monkeypatch.setattr(runner.Job, "process_partition", fail_one)
-    run = dag.test(logical_date=day, run_conf=conf)
+    with faults.inject(fail_one):
+        run = dag.test(logical_date=day, run_conf=conf)
     assert run.state == "failed"  # the outcome task fails the run
     states = {(ti.task_id, ti.rendered_map_index): ti.state for ti in run.get_task_instances()}
     assert states[("generate", victim["p"])] == "failed"  # the mapped task is named by its partition
@@ -80,7 +78,6 @@ def test_dag_runs_end_to_end_then_a_failed_partition_reruns_alone(dag, tmp_path,
     assert before[victim["p"]] == ("failed", 1)
 
     # The worker is back; Airflow runs the date again (dag.test clears the run's task instances).
-    monkeypatch.setattr(runner.Job, "process_partition", real)
     run = dag.test(logical_date=day, run_conf=conf)
     assert run.state == "success"
     after = {p.partition: (p.status, p.attempts) for p in state.partitions(job_id)}

@@ -7,7 +7,7 @@ import logging
 import pyarrow.compute as pc
 import pytest
 
-from pipeline.job.lifecycle import run_job
+from pipeline import run_job
 from tests.conftest import free_port, read_kind
 
 REPORT = ("Quarterly report for the north region. Revenue was 4200 thousand dollars, up from the previous quarter, "
@@ -112,7 +112,7 @@ def test_shadow_verification_measures_the_false_hit_rate(make_config, tmp_path):
 
 
 def _f1(a, b):
-    from pipeline.generate.reuse import token_f1
+    from pipeline.generate.shadow import token_f1
 
     return token_f1(a, b)
 
@@ -161,7 +161,7 @@ def test_semantic_paraphrases_are_reused_in_the_job_and_from_the_cache(make_conf
     out = by_id(read_kind(tmp_path / "output", "outputs", "s1"))
     assert out["para"]["source"] == "semantic" and out["para"]["source_id"] == "orig"
     assert out["para"]["similarity"] >= 0.85
-    assert m["plan"]["dedup"]["reused"] == {"semantic": 1}
+    assert m["staging"]["dedup"]["reused"] == {"semantic": 1}
 
     write_jsonl(tmp_path / "input2" / "b.jsonl", [
         {"id": "para-2", "tenant": "acme", "text": PARAPHRASE.replace("got better", "improved")},

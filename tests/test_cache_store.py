@@ -6,7 +6,8 @@ import time
 import numpy as np
 import pytest
 
-from pipeline.stores.cache import LocalStore, RedisStore, ResilientStore, load_index, open_store, pack_segment
+from pipeline.dedup.index import load_index, pack_segment
+from pipeline.stores.cache import LocalStore, RedisStore, ResilientStore, open_store
 from pipeline.config import CacheConfig
 
 VALUE = {"summary": "s", "tier": "small", "model": "m", "prompt_tokens": 3, "cached_prompt_tokens": 0,

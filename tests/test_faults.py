@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from pipeline.job.lifecycle import JobError, run_job
+from pipeline import JobError, run_job
 from pipeline.dev.samples import write_sample_corpus
 from pipeline.stores.catalog import StateStore
 from tests.conftest import LOCAL_CONFIG, ONE_TIER, REPO, read_kind
@@ -126,22 +126,18 @@ def test_rerun_of_succeeded_partitions_changes_nothing_and_costs_nothing(make_co
 
 
 def test_failed_partition_reruns_alone(make_config, sample_corpus, tmp_path, monkeypatch):
-    from pipeline.job import lifecycle as runner
+    from pipeline.job import faults
 
     config = make_config()
-    real = runner.Job.process_partition
     victim = {}
 
-    def flaky(self, partition, beat):
+    def flaky(point, job, partition):
         if not victim:
             victim["p"] = partition
             raise OSError("disk went away")
-        return real(self, partition, beat)
 
-    monkeypatch.setattr(runner.Job, "process_partition", flaky)
-    with pytest.raises(JobError, match="1 of .* partitions not committed.*disk went away"):
+    with faults.inject(flaky), pytest.raises(JobError, match="1 of .* partitions not committed.*disk went away"):
         run_job(config, job_id="flaky")
-    monkeypatch.setattr(runner.Job, "process_partition", real)
     state = StateStore(config.state.url)
     attempts_before = {p.partition: p.attempts for p in state.partitions("flaky")}
     run_job(config, job_id="flaky")

@@ -9,8 +9,8 @@ from pathlib import Path
 import pyarrow.compute as pc
 import pytest
 
+from pipeline import JobError, run_job
 from pipeline.generate.engine import VllmEngine
-from pipeline.job.lifecycle import JobError, run_job
 from pipeline.schema import LEDGER, OUTPUTS, QUARANTINE
 from pipeline.stores.catalog import StateStore
 from tests.conftest import LOCAL_CONFIG, REPO, read_kind
@@ -127,7 +127,7 @@ def test_a_job_that_cannot_run_is_recorded_failed(make_config, tmp_path):
     with pytest.raises(JobError, match="input not found"):
         run_job(config, job_id="broken")
     (job,) = StateStore(config.state.url).jobs()
-    assert job.status == "plan_failed" and "input not found" in job.error
+    assert job.status == "staging_failed" and "input not found" in job.error
 
 
 def test_tokenmill_home_holds_state_and_models(tiny_models, tmp_path, sample_corpus):
@@ -141,7 +141,7 @@ def test_tokenmill_home_holds_state_and_models(tiny_models, tmp_path, sample_cor
     m = run_job(load_config(LOCAL_CONFIG, environ=env), job_id="home").manifest
     assert (home / "state.db").exists() and (home / "cache" / "cache.sqlite").exists()
     # No embedding model in this home: the job runs without semantic reuse and says so.
-    assert m["status"] == "succeeded" and "semantic reuse off" in m["plan"]["dedup"]["notes"][0]
+    assert m["status"] == "succeeded" and "semantic reuse off" in m["staging"]["dedup"]["notes"][0]
     assert load_config(LOCAL_CONFIG, environ={"TOKENMILL_HOME": str(home)}).tiers["small"].model == str(home / "models" / "tiny-small")
 
 

@@ -2,8 +2,8 @@
 
 import pytest
 
+from pipeline import JobError
 from pipeline.job.orchestrate import job_from_params, job_id_for, job_outcome
-from pipeline.job.lifecycle import JobError
 from tests.conftest import LOCAL_CONFIG
 
 

@@ -7,8 +7,8 @@ import subprocess
 
 import pytest
 
+from pipeline import run_job
 from pipeline.output.report import build_report
-from pipeline.job.lifecycle import run_job
 from tests.conftest import REPO
 
 pytestmark = pytest.mark.engine

@@ -8,9 +8,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.ingest.read import partition_id
-from pipeline.job.lifecycle import JobError, run_job
+from pipeline import JobError, run_job
 from pipeline.dev.samples import write_sample_corpus
+from pipeline.ingest.read import partition_id
 from pipeline.stores.catalog import StateStore
 from pipeline.stores.storage import list_files, resolve
 from tests.conftest import S3_SECRET
@@ -115,8 +115,8 @@ def test_store_outage_fails_only_that_partition_and_the_rerun_pays_nothing_twice
 
 
 def test_large_objects_go_up_as_multipart(s3_server, s3_client, buckets):
-    from pipeline.stores import storage
     from pipeline.config import StorageConfig
+    from pipeline.stores import storage
 
     root = resolve(f"s3://{buckets[1]}/big", StorageConfig(s3_endpoint_url=s3_server))
     data = bytes(range(256)) * (48 * 1024 * 4)  # 48 MiB: several parts whatever the SDK's part size

@@ -17,13 +17,13 @@ def store(state_url):
 @pytest.fixture
 def job(store):
     job_id = f"j-{uuid.uuid4().hex[:6]}"
-    assert store.claim_planning(job_id, "fp", "in", "out")
+    assert store.claim_staging(job_id, "fp", "in", "out")
     store.add_partitions(job_id, {"p1": {"file": "a", "records": 3}, "p2": {"file": "b", "records": 1}})
     return job_id
 
 
-def test_planning_is_claimed_once(store, job):
-    assert not store.claim_planning(job, "fp", "in", "out")
+def test_staging_is_claimed_once(store, job):
+    assert not store.claim_staging(job, "fp", "in", "out")
 
 
 def test_claim_is_exclusive_under_contention(store, job):

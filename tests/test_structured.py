@@ -6,11 +6,11 @@ import pyarrow.compute as pc
 import pytest
 from jsonschema import Draft202012Validator
 
+from pipeline import run_job
 from pipeline.config import ConfigError, load_config
+from pipeline.dev.samples import write_sample_corpus
 from pipeline.generate.followup import final_output, next_attempt
 from pipeline.keys import escalation_key, retry_key
-from pipeline.job.lifecycle import run_job
-from pipeline.dev.samples import write_sample_corpus
 from tests.conftest import LOCAL_CONFIG, read_kind
 
 SCHEMA = {"type": "object", "properties": {"summary": {"type": "string", "maxLength": 40}},

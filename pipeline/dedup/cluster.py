@@ -256,7 +256,7 @@ def _nearest_earlier(vectors: np.ndarray, rows: list[int], threshold: float, blo
 def _match_cache(records, groups, clusters: _Clusters, sigs, vectors, feature, config: DedupConfig, cache,
                  stats: DedupStats) -> None:
     """Representatives left after in-job clustering, looked up in the near/semantic index of earlier jobs."""
-    from pipeline.stores.cache import load_index
+    from pipeline.dedup.index import load_index
 
     for (scope, recipe), rows in groups.items():
         reps = [r for r in rows if clusters.rep[r] == r]

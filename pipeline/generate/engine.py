@@ -23,21 +23,11 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline.config import SamplingConfig, TierConfig
+from pipeline.schema import GENERATION_FIELDS, ITEM
 
 log = logging.getLogger(__name__)
 
-COMPLETIONS = pa.schema([
-    ("id", pa.string()),
-    ("tier", pa.string()),
-    ("model", pa.string()),
-    ("summary", pa.string()),
-    ("prompt_tokens", pa.int64()),
-    ("cached_prompt_tokens", pa.int64()),
-    ("output_tokens", pa.int64()),
-    ("finish_reason", pa.string()),
-    ("mean_logprob", pa.float64()),
-    ("call", pa.int64()),
-])
+COMPLETIONS = pa.schema([("id", pa.string()), *(ITEM.field(f) for f in GENERATION_FIELDS), ("call", pa.int64())])
 CALLS = pa.schema([("call", pa.int64()), ("tier", pa.string()), ("seconds", pa.float64()), ("items", pa.int64()),
                    ("failed_attempts", pa.int64())])
 ENGINE_ERRORS = pa.schema([("id", pa.string()), ("detail", pa.string())])
@@ -89,6 +79,9 @@ class VllmEngine:
             self.llm = LLM(model=tier.model, disable_log_stats=False, **kwargs)
         except Exception as e:  # vLLM raises many types at start-up; the caller needs one
             raise EngineStartError(f"could not start vLLM for {tier.model}: {type(e).__name__}: {e}") from e
+
+    def reset_prefix_cache(self) -> None:
+        self.llm.reset_prefix_cache()
 
     def shutdown(self) -> None:
         # Stop the engine-core process now: left to interpreter exit, the parent joins it and hangs.
@@ -201,9 +194,23 @@ class EnginePool:
             return int(json.loads(config_file.read_text()).get("max_position_embeddings", 4096))
         return int(getattr(self.tokenizer(name), "model_max_length", 4096))
 
+    def _key(self, tier: TierConfig) -> str:
+        return json.dumps([self.factory.__qualname__, tier.model_dump(mode="json")], sort_keys=True)
+
+    def reset_prefix_caches(self) -> None:
+        """Empty the prefix cache of every engine started for this pool's tiers.
+
+        Engines outlive jobs in a process, and so do their KV blocks: benchmarks that compare runs
+        over the same corpus call this so that each run starts from a cold cache.
+        """
+        for tier in self.tiers.values():
+            reset = getattr(_ENGINES.get(self._key(tier)), "reset_prefix_cache", None)
+            if reset is not None:
+                reset()
+
     def engine(self, name: str) -> Engine:
         tier = self._check(name)
-        key = json.dumps([self.factory.__qualname__, tier.model_dump(mode="json")], sort_keys=True)
+        key = self._key(tier)
         if key not in _ENGINES:
             started = time.perf_counter()
             if not _ENGINES:

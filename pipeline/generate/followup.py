@@ -152,6 +152,15 @@ def split_for_context(text: str, tokenizer, prompt, context: int, max_tokens: in
     return pieces
 
 
+def record_id(request_id: str) -> str:
+    """The record a request belongs to: a chunk's request id is `<record id>#chunk<i>`."""
+    return request_id.split("#")[0]
+
+
+def is_chunk(unit: dict) -> bool:
+    return "#" in unit["id"]
+
+
 def chunk_units(unit: dict, pieces: list[str]) -> list[dict]:
     return [{**unit, "id": f"{unit['id']}#chunk{i}", "text": piece, "item_key": key}
             for i, (piece, key) in enumerate(zip(pieces, chunk_keys(unit["item_key"], len(pieces))))]

@@ -12,10 +12,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline.config import TokenmillConfig
-from pipeline.generate.reuse import summarise_verification
-from pipeline.stores.catalog import aware, now
+from pipeline.generate.shadow import summarise_verification
 from pipeline.output.telemetry import decode_steps, efficiency
 from pipeline.output.write import count_by
+from pipeline.stores.catalog import aware, now
 
 
 def partition_counts(outputs: pa.Table, ledger: pa.Table, quarantine: pa.Table, completions: pa.Table,
@@ -78,7 +78,7 @@ def _add(total: dict, part: dict) -> dict:
     return total
 
 
-def build_manifest(config: TokenmillConfig, job_id: str, job, parts: list, partial: bool, plan: dict) -> dict:
+def build_manifest(config: TokenmillConfig, job_id: str, job, parts: list, partial: bool, staging: dict) -> dict:
     totals: dict = {}
     for p in parts:
         if p.status == "succeeded" and p.counts:
@@ -131,5 +131,5 @@ def build_manifest(config: TokenmillConfig, job_id: str, job, parts: list, parti
         "partitions": {p.partition: {"file": p.file, "records": p.records, "status": p.status, "attempts": p.attempts,
                                      "seconds": json.loads(p.counts).get("seconds") if p.counts else None}
                        for p in parts},
-        **({"plan": plan} if plan else {}),
+        **({"staging": staging} if staging else {}),
     }

@@ -12,9 +12,9 @@ import re
 from pathlib import Path
 
 from pipeline.config import TokenmillConfig, load_config
-from pipeline.generate.engine import EnginePool
-from pipeline.job.lifecycle import JOB_ID, JobError, Job
-from pipeline.stores.catalog import StateStore, default_worker
+from pipeline.job.errors import JobError
+from pipeline.job.lifecycle import JOB_ID, Job
+from pipeline.job.progress import Progress
 
 
 def job_id_for(prefix: str, run_date: str) -> str:
@@ -42,16 +42,13 @@ def job_from_params(params: dict, dag_id: str, logical_date: str) -> tuple[Token
 
 
 def _job(config: TokenmillConfig, job_id: str) -> Job:
-    from pipeline.job.progress import Progress
-
-    return Job(config, job_id, StateStore(config.state.url), EnginePool(config.tiers),
-                Progress("log", config.run.log_every_seconds), default_worker())
+    return Job.open(config, job_id, progress=Progress("log", config.run.log_every_seconds))
 
 
-def planned_partitions(config: TokenmillConfig, job_id: str) -> list[str]:
-    """Plan the job once (later calls return the same partitions) and check the budget before GPU work."""
+def staged_partitions(config: TokenmillConfig, job_id: str) -> list[str]:
+    """Stage the job once (later calls return the same partitions) and check the budget before GPU work."""
     job = _job(config, job_id)
-    job.ensure_planned()
+    job.ensure_staged()
     partitions = job.state.partitions(job_id)
     todo = [p.partition for p in partitions if p.status != "succeeded"]
     if config.budget.active and todo:
@@ -60,24 +57,18 @@ def planned_partitions(config: TokenmillConfig, job_id: str) -> list[str]:
 
 
 def prepared_partition(config: TokenmillConfig, job_id: str, partition: str) -> dict:
-    """CPU side of a partition: paid-item lookup, dedup, prompts tokenised and staged for the GPU task."""
+    """CPU side of a partition: paid-item lookup, prompts rendered and tokenised, stashed for the GPU task."""
     return _job(config, job_id).prepare_partition(partition)
 
 
 def committed_partition(config: TokenmillConfig, job_id: str, partition: str) -> dict:
     """GPU side: generate what is not paid for, commit the partition, return its counts. Raises if it fails."""
-    return _job(config, job_id).run_single(partition)
+    return _job(config, job_id).run_partition(partition)
 
 
 def job_manifest(config: TokenmillConfig, job_id: str) -> dict:
     """Write and return the manifest over whatever has committed; never raises for failed partitions."""
-    from pipeline.output.write import write_manifest
-
-    job = _job(config, job_id)
-    parts = job.state.partitions(job_id)
-    manifest = job.manifest(partial=any(p.status != "succeeded" for p in parts))
-    write_manifest(job.out, job_id, manifest)
-    return manifest
+    return _job(config, job_id).write_manifest()
 
 
 def job_outcome(manifest: dict) -> str:

@@ -8,6 +8,7 @@ Values are JSON: the output with its token counts, its origin (job, item id) and
 later job can record what reusing it saved. The index for near and semantic lookups is stored as
 append-only segments (one per job partition, replaced when that partition runs again), so workers
 never overwrite each other's entries: a lookup loads every segment of its (tenant scope, recipe).
+The stores keep segments as opaque blobs; pipeline/dedup/index.py owns their format.
 
 `ResilientStore` wraps either: a store that is down, slow or full costs one warning, and the job
 goes on with caching bypassed (`bypassed` tells the ledger); nothing is lost and nothing crashes.
@@ -15,7 +16,6 @@ goes on with caching bypassed (`bypassed` tells the ledger); nothing is lost and
 
 from __future__ import annotations
 
-import io
 import json
 import logging
 import sqlite3
@@ -23,9 +23,6 @@ import threading
 import time
 from pathlib import Path
 from typing import Protocol
-
-import numpy as np
-import xxhash
 
 log = logging.getLogger(__name__)
 
@@ -193,52 +190,3 @@ def open_store(config) -> ResilientStore:
         return ResilientStore(LocalStore(config.path, ttl), describe)
     except Exception as e:
         return ResilientStore(None, describe, f"{type(e).__name__}: {e}")
-
-
-# -- index segments --------------------------------------------------------------------------------
-SEGMENT_FIELDS = ("keys", "ids", "signatures", "embeddings", "features")
-
-
-def pack_segment(keys: list[str], ids: list[str], signatures: np.ndarray, embeddings: np.ndarray | None,
-                 features: list[str]) -> bytes:
-    """One segment: item keys and ids, MinHash signatures, embeddings (float16, or none) and guard features."""
-    buf = io.BytesIO()
-    # Uncompressed: signatures and float16 embeddings are near-random bytes that zlib only spends time on.
-    np.savez(buf, keys=np.array(keys, dtype=object).astype(str), ids=np.array(ids, dtype=object).astype(str),
-                        signatures=signatures.astype(np.uint32),
-                        embeddings=(embeddings if embeddings is not None else np.zeros((len(keys), 0))).astype(np.float16),
-                        features=np.array(features, dtype=object).astype(str))
-    data = buf.getvalue()
-    return xxhash.xxh64_hexdigest(data).encode() + data  # checksum first: a torn or corrupt segment is detected
-
-
-def unpack_segment(blob: bytes) -> dict[str, np.ndarray]:
-    digest, data = blob[:16], blob[16:]
-    if xxhash.xxh64_hexdigest(data).encode() != digest:
-        raise ValueError("checksum mismatch")
-    with np.load(io.BytesIO(data), allow_pickle=False) as z:
-        return {f: z[f] for f in SEGMENT_FIELDS}
-
-
-def load_index(store: ResilientStore, scope: str, recipe: str) -> dict[str, np.ndarray] | None:
-    """All segments of a (scope, recipe) concatenated; corrupt segments are skipped with a warning."""
-    parts = []
-    for name, blob in sorted(store.segments(scope, recipe).items()):
-        try:
-            parts.append(unpack_segment(blob))
-        except Exception as e:
-            log.warning("cache index segment %s of scope %s is unreadable (%s: %s); skipped, its items are "
-                        "generated again if needed", name, scope, type(e).__name__, e)
-    parts = [p for p in parts if len(p["keys"])]
-    if not parts:
-        return None
-    width = max(p["embeddings"].shape[1] for p in parts)
-    return {
-        "keys": np.concatenate([p["keys"] for p in parts]),
-        "ids": np.concatenate([p["ids"] for p in parts]),
-        "signatures": np.concatenate([p["signatures"] for p in parts]),
-        # Segments written without embeddings (semantic off then) get zero vectors: they never match.
-        "embeddings": np.concatenate([p["embeddings"] if p["embeddings"].shape[1] == width
-                                      else np.zeros((len(p["keys"]), width), np.float16) for p in parts]),
-        "features": np.concatenate([p["features"] for p in parts]),
-    }

@@ -27,6 +27,8 @@ from sqlalchemy.engine import Engine
 from sqlalchemy.exc import IntegrityError, OperationalError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
+from pipeline.schema import ITEM
+
 MIGRATIONS = Path(__file__).parent / "migrations"
 
 
@@ -42,7 +44,7 @@ class Job(Base):
     __tablename__ = "jobs"
 
     job_id: Mapped[str] = mapped_column(String(200), primary_key=True)
-    status: Mapped[str] = mapped_column(String(20))  # planning | plan_failed | planned | running | succeeded | failed
+    status: Mapped[str] = mapped_column(String(20))  # staging | staging_failed | staged | running | succeeded | failed | deferred | refused
     config_fingerprint: Mapped[str] = mapped_column(String(64))
     input_uri: Mapped[str] = mapped_column(Text)
     output_uri: Mapped[str] = mapped_column(Text)
@@ -72,7 +74,7 @@ class Partition(Base):
 
 
 class Item(Base):
-    """One paid-for generation, by content key: what it produced and what it cost."""
+    """The catalog's column for each field of schema.ITEM (the one item type), per job and item key."""
 
     __tablename__ = "items"
 
@@ -100,7 +102,7 @@ class Item(Base):
     chunks: Mapped[int | None] = mapped_column(Integer, nullable=True)  # map-reduce: chunk summaries reduced
 
 
-ITEM_FIELDS = [c.name for c in Item.__table__.columns if c.name not in ("job_id", "item_key")]
+ITEM_FIELDS = ITEM.names  # the columns after (job_id, item_key); tests check they match the table
 
 
 def now() -> datetime:
@@ -161,24 +163,24 @@ class StateStore:
         return Session(self.engine)
 
     # -- jobs ---------------------------------------------------------------------------------
-    def claim_planning(self, job_id: str, fingerprint: str, input_uri: str, output_uri: str) -> bool:
-        """True when this process must plan the job (it is new, or its planning died half-way)."""
+    def claim_staging(self, job_id: str, fingerprint: str, input_uri: str, output_uri: str) -> bool:
+        """True when this process must stage the job (it is new); see reclaim_staging for a staging that died."""
         with self.session() as s:
             try:
                 with s.begin():
-                    s.add(Job(job_id=job_id, status="planning", config_fingerprint=fingerprint,
+                    s.add(Job(job_id=job_id, status="staging", config_fingerprint=fingerprint,
                               input_uri=input_uri, output_uri=output_uri, created_at=now()))
                 return True
             except IntegrityError:
                 return False
 
-    def reclaim_planning(self, job_id: str, stale_before: datetime) -> bool:
-        """Take over planning a job whose planning failed, or was abandoned before `stale_before`."""
+    def reclaim_staging(self, job_id: str, stale_before: datetime) -> bool:
+        """Take over staging a job whose staging failed, or was abandoned before `stale_before`."""
         with self.session() as s, s.begin():
             result = s.execute(update(Job).where(
                 Job.job_id == job_id,
-                (Job.status == "plan_failed") | ((Job.status == "planning") & (Job.created_at < stale_before)),
-            ).values(status="planning", created_at=now(), error=None))
+                (Job.status == "staging_failed") | ((Job.status == "staging") & (Job.created_at < stale_before)),
+            ).values(status="staging", created_at=now(), error=None))
             return result.rowcount == 1
 
     def job(self, job_id: str) -> Job | None:

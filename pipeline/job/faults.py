@@ -1,0 +1,41 @@
+"""Fault injection: the one documented seam through which tests and chaos drills make a partition fail.
+
+    def lose_worker(point, job_id, partition):
+        if point == "before_generate" and partition == victim:
+            raise OSError("GPU worker lost")
+
+    with faults.inject(lose_worker):
+        run_job(config)            # that partition fails as if its worker had; the others commit
+
+Points, in the order a partition run meets them:
+  before_generate   the staged records are read; no lookup, engine call or write has happened
+  before_commit     outputs, ledger and quarantine are assembled; nothing is written yet
+An injector that raises fails the partition at that point, exactly as a real fault would there.
+Injectors are process-wide (the Airflow DAG's `dag.test()` runs tasks in the test's process).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+Injector = Callable[[str, str, str], None]  # (point, job_id, partition)
+POINTS = ("before_generate", "before_commit")
+_injectors: list[Injector] = []
+
+
+@contextmanager
+def inject(injector: Injector) -> Iterator[None]:
+    """Run `injector` at every fault point of every partition run while the block lasts."""
+    _injectors.append(injector)
+    try:
+        yield
+    finally:
+        _injectors.remove(injector)
+
+
+def checkpoint(point: str, job_id: str, partition: str) -> None:
+    """Called by the partition run at each point; a no-op unless an injector is active."""
+    assert point in POINTS, point
+    for injector in list(_injectors):
+        injector(point, job_id, partition)

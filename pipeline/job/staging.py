@@ -1,0 +1,99 @@
+"""Staging, the job phase that runs the CPU stages over the whole input once, and the staging area
+it writes to.
+
+The staging area: each partition's records and quarantine rows as staging wrote them, and the
+engine requests `prepare` made ready for it, under `<output>/_staging/job=<job>/partition=<p>/`.
+
+tokenmill's own files: written atomically, read by partition runs, never read by analysts.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from datetime import timedelta
+from typing import TYPE_CHECKING
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pipeline.job.errors import JobError
+from pipeline.job.stages import staged_input
+from pipeline.output.write import write_manifest
+from pipeline.stores import storage
+from pipeline.stores.catalog import now
+
+if TYPE_CHECKING:
+    from pipeline.job.lifecycle import Job
+
+log = logging.getLogger(__name__)
+
+PREPARED = ("units", "requests", "too_long")  # what `prepare` stashes for a partition
+
+
+class StagingArea:
+    def __init__(self, root: storage.Location, job_id: str):
+        self.root, self.job_id = root, job_id
+
+    def path(self, partition: str, name: str) -> str:
+        return self.root.join("_staging", f"job={self.job_id}", f"partition={partition}", name)
+
+    def write(self, partition: str, name: str, table: pa.Table) -> None:
+        storage.write_parquet_atomic(self.root, self.path(partition, f"{name}.parquet"), table, "zstd")
+
+    def read(self, partition: str, name: str) -> pa.Table:
+        return storage.read_parquet(self.root, self.path(partition, f"{name}.parquet"))
+
+    # Prepared requests are keyed by the config fingerprint: requests made under another prompt or
+    # model are never reused.
+    def write_prepared(self, partition: str, fingerprint: str, tables: dict[str, pa.Table]) -> None:
+        for name in PREPARED:
+            self.write(partition, f"prepared-{fingerprint}-{name}", tables[name])
+
+    def read_prepared(self, partition: str, fingerprint: str) -> dict[str, pa.Table] | None:
+        """The prepared tables, or None when `prepare` has not run for this partition and config."""
+        try:
+            return {name: self.read(partition, f"prepared-{fingerprint}-{name}") for name in PREPARED}
+        except storage.StorageError:
+            return None
+
+
+def ensure_staged(job: Job) -> None:
+    """Stage the job unless it is staged already (or wait while another worker stages it)."""
+    c = job.config
+    if job.state.claim_staging(job.job_id, c.fingerprint(), c.input.uri, c.output.uri):
+        return stage_input(job)
+    while True:
+        row = job.state.job(job.job_id)
+        if row.status not in ("staging", "staging_failed"):
+            break
+        if job.state.reclaim_staging(job.job_id, now() - timedelta(seconds=c.state.lease_seconds)):
+            return stage_input(job)  # the last staging failed or its worker died
+        time.sleep(c.state.wait_seconds)  # another worker is staging it now
+    if row.output_uri != c.output.uri:
+        raise JobError(f"job {job.job_id} writes to {row.output_uri}, not {c.output.uri}; use that output")
+    if row.config_fingerprint != c.fingerprint():
+        log.warning("job %s: config changed since it was staged; items whose request changed are generated again",
+                    job.job_id)
+
+
+def stage_input(job: Job) -> None:
+    """Run the CPU stages over the whole input; stage each partition's records; register partitions."""
+    started = time.perf_counter()
+    try:
+        staged = staged_input(job.config, job.job_id, cache=job.cache)
+        raw, records, quarantine = staged.raw, staged.records, staged.quarantine
+        partitions: dict[str, dict] = {}
+        for part, file in zip(raw["partition"].to_pylist(), raw["file"].to_pylist()):
+            partitions.setdefault(part, {"file": file, "records": 0})["records"] += 1
+        for part in partitions:
+            for name, table in (("records", records), ("quarantine", quarantine)):
+                job.staging.write(part, name, table.filter(pc.equal(table["partition"], part)))
+        job.state.add_partitions(job.job_id, partitions)
+    except Exception as e:
+        job.state.set_job(job.job_id, status="staging_failed", error=str(e)[:2000])
+        raise
+    job.state.set_job(job.job_id, status="staged", counts={"records": raw.num_rows, "staging": {
+        "records": raw.num_rows, "partitions": len(partitions), "skipped_files": staged.skipped,
+        "dedup": staged.dedup.as_dict(), "seconds": round(time.perf_counter() - started, 3)}})
+    write_manifest(job.out, job.job_id, job.manifest(partial=True))
