@@ -1,4 +1,4 @@
-"""Nightly summarisation: plan -> prepare (CPU, per partition) -> generate (GPU, per partition) -> summary -> outcome.
+"""Nightly summarisation: stage -> prepare (CPU, per partition) -> generate (GPU, per partition) -> summary -> outcome.
 
 Wiring only: every task calls one function of pipeline.job.orchestrate, which is idempotent, so retries
 and cleared tasks never pay twice. Re-run a failed partition by clearing its `generate` task
@@ -49,7 +49,7 @@ def _job():
 )
 def nightly_summarization():
     @task
-    def plan() -> list[str]:
+    def stage() -> list[str]:
         return orchestrate.staged_partitions(*_job())
 
     @task(map_index_template="{{ partition }}")
@@ -72,7 +72,7 @@ def nightly_summarization():
         # A run's state comes from its leaf tasks: this one fails the run when a partition did not commit.
         return orchestrate.job_outcome(manifest)
 
-    generated = generate.expand(partition=prepare.expand(partition=plan()))
+    generated = generate.expand(partition=prepare.expand(partition=stage()))
     manifest = summary()
     generated >> manifest
     outcome(manifest)

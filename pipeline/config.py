@@ -15,21 +15,23 @@ import json
 import logging
 import os
 import re
-import types
-import typing
 from pathlib import Path
 from typing import Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
-ENV_PREFIX = "TOKENMILL_"
-DEFAULT_HOME = "./.tokenmill"
+from pipeline.config_env import (  # noqa: F401  (re-exported: part of the config's interface)
+    ENV_PREFIX,
+    ConfigError,
+    apply_env_overrides,
+    expand,
+    expand_defaults,
+    plan_env_alias,
+    tokenmill_home,
+)
+
 log = logging.getLogger(__name__)
-
-
-class ConfigError(ValueError):
-    """A configuration that cannot be loaded; the message names the file and the field."""
 
 
 class Section(BaseModel):
@@ -302,75 +304,6 @@ class TokenmillConfig(Section):
         return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
-def tokenmill_home(environ: dict[str, str] | None = None) -> Path:
-    environ = os.environ if environ is None else environ
-    return Path(environ.get("TOKENMILL_HOME", DEFAULT_HOME)).expanduser().resolve()
-
-
-_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
-
-
-def _expand(value: Any, environ: dict[str, str]) -> Any:
-    if isinstance(value, str):
-        def sub(m: re.Match) -> str:
-            name = m.group(1)
-            if name == "TOKENMILL_HOME":
-                return str(tokenmill_home(environ))
-            if name not in environ:
-                raise ConfigError(f"${{{name}}} is used in the config but not set in the environment")
-            return environ[name]
-        return _VAR.sub(sub, value)
-    if isinstance(value, dict):
-        return {k: _expand(v, environ) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_expand(v, environ) for v in value]
-    return value
-
-
-def _expand_defaults(model: BaseModel, environ: dict[str, str]) -> None:
-    """Expand ${VAR}s in the fields left at their defaults (explicit values were expanded from the YAML already).
-
-    Each nested model knows which of its fields were given; a section left out entirely is all defaults.
-    Assignment re-validates each field changed."""
-    for name in type(model).model_fields:
-        value = getattr(model, name)
-        nested = (value.values() if isinstance(value, dict) else value if isinstance(value, list) else [value])
-        models = [v for v in nested if isinstance(v, BaseModel)]
-        if models:
-            for child in models:
-                _expand_defaults(child, environ)
-        elif name not in model.model_fields_set:
-            expanded = _expand(value, environ)
-            if expanded != value:
-                setattr(model, name, expanded)
-
-
-def _env_value(value: str) -> Any:
-    """JSON where the value is JSON (`64`, `true`, `[1, 2]`, `{"a": 1}`), else the string itself.
-
-    Not YAML: YAML 1.1 reads `off`, `no` and `on` as booleans, which would corrupt string fields."""
-    try:
-        return json.loads(value)
-    except ValueError:
-        return value
-
-
-def apply_env_overrides(raw: dict, environ: dict[str, str]) -> dict:
-    """Set `TOKENMILL_A__B__C=v` as raw[a][b][c] = v. TOKENMILL_HOME is not an override."""
-    for name, value in sorted(environ.items()):
-        if not name.startswith(ENV_PREFIX) or "__" not in name:
-            continue
-        path = [p.lower() for p in name[len(ENV_PREFIX):].split("__")]
-        node = raw
-        for key in path[:-1]:
-            child = node.get(key)
-            if not isinstance(child, dict):
-                child = node[key] = {}
-            node = child
-        node[path[-1]] = _env_value(value)
-    return raw
-
-
 def _read_yaml(path: str | Path | None) -> dict:
     if path is None:
         return {}
@@ -392,21 +325,9 @@ def _config_error(path: str | Path | None, e: ValidationError, where: str = "") 
     return ConfigError(f"{path or '<defaults>'}: {problems}")
 
 
-def _plan_env_alias(environ: dict[str, str]) -> dict[str, str]:
-    """TOKENMILL_PLAN__* is the deprecated name of TOKENMILL_REQUESTS__*; renamed before the overrides apply,
-    so that they merge with a YAML `requests:` section."""
-    old = f"{ENV_PREFIX}PLAN__"
-    for name in sorted(n for n in environ if n.startswith(old)):
-        new = f"{ENV_PREFIX}REQUESTS__{name[len(old):]}"
-        log.warning("environment override %s is deprecated: use %s", name, new)
-        environ.setdefault(new, environ[name])
-        del environ[name]
-    return environ
-
-
 def load_config(path: str | Path | None, environ: dict[str, str] | None = None, **overrides: Any) -> TokenmillConfig:
     """Load YAML, apply environment overrides, expand ${VAR}s, validate, then expand the defaults. Raises ConfigError."""
-    environ = _plan_env_alias(dict(os.environ if environ is None else environ))
+    environ = plan_env_alias(dict(os.environ if environ is None else environ))
     raw = _read_yaml(path)
     try:
         raw = TokenmillConfig.plan_is_requests(raw)
@@ -418,8 +339,8 @@ def load_config(path: str | Path | None, environ: dict[str, str] | None = None, 
             section, field = dotted.split("__")
             raw.setdefault(section, {})[field] = value
     try:
-        config = TokenmillConfig.model_validate(_expand(raw, environ))
-        _expand_defaults(config, environ)
+        config = TokenmillConfig.model_validate(expand(raw, environ))
+        expand_defaults(config, environ)
     except ValidationError as e:
         raise _config_error(path, e) from None
     return config
@@ -437,56 +358,6 @@ def load_run_section(path: str | Path | None, environ: dict[str, str] | None = N
     overrides = {k: v for k, v in environ.items() if k.startswith(f"{ENV_PREFIX}RUN__")}
     run = apply_env_overrides({"run": run}, overrides)["run"]
     try:
-        return RunConfig.model_validate(_expand(run, environ))
+        return RunConfig.model_validate(expand(run, environ))
     except ValidationError as e:
         raise _config_error(path, e, "run") from None
-
-
-def _type_name(annotation: Any) -> str:
-    args = typing.get_args(annotation)
-    if typing.get_origin(annotation) is Literal:
-        return " or ".join(repr(a) for a in args)
-    if args and typing.get_origin(annotation) in (typing.Union, types.UnionType):
-        return " or ".join(_type_name(a) for a in args)
-    return "null" if annotation is type(None) else getattr(annotation, "__name__", str(annotation))
-
-
-def reference_markdown() -> str:
-    """docs/config.md, generated from the models above so the reference cannot drift from the code."""
-    lines = ["# Configuration reference", "",
-             "Generated by `tokenmill config docs` from `pipeline/config.py`; do not edit by hand.", "",
-             "Any field can be overridden from the environment as `TOKENMILL_<SECTION>__<FIELD>` (nested: "
-             "`TOKENMILL_TIERS__SMALL__VLLM__MAX_NUM_SEQS=512`); values that parse as JSON keep their type. "
-             "`${VAR}` in string values expands from the environment; `${TOKENMILL_HOME}` defaults to "
-             "`./.tokenmill` (absolute), the folder holding the state database, caches and the tiny models.", ""]
-
-    def section(title: str, model: type[BaseModel], note: str = "") -> None:
-        lines.extend([f"## `{title}`", ""])
-        if note:
-            lines.extend([note, ""])
-        lines.extend(["| field | type | default | meaning |", "|---|---|---|---|"])
-        for name, field in model.model_fields.items():
-            annotation = _type_name(field.annotation)
-            if field.is_required():
-                default = "required"
-            elif field.default_factory is not None:
-                default = "see below" if isinstance(field.default_factory, type) else "`{}`"
-            else:
-                default = f"`{field.default!r}`"
-            lines.append(f"| `{name}` | `{annotation}` | {default} | {field.description or ''} |")
-        lines.append("")
-
-    for name, field in TokenmillConfig.model_fields.items():
-        model = field.annotation
-        if name == "tiers":
-            section("tiers.<name>", TierConfig, "A mapping of tier name to tier. Each tier runs its own vLLM engine.")
-            section("tiers.<name>.vllm", VllmArgs)
-        elif name == "requests":
-            section(name, model, "Building engine requests. Formerly `plan:` (and `TOKENMILL_PLAN__*`), still accepted "
-                                 "with a deprecation warning.")
-        elif isinstance(model, type) and issubclass(model, BaseModel):
-            section(name, model)
-    from pipeline.schema import REASONS
-    lines.extend(["## Quarantine reasons", "", "| reason | meaning |", "|---|---|"])
-    lines.extend(f"| `{code}` | {meaning} |" for code, meaning in REASONS.items())
-    return "\n".join(lines) + "\n"

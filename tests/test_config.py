@@ -89,7 +89,7 @@ def test_config_show_bad_file_is_one_line_error(tmp_path):
 
 
 def test_config_reference_doc_is_current():
-    from pipeline.config import reference_markdown
+    from pipeline.cli.reference import reference_markdown
 
     assert (REPO / "docs" / "config.md").read_text() == reference_markdown(), "run: tokenmill config docs > docs/config.md"
 
@@ -147,7 +147,7 @@ def test_plan_env_override_merges_with_requests_section(tmp_path, caplog):
     path = tmp_path / "c.yaml"
     path.write_text(MINIMAL + "requests: {items_per_engine_call: 7}\n")
     with caplog.at_level("WARNING", logger="pipeline.config"):
-        cfg = load_config(path, environ={"TOKENMILL_HOME": str(tmp_path), "TOKENMILL_REQUESTS__PREFIX_ORDERING": "false"})
+        cfg = load_config(path, environ={"TOKENMILL_HOME": str(tmp_path), "TOKENMILL_PLAN__PREFIX_ORDERING": "false"})
     assert (cfg.requests.items_per_engine_call, cfg.requests.prefix_ordering) == (7, False)
     assert "TOKENMILL_REQUESTS__PREFIX_ORDERING" in caplog.text
     cfg = load_config(path, environ={"TOKENMILL_HOME": str(tmp_path), "TOKENMILL_REQUESTS__ITEMS_PER_ENGINE_CALL": "3"})

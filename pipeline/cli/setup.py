@@ -24,7 +24,7 @@ def config_show(config: Path = ConfigOption, format: str = typer.Option("yaml", 
 @config_app.command("docs")
 def config_docs() -> None:
     """Print the configuration reference (docs/config.md) generated from the typed config."""
-    from pipeline.config import reference_markdown
+    from pipeline.cli.reference import reference_markdown
 
     typer.echo(reference_markdown(), nl=False)
 

@@ -129,20 +129,10 @@ def cluster_records(records: pa.Table, config: DedupConfig, embedder: Embedder |
     texts = [clean_text(t, boilerplate) for t in records["text"].to_pylist()]
     compare = [t.casefold() for t in texts] if config.case_fold else texts
     keys = records["item_key"].to_pylist()
-    groups: dict[tuple[str, str], list[int]] = {}  # (scope, recipe) -> first row of each item key, in job order
-    seen: set[str] = set()
-    for row, (scope, recipe, key) in enumerate(zip(records["scope"].to_pylist(), records["recipe"].to_pylist(), keys)):
-        if key not in seen:
-            seen.add(key)
-            groups.setdefault((scope, recipe), []).append(row)
+    groups, in_job = _first_rows(records, keys)
     clusters = _Clusters(n)
     feats: list[guards.Features | None] = [None] * n
     tiers = records["tier"].to_pylist()
-    in_job: dict[str, list[int]] = {}  # scope -> first row of each item key, any tier, in job order
-    for (scope, _), rows in groups.items():
-        in_job.setdefault(scope, []).extend(rows)
-    for rows in in_job.values():
-        rows.sort()
 
     def servable(row: int, rep: int) -> bool:
         if tiers[row] == tiers[rep]:
@@ -181,41 +171,17 @@ def cluster_records(records: pa.Table, config: DedupConfig, embedder: Embedder |
     started = time.perf_counter()
     sigs = np.zeros((n, config.num_perm), np.uint32)
     firsts = sorted(r for rows in groups.values() for r in rows)
-    embedding = None
-    if embedder is not None and firsts:
-        # Embedding (the Rust tokenizer, numpy and scipy: mostly outside the GIL) runs on a second
-        # thread while this one hashes and clusters near duplicates, which is mostly Python. It covers
-        # every first row, not only those left as representatives after near clustering: the extra
-        # rows cost the other core's time, where waiting for near clustering would cost this one's.
-        worker = ThreadPoolExecutor(1, thread_name_prefix="embed")
-        embedding = worker.submit(embedder.encode, [texts[r] for r in firsts])
-        worker.shutdown(wait=False)
+    embedding = _embed_in_background(embedder, [texts[r] for r in firsts]) if embedder is not None and firsts else None
     if (config.near or cache is not None) and firsts:
         sigs[firsts] = minhash.signatures([compare[r] for r in firsts], config.shingle_words, config.num_perm)
     if config.near:
-        for rows in in_job.values():
-            index = minhash.LshIndex(config.near_threshold, config.num_perm)
-            for row in rows:
-                close = sorted(((s, c) for c in index.candidates(sigs[row]) if clusters.rep[c] == c
-                                for s in [minhash.jaccard(sigs[row], sigs[c])] if s >= config.near_threshold),
-                               reverse=True)
-                if not attach(row, close, "near_duplicate"):
-                    index.add(row, sigs[row])
+        _near_pass(in_job, sigs, clusters, attach, config)
     stats.seconds["near"] = time.perf_counter() - started
 
     started = time.perf_counter()
     vectors = None
     if embedder is not None:
-        vectors = np.zeros((n, 0), np.float32)
-        if embedding is not None:
-            encoded = embedding.result().astype(np.float32)
-            vectors = np.zeros((n, encoded.shape[1]), np.float32)
-            vectors[firsts] = encoded
-        if config.semantic:
-            for rows in in_job.values():
-                reps = [r for r in rows if clusters.rep[r] == r]
-                for row, candidates in _nearest_earlier(vectors, reps, config.semantic_threshold):
-                    attach(row, [(s, c) for s, c in candidates if clusters.rep[c] == c], "semantic")
+        vectors = _semantic_pass(embedding, n, firsts, in_job, clusters, attach, config)
     stats.seconds["semantic"] = time.perf_counter() - started
 
     started = time.perf_counter()
@@ -225,6 +191,65 @@ def cluster_records(records: pa.Table, config: DedupConfig, embedder: Embedder |
     out = _with_columns(records, clusters, keys, sigs, vectors, config, stats)
     # Guard features computed here are kept: the cache index stores them for generated records.
     return out.append_column("features", pa.array([f.to_json() if f else None for f in feats], pa.string())), stats
+
+
+def _embed_in_background(embedder: Embedder, texts: list[str]):
+    """A future of `texts`' embeddings.
+
+    Embedding (the Rust tokenizer, numpy and scipy: mostly outside the GIL) runs on a second thread
+    while the caller hashes and clusters near duplicates, which is mostly Python. It covers every
+    first row, not only those left as representatives after near clustering: the extra rows cost the
+    other core's time, where waiting for near clustering would cost this one's.
+    """
+    worker = ThreadPoolExecutor(1, thread_name_prefix="embed")
+    embedding = worker.submit(embedder.encode, texts)
+    worker.shutdown(wait=False)
+    return embedding
+
+
+def _first_rows(records: pa.Table, keys: list[str]) -> tuple[dict[tuple[str, str], list[int]], dict[str, list[int]]]:
+    """The first row of each item key, in job order: per (scope, recipe), and per scope (any tier)."""
+    groups: dict[tuple[str, str], list[int]] = {}
+    seen: set[str] = set()
+    for row, (scope, recipe, key) in enumerate(zip(records["scope"].to_pylist(), records["recipe"].to_pylist(), keys)):
+        if key not in seen:
+            seen.add(key)
+            groups.setdefault((scope, recipe), []).append(row)
+    in_job: dict[str, list[int]] = {}
+    for (scope, _), rows in groups.items():
+        in_job.setdefault(scope, []).extend(rows)
+    for rows in in_job.values():
+        rows.sort()
+    return groups, in_job
+
+
+def _near_pass(in_job: dict[str, list[int]], sigs: np.ndarray, clusters: _Clusters, attach, config: DedupConfig) -> None:
+    """MinHash LSH per scope, in job order: each row joins the best earlier representative it may reuse."""
+    for rows in in_job.values():
+        index = minhash.LshIndex(config.near_threshold, config.num_perm)
+        for row in rows:
+            close = sorted(((s, c) for c in index.candidates(sigs[row]) if clusters.rep[c] == c
+                            for s in [minhash.jaccard(sigs[row], sigs[c])] if s >= config.near_threshold),
+                           reverse=True)
+            if not attach(row, close, "near_duplicate"):
+                index.add(row, sigs[row])
+
+
+def _semantic_pass(embedding, n: int, firsts: list[int], in_job: dict[str, list[int]], clusters: _Clusters, attach,
+                   config: DedupConfig) -> np.ndarray:
+    """Every row's embedding (zeros where none was computed); with `semantic` on, rows still representing
+    themselves join the best earlier representative within the cosine threshold."""
+    vectors = np.zeros((n, 0), np.float32)
+    if embedding is not None:
+        encoded = embedding.result().astype(np.float32)
+        vectors = np.zeros((n, encoded.shape[1]), np.float32)
+        vectors[firsts] = encoded
+    if config.semantic:
+        for rows in in_job.values():
+            reps = [r for r in rows if clusters.rep[r] == r]
+            for row, candidates in _nearest_earlier(vectors, reps, config.semantic_threshold):
+                attach(row, [(s, c) for s, c in candidates if clusters.rep[c] == c], "semantic")
+    return vectors
 
 
 def _nearest_earlier(vectors: np.ndarray, rows: list[int], threshold: float, block: int = 1024, top: int = 4):
