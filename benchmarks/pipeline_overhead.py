@@ -1,7 +1,7 @@
 """Pipeline overhead: documents per second through every stage except inference.
 
 Inference is replaced by a ZERO-COST ENGINE (it returns a fixed 16-token summary instantly), so what
-is timed is read, validate, dedup, route, plan (chat template + tokenisation), the paid-items lookup
+is timed is read, validate, dedup, route, building requests (chat template + tokenisation), the paid-items lookup
 and store, cost attribution and the Parquet writes. Target: >= 5,000 docs/s on 2 cores, so the
 non-inference path never starves a GPU. Also printed: the dedup stage's own seconds, and how fast
 the same prompts are tokenised with nothing else running, the ceiling exact tokenisation sets on

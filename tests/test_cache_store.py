@@ -6,9 +6,9 @@ import time
 import numpy as np
 import pytest
 
+from pipeline.config import CacheConfig
 from pipeline.dedup.index import load_index, pack_segment
 from pipeline.stores.cache import LocalStore, RedisStore, ResilientStore, open_store
-from pipeline.config import CacheConfig
 
 VALUE = {"summary": "s", "tier": "small", "model": "m", "prompt_tokens": 3, "cached_prompt_tokens": 0,
          "output_tokens": 2, "finish_reason": "stop", "id": "a", "job_id": "j1", "cost_usd": 0.25,

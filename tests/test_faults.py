@@ -64,7 +64,7 @@ def test_worker_killed_mid_partition_rerun_completes_without_paying_twice(make_c
     docs = [{"id": f"d{i:03d}", "text": synthetic_document(rng, 4)} for i in range(120)]
     (tmp_path / "input" / "one.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
     db = tmp_path / "state.db"
-    env = cli_env(tiny_models, tmp_path, plan__items_per_engine_call=4, state__lease_seconds=3)
+    env = cli_env(tiny_models, tmp_path, requests__items_per_engine_call=4, state__lease_seconds=3)
     proc = start_cli(["run", "--config", str(LOCAL_CONFIG), "--job-id", "killed"], env)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and proc.poll() is None:
@@ -79,7 +79,7 @@ def test_worker_killed_mid_partition_rerun_completes_without_paying_twice(make_c
     assert scalar(db, "select status from partitions where job_id='killed'") == "running"  # never committed
     assert not (tmp_path / "output" / "outputs" / "job=killed").exists()
 
-    config = make_config(plan__items_per_engine_call=4, state__lease_seconds=3)
+    config = make_config(requests__items_per_engine_call=4, state__lease_seconds=3)
     m = run_job(config, job_id="killed").manifest  # waits out the dead worker's lease, then takes over
     assert m["status"] == "succeeded"
     assert scalar(db, "select attempts from partitions where job_id='killed'") == 2
@@ -132,12 +132,13 @@ def test_failed_partition_reruns_alone(make_config, sample_corpus, tmp_path, mon
     victim = {}
 
     def flaky(point, job, partition):
-        if not victim:
+        if point == "before_commit" and not victim:  # assembled, nothing written yet
             victim["p"] = partition
             raise OSError("disk went away")
 
     with faults.inject(flaky), pytest.raises(JobError, match="1 of .* partitions not committed.*disk went away"):
         run_job(config, job_id="flaky")
+    assert not (tmp_path / "output" / "outputs" / "job=flaky" / f"partition={victim['p']}").exists()  # nothing written
     state = StateStore(config.state.url)
     attempts_before = {p.partition: p.attempts for p in state.partitions("flaky")}
     run_job(config, job_id="flaky")
@@ -177,7 +178,7 @@ def test_state_database_outage_mid_job_leaves_no_partition_running_forever(make_
     proxy = CuttableTcpProxy(url.host, url.port or 5432)
     proxied = url.set(host="127.0.0.1", port=proxy.port).render_as_string(hide_password=False)
     write_sample_corpus(tmp_path / "input", documents=30)
-    config = make_config(state__url=proxied, state__lease_seconds=2, plan__items_per_engine_call=4)
+    config = make_config(state__url=proxied, state__lease_seconds=2, requests__items_per_engine_call=4)
     real_store = StateStore.store_items
 
     def store_then_cut(self, job_id, items):

@@ -2,10 +2,17 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 import pytest
 
-from pipeline.stores import storage
 from pipeline.config import SamplingConfig, TierConfig
-from pipeline.generate.engine import Completion, EngineDeadError, EnginePool, EngineStartError, load_tokenizer, run_inference
+from pipeline.generate.engine import (
+    Completion,
+    EngineDeadError,
+    EnginePool,
+    EngineStartError,
+    load_tokenizer,
+    run_inference,
+)
 from pipeline.generate.requests import REQUESTS
+from pipeline.stores import storage
 
 
 class PoisonEngine:

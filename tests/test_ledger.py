@@ -13,10 +13,10 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pytest
 
-from pipeline.stores import storage
 from pipeline.output.ledger import LedgerError, connect, query, summary
-from pipeline.schema import LEDGER, OUTPUTS, QUARANTINE
 from pipeline.output.write import write_partition
+from pipeline.schema import LEDGER, OUTPUTS, QUARANTINE
+from pipeline.stores import storage
 from tests.conftest import REPO
 
 

@@ -6,8 +6,8 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.config import InputConfig
-from pipeline.ingest.read import partition_id, read_records
 from pipeline.dev.samples import write_sample_corpus
+from pipeline.ingest.read import partition_id, read_records
 from pipeline.ingest.validate import validate_records
 
 

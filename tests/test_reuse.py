@@ -6,12 +6,12 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from pipeline.dedup import guards, minhash
 from pipeline.config import DedupConfig, PromptConfig, SamplingConfig, TierConfig
+from pipeline.dedup import guards, minhash
 from pipeline.dedup.cluster import add_content_hashes, cluster_records, shadow_selected
-from pipeline.keys import normalise_text
 from pipeline.generate.reuse import generation_units, resolve
 from pipeline.generate.shadow import summarise_verification, token_f1, wilson_interval
+from pipeline.keys import normalise_text
 
 BASE = ("Acme Corp reported quarterly revenue of 120 million dollars, up from last year. The board approved a new "
         "dividend and the chief executive said demand for the company's industrial pumps remained strong across "

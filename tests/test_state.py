@@ -104,3 +104,11 @@ def test_workers_starting_together_on_a_fresh_catalog_all_get_it(backend, tmp_pa
                               text=True) for _ in range(6)]
     results = [p.communicate(timeout=120) for p in procs]
     assert [p.returncode for p in procs] == [0] * 6, [r[1][-500:] for r in results]
+
+
+def test_catalog_items_table_stores_every_field_of_the_item_type():
+    """schema.ITEM is the one item type: the catalog's items table has exactly its fields, in order."""
+    from pipeline.schema import ITEM
+    from pipeline.stores.catalog import Item
+
+    assert [c.name for c in Item.__table__.columns] == ["job_id", "item_key", *ITEM.names]

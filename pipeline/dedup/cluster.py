@@ -1,4 +1,4 @@
-"""Stage 3, dedup: generate once per meaning-equivalent document; every other copy reuses that output.
+"""Dedup: generate once per meaning-equivalent document; every other copy reuses that output.
 
 Three kinds of reuse inside a job, tried in this order on the records left over by the previous one:
   exact      same tenant scope and normalised text (NFC, whitespace collapsed, boilerplate stripped,
@@ -10,7 +10,7 @@ see guards.py). The first record of a cluster (job order) is its representative,
 member is routed to a dearer tier: that one then represents the cluster, since a record may reuse
 an output of a tier at least as dear as its own, never a cheaper one.
 
-Against earlier jobs the same near and semantic lookups run on the cache index (cache.py), and the
+Against earlier jobs the same near and semantic lookups run on the cache index (index.py), and the
 exact lookup runs by item key when a partition runs. Tenants never share an output unless they are
 listed together in `dedup.shared_tenants`.
 
@@ -38,8 +38,8 @@ import numpy as np
 import pyarrow as pa
 import xxhash
 
-from pipeline.dedup import guards, minhash
 from pipeline.config import DedupConfig
+from pipeline.dedup import guards, minhash
 from pipeline.keys import clean_text, compile_boilerplate, content_hash, tenant_scope
 
 log = logging.getLogger(__name__)
@@ -52,7 +52,7 @@ class Embedder(Protocol):
 
 @dataclass
 class DedupStats:
-    """What the stage found, for the plan section of the manifest."""
+    """What the stage found, for the staging section of the manifest."""
 
     clusters: Counter = field(default_factory=Counter)        # records per reuse kind
     refused: Counter = field(default_factory=Counter)         # similar pairs the guards refused, by guard

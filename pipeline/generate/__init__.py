@@ -1,4 +1,4 @@
-"""generate: the fourth stage. Turn what records still need into engine calls, run them, follow up.
+"""generate: the stage that runs per partition. Turn what records still need into engine calls, run them, follow up.
 
   requests.py  build engine requests: render, tokenise, fit the context, order, cut into engine calls
   engine.py    the vLLM engine pool, one engine per tier per process

@@ -1,4 +1,4 @@
-"""Stage 6, infer: run planned requests through each tier's vLLM engine.
+"""Generate, the engine: run engine requests through each tier's vLLM engine.
 
 One engine per tier per process, created on first use and reused by every later job in the same
 process (vLLM takes seconds to minutes to start). A tier with no requests never starts an engine.
@@ -151,7 +151,7 @@ _PLAIN_TOKENIZERS = {None, "PreTrainedTokenizerFast", "TokenizersBackend"}
 def load_tokenizer(model: str):
     """The tier's tokenizer (with its chat template). A plain tokenizer.json loads without
     `AutoTokenizer`, whose import pulls in torch and every model family (5 s, once per process,
-    for a planner that never runs a model); any other class goes through `AutoTokenizer`."""
+    for a job that never runs a model); any other class goes through `AutoTokenizer`."""
     path = Path(model).expanduser()
     config_file = path / "tokenizer_config.json"
     if (path / "tokenizer.json").exists() and config_file.exists() and \

@@ -1,7 +1,7 @@
 """Generations that follow others in a partition: escalation of low-confidence outputs, and map-reduce
 of documents longer than the tier's context.
 
-Both are keyed from the item key they follow (`plan.derived_key`), so they are stored, reused and
+Both are keyed from the item key they follow (`keys.derived_key`), so they are stored, reused and
 cached like any generation, and a rerun finds them instead of paying again:
   escalation   item K on a smaller tier whose mean token log-probability is below the threshold (or
                that is empty, or was cut off by max_tokens) is generated again on the escalation tier;

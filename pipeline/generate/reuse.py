@@ -1,6 +1,6 @@
 """What each record of a partition gets: an output already paid for, a cached one, or a generation.
 
-The dedup stage (at planning) said which output each record should reuse (`gen_key`). When a
+The dedup stage (at staging) said which output each record should reuse (`gen_key`). When a
 partition runs, those keys are looked up: first among this job's paid items (state catalog), then
 in the cache of earlier jobs (exact, by key). Anything still missing becomes a generation unit,
 one per key. A record that was to reuse an earlier job's output that has since gone (expired,
@@ -85,5 +85,3 @@ def cache_value(item: dict, job_id: str, cost_usd: float) -> dict:
     """What the cache keeps of a generated item."""
     return {f: item.get(f) for f in CACHED_FIELDS} | {"job_id": job_id, "cost_usd": cost_usd}
 
-
-# -- shadow verification --------------------------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Stage 1, read: list the input folder and parse every file into raw records, bad ones included.
+"""Ingest, read: list the input folder and parse every file into raw records, bad ones included.
 
 Nothing is dropped here. A record that cannot be parsed still becomes a row, with `read_error`
 set to a reason code and `raw_excerpt` holding the raw input, so that the validate stage can
@@ -18,9 +18,9 @@ from collections.abc import Iterator
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from pipeline.stores import storage
 from pipeline.config import InputConfig, StorageConfig
 from pipeline.schema import RAW_RECORDS
+from pipeline.stores import storage
 
 JSONL_SUFFIXES = (".jsonl", ".jsonl.gz")
 TEXT_SUFFIXES = (".txt", ".md")

@@ -1,4 +1,4 @@
-"""Stage 2, validate: split raw records into valid records and quarantine rows with a reason.
+"""Ingest, validate: split raw records into valid records and quarantine rows with a reason.
 
 Every raw record leaves this stage exactly once: as a valid record or as a quarantine row.
 Checks run in a fixed order and the first failing one names the reason. Duplicate ids are

@@ -89,9 +89,9 @@ def estimate_job(config: TokenmillConfig, pool=None, input_uri: str | None = Non
     from pipeline.generate.requests import build_requests
     from pipeline.job.stages import staged_input
 
-    prepared = staged_input(config, "preflight", input_uri)
-    raw, quarantine, skipped = prepared.raw, prepared.quarantine, prepared.skipped
-    records = mark_duplicates(prepared.records, "gen_key")
+    staged = staged_input(config, "preflight", input_uri)
+    raw, quarantine, skipped = staged.raw, staged.quarantine, staged.skipped
+    records = mark_duplicates(staged.records, "gen_key")
     tiers_used = sorted(set(records["tier"].to_pylist()))
     requests, too_long = build_requests(records, config.prompt, config.sampling, config.requests,
                                        {t: pool.tokenizer(t) for t in tiers_used},

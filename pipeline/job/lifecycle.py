@@ -1,6 +1,6 @@
 """The job: stage its input once, then run its partitions, each committed whole, any number of times.
 
-  staging (once per job):  ingest -> dedup -> route -> item keys -> each partition's records staged
+  staging (once per job):  read -> validate -> content hash -> route -> item keys -> cluster -> records staged
   each partition:          claim -> look up paid items -> generation rounds -> write -> commit  (partition.py)
   finish:                  every partition succeeded -> manifest; otherwise the job fails, naming them
 

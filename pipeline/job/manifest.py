@@ -58,7 +58,7 @@ def partition_counts(outputs: pa.Table, ledger: pa.Table, quarantine: pa.Table, 
 
 def prefix_cache(tokens: dict) -> dict:
     """Prompt tokens served from vLLM's prefix cache, next to the share that prefix sharing allows in theory
-    (each request's common prefix with the one before it in plan order; the engine caches whole blocks,
+    (each request's common prefix with the one before it in request order; the engine caches whole blocks,
     so it reaches a little less)."""
     prompt = tokens.get("prompt_tokens", 0)
     cached, shareable = tokens.get("cached_prompt_tokens", 0), tokens.get("shareable_prompt_tokens", 0)

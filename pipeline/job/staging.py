@@ -90,10 +90,10 @@ def stage_input(job: Job) -> None:
             for name, table in (("records", records), ("quarantine", quarantine)):
                 job.staging.write(part, name, table.filter(pc.equal(table["partition"], part)))
         job.state.add_partitions(job.job_id, partitions)
+        job.state.set_job(job.job_id, status="staged", counts={"records": raw.num_rows, "staging": {
+            "records": raw.num_rows, "partitions": len(partitions), "skipped_files": staged.skipped,
+            "dedup": staged.dedup.as_dict(), "seconds": round(time.perf_counter() - started, 3)}})
+        write_manifest(job.out, job.job_id, job.manifest(partial=True))
     except Exception as e:
         job.state.set_job(job.job_id, status="staging_failed", error=str(e)[:2000])
         raise
-    job.state.set_job(job.job_id, status="staged", counts={"records": raw.num_rows, "staging": {
-        "records": raw.num_rows, "partitions": len(partitions), "skipped_files": staged.skipped,
-        "dedup": staged.dedup.as_dict(), "seconds": round(time.perf_counter() - started, 3)}})
-    write_manifest(job.out, job.job_id, job.manifest(partial=True))

@@ -15,9 +15,9 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pyarrow.fs as pafs
 
-from pipeline.stores import storage
 from pipeline.config import StorageConfig
 from pipeline.schema import LEDGER, OUTPUTS, QUARANTINE
+from pipeline.stores import storage
 
 # Grouping keys an analyst may ask for, and the SQL that computes each.
 GROUP_KEYS = {

@@ -1,4 +1,4 @@
-"""Stage 7, write: give every valid record its output or quarantine row, price it, and commit per partition.
+"""Output, write: give every valid record its output or quarantine row, price it, and commit per partition.
 
 Layout under the output root (Hive style, zstd Parquet):
   outputs/job=<job>/partition=<p>/part-0.parquet
@@ -17,10 +17,10 @@ from datetime import datetime
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.stores import storage
 from pipeline.config import TokenmillConfig
-from pipeline.schema import LEDGER, OUTPUTS, QUARANTINE
 from pipeline.ingest.validate import quarantine_rows
+from pipeline.schema import LEDGER, OUTPUTS, QUARANTINE
+from pipeline.stores import storage
 
 KINDS = ("outputs", "ledger", "quarantine")
 

@@ -1,4 +1,4 @@
-"""Stage 4, route: choose the tier that generates each item, and say why.
+"""Route: choose the tier that generates each item, and say why.
 
 Rules decide first (in order; the first whose conditions all hold), then the learned router if one
 is configured (router.py), then `route.default_tier`. Every item gets `tier` and `route_reason`

@@ -199,7 +199,7 @@ class StateStore:
 
     # -- partitions -----------------------------------------------------------------------------
     def add_partitions(self, job_id: str, partitions: dict[str, dict]) -> None:
-        """Register partitions as pending; ones already registered (a re-plan) keep their state."""
+        """Register partitions as pending; ones already registered (staging again) keep their state."""
         with self.session() as s, s.begin():
             known = set(s.scalars(select(Partition.partition).where(Partition.job_id == job_id)))
             for name, p in partitions.items():
