@@ -75,10 +75,14 @@ def test_job_accounts_for_every_record_and_every_gpu_second(make_config, sample_
     assert m["cost"]["saved_usd"] == pytest.approx(m["cost"]["baseline_cost_usd"] - m["cost"]["cost_usd"])
     assert m["cost"]["saved_usd"] > 0
 
-    # Files were written atomically: no temporary names left behind, one file per partition and kind.
+    # Files were written atomically: no temporary names left behind, one file per partition and kind,
+    # each named by its partition's commit record.
     assert not [p for p in out_dir.rglob("*") if p.name.startswith(".tmp-")]
+    records = [json.loads(f.read_text()) for f in (out_dir / "_commits" / "job=acct").glob("partition=*.json")]
+    assert len(records) == len(m["partitions"])
     for kind in ("outputs", "ledger", "quarantine"):
-        assert len(list((out_dir / kind / "job=acct").glob("partition=*/part-0.parquet"))) == len(m["partitions"])
+        files = sorted(str(p.relative_to(out_dir)) for p in (out_dir / kind / "job=acct").glob("partition=*/*.parquet"))
+        assert files == sorted(r["files"][kind] for r in records)
     assert (out_dir / "jobs" / "acct" / "manifest.json").exists()
     assert [(j.job_id, j.status) for j in StateStore(config.state.url).jobs()] == [("acct", "succeeded")]
 

@@ -14,7 +14,7 @@ import pyarrow.dataset as ds
 import pytest
 
 from pipeline.output.ledger import LedgerError, connect, query, summary
-from pipeline.output.write import write_partition
+from pipeline.output.commit import new_commit_id, publish, write_files
 from pipeline.schema import LEDGER, OUTPUTS, QUARANTINE
 from pipeline.stores import storage
 from tests.conftest import REPO
@@ -36,12 +36,14 @@ def fake_job(root: storage.Location, job_id: str, day: datetime, rows: int, seed
                            "cost_usd": gpu * price / 3600, "baseline_cost_usd": gpu * 7.0 / 3600, "created_at": day})
         outputs = [{"partition": part, **{k: r.get(k) for k in OUTPUTS.names}, "summary": "s", "finish_reason": "length",
                     "template_version": "v1"} for r in ledger]
-        write_partition(root, job_id, part, {
+        commit = new_commit_id(1)
+        files = write_files(root, job_id, part, {
             "ledger": pa.Table.from_pylist(ledger, schema=LEDGER),
             "outputs": pa.Table.from_pylist(outputs, schema=pa.schema([("partition", pa.string()), *OUTPUTS])),
             "quarantine": pa.Table.from_pylist([{"partition": part, "id": f"bad-{p}", "reason": "empty_text",
                                                  "job_id": job_id}], schema=pa.schema([("partition", pa.string()), *QUARANTINE])),
-        }, "zstd")
+        }, "zstd", commit)
+        publish(root, job_id, part, commit, files)
 
 
 @pytest.fixture
@@ -99,6 +101,28 @@ def test_sql_views_and_read_only(output_root):
         query(con, "DELETE FROM ledger")
     with pytest.raises(LedgerError, match="nope"):
         query(con, "SELECT * FROM nope")
+
+
+@pytest.mark.parametrize("sql", [
+    "/* x */ COPY (SELECT 1) TO '{out}/copied.csv'",
+    "SELECT 1; COPY (SELECT 1) TO '{out}/copied.csv'",
+    "ATTACH '{out}/attached.db' AS a; CREATE TABLE a.t AS SELECT 1",
+    "SELECT * FROM read_text('/etc/hostname')",
+    "SELECT * FROM glob('/etc/*')",
+    "SELECT * FROM read_csv('/etc/passwd')",
+    "INSTALL httpfs",
+    "SET enable_external_access = true",
+    "RESET lock_configuration",
+    "SELECT * FROM read_parquet('{out}/../**/*.parquet')",
+])
+def test_ledger_sql_reaches_nothing_but_the_views(output_root, tmp_path, sql):
+    """Read-only by construction: DuckDB's external access is off and its configuration locked, so no
+    statement, however it starts, reads or writes a file, loads an extension or turns that back on."""
+    con = connect(str(output_root))
+    with pytest.raises(LedgerError):
+        query(con, sql.format(out=tmp_path))
+    assert not [p.name for p in tmp_path.iterdir() if p.name in ("copied.csv", "attached.db")]
+    assert query(con, "SELECT count(*) AS n FROM ledger").to_pylist() == [{"n": 3000}]  # the views still work
 
 
 def test_empty_output_root_answers_zero(tmp_path):

@@ -152,17 +152,19 @@ def split_for_context(text: str, tokenizer, prompt, context: int, max_tokens: in
     return pieces
 
 
-def record_id(request_id: str) -> str:
-    """The record a request belongs to: a chunk's request id is `<record id>#chunk<i>`."""
-    return request_id.split("#")[0]
+def record_id(unit: dict) -> str:
+    """The record a unit's generation belongs to (a chunk carries it; its own id names the request)."""
+    return unit.get("record_id", unit["id"])
 
 
 def is_chunk(unit: dict) -> bool:
-    return "#" in unit["id"]
+    return "record_id" in unit
 
 
 def chunk_units(unit: dict, pieces: list[str]) -> list[dict]:
-    return [{**unit, "id": f"{unit['id']}#chunk{i}", "text": piece, "item_key": key}
+    # The request id only has to be unique within a round: record ids never contain NUL (validate
+    # quarantines them), so `<id>\0chunk<i>` cannot meet another record's id. Nothing parses it back.
+    return [{**unit, "id": f"{unit['id']}\x00chunk{i}", "record_id": unit["id"], "text": piece, "item_key": key}
             for i, (piece, key) in enumerate(zip(pieces, chunk_keys(unit["item_key"], len(pieces))))]
 
 

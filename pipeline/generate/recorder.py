@@ -39,7 +39,7 @@ class CallRecorder:
             unit = self.units[r["id"]]
             key = unit["item_key"]
             items[key] = {**{f: r[f] for f in GENERATION_FIELDS},
-                          "id": record_id(unit["id"]), "tenant": unit["tenant"], "partition": self.partition,
+                          "id": record_id(unit), "tenant": unit["tenant"], "partition": self.partition,
                           "gpu_seconds": float(g), "baseline_gpu_seconds": float(b), "created_at": created,
                           "cache_status": self.cache_status, **self.extra.get(key, {})}
             usd = float(g) * tier.price_per_gpu_hour / 3600

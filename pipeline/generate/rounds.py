@@ -119,7 +119,7 @@ class GenerationRounds:
             raise BudgetReached(f"budget reached before an engine call of this partition: {self.budget.reason}; "
                                 f"{deferred.num_rows} items deferred (what was generated is kept and not paid again)")
         for i, d in zip(engine_errors["id"].to_pylist(), engine_errors["detail"].to_pylist()):
-            self.failed.setdefault(current[i]["item_key"], ("engine_error", d, record_id(i)))
+            self.failed.setdefault(current[i]["item_key"], ("engine_error", d, record_id(current[i])))
         return self.split_too_long(too_long, current)
 
     def split_too_long(self, too_long: pa.Table, current: dict[str, dict]) -> list[dict]:
@@ -135,7 +135,7 @@ class GenerationRounds:
                 self.chunked[unit["item_key"]] = {**unit, "pieces": len(pieces)}
                 pieces_of.extend(chunk_units(unit, pieces))
             else:
-                self.failed.setdefault(unit["item_key"], ("too_long", d, record_id(i)))
+                self.failed.setdefault(unit["item_key"], ("too_long", d, record_id(unit)))
         return pieces_of
 
     def reduces(self, items: dict[str, dict], pending: list[dict]) -> list[dict]:

@@ -11,7 +11,7 @@ import json
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.config import TokenmillConfig
+from pipeline.config import TokenmillConfig, redact_url
 from pipeline.generate.shadow import summarise_verification
 from pipeline.output.telemetry import decode_steps, efficiency
 from pipeline.output.write import count_by
@@ -82,7 +82,7 @@ def build_manifest(config: TokenmillConfig, job_id: str, job, parts: list, parti
     totals: dict = {}
     for p in parts:
         if p.status == "succeeded" and p.counts:
-            _add(totals, json.loads(p.counts))
+            _add(totals, {k: v for k, v in json.loads(p.counts).items() if k != "commit"})  # commit: file names
     engines = totals.get("engines", {})
     for tier, e in engines.items():
         e["model"] = config.tiers[tier].model if tier in config.tiers else None
@@ -99,8 +99,8 @@ def build_manifest(config: TokenmillConfig, job_id: str, job, parts: list, parti
         "job_id": job_id,
         "status": "incomplete" if partial else "succeeded",
         "config_fingerprint": job.config_fingerprint,
-        "input_uri": job.input_uri,
-        "output_uri": job.output_uri,
+        "input_uri": redact_url(job.input_uri),  # a job staged before URIs with passwords were refused
+        "output_uri": redact_url(job.output_uri),
         "template_version": config.prompt.template_version,
         "largest_tier": config.largest_tier,  # the baseline tier
         "created_at": aware(job.created_at).isoformat(),

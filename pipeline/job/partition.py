@@ -30,7 +30,8 @@ from pipeline.generate.shadow import verify_shadows
 from pipeline.job import faults
 from pipeline.job.errors import JobError
 from pipeline.job.manifest import partition_counts
-from pipeline.output.write import assemble_results, write_partition
+from pipeline.output.commit import discard, new_commit_id, publish, write_files
+from pipeline.output.write import assemble_results
 from pipeline.stores import storage
 from pipeline.stores.catalog import Heartbeat, StateError, now
 
@@ -38,6 +39,12 @@ if TYPE_CHECKING:
     from pipeline.job.lifecycle import Job
 
 log = logging.getLogger(__name__)
+
+
+class LeaseLost(RuntimeError):
+    """This worker's claim on a partition was taken over; what it made is not committed."""
+
+
 JOB_FATAL = (EngineDeadError, EngineStartError, StateError, OperationalError)  # no point trying further partitions
 
 
@@ -45,25 +52,33 @@ class PartitionRun:
     def __init__(self, job: Job, partition: str):
         self.job, self.partition = job, partition
         self.config, self.state, self.job_id = job.config, job.state, job.job_id
+        self.epoch: int | None = None  # the claim's fencing token
 
     def claim(self, force: bool = False) -> bool:
-        return self.state.claim(self.job_id, self.partition, self.job.worker, self.config.state.lease_seconds, force=force)
+        self.epoch = self.state.claim(self.job_id, self.partition, self.job.worker, self.config.state.lease_seconds,
+                                      force=force)
+        return self.epoch is not None
+
+    def finish(self, status: str, **fields) -> bool:
+        """Set this claim's end state; False when the claim was fenced out (another worker took over)."""
+        return self.state.finish_partition(self.job_id, self.partition, self.job.worker, self.epoch, status, **fields)
 
     def run(self) -> None:
         """Run the claimed partition to its end state: succeeded, deferred or failed."""
         job, partition = self.job, self.partition
         try:
-            with Heartbeat(self.state, self.job_id, partition, job.worker, self.config.state.lease_seconds) as beat:
-                counts = self.generate_and_commit(beat)
+            with Heartbeat(self.state, self.job_id, partition, job.worker, self.config.state.lease_seconds,
+                           self.epoch) as beat:
+                self.generate_and_commit(beat)
         except BudgetReached as e:
             log.warning("partition %s deferred: %s", partition, e)
-            self.state.finish_partition(self.job_id, partition, job.worker, "deferred", error=str(e))
+            self.finish("deferred", error=str(e))
             return
         except Exception as e:
             reason = str(e) if isinstance(e, (storage.StorageError, StateError)) else f"{type(e).__name__}: {e}"
             log.error("partition %s failed: %s", partition, reason)
             try:
-                self.state.finish_partition(self.job_id, partition, job.worker, "failed", error=reason[:2000])
+                self.finish("failed", error=reason[:2000])
             except Exception:
                 pass  # the lease expires and the partition is claimable again
             if isinstance(e, OperationalError):
@@ -71,9 +86,8 @@ class PartitionRun:
             if isinstance(e, JOB_FATAL):
                 raise JobError(f"partition {partition}: {reason}".splitlines()[0]) from e
             return
-        self.state.finish_partition(self.job_id, partition, job.worker, "succeeded", counts=counts)
 
-    def generate_and_commit(self, beat: Heartbeat) -> dict:
+    def generate_and_commit(self, beat: Heartbeat) -> None:
         job, partition, started = self.job, self.partition, time.perf_counter()
         records = job.staging.read(partition, "records")
         quarantine = job.staging.read(partition, "quarantine")
@@ -88,8 +102,7 @@ class PartitionRun:
         generated = GenerationRounds(self.config, job.pool, job.lookup, recorder, job.budget).run(
             records, units, requests, too_long)
         job.progress.advance(quarantined=sum(copies[k] for k in generated.failed))
-        counts = self.commit(beat, records, quarantine, generated)
-        return {**counts, "seconds": round(time.perf_counter() - started, 3)}
+        self.commit(beat, records, quarantine, generated, started)
 
     def unpaid_requests(self, records) -> tuple:
         """(records resolved, items at hand by key, generation units, their engine requests, too_long)."""
@@ -116,8 +129,10 @@ class PartitionRun:
         keep = lambda t: t.filter(pc.is_in(t["id"], units["id"]))  # noqa: E731
         return records, items, units, keep(prepared["requests"]), keep(prepared["too_long"])
 
-    def commit(self, beat: Heartbeat, records: pa.Table, quarantine: pa.Table, generated: Generated) -> dict:
-        """Assemble the partition's rows, check that every record is accounted for, write, index, verify."""
+    def commit(self, beat: Heartbeat, records: pa.Table, quarantine: pa.Table, generated: Generated,
+               started: float) -> None:
+        """Assemble the partition's rows, check that every record is accounted for, write the files,
+        commit in the catalog (fenced by the claim's epoch), then publish the commit (output/commit.py)."""
         c, job, partition = self.config, self.job, self.partition
         items = generated.items
         # The last round read every needed key after its engine calls; only follow-ups found in the
@@ -131,9 +146,10 @@ class PartitionRun:
                            f"{quarantine.num_rows} quarantined != {expected} records; nothing was committed")
         faults.checkpoint("before_commit", self.job_id, partition)
         if beat.lost:
-            raise JobError(f"partition {partition}: lease lost to another worker; not committing")
-        write_partition(job.out, self.job_id, partition, {"outputs": outputs, "ledger": ledger,
-                                                          "quarantine": quarantine}, c.output.compression)
+            raise LeaseLost(f"partition {partition}: lease lost to another worker; not committing")
+        commit = new_commit_id(self.epoch)
+        files = write_files(job.out, self.job_id, partition, {"outputs": outputs, "ledger": ledger,
+                                                              "quarantine": quarantine}, c.output.compression, commit)
         if c.cache.enabled and not job.cache.bypassed:
             for scope, recipe, blob in generated_segments(records, items, c.dedup.boilerplate_patterns):
                 job.cache.put_segment(scope, recipe, f"{self.job_id}/{partition}", blob)
@@ -141,4 +157,10 @@ class PartitionRun:
                                       c.dedup.shadow_min_f1)
         counts = partition_counts(outputs, ledger, quarantine, generated.completions, generated.calls, c)
         counts["tokens"]["shareable_prompt_tokens"] = generated.shareable_tokens
-        return {**counts, "verification": verification}
+        counts = {**counts, "verification": verification, "seconds": round(time.perf_counter() - started, 3),
+                  "commit": {"id": commit, "files": files}}
+        if not self.finish("succeeded", counts=counts):
+            discard(job.out, files)
+            raise LeaseLost(f"partition {partition}: lease lost to another worker (claim epoch {self.epoch} "
+                            f"superseded); its commit was fenced out and wrote nothing visible")
+        publish(job.out, self.job_id, partition, commit, files)

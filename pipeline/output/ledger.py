@@ -13,9 +13,9 @@ from datetime import date
 import duckdb
 import pyarrow as pa
 import pyarrow.dataset as ds
-import pyarrow.fs as pafs
 
 from pipeline.config import StorageConfig
+from pipeline.output.commit import committed_files
 from pipeline.schema import LEDGER, OUTPUTS, QUARANTINE
 from pipeline.stores import storage
 
@@ -45,22 +45,31 @@ class LedgerError(ValueError):
 
 
 def _dataset(root: storage.Location, kind: str, schema: pa.Schema) -> ds.Dataset:
-    path = root.join(kind)
-    if root.fs.get_file_info(path).type == pafs.FileType.NotFound:
-        return ds.dataset(schema.empty_table())
+    """The committed files of one kind (commit.py): a partition is read whole or not at all."""
+    files = committed_files(root, kind)
     # The ledger carries `partition` in its rows; outputs and quarantine take it from the path.
     in_path = [] if "partition" in schema.names else [("partition", pa.string())]
+    full = pa.schema([*schema, *in_path])
+    if not files:
+        return ds.dataset(full.empty_table())
     partitioning = ds.partitioning(pa.schema(in_path), flavor="hive") if in_path else None
-    return ds.dataset(path, filesystem=root.fs, format="parquet", partitioning=partitioning,
-                      schema=pa.schema([*schema, *in_path]), exclude_invalid_files=False)
+    return ds.dataset(files, filesystem=root.fs, format="parquet", partitioning=partitioning,
+                      partition_base_dir=root.join(kind), schema=full, exclude_invalid_files=False)
 
 
 def connect(output_uri: str, storage_config: StorageConfig | None = None) -> duckdb.DuckDBPyConnection:
-    """A DuckDB connection with views `ledger`, `outputs` and `quarantine` over an output root."""
+    """A read-only DuckDB connection with views `ledger`, `outputs` and `quarantine` over an output root.
+
+    Once the views are registered, DuckDB's access to anything else is switched off and its
+    configuration locked: no file, network or extension can be reached from a query, and no query
+    can switch that back on (`tokenmill ledger sql` runs analysts' SQL here).
+    """
     root = storage.resolve(output_uri, storage_config)
     con = duckdb.connect()
     for kind, schema in (("ledger", LEDGER), ("outputs", OUTPUTS), ("quarantine", QUARANTINE)):
         con.register(kind, _dataset(root, kind, schema))
+    con.execute("SET enable_external_access = false")
+    con.execute("SET lock_configuration = true")
     return con
 
 

@@ -1,12 +1,13 @@
-"""Output, write: give every valid record its output or quarantine row, price it, and commit per partition.
+"""Output, write: give every valid record its output or quarantine row, and price it.
 
-Layout under the output root (Hive style, zstd Parquet):
-  outputs/job=<job>/partition=<p>/part-0.parquet
-  ledger/job=<job>/partition=<p>/part-0.parquet
-  quarantine/job=<job>/partition=<p>/part-0.parquet
+Layout under the output root (Hive style, zstd Parquet; commit.py says how a partition is committed):
+  outputs/job=<job>/partition=<p>/part-<commit>.parquet
+  ledger/job=<job>/partition=<p>/part-<commit>.parquet
+  quarantine/job=<job>/partition=<p>/part-<commit>.parquet
+  _commits/job=<job>/partition=<p>.json      the commit record: which files are the partition
   jobs/<job>/manifest.json
-Every partition of the job gets all three files (possibly empty), written atomically with fixed
-names, so running a partition again replaces them instead of adding rows.
+Every partition of the job gets all three files (possibly empty); running a partition again
+publishes a new commit that replaces the old one instead of adding rows.
 """
 
 from __future__ import annotations
@@ -19,10 +20,8 @@ import pyarrow.compute as pc
 
 from pipeline.config import TokenmillConfig
 from pipeline.ingest.validate import quarantine_rows
-from pipeline.schema import LEDGER, OUTPUTS, QUARANTINE
+from pipeline.schema import LEDGER, OUTPUTS
 from pipeline.stores import storage
-
-KINDS = ("outputs", "ledger", "quarantine")
 
 
 def record_source(row: dict, item: dict) -> tuple[str, str | None, str | None, float | None]:
@@ -112,26 +111,6 @@ def assemble_results(records: pa.Table, items: dict[str, dict], failed: dict[str
     quarantine = quarantine_rows(bad, pa.array(bad_reasons, pa.string()), job_id, config.input.excerpt_chars,
                                  detail=pa.array(bad_details, pa.string()))
     return outputs, ledger, quarantine
-
-
-def part_path(root: storage.Location, kind: str, job_id: str, partition: str) -> str:
-    return root.join(kind, f"job={job_id}", f"partition={partition}", "part-0.parquet")
-
-
-def write_partition(root: storage.Location, job_id: str, partition: str, tables: dict[str, pa.Table],
-                    compression: str) -> None:
-    """Write one partition's outputs, ledger and quarantine files (empty ones too), each atomically.
-
-    `tables` hold this partition's rows only (with a `partition` column, as `assemble_results` makes them).
-
-    The files are a pure function of the partition's records and the paid-for items, so a partition
-    interrupted between its three renames is rewritten identically by the rerun that commits it.
-    """
-    schemas = {"outputs": OUTPUTS, "ledger": LEDGER, "quarantine": QUARANTINE}
-    for kind in KINDS:
-        # Files hold the kind's schema; `partition` stays in the ledger's rows, elsewhere it is the path.
-        body = tables[kind].select(schemas[kind].names).cast(schemas[kind])
-        storage.write_parquet_atomic(root, part_path(root, kind, job_id, partition), body, compression)
 
 
 def write_manifest(root: storage.Location, job_id: str, manifest: dict) -> None:

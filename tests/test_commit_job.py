@@ -1,0 +1,99 @@
+"""Commits on the real engine: a stale worker is fenced out, and record ids round-trip byte for byte."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from pipeline import run_job
+from pipeline.dev.samples import write_sample_corpus
+from pipeline.output.ledger import connect
+from pipeline.stores.catalog import StateStore
+from tests.conftest import LOCAL_CONFIG, REPO
+from tests.test_faults import cli_env
+
+pytestmark = pytest.mark.engine
+
+PAUSED_WORKER = """
+import os, signal, sys
+from pathlib import Path
+from pipeline import JobError, load_config, run_job
+from pipeline.job import faults
+
+marker = Path(sys.argv[2])
+
+def pause(point, job_id, partition):
+    # Outputs assembled, nothing written: stop here, as a GC pause or a frozen VM would.
+    if point == "before_commit" and not marker.exists():
+        marker.write_text(partition)
+        os.kill(os.getpid(), signal.SIGSTOP)
+
+with faults.inject(pause):
+    try:
+        run_job(load_config(sys.argv[1]), job_id="fenced")
+    except JobError as e:
+        print("job error:", e)
+"""
+
+
+def test_a_worker_stopped_past_its_lease_commits_nothing(make_config, tiny_models, tmp_path):
+    counts = write_sample_corpus(tmp_path / "input", documents=24)
+    env = cli_env(tiny_models, tmp_path, run__progress="off", state__lease_seconds=3, state__wait_seconds=0.2)
+    marker = tmp_path / "paused"
+    stale = subprocess.Popen([sys.executable, "-c", PAUSED_WORKER, str(LOCAL_CONFIG), str(marker)], env=env, cwd=REPO,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 300
+        while not marker.exists() and stale.poll() is None and time.time() < deadline:
+            time.sleep(0.2)
+        assert marker.exists(), stale.communicate()[1][-2000:]
+        victim = marker.read_text()
+        time.sleep(4)  # past the stopped worker's lease: its heartbeat is stopped with it
+
+        # Another worker takes the partition over and finishes the job.
+        config = make_config(state__lease_seconds=3, state__wait_seconds=0.2)
+        run_job(config, job_id="fenced")
+    finally:
+        os.kill(stale.pid, signal.SIGCONT)
+    out, err = stale.communicate(timeout=300)
+    assert stale.returncode == 0, err[-2000:]
+    assert "lease lost" in err and victim in err  # the stale worker says what happened
+
+    state = StateStore(config.state.url)
+    (part,) = [p for p in state.partitions("fenced") if p.partition == victim]
+    assert part.status == "succeeded" and part.epoch == 2  # committed by the second claim only
+    con = connect(str(tmp_path / "output"))
+    ids = [r[0] for r in con.execute("SELECT id FROM outputs").fetchall()]
+    quarantined = con.execute("SELECT count(*) FROM quarantine").fetchone()[0]
+    assert len(ids) == len(set(ids)) and len(ids) + quarantined == counts["documents"] + counts["bad_records"]
+    # One charge: the ledger holds what the catalog's items cost, once.
+    ledger_gpu = con.execute("SELECT sum(gpu_seconds) FROM ledger").fetchone()[0]
+    with state.session() as s:
+        from sqlalchemy import func, select
+
+        from pipeline.stores.catalog import Item
+
+        items_gpu = s.execute(select(func.sum(Item.gpu_seconds)).where(Item.job_id == "fenced")).scalar()
+    assert ledger_gpu == pytest.approx(items_gpu, rel=1e-9)
+    # Nothing of the stale attempt is left in the partition's folders: one file each, the committed one.
+    record = json.loads((tmp_path / "output" / "_commits" / "job=fenced" / f"partition={victim}.json").read_text())
+    for kind in ("outputs", "ledger", "quarantine"):
+        folder = tmp_path / "output" / kind / "job=fenced" / f"partition={victim}"
+        assert [f"{kind}/job=fenced/partition={victim}/{f}" for f in os.listdir(folder)] == [record["files"][kind]]
+
+
+def test_record_ids_with_hash_signs_round_trip(make_config, tmp_path):
+    (tmp_path / "input").mkdir()
+    (tmp_path / "input" / "notes#1.txt").write_text("The quarterly audit found two late invoices and one missing receipt.")
+    (tmp_path / "input" / "notes#2.txt").write_text("Shipping moved to Tuesdays after the warehouse lease was renewed.")
+    job = run_job(make_config(), job_id="hashes")
+    con = connect(str(tmp_path / "output"))
+    rows = {r[0]: r[1:] for r in con.execute("SELECT id, source, cost_usd, attempts FROM ledger").fetchall()}
+    assert set(rows) == {"notes#1.txt", "notes#2.txt"}
+    for source, cost, attempts in rows.values():
+        assert source == "generated" and cost > 0 and attempts >= 1  # not taken for a duplicate, not free
+    assert job.manifest["counts"]["by_source"] == {"generated": 2}
