@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from pipeline.config_env import (  # noqa: F401  (re-exported: part of the config's interface)
     ENV_PREFIX,
@@ -28,7 +28,9 @@ from pipeline.config_env import (  # noqa: F401  (re-exported: part of the confi
     expand,
     expand_defaults,
     plan_env_alias,
+    redact_url,
     tokenmill_home,
+    url_credentials,
 )
 
 log = logging.getLogger(__name__)
@@ -38,6 +40,16 @@ class Section(BaseModel):
     model_config = ConfigDict(extra="forbid", validate_assignment=True)
 
 
+def no_credentials(uri: str | None) -> str | None:
+    """Refuse a storage URI that carries a password: it would be stored in the catalog, written into
+    manifests and shown in every message naming the URI. Object storage takes credentials from the AWS
+    chain instead (the message shows the URI redacted)."""
+    if uri and url_credentials(uri) is not None:
+        raise ValueError(f"credentials in a URI are not supported ({redact_url(uri)}); object storage takes "
+                         "them from the AWS chain (environment variables, profile, instance or pod role)")
+    return uri
+
+
 class InputConfig(Section):
     uri: str = Field("./data/input", description="Input folder or prefix (local path, `file://…` or `s3://bucket/prefix`) holding .jsonl, .jsonl.gz, .parquet, .txt and .md files.")
     default_tenant: str = Field("default", description="Tenant for records that carry none, and for every .txt/.md file.")
@@ -45,10 +57,14 @@ class InputConfig(Section):
     records_per_partition: int = Field(10_000, gt=0, description="A file with more records is split into partitions of this many records.")
     excerpt_chars: int = Field(200, ge=0, description="Characters of the raw input kept in a quarantine row's `excerpt`.")
 
+    _uri_has_no_credentials = field_validator("uri")(no_credentials)
+
 
 class OutputConfig(Section):
     uri: str = Field("./data/output", description="Output root (local path, `file://…` or `s3://bucket/prefix`): outputs/, ledger/, quarantine/ (Hive layout), jobs/<job_id>/manifest.json and _staging/.")
     compression: Literal["zstd", "snappy", "gzip", "none"] = Field("zstd", description="Parquet compression codec.")
+
+    _uri_has_no_credentials = field_validator("uri")(no_credentials)
 
 
 class StorageConfig(Section):
@@ -60,6 +76,8 @@ class StorageConfig(Section):
     s3_max_attempts: int = Field(5, ge=1, description="Attempts per S3 request; throttling, 5xx and timeouts are retried with exponential backoff and jitter.")
     s3_connect_timeout_seconds: float = Field(5.0, gt=0, description="Connect timeout per S3 request.")
     s3_request_timeout_seconds: float = Field(60.0, gt=0, description="Timeout per S3 request.")
+
+    _endpoint_has_no_credentials = field_validator("s3_endpoint_url")(no_credentials)
 
 
 class DedupConfig(Section):

@@ -1,6 +1,8 @@
-"""The environment's part in a config: `${VAR}` expansion and `TOKENMILL_<SECTION>__<FIELD>` overrides.
+"""The environment's part in a config: `${VAR}` expansion and `TOKENMILL_<SECTION>__<FIELD>` overrides,
+and the redaction of the secrets it brings in (`redact_url`, `scrub`, `url_error`).
 
-A base module (imports nothing of ours), so that config.py holds only the typed sections and their loading.
+A base module (imports nothing of ours), so that config.py holds only the typed sections and their loading,
+and every module that shows a URL (CLI, logs, errors, manifests) can redact it the same way.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import os
 import re
 from pathlib import Path
 from typing import Any
+from urllib.parse import unquote
 
 from pydantic import BaseModel
 
@@ -102,3 +105,78 @@ def plan_env_alias(environ: dict[str, str]) -> dict[str, str]:
         environ.setdefault(new, environ[name])
         del environ[name]
     return environ
+
+
+# -- secrets out ---------------------------------------------------------------------------------------
+_SCHEME = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*://)(.*)$", re.DOTALL)
+_SECRET_PARAM = re.compile(r"(?i)([?&;][^=&#;]*(?:pass|secret|token|signature|credential|key)[^=&#;]*=)[^&#;]*")
+_URL_DELIMITERS = re.compile(r"[/?#@:]")
+
+
+def url_credentials(url: str) -> tuple[str, str, str, str] | None:
+    """(`scheme://`, user, password, what follows the `@`) when `url` carries a password, else None.
+
+    The userinfo ends at the LAST `@`: a password that was not percent-encoded may hold `/`, `#`, `?`,
+    `@` or `:`, which cut a standard parser's host short and spill the rest of the password into the
+    host, path or query (and from there into error messages). Erring this way can only hide too much."""
+    m = _SCHEME.match(url)
+    if m is None:
+        return None
+    head, rest = m.groups()
+    at = rest.rfind("@")
+    if at < 0 or ":" not in rest[:at]:
+        return None  # no userinfo, or a user name alone (shown, as database tools do)
+    user, password = rest[:at].split(":", 1)
+    return head, user, password, rest[at + 1:]
+
+
+def redact_url(url: str) -> str:
+    """`url` with its password (and secret query parameters: password=, token=, ...) replaced by `***`.
+
+    The one redaction every place that shows a URL uses: config show, logs, errors, manifests."""
+    parts = url_credentials(url)
+    if parts is not None:
+        head, user, _, rest = parts
+        shown = f"{user}:" if user and not any(c in user for c in "/?#@") else ""
+        url = f"{head}{shown}***@{rest}"
+    return _SECRET_PARAM.sub(r"\1***", url)
+
+
+def redact_strings(value: Any) -> Any:
+    """Every string inside `value` (a dumped config: dicts, lists) passed through `redact_url`."""
+    if isinstance(value, str):
+        return redact_url(value)
+    if isinstance(value, dict):
+        return {k: redact_strings(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [redact_strings(v) for v in value]
+    return value
+
+
+def scrub(text: str, *urls: str | None) -> str:
+    """`text` (an error message) with the credentials of `urls` taken out: each URL as a whole, its
+    password (as written and percent-decoded) and the pieces of it that a misparse may echo."""
+    for url in urls:
+        if not url:
+            continue
+        text = text.replace(url, redact_url(url))
+        parts = url_credentials(url)
+        if parts is None:
+            continue
+        secret = parts[2]
+        pieces = {secret, unquote(secret), *(p for p in _URL_DELIMITERS.split(secret) if len(p) >= 3)}
+        for piece in sorted(pieces - {""}, key=len, reverse=True):
+            text = text.replace(piece, "***")
+    return text
+
+
+def url_error(e: BaseException, url: str | None) -> str:
+    """One line saying what `e` (raised while parsing or connecting to `url`) was, showing no credential.
+
+    A parse error's own message quotes the piece of the URL it could not read, which may be part of a
+    password: it is replaced by what to do about it."""
+    if isinstance(e, ValueError):
+        return (f"{type(e).__name__}: the URL cannot be parsed (percent-encode '/', '?', '#', '@' and '%' "
+                f"in a user name or password: %2F, %3F, %23, %40, %25)")
+    message = str(e).splitlines()[0] if str(e) else ""
+    return f"{type(e).__name__}: {scrub(message, url)}" if message else type(e).__name__

@@ -5,6 +5,10 @@ its recipe (model, prompt template, sampling parameters) and its content hash (t
 normalised text); a generation derived from another (escalation, chunk, retry) is keyed from the
 key it follows. Equal keys get the same output under greedy decoding, so one generation serves
 every record, partition, rerun and later job that asks for that key.
+
+Every key built from several parts hashes them length-prefixed (`key_bytes`), never joined with a
+separator: a separator can occur inside a tenant name or a text, and then two different requests
+(tenant `a\0b` with text `c`, tenant `a` with text `b\0c`) would share a key and an output.
 """
 
 from __future__ import annotations
@@ -43,18 +47,32 @@ def normalise_text(text: str, case_fold: bool = False, boilerplate: list[re.Patt
     return text.casefold() if case_fold else text
 
 
+def key_bytes(*parts: str) -> bytes:
+    """The parts of a key as one unambiguous byte string: each part prefixed with its length.
+
+    Different lists of parts always give different bytes, whatever characters the parts hold (NULs,
+    separators, digits and colons included). Lone surrogates are kept (surrogatepass) rather than
+    raising: the reader quarantines them, and a key must never be the thing that crashes a job."""
+    return "".join(f"{len(p)}:{p}" for p in parts).encode("utf-8", "surrogatepass")
+
+
 def tenant_scope(tenant: str, shared: set[str]) -> str:
-    """The namespace a tenant's outputs live in: its own, or the opt-in shared one."""
+    """The namespace a tenant's outputs live in: its own (`t=<tenant>`), or the opt-in shared one.
+
+    Unambiguous: the shared scope is the only one without the `t=` prefix, so a tenant literally named
+    `shared` gets `t=shared`, never the shared scope."""
     return "shared" if tenant in shared else f"t={tenant}"
 
 
 def content_hash(scope: str, text: str, case_fold: bool = False, boilerplate: list[re.Pattern] = ()) -> str:
     """128-bit xxh3 of (scope, normalised text): fast, and collisions are negligible at corpus scale."""
-    return xxhash.xxh3_128_hexdigest(f"{scope}\x00{normalise_text(text, case_fold, boilerplate)}".encode())
+    return xxhash.xxh3_128_hexdigest(key_bytes(scope, normalise_text(text, case_fold, boilerplate)))
 
 
 def recipe_hash(model: str, prompt: PromptConfig, sampling: SamplingConfig) -> str:
-    """What, besides the text, decides an output: the model, the prompt and the sampling parameters."""
+    """What, besides the text, decides an output: the model, the prompt and the sampling parameters.
+
+    JSON is an unambiguous encoding of the parts already (strings quoted and escaped)."""
     return xxhash.xxh3_64_hexdigest(json.dumps([
         model, prompt.template_version, prompt.system, prompt.user, sampling.model_dump(mode="json"),
     ], sort_keys=True).encode())
@@ -62,7 +80,12 @@ def recipe_hash(model: str, prompt: PromptConfig, sampling: SamplingConfig) -> s
 
 def derived_key(key: str, kind: str, detail: str | int) -> str:
     """Key of a generation derived from another: its escalation to a larger tier, or one chunk of it."""
-    return xxhash.xxh3_128_hexdigest(f"{key}>{kind}>{detail}".encode())
+    return xxhash.xxh3_128_hexdigest(key_bytes(key, kind, str(detail)))
+
+
+def item_key(recipe: str, content: str) -> str:
+    """The content address of a request: its recipe hash and its content hash."""
+    return xxhash.xxh3_128_hexdigest(key_bytes(recipe, content))
 
 
 def add_item_keys(records: pa.Table, prompt: PromptConfig, sampling: SamplingConfig, tiers: dict) -> pa.Table:
@@ -74,8 +97,7 @@ def add_item_keys(records: pa.Table, prompt: PromptConfig, sampling: SamplingCon
     """
     recipe = {tier: recipe_hash(tiers[tier].model, prompt, sampling) for tier in set(records["tier"].to_pylist())}
     tiers_of = records["tier"].to_pylist()
-    keys = [xxhash.xxh3_128_hexdigest(f"{recipe[t]}:{h}".encode()) for t, h in
-            zip(tiers_of, records["content_hash"].to_pylist())]
+    keys = [item_key(recipe[t], h) for t, h in zip(tiers_of, records["content_hash"].to_pylist())]
     return (records.append_column("recipe", pa.array([recipe[t] for t in tiers_of], pa.string()))
             .append_column("item_key", pa.array(keys, pa.string())))
 

@@ -109,3 +109,105 @@ def test_slow_redis_is_bypassed_after_its_timeout(redis_server, caplog):
     with caplog.at_level(logging.WARNING):
         assert store.get_many("s", ["k"]) == {}
     assert store.bypassed and time.perf_counter() - started < 2.5 and "Timeout" in caplog.text
+
+
+TENANTS = ["acme", "acme:x", "*", "acm", "acme*", "[a]cme", "shared"]
+
+
+def fill(store, scopes):
+    for scope in scopes:
+        store.put_many(scope, {"k1": {**VALUE, "id": scope}, "k2": VALUE})
+        store.put_segment(scope, "r1@3", "job1/p0", scope.encode())
+        store.put_segment(scope, "r2@3", "job1/p0", b"x")
+
+
+def test_forget_removes_exactly_one_tenants_entries_and_segments(make_store):
+    from pipeline.keys import tenant_scope
+
+    store = make_store()
+    scopes = [tenant_scope(t, set()) for t in TENANTS] + ["shared"]
+    fill(store, scopes)
+    assert store.forget(tenant_scope("acme", set())) == {"entries": 2, "segments": 2}
+    assert store.get_many("t=acme", ["k1", "k2"]) == {} and store.segments("t=acme", "r1@3") == {}
+    for scope in scopes[1:]:  # `acme:x`, `*`, `acme*`: each a glob or a prefix that matched `acme` before
+        assert store.get_many(scope, ["k1"])["k1"]["id"] == scope
+        assert store.segments(scope, "r1@3") == {"job1/p0": scope.encode()}
+    assert store.forget("t=*") == {"entries": 2, "segments": 2}
+    assert store.get_many("t=acme:x", ["k1"]) and store.get_many("t=acm", ["k1"]) and store.get_many("shared", ["k1"])
+    assert store.forget("t=*") == {"entries": 0, "segments": 0}, "forgetting twice removes nothing more"
+
+
+def test_redis_keys_of_a_tenant_never_share_a_prefix_with_another_tenants(redis_server):
+    store = RedisStore(redis_server.url, "tokenmill")
+    fill(store, ["t=acme", "t=acme:x", "t=*"])
+    keys = sorted(k.decode() for k in redis_server.client().keys("*"))
+    mine = [k for k in keys if k.startswith("tokenmill:t=acme:")]
+    assert len(mine) == 4 and len(keys) == 12, keys  # 2 values + 2 index hashes per tenant
+    # The documented redis-cli pattern is exact too: a tenant's scope never contains `:` or a glob character.
+    assert sorted(k.decode() for k in redis_server.client().keys("tokenmill:t=acme:*")) == mine
+
+
+def test_cache_forget_command(make_store, request, tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from pipeline.cli import app
+    from tests.conftest import LOCAL_CONFIG
+
+    store = make_store()
+    fill(store, ["t=acme", "t=acme:x", "t=*"])
+    monkeypatch.setenv("TOKENMILL_HOME", str(tmp_path))
+    if isinstance(store, LocalStore):
+        monkeypatch.setenv("TOKENMILL_CACHE__PATH", str(tmp_path / "cache"))
+    else:
+        monkeypatch.setenv("TOKENMILL_CACHE__STORE", "redis")
+        monkeypatch.setenv("TOKENMILL_CACHE__REDIS_URL", request.getfixturevalue("redis_server").url)
+        monkeypatch.setenv("TOKENMILL_CACHE__NAMESPACE", "tm-test")
+    result = CliRunner().invoke(app, ["cache", "forget", "--config", str(LOCAL_CONFIG), "--tenant", "*"])
+    assert result.exit_code == 0, result.output
+    assert "2 entries and 2 index segments" in result.output
+    assert store.get_many("t=*", ["k1"]) == {}
+    assert store.get_many("t=acme", ["k1"]) and store.get_many("t=acme:x", ["k1"])
+
+
+def test_cache_forget_of_an_unreachable_store_is_one_line(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from pipeline.cli import app
+    from tests.conftest import LOCAL_CONFIG, free_port
+
+    monkeypatch.setenv("TOKENMILL_HOME", str(tmp_path))
+    monkeypatch.setenv("TOKENMILL_CACHE__STORE", "redis")
+    monkeypatch.setenv("TOKENMILL_CACHE__REDIS_URL", f"redis://:Xq7/Zk9@127.0.0.1:{free_port()}/0")
+    monkeypatch.setenv("TOKENMILL_CACHE__TIMEOUT_SECONDS", "0.5")
+    result = CliRunner().invoke(app, ["cache", "forget", "--config", str(LOCAL_CONFIG), "--tenant", "acme"])
+    assert result.exit_code == 2 and result.stderr.startswith("error: cache redis") and "Traceback" not in result.output
+    assert "Xq7" not in result.output and "Zk9" not in result.output
+
+
+def test_unreachable_redis_warning_shows_no_part_of_the_password(caplog):
+    from tests.conftest import free_port
+    from tests.test_config import PASSWORD, assert_hidden
+
+    for password in (PASSWORD, "Xq7/Zk9", "Xq7#Zk9", "Xq7?Zk9", "Xq7@Zk9:Wm3%Pp5"):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            store = open_store(CacheConfig(store="redis", redis_url=f"redis://:{password}@127.0.0.1:{free_port()}/0",
+                                           timeout_seconds=0.5))
+        assert store.bypassed and "127.0.0.1" in caplog.text
+        assert_hidden(caplog.text + store.describe)
+
+
+def test_redis_password_may_hold_any_character(redis_server, caplog):
+    from tests.test_config import PASSWORD, assert_hidden
+
+    redis_server.client().config_set("requirepass", PASSWORD)
+    url = f"redis://:{PASSWORD}@127.0.0.1:{redis_server.port}/0"
+    with caplog.at_level(logging.WARNING):
+        store = open_store(CacheConfig(store="redis", redis_url=url))
+        assert not store.bypassed, caplog.text
+        store.put_many("t=a", {"k": VALUE})
+        assert store.get_many("t=a", ["k"]) == {"k": VALUE}
+        assert store.describe == f"redis redis://***@127.0.0.1:{redis_server.port}/0"
+        wrong = open_store(CacheConfig(store="redis", redis_url=url.replace("Tt4", "Tt5")))
+    assert wrong.bypassed and "AuthenticationError" in caplog.text
+    assert_hidden(caplog.text + wrong.describe)

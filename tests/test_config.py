@@ -1,5 +1,6 @@
 import subprocess
 import sys
+from urllib.parse import quote
 
 import pytest
 import yaml
@@ -178,3 +179,90 @@ def test_load_run_section_without_run_gives_defaults(tmp_path):
     path = tmp_path / "c.yaml"
     path.write_text(MINIMAL)
     assert load_run_section(path, environ={}) == load_config(path, environ={"TOKENMILL_HOME": str(tmp_path)}).run
+
+
+# -- secrets never show ------------------------------------------------------------------------------
+PASSWORD = "Xq7/Zk9#Wm3?Pp5@Rr1:Ss2%Tt4"  # every character that breaks a URL parser, each between distinct pieces
+PIECES = ("Xq7", "Zk9", "Wm3", "Pp5", "Rr1", "Ss2", "Tt4")
+
+
+def assert_hidden(text: str) -> None:
+    shown = [p for p in PIECES if p in text]
+    assert not shown, f"password pieces {shown} shown in: {text}"
+
+
+SECRET_URLS = {
+    f"postgresql+psycopg://tokenmill:{PASSWORD}@db.internal:5432/tokenmill": "postgresql+psycopg://tokenmill:***@db.internal:5432/tokenmill",
+    f"redis://:{PASSWORD}@cache.internal:6379/0": "redis://***@cache.internal:6379/0",
+    f"rediss://default:{PASSWORD}@cache.internal:6380/1": "rediss://default:***@cache.internal:6380/1",
+    f"s3://AKIAEXAMPLE:{PASSWORD}@bucket/prefix": "s3://AKIAEXAMPLE:***@bucket/prefix",
+    f"http://minio:{PASSWORD}@127.0.0.1:9000": "http://minio:***@127.0.0.1:9000",
+    "postgresql://db/t?user=u&password=Xq7Zk9&sslmode=require": "postgresql://db/t?user=u&password=***&sslmode=require",
+    "redis://cache:6379/0": "redis://cache:6379/0",
+    "postgresql+psycopg://tokenmill@db/t": "postgresql+psycopg://tokenmill@db/t",
+    "s3://bucket/a@b/c": "s3://bucket/a@b/c",
+    "/data/in@2026": "/data/in@2026",
+}
+
+
+@pytest.mark.parametrize("url", SECRET_URLS)
+def test_redact_url_hides_every_password(url):
+    from pipeline.config_env import redact_url
+
+    assert redact_url(url) == SECRET_URLS[url]
+    assert_hidden(redact_url(url))
+    assert_hidden(redact_url(url.replace(PASSWORD, quote(PASSWORD, safe=""))))  # percent-encoded, as RFC 3986 wants
+
+
+def test_config_show_hides_passwords(tmp_path):
+    env = {"TOKENMILL_HOME": str(tmp_path), "PATH": "/usr/bin:/bin",
+           "TOKENMILL_PG_DSN": f"postgresql+psycopg://tokenmill:{PASSWORD}@db:5432/tokenmill",
+           "TOKENMILL_REDIS_PASSWORD": PASSWORD}
+    for fmt in ("yaml", "json"):
+        r = subprocess.run([sys.executable, "-m", "pipeline.cli", "config", "show", "--format", fmt, "--config",
+                            str(REPO / "configs" / "production.example.yaml")],
+                           capture_output=True, text=True, env=env, cwd=REPO)
+        assert r.returncode == 0, r.stderr
+        assert_hidden(r.stdout + r.stderr)
+        shown = yaml.safe_load(r.stdout)
+        assert shown["state"]["url"] == "postgresql+psycopg://tokenmill:***@db:5432/tokenmill"
+        assert shown["cache"]["redis_url"] == "redis://***@cache.internal:6379/0"
+
+
+@pytest.mark.parametrize("field", ["TOKENMILL_INPUT__URI", "TOKENMILL_OUTPUT__URI", "TOKENMILL_STORAGE__S3_ENDPOINT_URL"])
+def test_storage_uris_with_credentials_are_refused_without_showing_them(tmp_path, field):
+    uri = f"s3://AKIAEXAMPLE:{PASSWORD}@bucket/x" if "URI" in field.rsplit("__")[-1] else f"http://u:{PASSWORD}@minio:9000"
+    with pytest.raises(ConfigError, match="credentials in a URI are not supported") as e:
+        load_config(LOCAL_CONFIG, environ={"TOKENMILL_HOME": str(tmp_path), field: uri})
+    assert_hidden(str(e.value))
+
+
+def test_run_with_credentials_in_the_input_uri_is_one_line_without_them(tmp_path):
+    from typer.testing import CliRunner
+
+    from pipeline.cli import app
+
+    r = CliRunner(env={"TOKENMILL_HOME": str(tmp_path)}).invoke(
+        app, ["run", "--config", str(LOCAL_CONFIG), "--input", f"s3://AKIAEXAMPLE:{PASSWORD}@bucket/in"])
+    assert r.exit_code == 2 and r.stderr.startswith("error: ") and len(r.stderr.strip().splitlines()) == 1
+    assert "s3://AKIAEXAMPLE:***@bucket/in" in r.stderr
+    assert_hidden(r.output)
+
+
+@pytest.mark.parametrize("password", [PASSWORD, "Xq7@Zk9:Wm3%Pp5", "Xq7/Zk9", "Xq7#Zk9?Wm3"])
+def test_state_database_errors_hide_the_password(password, tmp_path):
+    from typer.testing import CliRunner
+
+    from pipeline.cli import app
+    from pipeline.stores.catalog import StateError, StateStore
+    from tests.conftest import free_port
+
+    url = f"postgresql+psycopg://tokenmill:{password}@127.0.0.1:{free_port()}/tokenmill"
+    with pytest.raises(StateError) as e:
+        StateStore(url)
+    assert_hidden(str(e.value) + StateStore.safe_url(url))
+    assert "127.0.0.1" in str(e.value) or "cannot be parsed" in str(e.value)
+    r = CliRunner(env={"TOKENMILL_HOME": str(tmp_path), "TOKENMILL_STATE__URL": url}).invoke(
+        app, ["jobs", "list", "--config", str(LOCAL_CONFIG)])
+    assert r.exit_code == 2 and r.stderr.startswith("error: state database")
+    assert_hidden(r.output)

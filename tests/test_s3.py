@@ -125,3 +125,121 @@ def test_large_objects_go_up_as_multipart(s3_server, s3_client, buckets):
     assert head["ContentLength"] == len(data)
     assert "-" in head["ETag"]  # S3's multipart ETag: md5-of-parts-N
     assert storage.read_bytes(root, root.join("blob.bin")) == data
+
+
+# -- standard AWS configuration (item 14): what boto3 and the AWS CLI honour, tokenmill honours ---------------
+@pytest.fixture
+def aws_env(monkeypatch, tmp_path):
+    """No endpoint, region or profile from the environment unless the test sets it."""
+    for var in ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_IGNORE_CONFIGURED_ENDPOINT_URLS", "AWS_PROFILE",
+                "AWS_DEFAULT_PROFILE", "AWS_REGION"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))
+    return monkeypatch
+
+
+@pytest.mark.parametrize("var", ["AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL"])
+def test_the_aws_endpoint_variables_are_honoured(aws_env, s3_server, s3_client, buckets, var):
+    from pipeline.config import StorageConfig
+    from pipeline.stores import storage
+
+    aws_env.setenv(var, s3_server)
+    root = resolve(f"s3://{buckets[0]}/env", StorageConfig())  # storage.s3_endpoint_url unset
+    storage.write_bytes_atomic(root, root.join("a.txt"), b"hello")
+    assert list_files(root) == [("a.txt", f"{buckets[0]}/env/a.txt", 5)]
+    assert storage.read_bytes(root, root.join("a.txt")) == b"hello"
+    assert s3_client.get_object(Bucket=buckets[0], Key="env/a.txt")["Body"].read() == b"hello"
+
+
+def test_endpoint_precedence_is_the_sdks(aws_env, s3_server, buckets):
+    from pipeline.config import StorageConfig
+    from pipeline.stores.storage import aws_storage_config
+
+    nowhere = "http://127.0.0.1:9"
+    aws_env.setenv("AWS_ENDPOINT_URL", nowhere)
+    aws_env.setenv("AWS_ENDPOINT_URL_S3", s3_server)
+    assert aws_storage_config(StorageConfig()).s3_endpoint_url == s3_server  # the S3-specific variable first
+    assert list_files(resolve(f"s3://{buckets[0]}", StorageConfig())) == []
+    aws_env.setenv("AWS_ENDPOINT_URL_S3", nowhere)
+    assert aws_storage_config(StorageConfig(s3_endpoint_url=s3_server)).s3_endpoint_url == s3_server  # config wins
+    aws_env.setenv("AWS_IGNORE_CONFIGURED_ENDPOINT_URLS", "true")
+    assert aws_storage_config(StorageConfig()).s3_endpoint_url is None
+
+
+def test_region_comes_from_the_environment_then_the_profile(aws_env, tmp_path):
+    from pipeline.config import StorageConfig
+    from pipeline.stores.storage import aws_storage_config
+
+    (tmp_path / "aws-config").write_text("[default]\nregion = ap-south-1\n[profile other]\nregion = eu-west-3\n")
+    aws_env.setenv("AWS_CONFIG_FILE", str(tmp_path / "aws-config"))
+    aws_env.delenv("AWS_DEFAULT_REGION", raising=False)
+    assert aws_storage_config(StorageConfig()).s3_region == "ap-south-1"
+    aws_env.setenv("AWS_PROFILE", "other")
+    assert aws_storage_config(StorageConfig()).s3_region == "eu-west-3"
+    aws_env.setenv("AWS_DEFAULT_REGION", "us-west-2")
+    assert aws_storage_config(StorageConfig()).s3_region == "us-west-2"
+    aws_env.setenv("AWS_REGION", "ca-central-1")
+    assert aws_storage_config(StorageConfig()).s3_region == "ca-central-1"
+    assert aws_storage_config(StorageConfig(s3_region="sa-east-1")).s3_region == "sa-east-1"
+
+
+def test_a_profile_gives_endpoint_region_and_credentials(aws_env, s3_proxy, buckets, tmp_path):
+    import http.client
+
+    from pipeline.config import StorageConfig
+
+    (tmp_path / "aws-config").write_text(f"[profile tm]\nregion = eu-west-3\nendpoint_url = {s3_proxy.url}\n")
+    (tmp_path / "aws-credentials").write_text("[tm]\naws_access_key_id = AKIDPROFILE\naws_secret_access_key = s\n")
+    aws_env.setenv("AWS_CONFIG_FILE", str(tmp_path / "aws-config"))
+    aws_env.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "aws-credentials"))
+    aws_env.setenv("AWS_PROFILE", "tm")
+    for var in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION"):
+        aws_env.delenv(var, raising=False)
+    seen = []
+    forward = http.client.HTTPConnection.request
+
+    def record(self, method, url, body=None, headers=None, **kw):  # what the proxy forwards to the server
+        seen.append(next((v for k, v in (headers or {}).items() if k.lower() == "authorization"), ""))
+        return forward(self, method, url, body=body, headers=headers or {}, **kw)
+
+    aws_env.setattr(http.client.HTTPConnection, "request", record)
+    assert list_files(resolve(f"s3://{buckets[0]}", StorageConfig())) == []
+    assert seen and all("Credential=AKIDPROFILE/" in a and "/eu-west-3/s3/" in a for a in seen), seen
+
+
+def test_a_missing_profile_is_a_clear_error(aws_env):
+    from pipeline.config import StorageConfig
+    from pipeline.stores.storage import StorageError
+
+    aws_env.setenv("AWS_PROFILE", "no-such-profile")
+    with pytest.raises(StorageError, match="no-such-profile"):
+        resolve("s3://bucket/x", StorageConfig())
+
+
+def test_job_with_only_the_endpoint_variable(aws_env, make_config, s3_server, s3_client, buckets, tmp_path):
+    """`tokenmill run --input s3://...` as a new user tries it: the endpoint in AWS_ENDPOINT_URL_S3 only."""
+    counts = upload_corpus(s3_client, tmp_path, buckets[0], "corpus", documents=6)
+    aws_env.setenv("AWS_ENDPOINT_URL_S3", s3_server)
+    config = make_config(input_dir=f"s3://{buckets[0]}/corpus", output__uri=f"s3://{buckets[1]}/tokenmill")
+    assert config.storage.s3_endpoint_url is None
+    m = run_job(config, job_id="env-endpoint").manifest
+    assert m["status"] == "succeeded" and m["counts"]["records"] == counts["documents"] + counts["bad_records"]
+    assert read_s3_kind(s3_client, buckets[1], "tokenmill", "outputs", "env-endpoint").num_rows > 0
+
+
+@pytest.mark.parametrize("uri", ["s3://AKIAEXAMPLE:{}@bucket/x", "file://u:{}@host/x"])
+def test_credentials_in_a_storage_uri_are_refused_without_showing_them(uri, tmp_path):
+    from typer.testing import CliRunner
+
+    from pipeline.cli import app
+    from pipeline.stores.storage import StorageError
+    from tests.test_config import PASSWORD, assert_hidden
+
+    uri = uri.format(PASSWORD)
+    with pytest.raises(StorageError, match="credentials in a URI are not supported") as e:
+        resolve(uri)
+    assert_hidden(str(e.value))
+    r = CliRunner(env={"TOKENMILL_HOME": str(tmp_path)}).invoke(app, ["ledger", "summary", "--output", uri])
+    assert r.exit_code == 2 and r.stderr.startswith("error: ") and len(r.stderr.strip().splitlines()) == 1
+    assert_hidden(r.output)

@@ -6,11 +6,12 @@ commands of one concern on import:
   ledger.py   ledger summary, ledger sql, report
   router.py   router train, router eval, router example-labels
   setup.py    config show/docs, models tiny/embedder, samples
+  cache.py    cache forget
 
 May import everything in pipeline (the top layer); nothing imports it.
 """
 
-from pipeline.cli import jobs, ledger, router, setup  # noqa: F401  (registers the commands)
+from pipeline.cli import cache, jobs, ledger, router, setup  # noqa: F401  (registers the commands)
 from pipeline.cli.common import app
 from pipeline.cli.jobs import summary_table
 

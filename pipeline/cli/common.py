@@ -21,11 +21,13 @@ ledger_app = typer.Typer(no_args_is_help=True, help="Query the cost ledgers (Duc
 router_app = typer.Typer(no_args_is_help=True, help="Train and calibrate the learned router on your own labels.")
 models_app = typer.Typer(no_args_is_help=True, help="Build local models.")
 config_app = typer.Typer(no_args_is_help=True, help="Inspect configuration.")
+cache_app = typer.Typer(no_args_is_help=True, help="The reuse cache across jobs.")
 app.add_typer(jobs_app, name="jobs")
 app.add_typer(ledger_app, name="ledger")
 app.add_typer(router_app, name="router")
 app.add_typer(models_app, name="models")
 app.add_typer(config_app, name="config")
+app.add_typer(cache_app, name="cache")
 
 # Off a terminal (pipes, Airflow logs) rich would wrap tables at 80 columns; ledgers are wider.
 console = Console(width=None if sys.stdout.isatty() else 200)

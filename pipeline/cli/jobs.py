@@ -13,6 +13,7 @@ from rich.table import Table
 
 from pipeline import JobError, estimate_job, run_job
 from pipeline.cli.common import ConfigOption, app, console, fail, jobs_app, load, state_store, when
+from pipeline.config_env import redact_url
 
 InputOption = typer.Option(None, "--input", help="Input folder or URI (overrides input.uri).")
 
@@ -196,7 +197,7 @@ def jobs_list(config: Path = ConfigOption, format: str = typer.Option("table", "
     """Every job in the state catalog, newest first."""
     jobs = state_store(load(config)).jobs()
     rows = [{"job_id": j.job_id, "status": j.status, "created_at": when(j.created_at), "finished_at": when(j.finished_at),
-             "records": (json.loads(j.counts) if j.counts else {}).get("records"), "output_uri": j.output_uri,
+             "records": (json.loads(j.counts) if j.counts else {}).get("records"), "output_uri": redact_url(j.output_uri),
              "error": j.error} for j in jobs]
     if format == "json":
         typer.echo(json.dumps(rows, indent=2))

@@ -15,9 +15,12 @@ from pipeline.config import tokenmill_home
 
 @config_app.command("show")
 def config_show(config: Path = ConfigOption, format: str = typer.Option("yaml", help="yaml or json")) -> None:
-    """Print the effective config: file, then TOKENMILL_<SECTION>__<FIELD> overrides, ${VAR}s expanded."""
+    """Print the effective config: file, then TOKENMILL_<SECTION>__<FIELD> overrides, ${VAR}s expanded.
+    Passwords in URLs are shown as ***."""
+    from pipeline.config_env import redact_strings
+
     cfg = load(config)
-    data = cfg.model_dump(mode="json")
+    data = redact_strings(cfg.model_dump(mode="json"))
     typer.echo(json.dumps(data, indent=2) if format == "json" else yaml.safe_dump(data, sort_keys=False))
 
 

@@ -40,7 +40,7 @@ import xxhash
 
 from pipeline.config import DedupConfig
 from pipeline.dedup import guards, minhash
-from pipeline.keys import clean_text, compile_boilerplate, content_hash, tenant_scope
+from pipeline.keys import clean_text, compile_boilerplate, content_hash, key_bytes, tenant_scope
 
 log = logging.getLogger(__name__)
 REUSE_KINDS = ("near_duplicate", "semantic", "cache_near", "cache_semantic")
@@ -71,7 +71,7 @@ def add_content_hashes(records: pa.Table, config: DedupConfig) -> pa.Table:
     shared, boilerplate = set(config.shared_tenants), compile_boilerplate(config.boilerplate_patterns)
     scopes = [tenant_scope(t, shared) for t in records["tenant"].to_pylist()]
     hashes = [content_hash(s, x, config.case_fold, boilerplate) if config.exact
-              else xxhash.xxh3_128_hexdigest(f"{s}\x00{i}\x00{x}".encode())
+              else xxhash.xxh3_128_hexdigest(key_bytes(s, i, x))
               for i, s, x in zip(records["id"].to_pylist(), scopes, records["text"].to_pylist())]
     return records.append_column("scope", pa.array(scopes, pa.string())).append_column(
         "content_hash", pa.array(hashes, pa.string()))

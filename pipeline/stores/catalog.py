@@ -147,17 +147,16 @@ class StateStore:
             self.engine: Engine = create_engine(url, connect_args=connect_args, pool_pre_ping=True)
             upgrade_schema(url)
         except Exception as e:
-            raise StateError(f"state database {self.safe_url(url)} unreachable: {type(e).__name__}: "
-                             f"{str(e).splitlines()[0] if str(e) else ''}") from None
+            from pipeline.config_env import url_error
+
+            raise StateError(f"state database {self.safe_url(url)} unreachable: {url_error(e, url)}") from None
 
     @staticmethod
     def safe_url(url: str) -> str:
-        from sqlalchemy.engine import make_url
+        """`url` with its password hidden, even one whose raw `@`, `/` or `:` defeats URL parsers."""
+        from pipeline.config_env import redact_url
 
-        try:
-            return make_url(url).render_as_string(hide_password=True)
-        except Exception:
-            return "<unparseable url>"
+        return redact_url(url)
 
     def session(self) -> Session:
         return Session(self.engine)

@@ -24,6 +24,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from pipeline.config import StorageConfig
+from pipeline.config_env import redact_url, scrub, url_credentials
 
 
 class StorageError(RuntimeError):
@@ -43,7 +44,45 @@ class Location:
         return f"{self.scheme}://{path}" if self.scheme else path
 
 
+def _configured_endpoint(session, profile: dict) -> str | None:
+    """The S3 endpoint the AWS SDKs and CLI would use, in their order: AWS_ENDPOINT_URL_S3, AWS_ENDPOINT_URL,
+    the profile's `services` section (`s3 = endpoint_url = ...`), the profile's `endpoint_url`; none at all
+    when AWS_IGNORE_CONFIGURED_ENDPOINT_URLS is true."""
+    if session.get_config_variable("ignore_configured_endpoint_urls"):
+        return None
+    env = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+    if env:
+        return env
+    services = session.full_config.get("services", {}).get(profile.get("services"), {}) if profile.get("services") else {}
+    s3 = services.get("s3") if isinstance(services, dict) else None
+    return (s3.get("endpoint_url") if isinstance(s3, dict) else None) or profile.get("endpoint_url")
+
+
+def aws_storage_config(config: StorageConfig) -> StorageConfig:
+    """`config` with the endpoint and region the AWS SDKs would use where it leaves them unset.
+
+    pyarrow's S3 client (the AWS C++ SDK) takes credentials from the standard chain, AWS_PROFILE
+    included, but not an endpoint from the environment or the profile: a local S3-compatible server
+    named only in AWS_ENDPOINT_URL_S3 (which boto3 and the AWS CLI honour) would be looked up on AWS.
+    Region: AWS_REGION, then AWS_DEFAULT_REGION, then the profile's (botocore reads the shared config
+    file, AWS_CONFIG_FILE and AWS_PROFILE as the CLI does); still unset, pyarrow's own heuristics."""
+    if config.s3_endpoint_url and config.s3_region:
+        return config
+    import botocore.session
+    from botocore.exceptions import BotoCoreError
+
+    try:
+        session = botocore.session.Session()
+        profile = session.get_scoped_config()
+        endpoint = config.s3_endpoint_url or _configured_endpoint(session, profile)
+        region = config.s3_region or os.environ.get("AWS_REGION") or session.get_config_variable("region")
+    except BotoCoreError as e:  # AWS_PROFILE names no profile, a malformed shared config file
+        raise StorageError(f"AWS configuration: {e}") from None
+    return config.model_copy(update={"s3_endpoint_url": endpoint or None, "s3_region": region or None})
+
+
 def s3_filesystem(config: StorageConfig) -> pafs.S3FileSystem:
+    config = aws_storage_config(config)
     endpoint = urlparse(config.s3_endpoint_url) if config.s3_endpoint_url else None
     return pafs.S3FileSystem(
         region=config.s3_region,
@@ -59,22 +98,27 @@ def s3_filesystem(config: StorageConfig) -> pafs.S3FileSystem:
 
 def resolve(uri: str, config: StorageConfig | None = None) -> Location:
     config = config or StorageConfig()
+    shown = redact_url(uri)  # messages name the location, never a password in it
+    if url_credentials(uri) is not None:
+        raise StorageError(f"{shown}: credentials in a URI are not supported; object storage takes them from "
+                           "the AWS chain (environment variables, profile, instance or pod role)")
     if uri.startswith("s3://"):
         bucket_and_prefix = uri[len("s3://"):].rstrip("/")
         if not bucket_and_prefix:
-            raise StorageError(f"{uri}: no bucket")
+            raise StorageError(f"{shown}: no bucket")
+        config = aws_storage_config(config)  # the Location's writers reach the same endpoint and region
         try:
             return Location(s3_filesystem(config), bucket_and_prefix, "s3")
         except (pa.ArrowException, OSError) as e:
-            raise StorageError(f"{uri}: {e}") from None
+            raise StorageError(f"{shown}: {scrub(str(e), uri, config.s3_endpoint_url)}") from None
     if "://" not in uri:
         uri = str(Path(uri).expanduser().resolve())
     elif not uri.startswith("file://"):
-        raise StorageError(f"{uri}: the {uri.split('://', 1)[0]}:// scheme is not supported (local paths, file:// and s3:// are)")
+        raise StorageError(f"{shown}: the {uri.split('://', 1)[0]}:// scheme is not supported (local paths, file:// and s3:// are)")
     try:
         fs, path = pafs.FileSystem.from_uri(uri)
     except (pa.ArrowInvalid, OSError) as e:
-        raise StorageError(f"{uri}: {e}") from None
+        raise StorageError(f"{shown}: {scrub(str(e), uri)}") from None
     return Location(fs, path.rstrip("/") or "/")
 
 
