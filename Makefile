@@ -7,11 +7,12 @@ export TOKENMILL_HOME ?= $(CURDIR)/.tokenmill
 MODELS := $(TOKENMILL_HOME)/models
 STAMP  := $(VENV)/.installed
 
-.PHONY: install models demo test bench clean help
+.PHONY: install models demo test fuzz bench clean help
 
 help:
 	@echo "make demo   set up .venv, build the tiny models, write a sample corpus, run a job"
 	@echo "make test   run the whole test suite (real vLLM on the CPU)"
+	@echo "make fuzz   fuzz the reader with hostile input files (FUZZ_EXAMPLES per property, 4 properties)"
 	@echo "make bench  run the benchmarks (engine, pipeline overhead, reuse quality, cost levers, prefix cache), one JSON line each"
 	@echo "make clean  remove .venv, \$$TOKENMILL_HOME and the demo data"
 
@@ -46,6 +47,12 @@ demo: models
 
 test: install
 	$(PY) -m pytest -q tests
+
+# The long run of tests/test_fuzz_reader.py (the suite runs a bounded, deterministic one): random
+# seeds, FUZZ_EXAMPLES examples for each of its 4 properties, with Hypothesis' statistics.
+FUZZ_EXAMPLES ?= 2500
+fuzz: install
+	TOKENMILL_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest -q tests/test_fuzz_reader.py --hypothesis-show-statistics
 
 # Benchmarks print one JSON line each (figures + machine); they are not tests. Run after `make demo`.
 bench: models

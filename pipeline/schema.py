@@ -21,6 +21,7 @@ RAW_RECORDS = pa.schema([
     ("line", pa.int64()),           # 1-based line (JSONL) or row (Parquet); null for .txt/.md
     ("partition", pa.string()),
     ("read_error", pa.string()),    # reason code, or null
+    ("read_detail", pa.string()),   # what the read stage found, for the quarantine row's `detail`
     ("raw_excerpt", pa.string()),   # raw input around a read error
 ])
 
@@ -120,10 +121,15 @@ QUARANTINE = pa.schema([
 REASONS = {
     "unreadable_file": "the file could not be opened or decoded as its format",
     "invalid_utf8": "the line or file is not valid UTF-8",
+    "invalid_unicode": "`id`, `text`, `tenant` or `metadata` holds a lone surrogate escape (e.g. `\\ud800`), which is not Unicode text",
     "malformed_json": "the line is not valid JSON",
+    "number_too_long": "the line holds an integer longer than Python converts (4,300 digits)",
+    "too_deeply_nested": "objects or arrays nested deeper than 100 levels",
     "not_an_object": "the JSON line is not an object",
+    "unreadable_value": "a Parquet value could not be converted (e.g. a timestamp out of range)",
     "missing_id": "no `id` (or an empty one)",
-    "invalid_id": "`id` is not a string or an integer",
+    "invalid_id": "`id` is not a string or an integer, or contains a NUL character (the state catalog cannot store it)",
+    "invalid_tenant": "`tenant` is not a string or an integer, is longer than 200 characters, or contains a NUL character (the state catalog cannot store it)",
     "missing_text": "no `text` field, or null",
     "non_string_text": "`text` is not a string",
     "empty_text": "`text` is empty or whitespace only",

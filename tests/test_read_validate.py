@@ -63,15 +63,153 @@ def test_formats_ids_tenants_and_metadata(tmp_path):
     assert rows["7"]["tenant"] == "t1" and json.loads(rows["7"]["metadata"]) == {"k": [1, 2]}
     assert rows["sub/n.md"]["tenant"] == "house" and rows["sub/n.md"]["line"] is None
     assert rows["p1"]["line"] == 1
-    assert skipped == ["ignored.csv"]
+    assert skipped == ["ignored.csv: skipped, not .jsonl, .jsonl.gz, .parquet, .txt or .md"]
 
 
 def test_truncated_gzip_keeps_what_was_read_and_quarantines_the_rest(tmp_path):
-    data = gzip.compress(b"".join(json.dumps({"id": str(i), "text": "t " * 50}).encode() + b"\n" for i in range(200)))
+    plain = b"".join(json.dumps({"id": str(i), "text": f"t{i} " * 50}).encode() + b"\n" for i in range(200))
+    data = gzip.compress(plain)
     (tmp_path / "t.jsonl.gz").write_bytes(data[: len(data) // 2])
     raw, valid, quarantine, _ = run(tmp_path)
+    kept = valid["id"].to_pylist()
+    # The records before the damage, in order, and none after it.
+    assert 0 < len(kept) < 200 and kept == [str(i) for i in range(len(kept))]
     assert reasons(quarantine) == ["unreadable_file"]
+    row = quarantine.to_pylist()[0]
+    lost_at = sum(len(line) + 1 for line in plain.split(b"\n")[: len(kept)])  # first byte of the lost record
+    assert f"byte {lost_at}" in row["detail"] and row["line"] == len(kept) + 1
     assert valid.num_rows + quarantine.num_rows == raw.num_rows
+
+
+def test_corrupt_gzip_member_keeps_the_members_before_it(tmp_path):
+    good = gzip.compress(b'{"id": "a", "text": "x"}\n')
+    (tmp_path / "c.jsonl.gz").write_bytes(good + b"\x1f\x8b garbage that is not deflate")
+    _, valid, quarantine, _ = run(tmp_path)
+    assert valid["id"].to_pylist() == ["a"] and reasons(quarantine) == ["unreadable_file"]
+    assert "byte" in quarantine["detail"][0].as_py()
+
+
+def test_empty_gzip_file_is_reported_not_silent(tmp_path):
+    (tmp_path / "e.jsonl.gz").write_bytes(b"")
+    (tmp_path / "ok.jsonl").write_text('{"id": "a", "text": "x"}\n')
+    _, valid, quarantine, skipped = run(tmp_path)
+    assert valid.num_rows == 1 and quarantine.num_rows == 0
+    assert [s for s in skipped if s.startswith("e.jsonl.gz")] == ["e.jsonl.gz: empty file (0 bytes), no records"]
+
+
+@pytest.mark.parametrize("line", [
+    r'{"id": "s", "text": "x \ud800"}',
+    r'{"id": "s\udfff", "text": "x"}',
+    r'{"id": "s", "text": "x", "tenant": "t\ud800"}',
+    r'{"id": "s", "text": "x", "metadata": {"k": "\udc00"}}',
+    r'{"id": "s", "text": "x", "metadata": {"\ud800": 1}}',
+])
+def test_lone_surrogate_is_one_invalid_unicode_row(tmp_path, line):
+    (tmp_path / "a.jsonl").write_text('{"id": "ok", "text": "fine \\ud83d\\ude00"}\n' + line + "\n")
+    _, valid, quarantine, _ = run(tmp_path)
+    assert valid["id"].to_pylist() == ["ok"] and valid["text"].to_pylist() == ["fine \U0001f600"]
+    assert reasons(quarantine) == ["invalid_unicode"] and quarantine["line"].to_pylist() == [2]
+    assert "surrogate" in quarantine["detail"][0].as_py()
+
+
+def test_surrogate_escape_in_an_unused_field_is_harmless(tmp_path):
+    (tmp_path / "a.jsonl").write_text(r'{"id": "a", "text": "x", "other": "\ud800"}' + "\n")
+    _, valid, quarantine, _ = run(tmp_path)
+    assert valid["id"].to_pylist() == ["a"] and quarantine.num_rows == 0
+
+
+def test_number_too_long_is_one_row(tmp_path):
+    digits = "1" * 5000
+    (tmp_path / "a.jsonl").write_text(f'{{"id": "a", "text": "x", "metadata": {{"n": {digits}}}}}\n'
+                                      f'{{"id": {digits}, "text": "x"}}\n{{"id": "b", "text": "y"}}\n')
+    _, valid, quarantine, _ = run(tmp_path)
+    assert valid["id"].to_pylist() == ["b"] and reasons(quarantine) == ["number_too_long"] * 2
+
+
+@pytest.mark.parametrize("line", ["[" * 100_000, '{"id": "a", "text": "x", "metadata": ' + "[" * 100_000,
+                                  '{"id": "a", "text": "x", "metadata": ' + "[" * 500 + "]" * 500 + "}"])
+def test_deep_nesting_is_one_row(tmp_path, line):
+    (tmp_path / "a.jsonl").write_text(line + '\n{"id": "b", "text": "y"}\n')
+    _, valid, quarantine, _ = run(tmp_path)
+    assert valid["id"].to_pylist() == ["b"] and reasons(quarantine) == ["too_deeply_nested"]
+
+
+def test_moderate_nesting_is_accepted(tmp_path):
+    (tmp_path / "a.jsonl").write_text('{"id": "a", "text": "[[[[", "metadata": ' + "[" * 50 + "]" * 50 + "}\n")
+    _, valid, quarantine, _ = run(tmp_path)
+    assert valid["id"].to_pylist() == ["a"] and quarantine.num_rows == 0
+
+
+def test_what_the_catalog_cannot_store_is_quarantined(tmp_path):
+    lines = [{"id": "long-tenant", "text": "x", "tenant": "t" * 201},
+             {"id": "max-tenant", "text": "x", "tenant": "é" * 200},  # 200 characters: fits String(200)
+             {"id": "nul-tenant", "text": "x", "tenant": "a\x00b"},
+             {"id": "nul\x00id", "text": "x"},
+             {"id": "nul-text", "text": "a\x00b"}]  # text never reaches the catalog: accepted
+    (tmp_path / "a.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    _, valid, quarantine, _ = run(tmp_path)
+    assert valid["id"].to_pylist() == ["max-tenant", "nul-text"]
+    got = dict(zip(quarantine["line"].to_pylist(), quarantine["reason"].to_pylist()))
+    assert got == {1: "invalid_tenant", 3: "invalid_tenant", 4: "invalid_id"}
+    assert all(quarantine["detail"].to_pylist())
+
+
+@pytest.mark.parametrize("tenant", [{"a": 1}, False, True, 1.5, ["t"]])
+def test_non_string_tenant_is_quarantined_not_stringified(tmp_path, tenant):
+    (tmp_path / "a.jsonl").write_text(json.dumps({"id": "a", "text": "x", "tenant": tenant}) + "\n")
+    _, valid, quarantine, _ = run(tmp_path)
+    assert valid.num_rows == 0 and reasons(quarantine) == ["invalid_tenant"]
+
+
+def test_integer_tenant_is_its_decimal_string_like_an_id(tmp_path):
+    (tmp_path / "a.jsonl").write_text(json.dumps({"id": "a", "text": "x", "tenant": 42}) + "\n")
+    _, valid, _, _ = run(tmp_path)
+    assert valid["tenant"].to_pylist() == ["42"]
+
+
+def test_parquet_with_wrong_types_and_bad_utf8_quarantines_row_by_row(tmp_path):
+    bad_utf8 = pa.array([b"ok", b"\xff\xfe", b"ok3"]).view(pa.string())
+    pq.write_table(pa.table({"id": ["p1", "p2", "p3"], "text": bad_utf8,
+                             "tenant": pa.array([b"t", b"t", b"t"])}), tmp_path / "a.parquet")
+    pq.write_table(pa.table({"id": pa.array([["x"], ["y"]]), "text": ["a", "b"]}), tmp_path / "b.parquet")
+    _, valid, quarantine, _ = run(tmp_path)
+    assert valid.num_rows == 0
+    got = sorted(zip(quarantine["file"].to_pylist(), quarantine["line"].to_pylist(), quarantine["reason"].to_pylist()))
+    assert got == [("a.parquet", 1, "invalid_tenant"), ("a.parquet", 2, "invalid_utf8"),
+                   ("a.parquet", 3, "invalid_tenant"), ("b.parquet", 1, "invalid_id"), ("b.parquet", 2, "invalid_id")]
+
+
+def test_parquet_value_python_cannot_hold_is_one_row(tmp_path):
+    when = pa.array([0, 2**62], pa.timestamp("ms"))  # year 146 million: no datetime holds it
+    pq.write_table(pa.table({"id": ["a", "b"], "text": ["x", "y"],
+                             "metadata": pa.StructArray.from_arrays([when], ["when"])}), tmp_path / "a.parquet")
+    _, valid, quarantine, _ = run(tmp_path)
+    assert valid["id"].to_pylist() == ["a"] and reasons(quarantine) == ["unreadable_value"]
+    assert quarantine["line"].to_pylist() == [2] and "OverflowError" in quarantine["detail"][0].as_py()
+
+
+def test_tenant_limit_is_the_catalogs():
+    from pipeline.ingest.validate import TENANT_MAX_CHARS
+    from pipeline.stores.catalog import Item
+
+    assert Item.__table__.c.tenant.type.length == TENANT_MAX_CHARS
+
+
+def test_utf8_bom_is_accepted(tmp_path):
+    (tmp_path / "a.jsonl").write_bytes(b'\xef\xbb\xbf{"id": "a", "text": "x"}\n{"id": "b", "text": "y"}\n')
+    with gzip.open(tmp_path / "b.jsonl.gz", "wb") as f:
+        f.write(b'\xef\xbb\xbf{"id": "c", "text": "z"}\n')
+    _, valid, quarantine, _ = run(tmp_path)
+    assert valid["id"].to_pylist() == ["a", "b", "c"] and quarantine.num_rows == 0
+
+
+def test_lines_split_only_on_newlines(tmp_path):
+    # A bare CR inside an object is JSON whitespace, not a line end; CRLF line ends still work.
+    (tmp_path / "a.jsonl").write_bytes(b'{"id": "a",\r"text": "x"}\r\n{"id":\r\r"b", "text": "y"}\r\n'
+                                       b'{"id": "c", "text": "z"}')
+    _, valid, quarantine, _ = run(tmp_path)
+    assert valid["id"].to_pylist() == ["a", "b", "c"] and valid["line"].to_pylist() == [1, 2, 3]
+    assert quarantine.num_rows == 0
 
 
 def test_invalid_utf8_text_file(tmp_path):

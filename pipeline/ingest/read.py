@@ -1,9 +1,14 @@
 """Ingest, read: list the input folder and parse every file into raw records, bad ones included.
 
 Nothing is dropped here. A record that cannot be parsed still becomes a row, with `read_error`
-set to a reason code and `raw_excerpt` holding the raw input, so that the validate stage can
-quarantine it. Partitions are assigned here, deterministically from the file path and the
-record's position, so a rerun over the same input sees the same partitions.
+set to a reason code, `read_detail` saying what was found and `raw_excerpt` holding the raw input,
+so that the validate stage can quarantine it. Partitions are assigned here, deterministically from
+the file path and the record's position, so a rerun over the same input sees the same partitions.
+
+One hostile record never stops the reader: what Python's JSON parser or Arrow refuses (lone
+surrogate escapes, numbers too long to convert, nesting deeper than the parsers recurse, invalid
+UTF-8 inside Parquet) becomes that record's quarantine row. The checks for the rare cases run only
+when a cheap test on the raw line says they may apply, so the common path costs what it did.
 """
 
 from __future__ import annotations
@@ -12,8 +17,8 @@ import gzip
 import hashlib
 import json
 import re
+import sys
 import zlib
-from collections.abc import Iterator
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -25,7 +30,15 @@ from pipeline.stores import storage
 JSONL_SUFFIXES = (".jsonl", ".jsonl.gz")
 TEXT_SUFFIXES = (".txt", ".md")
 PARQUET_SUFFIXES = (".parquet",)
+# Deeper objects or arrays are quarantined: later stages parse `metadata` again (route rules), with
+# less of the recursion limit left than the reader had, and no real metadata is nested this deep.
+MAX_NESTING = 100
+FIELDS = ("id", "text", "tenant", "metadata")  # what the reader takes from a record; other fields are ignored
 _ID_PEEK = re.compile(rb'"id"\s*:\s*"([^"\\]{1,256})"')
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")  # json.loads turns these into lone surrogates
+_BOM = b"\xef\xbb\xbf"
+_GZIP_MAGIC = b"\x1f\x8b"
+_SALVAGE_CHUNK = 4096  # compressed bytes fed at a time when salvaging a damaged .gz
 
 
 def input_format(relative_path: str) -> str | None:
@@ -41,15 +54,38 @@ def partition_id(relative_path: str, chunk: int) -> str:
     return f"{hashlib.sha1(relative_path.encode()).hexdigest()[:10]}-{chunk:05d}"
 
 
+def _printable(value: str) -> str:
+    """`value` with lone surrogates written as escapes, so that Arrow can store it."""
+    return value.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _excerpt_text(raw, limit: int) -> str | None:
+    if raw is None:
+        return None
+    if isinstance(raw, bytes):
+        return raw[: limit * 4].decode("utf-8", errors="replace")[:limit]
+    if not isinstance(raw, str):
+        try:
+            raw = json.dumps(raw, default=str)
+        except (ValueError, TypeError, RecursionError):
+            raw = f"<{type(raw).__name__}>"
+    return _printable(raw[: limit * 4])[:limit]
+
+
 class _Rows:
     """Column builder for RAW_RECORDS."""
 
     def __init__(self, relative_path: str, config: InputConfig):
         self.file, self.config = relative_path, config
         self.cols: dict[str, list] = {name: [] for name in RAW_RECORDS.names}
+        self.note: str | None = None  # what the manifest should say about this file, if anything
+        self._partitions: dict[int, str] = {}
 
     def add(self, position: int, line: int | None, *, id=None, text=None, tenant=None, metadata=None,
-            error=None, raw: bytes | str | None = None) -> None:
+            error=None, detail=None, raw=None) -> None:
+        chunk = position // self.config.records_per_partition
+        if chunk not in self._partitions:
+            self._partitions[chunk] = partition_id(self.file, chunk)
         c = self.cols
         c["id"].append(id)
         c["text"].append(text)
@@ -57,14 +93,67 @@ class _Rows:
         c["metadata"].append(metadata)
         c["file"].append(self.file)
         c["line"].append(line)
-        c["partition"].append(partition_id(self.file, position // self.config.records_per_partition))
+        c["partition"].append(self._partitions[chunk])
         c["read_error"].append(error)
-        if isinstance(raw, bytes):
-            raw = raw[: self.config.excerpt_chars * 4].decode("utf-8", errors="replace")
-        c["raw_excerpt"].append(raw[: self.config.excerpt_chars] if raw is not None and error else None)
+        c["read_detail"].append(detail if error else None)
+        c["raw_excerpt"].append(_excerpt_text(raw, self.config.excerpt_chars) if error else None)
+
+    def __len__(self) -> int:
+        return len(self.cols["id"])
 
     def table(self) -> pa.Table:
-        return pa.table(self.cols, schema=RAW_RECORDS)
+        try:
+            return pa.table(self.cols, schema=RAW_RECORDS)
+        except (UnicodeEncodeError, pa.ArrowException):
+            # The net under the per-record checks: a value Arrow refuses makes its record a quarantine
+            # row instead of failing the file (and the job).
+            self._quarantine_unstorable()
+            return pa.table(self.cols, schema=RAW_RECORDS)
+
+    def _quarantine_unstorable(self) -> None:
+        strings = [n for n in RAW_RECORDS.names if RAW_RECORDS.field(n).type == pa.string()]
+        for i in range(len(self)):
+            bad = [n for n in strings if not _storable(self.cols[n][i])]
+            if not bad:
+                continue
+            self.cols["read_error"][i] = "invalid_unicode"
+            self.cols["read_detail"][i] = f"`{bad[0]}` is not valid Unicode text"
+            for name in ("id", "text", "metadata"):
+                self.cols[name][i] = None
+            for name in ("tenant", "file", "partition", "raw_excerpt"):
+                value = self.cols[name][i]
+                self.cols[name][i] = _printable(value) if isinstance(value, str) else None
+            self.cols["tenant"][i] = self.cols["tenant"][i] or self.config.default_tenant
+
+
+def _storable(value) -> bool:
+    if value is None:
+        return True
+    if not isinstance(value, str):
+        return False
+    if value.isascii():
+        return True
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def _nesting(value) -> int:
+    """How deeply `value` nests lists and dicts (iteratively: it must not recurse itself)."""
+    deepest, stack = 0, [(value, 1)]
+    while stack:
+        item, depth = stack.pop()
+        if isinstance(item, dict):
+            item = item.values()
+        elif not isinstance(item, (list, tuple)):
+            continue
+        deepest = max(deepest, depth)
+        if deepest > MAX_NESTING:
+            break
+        stack.extend((child, depth + 1) for child in item)
+    return deepest
 
 
 def _metadata_json(value) -> str | None:
@@ -73,76 +162,184 @@ def _metadata_json(value) -> str | None:
     return json.dumps(value, sort_keys=True, ensure_ascii=False, default=str)
 
 
-def _id_value(value) -> tuple[str | None, str | None]:
-    """(id as string, error) — integers are accepted and written as decimal strings."""
+def _name_value(value, error: str) -> tuple[str | None, str | None]:
+    """(`id` or `tenant` as a string, error): strings, and integers written as decimal strings.
+    Anything else is refused rather than stringified: `{"a": 1}` or `false` names no record or tenant."""
     if value is None or value == "":
-        return None, None  # validate reports missing_id
+        return None, None  # validate reports missing_id; a missing tenant is the default one
     if isinstance(value, bool) or not isinstance(value, (str, int)):
-        return None, "invalid_id"
+        return None, error
     return str(value), None
 
 
-def _jsonl_lines(data: bytes, gzipped: bool) -> Iterator[bytes]:
-    if gzipped:
-        data = gzip.decompress(data)
-    yield from data.splitlines()
+def _unicode_problem(fields: dict[str, str | None]) -> str | None:
+    """Detail naming the first field that holds a lone surrogate (which UTF-8 cannot encode), or None."""
+    for name, value in fields.items():
+        if value is None or value.isascii():
+            continue
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError as e:
+            return f"`{name}` holds a lone surrogate (U+{ord(value[e.start]):04X}), which is not valid Unicode"
+    return None
+
+
+def _add_object(rows: _Rows, position: int, line: int | None, obj: dict, raw, check_unicode: bool = False) -> None:
+    id_, error = _name_value(obj.get("id"), "invalid_id")
+    detail = None
+    text = obj.get("text")
+    if error is None and text is not None and not isinstance(text, str):
+        error = "non_string_text"
+    tenant, tenant_error = _name_value(obj.get("tenant"), "invalid_tenant")
+    if error is None and tenant_error:
+        error, detail = tenant_error, f"`tenant` is {type(obj.get('tenant')).__name__}, not a string"
+    try:
+        metadata = _metadata_json(obj.get("metadata"))
+    except RecursionError:
+        metadata = ""
+    # Counting brackets costs little; only metadata with many of them has its depth measured.
+    if metadata == "" or (metadata and metadata.count("[") + metadata.count("{") > MAX_NESTING
+                          and _nesting(obj["metadata"]) > MAX_NESTING):
+        metadata = None
+        error, detail = error or "too_deeply_nested", detail or f"`metadata` is nested deeper than {MAX_NESTING} levels"
+    if error is None and check_unicode:
+        detail = _unicode_problem({"id": id_, "text": text, "tenant": tenant, "metadata": metadata})
+        if detail:
+            error = "invalid_unicode"
+            id_ = id_ if _storable(id_) else None
+            tenant = tenant if _storable(tenant) else None
+    if error:
+        rows.add(position, line, id=id_, tenant=tenant, error=error, detail=detail, raw=raw)
+    else:
+        rows.add(position, line, id=id_, text=text, tenant=tenant, metadata=metadata)
+
+
+def _parse_line(line: bytes) -> tuple[object, str | None, str | None]:
+    """(the parsed value, error, detail)."""
+    try:
+        value = json.loads(line.decode("utf-8"))
+    except UnicodeDecodeError as e:
+        return None, "invalid_utf8", f"byte {e.start} of the line is not UTF-8"
+    except json.JSONDecodeError as e:
+        return None, "malformed_json", e.msg + f" at column {e.colno}"
+    except ValueError:  # Python refuses to convert integers of more than sys.get_int_max_str_digits()
+        return None, "number_too_long", f"an integer longer than {sys.get_int_max_str_digits()} digits"
+    except RecursionError:
+        return None, "too_deeply_nested", "nested deeper than the JSON parser recurses"
+    return value, None, None
+
+
+def _gunzip(data: bytes) -> tuple[bytes, tuple[bytes, str] | None]:
+    """(decompressed bytes, None); for damaged data (the complete lines before the damage,
+    (the partial line after them, what happened)): the records before the damage are kept."""
+    try:
+        return gzip.decompress(data), None
+    except (EOFError, zlib.error, gzip.BadGzipFile) as e:
+        first_error = f"{type(e).__name__}: {e}"
+    out, at, problem = bytearray(), 0, None
+    d = zlib.decompressobj(31)
+    while problem is None:
+        if d.eof:
+            at -= len(d.unused_data)
+            if at >= len(data):
+                break
+            if data[at: at + 2] != _GZIP_MAGIC:
+                problem = f"data after the end of the gzip stream at compressed byte {at} is not gzip"
+                break
+            d = zlib.decompressobj(31)
+        if at >= len(data):
+            problem = f"the file ends inside the gzip stream (truncated at compressed byte {len(data)})"
+            break
+        chunk = data[at: at + _SALVAGE_CHUNK]
+        try:
+            out += d.decompress(chunk)
+        except zlib.error as err:
+            problem = f"corrupt gzip data near compressed byte {at} ({err})"
+            break
+        at += len(chunk)
+    cut = out.rfind(b"\n") + 1
+    return bytes(out[:cut]), (bytes(out[cut:]), f"{problem or first_error}; the records from decompressed "
+                              f"byte {cut} on are lost")
 
 
 def _read_jsonl(rows: _Rows, data: bytes, gzipped: bool) -> None:
+    damage = None
+    if gzipped:
+        data, damage = _gunzip(data)
+    start = 3 if data.startswith(_BOM) else 0  # a BOM some editors write: not part of the first record
     max_line = rows.config.max_document_bytes * 2 + 65536  # room for JSON escapes and other fields
-    position = 0
-    for number, line in enumerate(_jsonl_lines(data, gzipped), start=1):
+    position = number = 0
+    # Lines end at \n only (a \r before it is dropped): a bare \r inside an object is JSON whitespace,
+    # not a line end (bytes.splitlines would split there).
+    for number, line in enumerate(data[start:].split(b"\n"), start=1):
+        if line.endswith(b"\r"):
+            line = line[:-1]
         if not line.strip():
             continue  # blank lines are not records
         if len(line) > max_line:
             peek = _ID_PEEK.search(line[:1024])
             rows.add(position, number, id=peek.group(1).decode("utf-8", "replace") if peek else None,
                      error="too_large", raw=line)
-            position += 1
-            continue
-        try:
-            obj = json.loads(line.decode("utf-8"))
-        except UnicodeDecodeError:
-            rows.add(position, number, error="invalid_utf8", raw=line)
-        except json.JSONDecodeError:
-            rows.add(position, number, error="malformed_json", raw=line)
         else:
-            if not isinstance(obj, dict):
-                rows.add(position, number, error="not_an_object", raw=line)
+            obj, error, detail = _parse_line(line)
+            if error is None and not isinstance(obj, dict):
+                error = "not_an_object"
+            if error:
+                rows.add(position, number, error=error, detail=detail, raw=line)
             else:
-                _add_object(rows, position, number, obj, line)
+                _add_object(rows, position, number, obj, line, _SURROGATE_ESCAPE.search(line) is not None)
         position += 1
+    if damage is not None:
+        tail, what = damage
+        # `data` ends with a line end here, so `number` is the line the damage starts in.
+        rows.add(position, number, error="unreadable_file", detail=what, raw=tail or what)
 
 
-def _add_object(rows: _Rows, position: int, line: int | None, obj: dict, raw) -> None:
-    id_, error = _id_value(obj.get("id"))
-    text = obj.get("text")
-    if error is None and text is not None and not isinstance(text, str):
-        error = "non_string_text"
-    tenant = obj.get("tenant")
-    rows.add(position, line, id=id_, text=text if error is None else None,
-             tenant=str(tenant) if tenant not in (None, "") else None,
-             metadata=_metadata_json(obj.get("metadata")), error=error, raw=raw)
+def _parquet_rows(table: pa.Table, start: int, stop: int) -> list[tuple[int, dict | None, str | None, str | None]]:
+    """(position, row or None, error, detail) for rows start..stop: a batch Arrow cannot convert is
+    converted row by row, so that a bad value costs one record."""
+    try:
+        return [(start + i, row, None, None) for i, row in enumerate(table.slice(start, stop - start).to_pylist())]
+    except (ValueError, OverflowError, RecursionError, pa.ArrowException):
+        pass
+    out = []
+    for position in range(start, stop):
+        try:
+            out.append((position, table.slice(position, 1).to_pylist()[0], None, None))
+        except UnicodeDecodeError as e:
+            out.append((position, None, "invalid_utf8", f"a string value is not UTF-8 ({e.reason})"))
+        except RecursionError:
+            out.append((position, None, "too_deeply_nested", "nested deeper than the reader recurses"))
+        except (ValueError, OverflowError, pa.ArrowException) as e:
+            out.append((position, None, "unreadable_value", f"{type(e).__name__}: {e}"[:300]))
+    return out
 
 
 def _read_parquet(rows: _Rows, data: bytes) -> None:
-    table = pq.read_table(pa.BufferReader(data))
-    # to_pylist keeps each value's own type, so a non-string `text` is reported row by row.
-    for position, row in enumerate(table.to_pylist()):
-        _add_object(rows, position, position + 1, row, json.dumps(row, default=str))
+    parquet = pq.ParquetFile(pa.BufferReader(data))
+    names = parquet.schema_arrow.names
+    table = parquet.read(columns=[n for n in FIELDS if n in names])
+    for start in range(0, table.num_rows, 4096):
+        for position, row, error, detail in _parquet_rows(table, start, min(start + 4096, table.num_rows)):
+            if error:
+                rows.add(position, position + 1, error=error, detail=detail, raw=row or detail)
+            else:
+                # to_pylist keeps each value's own type, so a non-string `text` is reported row by row.
+                _add_object(rows, position, position + 1, row, row)
 
 
 def _read_text(rows: _Rows, data: bytes) -> None:
     try:
         text = data.decode("utf-8")
-    except UnicodeDecodeError:
-        rows.add(0, None, id=rows.file, error="invalid_utf8", raw=data)
+    except UnicodeDecodeError as e:
+        rows.add(0, None, id=rows.file, error="invalid_utf8", detail=f"byte {e.start} is not UTF-8", raw=data)
         return
     rows.add(0, None, id=rows.file, text=text)
 
 
-def read_file(root: storage.Location, relative_path: str, path: str, config: InputConfig) -> pa.Table:
-    """All records of one input file; a file that cannot be read at all is one `unreadable_file` row."""
+def read_file(root: storage.Location, relative_path: str, path: str, config: InputConfig) -> tuple[pa.Table, str | None]:
+    """All records of one input file, and a note for the manifest when the file held no record.
+    A file that cannot be read at all is one `unreadable_file` row."""
     fmt = input_format(relative_path)
     rows = _Rows(relative_path, config)
     try:
@@ -159,21 +356,26 @@ def read_file(root: storage.Location, relative_path: str, path: str, config: Inp
         else:
             _read_text(rows, data)
     except (OSError, EOFError, zlib.error, pa.ArrowException) as e:
-        # Records parsed before the failure (e.g. a truncated .gz) are kept; the rest of the file is
-        # one quarantine row naming the error.
-        rows.add(len(rows.cols["id"]), None, error="unreadable_file", raw=f"{type(e).__name__}: {e}")
-    return rows.table()
+        # Records parsed before the failure are kept; the rest of the file is one quarantine row.
+        what = f"{type(e).__name__}: {e}"
+        rows.add(len(rows), None, error="unreadable_file", detail=what[:1000], raw=what)
+    if not len(rows):  # e.g. an empty .gz, which is not even a gzip file: say so rather than read nothing
+        rows.note = f"{relative_path}: " + ("empty file (0 bytes), no records" if not data else "no records")
+    return rows.table(), rows.note
 
 
 def read_records(uri: str, config: InputConfig, storage_config: StorageConfig | None = None) -> tuple[pa.Table, list[str]]:
-    """Every record under `uri`, and the relative paths of files skipped for their extension."""
+    """Every record under `uri`, and notes on files that gave none: skipped for their extension, or empty."""
     root = storage.resolve(uri, storage_config)
-    tables, skipped = [], []
+    tables, notes = [], []
     for relative_path, path, _size in storage.list_files(root):
         if input_format(relative_path) is None:
-            skipped.append(relative_path)
+            notes.append(f"{relative_path}: skipped, not .jsonl, .jsonl.gz, .parquet, .txt or .md")
             continue
-        tables.append(read_file(root, relative_path, path, config))
+        table, note = read_file(root, relative_path, path, config)
+        tables.append(table)
+        if note:
+            notes.append(note)
     if not tables:
-        return RAW_RECORDS.empty_table(), skipped
-    return pa.concat_tables(tables), skipped
+        return RAW_RECORDS.empty_table(), notes
+    return pa.concat_tables(tables), notes

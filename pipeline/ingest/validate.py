@@ -13,6 +13,11 @@ import pyarrow.compute as pc
 from pipeline.config import InputConfig
 from pipeline.schema import QUARANTINE
 
+# What the state catalog can store (pipeline/stores/catalog.py): items.tenant is String(200), and
+# PostgreSQL text refuses the NUL character in items.id and items.tenant. A record the catalog would
+# refuse is quarantined here, before anyone pays to generate it. (The text never reaches the catalog.)
+TENANT_MAX_CHARS = 200
+
 
 def quarantine_rows(records: pa.Table, reasons: pa.Array, job_id: str, excerpt_chars: int,
                     detail: pa.Array | None = None) -> pa.Table:
@@ -37,22 +42,30 @@ def quarantine_rows(records: pa.Table, reasons: pa.Array, job_id: str, excerpt_c
 def validate_records(raw: pa.Table, config: InputConfig, job_id: str) -> tuple[pa.Table, pa.Table]:
     """(valid records, quarantine rows).
 
-    Valid records keep every RAW_RECORDS column except the read-error ones.
+    Valid records keep every RAW_RECORDS column except the read-error ones (read_error, read_detail,
+    raw_excerpt).
     """
     n = raw.num_rows
     text_bytes = pc.binary_length(raw["text"].cast(pa.binary()))
-    checks = [
-        ("read_error", pc.is_valid(raw["read_error"])),
-        ("missing_id", pc.is_null(raw["id"])),
-        ("missing_text", pc.is_null(raw["text"])),
-        ("empty_text", pc.equal(pc.utf8_trim_whitespace(raw["text"]), "")),
-        ("too_large", pc.greater(text_bytes, config.max_document_bytes)),
+    no_catalog = "the state catalog cannot store it"
+    checks = [  # (reason, failed, detail)
+        ("read_error", pc.is_valid(raw["read_error"]), raw["read_detail"]),
+        ("missing_id", pc.is_null(raw["id"]), None),
+        ("invalid_id", pc.match_substring(raw["id"], "\x00"), f"`id` contains a NUL character; {no_catalog}"),
+        ("invalid_tenant", pc.greater(pc.utf8_length(raw["tenant"]), TENANT_MAX_CHARS),
+         f"`tenant` is longer than {TENANT_MAX_CHARS} characters; {no_catalog}"),
+        ("invalid_tenant", pc.match_substring(raw["tenant"], "\x00"), f"`tenant` contains a NUL character; {no_catalog}"),
+        ("missing_text", pc.is_null(raw["text"]), None),
+        ("empty_text", pc.equal(pc.utf8_trim_whitespace(raw["text"]), ""), None),
+        ("too_large", pc.greater(text_bytes, config.max_document_bytes), None),
     ]
-    reason = pa.nulls(n, pa.string())
-    for code, failed in checks:
-        failed = pc.fill_null(failed, False)
+    reason, detail = pa.nulls(n, pa.string()), pa.nulls(n, pa.string())
+    for code, failed, why in checks:
+        first = pc.and_(pc.is_null(reason), pc.fill_null(failed, False))
         value = raw["read_error"] if code == "read_error" else pa.scalar(code)
-        reason = pc.if_else(pc.and_(pc.is_null(reason), failed), value, reason)
+        reason = pc.if_else(first, value, reason)
+        if why is not None:
+            detail = pc.if_else(first, why if not isinstance(why, str) else pa.scalar(why), detail)
 
     # Duplicate ids among the records that passed so far: the first occurrence wins.
     passed = pc.is_null(reason).combine_chunks() if isinstance(reason, pa.ChunkedArray) else pc.is_null(reason)
@@ -68,6 +81,6 @@ def validate_records(raw: pa.Table, config: InputConfig, job_id: str) -> tuple[p
 
     bad = pc.is_valid(reason)
     bad_records = raw.filter(bad)
-    quarantine = quarantine_rows(bad_records, pc.drop_null(reason), job_id, config.excerpt_chars)
-    valid = raw.filter(pc.invert(bad)).drop_columns(["read_error", "raw_excerpt"])
+    quarantine = quarantine_rows(bad_records, reason.filter(bad), job_id, config.excerpt_chars, detail.filter(bad))
+    valid = raw.filter(pc.invert(bad)).drop_columns(["read_error", "read_detail", "raw_excerpt"])
     return valid, quarantine

@@ -44,7 +44,7 @@ class StageContext:
     cache: object | None = None            # a ResilientStore whose near/semantic index is searched too
     raw: pa.Table | None = None            # every record read, good or bad (set by read)
     quarantine: pa.Table | None = None     # rows for the bad ones (set by validate)
-    skipped: list[str] = field(default_factory=list)  # files of unknown formats (set by read)
+    skipped: list[str] = field(default_factory=list)  # "<file>: why" for files that gave no record (set by read)
     dedup: DedupStats | None = None        # set by cluster
 
 
@@ -118,8 +118,8 @@ def load_embedder(config: TokenmillConfig) -> tuple[object | None, str | None]:
 
 def read(table: pa.Table, ctx: StageContext) -> pa.Table:
     raw, ctx.skipped = read_records(ctx.input_uri, ctx.config.input, ctx.config.storage)
-    for path in ctx.skipped:
-        log.warning("skipped %s: not .jsonl, .jsonl.gz, .parquet, .txt or .md", path)
+    for note in ctx.skipped:  # "<file>: skipped, not .jsonl, …" or "<file>: empty file (0 bytes), no records"
+        log.warning("input file %s", note)
     ctx.raw = raw
     return raw
 
@@ -157,8 +157,9 @@ def cluster(table: pa.Table, ctx: StageContext) -> pa.Table:
 
 STAGES: tuple[Stage, ...] = (
     Stage("read", needs=(), adds=tuple(RAW_RECORDS.names), fn=read),
-    Stage("validate", needs=("id", "text", "tenant", "file", "line", "partition", "read_error", "raw_excerpt"),
-          adds=(), drops=("read_error", "raw_excerpt"), fn=validate),
+    Stage("validate", needs=("id", "text", "tenant", "file", "line", "partition", "read_error", "read_detail",
+                             "raw_excerpt"),
+          adds=(), drops=("read_error", "read_detail", "raw_excerpt"), fn=validate),
     Stage("content_hash", needs=("id", "tenant", "text"), adds=("scope", "content_hash"), fn=content_hashes),
     Stage("route", needs=("text", "tenant", "metadata"), adds=("tier", "route_reason"), fn=route),
     Stage("item_keys", needs=("tier", "content_hash"), adds=("recipe", "item_key"), fn=item_keys),
@@ -174,7 +175,7 @@ class StagedInput:
     raw: pa.Table           # every record read, good or bad
     records: pa.Table       # valid records with item keys and reuse columns (STAGED_COLUMNS)
     quarantine: pa.Table    # rows for the bad ones
-    skipped: list[str]      # files of unknown formats
+    skipped: list[str]      # "<file>: why" for files that gave no record
     dedup: DedupStats
 
 
