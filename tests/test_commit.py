@@ -137,3 +137,15 @@ def test_links_out_of_the_input_folder_are_skipped_with_a_warning(tmp_path, capl
     assert listed == ["a.jsonl", "sub/again.jsonl"]
     for name in ("escape.txt", "dangling.txt", "loop"):
         assert name in caplog.text
+
+
+def test_a_file_whose_name_is_not_utf8_is_skipped_with_a_warning(tmp_path, caplog):
+    top = tmp_path / "in"
+    top.mkdir()
+    (top / "good.jsonl").write_text('{"id": "a", "text": "x"}\n')
+    with open(os.path.join(os.fsencode(top), b"bad-\xff.jsonl"), "wb") as f:
+        f.write(b'{"id": "b", "text": "y"}\n')
+    with caplog.at_level(logging.WARNING, logger="pipeline.stores.storage"):
+        listed = [rel for rel, _, _ in storage.list_files(storage.resolve(str(top)))]
+    assert listed == ["good.jsonl"] and "not valid UTF-8" in caplog.text
+

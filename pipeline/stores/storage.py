@@ -12,10 +12,12 @@ the same folder and a rename; an S3 object appears only when its upload complete
 
 from __future__ import annotations
 
+import functools
 import io
+import logging
 import os
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
 
@@ -26,6 +28,7 @@ import pyarrow.parquet as pq
 from pipeline.config import StorageConfig
 from pipeline.config_env import redact_url, scrub, url_credentials
 
+log = logging.getLogger(__name__)
 
 class StorageError(RuntimeError):
     """A storage location or object that cannot be used; the message names it."""
@@ -36,6 +39,7 @@ class Location:
     fs: pafs.FileSystem
     path: str           # filesystem path of the root, without a trailing slash ("bucket/prefix" on S3)
     scheme: str = ""    # "s3" for object storage, "" for local
+    config: StorageConfig | None = field(default=None, compare=False)  # how to reach the object store
 
     def join(self, *parts: str) -> str:
         return "/".join([self.path.rstrip("/"), *parts])
@@ -108,7 +112,7 @@ def resolve(uri: str, config: StorageConfig | None = None) -> Location:
             raise StorageError(f"{shown}: no bucket")
         config = aws_storage_config(config)  # the Location's writers reach the same endpoint and region
         try:
-            return Location(s3_filesystem(config), bucket_and_prefix, "s3")
+            return Location(s3_filesystem(config), bucket_and_prefix, "s3", config)
         except (pa.ArrowException, OSError) as e:
             raise StorageError(f"{shown}: {scrub(str(e), uri, config.s3_endpoint_url)}") from None
     if "://" not in uri:
@@ -135,11 +139,41 @@ def list_files(root: Location) -> list[tuple[str, str, int]]:
             raise StorageError(f"input not found: {root.uri(root.path)}")
         if info.type == pafs.FileType.File:
             return [(os.path.basename(root.path), root.path, info.size)]
+        if not root.scheme:
+            return _local_files(root.path)
         entries = root.fs.get_file_info(pafs.FileSelector(root.path, recursive=True))
     except OSError as e:
         raise _error(root, root.path, e) from None
     prefix = root.path.rstrip("/") + "/"
     return sorted((e.path[len(prefix):], e.path, e.size) for e in entries if e.type == pafs.FileType.File)
+
+
+def _local_files(top: str) -> list[tuple[str, str, int]]:
+    """Files under a local root. Symbolic links are hostile input: a link whose target is missing or
+    lies outside the root is skipped with a warning naming it (an input folder must not read, say,
+    /etc), and a linked folder is not followed (its files would be read twice, or from outside)."""
+    real_top, out = os.path.realpath(top), []
+    for folder, subfolders, names in os.walk(top, followlinks=False):
+        for name in sorted(subfolders):
+            if os.path.islink(os.path.join(folder, name)):
+                log.warning("input: skipped %s: a linked folder is not followed", os.path.join(folder, name))
+        for name in sorted(names):
+            path = os.path.join(folder, name)
+            try:
+                path.encode("utf-8")
+            except UnicodeEncodeError:  # a name that is not UTF-8: no record could say where it came from
+                log.warning("input: skipped %r: its name is not valid UTF-8; rename it to read it", path)
+                continue
+            if os.path.islink(path):
+                target = os.path.realpath(path)
+                if not os.path.exists(target):
+                    log.warning("input: skipped %s: a link to %s, which does not exist", path, os.readlink(path))
+                    continue
+                if os.path.commonpath([real_top, target]) != real_top or not os.path.isfile(target):
+                    log.warning("input: skipped %s: a link to %s, outside the input folder", path, target)
+                    continue
+            out.append((os.path.relpath(path, top).replace(os.sep, "/"), path, os.path.getsize(path)))
+    return sorted(out)
 
 
 def read_bytes(root: Location, path: str) -> bytes:
@@ -152,23 +186,74 @@ def read_bytes(root: Location, path: str) -> bytes:
 
 
 def write_bytes_atomic(root: Location, path: str, data: bytes) -> None:
+    """Write `path` so that readers see the old object or all of the new one, never a part of it.
+
+    On S3, one PutObject request: the object appears only once all of it has arrived, and nothing is
+    left behind when the request fails. (pyarrow's output stream is not used for writes: an exception
+    inside one still completes its multipart upload on close and publishes a partial object,
+    apache/arrow#40502, and a failed upload is left incomplete, with no way to abort it.)
+    Locally, the bytes go to a temporary name beside `path`, are fsynced, renamed into place, and the
+    folder is fsynced, so a power cut cannot leave a named but empty or partial file.
+    """
+    if root.scheme:
+        return _put_object(root, path, data)
+    parent, name = path.rsplit("/", 1)
+    tmp = f"{parent}/.tmp-{uuid.uuid4().hex}-{name}"
     try:
-        if root.scheme:  # object stores publish an object only once its upload completes
-            with root.fs.open_output_stream(path, compression=None) as f:
-                f.write(data)
-            return
-        parent = path.rsplit("/", 1)[0]
         root.fs.create_dir(parent, recursive=True)
-        tmp = f"{parent}/.tmp-{uuid.uuid4().hex}-{path.rsplit('/', 1)[1]}"
         try:
-            with root.fs.open_output_stream(tmp, compression=None) as f:
-                f.write(data)
+            _write_local_durably(tmp, data)
             root.fs.move(tmp, path)
+            _fsync_dir(parent)
         finally:
             if root.fs.get_file_info(tmp).type != pafs.FileType.NotFound:
                 root.fs.delete_file(tmp)
     except OSError as e:
         raise _error(root, path, e) from None
+
+
+def _s3_client(config: StorageConfig):
+    return _cached_s3_client(config.model_dump_json())
+
+
+@functools.lru_cache(maxsize=8)
+def _cached_s3_client(config_json: str):
+    """boto3's client for the same store pyarrow reads (boto3 itself honours AWS_ENDPOINT_URL_S3,
+    AWS_PROFILE, AWS_REGION and the shared config when the storage section leaves them unset)."""
+    import boto3
+    from botocore.config import Config
+
+    config = StorageConfig.model_validate_json(config_json)
+    return boto3.session.Session().client(
+        "s3", endpoint_url=config.s3_endpoint_url, region_name=config.s3_region,
+        config=Config(retries={"max_attempts": config.s3_max_attempts, "mode": "standard"},
+                      connect_timeout=config.s3_connect_timeout_seconds,
+                      read_timeout=config.s3_request_timeout_seconds))
+
+
+def _put_object(root: Location, path: str, data: bytes) -> None:
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    bucket, key = path.split("/", 1)
+    try:
+        _s3_client(root.config or StorageConfig()).put_object(Bucket=bucket, Key=key, Body=data)
+    except (BotoCoreError, ClientError) as e:
+        raise _error(root, path, e) from None
+
+
+def _write_local_durably(path: str, data: bytes) -> None:
+    with open(path, "wb") as f:
+        f.write(data)
+        f.flush()
+        os.fsync(f.fileno())
+
+
+def _fsync_dir(path: str) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def write_parquet_atomic(root: Location, path: str, table: pa.Table, compression: str) -> None:
