@@ -175,7 +175,7 @@ def url_error(e: BaseException, url: str | None) -> str:
 
     A parse error's own message quotes the piece of the URL it could not read, which may be part of a
     password: it is replaced by what to do about it."""
-    if isinstance(e, ValueError):
+    if url and isinstance(e, ValueError):
         return (f"{type(e).__name__}: the URL cannot be parsed (percent-encode '/', '?', '#', '@' and '%' "
                 f"in a user name or password: %2F, %3F, %23, %40, %25)")
     message = str(e).splitlines()[0] if str(e) else ""

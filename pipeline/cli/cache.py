@@ -18,15 +18,15 @@ def cache_forget(config: Path = ConfigOption,
     from pipeline.stores.cache import connect_store, describe_store
 
     cfg = load(config)
-    where = describe_store(cfg.cache)
+    where, url = describe_store(cfg.cache), cfg.cache.redis_url if cfg.cache.store == "redis" else None
     try:
         store = connect_store(cfg.cache)
     except Exception as e:  # unreachable, refused, a URL that cannot be parsed
-        fail(f"cache {where} unreachable: {url_error(e, cfg.cache.redis_url)}")
+        fail(f"cache {where} unreachable: {url_error(e, url)}")
     try:
         removed = store.forget(tenant_scope(tenant, set()))  # its own scope, even if it is shared now
     except Exception as e:
-        fail(f"cache {where} failed: {url_error(e, cfg.cache.redis_url)}")
+        fail(f"cache {where} failed: {url_error(e, url)}")
     finally:
         store.close()
     typer.echo(f"forgot tenant {tenant!r}: {removed['entries']} entries and {removed['segments']} index segments "

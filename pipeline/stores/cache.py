@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Protocol
 from urllib.parse import quote, urlsplit
 
-from pipeline.config_env import redact_url, url_error
+from pipeline.config_env import redact_url, scrub, url_error
 
 log = logging.getLogger(__name__)
 
@@ -200,8 +200,9 @@ class ResilientStore:
             return fn()
         except Exception as e:  # connection refused, timeout, OOM ("full"), corrupt file: all mean "go on without"
             self.bypassed = True
-            log.warning("cache %s failed on %s, continuing without it for this job: %s",
-                        self.describe, what, url_error(e, getattr(self.store, "url", None)))
+            message = scrub(str(e).splitlines()[0] if str(e) else "", getattr(self.store, "url", None))
+            log.warning("cache %s failed on %s, continuing without it for this job: %s: %s",
+                        self.describe, what, type(e).__name__, message)
             return default
 
     def get_many(self, scope: str, keys: list[str]) -> dict[str, dict]:
@@ -262,4 +263,5 @@ def open_store(config) -> ResilientStore:
     try:
         return ResilientStore(connect_store(config), describe_store(config))
     except Exception as e:  # unreachable, refused, a URL that cannot be parsed: all mean "go on without"
-        return ResilientStore(None, describe_store(config), url_error(e, config.redis_url))
+        url = config.redis_url if config.store == "redis" else None
+        return ResilientStore(None, describe_store(config), url_error(e, url))
