@@ -188,10 +188,11 @@ def read_bytes(root: Location, path: str) -> bytes:
 def write_bytes_atomic(root: Location, path: str, data: bytes) -> None:
     """Write `path` so that readers see the old object or all of the new one, never a part of it.
 
-    On S3, one PutObject request: the object appears only once all of it has arrived, and nothing is
-    left behind when the request fails. (pyarrow's output stream is not used for writes: an exception
-    inside one still completes its multipart upload on close and publishes a partial object,
-    apache/arrow#40502, and a failed upload is left incomplete, with no way to abort it.)
+    On S3, through boto3's transfer manager: the object appears only once all of it has arrived, and a
+    failed multipart upload is aborted, leaving nothing behind. (pyarrow's output stream is not used
+    for writes: an exception inside one still completes its multipart upload on close and publishes
+    a partial object, apache/arrow#40502, and a failed upload is left incomplete, with no way to
+    abort it.)
     Locally, the bytes go to a temporary name beside `path`, are fsynced, renamed into place, and the
     folder is fsynced, so a power cut cannot leave a named but empty or partial file.
     """
@@ -232,12 +233,15 @@ def _cached_s3_client(config_json: str):
 
 
 def _put_object(root: Location, path: str, data: bytes) -> None:
+    from boto3.exceptions import S3UploadFailedError
     from botocore.exceptions import BotoCoreError, ClientError
 
     bucket, key = path.split("/", 1)
     try:
-        _s3_client(root.config or StorageConfig()).put_object(Bucket=bucket, Key=key, Body=data)
-    except (BotoCoreError, ClientError) as e:
+        # Up to the multipart threshold one PutObject; above it a multipart upload that boto3's
+        # transfer manager completes only once every part is in, and aborts when one fails.
+        _s3_client(root.config or StorageConfig()).upload_fileobj(io.BytesIO(data), bucket, key)
+    except (BotoCoreError, ClientError, S3UploadFailedError) as e:
         raise _error(root, path, e) from None
 
 
