@@ -96,7 +96,7 @@ def test_store_outage_fails_only_that_partition_and_the_rerun_pays_nothing_twice
     state = StateStore(config.state.url)
     parts = {p.partition: p for p in state.partitions("outage")}
     assert parts[victim].status == "failed"
-    assert f"s3://{buckets[1]}/tokenmill/outputs/job=outage/partition={victim}/part-0.parquet" in parts[victim].last_error
+    assert f"s3://{buckets[1]}/tokenmill/outputs/job=outage/partition={victim}/part-" in parts[victim].last_error
     assert S3_SECRET not in parts[victim].last_error
     assert all(p.status == "succeeded" for name, p in parts.items() if name != victim)
     with state.session() as s:
