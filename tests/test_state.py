@@ -44,29 +44,80 @@ def test_claim_is_exclusive_under_contention(store, job):
 
 
 def test_a_dead_workers_lease_expires_and_another_takes_over(store, job):
-    assert store.claim(job, "p1", "dead", lease_seconds=0.5)
-    assert not store.claim(job, "p1", "alive", lease_seconds=30)  # still leased
+    dead = store.claim(job, "p1", "dead", lease_seconds=0.5)
+    assert dead == 1
+    assert store.claim(job, "p1", "alive", lease_seconds=30) is None  # still leased
     time.sleep(0.7)  # the dead worker never heartbeats
-    assert store.claim(job, "p1", "alive", lease_seconds=30)
-    assert not store.heartbeat(job, "p1", "dead", 30)  # the old owner lost it and learns so
-    store.finish_partition(job, "p1", "dead", "succeeded", counts={})  # a late finish from the old owner...
+    assert store.claim(job, "p1", "alive", lease_seconds=30) == 2  # a new epoch fences the old claim out
+    assert not store.heartbeat(job, "p1", "dead", 30, dead)  # the old owner lost it and learns so
+    # A late commit from the old owner is refused, and says so...
+    assert not store.finish_partition(job, "p1", "dead", dead, "succeeded", counts={})
     (p1,) = [p for p in store.partitions(job) if p.partition == "p1"]
     assert p1.status == "running" and p1.worker == "alive" and p1.attempts == 2  # ...changes nothing
 
 
-def test_heartbeat_keeps_the_lease(store, job):
-    assert store.claim(job, "p1", "w", lease_seconds=0.6)
+def lease_end(store, job_id, partition):
+    from pipeline.stores.catalog import aware
+
+    return aware(next(p for p in store.partitions(job_id) if p.partition == partition).lease_expires_at)
+
+
+def test_heartbeat_keeps_the_lease_and_without_it_the_lease_expires(store, job):
+    epoch = store.claim(job, "p1", "w", lease_seconds=0.6)
+    first = lease_end(store, job, "p1")
     for _ in range(3):
         time.sleep(0.3)
-        assert store.heartbeat(job, "p1", "w", 0.6)
-    assert not store.claim(job, "p1", "other", lease_seconds=30)
+        assert store.heartbeat(job, "p1", "w", 0.6, epoch)
+        assert not store.claim(job, "p1", "other", lease_seconds=30)  # 0.9 s in: past the first lease
+    extended = lease_end(store, job, "p1")
+    assert (extended - first).total_seconds() >= 0.8  # each beat moved the end: now + lease, on the database's clock
+    assert 0.3 < (extended - store.db_now()).total_seconds() <= 0.6
+    time.sleep(0.8)  # no beat: the lease runs out
+    assert store.claim(job, "p1", "other", lease_seconds=30) == epoch + 1
+    assert not store.heartbeat(job, "p1", "w", 0.6, epoch)  # the old holder's beat no longer extends anything
+
+
+def test_a_heartbeat_that_finds_its_lease_taken_sets_lost(store, job):
+    """Heartbeat.lost is what keeps a worker whose lease was taken over from committing."""
+    from sqlalchemy import update
+
+    from pipeline.stores.catalog import Heartbeat, Partition
+
+    epoch = store.claim(job, "p1", "w", lease_seconds=1.5)  # a beat every 0.5 s
+    with Heartbeat(store, job, "p1", "w", 1.5, epoch) as beat:
+        time.sleep(0.8)
+        assert not beat.lost and lease_end(store, job, "p1") > store.db_now()  # a beat landed
+        time.sleep(0.2)
+        # Another worker takes it over between two beats, as a claim after this worker stalled past its
+        # lease would (one UPDATE: a beat landing between an expiry and a claim would extend the lease).
+        with store.session() as s, s.begin():
+            s.execute(update(Partition).where(Partition.job_id == job, Partition.partition == "p1")
+                      .values(worker="other", epoch=Partition.epoch + 1))
+        deadline = time.monotonic() + 3
+        while not beat.lost and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert beat.lost
+    (p1,) = [p for p in store.partitions(job) if p.partition == "p1"]
+    assert p1.worker == "other" and p1.epoch == epoch + 1  # the lost heartbeat took nothing back
 
 
 def test_succeeded_partitions_are_claimed_only_when_forced(store, job):
-    assert store.claim(job, "p2", "w", 30)
-    store.finish_partition(job, "p2", "w", "succeeded", counts={"outputs": 1})
-    assert not store.claim(job, "p2", "w", 30)
-    assert store.claim(job, "p2", "w", 30, force=True)
+    epoch = store.claim(job, "p2", "w", 30)
+    assert store.finish_partition(job, "p2", "w", epoch, "succeeded", counts={"outputs": 1})
+    assert store.claim(job, "p2", "w", 30) is None
+    assert store.claim(job, "p2", "w", 30, force=True) == epoch + 1
+
+
+def test_the_same_worker_name_is_fenced_by_its_epoch(store, job):
+    """A restarted worker may reuse a name (host:pid); the epoch still tells its claims apart."""
+    first = store.claim(job, "p1", "w", lease_seconds=0.3)
+    time.sleep(0.5)
+    second = store.claim(job, "p1", "w", lease_seconds=30)
+    assert second == first + 1
+    assert not store.finish_partition(job, "p1", "w", first, "failed", error="stale")
+    assert store.finish_partition(job, "p1", "w", second, "succeeded", counts={})
+    (p1,) = [p for p in store.partitions(job) if p.partition == "p1"]
+    assert p1.status == "succeeded" and p1.last_error is None
 
 
 def test_items_keep_the_first_stored_value(store, job):

@@ -118,4 +118,6 @@ def write_sample_corpus(root: Path, documents: int = 60, seed: int = 11, with_ba
         (root / "bad.jsonl").write_bytes(b"\n".join(lines) + b"\n")
         (root / "broken.parquet").write_bytes(b"PAR1 this is not a parquet file")  # unreadable_file
         bad = len(lines) + 1
-    return {"documents": len(docs), "bad_records": bad}
+    # ids: the good documents' record ids (a .txt/.md file's id is its path), for exactly-once checks
+    return {"documents": len(docs), "bad_records": bad,
+            "ids": [d["id"] for d in docs[:-2]] + ["notes/memo-1.txt", "notes/memo-2.md"]}

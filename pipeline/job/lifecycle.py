@@ -14,8 +14,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import re
 import secrets
+import socket
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -31,10 +33,11 @@ from pipeline.job.manifest import build_manifest
 from pipeline.job.partition import PartitionRun
 from pipeline.job.progress import Progress
 from pipeline.job.staging import StagingArea, ensure_staged
+from pipeline.output.commit import is_published, publish
 from pipeline.output.write import write_manifest
 from pipeline.stores import storage
 from pipeline.stores.cache import ResilientStore, open_store
-from pipeline.stores.catalog import StateError, StateStore, default_worker, now
+from pipeline.stores.catalog import StateError, StateStore, aware, default_worker, now
 
 log = logging.getLogger(__name__)
 JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -54,6 +57,28 @@ def check_job_id(job_id: str) -> None:
 
 def new_job_id() -> str:
     return f"job-{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}-{secrets.token_hex(3)}"
+
+
+def worker_is_gone(worker: str | None) -> bool:
+    """True only when `worker` (named `host:pid` by default_worker) provably no longer runs: it ran on
+    this host and no process has its pid. Any doubt (another host, another naming, a pid now used by
+    some other process, a process of another user) is False: its lease then has to run out.
+    Caveat: containers sharing a host name but not a pid namespace look gone to each other; the
+    commit fence (the epoch) still keeps such a wrongly released worker from committing."""
+    host, _, pid = (worker or "").rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit() or int(pid) in (0, os.getpid()):
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except OSError:
+        return False  # e.g. PermissionError: it exists, as another user
+    return False
+
+
+def utc(t: datetime | None) -> str:
+    return "never" if t is None else f"{aware(t).astimezone(timezone.utc):%Y-%m-%d %H:%M:%S} UTC"
 
 
 def run_job(config: TokenmillConfig, job_id: str | None = None, pool: EnginePool | None = None,
@@ -88,6 +113,7 @@ class Job:
         self.staging = StagingArea(self.out, job_id)
         self.budget = BudgetGuard(config, state, job_id)
         self._cache: ResilientStore | None = None
+        self.announced: set[tuple] = set()  # (partition, holder, lease end) already said to be waited for
 
     @classmethod
     def open(cls, config: TokenmillConfig, job_id: str, pool: EnginePool | None = None,
@@ -144,10 +170,31 @@ class Job:
                 if not claimed_any:
                     if all(p.status != "running" for p in todo):
                         break  # only failed partitions this run already tried, or none left
-                    time.sleep(self.config.state.wait_seconds)  # others hold them; their leases tell
+                    if not self.take_over_gone_holders(todo):
+                        time.sleep(self.config.state.wait_seconds)  # others hold them; their leases tell
         finally:
             self.progress.finish()
         return self.finish()
+
+    def take_over_gone_holders(self, held: list) -> bool:
+        """Release the claims of holders provably gone (True: claim again at once); say who holds the rest.
+
+        After a crash a rerun would otherwise wait out the dead worker's whole lease with nothing on screen."""
+        released = False
+        for p in held:
+            if p.status != "running":
+                continue
+            if worker_is_gone(p.worker) and self.state.release_gone_holder(self.job_id, p.partition, p.worker):
+                log.warning("partition %s: its holder %s is gone (no such process on this host); taking it over "
+                            "now instead of at %s", p.partition, p.worker, utc(p.lease_expires_at))
+                released = True
+            elif (p.partition, p.worker, p.lease_expires_at) not in self.announced:
+                self.announced.add((p.partition, p.worker, p.lease_expires_at))
+                # Info, not a warning: waiting is normal with several workers; said again as the lease moves.
+                log.info("partition %s waits: held by worker %s (last heartbeat %s) until its lease ends at %s "
+                         "(database clock), unless it finishes first", p.partition, p.worker,
+                         utc(p.heartbeat_at), utc(p.lease_expires_at))
+        return released
 
     def prepare_partition(self, partition: str) -> dict:
         """CPU work ahead of the GPU for one partition (an orchestrator's `prepare` task)."""
@@ -160,8 +207,11 @@ class Job:
             raise JobError(f"job {self.job_id} has no partition {partition}")
         if p.status != "succeeded":
             run = PartitionRun(self, partition)
-            if not run.claim():
-                raise JobError(f"partition {partition} is held by {p.worker} until its lease ends; retry later")
+            if not run.claim() and not (worker_is_gone(p.worker)
+                                        and self.state.release_gone_holder(self.job_id, partition, p.worker)
+                                        and run.claim()):
+                raise JobError(f"partition {partition} is held by worker {p.worker} until its lease ends at "
+                               f"{utc(p.lease_expires_at)} (database clock); retry later")
             run.run()
         p = self.state_partition(partition)
         if p.status != "succeeded":
@@ -209,7 +259,16 @@ class Job:
         return build_manifest(self.config, self.job_id, job, self.state.partitions(self.job_id), partial, staging)
 
     def write_manifest(self) -> dict:
-        """Write and return the manifest over whatever has committed (partial while any partition has not)."""
-        manifest = self.manifest(partial=any(p.status != "succeeded" for p in self.state.partitions(self.job_id)))
+        """Write and return the manifest over whatever has committed (partial while any partition has not).
+
+        First publishes the commit of any partition the catalog has committed whose commit record is
+        missing (its worker died between the catalog's commit and the record), so readers see it.
+        """
+        parts = self.state.partitions(self.job_id)
+        for p in parts:
+            commit = json.loads(p.counts or "{}").get("commit") if p.status == "succeeded" else None
+            if commit and not is_published(self.out, self.job_id, p.partition):
+                publish(self.out, self.job_id, p.partition, commit["id"], commit["files"])
+        manifest = self.manifest(partial=any(p.status != "succeeded" for p in parts))
         write_manifest(self.out, self.job_id, manifest)
         return manifest

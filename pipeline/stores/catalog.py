@@ -22,9 +22,10 @@ import threading
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from sqlalchemy import DateTime, Float, Integer, String, Text, create_engine, insert, select, update
+from sqlalchemy import DateTime, Float, Integer, String, Text, create_engine, func, select, update
+from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Engine
-from sqlalchemy.exc import IntegrityError, OperationalError
+from sqlalchemy.exc import DataError, IntegrityError, OperationalError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from pipeline.schema import ITEM
@@ -64,6 +65,9 @@ class Partition(Base):
     records: Mapped[int] = mapped_column(Integer)
     status: Mapped[str] = mapped_column(String(20), default="pending")  # pending | running | succeeded | failed | deferred
     attempts: Mapped[int] = mapped_column(Integer, default=0)
+    # The fencing token: every claim increments it, and a worker's heartbeats and its commit only land
+    # while the epoch is still the one its claim got (a worker whose lease was taken over is fenced out).
+    epoch: Mapped[int] = mapped_column(Integer, default=0)
     last_error: Mapped[str | None] = mapped_column(Text, nullable=True)
     worker: Mapped[str | None] = mapped_column(String(200), nullable=True)
     heartbeat_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
@@ -118,6 +122,30 @@ def default_worker() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
+# What a database raises for a value it cannot store (as opposed to being unreachable: OperationalError):
+# PostgreSQL's DataError (NUL byte, over-long string, integer out of range), a NOT NULL IntegrityError,
+# and the drivers' own refusals before sending (UnicodeEncodeError for a lone surrogate, SQLite's OverflowError).
+REFUSED_VALUE = (DataError, IntegrityError, ValueError, OverflowError)
+
+
+class ItemsRefused(ValueError):
+    """The catalog refused some items of a batch and stored every other one (paid for, kept). Not a
+    StateError: the catalog works, so only their partition fails. `refused`: item key -> reason."""
+
+    def __init__(self, refused: dict[str, str], ids: dict[str, str], stored: int):
+        self.refused = refused
+        key = next(iter(refused))
+        super().__init__(f"the state catalog refused {len(refused)} of {len(refused) + stored} items (the other "
+                         f"{stored} are stored and not paid again); first: record {ids[key]!r:.200}: {refused[key]}")
+
+
+def refusal(e: BaseException) -> str:
+    """The database's reason for refusing a value, as one line without the statement or its parameters."""
+    orig = getattr(e, "orig", None) or e
+    lines = str(orig).splitlines()
+    return f"{type(orig).__name__}: {lines[0] if lines else ''}"[:300]
+
+
 def upgrade_schema(url: str) -> None:
     """Bring the catalog to the latest schema; safe when several workers start at once.
 
@@ -160,6 +188,16 @@ class StateStore:
 
     def session(self) -> Session:
         return Session(self.engine)
+
+    def db_now(self) -> datetime:
+        """The database's clock (UTC), which leases are compared against: workers' clocks disagree, and one
+        running ahead would take live leases. Read, then bound like any datetime, because SQLite stores
+        DateTime as naive 'YYYY-MM-DD HH:MM:SS.ffffff' text and its CURRENT_TIMESTAMP has no fraction."""
+        with self.session() as s:
+            if self.engine.dialect.name == "sqlite":
+                text = s.execute(select(func.strftime("%Y-%m-%d %H:%M:%f", "now"))).scalar_one()
+                return datetime.strptime(text, "%Y-%m-%d %H:%M:%S.%f").replace(tzinfo=timezone.utc)
+            return aware(s.execute(select(func.now())).scalar_one()).astimezone(timezone.utc)
 
     # -- jobs ---------------------------------------------------------------------------------
     def claim_staging(self, job_id: str, fingerprint: str, input_uri: str, output_uri: str) -> bool:
@@ -210,9 +248,10 @@ class StateStore:
         with self.session() as s:
             return list(s.scalars(select(Partition).where(Partition.job_id == job_id).order_by(Partition.partition)))
 
-    def claim(self, job_id: str, partition: str, worker: str, lease_seconds: float, force: bool = False) -> bool:
-        """Atomically take a partition: one conditional UPDATE; True when this worker got it."""
-        t = now()
+    def claim(self, job_id: str, partition: str, worker: str, lease_seconds: float, force: bool = False) -> int | None:
+        """Atomically take a partition: one conditional UPDATE. Returns the claim's epoch (the fencing
+        token its heartbeats and its commit must present), or None when another worker holds it."""
+        t = self.db_now()  # the database's clock, not this worker's
         claimable = (Partition.status.in_(("pending", "failed", "deferred", "succeeded") if force
                                           else ("pending", "failed", "deferred"))
                      | ((Partition.status == "running") & (Partition.lease_expires_at < t)))
@@ -222,26 +261,33 @@ class StateStore:
                 .where(Partition.job_id == job_id, Partition.partition == partition, claimable)
                 .values(status="running", worker=worker, attempts=Partition.attempts + 1, started_at=t,
                         heartbeat_at=t, lease_expires_at=t + timedelta(seconds=lease_seconds), last_error=None,
-                        finished_at=None)
+                        finished_at=None, epoch=Partition.epoch + 1)
+                .returning(Partition.epoch)
                 .execution_options(synchronize_session=False))
-            return result.rowcount == 1
+            row = result.first()
+            return row[0] if row is not None else None
 
-    def heartbeat(self, job_id: str, partition: str, worker: str, lease_seconds: float) -> bool:
-        t = now()
+    def heartbeat(self, job_id: str, partition: str, worker: str, lease_seconds: float, epoch: int) -> bool:
+        t = self.db_now()  # the database's clock, not this worker's
         with self.session() as s, s.begin():
             result = s.execute(update(Partition)
                                .where(Partition.job_id == job_id, Partition.partition == partition,
-                                      Partition.worker == worker, Partition.status == "running")
+                                      Partition.worker == worker, Partition.epoch == epoch,
+                                      Partition.status == "running")
                                .values(heartbeat_at=t, lease_expires_at=t + timedelta(seconds=lease_seconds)))
             return result.rowcount == 1
 
-    def finish_partition(self, job_id: str, partition: str, worker: str, status: str,
-                         counts: dict | None = None, error: str | None = None) -> None:
+    def finish_partition(self, job_id: str, partition: str, worker: str, epoch: int, status: str,
+                         counts: dict | None = None, error: str | None = None) -> bool:
+        """Set a claimed partition's end state, fenced: False (and nothing changed) when the claim of
+        `epoch` is no longer the partition's latest, i.e. another worker took it over."""
         with self.session() as s, s.begin():
-            s.execute(update(Partition)
-                      .where(Partition.job_id == job_id, Partition.partition == partition, Partition.worker == worker)
-                      .values(status=status, finished_at=now(), lease_expires_at=None, last_error=error,
-                              counts=json.dumps(counts) if counts is not None else None))
+            result = s.execute(update(Partition)
+                               .where(Partition.job_id == job_id, Partition.partition == partition,
+                                      Partition.worker == worker, Partition.epoch == epoch)
+                               .values(status=status, finished_at=now(), lease_expires_at=None, last_error=error,
+                                       counts=json.dumps(counts) if counts is not None else None))
+            return result.rowcount == 1
 
     # -- items ----------------------------------------------------------------------------------
     def stored_items(self, job_id: str, keys: list[str]) -> dict[str, dict]:
@@ -271,23 +317,59 @@ class StateStore:
         return spent
 
     def store_items(self, job_id: str, items: dict[str, dict]) -> None:
-        """Record paid-for generations; a key stored by another worker first keeps its first value."""
+        """Record paid-for generations; a key stored by another worker first keeps its first value.
+
+        One idempotent INSERT .. ON CONFLICT DO NOTHING: workers storing overlapping keys at once all
+        succeed (a read-then-insert lost the later batch, its other keys too, to an IntegrityError).
+        When the database refuses a value, the batch is stored again row by row, so one bad item never
+        discards the others, which are paid for; ItemsRefused then names the bad ones.
+        """
+        rows = [{"job_id": job_id, "item_key": key, **values} for key, values in items.items()]
+        try:
+            self.insert_items(rows)
+            return
+        except REFUSED_VALUE:
+            pass  # the whole batch was rolled back; find the rows that cannot be stored
+        refused: dict[str, str] = {}
+        for row in rows:
+            try:
+                self.insert_items([row])
+            except REFUSED_VALUE as e:
+                refused[row["item_key"]] = refusal(e)
+        if refused:
+            raise ItemsRefused(refused, {k: str(items[k].get("id")) for k in refused}, len(rows) - len(refused))
+
+    def insert_items(self, rows: list[dict]) -> None:
+        """Insert item rows in one transaction, leaving keys already stored as they are."""
+        dialect = postgresql if self.engine.dialect.name == "postgresql" else sqlite
+        statement = dialect.insert(Item).on_conflict_do_nothing(index_elements=["job_id", "item_key"])
+        by_shape: dict[tuple, list[dict]] = {}  # an executemany needs the same columns in every row
+        for row in rows:
+            by_shape.setdefault(tuple(sorted(row)), []).append(row)
         with self.session() as s, s.begin():
-            existing = set(s.scalars(select(Item.item_key).where(Item.job_id == job_id,
-                                                                 Item.item_key.in_(list(items)))))
-            by_shape: dict[tuple, list[dict]] = {}  # an executemany needs the same columns in every row
-            for key, values in items.items():
-                if key not in existing:
-                    by_shape.setdefault(tuple(sorted(values)), []).append({"job_id": job_id, "item_key": key, **values})
-            for rows in by_shape.values():
-                s.execute(insert(Item), rows)  # Core executemany: ORM objects cost more than the SQL
+            for same in by_shape.values():
+                s.execute(statement, same)  # Core executemany: ORM objects cost more than the SQL
+
+    def release_gone_holder(self, job_id: str, partition: str, holder: str) -> bool:
+        """End the lease of `holder`'s claim now, because its process is provably gone (worker_is_gone),
+        so that the partition is claimable at once instead of after the rest of the lease. Only while
+        `holder` still holds it; claim then decides, as always, which worker takes it."""
+        t = self.db_now()
+        with self.session() as s, s.begin():
+            result = s.execute(update(Partition)
+                               .where(Partition.job_id == job_id, Partition.partition == partition,
+                                      Partition.worker == holder, Partition.status == "running",
+                                      Partition.lease_expires_at >= t)
+                               .values(lease_expires_at=t - timedelta(seconds=1)))
+            return result.rowcount == 1
 
 
 class Heartbeat:
     """Extends a partition's lease every lease/3 seconds while the partition runs."""
 
-    def __init__(self, store: StateStore, job_id: str, partition: str, worker: str, lease_seconds: float):
-        self.args = (job_id, partition, worker, lease_seconds)
+    def __init__(self, store: StateStore, job_id: str, partition: str, worker: str, lease_seconds: float,
+                 epoch: int):
+        self.args = (job_id, partition, worker, lease_seconds, epoch)
         self.store, self.interval = store, max(lease_seconds / 3, 0.5)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True, name=f"heartbeat-{partition}")
