@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import logging
 import time
-from datetime import timedelta
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
@@ -21,7 +20,6 @@ from pipeline.job.errors import JobError
 from pipeline.job.stages import staged_input
 from pipeline.output.write import write_manifest
 from pipeline.stores import storage
-from pipeline.stores.catalog import now
 
 if TYPE_CHECKING:
     from pipeline.job.lifecycle import Job
@@ -67,7 +65,7 @@ def ensure_staged(job: Job) -> None:
         row = job.state.job(job.job_id)
         if row.status not in ("staging", "staging_failed"):
             break
-        if job.state.reclaim_staging(job.job_id, now() - timedelta(seconds=c.state.lease_seconds)):
+        if job.state.reclaim_staging(job.job_id, c.state.lease_seconds):
             return stage_input(job)  # the last staging failed or its worker died
         time.sleep(c.state.wait_seconds)  # another worker is staging it now
     if row.output_uri != c.output.uri:

@@ -206,18 +206,21 @@ class StateStore:
             try:
                 with s.begin():
                     s.add(Job(job_id=job_id, status="staging", config_fingerprint=fingerprint,
-                              input_uri=input_uri, output_uri=output_uri, created_at=now()))
+                              input_uri=input_uri, output_uri=output_uri, created_at=self.db_now()))
                 return True
             except IntegrityError:
                 return False
 
-    def reclaim_staging(self, job_id: str, stale_before: datetime) -> bool:
-        """Take over staging a job whose staging failed, or was abandoned before `stale_before`."""
+    def reclaim_staging(self, job_id: str, lease_seconds: float) -> bool:
+        """Take over staging a job whose staging failed, or began over `lease_seconds` ago (by the
+        database's clock) and so was abandoned."""
+        t = self.db_now()
         with self.session() as s, s.begin():
             result = s.execute(update(Job).where(
                 Job.job_id == job_id,
-                (Job.status == "staging_failed") | ((Job.status == "staging") & (Job.created_at < stale_before)),
-            ).values(status="staging", created_at=now(), error=None))
+                (Job.status == "staging_failed")
+                | ((Job.status == "staging") & (Job.created_at < t - timedelta(seconds=lease_seconds))),
+            ).values(status="staging", created_at=t, error=None))
             return result.rowcount == 1
 
     def job(self, job_id: str) -> Job | None:
