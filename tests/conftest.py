@@ -19,11 +19,15 @@ LOCAL_CONFIG = REPO / "configs" / "local.yaml"
 
 
 def read_kind(output: Path, kind: str, job_id: str):
-    """All rows of one kind (outputs, ledger, quarantine) of a job under a local output root."""
+    """All rows of one kind (outputs, ledger, quarantine) of a job under a local output root, as readers
+    see them: the files its partitions' commit records name (pipeline/output/commit.py)."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    files = sorted((output / kind / f"job={job_id}").glob("partition=*/*.parquet"))
+    from pipeline.output.commit import committed_files
+    from pipeline.stores import storage
+
+    files = [f for f in committed_files(storage.resolve(str(output)))[kind] if f"/{kind}/job={job_id}/" in f]
     return pa.concat_tables([pq.read_table(f) for f in files])
 
 

@@ -83,7 +83,7 @@ def test_dag_runs_end_to_end_then_a_failed_partition_reruns_alone(dag, tmp_path,
     after = {p.partition: (p.status, p.attempts) for p in state.partitions(job_id)}
     assert after[victim["p"]] == ("succeeded", 2)
     assert all(after[p] == before[p] for p in before if p != victim["p"])  # committed partitions: not re-run
-    assert_exactly_once(tmp_path / "output", job_id, counts["documents"] + counts["bad_records"], tmp_path / "state.db")
+    assert_exactly_once(tmp_path / "output", job_id, counts, tmp_path / "state.db")
 
     # Outputs and ledger as from `tokenmill run`: same schema, one row per valid record.
     from pipeline.schema import LEDGER, OUTPUTS

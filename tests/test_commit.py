@@ -146,3 +146,32 @@ def test_a_file_whose_name_is_not_utf8_is_skipped_with_a_warning(tmp_path, caplo
         listed = [rel for rel, _, _ in storage.list_files(storage.resolve(str(top)))]
     assert listed == ["good.jsonl"] and "not valid UTF-8" in caplog.text
 
+
+
+def test_a_late_publish_of_an_older_commit_keeps_the_newer_one(tmp_path):
+    """Worker A committed (epoch 1) and stalled before its record; a forced rerun committed epoch 2
+    and published; A's record then arrives late. It must neither replace nor delete epoch 2."""
+    out = str(tmp_path / "out")
+    root = storage.resolve(out)
+    old, new = new_commit_id(1), new_commit_id(2)
+    old_files = write_files(root, "j", "p", partition_tables("p", ["a"]), "zstd", old)
+    new_files = write_files(root, "j", "p", partition_tables("p", ["a", "b"]), "zstd", new)
+    assert publish(root, "j", "p", new, new_files)
+    assert not publish(root, "j", "p", old, old_files)
+    assert seen(out) == {"outputs": ["a", "b"], "ledger": ["a", "b"]}
+    assert all((tmp_path / "out" / name).exists() for name in new_files.values())
+
+
+def test_local_writes_are_fsynced_file_then_folder(tmp_path, monkeypatch):
+    synced = []
+    real = os.fsync
+
+    def spy(fd):
+        synced.append(os.readlink(f"/proc/self/fd/{fd}"))
+        real(fd)
+
+    monkeypatch.setattr(os, "fsync", spy)
+    root = storage.resolve(str(tmp_path))
+    storage.write_bytes_atomic(root, root.join("d", "f.json"), b"x")
+    assert len(synced) == 2 and ".tmp-" in synced[0] and synced[0].endswith("f.json")  # the data, before its rename
+    assert synced[1] == str(tmp_path / "d")  # then the folder, so the rename itself survives a power cut

@@ -97,3 +97,26 @@ def test_record_ids_with_hash_signs_round_trip(make_config, tmp_path):
     for source, cost, attempts in rows.values():
         assert source == "generated" and cost > 0 and attempts >= 1  # not taken for a duplicate, not free
     assert job.manifest["counts"]["by_source"] == {"generated": 2}
+
+
+def test_a_commit_record_lost_after_the_catalog_commit_is_published_by_the_job(make_config, sample_corpus, tmp_path):
+    """Died between the catalog's commit and the commit record: the partition stays committed, and the
+    job's manifest write publishes the record, so readers see every partition."""
+    from pipeline.job import faults
+
+    victim = {}
+
+    def lose_record(point, job_id, partition):
+        if point == "before_publish" and not victim:
+            victim["p"] = partition
+            raise OSError("worker lost before its commit record")
+
+    with faults.inject(lose_record):
+        job = run_job(make_config(), job_id="republished")
+    assert job.manifest["status"] == "succeeded" and victim
+    assert (tmp_path / "output" / "_commits" / "job=republished" / f"partition={victim['p']}.json").exists()
+    con = connect(str(tmp_path / "output"))
+    outputs = con.execute("SELECT count(*) FROM outputs").fetchone()[0]
+    quarantined = con.execute("SELECT count(*) FROM quarantine").fetchone()[0]
+    assert outputs + quarantined == sample_corpus[1]["documents"] + sample_corpus[1]["bad_records"]
+

@@ -13,8 +13,8 @@ import pyarrow as pa
 import pyarrow.dataset as ds
 import pytest
 
-from pipeline.output.ledger import LedgerError, connect, query, summary
 from pipeline.output.commit import new_commit_id, publish, write_files
+from pipeline.output.ledger import LedgerError, connect, query, summary
 from pipeline.schema import LEDGER, OUTPUTS, QUARANTINE
 from pipeline.stores import storage
 from tests.conftest import REPO

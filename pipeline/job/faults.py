@@ -10,6 +10,7 @@
 Points, in the order a partition run meets them:
   before_generate   the staged records are read; no lookup, engine call or write has happened
   before_commit     outputs, ledger and quarantine are assembled; nothing is written yet
+  before_publish    committed in the catalog; the commit record readers honour is not written yet
 An injector that raises fails the partition at that point, exactly as a real fault would there.
 Injectors are process-wide (the Airflow DAG's `dag.test()` runs tasks in the test's process).
 """
@@ -20,7 +21,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 Injector = Callable[[str, str, str], None]  # (point, job_id, partition)
-POINTS = ("before_generate", "before_commit")
+POINTS = ("before_generate", "before_commit", "before_publish")
 _injectors: list[Injector] = []
 
 

@@ -25,6 +25,7 @@ from datetime import datetime, timezone
 from sqlalchemy.exc import OperationalError
 
 from pipeline.config import TokenmillConfig
+from pipeline.config_env import scrub
 from pipeline.generate.engine import EnginePool
 from pipeline.generate.lookup import ItemLookup
 from pipeline.job.budget import BudgetGuard
@@ -33,7 +34,7 @@ from pipeline.job.manifest import build_manifest
 from pipeline.job.partition import PartitionRun
 from pipeline.job.progress import Progress
 from pipeline.job.staging import StagingArea, ensure_staged
-from pipeline.output.commit import is_published, publish
+from pipeline.output.commit import publish, published_commit
 from pipeline.output.write import write_manifest
 from pipeline.stores import storage
 from pipeline.stores.cache import ResilientStore, open_store
@@ -97,8 +98,8 @@ def run_job(config: TokenmillConfig, job_id: str | None = None, pool: EnginePool
         raise JobError(str(e)) from e
     except OperationalError as e:
         # Leases make this safe: what this worker held is claimable again once its lease runs out.
-        raise JobError(f"state database {StateStore.safe_url(config.state.url)} unreachable: "
-                       f"{str(e.orig).splitlines()[0] if e.orig else e}") from e
+        detail = scrub(str(e.orig).splitlines()[0] if e.orig and str(e.orig) else str(e), config.state.url)
+        raise JobError(f"state database {StateStore.safe_url(config.state.url)} unreachable: {detail}") from e
     except Exception as e:
         raise JobError(f"{type(e).__name__}: {e}") from e
 
@@ -261,13 +262,14 @@ class Job:
     def write_manifest(self) -> dict:
         """Write and return the manifest over whatever has committed (partial while any partition has not).
 
-        First publishes the commit of any partition the catalog has committed whose commit record is
-        missing (its worker died between the catalog's commit and the record), so readers see it.
+        First publishes the commit of any partition whose commit record is missing or names another
+        commit than the catalog's (its worker died between the catalog's commit and the record, or an
+        older commit's late record overwrote it), so readers see what the catalog committed.
         """
         parts = self.state.partitions(self.job_id)
         for p in parts:
             commit = json.loads(p.counts or "{}").get("commit") if p.status == "succeeded" else None
-            if commit and not is_published(self.out, self.job_id, p.partition):
+            if commit and published_commit(self.out, self.job_id, p.partition) != commit["id"]:
                 publish(self.out, self.job_id, p.partition, commit["id"], commit["files"])
         manifest = self.manifest(partial=any(p.status != "succeeded" for p in parts))
         write_manifest(self.out, self.job_id, manifest)

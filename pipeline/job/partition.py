@@ -163,4 +163,9 @@ class PartitionRun:
             discard(job.out, files)
             raise LeaseLost(f"partition {partition}: lease lost to another worker (claim epoch {self.epoch} "
                             f"superseded); its commit was fenced out and wrote nothing visible")
-        publish(job.out, self.job_id, partition, commit, files)
+        try:
+            faults.checkpoint("before_publish", self.job_id, partition)
+            publish(job.out, self.job_id, partition, commit, files)
+        except Exception as e:  # committed in the catalog: never downgrade it; the record follows
+            log.warning("partition %s committed, but its commit record could not be written yet (%s); "
+                        "the job's next manifest write publishes it", partition, e)

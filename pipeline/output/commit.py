@@ -73,20 +73,51 @@ def relative(root: storage.Location, path: str) -> str:
     return path[len(root.path.rstrip("/")) + 1:]
 
 
-def publish(root: storage.Location, job_id: str, partition: str, commit: str, files: dict[str, str]) -> None:
-    """The commit point: write the commit record, then delete the partition's files it does not name."""
+def epoch_of(commit: str) -> int:
+    return int(commit.split("-", 1)[0])
+
+
+def publish(root: storage.Location, job_id: str, partition: str, commit: str, files: dict[str, str]) -> bool:
+    """The commit point: write the commit record, then delete the partition's files of older commits.
+
+    A record of a newer commit (a higher epoch: a forced rerun committed since) is never replaced, and
+    only files of lower epochs are deleted, so a late publish cannot remove what a newer commit
+    names; False when a newer commit was found. (Read-then-write: should a newer record land between
+    the two, the next manifest write of the job, which compares records with the catalog, restores it.)
+    """
+    current = published_commit(root, job_id, partition)
+    if current is not None and current != commit and epoch_of(current) > epoch_of(commit):
+        return False
     record = {"job_id": job_id, "partition": partition, "commit": commit, "files": files}
     storage.write_bytes_atomic(root, commit_path(root, job_id, partition), json.dumps(record).encode())
-    for kind, name in files.items():
+    for name in files.values():
         keep = root.join(name)
         folder = keep.rsplit("/", 1)[0]
         for info in root.fs.get_file_info(pafs.FileSelector(folder, allow_not_found=True)):
-            if info.type == pafs.FileType.File and info.path != keep:
+            if info.type == pafs.FileType.File and info.path != keep and _older(info.path, epoch_of(commit)):
                 _delete(root, info.path)
+    return True
 
 
-def is_published(root: storage.Location, job_id: str, partition: str) -> bool:
-    return root.fs.get_file_info(commit_path(root, job_id, partition)).type == pafs.FileType.File
+def _older(path: str, epoch: int) -> bool:
+    """A partition file of an older commit (or an older version's part-0); never a temporary file."""
+    name = path.rsplit("/", 1)[1]
+    if name == LEGACY_FILE:
+        return True
+    if not (name.startswith("part-") and name.endswith(".parquet")):
+        return False
+    try:
+        return epoch_of(name[len("part-"):-len(".parquet")]) < epoch
+    except ValueError:
+        return False
+
+
+def published_commit(root: storage.Location, job_id: str, partition: str) -> str | None:
+    """The commit id the partition's record names, or None when it has none."""
+    try:
+        return json.loads(storage.read_bytes(root, commit_path(root, job_id, partition)))["commit"]
+    except storage.StorageError:
+        return None
 
 
 def discard(root: storage.Location, files: dict[str, str]) -> None:
@@ -104,17 +135,25 @@ def _delete(root: storage.Location, path: str) -> None:
         log.warning("could not delete %s: %s", root.uri(path), e)
 
 
-def committed_files(root: storage.Location, kind: str) -> list[str]:
-    """Full paths of the `kind` files of every committed partition under the root."""
-    named = {}
+def committed_files(root: storage.Location) -> dict[str, list[str]]:
+    """Full paths of every committed partition's files under the root, per kind.
+
+    One listing of the commit records; the folders themselves are listed only for jobs that have no
+    record at all (written by versions before commit records), to find their `part-0` files.
+    """
+    named: dict[str, list[str]] = {kind: [] for kind in KINDS}
+    jobs_with_records = set()
     for info in root.fs.get_file_info(pafs.FileSelector(root.join(COMMITS), recursive=True, allow_not_found=True)):
         if info.type == pafs.FileType.File and info.path.endswith(".json"):
             record = json.loads(storage.read_bytes(root, info.path))
-            named[(record["job_id"], record["partition"])] = root.join(record["files"][kind])
-    legacy = []
-    for info in root.fs.get_file_info(pafs.FileSelector(root.join(kind), recursive=True, allow_not_found=True)):
-        if info.type == pafs.FileType.File and info.path.endswith("/" + LEGACY_FILE):
-            job, part = info.path.rsplit("/", 3)[1:3]
-            if (job.removeprefix("job="), part.removeprefix("partition=")) not in named:
-                legacy.append(info.path)
-    return sorted([*named.values(), *legacy])
+            jobs_with_records.add(record["job_id"])
+            for kind in KINDS:
+                named[kind].append(root.join(record["files"][kind]))
+    for kind in KINDS:
+        for job in root.fs.get_file_info(pafs.FileSelector(root.join(kind), allow_not_found=True)):
+            if job.type != pafs.FileType.Directory or job.base_name.removeprefix("job=") in jobs_with_records:
+                continue
+            for info in root.fs.get_file_info(pafs.FileSelector(job.path, recursive=True)):
+                if info.type == pafs.FileType.File and info.base_name == LEGACY_FILE:
+                    named[kind].append(info.path)
+    return {kind: sorted(paths) for kind, paths in named.items()}

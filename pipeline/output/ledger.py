@@ -44,9 +44,8 @@ class LedgerError(ValueError):
     """A ledger question that cannot be answered as asked; the message says why."""
 
 
-def _dataset(root: storage.Location, kind: str, schema: pa.Schema) -> ds.Dataset:
+def _dataset(root: storage.Location, kind: str, schema: pa.Schema, files: list[str]) -> ds.Dataset:
     """The committed files of one kind (commit.py): a partition is read whole or not at all."""
-    files = committed_files(root, kind)
     # The ledger carries `partition` in its rows; outputs and quarantine take it from the path.
     in_path = [] if "partition" in schema.names else [("partition", pa.string())]
     full = pa.schema([*schema, *in_path])
@@ -66,8 +65,9 @@ def connect(output_uri: str, storage_config: StorageConfig | None = None) -> duc
     """
     root = storage.resolve(output_uri, storage_config)
     con = duckdb.connect()
+    committed = committed_files(root)
     for kind, schema in (("ledger", LEDGER), ("outputs", OUTPUTS), ("quarantine", QUARANTINE)):
-        con.register(kind, _dataset(root, kind, schema))
+        con.register(kind, _dataset(root, kind, schema, committed[kind]))
     con.execute("SET enable_external_access = false")
     con.execute("SET lock_configuration = true")
     return con
