@@ -210,6 +210,14 @@ def _throwaway_database(admin_url: str):
     admin.dispose()
 
 
+@pytest.fixture
+def store(state_url):
+    """The state catalog on each database `state_url` names (SQLite and PostgreSQL)."""
+    from pipeline.stores.catalog import StateStore
+
+    return StateStore(state_url)
+
+
 @pytest.fixture(params=["sqlite", "postgresql"])
 def state_url(request, tmp_path):
     if request.param == "sqlite":

@@ -10,11 +10,6 @@ from pipeline.stores.catalog import StateError, StateStore
 
 
 @pytest.fixture
-def store(state_url):
-    return StateStore(state_url)
-
-
-@pytest.fixture
 def job(store):
     job_id = f"j-{uuid.uuid4().hex[:6]}"
     assert store.claim_staging(job_id, "fp", "in", "out")
