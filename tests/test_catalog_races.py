@@ -128,6 +128,17 @@ def test_leases_are_compared_on_the_database_clock_not_the_workers(store, job, m
     assert abs((store.db_now() - real_now()).total_seconds()) < 5  # (the test's database runs on this host)
 
 
+def test_staging_is_reclaimed_on_the_database_clock(store, monkeypatch):
+    """A worker whose clock runs an hour ahead must not take over a staging that just began."""
+    real_now = catalog.now
+    job_id = f"s-{uuid.uuid4().hex[:6]}"
+    assert store.claim_staging(job_id, "fp", "in", "out")
+    monkeypatch.setattr(catalog, "now", lambda: real_now() + timedelta(hours=1))
+    assert not store.reclaim_staging(job_id, lease_seconds=60)
+    store.set_job(job_id, status="staging_failed")
+    assert store.reclaim_staging(job_id, lease_seconds=60)  # a failed staging is taken over at once
+
+
 def test_a_holder_that_is_gone_is_released_and_a_live_one_is_not(store, job):
     host = socket.gethostname()
     dead = subprocess.Popen([sys.executable, "-c", "pass"])

@@ -12,10 +12,11 @@ from tests.conftest import LOCAL_CONFIG, ONE_TIER
 def test_every_verb_is_registered_and_plan_is_a_hidden_alias():
     group = typer.main.get_command(app)
     assert {"run", "rerun", "estimate", "plan", "status", "report", "samples",
-            "jobs", "ledger", "router", "models", "config"} <= set(group.commands)
+            "jobs", "ledger", "router", "models", "config", "cache"} <= set(group.commands)
     assert group.commands["plan"].hidden and not group.commands["estimate"].hidden
     listed = CliRunner().invoke(app, ["--help"]).output
-    assert "estimate" in listed and "Pre-flight estimate" in listed and "│ plan " not in listed
+    assert "estimate" in listed and "Pre-flight estimate" in listed and not any(
+        line.split()[1:2] == ["plan"] for line in listed.splitlines() if line.strip())  # hidden from help
 
 
 def test_plan_warns_then_prints_the_same_estimate(tiny_models, sample_corpus, tmp_path, monkeypatch):
