@@ -12,6 +12,7 @@ exactly what is not done and pays for nothing twice.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -130,7 +131,7 @@ class Job:
             self._cache = open_store(self.config.cache)
         return self._cache
 
-    @property
+    @functools.cached_property
     def lookup(self) -> ItemLookup:
         return ItemLookup(self.state, self.cache, self.job_id, self.config.cache.enabled)
 

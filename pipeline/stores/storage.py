@@ -86,7 +86,7 @@ def aws_storage_config(config: StorageConfig) -> StorageConfig:
 
 
 def s3_filesystem(config: StorageConfig) -> pafs.S3FileSystem:
-    config = aws_storage_config(config)
+    """pyarrow's S3 client for `config` as resolve() completes it (aws_storage_config)."""
     endpoint = urlparse(config.s3_endpoint_url) if config.s3_endpoint_url else None
     return pafs.S3FileSystem(
         region=config.s3_region,
@@ -219,8 +219,8 @@ def _s3_client(config: StorageConfig):
 
 @functools.lru_cache(maxsize=8)
 def _cached_s3_client(config_json: str):
-    """boto3's client for the same store pyarrow reads (boto3 itself honours AWS_ENDPOINT_URL_S3,
-    AWS_PROFILE, AWS_REGION and the shared config when the storage section leaves them unset)."""
+    """boto3's client for the same store pyarrow reads: the Location's config, which resolve()
+    completed with the endpoint and region the AWS SDKs would use."""
     import boto3
     from botocore.config import Config
 
