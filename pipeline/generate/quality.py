@@ -1,0 +1,177 @@
+"""Output quality without a reference model: ROUGE-L against a reference, and unfaithful terms.
+
+`rouge_l` scores a summary against a reference summary (the large tier's, or a hold-out label):
+the evals and the router's labels use it. `unfaithful_terms` lists what a summary states that its
+document does not contain, numbers, dates and capitalised names, so that escalation can send an
+output that invents facts to the larger tier. It is a heuristic with no model, and deliberately
+conservative: a false positive costs a second generation for nothing, so a word the document holds
+in any case, a number it holds in any notation and a date whose parts it holds are never flagged.
+It is regular expressions and set look-ups only, fast enough to run on every output.
+"""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+
+from pipeline.dedup.guards import NUMBER
+
+_NUMBER = re.compile(NUMBER.pattern + r"%?")
+_MONTHS = ("january", "february", "march", "april", "may", "june", "july", "august", "september",
+           "october", "november", "december")
+_MONTH_OF = {**{m: i + 1 for i, m in enumerate(_MONTHS)}, **{m[:3]: i + 1 for i, m in enumerate(_MONTHS)},
+             "sept": 9}
+_MONTH = r"(Jan(?:uary)?|Feb(?:ruary)?|Mar(?:ch)?|Apr(?:il)?|May|June?|July?|Aug(?:ust)?|Sept?(?:ember)?" \
+         r"|Oct(?:ober)?|Nov(?:ember)?|Dec(?:ember)?)\.?"
+_ORDINAL = r"(?:st|nd|rd|th)?"
+# A date is checked as one term (its parts together), before its numbers are checked on their own.
+_DATES = (
+    re.compile(r"\b(\d{4})-(\d{1,2})-(\d{1,2})\b"),                                         # ISO: y, m, d
+    re.compile(rf"\b{_MONTH}\s+(\d{{1,2}}){_ORDINAL}\b(?:,?\s+(\d{{4}})\b)?"),               # March 3, 2024
+    re.compile(rf"\b(\d{{1,2}}){_ORDINAL}\s+(?:of\s+)?{_MONTH}(?:,?\s+(\d{{4}})\b)?"),       # 3 March 2024
+    re.compile(rf"\b{_MONTH}\s+(\d{{4}})\b"),                                                 # March 2024
+)
+_WORD = re.compile(r"[^\W\d_][\w'’&-]*")
+_DOC_TOKEN = re.compile(r"\w+")
+_HAS_DIGIT = re.compile(r"\d")
+_SENTENCE_BREAK = re.compile(r"[.!?:;\n•*()\"“”]|^\s*[-–—]|\s[-–—]\s")
+_NUMBER_WORDS = {"zero": "0", "one": "1", "two": "2", "three": "3", "four": "4", "five": "5", "six": "6",
+                 "seven": "7", "eight": "8", "nine": "9", "ten": "10", "eleven": "11", "twelve": "12",
+                 "twenty": "20", "thirty": "30", "fifty": "50", "hundred": "100", "thousand": "1000",
+                 "million": "1000000", "first": "1", "second": "2", "third": "3", "fourth": "4", "fifth": "5",
+                 "dozen": "12", "single": "1", "once": "1", "twice": "2", "double": "2"}
+# Capitalised only because they open a sentence (or a heading) in a summary: never names by themselves.
+_COMMON = set("""
+a an the this that these those it its it's there their they them he she his her we our you your i my
+in on at for with by from to of as into about over under after before during between through within without
+and or but nor so yet if when while because although though since unless until whether then than also
+is are was were be been being has have had do does did can could may might must shall should will would
+not no yes all any both each every few many more most much other some such only own same very just
+here what which who whom whose why how where overall however additionally furthermore moreover finally
+first second third next last lastly summary summarised summarized summarizing summarising conclusion
+key main note notes important briefly basically essentially specifically generally typically usually
+users user developers document documents documentation text file files readme page section sections
+package packages program programs software tool tools library module modules function functions class
+describes explains provides contains includes lists covers outlines discusses introduces defines
+according instead otherwise therefore thus hence please see use using used uses available example
+""".split())
+
+
+@lru_cache(maxsize=1)
+def _scorer():
+    from rouge_score import rouge_scorer  # imported on first use: escalation without evals never needs it
+
+    return rouge_scorer.RougeScorer(["rougeL"])
+
+
+def rouge_l(candidate: str, reference: str) -> float:
+    """ROUGE-L F-measure of `candidate` against `reference`: 1.0 when both are empty, 0.0 when one is."""
+    if not candidate.strip() or not reference.strip():
+        return 1.0 if not candidate.strip() and not reference.strip() else 0.0
+    return float(_scorer().score(reference, candidate)["rougeL"].fmeasure)
+
+
+def _number_key(text: str) -> str:
+    """One notation per number: no thousands separators, no percent sign, no leading zeros on integers."""
+    text = text.rstrip("%").replace(",", "")
+    return str(int(text)) if text.isdigit() else text
+
+
+class _Document:
+    """What the summary's terms are looked up in: the document's words, numbers and months."""
+
+    def __init__(self, text: str):
+        lowered = text.lower()
+        self.lowered = " ".join(lowered.split())
+        self.words = set(_DOC_TOKEN.findall(lowered)) | {w.strip("'’-") for w in _WORD.findall(lowered)}
+        numbers = {_number_key(n) for n in _NUMBER.findall(text)}
+        numbers |= {_NUMBER_WORDS[w] for w in self.words & _NUMBER_WORDS.keys()}
+        # A version's leading parts count as present ("2.0" of "2.0.1"): a summary may round it.
+        numbers |= {".".join(n.split(".")[:i]) for n in set(numbers) if "." in n for i in range(1, n.count(".") + 1)}
+        self.numbers = numbers
+        self.months = {_MONTH_OF[w] for w in self.words if w in _MONTH_OF}
+        self.months |= {int(m) for _, m, _ in _DATES[0].findall(text) if 1 <= int(m) <= 12}  # ISO dates' months
+
+    def has_word(self, word: str) -> bool:
+        w = word.lower().strip("'’-&")
+        for suffix in ("'s", "’s"):
+            w = w.removesuffix(suffix)
+        if not w or w in self.words or w + "s" in self.words or w + "es" in self.words:
+            return True
+        if w.endswith("s") and w[:-1] in self.words:
+            return True
+        pieces = [p for p in re.split(r"[-'’&]", w) if p]
+        return bool(pieces) and all(p in self.words for p in pieces)
+
+    def has_number(self, text: str) -> bool:
+        return _number_key(text) in self.numbers
+
+    def has_month(self, text: str) -> bool:
+        name = text.lower().rstrip(".")
+        month = _MONTH_OF.get(name) or _MONTH_OF.get(name[:3])
+        return month in self.months or (name.isdigit() and (int(name) in self.months or self.has_number(name)))
+
+
+def _check_dates(summary: str, doc: _Document, flagged: set[str]) -> str:
+    """Flag dates whose parts the document lacks; return the summary with every date blanked out."""
+    for i, pattern in enumerate(_DATES):
+        for m in pattern.finditer(summary):
+            if i == 0:
+                year, month, day = m.groups()
+                ok = doc.has_number(year) and doc.has_month(month) and doc.has_number(day)
+            elif i == 3:
+                month, year = m.groups()
+                ok = doc.has_month(month) and doc.has_number(year)
+            else:
+                a, b, year = m.groups()
+                month, day = (a, b) if i == 1 else (b, a)
+                ok = doc.has_month(month) and doc.has_number(day) and (year is None or doc.has_number(year))
+            if not ok:
+                flagged.add(" ".join(m.group(0).split()))
+        summary = pattern.sub(lambda m: " " * len(m.group(0)), summary)
+    return summary
+
+
+def _name_runs(summary: str) -> list[list[str]]:
+    """Runs of capitalised words (a multiword name is one run), less their common opening words.
+
+    A run breaks at anything but a single space. A sentence's first word is capitalised whatever it
+    is, so alone it counts as a name only when more than its first letter says so ("GNU", "OpenSSL");
+    common words ("The", "This README", "Overall") open no name."""
+    runs: list[tuple[bool, list[str]]] = []  # (opens a sentence, words)
+    run: list[str] | None = None
+    initial = False
+    last_end = 0
+    for m in _WORD.finditer(summary):
+        gap, word = summary[last_end:m.start()], m.group(0).rstrip("'’-&")
+        at_start = last_end == 0 or bool(_SENTENCE_BREAK.search(gap))
+        last_end = m.end()
+        if run is not None and (gap != " " or not word[:1].isupper()):
+            runs.append((initial, run))
+            run = None
+        if not word[:1].isupper() or (run is None and word.lower() in _COMMON):
+            continue
+        if run is None:
+            run, initial = [], at_start
+        run.append(word)
+    if run is not None:
+        runs.append((initial, run))
+    return [run for initial, run in runs
+            if not (initial and len(run) == 1 and run[0][1:] == run[0][1:].lower() and not _HAS_DIGIT.search(run[0]))]
+
+
+def unfaithful_terms(summary: str, document: str) -> list[str]:
+    """Sorted unique numbers, dates and capitalised names that `summary` states and `document` lacks."""
+    doc = _Document(document)
+    flagged: set[str] = set()
+    rest = _check_dates(summary, doc, flagged)
+    for m in _NUMBER.finditer(rest):
+        if not doc.has_number(m.group(0)):
+            flagged.add(m.group(0))
+    for run in _name_runs(rest):
+        name = " ".join(run)
+        if name.lower() in doc.lowered:
+            continue
+        if not all(doc.has_word(w) for w in run):
+            flagged.add(name)
+    return sorted(flagged)

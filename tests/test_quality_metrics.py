@@ -1,0 +1,86 @@
+"""ROUGE-L and unfaithful terms (pipeline/generate/quality.py), on real sentences (no engine)."""
+
+import time
+
+import pytest
+from rouge_score import rouge_scorer
+
+from pipeline.generate.quality import rouge_l, unfaithful_terms
+
+GZIP = ("The gzip command reduces the size of the named files using Lempel-Ziv coding (LZ77). Whenever "
+        "possible, each file is replaced by one with the extension .gz. Typically, text such as source code or "
+        "English is reduced by 60-70%. Version 1.12 was released on April 7, 2022 and handles files over 4 GB. "
+        "Jean-loup Gailly wrote the compression code and Mark Adler the decompression code for the GNU project. "
+        "The archive holds 1,200 test files, and the release notes are dated 2022-04-07.")
+
+
+def test_rouge_l_matches_rouge_score():
+    reference = "the cat sat on the mat"
+    candidate = "the cat lay on a mat"
+    expected = rouge_scorer.RougeScorer(["rougeL"]).score(reference, candidate)["rougeL"].fmeasure
+    assert rouge_l(candidate, reference) == pytest.approx(expected)
+    assert 0.0 < rouge_l(candidate, reference) < 1.0
+    assert rouge_l(reference, reference) == 1.0
+
+
+def test_rouge_l_empty_texts():
+    assert rouge_l("", "") == 1.0
+    assert rouge_l("  \n", "") == 1.0
+    assert rouge_l("a summary", "") == 0.0
+    assert rouge_l("", "a summary") == 0.0
+
+
+@pytest.mark.parametrize("summary", [
+    "The gzip tool compresses files with Lempel-Ziv coding (LZ77), shrinking English text by 60-70%.",
+    "This README explains that gzip 1.12, released on April 7, 2022, was written by Jean-loup Gailly and Mark "
+    "Adler for GNU.",
+    "Overall, the archive has 1200 test files; the notes are from 7 April 2022 and gzip handles 4 GB files.",
+    "Gzip replaces each file with a .gz file. The release notes are dated April 2022 (2022-04-07).",
+    "In summary: the GNU Project's gzip, by Gailly and Adler, reduces source code by 60-70 percent.",
+    "",
+])
+def test_faithful_summaries_flag_nothing(summary):
+    assert unfaithful_terms(summary, GZIP) == []
+
+
+@pytest.mark.parametrize(("summary", "expected"), [
+    ("Gzip reduces English text by 80%.", ["80%"]),
+    ("Version 1.13 of gzip uses LZ77.", ["1.13"]),
+    ("The archive holds 1,300 test files.", ["1,300"]),
+    ("Gzip was written by Jean-loup Gailly and Richard Stallman.", ["Richard Stallman"]),
+    ("The code was donated to the Apache Software Foundation by Gailly.", ["Apache Software Foundation"]),
+    ("Gzip 1.12 was released on May 3, 2022.", ["May 3, 2022"]),
+    ("The notes are dated 2021-04-07 and cover LZ77.", ["2021-04-07"]),
+    ("Gzip came out in 2019 and Microsoft ships it.", ["2019", "Microsoft"]),
+])
+def test_invented_facts_are_flagged(summary, expected):
+    assert unfaithful_terms(summary, GZIP) == expected
+
+
+def test_presence_ignores_case_and_notation():
+    document = "The PYTHON interpreter 3.11.7 was built in a docker container on 3 march 2024 with 1200 tests."
+    assert unfaithful_terms("Python 3.11 was built in a Docker container on March 3, 2024 with 1,200 tests.",
+                            document) == []
+    assert unfaithful_terms("Python 3.12 was built in Kubernetes.", document) == ["3.12", "Kubernetes"]
+
+
+def test_sentence_openers_are_not_names():
+    document = "the tool copies files between hosts over ssh."
+    summary = "Basically, the tool copies files. Additionally, it uses SSH. Copies go between hosts."
+    assert unfaithful_terms(summary, document) == []
+    # a capitalised word mid-sentence, or an acronym opening one, is a name
+    assert unfaithful_terms("It copies files over Rsync. NFS is not used.", document) == ["NFS", "Rsync"]
+
+
+def test_terms_are_sorted_and_unique():
+    terms = unfaithful_terms("Oracle paid 5 and Oracle paid 5 again, then Cisco paid 7.", "a company paid.")
+    assert terms == ["5", "7", "Cisco", "Oracle"]
+
+
+def test_fast_enough_to_run_on_every_output():
+    document = GZIP * 12  # about 6 KB
+    summary = "Gzip 1.12 by Gailly and Adler shrinks text by 60-70%; Microsoft ships 3 copies since May 2021."
+    start = time.perf_counter()
+    for _ in range(200):
+        unfaithful_terms(summary, document)
+    assert (time.perf_counter() - start) / 200 < 0.01
