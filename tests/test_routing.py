@@ -1,7 +1,11 @@
 """Two tiers: rules, the learned router and its calibration, escalation and map-reduce on the real engine."""
 
 import json
+import subprocess
+import sys
+from pathlib import Path
 
+import numpy as np
 import pyarrow as pa
 import pytest
 from typer.testing import CliRunner
@@ -10,7 +14,17 @@ from pipeline import run_job
 from pipeline.cli import app
 from pipeline.config import ConfigError, RouteConfig, RouteRule, load_config
 from pipeline.dev.labels import example_labels
-from pipeline.route.router import Router, RouterError, read_labels
+from pipeline.route.router import (
+    FEATURES,
+    Router,
+    RouterError,
+    calibrated_model,
+    calibration_curve,
+    read_labels,
+    text_features,
+    train,
+    train_router,
+)
 from pipeline.route.rules import assign_tiers
 from tests.conftest import LOCAL_CONFIG, read_kind
 
@@ -60,11 +74,82 @@ def test_router_train_then_eval_picks_the_cheapest_threshold_that_keeps_quality(
     assert chosen["quality_kept"] >= 0.95
     assert all(r["cost_per_item_usd"] >= chosen["cost_per_item_usd"] for r in rows if r["quality_kept"] >= 0.95)
     assert 0 < chosen["large_share"] < 1, "the synthetic set has easy and hard items"
+    curve = report["calibration"]
+    assert sum(b["count"] for b in curve) == 300 and all(0 <= b["low"] <= b["mean_predicted"] <= b["high"] for b in curve)
     saved = json.loads(artifact.read_text())
     assert saved["threshold"] == chosen["threshold"] and saved["calibrated_target"] == 0.95
     router = Router.load(artifact)
     routed = router.route(["Short plain note about the team meeting."])
     assert routed[0][0] in ("small", "large") and 0 <= routed[0][1] <= 1
+    shown = runner.invoke(app, ["router", "eval", "--config", str(LOCAL_CONFIG), "--labels", str(labels),
+                                "--router", str(artifact)])
+    assert shown.exit_code == 0, shown.output
+    assert "calibration" in shown.output and "mean predicted" in shown.output, shown.output
+
+
+def labelled(tmp_path, name, items, seed):
+    return read_labels(example_labels(tmp_path / f"{name}.jsonl", items, seed=seed), "small", "large")
+
+
+def test_the_router_is_calibrated_on_held_out_items(tmp_path):
+    artifact = train(labelled(tmp_path, "train", 400, seed=3), "small", "large", 0.95)
+    held_out = labelled(tmp_path, "held_out", 400, seed=11)
+    router = Router(artifact)
+    p, y = router.probabilities(held_out.texts), held_out.small_suffices(0.95)
+    brier, base_rate = float(np.mean((p - y) ** 2)), float(y.mean() * (1 - y.mean()))
+    assert brier < 0.75 * base_rate, f"Brier {brier:.3f} against {base_rate:.3f} for always predicting the share"
+    curve = [b for b in calibration_curve(router, held_out, 0.95) if b["count"] >= 20]
+    assert len(curve) >= 2 and sum(b["count"] for b in calibration_curve(router, held_out, 0.95)) == 400
+    assert all(abs(b["mean_predicted"] - b["observed"]) < 0.2 for b in curve), curve
+    observed = [b["observed"] for b in curve]
+    assert observed[-1] - observed[0] > 0.4 and all(b >= a - 0.15 for a, b in zip(observed, observed[1:])), curve
+    assert artifact["calibration"]["method"] == "sigmoid" and artifact["calibration"]["folds"] == 5
+
+
+def test_the_folded_artifact_equals_the_calibrated_sklearn_model(tmp_path):
+    data = labelled(tmp_path, "train", 200, seed=5)
+    artifact = train(data, "small", "large", 0.95)
+    x = (text_features(data.texts) - np.asarray(artifact["mean"])) / np.asarray(artifact["scale"])
+    model = calibrated_model(x, data.small_suffices(0.95).astype(int))
+    assert np.allclose(Router(artifact).probabilities(data.texts), model.predict_proba(x)[:, 1], atol=1e-12)
+
+
+def test_the_artifact_round_trips_and_routes_without_sklearn(tmp_path):
+    data = labelled(tmp_path, "train", 120, seed=7)
+    path = tmp_path / "router.json"
+    path.write_text(json.dumps(train(data, "small", "large", 0.95)))
+    loaded = Router.load(path)
+    assert loaded.artifact["features"] == FEATURES and len(loaded.weights) == len(FEATURES)
+    assert np.array_equal(loaded.probabilities(data.texts), Router(json.loads(path.read_text())).probabilities(data.texts))
+    # Routing runs in every job: it must not pay sklearn's import (nor need it installed).
+    probe = ("import json, sys; from pipeline.route.router import Router; "
+             f"r = Router.load({str(path)!r}); print(json.dumps([r.route(['A short note.']), "
+             "'sklearn' in sys.modules]))")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
+                          check=True, cwd=Path(__file__).parents[1])
+    (tier, p), sklearn_loaded = json.loads(done.stdout)[0][0], json.loads(done.stdout)[1]
+    assert (tier, p) == tuple(loaded.route(["A short note."])[0]) and not sklearn_loaded
+
+
+def test_an_old_format_artifact_is_refused_with_what_to_do(tmp_path):
+    artifact = train(labelled(tmp_path, "train", 60, seed=1), "small", "large", 0.95)
+    path = tmp_path / "old.json"
+    path.write_text(json.dumps({**artifact, "format": 1}))
+    with pytest.raises(RouterError, match="format 1 .* train it again with `tokenmill router train`"):
+        Router.load(path)
+
+
+def test_a_set_with_too_few_items_of_one_outcome_is_refused_clearly():
+    texts = [f"Note {i} about the plan." for i in range(12)]
+    with pytest.raises(RouterError, match="12 labelled items, 12 where small suffices .* at least 2 items of each outcome"):
+        train_router(texts, [1.0] * 12, [1.0] * 12, "small", "large", 0.95)
+    with pytest.raises(RouterError, match="12 labelled items, 11 where small suffices"):
+        train_router(texts, [1.0] * 11 + [0.1], [1.0] * 12, "small", "large", 0.95)
+    with pytest.raises(RouterError, match="12 texts but 11 small"):
+        train_router(texts, [1.0] * 11, [1.0] * 12, "small", "large", 0.95)
+    # Three items of the rarer outcome: calibrated over three folds rather than refused.
+    artifact = train_router(texts, [1.0] * 9 + [0.1] * 3, [1.0] * 12, "small", "large", 0.95)
+    assert artifact["calibration"]["folds"] == 3 and artifact["trained_on"] == 12
 
 
 def test_bad_labels_are_named_by_line(tmp_path):

@@ -49,7 +49,8 @@ def router_train(config: Path = typer.Option(..., "--config", help="Config whose
     target = out or Path(cfg.route.router or "router.json")
     target.write_text(json.dumps(artifact, indent=2))
     typer.echo(f"router {artifact['version']} trained on {artifact['trained_on']} items "
-               f"({artifact['small_suffices_share']:.0%} fine on {small}) -> {target}")
+               f"({artifact['small_suffices_share']:.0%} fine on {small}; sigmoid-calibrated over "
+               f"{artifact['calibration']['folds']} folds) -> {target}")
 
 
 def _eval_table(router, data, rows: list[dict], best: dict | None, large: str) -> Table:
@@ -63,14 +64,24 @@ def _eval_table(router, data, rows: list[dict], best: dict | None, large: str) -
     return table
 
 
+def _calibration_table(curve: list[dict], small: str) -> Table:
+    table = Table(title=f"calibration: predicted p against the observed share where {small} suffices")
+    for col in ("p bin", "mean predicted", "observed", "items"):
+        table.add_column(col, justify="right")
+    for r in curve:
+        table.add_row(f"{r['low']:.1f}-{r['high']:.1f}", f"{r['mean_predicted']:.3f}", f"{r['observed']:.3f}",
+                      str(r["count"]))
+    return table
+
+
 @router_app.command("eval")
 def router_eval(config: Path = typer.Option(..., "--config"),
                 labels: Path = typer.Option(..., "--labels", help="Labelled JSONL, ideally not the training set."),
                 artifact: Optional[Path] = typer.Option(None, "--router", help="Artifact (default: route.router from the config)."),
                 target_quality: float = typer.Option(0.95, "--target-quality", help="Quality to keep, relative to sending everything to the large tier."),
                 fmt: str = typer.Option("table", "--format", help="table or json")) -> None:
-    """Per threshold: share sent to the large tier, cost per item, quality kept; writes the cheapest threshold meeting the target."""
-    from pipeline.route.router import Router, RouterError, evaluate, pick_threshold, read_labels
+    """Per threshold: share sent to the large tier, cost per item, quality kept; then the calibration curve; writes the cheapest threshold meeting the target."""
+    from pipeline.route.router import Router, RouterError, calibration_curve, evaluate, pick_threshold, read_labels
 
     cfg = load(config)
     small, large = _router_tiers(cfg)
@@ -83,14 +94,17 @@ def router_eval(config: Path = typer.Option(..., "--config"),
         fail(str(e))
     rows = evaluate(router, data, _cost_per_item(cfg, small, data.texts), _cost_per_item(cfg, large, data.texts))
     best = pick_threshold(rows, target_quality)
+    curve = calibration_curve(router, data, target_quality)
     if best is not None:
         router.artifact.update(threshold=best["threshold"], calibrated_quality=best["quality_kept"],
                                calibrated_target=target_quality, calibrated_on=len(data.texts))
         path.write_text(json.dumps(router.artifact, indent=2))
     if fmt == "json":
-        typer.echo(json.dumps({"rows": rows, "chosen": best, "target_quality": target_quality}, indent=2))
+        typer.echo(json.dumps({"rows": rows, "chosen": best, "target_quality": target_quality,
+                               "calibration": curve}, indent=2))
     else:
         console.print(_eval_table(router, data, rows, best, large))
+        console.print(_calibration_table(curve, small))
     if best is None:
         fail(f"no threshold keeps {target_quality:.0%} of all-{large} quality; the artifact keeps its threshold")
     typer.echo(f"threshold {best['threshold']:.2f} written to {path}: {best['large_share']:.1%} to {large}, "

@@ -2,10 +2,14 @@
 
 Features are cheap and need no model: lengths, sentence and word statistics, the density of digits,
 capitals and punctuation (what makes a document hard to summarise faithfully). A logistic
-regression over them gives p = P(the small tier suffices); items with p >= threshold go to the
-small tier. `tokenmill router train` fits it on a labelled JSONL file, `tokenmill router eval`
-prints per threshold the share sent to the large tier, the cost per item and the quality kept
-relative to all-large, and writes the cheapest threshold that keeps the target into the artifact.
+regression over them (scikit-learn, on standardised features), calibrated by Platt's sigmoid on
+cross-validated scores, gives p = P(the small tier suffices); items with p >= threshold go to the
+small tier. The calibration is folded into the regression's weights, so the artifact is plain JSON
+(never a pickle: artifacts are read from config paths) and routing needs numpy only, not sklearn.
+`tokenmill router train` fits it on a labelled JSONL file, `tokenmill router eval` prints per
+threshold the share sent to the large tier, the cost per item and the quality kept relative to
+all-large, then the calibration curve (predicted p against the observed share), and writes the
+cheapest threshold that keeps the target into the artifact.
 
 Labels, one JSON object per line:
   {"text": "...", "tier": "small"}                             the cheapest tier whose summary suffices, or
@@ -24,7 +28,8 @@ import xxhash
 
 from pipeline.dedup.guards import NUMBER
 
-FORMAT = 1
+FORMAT = 2  # 2: sklearn logistic regression with sigmoid calibration folded in
+MAX_FOLDS = 5
 FEATURES = ["log_chars", "log_words", "log_sentences", "mean_word_len", "mean_sentence_words", "digit_share",
             "upper_share", "punct_share", "log_numbers", "unique_word_share", "log_lines"]
 
@@ -90,16 +95,6 @@ def read_labels(path: str | Path, small: str, large: str) -> Labels:
     return Labels(texts, np.asarray(qs), np.asarray(ql))
 
 
-def fit_logistic(x: np.ndarray, y: np.ndarray, l2: float = 1e-2, steps: int = 2000, lr: float = 0.5) -> tuple[np.ndarray, float]:
-    """L2-regularised logistic regression by gradient descent on standardised features."""
-    w, b = np.zeros(x.shape[1]), 0.0
-    for _ in range(steps):
-        p = 1 / (1 + np.exp(-(x @ w + b)))
-        w -= lr * (x.T @ (p - y) / len(y) + l2 * w)
-        b -= lr * float(np.mean(p - y))
-    return w, b
-
-
 class Router:
     """A trained router artifact: scales, weights, the tiers it chooses between, and its threshold."""
 
@@ -124,23 +119,68 @@ class Router:
 
     def probabilities(self, texts: list[str]) -> np.ndarray:
         x = (text_features(texts) - self.mean) / self.scale
-        return 1 / (1 + np.exp(-(x @ self.weights + self.bias)))
+        return 1 / (1 + np.exp(-np.clip(x @ self.weights + self.bias, -500, 500)))
 
     def route(self, texts: list[str]) -> list[tuple[str, float]]:
         return [(self.small if p >= self.threshold else self.large, float(p)) for p in self.probabilities(texts)]
 
 
-def train(labels: Labels, small: str, large: str, target_quality: float) -> dict:
+def calibrated_model(x: np.ndarray, y: np.ndarray):
+    """A logistic regression on all of x, calibrated by a sigmoid fitted on out-of-fold scores
+    (`ensemble=False`: one regression and one calibrator, so the two fold into one linear model).
+
+    Folds: up to MAX_FOLDS, fewer when the rarer outcome has fewer items (each fold needs one)."""
+    from sklearn.calibration import CalibratedClassifierCV
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.model_selection import StratifiedKFold
+
+    folds = min(MAX_FOLDS, int(min(y.sum(), len(y) - y.sum())))
+    cv = StratifiedKFold(n_splits=folds, shuffle=True, random_state=0)
+    model = CalibratedClassifierCV(LogisticRegression(C=1.0, max_iter=1000), method="sigmoid", cv=cv, ensemble=False)
+    return model.fit(x, y)
+
+
+def fold_calibration(model) -> tuple[np.ndarray, float, dict]:
+    """(weights, bias, calibration) of one logistic model equal to the calibrated one.
+
+    The regression scores z = w·x + b; sklearn's sigmoid calibrator maps z to sigmoid(-(a·z + c)),
+    which is sigmoid((-a·w)·x + (-a·b - c)): again logistic in x, exactly."""
+    (pair,) = model.calibrated_classifiers_
+    lr, (sig,) = pair.estimator, pair.calibrators
+    w, b, a, c = lr.coef_[0], float(lr.intercept_[0]), float(sig.a_), float(sig.b_)
+    calibration = {"method": "sigmoid", "folds": model.cv.n_splits, "a": a, "b": c,
+                   "logistic_weights": w.tolist(), "logistic_bias": b}
+    return -a * w, -a * b - c, calibration
+
+
+def train_router(texts: list[str], small_quality, large_quality, small: str, large: str,
+                 target_quality: float) -> dict:
+    """Fit and calibrate the router on items with a quality score per tier; returns the JSON artifact.
+
+    An item's small tier suffices when small_quality >= target_quality * large_quality."""
+    labels = Labels(list(texts), np.asarray(small_quality, dtype=np.float64), np.asarray(large_quality, dtype=np.float64))
+    if not len(labels.texts) == len(labels.small_quality) == len(labels.large_quality):
+        raise RouterError(f"{len(labels.texts)} texts but {len(labels.small_quality)} small and "
+                          f"{len(labels.large_quality)} large quality scores")
+    y = labels.small_suffices(target_quality).astype(np.int64)
+    fine, n = int(y.sum()), len(y)
+    if min(fine, n - fine) < 2:
+        raise RouterError(f"{n} labelled items, {fine} where {small} suffices at target quality {target_quality}: "
+                          f"the router needs at least 2 items of each outcome to learn and calibrate "
+                          f"(hundreds to calibrate well); label more items or change --target-quality")
     x = text_features(labels.texts)
     mean, scale = x.mean(axis=0), x.std(axis=0) + 1e-9
-    y = labels.small_suffices(target_quality).astype(np.float64)
-    w, b = fit_logistic((x - mean) / scale, y)
+    w, b, calibration = fold_calibration(calibrated_model((x - mean) / scale, y))
     artifact = {"format": FORMAT, "features": FEATURES, "mean": mean.tolist(), "scale": scale.tolist(),
-                "weights": w.tolist(), "bias": b, "small_tier": small, "large_tier": large, "threshold": 0.5,
-                "target_quality": target_quality, "trained_on": len(labels.texts),
-                "small_suffices_share": float(y.mean()), "trained_at": datetime.now(timezone.utc).isoformat()}
-    artifact["version"] = xxhash.xxh64_hexdigest(json.dumps([w.tolist(), b, mean.tolist()]).encode())
+                "weights": w.tolist(), "bias": b, "calibration": calibration, "small_tier": small,
+                "large_tier": large, "threshold": 0.5, "target_quality": target_quality, "trained_on": n,
+                "small_suffices_share": fine / n, "trained_at": datetime.now(timezone.utc).isoformat()}
+    artifact["version"] = xxhash.xxh64_hexdigest(json.dumps([w.tolist(), b, mean.tolist(), scale.tolist()]).encode())
     return artifact
+
+
+def train(labels: Labels, small: str, large: str, target_quality: float) -> dict:
+    return train_router(labels.texts, labels.small_quality, labels.large_quality, small, large, target_quality)
 
 
 def evaluate(router: Router, labels: Labels, cost_small: float, cost_large: float,
@@ -162,3 +202,20 @@ def pick_threshold(rows: list[dict], target_quality: float) -> dict | None:
     """The cheapest threshold whose quality kept meets the target (None: only all-large does)."""
     ok = [r for r in rows if r["quality_kept"] >= target_quality]
     return min(ok, key=lambda r: (r["cost_per_item_usd"], -r["threshold"])) if ok else None
+
+
+
+def calibration_curve(router: Router, labels: Labels, target_quality: float, bins: int = 10) -> list[dict]:
+    """Per probability bin with items: the mean predicted p against the observed share where the small
+    tier suffices (a calibrated router has the two close), and the item count. Empty bins are left out."""
+    p = router.probabilities(labels.texts)
+    observed = labels.small_suffices(target_quality)
+    which = np.minimum((p * bins).astype(int), bins - 1)
+    rows = []
+    for k in range(bins):
+        inside = which == k
+        if inside.any():
+            rows.append({"low": round(k / bins, 4), "high": round((k + 1) / bins, 4),
+                         "mean_predicted": round(float(p[inside].mean()), 4),
+                         "observed": round(float(observed[inside].mean()), 4), "count": int(inside.sum())})
+    return rows
