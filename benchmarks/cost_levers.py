@@ -70,7 +70,7 @@ if __name__ == "__main__":
         home = {k: v for k, v in os.environ.items() if k == "TOKENMILL_HOME"}
 
         def run(name: str, env: dict, job: str, work: str) -> dict:
-            config = load_config(Path(__file__).resolve().parents[1] / "configs" / "local.yaml", environ={
+            config = load_config(Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml", environ={
                 **home, "TOKENMILL_INPUT__URI": str(tmp / "in"), "TOKENMILL_OUTPUT__URI": str(tmp / work / "out"),
                 "TOKENMILL_STATE__URL": f"sqlite:///{tmp / work}/state.db", "TOKENMILL_CACHE__PATH": str(tmp / work / "cache"),
                 "TOKENMILL_RUN__PROGRESS": "off", **{f"TOKENMILL_{k}": v for k, v in env.items()}})

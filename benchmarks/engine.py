@@ -25,7 +25,7 @@ if __name__ == "__main__":
 
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 200
     new_tokens = 32
-    config = load_config(Path(__file__).resolve().parents[1] / "configs" / "local.yaml")
+    config = load_config(Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml")
     pool = EnginePool(config.tiers)
     tok = pool.tokenizer("small")
     rng = random.Random(9)

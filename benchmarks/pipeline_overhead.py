@@ -50,7 +50,7 @@ if __name__ == "__main__":
                     out.write(json.dumps({"id": f"d{i}", "text": text, "tenant": f"t{i % 3}"}) + "\n")
                     n += 1
         size = sum(p.stat().st_size for p in (tmp / "in").iterdir())
-        config = load_config(Path(__file__).resolve().parents[1] / "configs" / "local.yaml", environ={
+        config = load_config(Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml", environ={
             "TOKENMILL_INPUT__URI": str(tmp / "in"), "TOKENMILL_OUTPUT__URI": str(tmp / "out"),
             "TOKENMILL_STATE__URL": f"sqlite:///{tmp}/state.db", "TOKENMILL_RUN__PROGRESS": "off",
             "TOKENMILL_CACHE__PATH": str(tmp / "cache"),

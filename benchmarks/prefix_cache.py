@@ -39,7 +39,7 @@ if __name__ == "__main__":
         for name, ordering in (("input order", "false"), ("prefix-aware order", "true")):
             work = tmp / name.replace(" ", "-")
             work.mkdir()
-            config = load_config(Path(__file__).resolve().parents[1] / "configs" / "local.yaml", environ={
+            config = load_config(Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml", environ={
                 **{k: v for k, v in os.environ.items() if k == "TOKENMILL_HOME"},
                 "TOKENMILL_INPUT__URI": str(tmp / "in"), "TOKENMILL_OUTPUT__URI": str(work / "out"),
                 "TOKENMILL_STATE__URL": f"sqlite:///{work}/state.db", "TOKENMILL_CACHE__ENABLED": "false",

@@ -56,9 +56,10 @@ ITEM = pa.schema([
     ("cache_status", pa.string()),   # hit | miss | bypassed | off
     ("mean_logprob", pa.float64()),  # the confidence signal
     ("chunks", pa.int64()),          # map-reduce: chunk summaries reduced
+    ("unfaithful_terms", pa.int64()),  # numbers, dates and names the summary states that its document lacks
 ])
 # What the cache keeps of a generated item (plus the job that paid and what it cost).
-CACHED_FIELDS = ("id", *GENERATION_FIELDS, "baseline_gpu_seconds", "chunks")
+CACHED_FIELDS = ("id", *GENERATION_FIELDS, "baseline_gpu_seconds", "chunks", "unfaithful_terms")
 
 OUTPUTS = pa.schema([
     ("id", pa.string()),
@@ -87,6 +88,8 @@ LEDGER = pa.schema([
     ("model", pa.string()),
     ("route_reason", pa.string()),  # why this tier: rule:<name> | router:<p> | default
     ("escalated", pa.bool_()),      # regenerated on the escalation tier after a low-confidence first attempt
+    ("escalation_reason", pa.string()),  # why the first attempt was not kept: low_logprob | truncated | empty | unfaithful
+    ("unfaithful", pa.bool_()),     # the served output states numbers, dates or names its document lacks (flagged)
     ("attempts", pa.int64()),       # generations paid for this row (1, +1 schema retry, +1 escalation; 0 when reused)
     ("chunks", pa.int64()),         # map-reduce: chunk summaries of a long document (0: not chunked)
     ("source", pa.string()),        # as in outputs

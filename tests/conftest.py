@@ -15,7 +15,7 @@ import pytest
 from tests.servers import free_port, skipped_line
 
 REPO = Path(__file__).resolve().parents[1]
-LOCAL_CONFIG = REPO / "configs" / "local.yaml"
+TINY_CONFIG = REPO / "configs" / "tiny.yaml"  # the tiny models: see its header
 
 
 def read_kind(output: Path, kind: str, job_id: str):
@@ -72,7 +72,7 @@ def make_config(tmp_path, tiny_models, static_embedder):
         env["TOKENMILL_RUN__PROGRESS"] = "off"
         for key, value in overrides.items():
             env[f"TOKENMILL_{key.upper()}"] = value if isinstance(value, str) else json.dumps(value)
-        return load_config(LOCAL_CONFIG, environ=env)
+        return load_config(TINY_CONFIG, environ=env)
 
     return make
 

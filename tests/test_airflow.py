@@ -8,7 +8,7 @@ import pytest
 
 from pipeline.dev.samples import write_sample_corpus
 from pipeline.stores.catalog import StateStore
-from tests.conftest import ONE_TIER, REPO, read_kind
+from tests.conftest import ONE_TIER, REPO, TINY_CONFIG, read_kind
 from tests.test_faults import assert_exactly_once
 
 pytestmark = pytest.mark.engine
@@ -56,7 +56,7 @@ def test_dag_runs_end_to_end_then_a_failed_partition_reruns_alone(dag, tmp_path,
     monkeypatch.setenv("TOKENMILL_CACHE__PATH", str(tmp_path / "cache"))
     for name, value in ONE_TIER.items():  # one tier here; routing is tested in test_routing.py
         monkeypatch.setenv(name, value)
-    conf = {"input_uri": str(tmp_path / "input"), "output_uri": str(tmp_path / "output")}
+    conf = {"config": str(TINY_CONFIG), "input_uri": str(tmp_path / "input"), "output_uri": str(tmp_path / "output")}
     day = pendulum.datetime(2026, 11, 29, tz="UTC")
     job_id = f"{DAG_ID}-2026-11-29"
 

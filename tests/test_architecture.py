@@ -3,7 +3,7 @@
 1. Layers (docs/architecture.md): a module may import its own folder and the layers below it,
    never one above. Every import counts: module level, inside functions, under TYPE_CHECKING,
    and `importlib.import_module("pipeline....")` with a literal name.
-       pipeline.cli > pipeline.dev > pipeline.job > pipeline.output > pipeline.generate
+       pipeline.cli > pipeline.evals > pipeline.dev > pipeline.job > pipeline.output > pipeline.generate
        > pipeline.route > pipeline.dedup > pipeline.ingest > pipeline.stores
        > base: pipeline.config, pipeline.schema, pipeline.keys (schema imports nothing of ours)
    The facade pipeline/__init__.py imports pipeline.config and pipeline.job only; pipeline.cli may
@@ -31,7 +31,7 @@ REPO = Path(__file__).resolve().parents[1]
 PACKAGE = REPO / "pipeline"
 CHECKED_TREES = ("pipeline", "benchmarks", "tests", "dags")  # for rule 2
 
-LAYERS = ("pipeline.cli", "pipeline.dev", "pipeline.job", "pipeline.output", "pipeline.generate",
+LAYERS = ("pipeline.cli", "pipeline.evals", "pipeline.dev", "pipeline.job", "pipeline.output", "pipeline.generate",
           "pipeline.route", "pipeline.dedup", "pipeline.ingest", "pipeline.stores", "base")
 BASE = {"pipeline.config": {"pipeline.schema", "pipeline.keys", "pipeline.config_env"},
         "pipeline.config_env": set(),   # base module -> base modules it may import

@@ -8,7 +8,7 @@ import pytest
 
 from pipeline import JobError, run_job
 from pipeline.stores.catalog import StateStore
-from tests.conftest import LOCAL_CONFIG, ONE_TIER, REPO, read_kind
+from tests.conftest import ONE_TIER, REPO, TINY_CONFIG, read_kind
 from tests.test_faults import assert_exactly_once
 
 pytestmark = pytest.mark.engine
@@ -70,7 +70,7 @@ def test_plan_estimates_then_learns_from_ledgers(make_config, sample_corpus, tin
            "TOKENMILL_BUDGET__MAX_JOB_USD": "1e-9", **ONE_TIER}
 
     def plan():
-        r = subprocess.run([sys.executable, "-m", "pipeline.cli", "estimate", "--config", str(LOCAL_CONFIG), "--input",
+        r = subprocess.run([sys.executable, "-m", "pipeline.cli", "estimate", "--config", str(TINY_CONFIG), "--input",
                             str(sample_corpus[0]), "--format", "json"], env=env, cwd=REPO, capture_output=True,
                            text=True, timeout=300)
         assert r.returncode == 0, r.stderr[-1500:]

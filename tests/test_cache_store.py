@@ -151,7 +151,7 @@ def test_cache_forget_command(make_store, request, tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
     from pipeline.cli import app
-    from tests.conftest import LOCAL_CONFIG
+    from tests.conftest import TINY_CONFIG
 
     store = make_store()
     fill(store, ["t=acme", "t=acme:x", "t=*"])
@@ -162,7 +162,7 @@ def test_cache_forget_command(make_store, request, tmp_path, monkeypatch):
         monkeypatch.setenv("TOKENMILL_CACHE__STORE", "redis")
         monkeypatch.setenv("TOKENMILL_CACHE__REDIS_URL", request.getfixturevalue("redis_server").url)
         monkeypatch.setenv("TOKENMILL_CACHE__NAMESPACE", "tm-test")
-    result = CliRunner().invoke(app, ["cache", "forget", "--config", str(LOCAL_CONFIG), "--tenant", "*"])
+    result = CliRunner().invoke(app, ["cache", "forget", "--config", str(TINY_CONFIG), "--tenant", "*"])
     assert result.exit_code == 0, result.output
     assert "2 entries and 2 index segments" in result.output
     assert store.get_many("t=*", ["k1"]) == {}
@@ -173,13 +173,13 @@ def test_cache_forget_of_an_unreachable_store_is_one_line(tmp_path, monkeypatch)
     from typer.testing import CliRunner
 
     from pipeline.cli import app
-    from tests.conftest import LOCAL_CONFIG, free_port
+    from tests.conftest import TINY_CONFIG, free_port
 
     monkeypatch.setenv("TOKENMILL_HOME", str(tmp_path))
     monkeypatch.setenv("TOKENMILL_CACHE__STORE", "redis")
     monkeypatch.setenv("TOKENMILL_CACHE__REDIS_URL", f"redis://:Xq7/Zk9@127.0.0.1:{free_port()}/0")
     monkeypatch.setenv("TOKENMILL_CACHE__TIMEOUT_SECONDS", "0.5")
-    result = CliRunner().invoke(app, ["cache", "forget", "--config", str(LOCAL_CONFIG), "--tenant", "acme"])
+    result = CliRunner().invoke(app, ["cache", "forget", "--config", str(TINY_CONFIG), "--tenant", "acme"])
     assert result.exit_code == 2 and result.stderr.startswith("error: cache redis") and "Traceback" not in result.output
     assert "Xq7" not in result.output and "Zk9" not in result.output
 

@@ -164,9 +164,9 @@ def test_a_rerun_takes_over_from_a_gone_holder_at_once_and_names_the_live_ones(s
     from pipeline.config import load_config
     from pipeline.job.errors import JobError
     from pipeline.job.lifecycle import Job, utc
-    from tests.conftest import LOCAL_CONFIG, ONE_TIER
+    from tests.conftest import ONE_TIER, TINY_CONFIG
 
-    config = load_config(LOCAL_CONFIG, environ={  # no engine runs here: no models needed; default lease, 300 s
+    config = load_config(TINY_CONFIG, environ={  # no engine runs here: no models needed; default lease, 300 s
         "TOKENMILL_HOME": str(tmp_path), "TOKENMILL_INPUT__URI": str(tmp_path / "in"),
         "TOKENMILL_OUTPUT__URI": str(tmp_path / "out"), "TOKENMILL_STATE__URL": state_url, **ONE_TIER})
     job = Job.open(config, f"held-{uuid.uuid4().hex[:6]}")

@@ -6,7 +6,7 @@ import typer
 from typer.testing import CliRunner
 
 from pipeline.cli import app
-from tests.conftest import LOCAL_CONFIG, ONE_TIER
+from tests.conftest import ONE_TIER, TINY_CONFIG
 
 
 def test_every_verb_is_registered_and_plan_is_a_hidden_alias():
@@ -22,7 +22,7 @@ def test_every_verb_is_registered_and_plan_is_a_hidden_alias():
 def test_plan_warns_then_prints_the_same_estimate(tiny_models, sample_corpus, tmp_path, monkeypatch):
     for key, value in {**ONE_TIER, "TOKENMILL_OUTPUT__URI": str(tmp_path / "output")}.items():
         monkeypatch.setenv(key, value)
-    args = ["--config", str(LOCAL_CONFIG), "--input", str(sample_corpus[0]), "--format", "json"]
+    args = ["--config", str(TINY_CONFIG), "--input", str(sample_corpus[0]), "--format", "json"]
     runner = CliRunner()
     estimate, plan = runner.invoke(app, ["estimate", *args]), runner.invoke(app, ["plan", *args])
     assert estimate.exit_code == 0 and plan.exit_code == 0, plan.output

@@ -13,7 +13,7 @@ from pipeline import run_job
 from pipeline.dev.samples import write_sample_corpus
 from pipeline.output.ledger import connect
 from pipeline.stores.catalog import StateStore
-from tests.conftest import LOCAL_CONFIG, REPO
+from tests.conftest import REPO, TINY_CONFIG
 from tests.test_faults import cli_env
 
 pytestmark = pytest.mark.engine
@@ -44,7 +44,7 @@ def test_a_worker_stopped_past_its_lease_commits_nothing(make_config, tiny_model
     counts = write_sample_corpus(tmp_path / "input", documents=24)
     env = cli_env(tiny_models, tmp_path, run__progress="off", state__lease_seconds=3, state__wait_seconds=0.2)
     marker = tmp_path / "paused"
-    stale = subprocess.Popen([sys.executable, "-c", PAUSED_WORKER, str(LOCAL_CONFIG), str(marker)], env=env, cwd=REPO,
+    stale = subprocess.Popen([sys.executable, "-c", PAUSED_WORKER, str(TINY_CONFIG), str(marker)], env=env, cwd=REPO,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.time() + 300

@@ -6,12 +6,12 @@ import pytest
 import yaml
 
 from pipeline.config import ConfigError, TokenmillConfig, apply_env_overrides, load_config, load_run_section
-from tests.conftest import LOCAL_CONFIG, REPO
+from tests.conftest import REPO, TINY_CONFIG
 
 
 def test_local_config_loads_and_expands_home(monkeypatch, tmp_path):
     monkeypatch.setenv("TOKENMILL_HOME", str(tmp_path / "elsewhere"))
-    cfg = load_config(LOCAL_CONFIG, environ={"TOKENMILL_HOME": str(tmp_path / "elsewhere")})
+    cfg = load_config(TINY_CONFIG, environ={"TOKENMILL_HOME": str(tmp_path / "elsewhere")})
     assert cfg.tiers["small"].model == str(tmp_path / "elsewhere" / "models" / "tiny-small")
     assert cfg.state.url == f"sqlite:///{tmp_path / 'elsewhere' / 'state.db'}"
 
@@ -24,7 +24,7 @@ def test_production_example_is_valid(monkeypatch):
 
 
 def test_unknown_field_is_an_error_naming_it(tmp_path):
-    bad = yaml.safe_load(LOCAL_CONFIG.read_text())
+    bad = yaml.safe_load(TINY_CONFIG.read_text())
     bad["sampling"]["max_tokenz"] = 5
     path = tmp_path / "bad.yaml"
     path.write_text(yaml.safe_dump(bad))
@@ -43,7 +43,7 @@ def test_env_overrides_nested_fields_with_yaml_types():
 
 
 def test_env_override_applies_through_load(tmp_path):
-    cfg = load_config(LOCAL_CONFIG, environ={"TOKENMILL_HOME": str(tmp_path), "TOKENMILL_SAMPLING__MAX_TOKENS": "7"})
+    cfg = load_config(TINY_CONFIG, environ={"TOKENMILL_HOME": str(tmp_path), "TOKENMILL_SAMPLING__MAX_TOKENS": "7"})
     assert cfg.sampling.max_tokens == 7
 
 
@@ -67,15 +67,15 @@ def test_missing_env_var_is_named(tmp_path):
 
 
 def test_fingerprint_ignores_locations_but_not_prompt(tmp_path):
-    a = load_config(LOCAL_CONFIG, environ={"TOKENMILL_HOME": str(tmp_path)})
-    b = load_config(LOCAL_CONFIG, environ={"TOKENMILL_HOME": str(tmp_path), "TOKENMILL_OUTPUT__URI": "/elsewhere"})
-    c = load_config(LOCAL_CONFIG, environ={"TOKENMILL_HOME": str(tmp_path), "TOKENMILL_PROMPT__SYSTEM": "Be terse."})
+    a = load_config(TINY_CONFIG, environ={"TOKENMILL_HOME": str(tmp_path)})
+    b = load_config(TINY_CONFIG, environ={"TOKENMILL_HOME": str(tmp_path), "TOKENMILL_OUTPUT__URI": "/elsewhere"})
+    c = load_config(TINY_CONFIG, environ={"TOKENMILL_HOME": str(tmp_path), "TOKENMILL_PROMPT__SYSTEM": "Be terse."})
     assert a.fingerprint() == b.fingerprint() != c.fingerprint()
 
 
 def test_config_show_prints_effective_config(tmp_path):
     env = {"TOKENMILL_HOME": str(tmp_path), "TOKENMILL_SAMPLING__MAX_TOKENS": "9", "PATH": "/usr/bin:/bin"}
-    out = subprocess.run([sys.executable, "-m", "pipeline.cli", "config", "show", "--config", str(LOCAL_CONFIG)],
+    out = subprocess.run([sys.executable, "-m", "pipeline.cli", "config", "show", "--config", str(TINY_CONFIG)],
                          capture_output=True, text=True, env=env, cwd=REPO, check=True).stdout
     shown = yaml.safe_load(out)
     assert shown["sampling"]["max_tokens"] == 9
@@ -233,7 +233,7 @@ def test_config_show_hides_passwords(tmp_path):
 def test_storage_uris_with_credentials_are_refused_without_showing_them(tmp_path, field):
     uri = f"s3://AKIAEXAMPLE:{PASSWORD}@bucket/x" if "URI" in field.rsplit("__")[-1] else f"http://u:{PASSWORD}@minio:9000"
     with pytest.raises(ConfigError, match="credentials in a URI are not supported") as e:
-        load_config(LOCAL_CONFIG, environ={"TOKENMILL_HOME": str(tmp_path), field: uri})
+        load_config(TINY_CONFIG, environ={"TOKENMILL_HOME": str(tmp_path), field: uri})
     assert_hidden(str(e.value))
 
 
@@ -243,7 +243,7 @@ def test_run_with_credentials_in_the_input_uri_is_one_line_without_them(tmp_path
     from pipeline.cli import app
 
     r = CliRunner(env={"TOKENMILL_HOME": str(tmp_path)}).invoke(
-        app, ["run", "--config", str(LOCAL_CONFIG), "--input", f"s3://AKIAEXAMPLE:{PASSWORD}@bucket/in"])
+        app, ["run", "--config", str(TINY_CONFIG), "--input", f"s3://AKIAEXAMPLE:{PASSWORD}@bucket/in"])
     assert r.exit_code == 2 and r.stderr.startswith("error: ") and len(r.stderr.strip().splitlines()) == 1
     assert "s3://AKIAEXAMPLE:***@bucket/in" in r.stderr
     assert_hidden(r.output)
@@ -263,6 +263,6 @@ def test_state_database_errors_hide_the_password(password, tmp_path):
     assert_hidden(str(e.value) + StateStore.safe_url(url))
     assert "127.0.0.1" in str(e.value) or "cannot be parsed" in str(e.value)
     r = CliRunner(env={"TOKENMILL_HOME": str(tmp_path), "TOKENMILL_STATE__URL": url}).invoke(
-        app, ["jobs", "list", "--config", str(LOCAL_CONFIG)])
+        app, ["jobs", "list", "--config", str(TINY_CONFIG)])
     assert r.exit_code == 2 and r.stderr.startswith("error: state database")
     assert_hidden(r.output)

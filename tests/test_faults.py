@@ -14,7 +14,7 @@ import pytest
 from pipeline import JobError, run_job
 from pipeline.dev.samples import write_sample_corpus
 from pipeline.stores.catalog import StateStore
-from tests.conftest import LOCAL_CONFIG, ONE_TIER, REPO, read_kind
+from tests.conftest import ONE_TIER, REPO, TINY_CONFIG, read_kind
 
 pytestmark = pytest.mark.engine
 
@@ -85,7 +85,7 @@ def test_worker_killed_mid_partition_rerun_completes_without_paying_twice(make_c
     (tmp_path / "input" / "one.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
     db = tmp_path / "state.db"
     env = cli_env(tiny_models, tmp_path, requests__items_per_engine_call=4)  # the default lease: 300 s
-    proc = start_cli(["run", "--config", str(LOCAL_CONFIG), "--job-id", "killed"], env)
+    proc = start_cli(["run", "--config", str(TINY_CONFIG), "--job-id", "killed"], env)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and proc.poll() is None:
         if db.exists() and scalar(db, "select count(*) from sqlite_master where name='items'") \
@@ -118,7 +118,7 @@ def test_two_workers_on_one_job_process_each_partition_once(tiny_models, tmp_pat
     # order, and one partition's run is far shorter than the other worker's start. This cannot be forced
     # without slowing a worker down, so should one ever do everything, the message says so.
     env = cli_env(tiny_models, tmp_path, run__progress="off", input__records_per_partition=4)
-    procs = [start_cli(["run", "--config", str(LOCAL_CONFIG), "--job-id", "twice"], env) for _ in range(2)]
+    procs = [start_cli(["run", "--config", str(TINY_CONFIG), "--job-id", "twice"], env) for _ in range(2)]
     results = [p.communicate(timeout=600) for p in procs]
     assert [p.returncode for p in procs] == [0, 0], [r[1][-1500:] for r in results]
     db = tmp_path / "state.db"
@@ -135,7 +135,7 @@ def test_rerun_of_succeeded_partitions_changes_nothing_and_costs_nothing(make_co
     before = {k: read_kind(tmp_path / "output", k, "again") for k in ("outputs", "ledger", "quarantine")}
     env = cli_env(tiny_models, tmp_path, run__progress="off")
     parts = [f"--partition={p}" for p in first["partitions"]]
-    r = subprocess.run([sys.executable, "-m", "pipeline.cli", "rerun", "--config", str(LOCAL_CONFIG), "--job-id", "again",
+    r = subprocess.run([sys.executable, "-m", "pipeline.cli", "rerun", "--config", str(TINY_CONFIG), "--job-id", "again",
                         "--json", *parts], env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     second = json.loads(r.stdout)
@@ -144,11 +144,11 @@ def test_rerun_of_succeeded_partitions_changes_nothing_and_costs_nothing(make_co
         after = read_kind(tmp_path / "output", kind, "again")
         assert after.drop_columns(["created_at"] if "created_at" in after.column_names else []).equals(
             table.drop_columns(["created_at"] if "created_at" in table.column_names else []))
-    status = subprocess.run([sys.executable, "-m", "pipeline.cli", "status", "--config", str(LOCAL_CONFIG), "--job-id",
+    status = subprocess.run([sys.executable, "-m", "pipeline.cli", "status", "--config", str(TINY_CONFIG), "--job-id",
                              "again", "--format", "json"], env=env, cwd=REPO, capture_output=True, text=True, check=True)
     parts = json.loads(status.stdout)["partitions"]
     assert {p["status"] for p in parts} == {"succeeded"} and {p["attempts"] for p in parts} == {2}
-    listing = subprocess.run([sys.executable, "-m", "pipeline.cli", "jobs", "list", "--config", str(LOCAL_CONFIG),
+    listing = subprocess.run([sys.executable, "-m", "pipeline.cli", "jobs", "list", "--config", str(TINY_CONFIG),
                               "--format", "json"], env=env, cwd=REPO, capture_output=True, text=True, check=True)
     assert [(j["job_id"], j["status"]) for j in json.loads(listing.stdout)] == [("again", "succeeded")]
 
@@ -178,7 +178,7 @@ def test_failed_partition_reruns_alone(make_config, sample_corpus, tmp_path, mon
 
 def test_unreachable_state_database_is_one_clear_line(tiny_models, tmp_path, sample_corpus):
     env = cli_env(tiny_models, tmp_path, state__url="postgresql+psycopg://tm:hunter2@127.0.0.1:1/db")
-    r = subprocess.run([sys.executable, "-m", "pipeline.cli", "run", "--config", str(LOCAL_CONFIG)], env=env, cwd=REPO,
+    r = subprocess.run([sys.executable, "-m", "pipeline.cli", "run", "--config", str(TINY_CONFIG)], env=env, cwd=REPO,
                        capture_output=True, text=True, timeout=120)
     assert r.returncode != 0 and "Traceback" not in r.stderr
     last = r.stderr.strip().splitlines()[-1]

@@ -91,10 +91,10 @@ def test_process_exits_with_an_engine_still_running(tiny_models):
     import subprocess
     import sys
 
-    from tests.conftest import LOCAL_CONFIG
+    from tests.conftest import TINY_CONFIG
 
-    r = subprocess.run([sys.executable, "-c", EXITS_WITHOUT_SHUTDOWN, str(LOCAL_CONFIG)], capture_output=True,
-                       text=True, timeout=300, cwd=LOCAL_CONFIG.parents[1])
+    r = subprocess.run([sys.executable, "-c", EXITS_WITHOUT_SHUTDOWN, str(TINY_CONFIG)], capture_output=True,
+                       text=True, timeout=300, cwd=TINY_CONFIG.parents[1])
     assert r.returncode == 0, r.stderr[-2000:]
     assert "generated" in r.stdout
 

@@ -13,7 +13,7 @@ from pipeline import JobError, run_job
 from pipeline.generate.engine import VllmEngine
 from pipeline.schema import LEDGER, OUTPUTS, QUARANTINE
 from pipeline.stores.catalog import StateStore
-from tests.conftest import LOCAL_CONFIG, REPO, read_kind
+from tests.conftest import REPO, TINY_CONFIG, read_kind
 
 pytestmark = pytest.mark.engine
 
@@ -142,11 +142,11 @@ def test_tokenmill_home_holds_state_and_models(tiny_models, tmp_path, sample_cor
            "TOKENMILL_TIERS__LARGE__MODEL": str(tiny_models / "tiny-large"),
            "TOKENMILL_INPUT__URI": str(sample_corpus[0]), "TOKENMILL_OUTPUT__URI": str(tmp_path / "out"),
            "TOKENMILL_RUN__PROGRESS": "off"}
-    m = run_job(load_config(LOCAL_CONFIG, environ=env), job_id="home").manifest
+    m = run_job(load_config(TINY_CONFIG, environ=env), job_id="home").manifest
     assert (home / "state.db").exists() and (home / "cache" / "cache.sqlite").exists()
     # No embedding model in this home: the job runs without semantic reuse and says so.
     assert m["status"] == "succeeded" and "semantic reuse off" in m["staging"]["dedup"]["notes"][0]
-    assert load_config(LOCAL_CONFIG, environ={"TOKENMILL_HOME": str(home)}).tiers["small"].model == str(home / "models" / "tiny-small")
+    assert load_config(TINY_CONFIG, environ={"TOKENMILL_HOME": str(home)}).tiers["small"].model == str(home / "models" / "tiny-small")
 
 
 def cli(args, env, cwd):
@@ -157,13 +157,13 @@ def cli(args, env, cwd):
 def test_cli_run_end_to_end_and_one_line_failure(tiny_models, tmp_path, sample_corpus):
     env = {"TOKENMILL_HOME": str(tiny_models.parent), "TOKENMILL_STATE__URL": f"sqlite:///{tmp_path}/s.db",
            "TOKENMILL_CACHE__PATH": str(tmp_path / "cache")}
-    missing = cli(["run", "--config", str(LOCAL_CONFIG), "--input", str(tmp_path / "nope"), "--output", str(tmp_path / "o")],
+    missing = cli(["run", "--config", str(TINY_CONFIG), "--input", str(tmp_path / "nope"), "--output", str(tmp_path / "o")],
                   env, REPO)
     assert missing.returncode != 0
     assert missing.stderr.strip().splitlines()[-1].startswith("error: job failed: input not found")
     assert "Traceback" not in missing.stderr
 
-    ok = cli(["run", "--config", str(LOCAL_CONFIG), "--input", str(sample_corpus[0]), "--output", str(tmp_path / "o"),
+    ok = cli(["run", "--config", str(TINY_CONFIG), "--input", str(sample_corpus[0]), "--output", str(tmp_path / "o"),
               "--job-id", "cli"], env, REPO)
     assert ok.returncode == 0, ok.stderr[-2000:]
     assert "records" in ok.stdout and "saved vs baseline" in ok.stdout

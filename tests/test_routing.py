@@ -26,7 +26,7 @@ from pipeline.route.router import (
     train_router,
 )
 from pipeline.route.rules import assign_tiers
-from tests.conftest import LOCAL_CONFIG, read_kind
+from tests.conftest import TINY_CONFIG, read_kind
 
 
 def table(rows):
@@ -51,19 +51,19 @@ def test_rules_decide_in_order_and_say_why():
 
 def test_a_rule_naming_an_unknown_tier_or_a_bad_regex_is_a_config_error():
     with pytest.raises(ConfigError, match=r"route.rules\[x\].tier 'huge' is not one of tiers"):
-        load_config(LOCAL_CONFIG, environ={"TOKENMILL_ROUTE__RULES": '[{"name": "x", "tier": "huge"}]'})
+        load_config(TINY_CONFIG, environ={"TOKENMILL_ROUTE__RULES": '[{"name": "x", "tier": "huge"}]'})
     with pytest.raises(ConfigError, match="regex does not compile"):
-        load_config(LOCAL_CONFIG, environ={"TOKENMILL_ROUTE__RULES": '[{"name": "x", "tier": "large", "regex": "("}]'})
+        load_config(TINY_CONFIG, environ={"TOKENMILL_ROUTE__RULES": '[{"name": "x", "tier": "large", "regex": "("}]'})
 
 
 def test_router_train_then_eval_picks_the_cheapest_threshold_that_keeps_quality(tmp_path, tiny_models):
     labels, artifact = tmp_path / "labels.jsonl", tmp_path / "router.json"
     example_labels(labels, 300)
     runner = CliRunner()
-    trained = runner.invoke(app, ["router", "train", "--config", str(LOCAL_CONFIG), "--labels", str(labels),
+    trained = runner.invoke(app, ["router", "train", "--config", str(TINY_CONFIG), "--labels", str(labels),
                                   "--out", str(artifact)])
     assert trained.exit_code == 0, trained.output
-    result = runner.invoke(app, ["router", "eval", "--config", str(LOCAL_CONFIG), "--labels", str(labels),
+    result = runner.invoke(app, ["router", "eval", "--config", str(TINY_CONFIG), "--labels", str(labels),
                                  "--router", str(artifact), "--target-quality", "0.95", "--format", "json"])
     assert result.exit_code == 0, result.output
     report = json.loads(result.output[:result.output.rindex("}") + 1])
@@ -81,7 +81,7 @@ def test_router_train_then_eval_picks_the_cheapest_threshold_that_keeps_quality(
     router = Router.load(artifact)
     routed = router.route(["Short plain note about the team meeting."])
     assert routed[0][0] in ("small", "large") and 0 <= routed[0][1] <= 1
-    shown = runner.invoke(app, ["router", "eval", "--config", str(LOCAL_CONFIG), "--labels", str(labels),
+    shown = runner.invoke(app, ["router", "eval", "--config", str(TINY_CONFIG), "--labels", str(labels),
                                 "--router", str(artifact)])
     assert shown.exit_code == 0, shown.output
     assert "calibration" in shown.output and "mean predicted" in shown.output, shown.output

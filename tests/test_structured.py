@@ -11,7 +11,7 @@ from pipeline.config import ConfigError, load_config
 from pipeline.dev.samples import write_sample_corpus
 from pipeline.generate.followup import final_output, next_attempt
 from pipeline.keys import escalation_key, retry_key
-from tests.conftest import LOCAL_CONFIG, read_kind
+from tests.conftest import TINY_CONFIG, read_kind
 
 SCHEMA = {"type": "object", "properties": {"summary": {"type": "string", "maxLength": 40}},
           "required": ["summary"], "additionalProperties": False}
@@ -19,7 +19,7 @@ SCHEMA = {"type": "object", "properties": {"summary": {"type": "string", "maxLen
 
 def test_a_schema_that_is_not_a_json_schema_is_a_config_error():
     with pytest.raises(ConfigError, match="json_schema is not a valid JSON schema"):
-        load_config(LOCAL_CONFIG, environ={"TOKENMILL_SAMPLING__JSON_SCHEMA": '{"type": "objekt"}'})
+        load_config(TINY_CONFIG, environ={"TOKENMILL_SAMPLING__JSON_SCHEMA": '{"type": "objekt"}'})
 
 
 def test_invalid_outputs_are_retried_first_then_valid_ones_escalate(make_config):

@@ -7,11 +7,12 @@ commands of one concern on import:
   router.py   router train, router eval, router example-labels
   setup.py    config show/docs, models tiny/embedder, samples
   cache.py    cache forget
+  evals.py    eval (the hold-out set on every tier: quality next to cost)
 
 May import everything in pipeline (the top layer); nothing imports it.
 """
 
-from pipeline.cli import cache, jobs, ledger, router, setup  # noqa: F401  (registers the commands)
+from pipeline.cli import cache, evals, jobs, ledger, router, setup  # noqa: F401  (registers the commands)
 from pipeline.cli.common import app
 from pipeline.cli.jobs import summary_table
 

@@ -52,6 +52,9 @@ def summary_table(manifest: dict) -> Table:
         ("  by tier", ", ".join(f"{k} {v}" for k, v in c.get("by_tier", {}).items()) or "-"),
         ("  by route", ", ".join(f"{k} {v}" for k, v in routing.get("by_reason", {}).items()) or "-"),
         ("  escalated / chunked", f"{routing.get('escalated', 0)} / {routing.get('chunked', 0)}"),
+        ("  escalated by", ", ".join(f"{k} {v}" for k, v in routing.get("escalated_by", {}).items()) or "-"),
+        ("unfaithful outputs", ", ".join(f"{k} {v}" for k, v in manifest.get("unfaithful", {}).get("outputs", {}).items())
+         or "none"),
         ("prompt tokens (cached)", f"{t['prompt_tokens']} ({t['cached_prompt_tokens']})"),
         ("prefix cache", _prefix_line(manifest.get("prefix_cache", {}))),
         ("output tokens", t["output_tokens"]),
@@ -69,6 +72,22 @@ def summary_table(manifest: dict) -> Table:
     for k, v in rows:
         table.add_row(k, str(v))
     return table
+
+
+def examples(cfg, job_id: str, n: int = 3) -> list[dict]:
+    """A few generated outputs of the job, one per tier first, for a reader to judge them by eye."""
+    from pipeline.output.ledger import connect
+
+    rows = connect(cfg.output.uri, cfg.storage).execute(
+        "SELECT o.id, o.tier, o.summary, l.escalated FROM outputs o JOIN ledger l USING (job_id, id) "
+        "WHERE o.job_id = ? AND o.source = 'generated' ORDER BY o.id", [job_id]).fetchall()
+    picked, tiers = [], set()
+    for row in rows:  # the first of each tier, then the next ones in id order
+        if row[1] not in tiers:
+            tiers.add(row[1])
+            picked.append(row)
+    picked += [r for r in rows if r not in picked]
+    return [{"id": r[0], "tier": r[1], "summary": r[2], "escalated": r[3]} for r in picked[:n]]
 
 
 def _run(cfg, job_id: Optional[str], partitions: list[str] | None, json_summary: bool) -> None:
@@ -90,6 +109,10 @@ def _run(cfg, job_id: Optional[str], partitions: list[str] | None, json_summary:
         typer.echo(json.dumps(result.manifest, indent=2))
     else:
         console.print(summary_table(result.manifest))
+        for e in examples(cfg, result.job_id):
+            summary = " ".join(e["summary"].split())
+            console.print(f"[bold]{e['id']}[/bold] ({e['tier']}{', escalated' if e['escalated'] else ''}): "
+                          f"{summary[:300]}{'…' if len(summary) > 300 else ''}", highlight=False)
         console.print(f"outputs, ledger and quarantine under {cfg.output.uri}; manifest: jobs/{result.job_id}/manifest.json")
 
 

@@ -79,9 +79,13 @@ def models_embedder(path: Optional[Path] = typer.Argument(None, help="Where to w
 @app.command("samples")
 def samples(path: Path = typer.Argument(..., help="Folder to write the sample corpus into."),
             documents: int = typer.Option(60, help="Number of good documents."),
-            bad: bool = typer.Option(True, help="Also write one record of every kind of bad input.")) -> None:
-    """Write a small synthetic input corpus (JSONL, JSONL.gz, Parquet, .txt, .md), duplicates included."""
+            bad: bool = typer.Option(True, help="Also write one record of every kind of bad input."),
+            real: bool = typer.Option(True, "--real/--synthetic", help="Real text from this machine's docs (READMEs, licences, man pages, docstrings), or synthetic reports.")) -> None:
+    """Write a small input corpus (JSONL, JSONL.gz, Parquet, .txt, .md), duplicates and bad records included."""
+    from pipeline.dev.holdout import collect
     from pipeline.dev.samples import write_sample_corpus
 
-    counts = write_sample_corpus(path, documents=documents, with_bad_input=bad)
+    # A seed of its own: the demo's documents are not the hold-out set's (benchmarks/eval_set.py, seed 0).
+    texts = [d["text"] for d in collect(documents, seed=101)] if real else None
+    counts = write_sample_corpus(path, documents=documents, with_bad_input=bad, texts=texts or None)
     typer.echo(f"wrote {counts['documents']} documents and {counts['bad_records']} bad records to {path}")

@@ -54,8 +54,12 @@ def tokenizer_training_text(lines: int = 4000, seed: int = 7) -> list[str]:
     return [synthetic_document(rng, 2) for _ in range(lines)] + [TOKENIZER_EXTRA_TEXT] * 20
 
 
-def write_sample_corpus(root: Path, documents: int = 60, seed: int = 11, with_bad_input: bool = True) -> dict:
+def write_sample_corpus(root: Path, documents: int = 60, seed: int = 11, with_bad_input: bool = True,
+                        texts: list[str] | None = None) -> dict:
     """Write a mixed input folder: JSONL, gzipped JSONL, Parquet, .txt and .md.
+
+    `texts`: real documents to use, in turn (the demo takes them from this machine's docs, see
+    holdout.py); None: synthetic report-like ones (the tests' fixtures, the same on every machine).
 
     About one document in six repeats an earlier one: exactly, with other whitespace, or as a
     mirror copy with a forwarding header (a near duplicate). With `with_bad_input` every kind of bad
@@ -81,7 +85,10 @@ def write_sample_corpus(root: Path, documents: int = 60, seed: int = 11, with_ba
                 text = "Fwd: " + src["text"]
             docs.append({"id": f"doc-{i:05d}", "text": text, "tenant": src["tenant"]})
         else:
-            docs.append({"id": f"doc-{i:05d}", "text": synthetic_document(rng, rng.randint(2, 8)),
+            text = synthetic_document(rng, rng.randint(2, 8))  # drawn either way: the same rng sequence
+            if texts:
+                text = texts[sum(1 for d in docs if "metadata" in d) % len(texts)]
+            docs.append({"id": f"doc-{i:05d}", "text": text,
                          "tenant": rng.choice(tenants), "metadata": {"kind": rng.choice(["memo", "ticket", "report"])}})
 
     third = len(docs) // 3

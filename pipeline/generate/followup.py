@@ -52,13 +52,25 @@ def output_problem(item: dict, config: TokenmillConfig) -> str | None:
     return None
 
 
-def needs_escalation(item: dict, config: TokenmillConfig) -> bool:
+def escalation_reason(item: dict, config: TokenmillConfig) -> str | None:
+    """Why a smaller tier's output is generated again on the escalation tier (None: it is kept).
+    The first reason that holds, in this order: empty, unfaithful, truncated, low_logprob."""
     e, to = config.route.escalation, config.escalation_tier
     if to is None or item["tier"] == to or item.get("chunks"):
-        return False
-    low = item.get("mean_logprob") is not None and item["mean_logprob"] < e.min_mean_logprob
-    empty = not (item.get("summary") or "").strip()  # an output check no log-probability catches
-    return low or empty or (e.on_truncation and item["finish_reason"] == "length")
+        return None
+    if not (item.get("summary") or "").strip():  # an output check no log-probability catches
+        return "empty"
+    if e.on_unfaithful and (item.get("unfaithful_terms") or 0) > 0:
+        return "unfaithful"
+    if e.on_truncation and item["finish_reason"] == "length":
+        return "truncated"
+    if e.min_mean_logprob is not None and item.get("mean_logprob") is not None and item["mean_logprob"] < e.min_mean_logprob:
+        return "low_logprob"
+    return None
+
+
+def needs_escalation(item: dict, config: TokenmillConfig) -> bool:
+    return escalation_reason(item, config) is not None
 
 
 @dataclass
@@ -69,6 +81,7 @@ class Outcome:
     item: dict | None
     paid: list[dict] = field(default_factory=list)
     escalated: bool = False
+    escalation_reason: str | None = None  # why the escalated attempt replaced the first one
     retried: bool = False
     problem: str | None = None
     chunks: int = 0  # chunk summaries among `paid`
@@ -96,12 +109,13 @@ def final_output(key: str, items: dict[str, dict], config: TokenmillConfig) -> O
         out.item = items[retry_key(key)]
         out.paid.append(out.item)
         out.retried, out.problem = True, output_problem(out.item, config)
-    if out.problem is None and needs_escalation(out.item, config):
+    reason = escalation_reason(out.item, config) if out.problem is None else None
+    if reason is not None:
         second = items.get(escalation_key(key, config.escalation_tier))
         if second is not None:
             out.paid.append(second)
             if output_problem(second, config) is None:
-                out.item, out.escalated = second, True
+                out.item, out.escalated, out.escalation_reason = second, True, reason
     return out
 
 

@@ -15,6 +15,7 @@ from pipeline.config import TokenmillConfig
 from pipeline.generate.engine import CALLS
 from pipeline.generate.followup import record_id
 from pipeline.generate.pricing import allocate_gpu_seconds, baseline_gpu_seconds
+from pipeline.generate.quality import unfaithful_terms
 from pipeline.generate.reuse import cache_value
 from pipeline.schema import GENERATION_FIELDS
 from pipeline.stores.cache import ResilientStore
@@ -41,7 +42,10 @@ class CallRecorder:
             items[key] = {**{f: r[f] for f in GENERATION_FIELDS},
                           "id": record_id(unit), "tenant": unit["tenant"], "partition": self.partition,
                           "gpu_seconds": float(g), "baseline_gpu_seconds": float(b), "created_at": created,
-                          "cache_status": self.cache_status, **self.extra.get(key, {})}
+                          "cache_status": self.cache_status,
+                          # checked once, here, where the output meets the text it summarises
+                          "unfaithful_terms": len(unfaithful_terms(r["summary"], unit["text"])),
+                          **self.extra.get(key, {})}
             usd = float(g) * tier.price_per_gpu_hour / 3600
             by_scope.setdefault(unit["scope"], {})[key] = cache_value(items[key], self.job_id, usd)
             self.spent[unit["tenant"]] = self.spent.get(unit["tenant"], 0.0) + usd

@@ -52,7 +52,11 @@ def partition_counts(outputs: pa.Table, ledger: pa.Table, quarantine: pa.Table, 
         "routing": {"by_reason": count_by(ledger, "route_reason"),
                     "escalated": int(pc.sum(ledger["escalated"].cast(pa.int64())).as_py() or 0) if ledger.num_rows else 0,
                     "chunked": int(pc.sum(pc.greater(ledger["chunks"], 0).cast(pa.int64())).as_py() or 0)
-                    if ledger.num_rows else 0},
+                    if ledger.num_rows else 0,
+                    "escalated_by": count_by(ledger.filter(pc.is_valid(ledger["escalation_reason"])), "escalation_reason")},
+        # Served outputs that state numbers, dates or names their documents lack (on the largest tier, or
+        # left unescalated): what a reader should check first.
+        "unfaithful": {"outputs": count_by(ledger.filter(pc.fill_null(ledger["unfaithful"], False)), "tier")},
     }
 
 

@@ -104,6 +104,7 @@ class Item(Base):
     cache_status: Mapped[str | None] = mapped_column(String(16), nullable=True)  # hit | miss | bypassed | off
     mean_logprob: Mapped[float | None] = mapped_column(Float, nullable=True)  # the confidence signal
     chunks: Mapped[int | None] = mapped_column(Integer, nullable=True)  # map-reduce: chunk summaries reduced
+    unfaithful_terms: Mapped[int | None] = mapped_column(Integer, nullable=True)  # the faithfulness signal
 
 
 ITEM_FIELDS = ITEM.names  # the columns after (job_id, item_key); tests check they match the table

@@ -1,0 +1,113 @@
+"""`tokenmill eval`: the quality of every saving on a hold-out set, next to its cost; writes what it chose."""
+
+from __future__ import annotations
+
+import json
+from datetime import date
+from pathlib import Path
+from typing import Optional
+
+import typer
+from rich.table import Table
+
+from pipeline.cli.common import ConfigOption, app, console, fail, load
+from pipeline.config import tokenmill_home
+
+
+def _pct(x) -> str:
+    return "-" if x is None else f"{x:.1%}"
+
+
+def tiers_table(result: dict) -> Table:
+    t = Table(title=f"tiers against {result['baseline_tier']} on {result['holdout']['documents']} hold-out documents")
+    for col in ("tier", "ROUGE-L", "identical", "unfaithful (95% CI)", "truncated", "out tokens", "$/1k docs"):
+        t.add_column(col, justify="right")
+    for name, s in result["tiers"].items():
+        ci = s["unfaithful_ci95"]
+        t.add_row(name, f"{s['rouge_l_vs_baseline']:.3f}", _pct(s["identical_share"]),
+                  f"{_pct(s['unfaithful_rate'])} ({ci[0]:.1%}-{ci[1]:.1%})", _pct(s["truncated_share"]),
+                  f"{s['mean_output_tokens']}", f"${s['cost_per_1k_usd']:.5f}")
+    return t
+
+
+def policy_table(title: str, rows: list[dict], chosen: dict | None) -> Table:
+    t = Table(title=title)
+    for col in ("router <", "min logprob", "trunc", "unfaithful", "quality kept", "kept small", "escalated", "$/1k docs"):
+        t.add_column(col, justify="right")
+    for r in rows:
+        mark = " <" if r == chosen else ""
+        t.add_row("-" if r["router_threshold"] is None else f"{r['router_threshold']:.2f}",
+                  "off" if r["min_mean_logprob"] is None else f"{r['min_mean_logprob']:.3f}",
+                  "on" if r["on_truncation"] else "off", "on" if r["on_unfaithful"] else "off",
+                  f"{r['quality_kept']:.1%}{mark}", _pct(r["small_share"]), _pct(r["escalated_share"]),
+                  f"${r['cost_per_1k_usd']:.5f}")
+    return t
+
+
+def reuse_table(reuse: dict) -> Table:
+    t = Table(title="near and semantic reuse against shadow regenerations (large tier)")
+    for col in ("kind", "reused", "false hits", "rate (95% CI)", "agreement"):
+        t.add_column(col, justify="right")
+    for kind, s in [*reuse["by_kind"].items(), ("all", reuse["total"])]:
+        t.add_row(kind, str(s["reused"]), str(s["false_hits"]), f"{_pct(s['false_hit_rate'])} ({s['ci95'][0]:.1%}-{s['ci95'][1]:.1%})",
+                  "-" if s["mean_agreement"] is None else f"{s['mean_agreement']:.3f}")
+    return t
+
+
+def write_outputs(result: dict, out: Path) -> Path | None:
+    """eval.json, labels.jsonl (for `router train`) and router.json (the calibrated router, if one was trained)."""
+    out.mkdir(parents=True, exist_ok=True)
+    artifact = result["routing"].pop("router_artifact")
+    router_path = None
+    if artifact is not None:
+        router_path = out / "router.json"
+        router_path.write_text(json.dumps(artifact, indent=2))
+    labels = result.pop("labels")
+    (out / "labels.jsonl").write_text("".join(json.dumps(row) + "\n" for row in labels), encoding="utf-8")
+    (out / "eval.json").write_text(json.dumps(result, indent=2))
+    return router_path
+
+
+@app.command("eval")
+def evaluate(config: Path = ConfigOption,
+             holdout: Path = typer.Option(Path("data/holdout.jsonl"), "--holdout", help="Hold-out JSONL (`python benchmarks/eval_set.py` builds one from this machine's text)."),
+             target_quality: float = typer.Option(0.95, "--target-quality", help="Quality to keep, as a share of all-large (mean ROUGE-L agreement)."),
+             out: Optional[Path] = typer.Option(None, "--out", help="Folder for eval.json, labels.jsonl and router.json (default $TOKENMILL_HOME/eval)."),
+             update_config: bool = typer.Option(False, "--update-config", help="Write the chosen escalation thresholds and router into the --config file."),
+             fmt: str = typer.Option("table", "--format", help="table or json")) -> None:
+    """Run the hold-out set on every tier; score routing, escalation, reuse and quantisation; pick the cheapest policy that keeps the target."""
+    from pipeline.evals.apply import ApplyError, apply_values, chosen_values
+    from pipeline.evals.evaluate import EvalError, run_eval
+    from pipeline.generate.engine import EngineStartError, shutdown_engines
+
+    cfg = load(config)
+    if not holdout.is_file():
+        fail(f"hold-out set {holdout} not found (build one: python benchmarks/eval_set.py {holdout})")
+    try:
+        result = run_eval(cfg, holdout, target_quality)
+    except (EvalError, EngineStartError) as e:
+        fail(str(e))
+    finally:
+        shutdown_engines()
+    router_path = write_outputs(result, out or tokenmill_home() / "eval")
+    routing, chosen = result["routing"], result["routing"]["chosen"]
+    if fmt == "json":
+        typer.echo(json.dumps(result))
+    else:
+        console.print(tiers_table(result))
+        console.print(policy_table("routing: router threshold alone", routing["by_router_threshold"], chosen))
+        console.print(policy_table("escalation: confidence threshold, no router", routing["by_logprob_threshold"], chosen))
+        console.print(policy_table("escalation signals alone", routing["signals_alone"], chosen))
+        console.print(reuse_table(result["reuse"]))
+    if chosen is None:
+        fail(f"no policy keeps {target_quality:.0%} of all-{result['baseline_tier']} quality; the config is unchanged")
+    typer.echo(f"chosen: quality kept {chosen['quality_kept']:.1%}, {chosen['small_share']:.1%} kept on the small tier, "
+               f"${chosen['cost_per_1k_usd']:.5f} per 1k documents (all-large ${routing['all_large']['cost_per_1k_usd']:.5f})",
+               err=fmt == "json")
+    if update_config:
+        values = chosen_values(chosen, result["baseline_tier"], str(router_path) if router_path else None)
+        try:
+            config.write_text(apply_values(config.read_text(), values, f"tokenmill eval {date.today()}"))
+        except ApplyError as e:
+            fail(str(e))
+        typer.echo(f"wrote the chosen thresholds into {config}", err=fmt == "json")
