@@ -1,17 +1,26 @@
-"""The HTML cost report, rendered in headless Chromium: every chart must draw."""
+"""The HTML cost report, rendered in headless Chromium: every chart must draw; its quality section
+from the ledger's faithfulness columns (old ledgers without them too) and a `tokenmill eval` result."""
 
+import json
 import os
 import re
 import shutil
 import subprocess
+from datetime import datetime, timezone
 
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
+from typer.testing import CliRunner
 
 from pipeline import run_job
-from pipeline.output.report import build_report
+from pipeline.cli import app
+from pipeline.output.commit import new_commit_id, part_path, publish, relative, write_files
+from pipeline.output.report import build_report, load_eval
+from pipeline.schema import LEDGER, OUTPUTS, QUARANTINE
+from pipeline.stores import storage
 from tests.conftest import REPO
 
-pytestmark = pytest.mark.engine
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync"]
@@ -26,11 +35,13 @@ def chromium():
     return CHROMIUM
 
 
+@pytest.mark.engine
 def test_report_renders_offline_with_every_chart_drawn(make_config, sample_corpus, tmp_path, chromium):
     config = make_config()
     run_job(config, job_id="report")
     page = build_report(config.output.uri, "report")
     assert "http://" not in page and "https://" not in page  # nothing fetched from a network
+    assert 'id="unfaithful-by-tier"' in page and "No eval result" in page
     html_file = tmp_path / "report.html"
     html_file.write_text(page)
 
@@ -55,3 +66,122 @@ def test_report_for_unknown_job_is_a_clear_error(tmp_path):
 
     with pytest.raises(StorageError, match="no manifest for job nope"):
         build_report(str(tmp_path), "nope")
+
+
+# -- the quality section, from files written here (no engine) ------------------------------------
+
+EVAL = {
+    "holdout": {"path": "data/holdout.jsonl", "documents": 300, "variants": 250},
+    "baseline_tier": "large", "models": {"small": "m-w4a16", "large": "m-f32"},
+    "tiers": {"small": {"rouge_l_vs_baseline": 0.4123, "unfaithful_rate": 0.12, "unfaithful_ci95": [0.09, 0.16],
+                        "cost_per_1k_usd": 0.01234},
+              "large": {"rouge_l_vs_baseline": 1.0, "unfaithful_rate": 0.05, "unfaithful_ci95": [0.03, 0.08],
+                        "cost_per_1k_usd": 0.05678}},
+    "routing": {"target_quality": 0.95, "test_documents": 150, "all_large": {"cost_per_1k_usd": 0.05678},
+                "chosen": {"router_threshold": 0.35, "min_mean_logprob": -1.25, "on_truncation": True,
+                           "on_unfaithful": True, "quality_kept": 0.9512, "small_share": 0.42,
+                           "escalated_share": 0.18, "cost_per_1k_usd": 0.04321}},
+    "reuse": {"total": {"reused": 40, "false_hits": 1, "false_hit_rate": 0.025, "ci95": [0.0044, 0.1288]}},
+}
+
+
+def ledger_rows(job_id: str) -> list[dict]:
+    """Six served outputs: on small, two unfaithful; on large, two escalated (unfaithful, truncated), one flagged."""
+    rows = []
+    for i, (tier, unfaithful, reason) in enumerate([("small", True, None), ("small", True, None), ("small", False, None),
+                                                    ("large", False, "unfaithful"), ("large", True, "truncated"),
+                                                    ("large", False, None)]):
+        rows.append({"job_id": job_id, "partition": "p0", "id": f"d{i}", "tenant": "acme", "tier": tier, "model": f"m-{tier}",
+                     "source": "generated", "escalated": reason is not None, "escalation_reason": reason,
+                     "unfaithful": unfaithful, "prompt_tokens": 100, "cached_prompt_tokens": 0, "output_tokens": 20,
+                     "gpu_seconds": 1.0, "price_per_gpu_hour": 3.6, "cost_usd": 0.001, "baseline_cost_usd": 0.002,
+                     "created_at": datetime(2026, 11, 30, tzinfo=timezone.utc)})
+    return rows
+
+
+def write_manifest(root: storage.Location, job_id: str, models: dict[str, str]) -> None:
+    manifest = {"largest_tier": "large", "cost": {"cost_usd": 0.006, "baseline_cost_usd": 0.012},
+                "engines": {t: {"model": m, "output_tokens_per_second": 10.0} for t, m in models.items()},
+                "counts": {"records": 6, "outputs": 6, "quarantined": 0, "by_source": {"generated": 6}, "by_reason": {}},
+                "partitions": {"p0": {"file": "a.jsonl", "seconds": 1.0}},
+                "reuse": {"verification": {"checked": 0}}}
+    storage.write_bytes_atomic(root, root.join("jobs", job_id, "manifest.json"), json.dumps(manifest).encode())
+
+
+def empty(kind_schema: pa.Schema) -> pa.Table:
+    return pa.schema([("partition", pa.string()), *kind_schema]).empty_table()
+
+
+def write_job(out, job_id: str, old_ledger: bool = False) -> str:
+    """A committed one-partition job; `old_ledger`: its ledger file written before the faithfulness columns."""
+    root = storage.resolve(str(out))
+    commit = new_commit_id(1)
+    ledger = pa.Table.from_pylist(ledger_rows(job_id), schema=LEDGER)
+    files = write_files(root, job_id, "p0", {"ledger": ledger, "outputs": empty(OUTPUTS), "quarantine": empty(QUARANTINE)},
+                        "zstd", commit)
+    if old_ledger:
+        path = part_path(root, "ledger", job_id, "p0", commit)
+        pq.write_table(ledger.drop_columns(["escalation_reason", "unfaithful"]), path)
+        files["ledger"] = relative(root, path)
+    publish(root, job_id, "p0", commit, files)
+    write_manifest(root, job_id, {"small": "m-w4a16", "large": "m-f32"})
+    return str(out)
+
+
+def cells(page: str, table_id: str) -> list[list[str]]:
+    table = re.search(rf'<table class="quality" id="{table_id}">(.*?)</table>', page, re.S)
+    assert table, f"no table {table_id}"
+    return [re.findall(r"<td>(.*?)</td>", row) for row in re.findall(r"<tr>(.*?)</tr>", table[1]) if "<td>" in row]
+
+
+def test_quality_section_counts_unfaithful_and_escalations_and_shows_the_eval(tmp_path):
+    eval_file = tmp_path / "eval.json"
+    eval_file.write_text(json.dumps(EVAL))
+    page = build_report(write_job(tmp_path / "out", "q"), "q", eval_result=load_eval(eval_file))
+    assert cells(page, "unfaithful-by-tier") == [["large", "3", "1 (33.3%)", "2"], ["small", "3", "2 (66.7%)", "0"]]
+    assert cells(page, "escalations") == [["truncated", "1"], ["unfaithful", "1"]]
+    assert cells(page, "eval-tiers") == [["small", "m-w4a16", "0.412", "12.0% (9.0% - 16.0%)", "$0.01234"],
+                                         ["large", "m-f32", "1.000", "5.0% (3.0% - 8.0%)", "$0.05678"]]
+    assert ("quality kept 95.1%, 42.0% kept on the small tier, 18.0% escalated, $0.04321 per 1k documents "
+            "(all-large $0.05678); router below 0.35 to the large tier, escalate below mean log-probability -1.250, "
+            "truncation on, unfaithful on.") in page
+    assert "1 false hits in 40 reuses (2.5%, 95% CI 0.4%-12.9%)" in page
+    assert "no near or semantic reuse was shadow-verified" in page
+    assert "other models than the eval measured" not in page
+
+
+def test_quality_section_renders_an_old_ledger_and_a_stale_or_failed_eval(tmp_path):
+    out = write_job(tmp_path / "out", "old", old_ledger=True)
+    stale = {**EVAL, "models": {"small": "m-w8a8", "large": "m-f32"},
+             "routing": {**EVAL["routing"], "chosen": None}}
+    eval_file = tmp_path / "eval.json"
+    eval_file.write_text(json.dumps(stale))
+    page = build_report(out, "old", eval_result=load_eval(eval_file))
+    assert cells(page, "unfaithful-by-tier") == [["large", "3", "not recorded", "2"], ["small", "3", "not recorded", "0"]]
+    assert cells(page, "escalations") == [["not recorded", "2"]]
+    assert "none keeps 95.0% of all-large quality" in page
+
+    all_large = {**EVAL, "routing": {**EVAL["routing"], "chosen": {**EVAL["routing"]["all_large"], "all_large": True}}}
+    eval_file.write_text(json.dumps(all_large))
+    assert "everything on large, $0.05678 per 1k documents" in build_report(out, "old", eval_result=load_eval(eval_file))
+    assert "other models than the eval measured on small" in page
+
+
+def test_report_command_reads_the_latest_eval_or_refuses_a_bad_one(tmp_path, monkeypatch):
+    out = write_job(tmp_path / "out", "cli")
+    monkeypatch.setenv("TOKENMILL_HOME", str(tmp_path / "home"))
+    runner, html_file = CliRunner(), tmp_path / "r.html"
+    args = ["report", "--output", out, "--job-id", "cli", "--out", str(html_file)]
+    assert runner.invoke(app, args).exit_code == 0
+    assert "No eval result" in html_file.read_text()  # no eval.json under TOKENMILL_HOME yet
+
+    (tmp_path / "home" / "eval").mkdir(parents=True)
+    (tmp_path / "home" / "eval" / "eval.json").write_text(json.dumps(EVAL))
+    assert runner.invoke(app, args).exit_code == 0
+    assert 'id="eval-tiers"' in html_file.read_text()
+
+    (tmp_path / "bad.json").write_text("{not json")
+    bad = runner.invoke(app, [*args, "--eval", str(tmp_path / "bad.json")])
+    assert bad.exit_code != 0 and "eval result" in bad.output and "bad.json" in bad.output
+    missing = runner.invoke(app, [*args, "--eval", str(tmp_path / "none.json")])
+    assert missing.exit_code != 0 and "none.json" in missing.output

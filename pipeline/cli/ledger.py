@@ -100,16 +100,33 @@ def ledger_sql(sql: str = typer.Argument(..., help="A query over the views ledge
     print_table(table, format)
 
 
+def _eval_result(path: Optional[Path]):
+    """--eval PATH, else the latest `tokenmill eval` result under $TOKENMILL_HOME when there is one."""
+    from pipeline.config import tokenmill_home
+    from pipeline.output.report import load_eval
+
+    if path is None:
+        path = tokenmill_home() / "eval" / "eval.json"
+        if not path.is_file():
+            return None
+    try:
+        return load_eval(path)
+    except ValueError as e:
+        fail(str(e))
+
+
 @app.command("report")
 def report(output: str = OutputOption, job_id: str = typer.Option(..., "--job-id"),
            out: Path = typer.Option(..., "--out", help="HTML file to write (self-contained: opens offline)."),
+           eval_path: Optional[Path] = typer.Option(None, "--eval", help="A `tokenmill eval` eval.json for the quality section (default $TOKENMILL_HOME/eval/eval.json when it exists)."),
            config: Optional[Path] = LedgerConfigOption) -> None:
-    """Write a job's cost report: cost by tenant and tier, savings waterfall, throughput, reuse, slowest partitions."""
+    """Write a job's report: cost by tenant and tier, savings waterfall, throughput, reuse, slowest partitions, quality."""
     from pipeline.output.report import build_report
     from pipeline.stores.storage import StorageError
 
+    eval_result = _eval_result(eval_path)
     try:
-        page = build_report(output, job_id, _storage_config(config))
+        page = build_report(output, job_id, _storage_config(config), eval_result)
     except StorageError as e:
         fail(str(e))
     out.write_text(page, encoding="utf-8")

@@ -1,15 +1,20 @@
 """One self-contained HTML cost report per job: inline SVG charts, no script or font from the network.
 
 Sections: cost by tenant and by tier, a savings waterfall from the no-dedup/no-cache/largest-tier
-baseline down to what was paid, engine throughput per tier, reuse by kind, and the slowest
-partitions. Figures come from the job's ledger (DuckDB) and manifest.
+baseline down to what was paid, engine throughput per tier, reuse by kind, the slowest partitions,
+and quality: outputs flagged unfaithful per tier, escalations by reason, shadow verification's
+false-reuse rate and, when given, the headline of the latest `tokenmill eval`. Figures come from
+the job's ledger (DuckDB), its manifest and the eval's eval.json (read as plain JSON: the evals
+layer sits above this one).
 """
 
 from __future__ import annotations
 
 import html
 import json
+from datetime import datetime, timezone
 from decimal import Decimal
+from pathlib import Path
 
 import duckdb
 
@@ -105,7 +110,113 @@ def _false_reuse_line(v: dict) -> str:
             "manifest's reuse.verification.")
 
 
-def build_report(output_uri: str, job_id: str, storage_config=None) -> str:
+def _table(table_id: str, head: list[str], rows: list[list[str]]) -> str:
+    cells = "".join(f"<th>{html.escape(h)}</th>" for h in head)
+    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in r) + "</tr>" for r in rows)
+    return f'<table class="quality" id="{table_id}"><thead><tr>{cells}</tr></thead><tbody>{body}</tbody></table>'
+
+
+def _pct(v) -> str:
+    return "-" if v is None else f"{v:.1%}"
+
+
+def _note(text: str) -> str:
+    return f'<p class="note">{html.escape(text)}</p>'
+
+
+def job_quality(con: duckdb.DuckDBPyConnection, job_id: str) -> tuple[list[list[str]], list[list[str]]]:
+    """Per tier: served outputs, those flagged unfaithful, those escalated; and escalations by reason.
+
+    Ledger files written before the faithfulness columns existed read as NULL there (the views carry
+    today's schema): their rows count as "not recorded", never as faithful or unexplained.
+    """
+    tiers = _rows(con, "SELECT tier, count(*), count(unfaithful), count(*) FILTER (WHERE unfaithful), "
+                       "count(*) FILTER (WHERE escalated) FROM ledger WHERE job_id = ? GROUP BY 1 ORDER BY 1", [job_id])
+    by_tier = [[tier, n, f"{flagged} ({flagged / recorded:.1%})" if recorded else "not recorded", escalated]
+               for tier, n, recorded, flagged, escalated in tiers]
+    reasons = _rows(con, "SELECT coalesce(escalation_reason, 'not recorded'), count(*) AS n FROM ledger "
+                         "WHERE job_id = ? AND escalated GROUP BY 1 ORDER BY n DESC, 1", [job_id])
+    return by_tier, [[reason, n] for reason, n in reasons]
+
+
+def load_eval(path: Path) -> dict:
+    """A `tokenmill eval` result (its eval.json), with where it came from and when it was written."""
+    try:
+        result = json.loads(path.read_text(encoding="utf-8"))
+        written = datetime.fromtimestamp(path.stat().st_mtime, timezone.utc)
+    except (OSError, UnicodeDecodeError, ValueError) as e:
+        raise ValueError(f"eval result {path}: {e}") from None
+    if not isinstance(result, dict) or not isinstance(result.get("tiers"), dict):
+        raise ValueError(f"eval result {path}: not a `tokenmill eval` eval.json (no `tiers`)")
+    return {**result, "eval_file": str(path), "eval_written": written.strftime("%Y-%m-%d %H:%M UTC")}
+
+
+def _policy_line(routing: dict, baseline_tier: str) -> str:
+    chosen, target = routing.get("chosen"), routing.get("target_quality")
+    if not chosen:
+        return f"Chosen policy: none keeps {_pct(target)} of all-{baseline_tier} quality (the config was left as it was)."
+    if chosen.get("all_large"):
+        return (f"Chosen policy (target {_pct(target)}): everything on {baseline_tier}, ${chosen['cost_per_1k_usd']:.5f} "
+                "per 1k documents: no cheaper mix of tiers kept the target quality.")
+    settings = [f"router below {chosen['router_threshold']:.2f} to the large tier" if chosen.get("router_threshold") is not None
+                else "no router",
+                "mean log-probability signal off" if chosen.get("min_mean_logprob") is None
+                else f"escalate below mean log-probability {chosen['min_mean_logprob']:.3f}",
+                f"truncation {'on' if chosen.get('on_truncation') else 'off'}",
+                f"unfaithful {'on' if chosen.get('on_unfaithful') else 'off'}"]
+    all_large = (routing.get("all_large") or {}).get("cost_per_1k_usd")
+    against = f" (all-{baseline_tier} ${all_large:.5f})" if all_large is not None else ""
+    return (f"Chosen policy (target {_pct(target)}, scored on {routing.get('test_documents', '?')} test documents): "
+            f"quality kept {_pct(chosen['quality_kept'])}, {_pct(chosen['small_share'])} kept on the small tier, "
+            f"{_pct(chosen.get('escalated_share'))} escalated, ${chosen['cost_per_1k_usd']:.5f} per 1k documents{against}; "
+            + ", ".join(settings) + ".")
+
+
+def eval_headline(result: dict, job_models: dict[str, str | None]) -> str:
+    """The latest eval's tiers table, chosen policy and reuse false hits; a note when it measured other models."""
+    base = result.get("baseline_tier", "?")
+    models = result.get("models", {})
+    rows = [[tier, models.get(tier, "-"), "-" if s.get("rouge_l_vs_baseline") is None else f"{s['rouge_l_vs_baseline']:.3f}",
+             f"{_pct(s.get('unfaithful_rate'))} ({' - '.join(_pct(v) for v in s.get('unfaithful_ci95') or [None, None])})",
+             "-" if s.get("cost_per_1k_usd") is None else f"${s['cost_per_1k_usd']:.5f}"]
+            for tier, s in result["tiers"].items()]
+    holdout = result.get("holdout", {})
+    parts = [f"<h3>Latest eval: {html.escape(result['eval_file'])} (written {result['eval_written']}, "
+             f"{holdout.get('documents', '?')} hold-out documents)</h3>",
+             _table("eval-tiers", ["tier", "model", f"ROUGE-L vs {base}", "unfaithful (95% CI)", "$/1k docs"], rows),
+             _note(_policy_line(result.get("routing") or {}, base))]
+    total = (result.get("reuse") or {}).get("total") or {}
+    if total.get("reused"):
+        low, high = total["ci95"]
+        parts.append(_note(f"Near and semantic reuse on the hold-out set: {total['false_hits']} false hits in "
+                           f"{total['reused']} reuses ({_pct(total['false_hit_rate'])}, 95% CI {low:.1%}-{high:.1%})."))
+    stale = sorted(t for t, m in models.items() if t in job_models and job_models[t] not in (None, m))
+    if stale:
+        parts.append(_note(f"This job ran other models than the eval measured on {', '.join(stale)}: "
+                           "run `tokenmill eval` again before trusting these figures."))
+    return "".join(parts)
+
+
+def quality_section(con: duckdb.DuckDBPyConnection, job_id: str, manifest: dict, eval_result: dict | None) -> str:
+    by_tier, reasons = job_quality(con, job_id)
+    parts = ["<h2>Quality</h2>",
+             _table("unfaithful-by-tier", ["tier", "served outputs", "flagged unfaithful", "escalated to this tier"], by_tier),
+             _note("Flagged unfaithful: the served output states numbers, dates or capitalised names its document "
+                   "does not contain (ledger column `unfaithful`; on the escalation tier it is flagged, not escalated)."),
+             _table("escalations", ["escalation reason", "outputs"], reasons) if reasons
+             else _note("No output was escalated in this job."),
+             _note(_false_reuse_line(manifest.get("reuse", {}).get("verification") or {}))]
+    if eval_result is not None:
+        models = {t: e.get("model") for t, e in manifest.get("engines", {}).items()}
+        parts.append(eval_headline(eval_result, models))
+    else:
+        parts.append(_note("No eval result: run `tokenmill eval` (docs/data-engineer.md) and pass its eval.json "
+                           "with --eval."))
+    return f'<section id="quality">{"".join(parts)}</section>'
+
+
+def build_report(output_uri: str, job_id: str, storage_config=None, eval_result: dict | None = None) -> str:
+    """The report page; `eval_result` is a `load_eval` result to show in the quality section (None: none)."""
     from pipeline.output.ledger import connect
 
     root = storage.resolve(output_uri, storage_config)
@@ -135,6 +246,7 @@ def build_report(output_uri: str, job_id: str, storage_config=None) -> str:
         bar_chart("reuse", "Reuse rate by kind (share of output rows)", reuse, fmt=lambda v: f"{v:.1%}")
         + f'<p class="note">{html.escape(_false_reuse_line(manifest.get("reuse", {}).get("verification") or {}))}</p>',
         bar_chart("slowest-partitions", "Slowest partitions (wall seconds)", slow, fmt=lambda v: f"{v:.2f} s"),
+        quality_section(con, job_id, manifest, eval_result),
     ]
     quarantined = ", ".join(f"{k} {v}" for k, v in counts["by_reason"].items()) or "none"
     head = (f"<h1>tokenmill cost report: job {html.escape(job_id)}</h1>"
@@ -145,6 +257,9 @@ def build_report(output_uri: str, job_id: str, storage_config=None) -> str:
     check = ("<script>document.querySelectorAll('svg.chart').forEach(s=>{const b=[...s.querySelectorAll('rect.bar')]"
              ".filter(r=>r.getBBox().width>0&&r.getBBox().height>0);s.setAttribute('data-drawn',b.length)});</script>")
     style = ("body{font:14px system-ui,sans-serif;margin:2em;color:#222}svg text{font-size:12px;fill:#222}"
-             "section{margin:1.5em 0}h2{font-size:16px}.note,.facts,.empty{color:#555}")
+             "section{margin:1.5em 0}h2{font-size:16px}h3{font-size:14px}.note,.facts,.empty{color:#555}"
+             "table.quality{border-collapse:collapse;margin:.5em 0}table.quality td,table.quality th"
+             "{border-bottom:1px solid #ddd;padding:3px 10px;text-align:right}table.quality td:first-child"
+             "{text-align:left}")
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>tokenmill report {html.escape(job_id)}</title>"
             f"<style>{style}</style></head><body>{head}{''.join(sections)}{check}</body></html>")
