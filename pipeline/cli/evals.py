@@ -36,7 +36,7 @@ def policy_table(title: str, rows: list[dict], chosen: dict | None) -> Table:
         t.add_column(col, justify="right")
     for r in rows:
         mark = " <" if r == chosen else ""
-        t.add_row("-" if r["router_threshold"] is None else f"{r['router_threshold']:.2f}",
+        t.add_row("all" if r.get("all_large") else "-" if r["router_threshold"] is None else f"{r['router_threshold']:.2f}",
                   "off" if r["min_mean_logprob"] is None else f"{r['min_mean_logprob']:.3f}",
                   "on" if r["on_truncation"] else "off", "on" if r["on_unfaithful"] else "off",
                   f"{r['quality_kept']:.1%}{mark}", _pct(r["small_share"]), _pct(r["escalated_share"]),
@@ -98,6 +98,10 @@ def evaluate(config: Path = ConfigOption,
         console.print(policy_table("routing: router threshold alone", routing["by_router_threshold"], chosen))
         console.print(policy_table("escalation: confidence threshold, no router", routing["by_logprob_threshold"], chosen))
         console.print(policy_table("escalation signals alone", routing["signals_alone"], chosen))
+        console.print(policy_table(f"chosen (cheapest keeping {target_quality:.0%}) next to all-small and all-large",
+                                   [r for r in (chosen, routing["all_small"], routing["all_large"]) if r], chosen))
+        if routing["note"]:
+            typer.echo(routing["note"])
         console.print(reuse_table(result["reuse"]))
     if chosen is None:
         fail(f"no policy keeps {target_quality:.0%} of all-{result['baseline_tier']} quality; the config is unchanged")

@@ -66,7 +66,7 @@ def set_value(lines: list[str], path: tuple[str, ...], value, comment: str) -> N
             at = hi
             if last:
                 return
-            lo, hi = at + 1, at + 1
+            lo, hi, indent = at + 1, at + 1, indent + step
         elif last:
             # the old comment explained the old value: replace it
             lines[at] = f"{' ' * indent}{key}: {yaml_scalar(value)}  # {comment}"
@@ -83,19 +83,24 @@ def apply_values(text: str, values: dict[tuple[str, ...], object], comment: str)
     for path, value in values.items():
         set_value(lines, path, value, comment)
     out = "\n".join(lines) + "\n"
-    parsed = yaml.safe_load(out)
+    wanted = ", ".join(f"{'.'.join(p)}: {yaml_scalar(v)}" for p, v in values.items())
+    try:
+        parsed = yaml.safe_load(out)
+    except yaml.YAMLError:
+        parsed = None
     for path, value in values.items():
         node = parsed
         for key in path:
             node = node.get(key) if isinstance(node, dict) else None
         if node != value and not (isinstance(value, float) and isinstance(node, float) and math.isclose(node, value)):
-            wanted = ", ".join(f"{'.'.join(p)}: {yaml_scalar(v)}" for p, v in values.items())
             raise ApplyError(f"could not edit the config in place (flow-style or unusual layout); set by hand: {wanted}")
     return out
 
 
 def chosen_values(chosen: dict, large: str, router_path: str | None) -> dict[tuple[str, ...], object]:
     """The config fields a chosen policy sets."""
+    if chosen.get("all_large"):
+        return {("route", "default_tier"): large, ("route", "escalation", "enabled"): False, ("route", "router"): None}
     return {("route", "escalation", "enabled"): True, ("route", "escalation", "to_tier"): large,
             ("route", "escalation", "min_mean_logprob"): chosen["min_mean_logprob"],
             ("route", "escalation", "on_truncation"): chosen["on_truncation"],

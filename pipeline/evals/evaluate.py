@@ -77,7 +77,10 @@ def routing(config: TokenmillConfig, text: dict[str, str], ids: list[str], small
         p, note = None, f"no router: {e}"
     thresholds = logprob_thresholds(small, test)
     rows = [score(policy, test, small, large, agreement, p, config) for policy in grid(p is not None, thresholds)]
-    chosen = cheapest(rows, target)
+    # Everything on the large tier: a router that sends every item there, whatever its probability.
+    all_large = {**score(Policy(1.01, NO_LOGPROB, False, False), test, small, large, agreement, {i: 0.0 for i in test},
+                         config), "router_threshold": None, "all_large": True}
+    chosen = cheapest(rows + [all_large], target)  # when no mix is cheaper, all-large is the answer
 
     def plain(r: dict) -> bool:
         return r["min_mean_logprob"] == NO_LOGPROB and not r["on_truncation"] and not r["on_unfaithful"]
@@ -86,7 +89,6 @@ def routing(config: TokenmillConfig, text: dict[str, str], ids: list[str], small
     best_signals = chosen or {"on_truncation": True, "on_unfaithful": True}
     by_logprob = [r for r in rows if r["router_threshold"] is None and r["on_truncation"] == best_signals["on_truncation"]
                   and r["on_unfaithful"] == best_signals["on_unfaithful"]]
-    all_large = score(Policy(1.01, NO_LOGPROB, False, False), test, small, large, agreement, {i: 0.0 for i in test}, config)
     all_small = next(r for r in rows if plain(r) and r["router_threshold"] is None)
     if artifact is not None and chosen is not None and chosen["router_threshold"] is not None:
         artifact.update(threshold=chosen["router_threshold"], calibrated_quality=chosen["quality_kept"],

@@ -121,6 +121,7 @@ def build_manifest(config: TokenmillConfig, job_id: str, job, parts: list, parti
         "tokens": totals.get("tokens", {"prompt_tokens": 0, "cached_prompt_tokens": 0, "output_tokens": 0}),
         "prefix_cache": prefix_cache(totals.get("tokens", {})),
         "routing": totals.get("routing", {}),
+        "unfaithful": {"outputs": dict(sorted(totals.get("unfaithful", {}).get("outputs", {}).items()))},
         "cost": {"cost_usd": cost, "baseline_cost_usd": baseline, "saved_usd": baseline - cost,
                  "gpu_seconds": totals.get("gpu_seconds", 0.0)},
         "reuse": {

