@@ -205,7 +205,7 @@ class EscalationConfig(Section):
     to_tier: str | None = Field(None, description="Tier escalations go to; unset: the largest tier.")
     min_mean_logprob: float | None = Field(-2.5, description="Outputs whose mean token log-probability (from vLLM) is below this are escalated; null: this signal is off (`tokenmill eval` picks it).")
     on_truncation: bool = Field(True, description="Also escalate outputs cut off by `max_tokens` (finish reason `length`).")
-    on_unfaithful: bool = Field(True, description="Also escalate outputs that state numbers, dates or capitalised names their document does not contain (on the escalation tier itself they are flagged: ledger column `unfaithful`).")
+    on_unfaithful: bool = Field(False, description="Also escalate outputs that state numbers, dates or capitalised names their document does not contain (on the escalation tier itself they are flagged: ledger column `unfaithful`).")
 
 
 class RouteConfig(Section):

@@ -128,29 +128,69 @@ def test_the_split_is_stable_and_disjoint():
 def test_update_config_edits_in_place_keeping_comments(tmp_path):
     text = (REPO / "configs" / "local.yaml").read_text()
     chosen = {"router_threshold": 0.35, "min_mean_logprob": -1.25, "on_truncation": False, "on_unfaithful": True}
-    out = apply_values(text, chosen_values(chosen, "large", "/models/eval/router.json"), "tokenmill eval 2026-12-01")
+    out = apply_values(text, chosen_values(chosen, "small", "large", "/models/eval/router.json"), "tokenmill eval 2026-12-01")
     parsed = yaml.safe_load(out)
     assert parsed["route"]["escalation"] == {"enabled": True, "to_tier": "large", "min_mean_logprob": -1.25,
                                              "on_truncation": False, "on_unfaithful": True}
-    assert parsed["route"]["router"] == "/models/eval/router.json"
+    assert parsed["route"]["router"] == "/models/eval/router.json" and parsed["route"]["default_tier"] == "small"
     assert "# tokenmill eval 2026-12-01" in out
     # Everything else is untouched, comments included.
     untouched = [line for line in text.splitlines() if "min_mean_logprob" not in line and "on_truncation" not in line
-                 and "on_unfaithful" not in line and "to_tier" not in line and "enabled: true" not in line]
+                 and "on_unfaithful" not in line and "to_tier" not in line and "enabled: true" not in line
+                 and "default_tier" not in line]
     assert all(line in out.splitlines() for line in untouched)
     (tmp_path / "c.yaml").write_text(out)
     assert load_config(tmp_path / "c.yaml", environ={"TOKENMILL_HOME": str(tmp_path)}).route.escalation.min_mean_logprob == -1.25
     # A policy without the router clears it; missing parents are added.
-    bare = apply_values("tiers:\n  small:\n    model: m\n", chosen_values({**chosen, "router_threshold": None}, "large", None), "e")
-    assert yaml.safe_load(bare)["route"] == {"escalation": {"enabled": True, "to_tier": "large", "min_mean_logprob": -1.25,
-                                                            "on_truncation": False, "on_unfaithful": True}, "router": None}
+    bare = apply_values("tiers:\n  small:\n    model: m\n",
+                        chosen_values({**chosen, "router_threshold": None}, "small", "large", None), "e")
+    assert yaml.safe_load(bare)["route"] == {"default_tier": "small", "router": None, "escalation": {
+        "enabled": True, "to_tier": "large", "min_mean_logprob": -1.25, "on_truncation": False, "on_unfaithful": True}}
+    # After an eval chose all-large, the next choice of a mix sends items to the small tier again (found in review).
+    after = apply_values(apply_values(text, chosen_values({"all_large": True}, "small", "large", None), "e"),
+                         chosen_values({**chosen, "router_threshold": None}, "small", "large", None), "e")
+    assert yaml.safe_load(after)["route"]["default_tier"] == "small"
 
 
 def test_update_config_refuses_a_layout_it_cannot_edit():
     with pytest.raises(ApplyError, match="set by hand: route.escalation.enabled: true"):
         apply_values("route: {escalation: {enabled: false}}\n", {("route", "escalation", "enabled"): True}, "e")
+    # A quoted key is not found, so a second `route:` block would be added and silently drop the rules.
+    quoted = '"route":\n  default_tier: small\n  rules:\n    - {name: x, tier: large}\n'
+    with pytest.raises(ApplyError, match="set by hand"):
+        apply_values(quoted, {("route", "router"): None}, "e")
+
+
+def test_an_eval_never_replaces_the_router_a_config_uses(tmp_path):
+    from pipeline.cli.evals import write_outputs
+
+    (tmp_path / "router.json").write_text('{"threshold": 0.35}')
+    result = {"routing": {"router_artifact": {"threshold": 0.5}, "chosen": None}, "labels": [{"text": "t"}]}
+    assert write_outputs(result, tmp_path) == tmp_path / "router.candidate.json"
+    assert (tmp_path / "router.json").read_text() == '{"threshold": 0.35}'
+    assert (tmp_path / "labels.jsonl").read_text() == '{"text": "t"}\n'
+    assert "router_artifact" not in __import__("json").loads((tmp_path / "eval.json").read_text())["routing"]
+
+
+def test_too_small_or_empty_hold_outs_are_refused_before_any_engine(config, tmp_path):
+    from pipeline.evals.evaluate import run_eval
+
+    class NoEngines:  # the eval must refuse before it asks for one
+        def __getattr__(self, name):
+            raise AssertionError(f"engine pool used: {name}")
+
+    path = tmp_path / "h.jsonl"
+    path.write_text('{"id": "a", "text": "   "}\n')
+    with pytest.raises(EvalError, match="no valid document to evaluate .1 quarantined"):
+        run_eval(config, path, pool=NoEngines())
+    path.write_text("".join(f'{{"id": "d{i}", "text": "Document number {i} about pumps."}}\n' for i in range(10)))
+    with pytest.raises(EvalError, match="documents fall in the test half: at least 20 are needed"):
+        run_eval(config, path, pool=NoEngines())
+    one_price = config.model_copy(update={"tiers": {"only": config.tiers["small"]}})
+    with pytest.raises(EvalError, match="two tiers of different price"):
+        run_eval(one_price, path, pool=NoEngines())
 
 
 def test_all_large_chosen_sets_the_default_tier():
-    values = chosen_values({"all_large": True, "router_threshold": None}, "large", "/r.json")
+    values = chosen_values({"all_large": True, "router_threshold": None}, "small", "large", "/r.json")
     assert values == {("route", "default_tier"): "large", ("route", "escalation", "enabled"): False, ("route", "router"): None}

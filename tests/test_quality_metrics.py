@@ -84,3 +84,27 @@ def test_fast_enough_to_run_on_every_output():
     for _ in range(200):
         unfaithful_terms(summary, document)
     assert (time.perf_counter() - start) / 200 < 0.01
+
+
+@pytest.mark.parametrize("summary", [
+    "Summary in 3 points:\n1. gzip compresses files.\n2. It uses Lempel-Ziv coding.\n3. Files end in .gz.",
+    "Here is a summary of the text in 2 sentences: gzip compresses files. It uses Lempel-Ziv coding.",
+    "**Key Features:** gzip compresses files.",
+    "Main Points: gzip compresses files.",
+    "Gzip: A Compression Tool\n\ngzip compresses files.",
+    "Title: Gzip File Compression Summary",
+])
+def test_a_summary_structure_is_not_a_claim(summary):
+    """Small models number their points and title their summaries: neither states a fact (found in review)."""
+    assert unfaithful_terms(summary, "gzip compresses files using Lempel-Ziv coding; names end in .gz.") == []
+
+
+def test_the_structure_rules_still_catch_invented_facts():
+    doc = "gzip compresses files using Lempel-Ziv coding."
+    assert unfaithful_terms("Key Points:\n1. gzip was written by Jean Gailly in 1992.", doc) == ["1992", "Jean Gailly"]
+    assert unfaithful_terms("Overview: gzip compresses 40 files.", doc) == ["40"]
+
+
+def test_rouge_l_scores_any_script():
+    assert rouge_l("Привет мир, как дела", "Привет мир, как дела") == 1.0
+    assert 0 < rouge_l("Привет мир", "Привет мир, как дела") < 1

@@ -100,7 +100,8 @@ def test_a_job_on_real_text_gives_real_summaries_and_flags_unfaithful_ones(real_
     assert len(stored) >= 6
     assert all(n == len(unfaithful_terms(summary, text[id_])) for id_, summary, n in stored)
     m = result.manifest
-    assert sum(m["routing"]["escalated_by"].values()) == m["routing"]["escalated"]
+    # Small-tier outputs of this model often loop into max_tokens: escalations happen, each with its reason.
+    assert m["routing"]["escalated"] >= 1 and sum(m["routing"]["escalated_by"].values()) == m["routing"]["escalated"]
     assert set(m["unfaithful"]["outputs"]) <= {"small", "large"}
 
 
@@ -111,7 +112,8 @@ def test_eval_scores_every_saving_and_writes_its_choice_into_the_config(real_mod
     shutil.copyfile(LOCAL, config)
     out = tmp_path / "eval"
     result = CliRunner().invoke(app, ["eval", "--config", str(config), "--holdout", str(holdout), "--out", str(out),
-                                      "--target-quality", "0.5", "--update-config", "--format", "json"])
+                                      "--target-quality", "0.5", "--update-config", "--min-documents", "3",
+                                      "--format", "json"])
     assert result.exit_code == 0, result.output
     report = json.loads((out / "eval.json").read_text())
     tiers = report["tiers"]

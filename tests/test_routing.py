@@ -131,11 +131,13 @@ def test_the_artifact_round_trips_and_routes_without_sklearn(tmp_path):
     assert (tier, p) == tuple(loaded.route(["A short note."])[0]) and not sklearn_loaded
 
 
-def test_an_old_format_artifact_is_refused_with_what_to_do(tmp_path):
+def test_format_1_artifacts_still_route_and_unknown_formats_are_refused(tmp_path):
     artifact = train(labelled(tmp_path, "train", 60, seed=1), "small", "large", 0.95)
     path = tmp_path / "old.json"
-    path.write_text(json.dumps({**artifact, "format": 1}))
-    with pytest.raises(RouterError, match="format 1 .* train it again with `tokenmill router train`"):
+    path.write_text(json.dumps({**artifact, "format": 1}))  # the same fields: an upgrade must not break routing
+    assert Router.load(path).route(["A short note."]) == Router(artifact).route(["A short note."])
+    path.write_text(json.dumps({**artifact, "format": 99}))
+    with pytest.raises(RouterError, match="format 99 .* train it again with `tokenmill router train`"):
         Router.load(path)
 
 

@@ -11,11 +11,16 @@ import typer
 from rich.table import Table
 
 from pipeline.cli.common import ConfigOption, app, console, fail, load
+from pipeline.cli.router import calibration_table
 from pipeline.config import tokenmill_home
 
 
 def _pct(x) -> str:
     return "-" if x is None else f"{x:.1%}"
+
+
+def _num(x, spec: str) -> str:
+    return "-" if x is None else format(x, spec)
 
 
 def tiers_table(result: dict) -> Table:
@@ -24,9 +29,9 @@ def tiers_table(result: dict) -> Table:
         t.add_column(col, justify="right")
     for name, s in result["tiers"].items():
         ci = s["unfaithful_ci95"]
-        t.add_row(name, f"{s['rouge_l_vs_baseline']:.3f}", _pct(s["identical_share"]),
+        t.add_row(name, _num(s["rouge_l_vs_baseline"], ".3f"), _pct(s["identical_share"]),
                   f"{_pct(s['unfaithful_rate'])} ({ci[0]:.1%}-{ci[1]:.1%})", _pct(s["truncated_share"]),
-                  f"{s['mean_output_tokens']}", f"${s['cost_per_1k_usd']:.5f}")
+                  _num(s["mean_output_tokens"], ".1f"), f"${s['cost_per_1k_usd']:.5f}")
     return t
 
 
@@ -44,19 +49,9 @@ def policy_table(title: str, rows: list[dict], chosen: dict | None) -> Table:
     return t
 
 
-def calibration_table(curve: list[dict]) -> Table:
-    """The router's calibration on the test half: predicted P(small suffices) against what was observed."""
-    t = Table(title="router calibration on the test half")
-    for col in ("p bin", "mean predicted", "observed", "items"):
-        t.add_column(col, justify="right")
-    for row in curve:
-        t.add_row(f"{row['low']:.1f}-{row['high']:.1f}", f"{row['mean_predicted']:.3f}", f"{row['observed']:.3f}",
-                  str(row["count"]))
-    return t
-
-
 def reuse_table(reuse: dict) -> Table:
-    t = Table(title="near and semantic reuse against shadow regenerations (large tier)")
+    t = Table(title="near and semantic reuse: false hits (labelled must-not, or claims the new document lacks); "
+                    "agreement with shadow regenerations")
     for col in ("kind", "reused", "false hits", "rate (95% CI)", "agreement"):
         t.add_column(col, justify="right")
     for kind, s in [*reuse["by_kind"].items(), ("all", reuse["total"])]:
@@ -66,12 +61,13 @@ def reuse_table(reuse: dict) -> Table:
 
 
 def write_outputs(result: dict, out: Path) -> Path | None:
-    """eval.json, labels.jsonl (for `router train`) and router.json (the calibrated router, if one was trained)."""
+    """eval.json, labels.jsonl (for `router train`) and router.candidate.json (the router this eval trained).
+    The candidate never replaces router.json, which a config may be routing with: only --update-config does."""
     out.mkdir(parents=True, exist_ok=True)
     artifact = result["routing"].pop("router_artifact")
     router_path = None
     if artifact is not None:
-        router_path = out / "router.json"
+        router_path = out / "router.candidate.json"
         router_path.write_text(json.dumps(artifact, indent=2))
     labels = result.pop("labels")
     (out / "labels.jsonl").write_text("".join(json.dumps(row) + "\n" for row in labels), encoding="utf-8")
@@ -85,6 +81,7 @@ def evaluate(config: Path = ConfigOption,
              target_quality: float = typer.Option(0.95, "--target-quality", help="Quality to keep, as a share of all-large (mean ROUGE-L agreement)."),
              out: Optional[Path] = typer.Option(None, "--out", help="Folder for eval.json, labels.jsonl and router.json (default $TOKENMILL_HOME/eval)."),
              update_config: bool = typer.Option(False, "--update-config", help="Write the chosen escalation thresholds and router into the --config file."),
+             min_documents: int = typer.Option(20, "--min-documents", help="Fewest documents in the test half to choose a policy from."),
              fmt: str = typer.Option("table", "--format", help="table or json")) -> None:
     """Run the hold-out set on every tier; score routing, escalation, reuse and quantisation; pick the cheapest policy that keeps the target."""
     from pipeline.evals.apply import ApplyError, apply_values, chosen_values
@@ -95,7 +92,7 @@ def evaluate(config: Path = ConfigOption,
     if not holdout.is_file():
         fail(f"hold-out set {holdout} not found (build one: python benchmarks/eval_set.py {holdout})")
     try:
-        result = run_eval(cfg, holdout, target_quality)
+        result = run_eval(cfg, holdout, target_quality, min_documents=min_documents)
     except (EvalError, EngineStartError) as e:
         fail(str(e))
     finally:
@@ -112,7 +109,7 @@ def evaluate(config: Path = ConfigOption,
         console.print(policy_table(f"chosen (cheapest keeping {target_quality:.0%}) next to all-small and all-large",
                                    [r for r in (chosen, routing["all_small"], routing["all_large"]) if r], chosen))
         if routing["calibration_curve"]:
-            console.print(calibration_table(routing["calibration_curve"]))
+            console.print(calibration_table(routing["calibration_curve"], next(iter(result["tiers"]))))
         if routing["note"]:
             typer.echo(routing["note"])
         console.print(reuse_table(result["reuse"]))
@@ -122,7 +119,12 @@ def evaluate(config: Path = ConfigOption,
                f"${chosen['cost_per_1k_usd']:.5f} per 1k documents (all-large ${routing['all_large']['cost_per_1k_usd']:.5f})",
                err=fmt == "json")
     if update_config:
-        values = chosen_values(chosen, result["baseline_tier"], str(router_path) if router_path else None)
+        live_router = None
+        if router_path is not None and chosen["router_threshold"] is not None:
+            live_router = router_path.with_name("router.json")
+            live_router.write_text(router_path.read_text())
+        values = chosen_values(chosen, min(cfg.tier_prices, key=cfg.tier_prices.get), result["baseline_tier"],
+                               str(live_router) if live_router else None)
         try:
             config.write_text(apply_values(config.read_text(), values, f"tokenmill eval {date.today()}"))
         except ApplyError as e:

@@ -78,16 +78,12 @@ def examples(cfg, job_id: str, n: int = 3) -> list[dict]:
     """A few generated outputs of the job, one per tier first, for a reader to judge them by eye."""
     from pipeline.output.ledger import connect
 
+    # The first of each tier, then the next ones in id order: n rows read, whatever the job's size.
     rows = connect(cfg.output.uri, cfg.storage).execute(
         "SELECT o.id, o.tier, o.summary, l.escalated FROM outputs o JOIN ledger l USING (job_id, id) "
-        "WHERE o.job_id = ? AND o.source = 'generated' ORDER BY o.id", [job_id]).fetchall()
-    picked, tiers = [], set()
-    for row in rows:  # the first of each tier, then the next ones in id order
-        if row[1] not in tiers:
-            tiers.add(row[1])
-            picked.append(row)
-    picked += [r for r in rows if r not in picked]
-    return [{"id": r[0], "tier": r[1], "summary": r[2], "escalated": r[3]} for r in picked[:n]]
+        "WHERE o.job_id = ? AND o.source = 'generated' "
+        "ORDER BY row_number() OVER (PARTITION BY o.tier ORDER BY o.id), o.id LIMIT ?", [job_id, n]).fetchall()
+    return [{"id": r[0], "tier": r[1], "summary": r[2], "escalated": r[3]} for r in rows]
 
 
 def _run(cfg, job_id: Optional[str], partitions: list[str] | None, json_summary: bool) -> None:

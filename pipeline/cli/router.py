@@ -64,7 +64,8 @@ def _eval_table(router, data, rows: list[dict], best: dict | None, large: str) -
     return table
 
 
-def _calibration_table(curve: list[dict], small: str) -> Table:
+def calibration_table(curve: list[dict], small: str) -> Table:
+    """The router's calibration: predicted P(small suffices) per bin against what was observed."""
     table = Table(title=f"calibration: predicted p against the observed share where {small} suffices")
     for col in ("p bin", "mean predicted", "observed", "items"):
         table.add_column(col, justify="right")
@@ -104,7 +105,7 @@ def router_eval(config: Path = typer.Option(..., "--config"),
                                "calibration": curve}, indent=2))
     else:
         console.print(_eval_table(router, data, rows, best, large))
-        console.print(_calibration_table(curve, small))
+        console.print(calibration_table(curve, small))
     if best is None:
         fail(f"no threshold keeps {target_quality:.0%} of all-{large} quality; the artifact keeps its threshold")
     typer.echo(f"threshold {best['threshold']:.2f} written to {path}: {best['large_share']:.1%} to {large}, "

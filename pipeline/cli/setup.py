@@ -85,7 +85,8 @@ def samples(path: Path = typer.Argument(..., help="Folder to write the sample co
     from pipeline.dev.holdout import collect
     from pipeline.dev.samples import write_sample_corpus
 
-    # A seed of its own: the demo's documents are not the hold-out set's (benchmarks/eval_set.py, seed 0).
+    # A seed of its own, so the demo is not simply the hold-out set (benchmarks/eval_set.py, seed 0), though
+    # both draw from this machine's docs and share some documents.
     texts = [d["text"] for d in collect(documents, seed=101)] if real else None
     counts = write_sample_corpus(path, documents=documents, with_bad_input=bad, texts=texts or None)
     typer.echo(f"wrote {counts['documents']} documents and {counts['bad_records']} bad records to {path}")

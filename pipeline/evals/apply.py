@@ -9,7 +9,6 @@ the values to set by hand.
 from __future__ import annotations
 
 import json
-import math
 import re
 
 import yaml
@@ -78,30 +77,41 @@ def set_value(lines: list[str], path: tuple[str, ...], value, comment: str) -> N
 
 
 def apply_values(text: str, values: dict[tuple[str, ...], object], comment: str) -> str:
-    """`text` with each dotted path set to its value (and `comment` beside it); checked by parsing the result."""
+    """`text` with each dotted path set to its value (and `comment` beside it). Checked by parsing: the
+    result must equal the original with exactly these values set, so an edit that lands in the wrong
+    block (a quoted key, a duplicate section) is refused rather than written."""
+    wanted = ", ".join(f"{'.'.join(p)}: {yaml_scalar(v)}" for p, v in values.items())
+    refusal = ApplyError(f"could not edit the config in place (flow-style, quoted keys or another unusual layout); "
+                         f"set by hand: {wanted}")
+    try:
+        expected = yaml.safe_load(text) or {}
+    except yaml.YAMLError:
+        raise refusal from None
+    for path, value in values.items():
+        node = expected
+        for key in path[:-1]:
+            if not isinstance(node.get(key), dict):
+                node[key] = {}
+            node = node[key]
+        node[path[-1]] = value
     lines = text.splitlines()
     for path, value in values.items():
         set_value(lines, path, value, comment)
     out = "\n".join(lines) + "\n"
-    wanted = ", ".join(f"{'.'.join(p)}: {yaml_scalar(v)}" for p, v in values.items())
     try:
-        parsed = yaml.safe_load(out)
+        if yaml.safe_load(out) == expected:
+            return out
     except yaml.YAMLError:
-        parsed = None
-    for path, value in values.items():
-        node = parsed
-        for key in path:
-            node = node.get(key) if isinstance(node, dict) else None
-        if node != value and not (isinstance(value, float) and isinstance(node, float) and math.isclose(node, value)):
-            raise ApplyError(f"could not edit the config in place (flow-style or unusual layout); set by hand: {wanted}")
-    return out
+        pass
+    raise refusal
 
 
-def chosen_values(chosen: dict, large: str, router_path: str | None) -> dict[tuple[str, ...], object]:
-    """The config fields a chosen policy sets."""
+def chosen_values(chosen: dict, small: str, large: str, router_path: str | None) -> dict[tuple[str, ...], object]:
+    """The config fields a chosen policy sets (the default tier too: without a router it decides every item)."""
     if chosen.get("all_large"):
         return {("route", "default_tier"): large, ("route", "escalation", "enabled"): False, ("route", "router"): None}
-    return {("route", "escalation", "enabled"): True, ("route", "escalation", "to_tier"): large,
+    return {("route", "default_tier"): small,
+            ("route", "escalation", "enabled"): True, ("route", "escalation", "to_tier"): large,
             ("route", "escalation", "min_mean_logprob"): chosen["min_mean_logprob"],
             ("route", "escalation", "on_truncation"): chosen["on_truncation"],
             ("route", "escalation", "on_unfaithful"): chosen["on_unfaithful"],

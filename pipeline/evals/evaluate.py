@@ -59,12 +59,12 @@ def tier_section(run: TierRun, base: TierRun, ids: list[str], agreement: dict[st
 
 def split(ids: list[str]) -> tuple[list[str], list[str]]:
     """Train (router) and test (policies) halves, by a hash of the id: stable across runs and machines."""
-    train = [i for i in ids if xxhash.xxh64_intdigest(i.encode()) % 2 == 0]
-    return train, [i for i in ids if i not in set(train)]
+    even = [xxhash.xxh64_intdigest(i.encode()) % 2 == 0 for i in ids]
+    return [i for i, e in zip(ids, even) if e], [i for i, e in zip(ids, even) if not e]
 
 
 def routing(config: TokenmillConfig, text: dict[str, str], ids: list[str], small: TierRun, large: TierRun,
-            agreement: dict[str, float], target: float) -> dict:
+            agreement: dict[str, float], target: float, ruled: frozenset[str] = frozenset()) -> dict:
     """Router trained on one half (labels from agreement), every policy scored on the other."""
     train, test = split(ids)
     artifact, note, curve = None, None, []
@@ -78,7 +78,8 @@ def routing(config: TokenmillConfig, text: dict[str, str], ids: list[str], small
     except RouterError as e:
         p, note = None, f"no router: {e}"
     thresholds = logprob_thresholds(small, test)
-    rows = [score(policy, test, small, large, agreement, p, config) for policy in grid(p is not None, thresholds)]
+    rows = [score(policy, test, small, large, agreement, p, config, ruled)
+            for policy in grid(p is not None, thresholds)]
     # Everything on the large tier: a router that sends every item there, whatever its probability.
     all_large = {**score(Policy(1.01, NO_LOGPROB, False, False), test, small, large, agreement, {i: 0.0 for i in test},
                          config), "router_threshold": None, "all_large": True}
@@ -111,25 +112,36 @@ def signal_rows(rows: list[dict]) -> list[dict]:
 
 
 def run_eval(config: TokenmillConfig, holdout: Path, target: float = 0.95, pool: EnginePool | None = None,
-             shadows: int = 60) -> dict:
+             shadows: int = 60, min_documents: int = 20) -> dict:
     """The eval (module docstring of pipeline/evals): a JSON-ready dict. `shadows`: reused variants also
     generated on their own, for the agreement figure (false hits need only the reused summary)."""
-    if len(config.tiers) < 2:
-        raise EvalError("the eval compares tiers: the config needs at least two")
+    by_price = sorted(config.tiers, key=lambda t: (config.tiers[t].price_per_gpu_hour * config.tiers[t].gpus, t))
+    small, large = by_price[0], config.largest_tier
+    if len(config.tiers) < 2 or small == large or config.tier_prices[small] >= config.tier_prices[large]:
+        raise EvalError("the eval compares a cheaper tier with the largest one: the config needs two tiers of different price")
     labels = read_labels(holdout)
+    # Staged as the job stages, without the learned router: the eval scores routing itself (and may be
+    # what retrains a router the config names but this version cannot read).
+    staging = config.model_copy(update={"route": config.route.model_copy(update={"router": None})})
     with tempfile.TemporaryDirectory() as folder:  # the reader lists folders: give it one holding only this file
         shutil.copyfile(holdout, Path(folder) / "holdout.jsonl")
-        staged = staged_input(config, "eval", folder)
+        staged = staged_input(staging, "eval", folder)
     records = staged.records
     ids = records["id"].to_pylist()
     text = dict(zip(ids, records["text"].to_pylist()))
-    originals = [i for i in ids if "variant_of" not in labels.get(i, {})]
-    by_price = sorted(config.tiers, key=lambda t: (config.tiers[t].price_per_gpu_hour * config.tiers[t].gpus, t))
-    small, large = by_price[0], config.largest_tier
+    original = {i for i in ids if "variant_of" not in labels.get(i, {})}
+    originals = [i for i in ids if i in original]
+    if not originals:
+        raise EvalError(f"{holdout}: no valid document to evaluate ({staged.quarantine.num_rows} quarantined)")
+    if len(split(originals)[1]) < min_documents:  # before any engine starts
+        raise EvalError(f"{len(split(originals)[1])} of {len(originals)} documents fall in the test half: at least "
+                        f"{min_documents} are needed to choose a policy (the seeds' advice: 200-500 hold-out documents)")
+    ruled = frozenset(i for i, tier, reason in zip(ids, records["tier"].to_pylist(), records["route_reason"].to_pylist())
+                      if reason.startswith("rule:") and tier != small)
     pool = pool or EnginePool(config.tiers)
     docs = pa.table({"id": originals, "text": [text[i] for i in originals]})
     runs = {t: tier_run(docs, t, config, pool) for t in by_price if t != large}
-    reused = [i for i, kind in zip(ids, records["reuse"].to_pylist()) if kind is not None and i not in set(originals)]
+    reused = [i for i, kind in zip(ids, records["reuse"].to_pylist()) if kind is not None and i not in original]
     on_large = originals + reused[:shadows]
     runs[large] = tier_run(pa.table({"id": on_large, "text": [text[i] for i in on_large]}), large, config, pool)
     base = runs[large]
@@ -142,7 +154,7 @@ def run_eval(config: TokenmillConfig, holdout: Path, target: float = 0.95, pool:
                     "shadow_regenerated": min(len(reused), shadows)},
         "baseline_tier": large, "models": {t: config.tiers[t].model for t in by_price},
         "tiers": {t: tier_section(runs[t], base, originals, agreement[t]) for t in by_price},
-        "routing": routing(config, text, scored, runs[small], base, agreement[small], target),
+        "routing": routing(config, text, scored, runs[small], base, agreement[small], target, ruled),
         "reuse": reuse_quality(records, labels, base),
         "labels": [{"text": text[i], "quality": {small: agreement[small][i], large: 1.0}} for i in scored],
     }

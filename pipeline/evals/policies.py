@@ -38,12 +38,14 @@ def escalation_config(config: TokenmillConfig, policy: Policy, large: str) -> To
 
 
 def score(policy: Policy, ids: list[str], small: TierRun, large: TierRun, agreement: dict[str, float],
-          router_p: dict[str, float] | None, config: TokenmillConfig) -> dict:
-    """Quality kept, shares and cost per 1,000 documents of one policy over `ids`."""
+          router_p: dict[str, float] | None, config: TokenmillConfig, ruled: frozenset[str] = frozenset()) -> dict:
+    """Quality kept, shares and cost per 1,000 documents of one policy over `ids`. `ruled`: ids a route
+    rule sends past the small tier (as in the job, rules decide before the router and escalation)."""
     cfg = escalation_config(config, policy, large.tier)
     quality, cost, kept_small, escalated, reasons = [], [], 0, 0, {}
     for i in ids:
-        if policy.router_threshold is not None and router_p is not None and router_p[i] < policy.router_threshold:
+        if i in ruled or (policy.router_threshold is not None and router_p is not None
+                          and router_p[i] < policy.router_threshold):
             quality.append(1.0)
             cost.append(large.usd[i])
             continue

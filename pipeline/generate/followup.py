@@ -3,8 +3,9 @@ of documents longer than the tier's context.
 
 Both are keyed from the item key they follow (`keys.derived_key`), so they are stored, reused and
 cached like any generation, and a rerun finds them instead of paying again:
-  escalation   item K on a smaller tier whose mean token log-probability is below the threshold (or
-               that is empty, or was cut off by max_tokens) is generated again on the escalation tier;
+  escalation   item K on a smaller tier whose output is empty, states numbers, dates or names its
+               document lacks (`on_unfaithful`), was cut off by max_tokens (`on_truncation`) or has a
+               mean token log-probability below the threshold is generated again on the escalation tier;
                the record gets K>esc's output and pays for both attempts;
   map-reduce   a document whose prompt does not fit is cut into chunks that do (K>chunk>i), each
                summarised, then the chunk summaries are summarised as K itself; the record pays for
@@ -185,4 +186,5 @@ def chunk_units(unit: dict, pieces: list[str]) -> list[dict]:
 def reduce_unit(unit: dict, summaries: list[str]) -> dict:
     """The summary of the summaries: the original key, its text replaced by the chunk summaries in order."""
     text = "\n\n".join(f"Part {i + 1} of {len(summaries)}: {s.strip()}" for i, s in enumerate(summaries))
-    return {**unit, "text": text, "chunks": len(summaries)}
+    # `document`: what the final summary must be faithful to is the document, not its chunk summaries
+    return {**unit, "text": text, "chunks": len(summaries), "document": unit.get("document", unit["text"])}

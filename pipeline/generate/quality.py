@@ -57,11 +57,26 @@ according instead otherwise therefore thus hence please see use using used uses 
 """.split())
 
 
+# Counts of the summary's own structure ("in 3 sentences", "2. The next point"), not facts.
+_LIST_MARKER = re.compile(r"(?m)^[ \t>*-]*\(?\d{1,2}[.)]\s")
+_STRUCTURE_COUNT = re.compile(r"(?i)\b\d{1,2}\s+(?:main\s+|key\s+|short\s+)?(?:sentences?|points?|steps?|paragraphs?"
+                              r"|items?|parts?|bullets?|words?|lines?|ways?|reasons?|things?|sections?|takeaways?)\b")
+_MARKUP = re.compile(r"[*_#`>]+")
+
+
+class _UnicodeWords:
+    """Lowercased word tokens in any script (rouge-score's default keeps only [a-z0-9]: a Russian or
+    Chinese summary would score 0 against itself)."""
+
+    def tokenize(self, text: str) -> list[str]:
+        return _DOC_TOKEN.findall(text.lower())
+
+
 @lru_cache(maxsize=1)
 def _scorer():
     from rouge_score import rouge_scorer  # imported on first use: escalation without evals never needs it
 
-    return rouge_scorer.RougeScorer(["rougeL"])
+    return rouge_scorer.RougeScorer(["rougeL"], tokenizer=_UnicodeWords())
 
 
 def rouge_l(candidate: str, reference: str) -> float:
@@ -160,15 +175,34 @@ def _name_runs(summary: str) -> list[list[str]]:
             if not (initial and len(run) == 1 and run[0][1:] == run[0][1:].lower() and not _HAS_DIGIT.search(run[0]))]
 
 
+def _blank(pattern: re.Pattern, text: str) -> str:
+    return pattern.sub(lambda m: " " * len(m.group(0)), text)
+
+
+def _without_headings(text: str) -> str:
+    """The text with heading lines and `Label:` openers blanked: small models title their summaries
+    ("Key Features:", "Gzip: A Compression Tool") in title case, which says nothing about names."""
+    lines = []
+    for line in text.split("\n"):
+        plain = _blank(_MARKUP, line)
+        words = _WORD.findall(plain)
+        titled = words and len(words) <= 10 and sum(w[:1].isupper() for w in words) >= 0.6 * len(words)
+        if titled and not plain.rstrip().endswith((".", "!", "?")):
+            plain = " " * len(plain)
+        lines.append(re.sub(r"^[^:\n]{1,40}:(?=\s|$)", lambda m: " " * len(m.group(0)), plain))
+    return "\n".join(lines)
+
+
 def unfaithful_terms(summary: str, document: str) -> list[str]:
     """Sorted unique numbers, dates and capitalised names that `summary` states and `document` lacks."""
     doc = _Document(document)
     flagged: set[str] = set()
     rest = _check_dates(summary, doc, flagged)
+    rest = _blank(_STRUCTURE_COUNT, _blank(_LIST_MARKER, rest))
     for m in _NUMBER.finditer(rest):
         if not doc.has_number(m.group(0)):
             flagged.add(m.group(0))
-    for run in _name_runs(rest):
+    for run in _name_runs(_without_headings(rest)):
         name = " ".join(run)
         if name.lower() in doc.lowered:
             continue

@@ -44,7 +44,7 @@ class CallRecorder:
                           "gpu_seconds": float(g), "baseline_gpu_seconds": float(b), "created_at": created,
                           "cache_status": self.cache_status,
                           # checked once, here, where the output meets the text it summarises
-                          "unfaithful_terms": len(unfaithful_terms(r["summary"], unit["text"])),
+                          "unfaithful_terms": len(unfaithful_terms(r["summary"], unit.get("document", unit["text"]))),
                           **self.extra.get(key, {})}
             usd = float(g) * tier.price_per_gpu_hour / 3600
             by_scope.setdefault(unit["scope"], {})[key] = cache_value(items[key], self.job_id, usd)

@@ -95,7 +95,7 @@ def assemble_results(records: pa.Table, items: dict[str, dict], failed: dict[str
             "finish_reason": item["finish_reason"], "template_version": config.prompt.template_version,
             "job_id": job_id, "created_at": created_at,
             "route_reason": row["route_reason"], "escalated": outcome.escalated,
-            "escalation_reason": outcome.escalation_reason, "unfaithful": bool(item.get("unfaithful_terms")),
+            "escalation_reason": outcome.escalation_reason, "unfaithful": None if item.get("unfaithful_terms") is None else item["unfaithful_terms"] > 0,
             "attempts": outcome.attempts if generated else 0, "chunks": first.get("chunks") or 0,
             "source_job": source_job or (None if generated else job_id),
             "cache_status": first.get("cache_status") if generated or first.get("origin") == "cache" else None,

@@ -99,7 +99,8 @@ class Router:
     """A trained router artifact: scales, weights, the tiers it chooses between, and its threshold."""
 
     def __init__(self, artifact: dict):
-        if artifact.get("format") != FORMAT or artifact.get("features") != FEATURES:
+        # Format 1 (hand-written gradient descent) holds the same fields and routes with the same maths.
+        if artifact.get("format") not in (1, FORMAT) or artifact.get("features") != FEATURES:
             raise RouterError(f"router artifact format {artifact.get('format')} / features do not match this "
                               "tokenmill; train it again with `tokenmill router train`")
         self.artifact = artifact
