@@ -135,9 +135,9 @@ def test_update_config_edits_in_place_keeping_comments(tmp_path):
     assert parsed["route"]["router"] == "/models/eval/router.json" and parsed["route"]["default_tier"] == "small"
     assert "# tokenmill eval 2026-12-01" in out
     # Everything else is untouched, comments included.
-    untouched = [line for line in text.splitlines() if "min_mean_logprob" not in line and "on_truncation" not in line
-                 and "on_unfaithful" not in line and "to_tier" not in line and "enabled: true" not in line
-                 and "default_tier" not in line]
+    changed = ("min_mean_logprob:", "on_truncation:", "on_unfaithful:", "to_tier:", "enabled:", "default_tier:",
+               "router:")
+    untouched = [line for line in text.splitlines() if not line.strip().startswith(changed)]
     assert all(line in out.splitlines() for line in untouched)
     (tmp_path / "c.yaml").write_text(out)
     assert load_config(tmp_path / "c.yaml", environ={"TOKENMILL_HOME": str(tmp_path)}).route.escalation.min_mean_logprob == -1.25

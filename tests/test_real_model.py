@@ -74,7 +74,8 @@ def test_a_job_on_real_text_gives_real_summaries_and_flags_unfaithful_ones(real_
     (tmp_path / "input").mkdir()
     (tmp_path / "input" / "docs.jsonl").write_text("".join(json.dumps({"id": d["id"], "text": d["text"]}) + "\n"
                                                            for d in docs))
-    config = real_config(tmp_path)
+    # The small tier first, escalating what fails a check (configs/local.yaml sends all to large: its eval's choice).
+    config = real_config(tmp_path, TOKENMILL_ROUTE__DEFAULT_TIER="small", TOKENMILL_ROUTE__ESCALATION__ENABLED="true")
     result = run_job(config)
     outputs = read_kind(tmp_path / "output", "outputs", result.job_id).to_pylist()
     ledger = {r["id"]: r for r in read_kind(tmp_path / "output", "ledger", result.job_id).to_pylist()}
