@@ -103,7 +103,11 @@ def test_a_job_on_real_text_gives_real_summaries_and_flags_unfaithful_ones(real_
     m = result.manifest
     # Small-tier outputs of this model often loop into max_tokens: escalations happen, each with its reason.
     assert m["routing"]["escalated"] >= 1 and sum(m["routing"]["escalated_by"].values()) == m["routing"]["escalated"]
-    assert set(m["unfaithful"]["outputs"]) <= {"small", "large"}
+    flagged: dict[str, int] = {}
+    for row in outputs:
+        if ledger[row["id"]]["unfaithful"]:
+            flagged[row["tier"]] = flagged.get(row["tier"], 0) + 1
+    assert m["unfaithful"]["outputs"] == flagged  # the manifest counts exactly the ledger's flags
 
 
 def test_eval_scores_every_saving_and_writes_its_choice_into_the_config(real_models, holdout, tmp_path):

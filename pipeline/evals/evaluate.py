@@ -104,11 +104,8 @@ def routing(config: TokenmillConfig, text: dict[str, str], ids: list[str], small
 
 def signal_rows(rows: list[dict]) -> list[dict]:
     """Each escalation signal on its own, no router: what it costs and what it keeps."""
-    def only(r, trunc, unf):
-        return r["router_threshold"] is None and r["on_truncation"] == trunc and r["on_unfaithful"] == unf
-    out = [next(r for r in rows if only(r, True, False) and r["min_mean_logprob"] == NO_LOGPROB),
-           next(r for r in rows if only(r, False, True) and r["min_mean_logprob"] == NO_LOGPROB)]
-    return out
+    return [next(r for r in rows if r["router_threshold"] is None and r["min_mean_logprob"] == NO_LOGPROB
+                 and (r["on_truncation"], r["on_unfaithful"]) == signals) for signals in ((True, False), (False, True))]
 
 
 def run_eval(config: TokenmillConfig, holdout: Path, target: float = 0.95, pool: EnginePool | None = None,
@@ -133,8 +130,9 @@ def run_eval(config: TokenmillConfig, holdout: Path, target: float = 0.95, pool:
     originals = [i for i in ids if i in original]
     if not originals:
         raise EvalError(f"{holdout}: no valid document to evaluate ({staged.quarantine.num_rows} quarantined)")
-    if len(split(originals)[1]) < min_documents:  # before any engine starts
-        raise EvalError(f"{len(split(originals)[1])} of {len(originals)} documents fall in the test half: at least "
+    test_half = len(split(originals)[1])
+    if test_half < min_documents:  # before any engine starts
+        raise EvalError(f"{test_half} of {len(originals)} documents fall in the test half: at least "
                         f"{min_documents} are needed to choose a policy (the seeds' advice: 200-500 hold-out documents)")
     ruled = frozenset(i for i, tier, reason in zip(ids, records["tier"].to_pylist(), records["route_reason"].to_pylist())
                       if reason.startswith("rule:") and tier != small)
