@@ -1,12 +1,17 @@
-"""Nightly summarisation: stage -> prepare (CPU, per partition) -> generate (GPU, per partition) -> summary -> outcome.
+"""Nightly summarisation: stage -> prepare (CPU, per partition) -> drain (GPU, per tier worker)
+-> commit (CPU, per partition) -> summary -> outcome.
 
 Wiring only: every task calls one function of pipeline.job.orchestrate, which is idempotent, so retries
-and cleared tasks never pay twice. Re-run a failed partition by clearing its `generate` task
-instance with downstream (UI, or REST clearTaskInstances); see docs/ops.md.
+and cleared tasks never pay twice. `prepare[p]` turns a partition's unpaid requests into work units in
+the state catalog; each `drain_<tier>` task is one GPU worker of that tier (queue and pool `gpu-<tier>`,
+`run.tier_workers` replicas): it starts its tier's engine once and keeps it fed with that tier's units
+from every partition, escalations and long-document follow-ups included; `commit[p]` writes a partition
+once its last unit is done, with the engines' start-up and idle time shared into its ledger. Re-run a
+failed partition by clearing its `prepare` task instance with downstream (docs/ops.md).
 
 Environment: TOKENMILL_CONFIG (default: configs/local.yaml of this checkout) is the default config;
-the `config` param overrides it per run. Parsing this file reads only the config's `run:` section (schedule,
-retries), so the DAG processor needs none of the secrets the rest of the config names.
+the `config` param overrides it per run. Parsing this file reads only the config's `run:` section and
+its tier names, so the DAG processor needs none of the secrets the rest of the config names.
 """
 
 from __future__ import annotations
@@ -18,12 +23,13 @@ from pathlib import Path
 import pendulum
 from airflow.sdk import Param, dag, get_current_context, task
 
-from pipeline.config import load_run_section
+from pipeline.config import load_run_section, load_tier_workers
 from pipeline.job import orchestrate
 
 CONFIG = os.environ.get("TOKENMILL_CONFIG", str(Path(__file__).resolve().parents[1] / "configs" / "local.yaml"))
 DAG_ID = "nightly_summarization"
 RUN = load_run_section(CONFIG)  # schedule and retries; nothing else is read or expanded at parse time
+TIER_WORKERS = load_tier_workers(CONFIG)  # tier -> GPU worker tasks
 
 
 def _job():
@@ -58,8 +64,12 @@ def nightly_summarization():
         orchestrate.prepared_partition(*_job(), partition)
         return partition
 
-    @task(pool="gpu", queue="gpu", map_index_template="{{ partition }}")
-    def generate(partition: str) -> dict:
+    @task(trigger_rule="all_done")  # a partition whose prepare failed never stops the others' GPU work
+    def drain(tier: str, replica: int) -> dict:
+        return orchestrate.drained_tier(*_job(), tier)
+
+    @task(trigger_rule="all_done", map_index_template="{{ partition }}")
+    def commit(partition: str) -> dict:
         get_current_context()["partition"] = partition
         return orchestrate.committed_partition(*_job(), partition)
 
@@ -72,9 +82,16 @@ def nightly_summarization():
         # A run's state comes from its leaf tasks: this one fails the run when a partition did not commit.
         return orchestrate.job_outcome(manifest)
 
-    generated = generate.expand(partition=prepare.expand(partition=stage()))
+    partitions = stage()
+    prepared = prepare.expand(partition=partitions)
+    committed = commit.expand(partition=partitions)
+    for tier, replicas in TIER_WORKERS.items():
+        workers = drain.override(task_id=f"drain_{tier}", pool=f"gpu-{tier}", queue=f"gpu-{tier}",
+                                 map_index_template=f"{tier} {{{{ task.op_kwargs['replica'] }}}}") \
+            .partial(tier=tier).expand(replica=list(range(replicas)))
+        prepared >> workers >> committed
     manifest = summary()
-    generated >> manifest
+    committed >> manifest
     outcome(manifest)
 
 

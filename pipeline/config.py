@@ -16,7 +16,7 @@ import logging
 import os
 import re
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
@@ -259,6 +259,7 @@ class RunConfig(Section):
     retry_delay_seconds: float = Field(60.0, ge=0, description="First Airflow retry delay; doubles per retry, at most 15 minutes.")
     progress: Literal["auto", "bar", "log", "off"] = Field("auto", description="`auto`: a bar on a terminal, plain log lines otherwise.")
     log_every_seconds: float = Field(10.0, gt=0, description="Interval of progress log lines when not on a terminal.")
+    tier_workers: dict[str, Annotated[int, Field(ge=1, le=64)]] = Field(default_factory=dict, description="GPU worker tasks per tier in the Airflow DAG (`drain_<tier>`, each on queue and pool `gpu-<tier>`); a tier not named gets one. Each worker starts its tier's engine once and drains that tier's work units from every partition.")
 
 
 class TokenmillConfig(Section):
@@ -363,6 +364,19 @@ def load_config(path: str | Path | None, environ: dict[str, str] | None = None, 
     except ValidationError as e:
         raise _config_error(path, e) from None
     return config
+
+
+def load_tier_workers(path: str | Path | None, environ: dict[str, str] | None = None) -> dict[str, int]:
+    """Tier name -> GPU worker tasks, from the names under `tiers:` and `run.tier_workers` alone (the DAG's
+    shape at parse time: nothing else of the tiers is read)."""
+    tiers = _read_yaml(path).get("tiers") or {}
+    if not isinstance(tiers, dict) or not tiers:
+        raise ConfigError(f"{path}: tiers: must name at least one tier")
+    run = load_run_section(path, environ)
+    unknown = sorted(set(run.tier_workers) - set(tiers))
+    if unknown:
+        raise ConfigError(f"{path}: run.tier_workers names tiers that do not exist: {', '.join(unknown)}")
+    return {str(name): run.tier_workers.get(str(name), 1) for name in tiers}
 
 
 def load_run_section(path: str | Path | None, environ: dict[str, str] | None = None) -> RunConfig:

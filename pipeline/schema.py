@@ -57,6 +57,7 @@ ITEM = pa.schema([
     ("mean_logprob", pa.float64()),  # the confidence signal
     ("chunks", pa.int64()),          # map-reduce: chunk summaries reduced
     ("unfaithful_terms", pa.int64()),  # numbers, dates and names the summary states that its document lacks
+    ("session_id", pa.string()),     # the engine session that generated it (its start-up and idle share)
 ])
 # What the cache keeps of a generated item (plus the job that paid and what it cost).
 CACHED_FIELDS = ("id", *GENERATION_FIELDS, "baseline_gpu_seconds", "chunks", "unfaithful_terms")
@@ -100,12 +101,15 @@ LEDGER = pa.schema([
     ("prompt_tokens", pa.int64()),
     ("cached_prompt_tokens", pa.int64()),
     ("output_tokens", pa.int64()),
-    ("gpu_seconds", pa.float64()),
+    ("gpu_seconds", pa.float64()),        # busy + overhead: every GPU-second the engines were held is in some row
+    ("busy_gpu_seconds", pa.float64()),   # the engine steps that made this row's generations (token-weighted)
+    ("overhead_gpu_seconds", pa.float64()),  # its share of its engines' start-up and idle time, pro rata to busy
     ("price_per_gpu_hour", pa.float64()),
     ("cost_usd", pa.float64()),
     ("baseline_cost_usd", pa.float64()),  # same item, no dedup and no cache, on the largest tier
     ("saved_cost_usd", pa.float64()),     # reused items: what the generation they reuse cost; else 0
     ("quarantined", pa.bool_()),    # paid, but the output broke sampling.json_schema: no output row, a quarantine row
+    ("kind", pa.string()),          # output | invalid_output | failed_attempt | lost: what the GPU time bought
     ("created_at", pa.timestamp("us", tz="UTC")),
 ])
 

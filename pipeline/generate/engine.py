@@ -88,31 +88,101 @@ class VllmEngine:
         self.llm.llm_engine.engine_core.shutdown()
 
     def generate(self, prompts: list[list[int]], max_tokens: list[int], sampling: SamplingConfig) -> list[Completion]:
-        from vllm import SamplingParams
         from vllm.inputs import TokensPrompt
 
+        params = [_params(m, sampling) for m in max_tokens]
+        with _engine_death():
+            outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
+        return [_completion(o) for o in outputs]
+
+    # The streaming interface tier workers use: vLLM's own engine loop (LLMEngine.add_request / step), so
+    # requests join the running batch as others finish and the scheduler never runs dry while work remains.
+    def add(self, request_id: str, prompt: list[int], max_tokens: int, sampling: SamplingConfig) -> None:
+        from vllm.inputs import TokensPrompt
+
+        engine = self.llm.llm_engine
+        with _engine_death():
+            internal = engine.add_request(request_id, TokensPrompt(prompt_token_ids=prompt), _params(max_tokens, sampling))
+        self._ids = getattr(self, "_ids", {})
+        self._ids[internal if isinstance(internal, str) else request_id] = request_id
+
+    def step(self) -> list[Progressed]:
+        """One engine step: (request id, output tokens so far, its Completion once finished) per request it advanced."""
+        with _engine_death():
+            outputs = self.llm.llm_engine.step()
+        ids = getattr(self, "_ids", {})
+        out = []
+        for o in outputs:
+            rid = ids.pop(o.request_id, o.request_id) if o.finished else ids.get(o.request_id, o.request_id)
+            out.append(Progressed(rid, len(o.outputs[0].token_ids), _completion(o) if o.finished else None))
+        return out
+
+
+@dataclass(frozen=True)
+class Progressed:
+    request_id: str
+    output_tokens: int
+    completion: Completion | None  # set when the request finished in this step
+    error: str | None = None       # set when it failed (even alone): no completion will come
+
+
+class _engine_death:
+    """vLLM's EngineDeadError as ours: the job stops (retrying would fail every item)."""
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, e, tb):
         try:
             from vllm.v1.engine.exceptions import EngineDeadError as VllmDead
         except ImportError:  # pragma: no cover - layout of other vLLM versions
-            VllmDead = ()
-        def structured():
-            if sampling.json_schema is None:
-                return None
-            from vllm.sampling_params import StructuredOutputsParams
-            # One object per request: vLLM records its backend on it.
-            return StructuredOutputsParams(json=sampling.json_schema)
-        # logprobs=0: only the sampled token's log-probability, enough for the mean (escalation's signal).
-        params = [SamplingParams(max_tokens=m, temperature=sampling.temperature, top_p=sampling.top_p,
-                                 seed=sampling.seed, logprobs=0, structured_outputs=structured()) for m in max_tokens]
-        try:
-            outputs = self.llm.generate([TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False)
-        except VllmDead as e:
+            return False
+        if kind is not None and issubclass(kind, VllmDead):
             raise EngineDeadError(f"the vLLM engine process died: {e}") from e
-        return [Completion(text=o.outputs[0].text, prompt_tokens=len(o.prompt_token_ids),
-                           cached_prompt_tokens=o.num_cached_tokens or 0, output_tokens=len(o.outputs[0].token_ids),
-                           finish_reason=o.outputs[0].finish_reason or "unknown",
-                           token_ids=tuple(o.outputs[0].token_ids),
-                           mean_logprob=_mean_logprob(o.outputs[0])) for o in outputs]
+        return False
+
+
+def _params(max_tokens: int, sampling: SamplingConfig):
+    from vllm import SamplingParams
+
+    structured = None
+    if sampling.json_schema is not None:
+        from vllm.sampling_params import StructuredOutputsParams
+        structured = StructuredOutputsParams(json=sampling.json_schema)  # one per request: vLLM records its backend on it
+    # logprobs=0: only the sampled token's log-probability, enough for the mean (escalation's signal).
+    return SamplingParams(max_tokens=max_tokens, temperature=sampling.temperature, top_p=sampling.top_p,
+                          seed=sampling.seed, logprobs=0, structured_outputs=structured)
+
+
+def _completion(o) -> Completion:
+    return Completion(text=o.outputs[0].text, prompt_tokens=len(o.prompt_token_ids),
+                      cached_prompt_tokens=o.num_cached_tokens or 0, output_tokens=len(o.outputs[0].token_ids),
+                      finish_reason=o.outputs[0].finish_reason or "unknown", token_ids=tuple(o.outputs[0].token_ids),
+                      mean_logprob=_mean_logprob(o.outputs[0]))
+
+
+class BatchStepper:
+    """The streaming interface over an engine that only has `generate` (test fakes, zero-cost engines):
+    each step runs everything added since the last one as one call."""
+
+    def __init__(self, engine: Engine):
+        self.engine, self.queued = engine, []
+
+    def add(self, request_id: str, prompt: list[int], max_tokens: int, sampling: SamplingConfig) -> None:
+        self.queued.append((request_id, prompt, max_tokens, sampling))
+
+    def step(self) -> list[Progressed]:
+        queued, self.queued = self.queued, []
+        if not queued:
+            return []
+        results = _generate_splitting(self.engine, [q[1] for q in queued], [q[2] for q in queued], queued[0][3], [0])
+        return [Progressed(q[0], r.output_tokens, r) if isinstance(r, Completion) else Progressed(q[0], 0, None, r)
+                for q, r in zip(queued, results)]
+
+
+def stepper(engine: Engine):
+    """The engine's streaming interface: its own `add`/`step`, else one call per step."""
+    return engine if hasattr(engine, "step") and hasattr(engine, "add") else BatchStepper(engine)
 
 
 def _mean_logprob(output) -> float | None:
@@ -130,6 +200,7 @@ def _model_path_problem(model: str) -> str | None:
 
 
 _ENGINES: dict[str, Engine] = {}  # process-wide: one engine per distinct tier configuration
+STARTUP_SECONDS: dict[int, float] = {}  # id(engine) -> seconds its start took (an engine session's start-up)
 
 
 def shutdown_engines() -> None:
@@ -208,6 +279,17 @@ class EnginePool:
             if reset is not None:
                 reset()
 
+    def shutdown(self, name: str) -> None:
+        """Stop the tier's engine in this process (a worker about to exit frees its memory first)."""
+        engine = _ENGINES.pop(self._key(self._check(name)), None)
+        stop = getattr(engine, "shutdown", None)
+        if stop is not None:
+            stop()
+
+    def running(self, name: str) -> Engine | None:
+        """The tier's engine when this process has started it, else None (starts nothing)."""
+        return _ENGINES.get(self._key(self._check(name)))
+
     def engine(self, name: str) -> Engine:
         tier = self._check(name)
         key = self._key(tier)
@@ -225,6 +307,7 @@ class EnginePool:
                 _ENGINES[key] = self.factory(tier)
             except EngineStartError as e:
                 raise EngineStartError(f"tier {name}: {e}") from None
+            STARTUP_SECONDS[id(_ENGINES[key])] = time.perf_counter() - started
             log.info("tier %s: engine for %s ready in %.1f s", name, tier.model, time.perf_counter() - started)
         return _ENGINES[key]
 

@@ -12,6 +12,9 @@ on the largest tier, at the GPU-seconds per token weight that tier achieved in t
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
+
 import numpy as np
 import pyarrow as pa
 
@@ -55,3 +58,30 @@ def baseline_gpu_seconds(completions: pa.Table, gpu_seconds: np.ndarray, largest
         rates[name] = gpu_seconds[rows].sum() / actual_w[rows].sum() if actual_w[rows].sum() > 0 else 0.0
     rate = np.array([rates.get(largest_tier, rates[t]) for t in tier], dtype=np.float64) if len(tier) else np.zeros(0)
     return uncached_w * rate
+
+
+@dataclass(frozen=True)
+class SessionShare:
+    """How one engine session's held GPU-seconds land in the ledger: its items' and charges' busy
+    seconds × (1 + overhead_ratio), plus `lost` (busy time of requests that died with their worker)."""
+
+    held: float            # held seconds × GPUs
+    overhead_ratio: float  # start-up and idle GPU-seconds per busy GPU-second recorded
+    lost: float            # GPU-seconds of work lost with a dead worker (its last renewal's figures)
+
+
+def session_shares(sessions: list, recorded: dict[str, float], stale: Callable[[object], bool]) -> dict[str, SessionShare]:
+    """Per session: start-up and idle shared among what it recorded, pro rata to busy share (the way
+    OpenCost shares a node's idle cost among its workloads). A session that stopped renewing without
+    closing (`stale`: its worker died) also has lost work: busy seconds it measured but never
+    recorded. A session that recorded nothing puts all it held into `lost`."""
+    out = {}
+    for s in sessions:
+        held = (s.startup_seconds + s.busy_seconds + s.idle_seconds) * s.gpus
+        done = recorded.get(s.session_id, 0.0)
+        lost = max(s.busy_seconds - s.recorded_seconds, 0.0) * s.gpus if stale(s) else 0.0
+        if done <= 0:
+            out[s.session_id] = SessionShare(held, 0.0, held)
+        else:
+            out[s.session_id] = SessionShare(held, max(held - done - lost, 0.0) / done, lost)
+    return out

@@ -1,7 +1,9 @@
 """The job: stage its input once, then run its partitions, each committed whole, any number of times.
 
   staging (once per job):  read -> validate -> content hash -> route -> item keys -> cluster -> records staged
-  each partition:          claim -> look up paid items -> generation rounds -> write -> commit  (partition.py)
+  prepare (per partition): look up paid items -> render, tokenise -> wave 0 work units      (partition.py)
+  drain (per tier worker): claim units of its tier from every partition -> engine -> items   (generation.py)
+  commit (per partition):  claim -> assemble with the engines' held time shared in -> write -> commit
   finish:                  every partition succeeded -> manifest; otherwise the job fails, naming them
 
 `run_job` is the entry point of `tokenmill run`; orchestrators call the `Job` methods one task at a
@@ -27,10 +29,11 @@ from sqlalchemy.exc import OperationalError
 
 from pipeline.config import TokenmillConfig
 from pipeline.config_env import scrub
-from pipeline.generate.engine import EnginePool
+from pipeline.generate.engine import EnginePool, EngineStartError
 from pipeline.generate.lookup import ItemLookup
 from pipeline.job.budget import BudgetGuard
 from pipeline.job.errors import JobError
+from pipeline.job.generation import Generation
 from pipeline.job.manifest import build_manifest
 from pipeline.job.partition import PartitionRun
 from pipeline.job.progress import Progress
@@ -85,14 +88,14 @@ def utc(t: datetime | None) -> str:
 
 def run_job(config: TokenmillConfig, job_id: str | None = None, pool: EnginePool | None = None,
             progress: Progress | None = None, partitions: list[str] | None = None,
-            worker: str | None = None) -> JobResult:
+            worker: str | None = None, release_engines: bool = False) -> JobResult:
     """Run (or continue) a job until every partition is committed. Raises JobError with a one-line reason.
 
     `partitions` names partitions to run again even if they succeeded (a no-op that costs nothing,
     since their items are already paid for); otherwise pending, failed and abandoned ones run.
     """
     try:
-        return Job.open(config, job_id or new_job_id(), pool, progress, worker).run(partitions or [])
+        return Job.open(config, job_id or new_job_id(), pool, progress, worker).run(partitions or [], release_engines)
     except JobError:
         raise
     except (storage.StorageError, StateError) as e:
@@ -132,6 +135,10 @@ class Job:
         return self._cache
 
     @functools.cached_property
+    def generation(self) -> Generation:
+        return Generation(self)
+
+    @functools.cached_property
     def lookup(self) -> ItemLookup:
         return ItemLookup(self.state, self.cache, self.job_id, self.config.cache.enabled)
 
@@ -144,8 +151,9 @@ class Job:
         ensure_staged(self)
 
     # -- partitions -------------------------------------------------------------------------------
-    def run(self, forced: list[str]) -> JobResult:
-        """Stage if needed, then claim and run every partition left (and `forced` ones) until none is."""
+    def run(self, forced: list[str], release_engines: bool = False) -> JobResult:
+        """Stage if needed; prepare every partition left (and `forced` ones); drain each tier with this
+        process's worker, tiers that escalate into another first; then commit every generated partition."""
         self.ensure_staged()
         unknown = sorted(set(forced) - {p.partition for p in self.state.partitions(self.job_id)})
         if unknown:
@@ -155,28 +163,52 @@ class Job:
             self.check_budget([p.partition for p in to_run])
         self.state.set_job(self.job_id, status="running", started_at=now(), finished_at=None, error=None)
         self.progress.start(sum(p.records for p in to_run))
-        tried: set[str] = set()
         try:
-            while True:
-                todo = [p for p in self.state.partitions(self.job_id) if p.partition not in tried
-                        and (p.status in RUNNABLE or p.partition in forced)]
-                if not todo:
-                    break
-                claimed_any = False
-                for p in todo:
-                    run = PartitionRun(self, p.partition)
-                    if run.claim(force=p.partition in forced):
-                        claimed_any = True
-                        tried.add(p.partition)
-                        run.run()
-                if not claimed_any:
-                    if all(p.status != "running" for p in todo):
-                        break  # only failed partitions this run already tried, or none left
-                    if not self.take_over_gone_holders(todo):
-                        time.sleep(self.config.state.wait_seconds)  # others hold them; their leases tell
+            for p in to_run:
+                if p.status != "running" or p.partition in forced:
+                    self.prepare_or_fail(p.partition)
+            for tier in self.drain_order():
+                self.generation.drain(tier, release=release_engines)
+            self.commit_all(forced)
         finally:
             self.progress.finish()
         return self.finish()
+
+    def drain_order(self) -> list[str]:
+        """Tiers in the order one process drains them: the escalation tier last, since others feed it."""
+        last = self.config.escalation_tier
+        return sorted(self.config.tiers, key=lambda t: (t == last, t))
+
+    def prepare_or_fail(self, partition: str) -> None:
+        try:
+            self.prepare_partition(partition)
+        except (EngineStartError, StateError, OperationalError):
+            raise  # every partition would fail the same way
+        except Exception as e:
+            reason = str(e) if isinstance(e, storage.StorageError) else f"{type(e).__name__}: {e}"
+            log.error("partition %s failed in prepare: %s", partition, reason)
+            self.generation.fail(partition, f"prepare: {reason}")
+
+    def commit_all(self, forced: list[str]) -> None:
+        """Commit every partition left, waiting for (or taking over from) other workers holding one."""
+        tried: set[str] = set()
+        while True:
+            todo = [p for p in self.state.partitions(self.job_id) if p.partition not in tried
+                    and (p.status in RUNNABLE or p.partition in forced)]
+            if not todo:
+                return
+            claimed_any = False
+            for p in todo:
+                run = PartitionRun(self, p.partition)
+                if run.claim(force=p.partition in forced):
+                    claimed_any = True
+                    tried.add(p.partition)
+                    run.run()
+            if not claimed_any:
+                if all(p.status != "running" for p in todo):
+                    return  # only failed partitions this run already tried, or none left
+                if not self.take_over_gone_holders(todo):
+                    time.sleep(self.config.state.wait_seconds)  # others hold them; their leases tell
 
     def take_over_gone_holders(self, held: list) -> bool:
         """Release the claims of holders provably gone (True: claim again at once); say who holds the rest.
@@ -202,8 +234,17 @@ class Job:
         """CPU work ahead of the GPU for one partition (an orchestrator's `prepare` task)."""
         return PartitionRun(self, partition).prepare()
 
+    def drain_tier(self, tier: str) -> dict:
+        """One tier worker (an orchestrator's GPU task): drain the tier's units of this job, then free the engine."""
+        if tier not in self.config.tiers:
+            raise JobError(f"no tier {tier!r} in the config (tiers: {', '.join(self.config.tiers)})")
+        report = self.generation.drain(tier, release=True)
+        return {"tier": tier, "session": report.session_id, "units": report.units, "requests": report.requests,
+                "engine_started": report.started, "startup_seconds": round(report.startup_seconds, 3),
+                "busy_seconds": round(report.busy_seconds, 3), "idle_seconds": round(report.idle_seconds, 3)}
+
     def run_partition(self, partition: str) -> dict:
-        """Run one partition to commit (an orchestrator's task): a no-op when it is already committed."""
+        """Commit one generated partition (an orchestrator's task): a no-op when it is already committed."""
         p = self.state_partition(partition)
         if p is None:
             raise JobError(f"job {self.job_id} has no partition {partition}")
@@ -258,7 +299,8 @@ class Job:
         job = self.state.job(self.job_id)
         counts = json.loads(job.counts or "{}")
         staging = counts.get("staging") or counts.get("plan", {})  # "plan": jobs staged before 0.1 named it so
-        return build_manifest(self.config, self.job_id, job, self.state.partitions(self.job_id), partial, staging)
+        return build_manifest(self.config, self.job_id, job, self.state.partitions(self.job_id), partial, staging,
+                              self.generation.queue.sessions(self.job_id))
 
     def write_manifest(self) -> dict:
         """Write and return the manifest over whatever has committed (partial while any partition has not).

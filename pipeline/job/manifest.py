@@ -18,27 +18,31 @@ from pipeline.output.write import count_by
 from pipeline.stores.catalog import aware, now
 
 
-def partition_counts(outputs: pa.Table, ledger: pa.Table, quarantine: pa.Table, completions: pa.Table,
-                     calls: pa.Table, config: TokenmillConfig) -> dict:
+def partition_counts(outputs: pa.Table, ledger: pa.Table, quarantine: pa.Table, items: dict[str, dict],
+                     config: TokenmillConfig) -> dict:
     """What a committed partition contributes to the job's totals (stored with the partition)."""
     def s(table, col):
         return float(pc.sum(table[col]).as_py() or 0) if table.num_rows else 0.0
 
-    engines = {}
-    for tier in sorted(set(calls["tier"].to_pylist())):
-        tc = calls.filter(pc.equal(calls["tier"], tier))
-        done = completions.filter(pc.equal(completions["tier"], tier))
-        steps = 0
-        for call in set(done["call"].to_pylist()):
-            in_call = done.filter(pc.equal(done["call"], call))
-            steps += decode_steps(in_call.num_rows, s(in_call, "output_tokens") / in_call.num_rows,
-                                  config.tiers[tier].vllm.max_num_seqs)
-        engines[tier] = {"calls": tc.num_rows, "engine_seconds": s(tc, "seconds"),
-                         "output_tokens": int(s(done, "output_tokens")),
-                         "uncached_prompt_tokens": int(s(done, "prompt_tokens") - s(done, "cached_prompt_tokens")),
-                         "decode_steps_estimate": steps,
-                         "gpu_seconds": s(tc, "seconds") * config.tiers[tier].gpus,
-                         "failed_attempts": int(s(tc, "failed_attempts"))}
+    engines: dict[str, dict] = {}
+    partition = outputs["partition"][0].as_py() if outputs.num_rows else None
+    for item in items.values():  # what this partition's generations asked of each tier's engine
+        if item.get("origin") is not None or item.get("partition") != partition or item["tier"] not in config.tiers:
+            continue
+        e = engines.setdefault(item["tier"], {"items": 0, "output_tokens": 0, "uncached_prompt_tokens": 0,
+                                              "busy_gpu_seconds": 0.0, "decode_steps_estimate": 0})
+        e["items"] += 1
+        e["output_tokens"] += item["output_tokens"]
+        e["uncached_prompt_tokens"] += item["prompt_tokens"] - item["cached_prompt_tokens"]
+        e["busy_gpu_seconds"] += item["gpu_seconds"]
+    for tier, e in engines.items():
+        e["decode_steps_estimate"] = decode_steps(e["items"], e["output_tokens"] / e["items"],
+                                                  config.tiers[tier].vllm.max_num_seqs)
+    kinds = ledger.filter(pc.is_in(ledger["kind"], pa.array(["failed_attempt", "lost"])))
+    for tier in set(kinds["tier"].to_pylist()):
+        e = engines.setdefault(tier, {"items": 0, "output_tokens": 0, "uncached_prompt_tokens": 0,
+                                      "busy_gpu_seconds": 0.0, "decode_steps_estimate": 0})
+        e["failed_attempts"] = kinds.filter(pc.equal(kinds["tier"], tier)).num_rows
     return {
         "records": outputs.num_rows + quarantine.num_rows, "outputs": outputs.num_rows,
         "quarantined": quarantine.num_rows, "by_source": count_by(outputs, "source"),
@@ -46,6 +50,9 @@ def partition_counts(outputs: pa.Table, ledger: pa.Table, quarantine: pa.Table, 
         "tokens": {k: int(s(ledger, k)) for k in ("prompt_tokens", "cached_prompt_tokens", "output_tokens")},
         "cost_usd": s(ledger, "cost_usd"), "baseline_cost_usd": s(ledger, "baseline_cost_usd"),
         "gpu_seconds": s(ledger, "gpu_seconds"), "engines": engines,
+        "gpu_seconds_by_kind": {k: s(ledger.filter(pc.equal(ledger["kind"], k)), "gpu_seconds")
+                                for k in count_by(ledger, "kind")},
+        "overhead_gpu_seconds": s(ledger, "overhead_gpu_seconds"),
         "saved_by_source": {src: s(ledger.filter(pc.equal(ledger["source"], src)), "saved_cost_usd")
                             for src in count_by(ledger, "source") if src != "generated"},
         "cache_status": count_by(ledger.filter(pc.is_valid(ledger["cache_status"])), "cache_status"),
@@ -82,13 +89,39 @@ def _add(total: dict, part: dict) -> dict:
     return total
 
 
-def build_manifest(config: TokenmillConfig, job_id: str, job, parts: list, partial: bool, staging: dict) -> dict:
+def engine_time(sessions: list) -> dict[str, dict]:
+    """Per tier, from the job's engine sessions: engine starts and workers, start-up, busy, idle and held
+    seconds (held × GPUs is what the ledger adds up to), and utilisation = busy / held."""
+    out: dict[str, dict] = {}
+    for s in sessions:
+        e = out.setdefault(s.tier, {"workers": 0, "starts": 0, "startup_seconds": 0.0, "busy_seconds": 0.0,
+                                    "idle_seconds": 0.0, "held_seconds": 0.0, "held_gpu_seconds": 0.0})
+        e["workers"] += 1
+        e["starts"] += s.started
+        for k in ("startup_seconds", "busy_seconds", "idle_seconds"):
+            e[k] += getattr(s, k)
+        e["held_seconds"] += s.held_seconds
+        e["held_gpu_seconds"] += s.held_seconds * s.gpus
+    for e in out.values():
+        e["utilisation"] = round(e["busy_seconds"] / e["held_seconds"], 4) if e["held_seconds"] else None
+    return out
+
+
+def build_manifest(config: TokenmillConfig, job_id: str, job, parts: list, partial: bool, staging: dict,
+                   sessions: list = ()) -> dict:
     totals: dict = {}
     for p in parts:
         if p.status == "succeeded" and p.counts:
             _add(totals, {k: v for k, v in json.loads(p.counts).items() if k != "commit"})  # commit: file names
     engines = totals.get("engines", {})
+    held = engine_time(sessions)
+    for tier in held:
+        engines.setdefault(tier, {"items": 0, "output_tokens": 0, "uncached_prompt_tokens": 0,
+                                  "busy_gpu_seconds": 0.0, "decode_steps_estimate": 0})
     for tier, e in engines.items():
+        e.update(held.get(tier, {}))
+        e["engine_seconds"] = e.get("busy_seconds", 0.0)  # what the efficiency figures divide by
+        e["gpu_seconds"] = e.get("held_gpu_seconds", 0.0)
         e["model"] = config.tiers[tier].model if tier in config.tiers else None
         e["output_tokens_per_second"] = e["output_tokens"] / e["engine_seconds"] if e["engine_seconds"] else None
         if tier in config.tiers:
@@ -123,7 +156,9 @@ def build_manifest(config: TokenmillConfig, job_id: str, job, parts: list, parti
         "routing": totals.get("routing", {}),
         "unfaithful": {"outputs": dict(sorted(totals.get("unfaithful", {}).get("outputs", {}).items()))},
         "cost": {"cost_usd": cost, "baseline_cost_usd": baseline, "saved_usd": baseline - cost,
-                 "gpu_seconds": totals.get("gpu_seconds", 0.0)},
+                 "gpu_seconds": totals.get("gpu_seconds", 0.0),
+                 "overhead_gpu_seconds": totals.get("overhead_gpu_seconds", 0.0),
+                 "gpu_seconds_by_kind": dict(sorted(totals.get("gpu_seconds_by_kind", {}).items()))},
         "reuse": {
             "by_source": {src: {"items": n, "rate": round(n / outputs, 4) if outputs else 0.0,
                                 "saved_usd": saved.get(src, 0.0)}

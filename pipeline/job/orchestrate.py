@@ -57,12 +57,22 @@ def staged_partitions(config: TokenmillConfig, job_id: str) -> list[str]:
 
 
 def prepared_partition(config: TokenmillConfig, job_id: str, partition: str) -> dict:
-    """CPU side of a partition: paid-item lookup, prompts rendered and tokenised, stashed for the GPU task."""
-    return _job(config, job_id).prepare_partition(partition)
+    """CPU side of a partition: paid-item lookup, prompts rendered and tokenised, enqueued as work units."""
+    job = _job(config, job_id)
+    try:
+        return job.prepare_partition(partition)
+    except Exception as e:
+        job.generation.fail(partition, f"prepare: {type(e).__name__}: {e}")
+        raise
+
+
+def drained_tier(config: TokenmillConfig, job_id: str, tier: str) -> dict:
+    """GPU side: one tier worker, draining its tier's units of every partition; returns its engine time."""
+    return _job(config, job_id).drain_tier(tier)
 
 
 def committed_partition(config: TokenmillConfig, job_id: str, partition: str) -> dict:
-    """GPU side: generate what is not paid for, commit the partition, return its counts. Raises if it fails."""
+    """CPU side after the GPU: commit the generated partition, return its counts. Raises if it fails."""
     return _job(config, job_id).run_partition(partition)
 
 

@@ -75,6 +75,9 @@ class Partition(Base):
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     counts: Mapped[str | None] = mapped_column(Text, nullable=True)  # JSON
+    # Generation (pipeline/job/waves.py): the wave its units are in, and whether it is done.
+    wave: Mapped[int] = mapped_column(Integer, default=0)
+    generation: Mapped[str | None] = mapped_column(String(16), nullable=True)  # None | generating | generated | failed
 
 
 class Item(Base):
@@ -105,6 +108,7 @@ class Item(Base):
     mean_logprob: Mapped[float | None] = mapped_column(Float, nullable=True)  # the confidence signal
     chunks: Mapped[int | None] = mapped_column(Integer, nullable=True)  # map-reduce: chunk summaries reduced
     unfaithful_terms: Mapped[int | None] = mapped_column(Integer, nullable=True)  # the faithfulness signal
+    session_id: Mapped[str | None] = mapped_column(String(200), nullable=True)  # engine session (units.py)
 
 
 ITEM_FIELDS = ITEM.names  # the columns after (job_id, item_key); tests check they match the table

@@ -1,0 +1,172 @@
+"""Generation waves: what a partition asks of the tier workers, one wave at a time.
+
+Wave 0 is the partition's prepared requests, plus the chunks of documents too long for the context
+(map). When every key a wave waits for is in (stored by a tier worker, or failed), the next wave is
+derived from what is stored: the summary of a long document's chunk summaries (reduce), schema
+retries and escalations (followup.next_attempt); follow-ups found in the cache are stored and not
+run. The partition is generated when a wave derives nothing.
+
+The planner is pure over its inputs (records, stored items, key failures) and a small state that
+the job keeps in its staging area between waves (`WaveState`), so any worker can derive the next
+wave after any other worker finished the last one, and deriving it twice gives the same wave.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field
+
+import pyarrow as pa
+
+from pipeline.config import TokenmillConfig
+from pipeline.generate.engine import EnginePool
+from pipeline.generate.followup import chunk_units, is_chunk, next_attempt, record_id, reduce_unit, split_for_context
+from pipeline.generate.lookup import ItemLookup
+from pipeline.generate.requests import build_requests
+from pipeline.generate.reuse import effective_keys, generation_units, needed_keys
+from pipeline.keys import chunk_keys
+from pipeline.schema import UNIT
+
+# A partition needs at most: the base wave (with chunk maps); reduces; schema retries; escalations;
+# escalations of outputs that arrived late (a reduce or a retry); and one to spare.
+MAX_WAVES = 6
+
+
+@dataclass
+class WaveState:
+    """What deriving a partition's next wave needs beyond the catalog: JSON in the staging area."""
+
+    wave: int = 0
+    known: dict[str, dict] = field(default_factory=dict)    # every unit of this partition, by key
+    chunked: dict[str, dict] = field(default_factory=dict)  # key -> its unit, for documents cut into chunks
+    tried: list[str] = field(default_factory=list)          # follow-up keys already asked for
+    failed: dict[str, list] = field(default_factory=dict)   # key -> [reason, detail, record id]
+    waiting: list[str] = field(default_factory=list)        # keys the current wave waits for
+    shareable: int = 0                                      # prompt tokens prefix sharing could save
+
+    def dumps(self) -> str:
+        return json.dumps(asdict(self), sort_keys=True)
+
+    @classmethod
+    def loads(cls, text: str) -> WaveState:
+        return cls(**json.loads(text))
+
+
+def unit_requests(units: pa.Table, config: TokenmillConfig, pool: EnginePool) -> tuple[pa.Table, pa.Table]:
+    """Engine requests for generation units (and the units whose prompts do not fit the context)."""
+    tiers_used = sorted(set(units["tier"].to_pylist()))
+    return build_requests(units.append_column("duplicate_of", pa.nulls(units.num_rows, pa.string())),
+                          config.prompt, config.sampling, config.requests,
+                          {t: pool.tokenizer(t) for t in tiers_used},
+                          {t: pool.context_length(t) for t in tiers_used})
+
+
+def _table(units: list[dict]) -> pa.Table:
+    return pa.Table.from_pylist([{**{k: u[k] for k in UNIT.names}, "max_tokens": u.get("max_tokens")} for u in units])
+
+
+@dataclass
+class WavePlanner:
+    config: TokenmillConfig
+    pool: EnginePool
+    lookup: ItemLookup
+    partition: str
+
+    def first(self, units: pa.Table, requests: pa.Table, too_long: pa.Table) -> tuple[WaveState, list[dict]]:
+        """Wave 0 from a partition's prepared units and requests: (state, wave requests with their units)."""
+        state = WaveState(known={u["item_key"]: u for u in units.to_pylist()})
+        by_id = {u["id"]: u for u in units.to_pylist()}
+        return state, self.wave_requests(state, by_id, requests, too_long)
+
+    def next(self, state: WaveState, records: pa.Table, items: dict[str, dict],
+             failures: dict[str, tuple[str, str]]) -> list[dict] | None:
+        """The next wave's requests once the current one is in (None: the partition is generated).
+        `items`: the stored items of the partition's keys; `failures`: key -> (reason, detail)."""
+        for key, (reason, detail) in failures.items():
+            unit = state.known.get(key) or next((u for u in _chunk_units(state) if u["item_key"] == key), None)
+            state.failed.setdefault(key, [reason, detail, record_id(unit) if unit else ""])
+        if state.wave + 1 >= MAX_WAVES:
+            return None
+        units = self.reduces(state, items) + self.followups(state, records, items)
+        if not units:
+            return None
+        state.wave += 1
+        state.known.update({u["item_key"]: u for u in units if not is_chunk(u)})
+        requests, too_long = unit_requests(_table(units), self.config, self.pool)
+        return self.wave_requests(state, {u["id"]: u for u in units}, requests, too_long)
+
+    def wave_requests(self, state: WaveState, by_id: dict[str, dict], requests: pa.Table,
+                      too_long: pa.Table) -> list[dict]:
+        """Request rows (with `unit`: the unit they generate) of one wave, chunks of the too-long included."""
+        chunks = self.split_too_long(state, too_long, by_id)
+        rows = [{**r, "unit": by_id[r["id"]]} for r in requests.to_pylist()]
+        state.shareable += sum(r["shareable_tokens"] or 0 for r in rows)
+        if chunks:
+            chunk_requests, still_long = unit_requests(_table(chunks), self.config, self.pool)
+            chunk_by_id = {u["id"]: u for u in chunks}
+            for i, d in zip(still_long["id"].to_pylist(), still_long["detail"].to_pylist()):
+                state.failed.setdefault(chunk_by_id[i]["item_key"], ["too_long", d, record_id(chunk_by_id[i])])
+            rows += [{**r, "unit": chunk_by_id[r["id"]]} for r in chunk_requests.to_pylist()]
+        state.waiting = sorted({r["unit"]["item_key"] for r in rows})
+        return rows
+
+    def split_too_long(self, state: WaveState, too_long: pa.Table, by_id: dict[str, dict]) -> list[dict]:
+        """Map step for documents too long for the context (or `too_long` when chunking is off)."""
+        c, pieces_of = self.config, []
+        for i, d in zip(too_long["id"].to_pylist(), too_long["detail"].to_pylist()):
+            unit = by_id[i]
+            if unit.get("escalation") or unit.get("retry"):
+                continue  # a follow-up that does not fit: the earlier output stands
+            if c.requests.long_documents == "chunk" and not is_chunk(unit) and not unit.get("chunks"):
+                pieces = split_for_context(unit["text"], self.pool.tokenizer(unit["tier"]), c.prompt,
+                                           self.pool.context_length(unit["tier"]), c.sampling.max_tokens)
+                state.chunked[unit["item_key"]] = {**unit, "pieces": len(pieces)}
+                pieces_of.extend(chunk_units(unit, pieces))
+            else:
+                state.failed.setdefault(unit["item_key"], ["too_long", d, record_id(unit)])
+        return pieces_of
+
+    def reduces(self, state: WaveState, items: dict[str, dict]) -> list[dict]:
+        """Reduce step: a long document whose chunk summaries are all in becomes one unit over them."""
+        out = []
+        for key, unit in state.chunked.items():
+            if key in items or key in state.failed or key in state.tried:
+                continue
+            keys = chunk_keys(key, unit["pieces"])
+            bad = next((state.failed[k] for k in keys if k in state.failed), None)
+            if bad:
+                state.failed[key] = [bad[0], f"chunk of a long document: {bad[1]}", unit["id"]]
+            elif all(k in items for k in keys):
+                state.tried.append(key)
+                out.append(reduce_unit({k: v for k, v in unit.items() if k != "pieces"},
+                                       [items[k]["summary"] for k in keys]))
+        return out
+
+    def followups(self, state: WaveState, records: pa.Table, items: dict[str, dict]) -> list[dict]:
+        """Units for the next attempt records need: schema retries and escalations (cache hits: stored, not run)."""
+        wanted = {}
+        for key in sorted(set(effective_keys(records))):
+            attempt = next_attempt(key, items, self.config)
+            if attempt is None or attempt[0] in state.tried:
+                continue
+            target, changes = attempt
+            unit = state.known.get(key)
+            if unit is None:
+                found = generation_units(records, {key}).to_pylist()
+                if not found:
+                    continue
+                unit = found[0]
+            wanted[target] = {**unit, "item_key": target, **changes}
+            state.tried.append(target)
+        found = self.lookup.store_cache_hits(self.partition, wanted)
+        return [u for k, u in wanted.items() if k not in found]
+
+
+def _chunk_units(state: WaveState) -> list[dict]:
+    return [{"item_key": k, "id": u["id"]} for u in state.chunked.values() for k in chunk_keys(u["item_key"], u["pieces"])]
+
+
+def partition_keys(records: pa.Table, state: WaveState) -> list[str]:
+    """Every key whose item a partition's outputs may need: its records' keys, units and chunks."""
+    chunks = {k for u in state.chunked.values() for k in chunk_keys(u["item_key"], u["pieces"])}
+    return sorted(set(needed_keys(records)) | set(state.known) | chunks | set(state.tried))

@@ -1,0 +1,252 @@
+"""The tier worker: one tier's engine, started once and kept fed with that tier's work units from
+every partition of a job, until no unit of the tier is left or can still arrive.
+
+  loop: claim units while fewer than `fill` requests are in flight -> engine step -> record what
+        finished (price, store, cache) -> finish units whose requests are all in -> renew leases
+
+The engine runs vLLM's own loop (add_request / step), so requests join the running batch as others
+finish and the scheduler always has work to choose from while any remains. Every second the engine
+is held is start-up, busy (requests in flight) or idle (none), measured here and renewed into the
+engine session (stores/units.py); each busy interval is shared among the requests in flight by the
+token weight of what it advanced (prefill the first time a request shows output, decode per token),
+so the items' busy GPU-seconds add up exactly to the busy time.
+"""
+
+from __future__ import annotations
+
+import logging
+import secrets
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import pyarrow as pa
+
+from pipeline.config import TokenmillConfig
+from pipeline.generate.engine import STARTUP_SECONDS, EnginePool, Progressed, stepper
+from pipeline.generate.followup import record_id
+from pipeline.generate.pricing import baseline_gpu_seconds, token_weight
+from pipeline.generate.quality import unfaithful_terms
+from pipeline.generate.reuse import cache_value
+from pipeline.stores.catalog import now
+from pipeline.stores.units import UnitQueue, WorkUnit
+
+log = logging.getLogger(__name__)
+
+_FREE_SINCE: dict[int, float] = {}  # id(engine) -> when its last session closed (idle since then is the next one's)
+
+
+@dataclass
+class InFlight:
+    unit: WorkUnit
+    row: dict            # the request row (prompt_token_ids, max_tokens, unit)
+    seconds: float = 0.0  # busy wall seconds shared to it so far
+    seen: bool = False    # its prefill has been weighed
+
+
+@dataclass
+class Failure:
+    """A request given up on: why, and the engine time it took (a failed attempt's charge)."""
+
+    reason: str
+    detail: str
+    unit: WorkUnit
+    request_unit: dict
+    gpu_seconds: float = 0.0
+
+
+@dataclass
+class WorkerReport:
+    tier: str
+    session_id: str | None = None
+    units: int = 0
+    requests: int = 0
+    started: bool = False
+    startup_seconds: float = 0.0
+    busy_seconds: float = 0.0
+    idle_seconds: float = 0.0
+
+    @property
+    def held_seconds(self) -> float:
+        return self.startup_seconds + self.busy_seconds + self.idle_seconds
+
+
+@dataclass
+class TierWorker:
+    """Drains one tier's units of one job. The job layer supplies what needs it: reading a unit's
+    requests, what to do when a unit is done (derive the partition's next wave), whether work can
+    still arrive, where items go (`store`) and budget admission."""
+
+    config: TokenmillConfig
+    tier: str
+    job_id: str
+    queue: UnitQueue
+    pool: EnginePool
+    worker: str
+    load: Callable[[WorkUnit], list[dict]]
+    on_unit_done: Callable[[WorkUnit], None]
+    more_may_come: Callable[[], bool]
+    store: Callable[[dict[str, dict], dict[str, Failure]], None]  # (items by key, failures by key)
+    admit: Callable[[list[dict]], bool] = lambda rows: True
+    cache_put: Callable[[dict[str, dict]], None] = lambda by_scope: None
+    cache_status: str = "off"
+    release: bool = False  # shut the engine down at the end (its process will not reuse it)
+    flight: dict[str, InFlight] = field(default_factory=dict)
+    remaining: dict[str, int] = field(default_factory=dict)  # unit id -> requests not finished
+    recorded: float = 0.0
+
+    def drain(self) -> WorkerReport:
+        report = WorkerReport(self.tier)
+        c, tier = self.config, self.config.tiers[self.tier]
+        lease, poll = c.state.lease_seconds, c.state.wait_seconds
+        if not self.claimable() and not self.more_may_come():
+            return report  # nothing for this tier: no engine start, no session
+        engine = self.pool.running(self.tier)
+        if engine is None:
+            engine = self.pool.engine(self.tier)
+            report.started = True
+        report.startup_seconds = STARTUP_SECONDS.pop(id(engine), 0.0)
+        report.idle_seconds = time.perf_counter() - _FREE_SINCE.pop(id(engine)) if id(engine) in _FREE_SINCE else 0.0
+        steps = stepper(engine)
+        report.session_id = sid = f"{self.worker}/{self.tier}/{secrets.token_hex(4)}"
+        self.queue.open_session(sid, self.job_id, self.tier, self.worker, tier.gpus, report.started,
+                                report.startup_seconds, report.idle_seconds)
+        mark = renewed = time.perf_counter()
+        while True:
+            while len(self.flight) < self.fill():
+                unit = self.claim(sid)
+                if unit is None:
+                    break
+                self.start(unit, steps, sid, report)
+            busy = bool(self.flight)
+            progressed = steps.step() if busy else []
+            if not busy:
+                if not self.more_may_come() and not self.claimable():
+                    break
+                time.sleep(poll)
+            t = time.perf_counter()
+            dt, mark = t - mark, t
+            if busy:
+                report.busy_seconds += dt
+                self.share(dt, progressed)
+                self.record([p for p in progressed if p.completion is not None or p.error], tier.gpus)
+            else:
+                report.idle_seconds += dt
+            if t - renewed > lease / 3:
+                renewed = t
+                self.queue.renew(self.job_id, sid, lease)
+                self.queue.beat_session(sid, report.busy_seconds, report.idle_seconds, self.recorded)
+        if self.release:
+            t = time.perf_counter()
+            self.pool.shutdown(self.tier)
+            report.idle_seconds += time.perf_counter() - t  # held until its memory is free again
+        else:
+            _FREE_SINCE[id(engine)] = time.perf_counter()
+        self.queue.beat_session(sid, report.busy_seconds, report.idle_seconds, self.recorded, closed=True)
+        log.info("tier %s worker %s: %d units, %d requests; engine held %.1f s (start-up %.1f, busy %.1f, idle %.1f)",
+                 self.tier, self.worker, report.units, report.requests, report.held_seconds, report.startup_seconds,
+                 report.busy_seconds, report.idle_seconds)
+        return report
+
+    def fill(self) -> int:
+        # Twice the scheduler's batch: as requests finish, the next ones are already waiting in vLLM.
+        return 2 * self.config.tiers[self.tier].vllm.max_num_seqs
+
+    def claim(self, sid: str) -> WorkUnit | None:
+        return self.queue.claim(self.job_id, self.tier, self.worker, sid, self.config.state.lease_seconds)
+
+    def claimable(self) -> bool:
+        depth = self.queue.depth(self.job_id).get(self.tier, {})
+        return bool(depth.get("pending") or depth.get("leased"))  # a leased unit may come back when its lease ends
+
+    def start(self, unit: WorkUnit, steps, sid: str, report: WorkerReport) -> None:
+        rows = self.load(unit)
+        if rows and not self.admit(rows):
+            self.queue.finish(self.job_id, unit, "deferred")
+            log.warning("tier %s: unit %s deferred at a budget cap", self.tier, unit.unit_id)
+            return
+        report.units += 1
+        report.requests += len(rows)
+        failed = {}
+        self.remaining[unit.unit_id] = 0
+        for i, row in enumerate(rows):
+            rid = f"{unit.unit_id}\x00{i}"
+            try:
+                steps.add(rid, row["prompt_token_ids"], row["max_tokens"], self.config.sampling)
+            except Exception as e:  # vLLM refuses a bad request when it is added; the others go on
+                failed[row["unit"]["item_key"]] = Failure("engine_error", f"{type(e).__name__}: {e}"[:500], unit, row["unit"])
+                continue
+            self.flight[rid] = InFlight(unit, row)
+            self.remaining[unit.unit_id] += 1
+        if failed:
+            self.store({}, failed)
+        if not self.remaining[unit.unit_id]:
+            self.done(unit)
+
+    def share(self, dt: float, progressed: list[Progressed]) -> None:
+        """Share one busy interval among the requests in flight by the token weight of what it advanced."""
+        cost = self.config.cost
+        ids = list(self.flight)
+        weights = np.zeros(len(ids))
+        index = {rid: i for i, rid in enumerate(ids)}
+        for p in progressed:
+            f = self.flight.get(p.request_id)
+            if f is None:
+                continue
+            prompt = len(f.row["prompt_token_ids"])
+            cached = p.completion.cached_prompt_tokens if p.completion is not None else 0
+            w = token_weight([0 if f.seen else prompt], [0 if f.seen else cached], [p.output_tokens - f.row.get("_out", 0)],
+                             cost)[0]
+            f.seen, f.row["_out"] = True, p.output_tokens
+            weights[index[p.request_id]] = w
+        if weights.sum() <= 0:  # nothing visible advanced (a prefill in progress): share evenly
+            weights[:] = 1.0
+        for rid, share in zip(ids, weights / weights.sum()):
+            self.flight[rid].seconds += dt * share
+
+    def record(self, finished: list[Progressed], gpus: int) -> None:
+        """Price and store the requests that finished in one step; finish the units they complete."""
+        if not finished:
+            return
+        items, failed, by_scope, created = {}, {}, {}, now()
+        done = [(p, self.flight.pop(p.request_id)) for p in finished if p.request_id in self.flight]
+        ok = [(p, f) for p, f in done if p.completion is not None]
+        gpu = np.array([f.seconds * gpus for _, f in ok])
+        base = baseline_gpu_seconds(pa.table({
+            "tier": [self.tier] * len(ok), "prompt_tokens": [p.completion.prompt_tokens for p, _ in ok],
+            "cached_prompt_tokens": [p.completion.cached_prompt_tokens for p, _ in ok],
+            "output_tokens": [p.completion.output_tokens for p, _ in ok]}), gpu, self.config.largest_tier,
+            self.config.cost) if ok else []
+        model, price = self.config.tiers[self.tier].model, self.config.tiers[self.tier].price_per_gpu_hour
+        for (p, f), g, b in zip(ok, gpu, base):
+            unit, c = f.row["unit"], p.completion
+            key = unit["item_key"]
+            items[key] = {"tier": self.tier, "model": model, "summary": c.text, "prompt_tokens": c.prompt_tokens,
+                          "cached_prompt_tokens": c.cached_prompt_tokens, "output_tokens": c.output_tokens,
+                          "finish_reason": c.finish_reason, "mean_logprob": c.mean_logprob,
+                          "id": record_id(unit), "tenant": unit["tenant"], "partition": f.unit.partition,
+                          "gpu_seconds": float(g), "baseline_gpu_seconds": float(b), "created_at": created,
+                          "cache_status": self.cache_status, "session_id": f.unit.session_id,
+                          # checked once, here, where the output meets the text it summarises
+                          "unfaithful_terms": len(unfaithful_terms(c.text, unit.get("document", unit["text"]))),
+                          **({"chunks": unit["chunks"]} if unit.get("chunks") else {})}
+            by_scope.setdefault(unit["scope"], {})[key] = cache_value(items[key], self.job_id, float(g) * price / 3600)
+        for p, f in done:
+            if p.completion is None:  # failed even alone: its share of the engine's time is a failed attempt
+                failed[f.row["unit"]["item_key"]] = Failure("engine_error", p.error, f.unit, f.row["unit"], f.seconds * gpus)
+        self.recorded += sum(f.seconds for _, f in done)
+        self.store(items, failed)
+        self.cache_put(by_scope)
+        for _, f in done:
+            self.remaining[f.unit.unit_id] -= 1
+            if self.remaining[f.unit.unit_id] == 0:
+                self.done(f.unit)
+
+    def done(self, unit: WorkUnit) -> None:
+        del self.remaining[unit.unit_id]
+        if self.queue.finish(self.job_id, unit):
+            self.on_unit_done(unit)
+        else:
+            log.warning("tier %s: unit %s was taken over by another worker; its items are stored, not committed here",
+                        self.tier, unit.unit_id)

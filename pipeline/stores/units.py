@@ -1,0 +1,311 @@
+"""Work units, the engines that drain them, and the GPU time no item carries: the GPU side of the catalog.
+
+A work unit is one partition's requests for one tier in one wave (wave 0: the prepared requests;
+later waves: chunk maps, reduces, schema retries, escalations). Tier workers claim units with
+leases, `FOR UPDATE SKIP LOCKED` on PostgreSQL and the same conditional UPDATE as partition claims
+on SQLite, and renew them while they generate; a worker that dies stops renewing and its units are
+claimed again when their leases run out.
+
+Every item key in flight has one row in `unit_keys`, owned by the first unit that enqueued it (an
+`INSERT .. ON CONFLICT DO NOTHING`): a second partition needing the same content waits for that unit
+instead of paying for it again at the same moment. A key's state is `pending` until a worker stores
+its item (`done`) or gives up on it (`failed`, with the reason), and a failed key may be enqueued
+again by a later attempt.
+
+An engine session is one engine's time on one job, from its start (or the end of its previous
+session: idle between jobs is the next job's) to its close: start-up, busy and idle seconds,
+renewed like a lease. `charges` hold GPU time that no item carries (failed attempts, work lost with
+a dead worker), so that a job's ledger adds up to every GPU-second its engines were held.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime, timedelta
+
+from sqlalchemy import DateTime, Float, Integer, String, Text, delete, func, select, update
+from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.orm import Mapped, mapped_column
+
+from pipeline.stores.catalog import Base, StateStore, aware
+
+UNFINISHED = ("pending", "leased")
+
+
+class WorkUnit(Base):
+    __tablename__ = "work_units"
+
+    job_id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    unit_id: Mapped[str] = mapped_column(String(200), primary_key=True)  # <partition>/<wave>/<tier>
+    partition: Mapped[str] = mapped_column(String(64))
+    tier: Mapped[str] = mapped_column(String(100))
+    wave: Mapped[int] = mapped_column(Integer)
+    requests: Mapped[int] = mapped_column(Integer)
+    status: Mapped[str] = mapped_column(String(16))  # pending | leased | done | deferred
+    worker: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    session_id: Mapped[str | None] = mapped_column(String(200), nullable=True)  # the engine session holding it
+    lost_session: Mapped[str | None] = mapped_column(String(200), nullable=True)  # a session it was taken from
+    epoch: Mapped[int] = mapped_column(Integer, default=0)
+    lease_expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+
+
+class UnitKey(Base):
+    __tablename__ = "unit_keys"
+
+    job_id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    item_key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    unit_id: Mapped[str] = mapped_column(String(200))
+    state: Mapped[str] = mapped_column(String(16))  # pending | done | failed
+    reason: Mapped[str | None] = mapped_column(String(32), nullable=True)
+    detail: Mapped[str | None] = mapped_column(Text, nullable=True)
+
+
+class EngineSession(Base):
+    __tablename__ = "engine_sessions"
+
+    session_id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    job_id: Mapped[str] = mapped_column(String(200))
+    tier: Mapped[str] = mapped_column(String(100))
+    worker: Mapped[str] = mapped_column(String(200))
+    gpus: Mapped[int] = mapped_column(Integer)
+    started: Mapped[int] = mapped_column(Integer)  # 1 when this session started its engine
+    status: Mapped[str] = mapped_column(String(16))  # running | closed
+    startup_seconds: Mapped[float] = mapped_column(Float, default=0.0)
+    busy_seconds: Mapped[float] = mapped_column(Float, default=0.0)
+    idle_seconds: Mapped[float] = mapped_column(Float, default=0.0)
+    recorded_seconds: Mapped[float] = mapped_column(Float, default=0.0)  # busy seconds stored with items or charges
+    opened_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    heartbeat_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    closed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+
+    @property
+    def held_seconds(self) -> float:
+        return self.startup_seconds + self.busy_seconds + self.idle_seconds
+
+
+class Charge(Base):
+    """GPU time no item carries, landing in its partition's ledger as a row of its `kind`."""
+
+    __tablename__ = "charges"
+
+    job_id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    charge_id: Mapped[str] = mapped_column(String(300), primary_key=True)
+    partition: Mapped[str] = mapped_column(String(64))
+    session_id: Mapped[str] = mapped_column(String(200))
+    kind: Mapped[str] = mapped_column(String(16))  # failed_attempt
+    id: Mapped[str | None] = mapped_column(Text, nullable=True)  # the record it was for
+    tenant: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    tier: Mapped[str] = mapped_column(String(100))
+    gpu_seconds: Mapped[float] = mapped_column(Float)
+
+
+def unit_id(partition: str, wave: int, tier: str) -> str:
+    return f"{partition}/{wave}/{tier}"  # partition names and tier names hold no '/'
+
+
+class UnitQueue:
+    """The catalog's work units, unit keys, engine sessions and charges."""
+
+    def __init__(self, state: StateStore):
+        self.state = state
+        self.postgres = state.engine.dialect.name == "postgresql"
+
+    def session(self):
+        return self.state.session()
+
+    def _insert(self, model):
+        return (postgresql if self.postgres else sqlite).insert(model)
+
+    # -- enqueue --------------------------------------------------------------------------------
+    def enqueue(self, job_id: str, partition: str, wave: int, keys_by_tier: dict[str, list[str]]) -> dict[str, list[str]]:
+        """Create this partition's units of `wave` (idempotent) and return, per unit id, the keys it
+        owns: keys already owned by a live unit (of any partition) or done are left to their owner."""
+        t = self.state.db_now()
+        owned: dict[str, list[str]] = {}
+        with self.session() as s, s.begin():
+            for tier, keys in keys_by_tier.items():
+                uid = unit_id(partition, wave, tier)
+                rows = [{"job_id": job_id, "item_key": k, "unit_id": uid, "state": "pending"} for k in keys]
+                for start in range(0, len(rows), 500):
+                    s.execute(self._insert(UnitKey).on_conflict_do_nothing(index_elements=["job_id", "item_key"]),
+                              rows[start:start + 500])
+                for start in range(0, len(keys), 900):  # a failed key belongs to whoever tries it again
+                    s.execute(update(UnitKey).where(UnitKey.job_id == job_id, UnitKey.state == "failed",
+                                                    UnitKey.item_key.in_(keys[start:start + 900]))
+                              .values(unit_id=uid, state="pending", reason=None, detail=None))
+                mine = self._owned(s, job_id, uid)
+                owned[uid] = mine
+                if mine:
+                    s.execute(self._insert(WorkUnit).on_conflict_do_nothing(index_elements=["job_id", "unit_id"]),
+                              [{"job_id": job_id, "unit_id": uid, "partition": partition, "tier": tier, "wave": wave,
+                                "requests": len(mine), "status": "pending", "epoch": 0, "created_at": t}])
+        return owned
+
+    @staticmethod
+    def _owned(s, job_id: str, uid: str) -> list[str]:
+        return list(s.scalars(select(UnitKey.item_key).where(UnitKey.job_id == job_id, UnitKey.unit_id == uid,
+                                                             UnitKey.state == "pending")))
+
+    def owned_keys(self, job_id: str, uid: str) -> set[str]:
+        with self.session() as s:
+            return set(self._owned(s, job_id, uid))
+
+    def withdraw(self, job_id: str, partition: str) -> int:
+        """Remove a partition's units no worker holds (pending or deferred) and free their keys, so that
+        preparing it again starts over; units a worker holds finish, and their keys stay theirs."""
+        with self.session() as s, s.begin():
+            gone = list(s.scalars(delete(WorkUnit).where(
+                WorkUnit.job_id == job_id, WorkUnit.partition == partition,
+                WorkUnit.status.in_(("pending", "deferred"))).returning(WorkUnit.unit_id)))
+            for start in range(0, len(gone), 900):
+                s.execute(delete(UnitKey).where(UnitKey.job_id == job_id, UnitKey.state != "done",
+                                                UnitKey.unit_id.in_(gone[start:start + 900])))
+        return len(gone)
+
+    # -- claim, renew, finish -------------------------------------------------------------------
+    def claim(self, job_id: str, tier: str, worker: str, session_id: str, lease_seconds: float) -> WorkUnit | None:
+        """Lease the oldest claimable unit of `tier`: pending, or leased with an expired lease (its
+        worker is gone: the unit remembers the session it was lost from)."""
+        t = self.state.db_now()
+        claimable = ((WorkUnit.status == "pending")
+                     | ((WorkUnit.status == "leased") & (WorkUnit.lease_expires_at < t)))
+        with self.session() as s, s.begin():
+            pick = (select(WorkUnit).where(WorkUnit.job_id == job_id, WorkUnit.tier == tier, claimable)
+                    .order_by(WorkUnit.wave, WorkUnit.created_at, WorkUnit.unit_id).limit(1))
+            if self.postgres:
+                pick = pick.with_for_update(skip_locked=True)
+            unit = s.scalars(pick).first()
+            if unit is None:
+                return None
+            lost = unit.session_id if unit.status == "leased" else unit.lost_session
+            result = s.execute(update(WorkUnit).where(
+                WorkUnit.job_id == job_id, WorkUnit.unit_id == unit.unit_id, WorkUnit.epoch == unit.epoch, claimable)
+                .values(status="leased", worker=worker, session_id=session_id, lost_session=lost,
+                        epoch=WorkUnit.epoch + 1, lease_expires_at=t + timedelta(seconds=lease_seconds))
+                .execution_options(synchronize_session=False))
+            if result.rowcount != 1:
+                return None  # another worker's conditional UPDATE won (SQLite)
+            s.expire(unit)
+            s.refresh(unit)
+            s.expunge(unit)
+            return unit
+
+    def renew(self, job_id: str, session_id: str, lease_seconds: float) -> None:
+        t = self.state.db_now()
+        with self.session() as s, s.begin():
+            s.execute(update(WorkUnit).where(WorkUnit.job_id == job_id, WorkUnit.session_id == session_id,
+                                             WorkUnit.status == "leased")
+                      .values(lease_expires_at=t + timedelta(seconds=lease_seconds)))
+
+    def finish(self, job_id: str, unit: WorkUnit, status: str = "done") -> bool:
+        """End a leased unit, fenced by its claim's epoch (False: it was taken over; nothing changes)."""
+        with self.session() as s, s.begin():
+            result = s.execute(update(WorkUnit).where(
+                WorkUnit.job_id == job_id, WorkUnit.unit_id == unit.unit_id, WorkUnit.epoch == unit.epoch,
+                WorkUnit.status == "leased").values(status=status, finished_at=self.state.db_now(),
+                                                    lease_expires_at=None))
+            return result.rowcount == 1
+
+    def set_keys(self, job_id: str, states: dict[str, tuple[str, str | None, str | None]]) -> None:
+        """key -> (state, reason, detail)."""
+        with self.session() as s, s.begin():
+            for key, (state, reason, detail) in states.items():
+                s.execute(update(UnitKey).where(UnitKey.job_id == job_id, UnitKey.item_key == key)
+                          .values(state=state, reason=reason, detail=detail))
+
+    def key_states(self, job_id: str, keys: list[str]) -> dict[str, UnitKey]:
+        out = {}
+        with self.session() as s:
+            for start in range(0, len(keys), 900):
+                for row in s.scalars(select(UnitKey).where(UnitKey.job_id == job_id,
+                                                           UnitKey.item_key.in_(keys[start:start + 900]))):
+                    s.expunge(row)
+                    out[row.item_key] = row
+        return out
+
+    def units(self, job_id: str, partition: str | None = None) -> list[WorkUnit]:
+        with self.session() as s:
+            q = select(WorkUnit).where(WorkUnit.job_id == job_id)
+            if partition is not None:
+                q = q.where(WorkUnit.partition == partition)
+            rows = list(s.scalars(q.order_by(WorkUnit.unit_id)))
+            for r in rows:
+                s.expunge(r)
+            return rows
+
+    def depth(self, job_id: str | None = None) -> dict[str, dict[str, int]]:
+        """tier -> {status: units}: the queue depth `tokenmill status` shows."""
+        with self.session() as s:
+            q = select(WorkUnit.tier, WorkUnit.status, func.count(), func.sum(WorkUnit.requests))
+            if job_id is not None:
+                q = q.where(WorkUnit.job_id == job_id)
+            out: dict[str, dict[str, int]] = {}
+            for tier, status, n, requests in s.execute(q.group_by(WorkUnit.tier, WorkUnit.status)):
+                out.setdefault(tier, {})[status] = int(n)
+                out[tier][f"{status}_requests"] = int(requests or 0)
+            return out
+
+    # -- engine sessions ------------------------------------------------------------------------
+    def open_session(self, session_id: str, job_id: str, tier: str, worker: str, gpus: int, started: bool,
+                     startup_seconds: float, idle_seconds: float) -> None:
+        t = self.state.db_now()
+        with self.session() as s, s.begin():
+            s.add(EngineSession(session_id=session_id, job_id=job_id, tier=tier, worker=worker, gpus=gpus,
+                                started=int(started), status="running", startup_seconds=startup_seconds,
+                                busy_seconds=0.0, idle_seconds=idle_seconds, recorded_seconds=0.0,
+                                opened_at=t, heartbeat_at=t))
+
+    def beat_session(self, session_id: str, busy: float, idle: float, recorded: float, closed: bool = False) -> None:
+        t = self.state.db_now()
+        values = {"busy_seconds": busy, "idle_seconds": idle, "recorded_seconds": recorded, "heartbeat_at": t}
+        if closed:
+            values.update(status="closed", closed_at=t)
+        with self.session() as s, s.begin():
+            s.execute(update(EngineSession).where(EngineSession.session_id == session_id).values(**values))
+
+    def sessions(self, job_id: str) -> list[EngineSession]:
+        with self.session() as s:
+            rows = list(s.scalars(select(EngineSession).where(EngineSession.job_id == job_id)
+                                  .order_by(EngineSession.opened_at, EngineSession.session_id)))
+            for r in rows:
+                s.expunge(r)
+                r.heartbeat_at = aware(r.heartbeat_at)
+            return rows
+
+    def live_sessions(self, stale_seconds: float) -> list[EngineSession]:
+        """Sessions still running whose last renewal is under `stale_seconds` old (`tokenmill status`)."""
+        t = self.state.db_now()
+        with self.session() as s:
+            rows = list(s.scalars(select(EngineSession).where(
+                EngineSession.status == "running",
+                EngineSession.heartbeat_at >= t - timedelta(seconds=stale_seconds))))
+            for r in rows:
+                s.expunge(r)
+            return rows
+
+    # -- charges --------------------------------------------------------------------------------
+    def add_charges(self, job_id: str, rows: list[dict]) -> None:
+        if rows:
+            with self.session() as s, s.begin():
+                s.execute(self._insert(Charge).on_conflict_do_nothing(index_elements=["job_id", "charge_id"]),
+                          [{"job_id": job_id, **r} for r in rows])
+
+    def charges(self, job_id: str, partition: str) -> list[dict]:
+        with self.session() as s:
+            return [dict(r) for r in s.execute(select(*Charge.__table__.c).where(
+                Charge.job_id == job_id, Charge.partition == partition)).mappings()]
+
+    def recorded_by_session(self, job_id: str) -> dict[str, float]:
+        """Busy GPU-seconds stored per engine session: its items' plus its charges' (the shares'
+        denominator; items and charges of a job all land in committed ledger rows)."""
+        from pipeline.stores.catalog import Item
+
+        out: dict[str, float] = {}
+        with self.session() as s:
+            for model in (Item, Charge):
+                for sid, seconds in s.execute(select(model.session_id, func.sum(model.gpu_seconds))
+                                              .where(model.job_id == job_id).group_by(model.session_id)):
+                    if sid is not None:
+                        out[sid] = out.get(sid, 0.0) + float(seconds or 0.0)
+        return out
