@@ -24,7 +24,8 @@ def airflow_home(tmp_path_factory, tiny_models):
     subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], check=True, capture_output=True, cwd=home)
     from airflow.models.pool import Pool
 
-    Pool.create_or_update_pool("gpu", slots=1, description="GPU workers", include_deferred=False)
+    for tier in ("small", "large"):  # the tiers of configs/local.yaml, which shapes the DAG at parse time
+        Pool.create_or_update_pool(f"gpu-{tier}", slots=1, description=f"{tier} tier workers", include_deferred=False)
     return home
 
 
@@ -37,10 +38,14 @@ def dag(airflow_home):
     return bag.get_dag(DAG_ID)
 
 
-def test_dagbag_loads_with_known_pools_only(dag):
-    assert {t.pool for t in dag.tasks} <= {"default_pool", "gpu"}
-    generate = dag.get_task("generate")
-    assert generate.pool == "gpu" and generate.queue == "gpu"
+def test_dagbag_has_one_gpu_task_per_tier_worker_on_its_own_queue_and_pool(dag):
+    assert {t.pool for t in dag.tasks} <= {"default_pool", "gpu-small", "gpu-large"}
+    for tier in ("small", "large"):
+        drain = dag.get_task(f"drain_{tier}")
+        assert drain.pool == f"gpu-{tier}" and drain.queue == f"gpu-{tier}" and drain.trigger_rule == "all_done"
+        assert {t.task_id for t in drain.upstream_list} == {"prepare"}
+        assert {t.task_id for t in drain.downstream_list} == {"commit"}
+    assert dag.get_task("prepare").queue == dag.get_task("commit").queue == "default"  # CPU workers
     assert dag.catchup is False and dag.params["config"] is not None
 
 
@@ -71,7 +76,9 @@ def test_dag_runs_end_to_end_then_a_failed_partition_reruns_alone(dag, tmp_path,
         run = dag.test(logical_date=day, run_conf=conf)
     assert run.state == "failed"  # the outcome task fails the run
     states = {(ti.task_id, ti.rendered_map_index): ti.state for ti in run.get_task_instances()}
-    assert states[("generate", victim["p"])] == "failed"  # the mapped task is named by its partition
+    assert states[("prepare", victim["p"])] == "failed"  # the mapped task is named by its partition
+    assert states[("commit", victim["p"])] == "failed"
+    assert {v for (t, _), v in states.items() if t.startswith("drain_")} == {"success"}  # the others' GPU work went on
     assert states[("summary", None)] == "success" and states[("outcome", None)] == "failed"
     state = StateStore(f"sqlite:///{tmp_path}/state.db")
     before = {p.partition: (p.status, p.attempts) for p in state.partitions(job_id)}

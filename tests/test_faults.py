@@ -9,6 +9,8 @@ import subprocess
 import sys
 import time
 
+import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
 from pipeline import JobError, run_job
@@ -45,7 +47,9 @@ def assert_exactly_once(output, job_id, corpus, state_db):
 
     `corpus`: {"ids": the good records' ids, "bad_records": how many records are bad} (write_sample_corpus's
     counts). Bad records may have no id, or repeat a good one (duplicate_id), so they are counted."""
-    outputs, ledger, quarantine = (read_kind(output, k, job_id) for k in ("outputs", "ledger", "quarantine"))
+    outputs, full_ledger, quarantine = (read_kind(output, k, job_id) for k in ("outputs", "ledger", "quarantine"))
+    # Rows for GPU time no output carries (failed attempts, work lost with a dead worker) have no record.
+    ledger = full_ledger.filter(pc.is_in(full_ledger["kind"], pa.array(["output", "invalid_output"])))
     expected = set(corpus["ids"])
     assert len(expected) == len(corpus["ids"])
     out_ids = outputs["id"].to_pylist()
@@ -61,20 +65,23 @@ def assert_exactly_once(output, job_id, corpus, state_db):
     # One item per attempt and per chunk summary, all charged to the record that generated them.
     assert sum(r["attempts"] + r["chunks"] for r in generated) == scalar(
         state_db, f"select count(*) from items where job_id='{job_id}' and origin is null")
-    assert sum(r["gpu_seconds"] for r in generated) == pytest.approx(
+    assert sum(r["busy_gpu_seconds"] for r in generated) == pytest.approx(
         scalar(state_db, f"select sum(gpu_seconds) from items where job_id='{job_id}'"))
-    # The money: what the ledger charges is what the catalog's items cost, at the ledger's prices.
-    price = {r["tier"]: r["price_per_gpu_hour"] for r in generated}
+    # Every GPU-second the job's engines were held is in exactly one ledger row, and priced at its tier.
     with sqlite3.connect(state_db, timeout=30) as c:
-        paid = c.execute(f"select tier, sum(gpu_seconds) from items where job_id='{job_id}' group by tier").fetchall()
-    assert sum(ledger["cost_usd"].to_pylist()) == pytest.approx(sum(s * price.get(t, 0.0) / 3600 for t, s in paid),
-                                                                 rel=1e-9, abs=1e-15)
+        held = c.execute("select sum((startup_seconds + busy_seconds + idle_seconds) * gpus) from engine_sessions "
+                         f"where job_id='{job_id}'").fetchone()[0] or 0.0
+    assert sum(full_ledger["gpu_seconds"].to_pylist()) == pytest.approx(held, rel=1e-6, abs=1e-9)
+    for r in full_ledger.to_pylist():
+        assert r["gpu_seconds"] == pytest.approx(r["busy_gpu_seconds"] + r["overhead_gpu_seconds"], abs=1e-12)
+        assert r["cost_usd"] == pytest.approx(r["gpu_seconds"] * r["price_per_gpu_hour"] / 3600, rel=1e-9, abs=1e-15)
     return outputs
 
 
-def test_worker_killed_mid_partition_rerun_completes_without_paying_twice(make_config, tiny_models, tmp_path, caplog):
-    """`kill -9` a run, then rerun (as ops would): the rerun takes the dead worker's partition over at once,
-    saying so, instead of waiting out its lease (300 s by default) in silence; and pays nothing twice."""
+def test_tier_worker_killed_mid_drain_rerun_takes_over_without_paying_twice(make_config, tiny_models, tmp_path, caplog):
+    """`kill -9` a run while its tier worker drains, then rerun (as ops would): the rerun takes the dead
+    worker's work units over at once, saying so, instead of waiting out their lease (300 s by default);
+    it pays nothing twice, and the killed worker's engine time is in the ledger, as lost work."""
     (tmp_path / "input").mkdir()
     import random
 
@@ -84,7 +91,9 @@ def test_worker_killed_mid_partition_rerun_completes_without_paying_twice(make_c
     docs = [{"id": f"d{i:03d}", "text": synthetic_document(rng, 4)} for i in range(120)]
     (tmp_path / "input" / "one.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
     db = tmp_path / "state.db"
-    env = cli_env(tiny_models, tmp_path, requests__items_per_engine_call=4)  # the default lease: 300 s
+    # Four sequences at a time, so the drain is long enough to be killed in (the default lease: 300 s).
+    small = {"tiers__small__vllm__max_num_seqs": 4}
+    env = cli_env(tiny_models, tmp_path, **small)
     proc = start_cli(["run", "--config", str(TINY_CONFIG), "--job-id", "killed"], env)
     deadline = time.monotonic() + 300
     while time.monotonic() < deadline and proc.poll() is None:
@@ -93,23 +102,28 @@ def test_worker_killed_mid_partition_rerun_completes_without_paying_twice(make_c
             break
         time.sleep(0.05)
     assert proc.poll() is None, f"the worker ended before it could be killed: {proc.stderr.read()[-2000:]}"
-    os.killpg(proc.pid, signal.SIGKILL)  # the worker and its engine processes, mid-partition
+    os.killpg(proc.pid, signal.SIGKILL)  # the worker and its engine processes, mid-drain
     proc.wait()
     paid_before = scalar(db, "select count(*) from items where job_id='killed'")
-    assert scalar(db, "select status from partitions where job_id='killed'") == "running"  # never committed
-    lease_end = scalar(db, "select lease_expires_at from partitions where job_id='killed'")
+    assert scalar(db, "select status from partitions where job_id='killed'") != "succeeded"  # never committed
+    assert scalar(db, "select count(*) from work_units where job_id='killed' and status='leased'") >= 1
+    lease_end = scalar(db, "select max(lease_expires_at) from work_units where job_id='killed'")
     assert not (tmp_path / "output" / "outputs" / "job=killed").exists()
 
-    config = make_config(requests__items_per_engine_call=4)
-    with caplog.at_level("WARNING", logger="pipeline.job.lifecycle"):
+    config = make_config(**small)
+    with caplog.at_level("WARNING", logger="pipeline.job.generation"):
         m = run_job(config, job_id="killed").manifest  # its holder is provably gone: taken over at once
     assert m["status"] == "succeeded"
-    assert scalar(db, "select attempts from partitions where job_id='killed'") == 2
     assert f"its holder {socket.gethostname()}:{proc.pid} is gone" in caplog.text
-    # Claimed again long before the dead worker's lease would have ended (both on the database's clock).
-    assert scalar(db, "select started_at from partitions where job_id='killed'") < lease_end
+    assert scalar(db, "select count(*) from work_units where job_id='killed' and lost_session is not null") >= 1
+    # Finished long before the dead worker's leases would have ended (both on the database's clock).
+    assert scalar(db, "select max(finished_at) from work_units where job_id='killed'") < lease_end
     outputs = assert_exactly_once(tmp_path / "output", "killed", {"ids": [d["id"] for d in docs], "bad_records": 0}, db)
     assert outputs.num_rows == 120 and paid_before < 120
+    ledger = read_kind(tmp_path / "output", "ledger", "killed")
+    lost = [r for r in ledger.to_pylist() if r["kind"] == "lost"]
+    assert lost and all(r["gpu_seconds"] > 0 and r["tier"] == "small" for r in lost), "the dead worker's time is billed"
+    assert m["engines"]["small"]["workers"] == 2  # the killed one's session counts as held
 
 
 def test_two_workers_on_one_job_process_each_partition_once(tiny_models, tmp_path):

@@ -24,15 +24,29 @@ def _prefix_line(p: dict) -> str:
     return f"{p['hit_ratio']:.1%} of prompt tokens cached; sharing allows {p['shareable_ratio']:.1%}"
 
 
+def engine_line(e: dict) -> str:
+    """One tier's engine time in a job: starts, held seconds (start-up, busy, idle), utilisation (busy ÷ held),
+    then throughput and hardware efficiency."""
+    parts = []
+    if e.get("held_seconds") is not None:
+        util = e.get("utilisation")
+        parts.append(f"{e.get('starts', 0)} start{'' if e.get('starts', 0) == 1 else 's'}, "
+                     f"{e['held_seconds']:.1f} s held (start-up {e.get('startup_seconds', 0.0):.1f}, "
+                     f"busy {e.get('busy_seconds', 0.0):.1f}, idle {e.get('idle_seconds', 0.0):.1f}), "
+                     f"utilisation {'-' if util is None else f'{util:.0%}'}")
+    tps, eff = e.get("output_tokens_per_second"), e.get("efficiency") or {}
+    if tps:
+        parts.append(f"{tps:.0f} output tok/s")
+    if eff.get("mfu") is not None:
+        parts.append(f"MFU {eff['mfu']:.1%}, MBU {eff['mbu']:.1%} ({eff['gpu_model']})")
+    if e.get("failed_attempts"):
+        n = e["failed_attempts"]
+        parts.append(f"{n} failed attempt{'' if n == 1 else 's'}")
+    return ", ".join(parts) or "-"
+
+
 def _engine_rows(manifest: dict) -> list[tuple[str, str]]:
-    rows = []
-    for tier, e in manifest["engines"].items():
-        tps, eff = e["output_tokens_per_second"], e.get("efficiency") or {}
-        line = f"{e['engine_seconds']:.2f} s engine, {tps:.0f} output tok/s" if tps else "-"
-        if eff.get("mfu") is not None:
-            line += f", MFU {eff['mfu']:.1%}, MBU {eff['mbu']:.1%} ({eff['gpu_model']})"
-        rows.append((f"tier {tier}", line))
-    return rows
+    return [(f"tier {tier}", engine_line(e)) for tier, e in manifest["engines"].items()]
 
 
 def summary_table(manifest: dict) -> Table:
@@ -58,7 +72,8 @@ def summary_table(manifest: dict) -> Table:
         ("prompt tokens (cached)", f"{t['prompt_tokens']} ({t['cached_prompt_tokens']})"),
         ("prefix cache", _prefix_line(manifest.get("prefix_cache", {}))),
         ("output tokens", t["output_tokens"]),
-        ("GPU-seconds", f"{m['gpu_seconds']:.3f}"),
+        ("GPU-seconds", f"{m['gpu_seconds']:.3f}" + (f" ({m['overhead_gpu_seconds']:.3f} engine start-up and idle)"
+                                                     if m.get("overhead_gpu_seconds") else "")),
         ("cost", f"${m['cost_usd']:.6f}"), ("baseline cost", f"${m['baseline_cost_usd']:.6f}"),
         ("saved vs baseline", f"${m['saved_usd']:.6f}"),
     ]
@@ -183,22 +198,78 @@ def plan(config: Path = ConfigOption, input: Optional[str] = InputOption,
     estimate(config, input, format)
 
 
+UNIT_STATUSES = ("pending", "leased", "done", "deferred")
+
+
+def tier_workers(state, lease_seconds: float) -> list[dict]:
+    """Tier workers holding an engine now (their session renewed within a lease), with their time so far."""
+    from pipeline.stores.catalog import aware
+    from pipeline.stores.units import UnitQueue
+
+    t = state.db_now()
+    out = []
+    for s in sorted(UnitQueue(state).live_sessions(stale_seconds=lease_seconds), key=lambda s: (s.job_id, s.tier, s.worker)):
+        held = s.held_seconds
+        out.append({"job_id": s.job_id, "tier": s.tier, "worker": s.worker, "session_id": s.session_id, "gpus": s.gpus,
+                    "started_engine": bool(s.started), "held_seconds": round(held, 3),
+                    "startup_seconds": round(s.startup_seconds, 3), "busy_seconds": round(s.busy_seconds, 3),
+                    "idle_seconds": round(s.idle_seconds, 3),
+                    "utilisation": round(s.busy_seconds / held, 4) if held else None,
+                    "renewed_seconds_ago": round(max(0.0, (t - aware(s.heartbeat_at)).total_seconds()), 1)})
+    return out
+
+
+def queue_depth(state, job_id: str) -> dict[str, dict[str, int]]:
+    """Per tier: work units and their requests by status (`UnitQueue.depth`)."""
+    from pipeline.stores.units import UnitQueue
+
+    return dict(sorted(UnitQueue(state).depth(job_id).items()))
+
+
+def workers_table(workers: list[dict]) -> Table:
+    table = Table(title="tier workers (live engine sessions)")
+    for col in ("job", "tier", "worker", "GPUs", "held s", "start-up s", "busy s", "idle s", "utilisation", "renewed"):
+        table.add_column(col)
+    for w in workers:
+        util = w["utilisation"]
+        table.add_row(w["job_id"], w["tier"], w["worker"], str(w["gpus"]), f"{w['held_seconds']:.1f}",
+                      f"{w['startup_seconds']:.1f}" + ("" if w["started_engine"] else " (reused)"),
+                      f"{w['busy_seconds']:.1f}", f"{w['idle_seconds']:.1f}", "-" if util is None else f"{util:.0%}",
+                      f"{w['renewed_seconds_ago']:.0f} s ago")
+    return table
+
+
+def depth_table(job_id: str, depth: dict[str, dict[str, int]]) -> Table:
+    table = Table(title=f"work units of job {job_id}: units (requests)")
+    table.add_column("tier")
+    for status in UNIT_STATUSES:
+        table.add_column(status)
+    for tier, d in depth.items():
+        table.add_row(tier, *(f"{d[status]} ({d.get(f'{status}_requests', 0)})" if d.get(status) else "-"
+                              for status in UNIT_STATUSES))
+    return table
+
+
 @app.command("status")
 def status(config: Path = ConfigOption, job_id: str = typer.Option(..., "--job-id"),
            format: str = typer.Option("table", "--format", help="table or json")) -> None:
-    """A job's partitions: status, attempts, worker, last error, counts."""
-    state = state_store(load(config))
+    """A job's partitions (status, attempts, worker, last error, counts), its work units per tier, and the tier
+    workers holding an engine now (start-up, busy and idle seconds so far)."""
+    cfg = load(config)
+    state = state_store(cfg)
     job = state.job(job_id)
     if job is None:
         fail(f"no job {job_id}")
     parts = state.partitions(job_id)
+    depth, workers = queue_depth(state, job_id), tier_workers(state, cfg.state.lease_seconds)
     if format == "json":
         typer.echo(json.dumps({
             "job_id": job.job_id, "status": job.status, "error": job.error,
             "partitions": [{"partition": p.partition, "file": p.file, "records": p.records, "status": p.status,
                             "attempts": p.attempts, "worker": p.worker, "last_error": p.last_error,
                             "started_at": when(p.started_at), "finished_at": when(p.finished_at),
-                            "counts": json.loads(p.counts) if p.counts else None} for p in parts]}, indent=2))
+                            "counts": json.loads(p.counts) if p.counts else None} for p in parts],
+            "work_units": depth, "tier_workers": workers}, indent=2))
         return
     table = Table(title=f"job {job.job_id}: {job.status}" + (f" ({job.error})" if job.error else ""))
     for col in ("partition", "file", "records", "status", "attempts", "outputs", "quarantined", "cost $", "worker", "last error"):
@@ -209,6 +280,8 @@ def status(config: Path = ConfigOption, job_id: str = typer.Option(..., "--job-i
                       str(counts.get("quarantined", "-")), f"{counts['cost_usd']:.6f}" if counts else "-",
                       p.worker or "-", (p.last_error or "")[:80])
     console.print(table)
+    console.print(depth_table(job.job_id, depth) if depth else f"job {job.job_id}: no work units in the catalog")
+    console.print(workers_table(workers) if workers else "no tier worker holds an engine now")
 
 
 @jobs_app.command("list")

@@ -37,6 +37,12 @@ log = logging.getLogger(__name__)
 _FREE_SINCE: dict[int, float] = {}  # id(engine) -> when its last session closed (idle since then is the next one's)
 
 
+def forget_idle_between_jobs() -> None:
+    """Charge the time since engines' last sessions to no job: for benchmarks comparing runs on warm
+    engines, where the gap between runs is the benchmark's own set-up, not a job's idle engine."""
+    _FREE_SINCE.clear()
+
+
 @dataclass
 class InFlight:
     unit: WorkUnit
@@ -95,9 +101,11 @@ class TierWorker:
     flight: dict[str, InFlight] = field(default_factory=dict)
     remaining: dict[str, int] = field(default_factory=dict)  # unit id -> requests not finished
     recorded: float = 0.0
+    session_id: str = ""
+    report: WorkerReport | None = None
 
     def drain(self) -> WorkerReport:
-        report = WorkerReport(self.tier)
+        self.report = report = WorkerReport(self.tier)
         c, tier = self.config, self.config.tiers[self.tier]
         lease, poll = c.state.lease_seconds, c.state.wait_seconds
         if not self.claimable() and not self.more_may_come():
@@ -109,7 +117,7 @@ class TierWorker:
         report.startup_seconds = STARTUP_SECONDS.pop(id(engine), 0.0)
         report.idle_seconds = time.perf_counter() - _FREE_SINCE.pop(id(engine)) if id(engine) in _FREE_SINCE else 0.0
         steps = stepper(engine)
-        report.session_id = sid = f"{self.worker}/{self.tier}/{secrets.token_hex(4)}"
+        report.session_id = self.session_id = sid = f"{self.worker}/{self.tier}/{secrets.token_hex(4)}"
         self.queue.open_session(sid, self.job_id, self.tier, self.worker, tier.gpus, report.started,
                                 report.startup_seconds, report.idle_seconds)
         mark = renewed = time.perf_counter()
@@ -237,6 +245,8 @@ class TierWorker:
                 failed[f.row["unit"]["item_key"]] = Failure("engine_error", p.error, f.unit, f.row["unit"], f.seconds * gpus)
         self.recorded += sum(f.seconds for _, f in done)
         self.store(items, failed)
+        # Renewed with every store, so that a worker killed now leaves figures that add up (pricing.session_shares).
+        self.queue.beat_session(self.session_id, self.report.busy_seconds, self.report.idle_seconds, self.recorded)
         self.cache_put(by_scope)
         for _, f in done:
             self.remaining[f.unit.unit_id] -= 1

@@ -4,8 +4,10 @@
   stages.py       the CPU stages staging runs (read -> validate -> content_hash -> route -> item_keys
                   -> cluster), each declaring the columns it needs and adds; staged_input
   staging.py      the staging area (`_staging/`): staged records and prepared requests per partition
-  partition.py    PartitionRun: claim, heartbeat, lookups, generation rounds, write, commit
-  budget.py       BudgetGuard: USD caps before the job starts and before every engine call
+  partition.py    PartitionRun: prepare (lookups, wave 0), then claim, heartbeat, assemble, write, commit
+  generation.py   Generation: waves as work units in the catalog, tier workers draining them, the
+                  engines' held time shared into partitions' ledgers
+  budget.py       BudgetGuard: USD caps before the job starts and before every work unit runs
   estimate.py     the pre-flight estimate (`tokenmill estimate`, estimate_job)
   orchestrate.py  one idempotent function per orchestrator task (the Airflow DAG wires them)
   manifest.py     the job manifest, summed from committed partitions

@@ -25,7 +25,7 @@ from pipeline.generate.waves import WavePlanner, WaveState, partition_keys
 from pipeline.generate.worker import Failure, TierWorker, WorkerReport
 from pipeline.stores import storage
 from pipeline.stores.catalog import Partition
-from pipeline.stores.units import UNFINISHED, UnitQueue, WorkUnit
+from pipeline.stores.units import UNFINISHED, UnitQueue, WorkUnit, worker_is_gone
 
 if TYPE_CHECKING:
     from pipeline.job.lifecycle import Job
@@ -163,6 +163,9 @@ class Generation:
         """Run one tier worker for this job until its tier has no unit left or to come."""
         job, c = self.job, self.config
         cache_on = c.cache.enabled and not job.cache.bypassed
+        for unit in self.queue.release_gone(self.job_id):
+            log.warning("work unit %s: its holder %s is gone (no such process on this host); taking it over now "
+                        "instead of when its lease ends", unit.unit_id, unit.worker)
 
         def cache_put(by_scope: dict[str, dict]) -> None:
             if cache_on:
@@ -183,11 +186,13 @@ class Generation:
     # -- what the engines' held time comes to, per partition ------------------------------------------
     def shares(self) -> dict:
         """Per engine session of this job: how its held GPU-seconds are shared (pricing.session_shares).
-        A session is stale (its worker died) when it is still open and its renewal is over a lease old."""
+        A session is stale (its worker died) when it is still open and its renewal is over a lease old, or
+        its worker is provably gone."""
         lease = self.config.state.lease_seconds
         t = self.job.state.db_now()
         return session_shares(self.queue.sessions(self.job_id), self.queue.recorded_by_session(self.job_id),
-                              lambda s: s.status != "closed" and (t - s.heartbeat_at).total_seconds() > lease)
+                              lambda s: s.status != "closed" and ((t - s.heartbeat_at).total_seconds() > lease
+                                                                  or worker_is_gone(s.worker)))
 
     def charges(self, partition: str, shares: dict) -> list[dict]:
         """This partition's GPU time no output carries: its failed attempts, with their overhead share, and

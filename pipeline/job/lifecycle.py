@@ -17,10 +17,8 @@ from __future__ import annotations
 import functools
 import json
 import logging
-import os
 import re
 import secrets
-import socket
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -43,6 +41,7 @@ from pipeline.output.write import write_manifest
 from pipeline.stores import storage
 from pipeline.stores.cache import ResilientStore, open_store
 from pipeline.stores.catalog import StateError, StateStore, aware, default_worker, now
+from pipeline.stores.units import worker_is_gone
 
 log = logging.getLogger(__name__)
 JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
@@ -62,24 +61,6 @@ def check_job_id(job_id: str) -> None:
 
 def new_job_id() -> str:
     return f"job-{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}-{secrets.token_hex(3)}"
-
-
-def worker_is_gone(worker: str | None) -> bool:
-    """True only when `worker` (named `host:pid` by default_worker) provably no longer runs: it ran on
-    this host and no process has its pid. Any doubt (another host, another naming, a pid now used by
-    some other process, a process of another user) is False: its lease then has to run out.
-    Caveat: containers sharing a host name but not a pid namespace look gone to each other; the
-    commit fence (the epoch) still keeps such a wrongly released worker from committing."""
-    host, _, pid = (worker or "").rpartition(":")
-    if host != socket.gethostname() or not pid.isdigit() or int(pid) in (0, os.getpid()):
-        return False
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return True
-    except OSError:
-        return False  # e.g. PermissionError: it exists, as another user
-    return False
 
 
 def utc(t: datetime | None) -> str:

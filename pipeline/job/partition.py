@@ -22,7 +22,7 @@ from sqlalchemy.exc import OperationalError
 from pipeline.dedup.index import generated_segments
 from pipeline.generate.engine import EngineDeadError, EngineStartError
 from pipeline.generate.followup import related_keys
-from pipeline.generate.reuse import needed_keys
+from pipeline.generate.reuse import cache_value, needed_keys
 from pipeline.generate.shadow import verify_shadows
 from pipeline.generate.waves import partition_keys, unit_requests
 from pipeline.job import faults
@@ -129,6 +129,20 @@ class PartitionRun:
         return {"partition": partition, "records": records.num_rows, "already_paid": len(items),
                 "to_generate": requests.num_rows, "enqueued": enqueued, "too_long": too_long.num_rows}
 
+    def cache_full_costs(self, records: pa.Table, items: dict[str, dict], ratio) -> None:
+        """Cache this partition's generations again at what the ledger says they cost, start-up and
+        idle share included (the worker cached them at their busy cost, before that share was known):
+        a later job reusing one records it as saved."""
+        scope_of = dict(zip(records["id"].to_pylist(), records["scope"].to_pylist()))
+        by_scope: dict[str, dict] = {}
+        for key, item in items.items():
+            if item.get("origin") is None and item.get("partition") == self.partition and item["id"] in scope_of \
+                    and ratio(item) > 0 and item["tier"] in self.config.tiers:
+                usd = item["gpu_seconds"] * (1 + ratio(item)) * self.config.tiers[item["tier"]].price_per_gpu_hour / 3600
+                by_scope.setdefault(scope_of[item["id"]], {})[key] = cache_value(item, self.job_id, usd)
+        for scope, values in by_scope.items():
+            self.job.cache.put_many(scope, values)
+
     def commit(self, beat: Heartbeat, records: pa.Table, quarantine: pa.Table, items: dict[str, dict],
                failed: dict[str, tuple[str, str, str]], shareable: int, started: float) -> None:
         """Assemble the partition's rows, check that every record is accounted for, write the files,
@@ -154,6 +168,7 @@ class PartitionRun:
         if c.cache.enabled and not job.cache.bypassed:
             for scope, recipe, blob in generated_segments(records, items, c.dedup.boilerplate_patterns):
                 job.cache.put_segment(scope, recipe, f"{self.job_id}/{partition}", blob)
+            self.cache_full_costs(records, items, job.generation.overhead_ratio(shares))
         verification = verify_shadows(records, items, job.lookup.reference_outputs(records, items),
                                       c.dedup.shadow_min_f1)
         counts = partition_counts(outputs, ledger, quarantine, items, c)

@@ -1,4 +1,7 @@
-"""Progress of a running job: a live bar on a terminal, periodic plain log lines elsewhere (Airflow, cron)."""
+"""Progress of a running job: a live bar on a terminal, periodic plain log lines elsewhere (Airflow, cron).
+
+A log line says items done, reused, quarantined, dollars so far, seconds elapsed and items per second;
+the engines' utilisation per tier is in the job summary `tokenmill run` prints at the end."""
 
 from __future__ import annotations
 
@@ -20,9 +23,11 @@ class Progress:
         self.usd = 0.0
         self._bar = self._task = None
         self._last_log = 0.0
+        self._started = time.monotonic()
 
     def start(self, total: int) -> None:
         self.total = total
+        self._started = time.monotonic()
         if self.mode == "bar":
             from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
             from rich.progress import Progress as Bar
@@ -47,7 +52,10 @@ class Progress:
             self._bar.update(self._task, completed=self.done, status=self.status())
         elif self.mode == "log" and (force or time.monotonic() - self._last_log >= self.every):
             self._last_log = time.monotonic()
-            log.info("progress: %d/%d items done, %s", self.done, self.total, self.status())
+            elapsed = self._last_log - self._started
+            rate = self.done / elapsed if elapsed > 0 else 0.0
+            log.info("progress: %d/%d items done, %s; %.0f s elapsed, %.1f items/s", self.done, self.total,
+                     self.status(), elapsed, rate)
 
     def finish(self) -> None:
         if self._bar is not None:

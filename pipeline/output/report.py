@@ -1,8 +1,10 @@
 """One self-contained HTML cost report per job: inline SVG charts, no script or font from the network.
 
-Sections: cost by tenant and by tier, a savings waterfall from the no-dedup/no-cache/largest-tier
-baseline down to what was paid, engine throughput per tier, reuse by kind, the slowest partitions,
-and quality: outputs flagged unfaithful per tier, escalations by reason, shadow verification's
+Sections: cost by tenant and by tier, a waterfall from the no-dedup/no-cache/largest-tier baseline
+to what was paid (savings going down, engine start-up and idle, escalation and failed work going up),
+engine utilisation per tier (starts, start-up, busy and idle seconds, busy ÷ held), engine
+throughput, reuse by kind, the slowest partitions (labels drawn whole: the label column widens), and
+quality: outputs flagged unfaithful per tier, escalations by reason, shadow verification's
 false-reuse rate and, when given, the headline of the latest `tokenmill eval`. Figures come from
 the job's ledger (DuckDB), its manifest and the eval's eval.json (read as plain JSON: the evals
 layer sits above this one).
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import html
 import json
+import re
 from datetime import datetime, timezone
 from decimal import Decimal
 from pathlib import Path
@@ -22,52 +25,100 @@ from pipeline.output.ledger import MONEY
 from pipeline.stores import storage
 
 WIDTH, BAR_H, GAP, LABEL_W = 640, 22, 8, 170
-COLORS = {"bar": "#3b6ea5", "save": "#3a9a5b", "total": "#555", "paid": "#c0533a"}
+PLOT_W = WIDTH - LABEL_W  # bars and their value labels; the label column widens to fit its longest label
+CHAR_W = 7.2  # a generous average glyph width of 12px system-ui text, so that no label is cut off
+WRAP, LINE_H = 56, 14  # a longer label goes on more lines (each kept whole), LINE_H apart
+COLORS = {"bar": "#3b6ea5", "save": "#3a9a5b", "cost": "#d08a2c", "total": "#555", "paid": "#c0533a"}
 
 
 def _fmt_usd(v: float) -> str:
     return f"${v:,.6f}" if abs(v) < 1 else f"${v:,.2f}"
 
 
+def _lines(label) -> list[str]:
+    """A label in lines of at most WRAP characters, broken only after a '/' or a space: nothing is cut,
+    and a longer word (a partition id, a file name) keeps a line of its own."""
+    lines, line = [], ""
+    for token in re.split(r"(?<=[/ ])", str(label)):
+        if line and len((line + token).rstrip()) > WRAP:
+            lines.append(line.rstrip())
+            line = ""
+        line += token
+    lines.append(line.rstrip())
+    return [text for text in lines if text] or [""]
+
+
+def _layout(labels: list[str]) -> tuple[float, list[tuple[float, float, list[str]]], float]:
+    """(label column width, per row (top, height, label lines), chart height): the column is as wide as
+    the longest line, and a row as tall as its lines."""
+    rows, y = [], GAP
+    for label in labels:
+        lines = _lines(label)
+        h = max(BAR_H, len(lines) * LINE_H + 4)
+        rows.append((y, h, lines))
+        y += h + GAP
+    width = max([LABEL_W] + [len(line) * CHAR_W + 12 for _, _, lines in rows for line in lines])
+    return width, rows, y
+
+
+def _label(x: float, top: float, h: float, label: str, lines: list[str]) -> str:
+    if len(lines) == 1:
+        return f'<text x="{x:.1f}" y="{top + (h - BAR_H) / 2 + BAR_H * 0.7:.1f}" text-anchor="end">{html.escape(label)}</text>'
+    first = top + h / 2 + 4 - (len(lines) - 1) * LINE_H / 2
+    spans = "".join(f'<tspan x="{x:.1f}" dy="{0 if i == 0 else LINE_H}">{html.escape(line)}</tspan>'
+                    for i, line in enumerate(lines))
+    return f'<text x="{x:.1f}" y="{first:.1f}" text-anchor="end"><title>{html.escape(label)}</title>{spans}</text>'
+
+
+def _svg(chart_id: str, title: str, width: float, height: float, parts: list[str]) -> str:
+    return (f'<section><h2>{html.escape(title)}</h2><svg class="chart" id="{chart_id}" width="{width:.0f}" '
+            f'height="{height:.0f}" role="img" aria-label="{html.escape(title)}">{"".join(parts)}</svg></section>')
+
+
 def bar_chart(chart_id: str, title: str, rows: list[tuple[str, float]], fmt=_fmt_usd) -> str:
-    """Horizontal bars, one per (label, value)."""
+    """Horizontal bars, one per (label, value); labels whole, on more lines when long."""
     if not rows:
         return f'<section><h2>{html.escape(title)}</h2><p class="empty">no data</p></section>'
     top = max(v for _, v in rows) or 1.0
-    height = len(rows) * (BAR_H + GAP) + GAP
+    label_w, layout, height = _layout([str(label) for label, _ in rows])
     bars = []
-    for i, (label, value) in enumerate(rows):
-        y = GAP + i * (BAR_H + GAP)
-        w = max(1.0, (WIDTH - LABEL_W - 110) * value / top)
+    for (label, value), (y, h, lines) in zip(rows, layout):
+        w = max(1.0, (PLOT_W - 110) * value / top)
+        bar_y = y + (h - BAR_H) / 2
         bars.append(
-            f'<text x="{LABEL_W - 6}" y="{y + BAR_H * 0.7}" text-anchor="end">{html.escape(str(label))}</text>'
-            f'<rect class="bar" x="{LABEL_W}" y="{y}" width="{w:.1f}" height="{BAR_H}" fill="{COLORS["bar"]}"/>'
-            f'<text x="{LABEL_W + w + 6:.1f}" y="{y + BAR_H * 0.7}">{html.escape(fmt(value))}</text>')
-    return (f'<section><h2>{html.escape(title)}</h2><svg class="chart" id="{chart_id}" width="{WIDTH}" '
-            f'height="{height}" role="img" aria-label="{html.escape(title)}">{"".join(bars)}</svg></section>')
+            _label(label_w - 6, y, h, str(label), lines)
+            + f'<rect class="bar" x="{label_w:.1f}" y="{bar_y:.1f}" width="{w:.1f}" height="{BAR_H}" fill="{COLORS["bar"]}"/>'
+            f'<text x="{label_w + w + 6:.1f}" y="{bar_y + BAR_H * 0.7:.1f}">{html.escape(fmt(value))}</text>')
+    return _svg(chart_id, title, label_w + PLOT_W, height, bars)
 
 
 def waterfall(chart_id: str, title: str, baseline: float, steps: list[tuple[str, float]], paid: float) -> str:
-    """Baseline, then each saving as a drop, then what was paid."""
-    top = baseline or 1.0
-    scale = (WIDTH - LABEL_W - 110) / top
-    rows = [("baseline", 0.0, baseline, COLORS["total"])]
-    level = baseline
-    for label, saved in steps:
-        rows.append((f"− {label}", level - saved, saved, COLORS["save"]))
-        level -= saved
-    rows.append(("paid", 0.0, paid, COLORS["paid"]))
-    height = len(rows) * (BAR_H + GAP) + GAP
+    """Baseline, then each step as a change of level, then what was paid.
+
+    A step's value is signed: below zero a saving (a bar going down, "− label"), above zero a cost
+    added (a bar going up, "+ label"). No bar has a negative width, whatever the signs."""
+    rows = [("baseline", 0.0, baseline, COLORS["total"], _fmt_usd(baseline), baseline)]
+    level = top = baseline
+    for label, delta in steps:
+        low, high = sorted((level, level + delta))
+        sign = "−" if delta < 0 else "+"
+        rows.append((f"{sign} {label}", low, high - low, COLORS["save"] if delta < 0 else COLORS["cost"],
+                     f"{sign}{_fmt_usd(abs(delta))}", delta))
+        level += delta
+        top = max(top, level)
+    rows.append(("paid", 0.0, paid, COLORS["paid"], _fmt_usd(paid), paid))
+    scale = (PLOT_W - 110) / (max(top, paid) or 1.0)
+    label_w, layout, height = _layout([r[0] for r in rows])
     parts = []
-    for i, (label, start, value, color) in enumerate(rows):
-        y = GAP + i * (BAR_H + GAP)
+    for (label, start, value, color, text, signed), (y, h, lines) in zip(rows, layout):
         w = max(1.0, value * scale)
+        bar_y = y + (h - BAR_H) / 2
         parts.append(
-            f'<text x="{LABEL_W - 6}" y="{y + BAR_H * 0.7}" text-anchor="end">{html.escape(label)}</text>'
-            f'<rect class="bar" x="{LABEL_W + start * scale:.1f}" y="{y}" width="{w:.1f}" height="{BAR_H}" fill="{color}"/>'
-            f'<text x="{LABEL_W + (start + value) * scale + 6:.1f}" y="{y + BAR_H * 0.7}">{_fmt_usd(value)}</text>')
-    return (f'<section><h2>{html.escape(title)}</h2><svg class="chart" id="{chart_id}" width="{WIDTH}" '
-            f'height="{height}" role="img" aria-label="{html.escape(title)}">{"".join(parts)}</svg></section>')
+            _label(label_w - 6, y, h, label, lines)
+            + f'<rect class="bar" x="{label_w + start * scale:.1f}" y="{bar_y:.1f}" width="{w:.1f}" height="{BAR_H}" '
+            f'fill="{color}" data-value="{signed:.9f}"/>'
+            f'<text x="{label_w + start * scale + w + 6:.1f}" y="{bar_y + BAR_H * 0.7:.1f}">{html.escape(text)}</text>')
+    return _svg(chart_id, title, label_w + PLOT_W, height, parts)
 
 
 def _efficiency_line(eff: dict) -> str:
@@ -81,22 +132,88 @@ def _rows(con: duckdb.DuckDBPyConnection, sql: str, params: list) -> list[tuple]
     return [tuple(float(v) if isinstance(v, Decimal) else v for v in r) for r in con.execute(sql, params).fetchall()]
 
 
-def savings_steps(con: duckdb.DuckDBPyConnection, job_id: str, largest_tier: str | None) -> list[tuple[str, float]]:
-    """What each lever saved against the baseline.
+CHARGES = ("failed_attempt", "lost")
 
-    Reused rows save their whole baseline (grouped by how they were reused). Generated rows save
-    baseline − cost: on the largest tier that is the prefix cache and batching; on a smaller tier it
-    is routing (and that tier's prefix cache).
+
+def _tier_prices(con: duckdb.DuckDBPyConnection, job_id: str) -> dict[str, float | None]:
+    """Each tier's price per GPU-hour in this job, from its rows that ran on that tier alone (an escalated
+    row's price blends the tiers its attempts ran on); None where the rows disagree."""
+    rows = _rows(con, "SELECT tier, min(price_per_gpu_hour), max(price_per_gpu_hour) FROM ledger WHERE job_id = ? "
+                      "AND NOT coalesce(escalated, false) AND price_per_gpu_hour > 0 GROUP BY 1", [job_id])
+    return {tier: low if low == high else None for tier, low, high in rows}
+
+
+def savings_steps(con: duckdb.DuckDBPyConnection, job_id: str, largest_tier: str | None) -> tuple[list[tuple[str, float]], list[str]]:
+    """The waterfall's steps from the baseline to what was paid, signed (below zero: saved; above: added),
+    and notes on how they were derived. From the ledger alone; the steps add up to paid − baseline.
+
+    Every ledger row's cost is its busy GPU time plus its share of its engines' start-up and idle time
+    (`overhead_gpu_seconds`), at its `price_per_gpu_hour`. The savings compare the baseline (largest tier,
+    no dedup, no cache, start-up and idle shared in) with the busy part: reused rows save their whole
+    baseline (per kind of reuse); generated rows save baseline − busy cost, on the largest tier through
+    the prefix cache and batching, on a smaller one through routing. Then the costs no baseline row has
+    are added: start-up and idle of every row, the attempts escalated documents paid before their
+    escalation, and failed attempts and work lost with dead workers (ledger rows of `kind` failed_attempt
+    and lost). Ledger files written before these columns read busy = gpu_seconds, no overhead.
     """
-    baseline, cost = MONEY.format(col="baseline_cost_usd"), MONEY.format(col="cost_usd")
-    steps = _rows(con, f"SELECT source, sum({baseline}) FROM ledger WHERE job_id = ? "
-                       "AND source <> 'generated' GROUP BY 1 ORDER BY 1", [job_id])
-    generated = _rows(con, f"SELECT tier = ?, sum({baseline} - {cost}) "
-                           "FROM ledger WHERE job_id = ? AND source = 'generated' GROUP BY 1", [largest_tier, job_id])
-    out = [(f"reuse: {source.replace('_', ' ')}", saved) for source, saved in steps]
-    for on_largest, saved in generated:
-        out.append(("prefix cache and batching" if on_largest else "routing to smaller tiers", saved))
-    return out
+    money = "CAST({} AS DECIMAL(38, 18))"
+    rows = _rows(con, f"""
+        SELECT CASE WHEN coalesce(kind, 'output') IN {CHARGES} THEN 'charge' WHEN source = 'generated' THEN 'generated'
+                    WHEN source IS NULL THEN 'other' ELSE 'reuse' END AS grp,
+               source, tier, coalesce(escalated, false) AS escalated,
+               sum({money.format("coalesce(baseline_cost_usd, 0)")}), sum({money.format("coalesce(cost_usd, 0)")}),
+               sum({money.format("coalesce(overhead_gpu_seconds, 0) * coalesce(price_per_gpu_hour, 0) / 3600")}),
+               sum(coalesce(busy_gpu_seconds, gpu_seconds, 0))
+        FROM ledger WHERE job_id = ? GROUP BY ALL ORDER BY ALL""", [job_id])
+    prices = _tier_prices(con, job_id)
+    reuse: dict[str, float] = {}
+    routing = prefix = overhead = escalation = charges = other = 0.0
+    notes, unsplit = [], []
+    for grp, source, tier, escalated, baseline, cost, over, busy_gpu in rows:
+        busy = cost - over  # cost = (busy + overhead) GPU-seconds × price / 3600
+        overhead += over
+        if grp == "reuse":
+            reuse[source] = reuse.get(source, 0.0) + baseline - busy
+            continue
+        if grp == "charge":
+            charges += busy - baseline
+            continue
+        if grp == "other":
+            other += busy - baseline
+            continue
+        if escalated:  # the attempts before the escalation: what the blended price says the other tier got
+            p2, others = prices.get(tier), {v for t, v in prices.items() if t != tier}
+            p1 = next(iter(others)) if len(others) == 1 else None
+            if p1 is None or p2 is None or p1 == p2:
+                unsplit.append(tier)
+                escalation += busy - baseline
+                continue
+            first = min(max(p1 / (p2 - p1) * (p2 * busy_gpu / 3600 - busy), 0.0), busy)
+            escalation += first
+            busy -= first
+        if tier == largest_tier:
+            prefix += baseline - busy
+        else:
+            routing += baseline - busy
+    steps = [(f"reuse: {source.replace('_', ' ')}", -saved) for source, saved in sorted(reuse.items())]
+    steps += [(label, -saved) for label, saved in (("routing to smaller tiers", routing),
+                                                   ("prefix cache and batching", prefix)) if saved]
+    steps += [(label, added) for label, added in (("engine start-up and idle", overhead),
+                                                  ("escalation: attempts before it", escalation),
+                                                  ("failed attempts and lost work", charges),
+                                                  ("other rows", other)) if added]
+    notes.append("Savings compare the baseline (every document generated on the largest tier, no dedup, no cache, "
+                 "with its share of engine start-up and idle) with the busy GPU time actually paid; engine start-up "
+                 "and idle (ledger overhead_gpu_seconds × price) and the other costs are then added as paid.")
+    if escalation and not unsplit:
+        notes.append("Escalation: what escalated documents paid on the tier they were escalated from (their first "
+                     "attempts and retries), derived from each row's blended price; their final attempt counts "
+                     "with the savings of its tier.")
+    elif unsplit:
+        notes.append(f"Escalation on {', '.join(sorted(set(unsplit)))}: the first attempts' share cannot be told from "
+                     "the ledger (tier prices equal, unknown, or more than one tier they came from), so the bar "
+                     "shows what escalated documents paid above their baseline.")
+    return steps, notes
 
 
 def _false_reuse_line(v: dict) -> str:
@@ -215,6 +332,33 @@ def quality_section(con: duckdb.DuckDBPyConnection, job_id: str, manifest: dict,
     return f'<section id="quality">{"".join(parts)}</section>'
 
 
+def _num(v, fmt: str = "{:,.1f}") -> str:
+    return "-" if v is None else fmt.format(v)
+
+
+def engine_section(manifest: dict) -> str:
+    """Per tier, from the manifest's `engines`: engine starts, start-up, busy and idle seconds, held time
+    and utilisation (busy ÷ held), next to throughput; then the job's GPU-seconds by what they bought."""
+    engines = manifest.get("engines", {})
+    rows = [[tier, e.get("model") or "-", _num(e.get("workers"), "{}"), _num(e.get("starts"), "{}"),
+             _num(e.get("startup_seconds")), _num(e.get("busy_seconds")), _num(e.get("idle_seconds")),
+             _num(e.get("held_seconds")), _num(e.get("held_gpu_seconds")), _pct(e.get("utilisation")),
+             _num(e.get("output_tokens_per_second"), "{:,.0f}"), _num(e.get("failed_attempts", 0), "{}")]
+            for tier, e in engines.items()]
+    parts = ["<h2>Engine utilisation, per tier</h2>",
+             _table("engine-utilisation", ["tier", "model", "workers", "engine starts", "start-up s", "busy s", "idle s",
+                                           "held s", "held GPU-s", "utilisation", "output tok/s", "failed attempts"], rows)
+             if rows else _note("No engine ran for this job (every output reused, or nothing to generate).")]
+    c = manifest.get("cost", {})
+    if c.get("gpu_seconds"):
+        kinds = ", ".join(f"{k.replace('_', ' ')} {v:,.1f}" for k, v in (c.get("gpu_seconds_by_kind") or {}).items())
+        parts.append(_note(f"Utilisation = busy ÷ held seconds (held = start-up + busy + idle). The ledger carries "
+                           f"{c['gpu_seconds']:,.1f} GPU-seconds, all its engines were held × their GPUs; "
+                           f"{c.get('overhead_gpu_seconds', 0.0):,.1f} of them start-up and idle shared into its rows"
+                           + (f"; by what they bought: {kinds}." if kinds else ".")))
+    return f'<section id="engines">{"".join(parts)}</section>'
+
+
 def build_report(output_uri: str, job_id: str, storage_config=None, eval_result: dict | None = None) -> str:
     """The report page; `eval_result` is a `load_eval` result to show in the quality section (None: none)."""
     from pipeline.output.ledger import connect
@@ -234,11 +378,13 @@ def build_report(output_uri: str, job_id: str, storage_config=None, eval_result:
     reuse = [(k, v / counts["outputs"]) for k, v in counts["by_source"].items() if k != "generated" and counts["outputs"]]
     slow = sorted(((f'{p} ({v["file"]})', v["seconds"]) for p, v in manifest["partitions"].items() if v.get("seconds")),
                   key=lambda r: -r[1])[:10]
+    steps, notes = savings_steps(con, job_id, manifest["largest_tier"])
     sections = [
         bar_chart("cost-by-tenant", "Cost by tenant", tenants),
         bar_chart("cost-by-tier", "Cost by tier", tiers),
-        waterfall("savings", "Savings: from baseline to paid", baseline,
-                  savings_steps(con, job_id, manifest["largest_tier"]), cost),
+        waterfall("savings", "From baseline to paid: savings down, costs added up", baseline, steps, cost)
+        + "".join(_note(n) for n in notes),
+        engine_section(manifest),
         bar_chart("tokens-per-second", "Output tokens per second, per tier",
                   [(t, e["output_tokens_per_second"] or 0.0) for t, e in engines.items()], fmt=lambda v: f"{v:,.0f} tok/s")
         + "".join(f'<p class="note">{html.escape(t)}: {html.escape(_efficiency_line(e.get("efficiency") or {}))}</p>'
@@ -259,7 +405,7 @@ def build_report(output_uri: str, job_id: str, storage_config=None, eval_result:
     style = ("body{font:14px system-ui,sans-serif;margin:2em;color:#222}svg text{font-size:12px;fill:#222}"
              "section{margin:1.5em 0}h2{font-size:16px}h3{font-size:14px}.note,.facts,.empty{color:#555}"
              "table.quality{border-collapse:collapse;margin:.5em 0}table.quality td,table.quality th"
-             "{border-bottom:1px solid #ddd;padding:3px 10px;text-align:right}table.quality td:first-child"
+             "{border-bottom:1px solid #ddd;padding:3px 10px;text-align:right}table.quality td{white-space:nowrap}table.quality td:first-child"
              "{text-align:left}")
     return (f"<!doctype html><html><head><meta charset='utf-8'><title>tokenmill report {html.escape(job_id)}</title>"
             f"<style>{style}</style></head><body>{head}{''.join(sections)}{check}</body></html>")

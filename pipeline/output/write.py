@@ -86,11 +86,10 @@ def assemble_results(records: pa.Table, items: dict[str, dict], failed: dict[str
         made_usd = sum(usd(p) for p in fresh) + sum(p["saved_usd"] or 0.0 for p in paid if p.get("origin") == "cache")
         busy = sum(p["gpu_seconds"] for p in fresh) if generated else 0.0
         overhead = sum(p["gpu_seconds"] * overhead_ratio(p) for p in fresh) if generated else 0.0
-        gpu = busy + overhead
         cost = sum(usd(p) for p in fresh) if generated else 0.0
         price = config.tiers[item["tier"]].price_per_gpu_hour if item["tier"] in config.tiers else 0.0
-        if gpu > 0 and len({p["tier"] for p in fresh}) > 1:
-            price = cost * 3600.0 / gpu  # attempts on two tiers: the blended price keeps cost = gpu × price
+        if busy > 0 and len({p["tier"] for p in fresh}) > 1:
+            price = cost * 3600.0 / (busy + overhead)  # attempts on two tiers: the blended price keeps cost = gpu × price
         baseline = (item["baseline_gpu_seconds"] if outcome.escalated else sum(p["baseline_gpu_seconds"] for p in paid)) \
             * (1 + overhead_ratio(first))
         values = {
@@ -107,7 +106,7 @@ def assemble_results(records: pa.Table, items: dict[str, dict], failed: dict[str
             "attempts": outcome.attempts if generated else 0, "chunks": first.get("chunks") or 0,
             "source_job": source_job or (None if generated else job_id),
             "cache_status": first.get("cache_status") if generated or first.get("origin") == "cache" else None,
-            "gpu_seconds": gpu, "busy_gpu_seconds": busy, "overhead_gpu_seconds": overhead,
+            "gpu_seconds": busy + overhead, "busy_gpu_seconds": busy, "overhead_gpu_seconds": overhead,
             "kind": "invalid_output" if outcome.problem else "output",
             "price_per_gpu_hour": price, "cost_usd": cost,
             "baseline_cost_usd": baseline * largest_price / 3600.0,

@@ -75,9 +75,8 @@ class Partition(Base):
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     counts: Mapped[str | None] = mapped_column(Text, nullable=True)  # JSON
-    # Generation (pipeline/job/waves.py): the wave its units are in, and whether it is done.
-    wave: Mapped[int] = mapped_column(Integer, default=0)
-    generation: Mapped[str | None] = mapped_column(String(16), nullable=True)  # None | generating | generated | failed
+    wave: Mapped[int] = mapped_column(Integer, default=0)  # its work units' wave (pipeline/job/generation.py)
+    generation: Mapped[str | None] = mapped_column(String(16), nullable=True)  # generating | generated | failed
 
 
 class Item(Base):
@@ -195,9 +194,8 @@ class StateStore:
         return Session(self.engine)
 
     def db_now(self) -> datetime:
-        """The database's clock (UTC), which leases are compared against: workers' clocks disagree, and one
-        running ahead would take live leases. Read, then bound like any datetime, because SQLite stores
-        DateTime as naive 'YYYY-MM-DD HH:MM:SS.ffffff' text and its CURRENT_TIMESTAMP has no fraction."""
+        """The database's clock (UTC), which leases are compared against (workers' clocks disagree). Read with
+        its fraction: SQLite stores DateTime as naive text and its CURRENT_TIMESTAMP has no fraction."""
         with self.session() as s:
             if self.engine.dialect.name == "sqlite":
                 text = s.execute(select(func.strftime("%Y-%m-%d %H:%M:%f", "now"))).scalar_one()
@@ -384,14 +382,14 @@ class Heartbeat:
 
     lost = False  # set when another worker took the partition over (our lease had expired)
 
-    def _run(self) -> None:
+    def _run(self) -> None:  # an unreachable database for a while is fine: the lease runs out unless a beat lands
         while not self._stop.wait(self.interval):
             try:
                 if not self.store.heartbeat(*self.args):
                     self.lost = True
                     return
             except OperationalError:
-                pass  # database unreachable for now: the lease runs out unless a later beat lands
+                pass
 
     def __enter__(self) -> "Heartbeat":
         self._thread.start()

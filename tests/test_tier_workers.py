@@ -1,0 +1,91 @@
+"""Tier workers in one process (`tokenmill run`): each tier's engine started once, every record accounted
+once, the ledger adding up to every GPU-second held, a failing partition alone, and its rerun paying
+nothing twice. Plus the work-unit queue on SQLite and PostgreSQL: leases, takeover, cross-partition keys."""
+
+import sqlite3
+import uuid
+
+import pyarrow.compute as pc
+import pytest
+
+from pipeline import run_job
+from pipeline.dev.samples import write_sample_corpus
+from pipeline.generate.engine import EnginePool
+from pipeline.job import faults
+from pipeline.stores.catalog import StateStore
+from pipeline.stores.units import UnitQueue
+from tests.conftest import read_kind
+from tests.test_faults import assert_exactly_once
+
+
+def held_gpu_seconds(db, job_id: str) -> float:
+    with sqlite3.connect(db) as c:
+        return c.execute("select sum((startup_seconds + busy_seconds + idle_seconds) * gpus) from engine_sessions "
+                         "where job_id=?", (job_id,)).fetchone()[0]
+
+
+@pytest.mark.engine
+def test_one_process_runs_tier_workers_fed_from_every_partition(make_config, tmp_path):
+    corpus = write_sample_corpus(tmp_path / "input", documents=48)
+    config = make_config(routing=True, input__records_per_partition=6)
+    pool = EnginePool(config.tiers)
+    for tier in config.tiers:  # engines an earlier test left running: this job starts its own
+        pool.shutdown(tier)
+    victim = "p00003"
+
+    def fail_one(point, job_id, partition):
+        if point == "before_generate" and partition == victim:
+            raise OSError("CPU worker lost")
+
+    with faults.inject(fail_one), pytest.raises(Exception, match="1 of"):
+        run_job(config, job_id="tw", pool=pool, release_engines=True)
+    state = StateStore(config.state.url)
+    parts = {p.partition: p for p in state.partitions("tw")}
+    assert len(parts) >= 8 and parts[victim].status == "failed" and "CPU worker lost" in parts[victim].last_error
+    assert all(p.status == "succeeded" for name, p in parts.items() if name != victim)
+
+    db = tmp_path / "state.db"
+    sessions = UnitQueue(state).sessions("tw")
+    # One worker per tier, each engine started once, fed from every partition it had work for.
+    assert sorted(s.tier for s in sessions) == ["large", "small"] and all(s.started == 1 for s in sessions)
+    with sqlite3.connect(db) as c:
+        fed = dict(c.execute("select tier, count(distinct partition) from work_units where job_id='tw' group by tier"))
+    assert fed["small"] >= 6, fed
+    before = read_kind(tmp_path / "output", "ledger", "tw")
+    assert pc.sum(before["gpu_seconds"]).as_py() == pytest.approx(held_gpu_seconds(db, "tw"), rel=1e-6)
+    assert pc.sum(before["overhead_gpu_seconds"]).as_py() > 0  # start-up and idle are billed, not dropped
+
+    # Ops re-run exactly the failed partition: only its work is done, nothing paid twice.
+    m = run_job(config, job_id="tw", pool=pool, partitions=[victim], release_engines=True).manifest
+    assert m["status"] == "succeeded"
+    after = read_kind(tmp_path / "output", "ledger", "tw")
+    others = lambda t: t.filter(pc.not_equal(t["partition"], victim)).sort_by("id").to_pylist()  # noqa: E731
+    assert others(after) == others(before), "committed partitions are not touched again"
+    assert_exactly_once(tmp_path / "output", "tw", corpus, db)
+    for tier, e in m["engines"].items():
+        assert e["held_seconds"] == pytest.approx(e["startup_seconds"] + e["busy_seconds"] + e["idle_seconds"])
+        assert 0 < e["utilisation"] <= 1 and e["starts"] == e["workers"]
+
+
+def test_unit_queue_leases_and_takeover(tmp_path, postgres_url):
+    for url in (f"sqlite:///{tmp_path}/q.db", postgres_url):
+        q = UnitQueue(StateStore(url))
+        job = f"q-{uuid.uuid4().hex}"
+        owned = q.enqueue(job, "p1", 0, {"small": ["k1", "k2"], "large": ["k3"]})
+        assert owned == {"p1/0/small": ["k1", "k2"], "p1/0/large": ["k3"]}
+        # Another partition asking for k2 at the same moment waits for p1's unit instead of paying again.
+        assert q.enqueue(job, "p2", 0, {"small": ["k2", "k4"]}) == {"p2/0/small": ["k4"]}
+        a = q.claim(job, "small", "w1", "s1", lease_seconds=60)
+        b = q.claim(job, "small", "w2", "s2", lease_seconds=60)
+        assert {a.unit_id, b.unit_id} == {"p1/0/small", "p2/0/small"}
+        assert q.claim(job, "small", "w3", "s3", lease_seconds=60) is None  # both leased
+        # w1's lease runs out (it died): w3 takes the unit over and the unit remembers whose it was.
+        q.renew(job, "s1", lease_seconds=-5)
+        taken = q.claim(job, "small", "w3", "s3", lease_seconds=60)
+        assert taken.unit_id == a.unit_id and taken.lost_session == "s1"
+        assert not q.finish(job, a), "the dead worker's late finish is fenced out"
+        assert q.finish(job, taken)
+        q.set_keys(job, {"k1": ("done", None, None), "k2": ("failed", "engine_error", "boom")})
+        # A failed key belongs to whoever tries it again.
+        assert q.enqueue(job, "p2", 1, {"small": ["k2"]}) == {"p2/1/small": ["k2"]}
+        assert q.depth(job)["small"]["pending"] == 1
