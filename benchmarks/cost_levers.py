@@ -31,9 +31,9 @@ if __name__ == "__main__":
     from benchmarks.common import emit
     from benchmarks.reuse_quality import document, should_variant
     from pipeline import run_job
-    from pipeline.generate.worker import forget_idle_between_jobs
     from pipeline.config import load_config
     from pipeline.generate.engine import EnginePool
+    from pipeline.generate.worker import forget_idle_between_jobs
 
     n = int(sys.argv[1]) if len(sys.argv) > 1 else 300
     rng = random.Random(17)

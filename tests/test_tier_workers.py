@@ -62,7 +62,7 @@ def test_one_process_runs_tier_workers_fed_from_every_partition(make_config, tmp
     others = lambda t: t.filter(pc.not_equal(t["partition"], victim)).sort_by("id").to_pylist()  # noqa: E731
     assert others(after) == others(before), "committed partitions are not touched again"
     assert_exactly_once(tmp_path / "output", "tw", corpus, db)
-    for tier, e in m["engines"].items():
+    for e in m["engines"].values():
         assert e["held_seconds"] == pytest.approx(e["startup_seconds"] + e["busy_seconds"] + e["idle_seconds"])
         assert 0 < e["utilisation"] <= 1 and e["starts"] == e["workers"]
 
