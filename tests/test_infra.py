@@ -1,4 +1,6 @@
-"""What can be checked of infra/ without a Docker engine or a cluster: it parses, validates and matches the lock."""
+"""What can be checked of infra/ without a Docker engine or a cluster: it parses, validates and matches the lock,
+and its GPU workers match the tokenmill config: one worker per tier queue `gpu-<tier>` (the DAG's drain tasks),
+each holding as many GPUs as its tier's engine spans, no GPU reserved twice."""
 
 import json
 import re
@@ -7,7 +9,7 @@ import jsonschema
 import pytest
 import yaml
 
-from pipeline.config import load_config
+from pipeline.config import load_config, load_tier_workers
 from tests.conftest import REPO
 
 INFRA = REPO / "infra"
@@ -27,17 +29,78 @@ def test_every_yaml_parses(path):
     assert list(yaml.safe_load_all((REPO / path).read_text()))
 
 
+def compose() -> dict:
+    return yaml.safe_load((INFRA / "single-host" / "docker-compose.yaml").read_text())
+
+
+def single_host_config():
+    return load_config(INFRA / "single-host" / "config.yaml",
+                       environ={"TOKENMILL_PG_DSN": "postgresql+psycopg://tokenmill@postgres/tokenmill"})
+
+
+def cluster_config(tmp_path):
+    """The tokenmill config the Helm values put in the `tokenmill-config` ConfigMap (what every pod mounts)."""
+    values = yaml.safe_load((INFRA / "cluster" / "values.yaml").read_text())
+    data = yaml.safe_load(values["extraConfigMaps"]["tokenmill-config"]["data"])
+    path = tmp_path / "config.yaml"
+    path.write_text(data["config.yaml"])
+    return load_config(path, environ={"TOKENMILL_PG_DSN": "postgresql+psycopg://tokenmill@db/tokenmill",
+                                      "TOKENMILL_REDIS_PASSWORD": "x"}), path
+
+
+def queue_of(command: list[str]) -> str:
+    return command[command.index("--queues") + 1]
+
+
+def tier_gpus(config, tier: str) -> int:
+    """GPUs a tier's engine spans: its tensor parallelism, which `gpus` (what the ledger bills) must equal."""
+    t = config.tiers[tier]
+    assert (t.vllm.tensor_parallel_size or 1) == t.gpus, f"tier {tier}: gpus must equal vllm.tensor_parallel_size"
+    return t.gpus
+
+
+def test_dag_names_one_queue_and_pool_per_tier():
+    # The infra below serves the queues the DAG sends its drain tasks to: gpu-<tier>.
+    source = (REPO / "dags" / "nightly_summarization.py").read_text()
+    assert 'pool=f"gpu-{tier}"' in source and 'queue=f"gpu-{tier}"' in source
+
+
 def test_compose_file_validates_against_the_compose_schema():
     # The compose-spec JSON schema, as shipped in PyPI's docker-compose 1.29.2 (tests/schemas/).
     schema = json.loads((REPO / "tests" / "schemas" / "compose-spec.json").read_text())
-    compose = yaml.safe_load((INFRA / "single-host" / "docker-compose.yaml").read_text())
-    jsonschema.validate(compose, schema)
-    services = compose["services"]
+    jsonschema.validate(compose(), schema)
     assert {"postgres", "redis", "s3", "airflow-apiserver", "airflow-scheduler", "airflow-dag-processor",
-            "airflow-triggerer", "airflow-worker-gpu"} <= set(services)
-    gpu = services["airflow-worker-gpu"]
-    assert "--queues" in gpu["command"] and gpu["command"][gpu["command"].index("--queues") + 1] == "gpu"
-    assert gpu["deploy"]["resources"]["reservations"]["devices"][0]["capabilities"] == ["gpu"]
+            "airflow-triggerer", "airflow-worker-cpu", "airflow-worker-gpu-small", "airflow-worker-gpu-large"} \
+        <= set(compose()["services"])
+
+
+def test_single_host_has_one_gpu_worker_per_tier_queue_on_its_own_gpus():
+    config, services = single_host_config(), compose()["services"]
+    workers = load_tier_workers(INFRA / "single-host" / "config.yaml", environ={})
+    assert set(workers) == set(config.tiers) == {"small", "large"}
+    gpu_services = {name: svc for name, svc in services.items() if svc.get("deploy")}
+    assert "default" == queue_of(services["airflow-worker-cpu"]["command"]) and "deploy" not in services["airflow-worker-cpu"]
+    seen: dict[str, str] = {}
+    for tier, replicas in workers.items():
+        serving = {name: svc for name, svc in gpu_services.items() if queue_of(svc["command"]) == f"gpu-{tier}"}
+        # one worker service per drain task of the tier (run.tier_workers), listening to that queue only
+        assert set(serving) == {f"airflow-worker-gpu-{tier}"} and len(serving) == replicas, (tier, serving)
+        svc = serving[f"airflow-worker-gpu-{tier}"]
+        assert svc["command"][svc["command"].index("--concurrency") + 1] == "1"  # one engine per worker
+        assert svc["image"] == "tokenmill-gpu-worker:latest"
+        (device,) = svc["deploy"]["resources"]["reservations"]["devices"]
+        assert device["driver"] == "nvidia" and device["capabilities"] == ["gpu"]
+        # as many GPUs reserved as the tier's engine spans (tensor parallelism) and the ledger bills
+        assert "count" not in device and len(device["device_ids"]) == tier_gpus(config, tier), (tier, device)
+        for gpu in device["device_ids"]:
+            assert gpu not in seen, f"GPU {gpu} reserved for both {seen[gpu]} and {tier}"
+            seen[gpu] = tier
+        # the reservation alone decides which GPUs the container sees
+        assert "NVIDIA_VISIBLE_DEVICES" not in (svc.get("environment") or {})
+        assert "CUDA_VISIBLE_DEVICES" not in (svc.get("environment") or {})
+        assert "/models:/models:ro" in svc["volumes"] and "shm_size" in svc
+    assert set(gpu_services) == {f"airflow-worker-gpu-{t}" for t in workers}  # no GPU worker outside a tier
+    assert config.tiers["large"].vllm.tensor_parallel_size > 1  # the large tier: tensor parallelism
 
 
 def test_no_credentials_in_infra_files():
@@ -60,16 +123,40 @@ def test_dockerfile_pip_steps_match_the_lock():
     assert pins["apache-airflow"] == lock("cpu.txt")["apache-airflow"]
 
 
-def test_cluster_gpu_worker_requests_gpus_on_the_gpu_queue():
-    worker = yaml.safe_load((INFRA / "cluster" / "gpu-worker.yaml").read_text())
-    container = worker["spec"]["template"]["spec"]["containers"][0]
-    assert container["resources"]["limits"]["nvidia.com/gpu"] == "1"
-    assert container["args"][container["args"].index("--queues") + 1] == "gpu"
+def test_cluster_has_one_gpu_worker_deployment_per_tier(tmp_path):
+    config, path = cluster_config(tmp_path)
+    workers = load_tier_workers(path, environ={})
+    assert set(workers) == set(config.tiers) == {"small", "large"}
+    assert not (INFRA / "cluster" / "gpu-worker.yaml").exists()  # replaced by one file per tier
+    for tier, replicas in workers.items():
+        deployment = yaml.safe_load((INFRA / "cluster" / f"gpu-worker-{tier}.yaml").read_text())
+        assert deployment["kind"] == "Deployment" and deployment["metadata"]["labels"]["tier"] == tier
+        assert deployment["spec"]["replicas"] == replicas  # = run.tier_workers[tier] = the pool's slots
+        pod = deployment["spec"]["template"]["spec"]
+        (container,) = pod["containers"]
+        assert queue_of(container["args"]) == f"gpu-{tier}"
+        assert container["args"][container["args"].index("--concurrency") + 1] == "1"
+        # the pod requests every GPU its tier's engine spans, on one node
+        gpus = tier_gpus(config, tier)
+        assert container["resources"]["limits"]["nvidia.com/gpu"] == str(gpus)
+        assert container["resources"]["requests"]["nvidia.com/gpu"] == str(gpus)
+        assert {m["mountPath"] for m in container["volumeMounts"]} >= {"/opt/tokenmill/config.yaml", "/models", "/dev/shm"}
+        assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
+    assert config.tiers["large"].vllm.tensor_parallel_size == 4  # the large tier's workers: tensor parallel
     values = yaml.safe_load((INFRA / "cluster" / "values.yaml").read_text())
     assert values["executor"] == "CeleryExecutor" and values["airflowVersion"] == lock("cpu.txt")["apache-airflow"]
+    assert "--queues default" in values["workers"]["args"][-1]  # CPU tasks on the chart's workers
+    # a drain task runs for hours: Celery must not hand it to a second worker meanwhile
+    assert values["config"]["celery_broker_transport_options"]["visibility_timeout"] >= 86400
+
+
+def test_infra_readme_names_the_pools_to_create():
+    readme = (INFRA / "README.md").read_text()
+    for tier in single_host_config().tiers:
+        assert f"airflow pools set gpu-{tier} " in readme
+    assert "gpu-worker-small.yaml" in readme and "gpu-worker-large.yaml" in readme
 
 
 def test_single_host_tokenmill_config_is_valid():
-    config = load_config(INFRA / "single-host" / "config.yaml",
-                         environ={"TOKENMILL_PG_DSN": "postgresql+psycopg://tokenmill@postgres/tokenmill"})
+    config = single_host_config()
     assert config.storage.s3_endpoint_url == "http://s3:8333" and "{date}" in config.input.uri
