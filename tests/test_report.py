@@ -42,6 +42,8 @@ def test_report_renders_offline_with_every_chart_drawn(make_config, sample_corpu
     page = build_report(config.output.uri, "report")
     assert "http://" not in page and "https://" not in page  # nothing fetched from a network
     assert 'id="unfaithful-by-tier"' in page and "No eval result" in page
+    assert 'id="engine-utilisation"' in page and "+ engine start-up and idle" in page  # the engine's start was paid
+    assert all(float(v) < 0 for v in re.findall(r'>− [^<]*</text><rect [^>]*data-value="([\d.-]+)"', page))
     html_file = tmp_path / "report.html"
     html_file.write_text(page)
 

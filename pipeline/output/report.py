@@ -336,11 +336,18 @@ def _num(v, fmt: str = "{:,.1f}") -> str:
     return "-" if v is None else fmt.format(v)
 
 
+def _model_name(model: str | None) -> str:
+    """A model as the table shows it: a local checkpoint by its folder's name (the manifest has the path)."""
+    if not model:
+        return "-"
+    return Path(model).name if model.startswith(("/", ".", "~")) else model
+
+
 def engine_section(manifest: dict) -> str:
     """Per tier, from the manifest's `engines`: engine starts, start-up, busy and idle seconds, held time
     and utilisation (busy ÷ held), next to throughput; then the job's GPU-seconds by what they bought."""
     engines = manifest.get("engines", {})
-    rows = [[tier, e.get("model") or "-", _num(e.get("workers"), "{}"), _num(e.get("starts"), "{}"),
+    rows = [[tier, _model_name(e.get("model")), _num(e.get("workers"), "{}"), _num(e.get("starts"), "{}"),
              _num(e.get("startup_seconds")), _num(e.get("busy_seconds")), _num(e.get("idle_seconds")),
              _num(e.get("held_seconds")), _num(e.get("held_gpu_seconds")), _pct(e.get("utilisation")),
              _num(e.get("output_tokens_per_second"), "{:,.0f}"), _num(e.get("failed_attempts", 0), "{}")]
