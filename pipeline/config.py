@@ -218,10 +218,10 @@ class RouteConfig(Section):
 class RequestsConfig(Section):
     """Building engine requests: render, tokenise, fit the context, order and cut into engine calls."""
 
-    items_per_engine_call: int = Field(512, gt=0, description="Items handed to one `LLM.generate` call; vLLM batches continuously inside it. Smaller calls give finer progress and cost attribution.")
+    items_per_engine_call: int = Field(512, gt=0, description="Items per `LLM.generate` call of `tokenmill eval`. Jobs do not use it: their tier workers feed vLLM's engine loop continuously (2 × `max_num_seqs` requests in flight).")
     prefix_ordering: bool = Field(True, description="Send requests sorted by their token ids, so prompts sharing a prefix (system prompt, template, few-shot examples) run back to back and hit vLLM's prefix cache. Off: input order (for comparison).")
-    long_prompt_tokens: int = Field(4096, gt=0, description="Prompts at least this long go to the engine in their own calls of at most `long_items_per_engine_call` items, so a few long prompts do not crowd the KV cache of a large batch.")
-    long_items_per_engine_call: int = Field(32, gt=0, description="Items per engine call for long prompts.")
+    long_prompt_tokens: int = Field(4096, gt=0, description="`tokenmill eval`: prompts at least this long go to the engine in their own calls of at most `long_items_per_engine_call` items. In jobs, vLLM's scheduler (`max_num_batched_tokens`) admits long prompts.")
+    long_items_per_engine_call: int = Field(32, gt=0, description="Items per engine call for long prompts (`tokenmill eval`).")
     long_documents: Literal["chunk", "quarantine"] = Field("chunk", description="A document whose prompt exceeds the tier's context: `chunk` summarises it map-reduce style (chunk summaries, then a summary of them); `quarantine` rejects it as `too_long`.")
 
 

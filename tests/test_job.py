@@ -104,20 +104,19 @@ def test_an_item_the_engine_fails_on_is_quarantined_alone(make_config, tmp_path,
     docs = [{"id": f"d{i}", "text": f"report {i} on quarterly revenue and delivery"} for i in range(12)]
     docs[5]["text"] = "POISON document that breaks the engine"
     (input_dir / "a.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
-    real_generate = VllmEngine.generate
+    real_add = VllmEngine.add
 
-    def generate(self, prompts, max_tokens, sampling):
-        tok = self.llm.get_tokenizer()
-        if any("POISON" in tok.decode(p) for p in prompts):
+    def add(self, request_id, prompt, max_tokens, sampling):  # vLLM refuses a bad request when it is added
+        if "POISON" in self.llm.get_tokenizer().decode(prompt):
             raise RuntimeError("simulated CUDA error on this item")
-        return real_generate(self, prompts, max_tokens, sampling)
+        return real_add(self, request_id, prompt, max_tokens, sampling)
 
-    monkeypatch.setattr(VllmEngine, "generate", generate)
+    monkeypatch.setattr(VllmEngine, "add", add)
     m = run_job(make_config(), job_id="poison").manifest
     quarantine = read_kind(tmp_path / "output", "quarantine", "poison")
     assert quarantine["id"].to_pylist() == ["d5"] and quarantine["reason"].to_pylist() == ["engine_error"]
     assert "simulated CUDA error" in quarantine["detail"][0].as_py()
-    assert m["counts"]["outputs"] == 11 and m["engines"]["small"]["failed_attempts"] >= 2
+    assert m["counts"]["outputs"] == 11
 
 
 def test_empty_input_folder_is_a_finished_job_with_nothing_in_it(make_config, tmp_path):

@@ -31,14 +31,17 @@ def test_one_process_runs_tier_workers_fed_from_every_partition(make_config, tmp
     pool = EnginePool(config.tiers)
     for tier in config.tiers:  # engines an earlier test left running: this job starts its own
         pool.shutdown(tier)
-    victim = "p00003"
+    seen = []
 
     def fail_one(point, job_id, partition):
-        if point == "before_generate" and partition == victim:
-            raise OSError("CPU worker lost")
+        if point == "before_generate":
+            seen.append(partition)
+            if partition == seen[min(3, len(seen) - 1)]:  # the fourth partition prepared
+                raise OSError("CPU worker lost")
 
     with faults.inject(fail_one), pytest.raises(Exception, match="1 of"):
         run_job(config, job_id="tw", pool=pool, release_engines=True)
+    victim = seen[3]
     state = StateStore(config.state.url)
     parts = {p.partition: p for p in state.partitions("tw")}
     assert len(parts) >= 8 and parts[victim].status == "failed" and "CPU worker lost" in parts[victim].last_error
@@ -89,3 +92,44 @@ def test_unit_queue_leases_and_takeover(tmp_path, postgres_url):
         # A failed key belongs to whoever tries it again.
         assert q.enqueue(job, "p2", 1, {"small": ["k2"]}) == {"p2/1/small": ["k2"]}
         assert q.depth(job)["small"]["pending"] == 1
+
+
+class SlowFailingEngine:
+    """A stand-in engine (generate only: the tier worker batches its steps): 20 ms per call, and a
+    prompt holding the POISON token ids fails even alone, after taking its share of engine time."""
+
+    poison: list[int] = []
+
+    def __init__(self, tier):
+        pass
+
+    def generate(self, prompts, max_tokens, sampling):
+        import time
+
+        from pipeline.generate.engine import Completion
+
+        time.sleep(0.02)
+        if any(self.poison and str(self.poison)[1:-1] in str(p) for p in prompts):
+            raise RuntimeError("simulated CUDA error on this item")
+        return [Completion("a summary.", len(p), 0, 3, "stop") for p in prompts]
+
+
+def test_failed_attempts_are_billed_in_the_ledger_and_it_adds_up_to_held(make_config, tmp_path):
+    import json
+
+    input_dir = tmp_path / "input"
+    input_dir.mkdir()
+    docs = [{"id": f"d{i}", "text": f"report {i} on quarterly revenue and delivery"} for i in range(12)]
+    docs[5]["text"] = "POISON document that breaks the engine"
+    (input_dir / "a.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
+    config = make_config()
+    pool = EnginePool(config.tiers, factory=SlowFailingEngine)
+    SlowFailingEngine.poison = pool.tokenizer("small")("POISON", add_special_tokens=False)["input_ids"]
+    m = run_job(config, job_id="fail", pool=pool, release_engines=True).manifest
+    ledger = read_kind(tmp_path / "output", "ledger", "fail")
+    failed = [r for r in ledger.to_pylist() if r["kind"] == "failed_attempt"]
+    assert [r["id"] for r in failed] == ["d5"] and failed[0]["busy_gpu_seconds"] > 0 and failed[0]["tenant"]
+    assert m["counts"]["outputs"] == 11 and m["counts"]["by_reason"] == {"engine_error": 1}
+    assert pc.sum(ledger["gpu_seconds"]).as_py() == pytest.approx(held_gpu_seconds(tmp_path / "state.db", "fail"),
+                                                                  rel=1e-6)
+    assert m["cost"]["gpu_seconds_by_kind"]["failed_attempt"] == pytest.approx(failed[0]["gpu_seconds"])

@@ -15,8 +15,9 @@ from typer.testing import CliRunner
 
 from pipeline.cli import app
 from pipeline.cli.jobs import summary_table
+from pipeline.output.charts import CHAR_W
 from pipeline.output.commit import new_commit_id, publish, write_files
-from pipeline.output.report import CHAR_W, build_report, savings_steps
+from pipeline.output.report import build_report, savings_steps
 from pipeline.schema import LEDGER, OUTPUTS, QUARANTINE
 from pipeline.stores import storage
 from pipeline.stores.catalog import StateStore

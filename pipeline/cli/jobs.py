@@ -109,7 +109,9 @@ def _run(cfg, job_id: Optional[str], partitions: list[str] | None, json_summary:
     for noisy in ("vllm", "transformers", "httpx", "alembic"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     try:
-        result = run_job(cfg, job_id=job_id, partitions=partitions,
+        # release_engines: each tier's engine is shut down when its drain ends (this process ends after the
+        # job), so its memory is free for the next tier and every second it was held is in the ledger.
+        result = run_job(cfg, job_id=job_id, partitions=partitions, release_engines=True,
                          progress=Progress(cfg.run.progress, cfg.run.log_every_seconds))
     except JobError as e:
         # Exit 3: stopped by a budget cap (refused, or partitions deferred); 2: any other failure.

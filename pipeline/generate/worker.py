@@ -108,8 +108,11 @@ class TierWorker:
         self.report = report = WorkerReport(self.tier)
         c, tier = self.config, self.config.tiers[self.tier]
         lease, poll = c.state.lease_seconds, c.state.wait_seconds
-        if not self.claimable() and not self.more_may_come():
-            return report  # nothing for this tier: no engine start, no session
+        # The engine starts only once there is a unit to run: a tier waiting for escalations holds no GPU.
+        while not self.claimable():
+            if not self.more_may_come():
+                return report  # nothing for this tier: no engine start, no session
+            time.sleep(poll)
         engine = self.pool.running(self.tier)
         if engine is None:
             engine = self.pool.engine(self.tier)
@@ -165,8 +168,9 @@ class TierWorker:
         return self.queue.claim(self.job_id, self.tier, self.worker, sid, self.config.state.lease_seconds)
 
     def claimable(self) -> bool:
-        depth = self.queue.depth(self.job_id).get(self.tier, {})
-        return bool(depth.get("pending") or depth.get("leased"))  # a leased unit may come back when its lease ends
+        # Units other live workers hold are theirs: should one die, its units are claimable once its lease
+        # ends, by whichever worker of the tier runs then (a retried task, a rerun, a waiting commit).
+        return self.queue.claimable(self.job_id, self.tier) > 0
 
     def start(self, unit: WorkUnit, steps, sid: str, report: WorkerReport) -> None:
         rows = self.load(unit)

@@ -102,6 +102,14 @@ class Generation:
             if not self.set_generation(partition, state.wave, "generating", expect=(p.wave, "generating")):
                 return  # another worker derived this wave first (the same wave: its units are the same)
 
+    def still_generating(self, partition: str) -> bool:
+        """True while the partition's generation can still move: after deriving what it can, it is generating
+        and the job has units pending or leased (its own, or the other partitions' it waits for)."""
+        self.safe(self.advance, partition)
+        p = self.job.state_partition(partition)
+        depth = self.queue.depth(self.job_id)
+        return p.generation == "generating" and any(d.get(s) for d in depth.values() for s in UNFINISHED)
+
     def set_generation(self, partition: str, wave: int, status: str, expect: tuple[int, str] | None = None) -> bool:
         where = [Partition.job_id == self.job_id, Partition.partition == partition]
         if expect is not None:
@@ -159,13 +167,19 @@ class Generation:
         self.job.progress.advance(usd=sum(
             i["gpu_seconds"] * self.config.tiers[i["tier"]].price_per_gpu_hour / 3600 for i in items.values()))
 
+    def release_gone(self) -> bool:
+        """Make the units of provably gone workers claimable now; True when there were any."""
+        gone = self.queue.release_gone(self.job_id)
+        for unit in gone:
+            log.warning("work unit %s: its holder %s is gone (no such process on this host); taking it over now "
+                        "instead of when its lease ends", unit.unit_id, unit.worker)
+        return bool(gone)
+
     def drain(self, tier: str, release: bool = False) -> WorkerReport:
         """Run one tier worker for this job until its tier has no unit left or to come."""
         job, c = self.job, self.config
         cache_on = c.cache.enabled and not job.cache.bypassed
-        for unit in self.queue.release_gone(self.job_id):
-            log.warning("work unit %s: its holder %s is gone (no such process on this host); taking it over now "
-                        "instead of when its lease ends", unit.unit_id, unit.worker)
+        self.release_gone()
 
         def cache_put(by_scope: dict[str, dict]) -> None:
             if cache_on:
@@ -205,12 +219,14 @@ class Generation:
         for sid, share in shares.items():
             if share.lost <= 0:
                 continue
-            touched = [u for u in units if u.lost_session == sid] or [u for u in units if u.session_id == sid]
+            # Whose work died with it: units taken over from it, else its own, else (it claimed none) every unit.
+            touched = [u for u in units if u.lost_session == sid] or [u for u in units if u.session_id == sid] or units
             total = sum(u.requests for u in touched)
             mine = sum(u.requests for u in touched if u.partition == partition)
             if total and mine:
                 out.append({"partition": partition, "session_id": sid, "kind": "lost", "id": None, "tenant": None,
-                            "tier": touched[0].tier, "busy_gpu_seconds": share.lost * mine / total,
+                            "tier": next(s.tier for s in self.queue.sessions(self.job_id) if s.session_id == sid),
+                            "busy_gpu_seconds": share.lost * mine / total,
                             "overhead_gpu_seconds": 0.0})
         return out
 

@@ -171,25 +171,33 @@ class Job:
             self.generation.fail(partition, f"prepare: {reason}")
 
     def commit_all(self, forced: list[str]) -> None:
-        """Commit every partition left, waiting for (or taking over from) other workers holding one."""
+        """Commit every partition left, waiting for (or taking over from) other workers holding one, or
+        still generating one: work units that become claimable meanwhile (a dead worker's) are drained here."""
         tried: set[str] = set()
         while True:
             todo = [p for p in self.state.partitions(self.job_id) if p.partition not in tried
                     and (p.status in RUNNABLE or p.partition in forced)]
             if not todo:
                 return
-            claimed_any = False
+            claimed_any, generating = False, []
             for p in todo:
+                if p.generation == "generating" and self.generation.still_generating(p.partition):
+                    generating.append(p)
+                    continue
                 run = PartitionRun(self, p.partition)
                 if run.claim(force=p.partition in forced):
                     claimed_any = True
                     tried.add(p.partition)
                     run.run()
-            if not claimed_any:
-                if all(p.status != "running" for p in todo):
-                    return  # only failed partitions this run already tried, or none left
-                if not self.take_over_gone_holders(todo):
-                    time.sleep(self.config.state.wait_seconds)  # others hold them; their leases tell
+            if claimed_any:
+                continue
+            if generating and (self.generation.release_gone() or self.generation.queue.claimable(self.job_id)):
+                for tier in self.drain_order():
+                    self.generation.drain(tier)
+            elif all(p.status != "running" for p in todo) and not generating:
+                return  # only failed partitions this run already tried, or none left
+            elif not self.take_over_gone_holders(todo):
+                time.sleep(self.config.state.wait_seconds)  # others hold them; their leases tell
 
     def take_over_gone_holders(self, held: list) -> bool:
         """Release the claims of holders provably gone (True: claim again at once); say who holds the rest.

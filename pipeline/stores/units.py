@@ -223,6 +223,15 @@ class UnitQueue:
                           .values(lease_expires_at=t - timedelta(seconds=1)))
         return gone
 
+    def claimable(self, job_id: str, tier: str | None = None) -> int:
+        """Units a worker could claim now (pending, or leased with an expired lease), of `tier` or any."""
+        t = self.state.db_now()
+        with self.session() as s:
+            q = select(func.count()).select_from(WorkUnit).where(
+                WorkUnit.job_id == job_id, (WorkUnit.status == "pending")
+                | ((WorkUnit.status == "leased") & (WorkUnit.lease_expires_at < t)))
+            return int(s.execute(q if tier is None else q.where(WorkUnit.tier == tier)).scalar_one())
+
     def renew(self, job_id: str, session_id: str, lease_seconds: float) -> None:
         t = self.state.db_now()
         with self.session() as s, s.begin():
