@@ -82,13 +82,13 @@ def test_dag_runs_end_to_end_then_a_failed_partition_reruns_alone(dag, tmp_path,
     assert states[("summary", None)] == "success" and states[("outcome", None)] == "failed"
     state = StateStore(f"sqlite:///{tmp_path}/state.db")
     before = {p.partition: (p.status, p.attempts) for p in state.partitions(job_id)}
-    assert before[victim["p"]] == ("failed", 1)
+    assert before[victim["p"]] == ("failed", 0)  # failed in prepare: never claimed for a commit
 
     # The worker is back; Airflow runs the date again (dag.test clears the run's task instances).
     run = dag.test(logical_date=day, run_conf=conf)
     assert run.state == "success"
     after = {p.partition: (p.status, p.attempts) for p in state.partitions(job_id)}
-    assert after[victim["p"]] == ("succeeded", 2)
+    assert after[victim["p"]] == ("succeeded", 1)
     assert all(after[p] == before[p] for p in before if p != victim["p"])  # committed partitions: not re-run
     assert_exactly_once(tmp_path / "output", job_id, counts, tmp_path / "state.db")
 

@@ -181,6 +181,9 @@ class Job:
                 return
             claimed_any, generating = False, []
             for p in todo:
+                if p.generation == "failed":  # failed before the GPU (its prepare): it says why; prepare it again
+                    tried.add(p.partition)
+                    continue
                 if p.generation == "generating" and self.generation.still_generating(p.partition):
                     generating.append(p)
                     continue
@@ -237,6 +240,8 @@ class Job:
         p = self.state_partition(partition)
         if p is None:
             raise JobError(f"job {self.job_id} has no partition {partition}")
+        if p.generation == "failed" and p.status != "succeeded":
+            raise JobError(f"partition {partition}: {p.last_error}")
         if p.status != "succeeded":
             run = PartitionRun(self, partition)
             if not run.claim() and not (worker_is_gone(p.worker)
