@@ -129,9 +129,8 @@ def test_tier_worker_killed_mid_drain_rerun_takes_over_without_paying_twice(make
 
 def test_two_workers_on_one_job_process_each_partition_once(tiny_models, tmp_path):
     counts = write_sample_corpus(tmp_path / "input", documents=40)
-    # Small partitions (about 15) so that both workers get some: each claims the next free one in the same
-    # order, and one partition's run is far shorter than the other worker's start. This cannot be forced
-    # without slowing a worker down, so should one ever do everything, the message says so.
+    # Small partitions (about 15), both workers on them at once: each partition is committed once, by one of
+    # them, every record is accounted once and nothing is paid twice, whoever did what.
     env = cli_env(tiny_models, tmp_path, run__progress="off", input__records_per_partition=4)
     procs = [start_cli(["run", "--config", str(TINY_CONFIG), "--job-id", "twice"], env) for _ in range(2)]
     results = [p.communicate(timeout=600) for p in procs]
@@ -142,9 +141,9 @@ def test_two_workers_on_one_job_process_each_partition_once(tiny_models, tmp_pat
         committed_by = dict(c.execute("select worker, count(*) from partitions where job_id='twice' group by worker"))
         drained_by = dict(c.execute("select worker, count(*) from work_units where job_id='twice' group by worker"))
     workers = {f"{socket.gethostname()}:{p.pid}" for p in procs}
-    # Both did work: generating units or committing partitions (whichever engine is up first takes the units
-    # it can keep in flight; the other commits what is generated).
-    assert set(committed_by) | set(drained_by) == workers, (committed_by, drained_by)
+    # Whichever worker's engine is up first takes the units it can keep in flight (2 x max_num_seqs, here
+    # every one) and may commit them all before the other looks: that one then has nothing to do.
+    assert set(committed_by) | set(drained_by) <= workers, (committed_by, drained_by)
     assert scalar(db, "select count(*) from work_units where job_id='twice' and status != 'done'") == 0
     assert_exactly_once(tmp_path / "output", "twice", counts, db)  # and the ledger charges what the catalog paid
 
@@ -254,7 +253,10 @@ def test_state_database_outage_mid_job_leaves_no_partition_running_forever(make_
         paid = s.execute(text("select count(*), coalesce(sum(gpu_seconds), 0) from items where job_id='dbdown'")).one()
     ledger = read_kind(tmp_path / "output", "ledger", "dbdown")
     outputs = read_kind(tmp_path / "output", "outputs", "dbdown")
-    assert len(set(outputs["id"].to_pylist())) == outputs.num_rows == ledger.num_rows
-    generated = [r for r in ledger.to_pylist() if r["source"] == "generated"]
-    assert len(generated) == paid[0] and sum(r["gpu_seconds"] for r in generated) == pytest.approx(paid[1])
+    served = ledger.filter(pc.equal(ledger["kind"], "output"))
+    assert len(set(outputs["id"].to_pylist())) == outputs.num_rows == served.num_rows
+    generated = [r for r in served.to_pylist() if r["source"] == "generated"]
+    assert len(generated) == paid[0] and sum(r["busy_gpu_seconds"] for r in generated) == pytest.approx(paid[1])
+    # The worker cut off mid-drain never closed its engine session: its unstored work is billed as lost.
+    assert set(ledger["kind"].to_pylist()) <= {"output", "lost"}
     proxy.close()
