@@ -71,14 +71,14 @@ def test_a_worker_stopped_past_its_lease_commits_nothing(make_config, tiny_model
     quarantined = con.execute("SELECT count(*) FROM quarantine").fetchone()[0]
     assert len(ids) == len(set(ids)) and len(ids) + quarantined == counts["documents"] + counts["bad_records"]
     # One charge: the ledger holds what the catalog's items cost, once.
-    ledger_gpu = con.execute("SELECT sum(gpu_seconds) FROM ledger").fetchone()[0]
+    ledger_busy = con.execute("SELECT sum(busy_gpu_seconds) FROM ledger").fetchone()[0]
     with state.session() as s:
         from sqlalchemy import func, select
 
         from pipeline.stores.catalog import Item
 
         items_gpu = s.execute(select(func.sum(Item.gpu_seconds)).where(Item.job_id == "fenced")).scalar()
-    assert ledger_gpu == pytest.approx(items_gpu, rel=1e-9)
+    assert ledger_busy == pytest.approx(items_gpu, rel=1e-9)
     # Nothing of the stale attempt is left in the partition's folders: one file each, the committed one.
     record = json.loads((tmp_path / "output" / "_commits" / "job=fenced" / f"partition={victim}.json").read_text())
     for kind in ("outputs", "ledger", "quarantine"):

@@ -111,7 +111,7 @@ def test_store_outage_fails_only_that_partition_and_the_rerun_pays_nothing_twice
     ledger = read_s3_kind(s3_client, buckets[1], "tokenmill", "ledger", "outage")
     assert len(set(outputs["id"].to_pylist())) == outputs.num_rows == ledger.num_rows
     assert outputs.num_rows + m["counts"]["quarantined"] == counts["documents"] + counts["bad_records"]
-    assert sum(ledger["gpu_seconds"].to_pylist()) == pytest.approx(items_before[1])
+    assert sum(ledger["busy_gpu_seconds"].to_pylist()) == pytest.approx(items_before[1])
 
 
 def test_large_objects_go_up_as_multipart(s3_server, s3_client, buckets):

@@ -161,8 +161,9 @@ class TierWorker:
         return report
 
     def fill(self) -> int:
-        # Twice the scheduler's batch: as requests finish, the next ones are already waiting in vLLM.
-        return 2 * self.config.tiers[self.tier].vllm.max_num_seqs
+        # Twice the scheduler's batch: as requests finish, the next ones are already waiting in vLLM. Under
+        # a budget cap, one unit at a time: each is admitted knowing what the ones before it cost.
+        return 1 if self.config.budget.active else 2 * self.config.tiers[self.tier].vllm.max_num_seqs
 
     def claim(self, sid: str) -> WorkUnit | None:
         return self.queue.claim(self.job_id, self.tier, self.worker, sid, self.config.state.lease_seconds)

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
@@ -198,15 +199,32 @@ class Generation:
         return worker.drain()
 
     # -- what the engines' held time comes to, per partition ------------------------------------------
-    def shares(self) -> dict:
-        """Per engine session of this job: how its held GPU-seconds are shared (pricing.session_shares).
-        A session is stale (its worker died) when it is still open and its renewal is over a lease old, or
+    def stale(self):
+        """A session is stale (its worker died) when it is still open and its renewal is over a lease old, or
         its worker is provably gone."""
-        lease = self.config.state.lease_seconds
-        t = self.job.state.db_now()
+        lease, t = self.config.state.lease_seconds, self.job.state.db_now()
+        return lambda s: s.status != "closed" and ((t - s.heartbeat_at).total_seconds() > lease
+                                                   or worker_is_gone(s.worker))
+
+    def wait_for_engines(self, still_held) -> None:
+        """Wait while another worker's engine session of this job is open: the start-up and idle time a
+        commit shares into its ledger must be final. `still_held()`: False once this commit's claim is lost."""
+        announced = False
+        while still_held():
+            stale = self.stale()
+            live = [s for s in self.queue.sessions(self.job_id) if s.status != "closed" and not stale(s)]
+            if not live:
+                return
+            if not announced:
+                log.info("commit waits for %d engine sessions of this job to close (%s)", len(live),
+                         ", ".join(s.session_id for s in live))
+                announced = True
+            time.sleep(self.config.state.wait_seconds)
+
+    def shares(self) -> dict:
+        """Per engine session of this job: how its held GPU-seconds are shared (pricing.session_shares)."""
         return session_shares(self.queue.sessions(self.job_id), self.queue.recorded_by_session(self.job_id),
-                              lambda s: s.status != "closed" and ((t - s.heartbeat_at).total_seconds() > lease
-                                                                  or worker_is_gone(s.worker)))
+                              self.stale())
 
     def charges(self, partition: str, shares: dict) -> list[dict]:
         """This partition's GPU time no output carries: its failed attempts, with their overhead share, and

@@ -106,6 +106,7 @@ class PartitionRun:
             raise JobError(f"partition {partition} is not generated yet ({p.generation or 'not prepared'}; "
                            f"{len(waiting)} work units unfinished): run its tier workers, then commit again"
                            if p.generation != "failed" else f"partition {partition}: {p.last_error}")
+        generation.wait_for_engines(lambda: not beat.lost)
         records = job.staging.read(partition, "records")
         quarantine = job.staging.read(partition, "quarantine")
         state = generation.state(partition, p.wave)
