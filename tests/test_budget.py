@@ -104,5 +104,6 @@ def test_plan_estimates_then_learns_from_ledgers(make_config, sample_corpus, tin
     assert after["to_generate"] == small["items"] == len(ledger)
     assert small["est_output_tokens"] == pytest.approx(sum(r["output_tokens"] for r in ledger), rel=1e-9)
     assert small["prompt_tokens"] == pytest.approx(sum(r["prompt_tokens"] for r in ledger), rel=0.02)
-    # Within 2% of what it cost; "errs high" is not a promise the ledger rate keeps (issue 19 reworks this).
-    assert after["est_usd"] == pytest.approx(actual, rel=0.02)
+    # Near what it cost: the ledger's rate now carries start-up and idle, shared by busy time, not by token
+    # weight, so "errs high" is no longer a promise (issue 19 makes the estimate follow the run's own path).
+    assert after["est_usd"] == pytest.approx(actual, rel=0.15)
