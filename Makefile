@@ -69,6 +69,7 @@ bench: models
 	$(PY) benchmarks/cost_levers.py
 	$(PY) benchmarks/prefix_cache.py
 	$(PY) benchmarks/quality.py
+	$(PY) benchmarks/gpu_utilization.py
 
 # Quality before a lever: the hold-out set of this machine's real text, then every tier and policy on it.
 data/holdout.jsonl: $(STAMP)
