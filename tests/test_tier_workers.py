@@ -92,6 +92,16 @@ def test_unit_queue_leases_and_takeover(tmp_path, postgres_url):
         # A failed key belongs to whoever tries it again.
         assert q.enqueue(job, "p2", 1, {"small": ["k2"]}) == {"p2/1/small": ["k2"]}
         assert q.depth(job)["small"]["pending"] == 1
+        # ... even the unit that ran it: p1 prepared again makes its done unit pending again for k2.
+        q.set_keys(job, {"k2": ("failed", "engine_error", "boom")})
+        assert q.withdraw(job, "p1") == 1  # p1/0/large, never claimed
+        assert q.enqueue(job, "p1", 0, {"small": ["k1", "k2"]}) == {"p1/0/small": ["k2"]}  # k1 is done
+        assert [u.status for u in q.units(job, "p1") if u.tier == "small"] == ["pending"]
+        # A key whose owner was withdrawn is free for the partition still waiting on it.
+        q.enqueue(job, "p3", 0, {"large": ["k9"]})
+        q.enqueue(job, "p4", 0, {"large": ["k9"]})
+        q.withdraw(job, "p3")
+        assert q.enqueue(job, "p4", 0, {"large": ["k9"]}) == {"p4/0/large": ["k9"]}
 
 
 class SlowFailingEngine:

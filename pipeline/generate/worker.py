@@ -93,6 +93,7 @@ class TierWorker:
     load: Callable[[WorkUnit], list[dict]]
     on_unit_done: Callable[[WorkUnit], None]
     more_may_come: Callable[[], bool]
+    on_unit_failed: Callable[[WorkUnit, str], None]
     store: Callable[[dict[str, dict], dict[str, Failure]], None]  # (items by key, failures by key)
     admit: Callable[[list[dict]], bool] = lambda rows: True
     cache_put: Callable[[dict[str, dict]], None] = lambda by_scope: None
@@ -174,7 +175,12 @@ class TierWorker:
         return self.queue.claimable(self.job_id, self.tier) > 0
 
     def start(self, unit: WorkUnit, steps, sid: str, report: WorkerReport) -> None:
-        rows = self.load(unit)
+        try:
+            rows = self.load(unit)
+        except Exception as e:  # e.g. its staged requests unreadable: that partition fails, the others go on
+            self.on_unit_failed(unit, f"{type(e).__name__}: {e}")
+            self.queue.finish(self.job_id, unit)
+            return
         if rows and not self.admit(rows):
             self.queue.finish(self.job_id, unit, "deferred")
             log.warning("tier %s: unit %s deferred at a budget cap", self.tier, unit.unit_id)
@@ -249,9 +255,10 @@ class TierWorker:
             if p.completion is None:  # failed even alone: its share of the engine's time is a failed attempt
                 failed[f.row["unit"]["item_key"]] = Failure("engine_error", p.error, f.unit, f.row["unit"], f.seconds * gpus)
         self.recorded += sum(f.seconds for _, f in done)
-        self.store(items, failed)
-        # Renewed with every store, so that a worker killed now leaves figures that add up (pricing.session_shares).
+        # Renewed before every store, so that a worker killed at any point leaves figures that add up: what it
+        # measured but did not store is lost work, never more than it held (pricing.session_shares).
         self.queue.beat_session(self.session_id, self.report.busy_seconds, self.report.idle_seconds, self.recorded)
+        self.store(items, failed)
         self.cache_put(by_scope)
         for _, f in done:
             self.remaining[f.unit.unit_id] -= 1
@@ -260,8 +267,9 @@ class TierWorker:
 
     def done(self, unit: WorkUnit) -> None:
         del self.remaining[unit.unit_id]
-        if self.queue.finish(self.job_id, unit):
-            self.on_unit_done(unit)
-        else:
+        # The next wave first, then the unit: a worker of the tier it feeds that sees no unfinished unit here
+        # has seen that wave enqueued.
+        self.on_unit_done(unit)
+        if not self.queue.finish(self.job_id, unit):
             log.warning("tier %s: unit %s was taken over by another worker; its items are stored, not committed here",
                         self.tier, unit.unit_id)

@@ -20,12 +20,14 @@ from typing import TYPE_CHECKING
 
 import pyarrow as pa
 from sqlalchemy import update
+from sqlalchemy.exc import OperationalError
 
+from pipeline.generate.engine import EngineDeadError
 from pipeline.generate.pricing import session_shares
 from pipeline.generate.waves import WavePlanner, WaveState, partition_keys
 from pipeline.generate.worker import Failure, TierWorker, WorkerReport
 from pipeline.stores import storage
-from pipeline.stores.catalog import Partition
+from pipeline.stores.catalog import ItemsRefused, Partition, StateError
 from pipeline.stores.units import UNFINISHED, UnitQueue, WorkUnit, worker_is_gone
 
 if TYPE_CHECKING:
@@ -89,7 +91,11 @@ class Generation:
                 return
             state = self.state(partition, p.wave)
             keys = self.queue.key_states(self.job_id, state.waiting)
-            if any(k not in keys or keys[k].state not in ("done", "failed") for k in state.waiting):
+            missing = [k for k in state.waiting if k not in keys]
+            if missing:  # the partition that owned them was prepared again or failed: this one enqueues them
+                self.enqueue_again(partition, state.wave, set(missing))
+                return
+            if any(keys[k].state not in ("done", "failed") for k in state.waiting):
                 return  # still generating (here, or in the partition that enqueued the key first)
             records = self.job.staging.read(partition, "records")
             items = self.job.lookup.stored(partition_keys(records, state))
@@ -110,6 +116,18 @@ class Generation:
         p = self.job.state_partition(partition)
         depth = self.queue.depth(self.job_id)
         return p.generation == "generating" and any(d.get(s) for d in depth.values() for s in UNFINISHED)
+
+    def enqueue_again(self, partition: str, wave: int, keys: set[str]) -> None:
+        """Enqueue keys this partition's wave waits for that no unit owns any more (its staged requests hold
+        every key it asked for, owned or not)."""
+        for tier in self.config.tiers:
+            try:
+                staged = self.job.staging.read(partition, f"wave-{wave}-{tier}")
+            except storage.StorageError:
+                continue
+            mine = [k for k in staged["item_key"].to_pylist() if k in keys]
+            if mine:
+                self.queue.enqueue(self.job_id, partition, wave, {tier: mine})
 
     def set_generation(self, partition: str, wave: int, status: str, expect: tuple[int, str] | None = None) -> bool:
         where = [Partition.job_id == self.job_id, Partition.partition == partition]
@@ -136,7 +154,9 @@ class Generation:
     def safe(self, step, partition: str) -> None:
         try:
             step(partition)
-        except (storage.StorageError, KeyError, ValueError) as e:
+        except (OperationalError, StateError, EngineDeadError):
+            raise  # every partition would fail the same way
+        except Exception as e:  # this partition's generation cannot go on; the others can
             log.error("partition %s: generation failed: %s", partition, e)
             self.fail(partition, f"generation: {type(e).__name__}: {e}")
 
@@ -152,12 +172,18 @@ class Generation:
 
     def store(self, items: dict[str, dict], failed: dict[str, Failure]) -> None:
         if items:
-            self.job.state.store_items(self.job_id, items)
+            try:
+                self.job.state.store_items(self.job_id, items)
+            except ItemsRefused as e:  # the others are stored (paid, kept); the refused ones fail their partitions
+                for key in e.refused:
+                    self.fail(items[key]["partition"], f"ItemsRefused: {e}")
+                failed = failed | {k: Failure("engine_error", e.refused[k], None, {}) for k in e.refused}
+                items = {k: v for k, v in items.items() if k not in e.refused}
         self.queue.add_charges(self.job_id, [
             {"charge_id": f"{f.unit.unit_id}/{f.unit.epoch}/{key}", "partition": f.unit.partition,
              "session_id": f.unit.session_id, "kind": "failed_attempt", "id": f.request_unit.get("record_id", f.request_unit["id"]),
              "tenant": f.request_unit["tenant"], "tier": f.unit.tier, "gpu_seconds": f.gpu_seconds}
-            for key, f in failed.items() if f.gpu_seconds > 0])
+            for key, f in failed.items() if f.gpu_seconds > 0 and f.unit is not None])
         states = {k: ("done", None, None) for k in items}
         states |= {k: ("failed", f.reason, f.detail) for k, f in failed.items()}
         self.queue.set_keys(self.job_id, states)
@@ -195,6 +221,7 @@ class Generation:
 
         worker = TierWorker(c, tier, self.job_id, self.queue, job.pool, job.worker, self.load,
                             lambda unit: self.safe(self.advance, unit.partition), lambda: self.more_may_come(tier),
+                            lambda unit, error: self.fail(unit.partition, f"generation: {error}"),
                             self.store, admit, cache_put, job.cache_status(), release)
         return worker.drain()
 

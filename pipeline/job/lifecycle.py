@@ -100,6 +100,7 @@ class Job:
         self.budget = BudgetGuard(config, state, job_id)
         self._cache: ResilientStore | None = None
         self.announced: set[tuple] = set()  # (partition, holder, lease end) already said to be waited for
+        self.release_engines = False  # shut each tier's engine down when its drain ends (run())
 
     @classmethod
     def open(cls, config: TokenmillConfig, job_id: str, pool: EnginePool | None = None,
@@ -144,6 +145,7 @@ class Job:
             self.check_budget([p.partition for p in to_run])
         self.state.set_job(self.job_id, status="running", started_at=now(), finished_at=None, error=None)
         self.progress.start(sum(p.records for p in to_run))
+        self.release_engines = release_engines
         try:
             for p in to_run:
                 if p.status != "running" or p.partition in forced:
@@ -196,7 +198,7 @@ class Job:
                 continue
             if generating and (self.generation.release_gone() or self.generation.queue.claimable(self.job_id)):
                 for tier in self.drain_order():
-                    self.generation.drain(tier)
+                    self.generation.drain(tier, release=self.release_engines)
             elif all(p.status != "running" for p in todo) and not generating:
                 return  # only failed partitions this run already tried, or none left
             elif not self.take_over_gone_holders(todo):

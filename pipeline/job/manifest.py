@@ -38,7 +38,7 @@ def partition_counts(outputs: pa.Table, ledger: pa.Table, quarantine: pa.Table, 
     for tier, e in engines.items():
         e["decode_steps_estimate"] = decode_steps(e["items"], e["output_tokens"] / e["items"],
                                                   config.tiers[tier].vllm.max_num_seqs)
-    kinds = ledger.filter(pc.is_in(ledger["kind"], pa.array(["failed_attempt", "lost"])))
+    kinds = ledger.filter(pc.equal(ledger["kind"], "failed_attempt"))
     for tier in set(kinds["tier"].to_pylist()):
         e = engines.setdefault(tier, {"items": 0, "output_tokens": 0, "uncached_prompt_tokens": 0,
                                       "busy_gpu_seconds": 0.0, "decode_steps_estimate": 0})

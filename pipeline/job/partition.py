@@ -97,9 +97,10 @@ class PartitionRun:
         p = job.state_partition(partition)
         if p.generation != "generated":
             units = generation.queue.units(self.job_id, partition)
-            deferred = [u for u in units if u.status == "deferred"]
+            # Its own units, or those of another partition it waits on: any unit of the job a cap held back.
+            deferred = [u for u in generation.queue.units(self.job_id) if u.status == "deferred"]
             if deferred:
-                raise BudgetReached(f"budget reached before {len(deferred)} work units of this partition "
+                raise BudgetReached(f"budget reached before {len(deferred)} work units of this job "
                                     f"({sum(u.requests for u in deferred)} requests) could run: {job.budget.reason or 'a cap'}; "
                                     "what was generated is kept and not paid again")
             waiting = [u for u in units if u.status in ("pending", "leased")]

@@ -156,10 +156,14 @@ class UnitQueue:
                               .values(unit_id=uid, state="pending", reason=None, detail=None))
                 mine = self._owned(s, job_id, uid)
                 owned[uid] = mine
-                if mine:
-                    s.execute(self._insert(WorkUnit).on_conflict_do_nothing(index_elements=["job_id", "unit_id"]),
-                              [{"job_id": job_id, "unit_id": uid, "partition": partition, "tier": tier, "wave": wave,
-                                "requests": len(mine), "status": "pending", "epoch": 0, "created_at": t}])
+                if mine:  # a unit that ran before (its failed keys are enqueued again) is pending again
+                    insert = self._insert(WorkUnit)
+                    s.execute(insert.on_conflict_do_update(
+                        index_elements=["job_id", "unit_id"],
+                        set_={"status": "pending", "requests": len(mine), "finished_at": None, "lease_expires_at": None},
+                        where=WorkUnit.status.in_(("done", "deferred"))),
+                        [{"job_id": job_id, "unit_id": uid, "partition": partition, "tier": tier, "wave": wave,
+                          "requests": len(mine), "status": "pending", "epoch": 0, "created_at": t}])
         return owned
 
     @staticmethod
