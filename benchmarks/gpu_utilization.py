@@ -21,8 +21,10 @@ Printed per tier and shape (from the manifest's `engines`): engine starts, held 
 engine-seconds, utilisation = busy / held, and the ratio of held engine-seconds (a)/(b). Targets, for
 (b): each engine starts once per worker; idle after start-up <= 5% of held; the ledger's gpu_seconds
 add up to sum(held x GPUs) within 1e-6 relative; and (a) holds the engines >= 3x as long as (b).
-A table, then one JSON line. Engine: the tiny random-weight models on the CPU (seconds to start), so
-the start-up share is far below a real GPU model's (minutes), and the ratio with it.
+Idle includes the engine's teardown: a worker holds its engine until its memory is free again (vLLM
+on the CPU takes about 5 s to stop), so it weighs more on a short run. A table, then one JSON line.
+Engine: the tiny random-weight models on the CPU; a real model on a GPU starts in minutes, not tens
+of seconds, so there start-up weighs more in (a) and the ratio grows.
 Usage: python benchmarks/gpu_utilization.py [--documents 3000] [--partitions 30] [--lock PATH]
 """
 
