@@ -144,6 +144,16 @@ class SamplingConfig(Section):
         return self
 
 
+class SpeculativeConfig(Section):
+    """vLLM's `speculative_config`, by its names; unset fields keep vLLM's defaults (checked at job start: docs/ops.md)."""
+
+    method: str | None = Field(None, description="`ngram` (prompt lookup, no draft model), `draft_model`, `eagle`, `eagle3`, `mtp`, `medusa`, ...")
+    num_speculative_tokens: int | None = Field(None, ge=1, description="Tokens proposed per step (e.g. 4).")
+    prompt_lookup_max: int | None = Field(None, ge=1, description="`ngram`: longest n-gram looked up in the prompt.")
+    prompt_lookup_min: int | None = Field(None, ge=1, description="`ngram`: shortest n-gram looked up in the prompt.")
+    model: str | None = Field(None, description="Draft model (or head) checkpoint, for `draft_model`, `eagle`, `medusa`.")
+
+
 class VllmArgs(Section):
     """vLLM engine arguments, by vLLM's own names; None leaves vLLM's default."""
 
@@ -152,18 +162,17 @@ class VllmArgs(Section):
     max_num_batched_tokens: int | None = Field(None, description="Token budget per engine step (prefill chunking).")
     gpu_memory_utilization: float | None = Field(None, gt=0, le=1, description="Share of GPU memory vLLM may take (GPU only).")
     enable_prefix_caching: bool | None = Field(True, description="Reuse KV blocks of shared prompt prefixes (system prompt, template).")
-    kv_cache_dtype: str | None = Field(None, description="e.g. `fp8` to halve KV-cache memory on GPUs that support it.")
-    quantization: str | None = Field(None, description="e.g. `fp8`, `awq`, `gptq`, `compressed-tensors`.")
+    kv_cache_dtype: str | None = Field(None, description="e.g. `fp8` to halve KV-cache memory (GPUs; CPUs with AVX-512 or AMX and a head size divisible by 32).")
+    quantization: str | None = Field(None, description="Online method, e.g. `fp8` (GPU only); unset for a pre-quantised checkpoint (vLLM reads its method from config.json).")
     tensor_parallel_size: int | None = Field(None, ge=1, description="GPUs one engine spans.")
     dtype: str | None = Field(None, description="Weights dtype; `float32` on CPUs (auto picks bf16, slower there).")
     enforce_eager: bool | None = Field(None, description="Skip CUDA graphs / torch.compile (faster start, CPU default).")
     seed: int | None = Field(0, description="Engine seed.")
-    extra: dict[str, Any] = Field(default_factory=dict, description="Any other vLLM `LLM(...)` argument, passed through as is (e.g. `speculative_config`).")
+    speculative_config: SpeculativeConfig | None = Field(None, description="Speculative decoding, e.g. `{method: ngram, num_speculative_tokens: 4, prompt_lookup_max: 4, prompt_lookup_min: 2}`.")
+    extra: dict[str, Any] = Field(default_factory=dict, description="Any other vLLM `LLM(...)` argument, passed through as is.")
 
     def engine_kwargs(self) -> dict[str, Any]:
-        kwargs = self.model_dump(exclude_none=True, exclude={"extra"})
-        kwargs.update(self.extra)
-        return kwargs
+        return {**self.model_dump(exclude_none=True, exclude={"extra"}), **self.extra}
 
 
 class TierConfig(Section):
@@ -262,6 +271,13 @@ class RunConfig(Section):
     tier_workers: dict[str, Annotated[int, Field(ge=1, le=64)]] = Field(default_factory=dict, description="GPU worker tasks per tier in the Airflow DAG (`drain_<tier>`, each on queue and pool `gpu-<tier>`); a tier not named gets one. Each worker starts its tier's engine once and drains that tier's work units from every partition.")
 
 
+class TenantConfig(Section):
+    """One tenant's own settings."""
+
+    adapter: str | None = Field(None, description="LoRA adapter folder (peft format) for this tenant's requests on `adapter_tier`, served in the tier's engine beside the other tenants' adapters. Part of the item key: an output made with it is never reused for another adapter or the base model.")
+    adapter_tier: str | None = Field(None, description="The tier whose base model the adapter was trained on; unset: `route.default_tier`. On other tiers this tenant's requests run the base model.")
+
+
 class TokenmillConfig(Section):
     input: InputConfig = Field(default_factory=InputConfig)
     output: OutputConfig = Field(default_factory=OutputConfig)
@@ -277,6 +293,7 @@ class TokenmillConfig(Section):
     budget: BudgetConfig = Field(default_factory=BudgetConfig)
     state: StateConfig = Field(default_factory=StateConfig)
     run: RunConfig = Field(default_factory=RunConfig)
+    tenants: dict[str, TenantConfig] = Field(default_factory=dict, description="Per-tenant settings, by tenant name.")
 
     @model_validator(mode="before")
     @classmethod
@@ -294,7 +311,8 @@ class TokenmillConfig(Section):
         if not self.tiers:
             raise ValueError("tiers: at least one tier is required")
         named = {"route.default_tier": self.route.default_tier, "route.escalation.to_tier": self.route.escalation.to_tier,
-                 **{f"route.rules[{r.name}].tier": r.tier for r in self.route.rules}}
+                 **{f"route.rules[{r.name}].tier": r.tier for r in self.route.rules},
+                 **{f"tenants.{n}.adapter_tier": t.adapter_tier for n, t in self.tenants.items()}}
         for where, tier in named.items():
             if tier is not None and tier not in self.tiers:
                 raise ValueError(f"{where} {tier!r} is not one of tiers {sorted(self.tiers)}")
@@ -305,6 +323,21 @@ class TokenmillConfig(Section):
         """Where low-confidence outputs are generated again; None when escalation is off."""
         e = self.route.escalation
         return (e.to_tier or self.largest_tier) if e.enabled else None
+
+    def adapter(self, tenant: str, tier: str) -> str | None:
+        """The LoRA adapter folder `tenant`'s requests on `tier` run with, or None (the base model)."""
+        t = self.tenants.get(tenant)
+        if t is None or t.adapter is None:
+            return None
+        return t.adapter if (t.adapter_tier or self.route.default_tier) == tier else None
+
+    def tier_adapters(self) -> dict[str, list[str]]:
+        """Per tier, the adapter folders its engine serves (sorted, each once)."""
+        out: dict[str, set[str]] = {}
+        for t in self.tenants.values():
+            if t.adapter is not None:
+                out.setdefault(t.adapter_tier or self.route.default_tier, set()).add(t.adapter)
+        return {tier: sorted(paths) for tier, paths in out.items()}
 
     @property
     def tier_prices(self) -> dict[str, float]:

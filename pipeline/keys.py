@@ -13,9 +13,12 @@ separator: a separator can occur inside a tenant name or a text, and then two di
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 import unicodedata
+from collections.abc import Callable
+from pathlib import Path
 
 import pyarrow as pa
 import xxhash
@@ -69,13 +72,38 @@ def content_hash(scope: str, text: str, case_fold: bool = False, boilerplate: li
     return xxhash.xxh3_128_hexdigest(key_bytes(scope, normalise_text(text, case_fold, boilerplate)))
 
 
-def recipe_hash(model: str, prompt: PromptConfig, sampling: SamplingConfig) -> str:
-    """What, besides the text, decides an output: the model, the prompt and the sampling parameters.
+def recipe_hash(model: str, prompt: PromptConfig, sampling: SamplingConfig, adapter: str | None = None) -> str:
+    """What, besides the text, decides an output: the model (and its LoRA adapter's digest), the prompt
+    and the sampling parameters.
 
-    JSON is an unambiguous encoding of the parts already (strings quoted and escaped)."""
-    return xxhash.xxh3_64_hexdigest(json.dumps([
-        model, prompt.template_version, prompt.system, prompt.user, sampling.model_dump(mode="json"),
-    ], sort_keys=True).encode())
+    JSON is an unambiguous encoding of the parts already (strings quoted and escaped). Without an
+    adapter the parts are what they were before adapters existed, so those keys did not change."""
+    parts = [model, prompt.template_version, prompt.system, prompt.user, sampling.model_dump(mode="json")]
+    return xxhash.xxh3_64_hexdigest(json.dumps(parts + ([adapter] if adapter else []), sort_keys=True).encode())
+
+
+@functools.lru_cache(maxsize=64)
+def _digest(folder: str, stamp: tuple) -> str:
+    h = xxhash.xxh3_128()
+    for name in ("adapter_config.json", "adapter_model.safetensors", "adapter_model.bin"):
+        f = Path(folder) / name
+        if f.exists():
+            h.update(key_bytes(name))
+            h.update(f.read_bytes())
+    return h.hexdigest()
+
+
+def adapter_digest(folder: str | None) -> str | None:
+    """Content address of a LoRA adapter (its config and weights, not its path): a retrained adapter
+    in the same folder changes every key made with it; a copy elsewhere keeps them. None: no adapter."""
+    if folder is None:
+        return None
+    path = Path(folder).expanduser()
+    files = [path / n for n in ("adapter_config.json", "adapter_model.safetensors", "adapter_model.bin")]
+    if not files[0].exists() or not (files[1].exists() or files[2].exists()):
+        raise FileNotFoundError(f"LoRA adapter {folder}: no adapter_config.json and adapter_model.safetensors there "
+                                "(build a demo one: tokenmill models adapter)")
+    return _digest(str(path), tuple((f.name, f.stat().st_mtime_ns, f.stat().st_size) for f in files if f.exists()))
 
 
 def derived_key(key: str, kind: str, detail: str | int) -> str:
@@ -88,22 +116,30 @@ def item_key(recipe: str, content: str) -> str:
     return xxhash.xxh3_128_hexdigest(key_bytes(recipe, content))
 
 
-def add_item_keys(records: pa.Table, prompt: PromptConfig, sampling: SamplingConfig, tiers: dict) -> pa.Table:
-    """Add `recipe` (hash of model, prompt and sampling) and `item_key`, the content address of a request.
+AdapterOf = Callable[[str, str], str | None]  # (tenant, tier) -> the adapter folder its requests run with
+
+
+def add_item_keys(records: pa.Table, prompt: PromptConfig, sampling: SamplingConfig, tiers: dict,
+                  adapter_of: AdapterOf = lambda tenant, tier: None) -> pa.Table:
+    """Add `recipe` (hash of model, adapter, prompt and sampling) and `item_key`, the content address of a request.
 
     Two records with equal keys get the same output (greedy decoding), so one generation serves
-    both, in this partition, another partition, or a rerun. Changing the template, the model or
-    the sampling parameters changes every key: nothing stale is reused.
+    both, in this partition, another partition, or a rerun. Changing the template, the model, a
+    tenant's adapter or the sampling parameters changes every key: nothing stale is reused.
     """
-    recipe = {tier: recipe_hash(tiers[tier].model, prompt, sampling) for tier in set(records["tier"].to_pylist())}
-    tiers_of = records["tier"].to_pylist()
-    keys = [item_key(recipe[t], h) for t, h in zip(tiers_of, records["content_hash"].to_pylist())]
-    return (records.append_column("recipe", pa.array([recipe[t] for t in tiers_of], pa.string()))
+    tiers_of, tenants = records["tier"].to_pylist(), records["tenant"].to_pylist()
+    recipe = {(t, n): recipe_hash(tiers[t].model, prompt, sampling, adapter_digest(adapter_of(n, t)))
+              for t, n in set(zip(tiers_of, tenants))}
+    recipes = [recipe[t, n] for t, n in zip(tiers_of, tenants)]
+    keys = [item_key(r, h) for r, h in zip(recipes, records["content_hash"].to_pylist())]
+    return (records.append_column("recipe", pa.array(recipes, pa.string()))
             .append_column("item_key", pa.array(keys, pa.string())))
 
 
-def escalation_key(key: str, tier: str) -> str:
-    return derived_key(key, "escalate", tier)
+def escalation_key(key: str, tier: str, adapter: str | None = None) -> str:
+    """Key of `key` generated again on `tier`; with the adapter (its digest) its tenant runs there, if any."""
+    key = derived_key(key, "escalate", tier)
+    return derived_key(key, "adapter", adapter) if adapter else key
 
 
 def chunk_keys(key: str, n: int) -> list[str]:

@@ -87,6 +87,7 @@ LEDGER = pa.schema([
     ("tenant", pa.string()),
     ("tier", pa.string()),
     ("model", pa.string()),
+    ("adapter", pa.string()),       # the tenant's LoRA adapter folder the output was made with (null: the base model)
     ("route_reason", pa.string()),  # why this tier: rule:<name> | router:<p> | default
     ("escalated", pa.bool_()),      # regenerated on the escalation tier after a low-confidence first attempt
     ("escalation_reason", pa.string()),  # why the first attempt was not kept: low_logprob | truncated | empty | unfaithful

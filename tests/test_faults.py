@@ -96,16 +96,30 @@ def test_tier_worker_killed_mid_drain_rerun_takes_over_without_paying_twice(make
     small = {"tiers__small__vllm__max_num_seqs": 4}
     env = cli_env(tiny_models, tmp_path, **small)
     proc = start_cli(["run", "--config", str(TINY_CONFIG), "--job-id", "killed"], env)
-    deadline = time.monotonic() + 300
+    # Killed where its session's last figures show requests in flight (busy measured, not yet stored): the
+    # process group is frozen first, so what the database holds is what the kill leaves.
+    in_flight = ("select count(*) from engine_sessions where job_id='killed' and busy_seconds > recorded_seconds"
+                 " and (select count(*) from items where job_id='killed') >= 4")
+    deadline, frozen = time.monotonic() + 300, False
     while time.monotonic() < deadline and proc.poll() is None:
-        if db.exists() and scalar(db, "select count(*) from sqlite_master where name='items'") \
-                and scalar(db, "select count(*) from items where job_id='killed'") >= 4:
-            break
+        if db.exists() and scalar(db, "select count(*) from sqlite_master where name='engine_sessions'") \
+                and scalar(db, in_flight):
+            os.killpg(proc.pid, signal.SIGSTOP)
+            try:
+                with sqlite3.connect(db, timeout=1) as c:
+                    frozen = bool(c.execute(in_flight).fetchone()[0])
+            except sqlite3.OperationalError:  # frozen inside a write: let it finish
+                frozen = False
+            if frozen:
+                break
+            os.killpg(proc.pid, signal.SIGCONT)
         time.sleep(0.05)
-    assert proc.poll() is None, f"the worker ended before it could be killed: {proc.stderr.read()[-2000:]}"
+    assert frozen and proc.poll() is None, f"no moment with work in flight to kill: {proc.stderr.read()[-2000:]}"
     os.killpg(proc.pid, signal.SIGKILL)  # the worker and its engine processes, mid-drain
     proc.wait()
     paid_before = scalar(db, "select count(*) from items where job_id='killed'")
+    dead_unstored = scalar(db, "select sum((busy_seconds - recorded_seconds) * gpus) from engine_sessions "
+                               "where job_id='killed'")
     assert scalar(db, "select status from partitions where job_id='killed'") != "succeeded"  # never committed
     assert scalar(db, "select count(*) from work_units where job_id='killed' and status='leased'") >= 1
     lease_end = scalar(db, "select max(lease_expires_at) from work_units where job_id='killed'")
@@ -124,6 +138,8 @@ def test_tier_worker_killed_mid_drain_rerun_takes_over_without_paying_twice(make
     ledger = read_kind(tmp_path / "output", "ledger", "killed")
     lost = [r for r in ledger.to_pylist() if r["kind"] == "lost"]
     assert lost and all(r["gpu_seconds"] > 0 and r["tier"] == "small" for r in lost), "the dead worker's time is billed"
+    # Exactly what it measured and never stored; the rest of what it held is on the items it did store.
+    assert sum(r["gpu_seconds"] for r in lost) == pytest.approx(dead_unstored, rel=1e-9)
     assert m["engines"]["small"]["workers"] == 2  # the killed one's session counts as held
 
 

@@ -62,6 +62,25 @@ def models_real(path: Optional[Path] = typer.Argument(None, help="Folder for the
         typer.echo(f"{name}: {folder} (quantization {info['quantization']}, serve with dtype {info['dtype']})")
 
 
+@models_app.command("adapter")
+def models_adapter(base_model: Path = typer.Argument(..., help="The float32 base checkpoint folder (e.g. a tiny model or smollm2-f32)."),
+                   out: Path = typer.Argument(..., help="Folder to write the adapter into."),
+                   name: str = typer.Option(..., help="The adapter's name (a tenant's); it seeds the weights unless --seed is given."),
+                   rank: int = typer.Option(8, help="LoRA rank (serve with max_lora_rank at least this)."),
+                   seed: Optional[int] = typer.Option(None, help="Seed for the random weights (default: a hash of --name).")) -> None:
+    """Build a DEMO LoRA adapter offline with peft: random deltas, not trained. Same name and base, same bytes."""
+    from pipeline.dev.adapters import AdapterError, adapter_digest, build_demo_adapter
+
+    try:
+        folder = build_demo_adapter(base_model, out, name, rank=rank, seed=seed)
+    except AdapterError as e:
+        fail(str(e))
+    except ImportError as e:
+        fail(f"building adapters needs peft: pip install -e '.[models]' ({e})")
+    typer.echo(f"built demo adapter {name!r} (rank {rank}) at {folder}, digest {adapter_digest(folder)}")
+    typer.echo("demo weights: random LoRA deltas, not trained on anything (see DEMO_ADAPTER.md)")
+
+
 @models_app.command("embedder")
 def models_embedder(path: Optional[Path] = typer.Argument(None, help="Where to write it (default: $TOKENMILL_HOME/models/static-minilm)."),
                     dims: int = typer.Option(256, help="Embedding dimensions kept (PCA).")) -> None:

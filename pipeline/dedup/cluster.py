@@ -66,9 +66,13 @@ class DedupStats:
                 "seconds": {k: round(v, 3) for k, v in self.seconds.items()}, "notes": self.notes}
 
 
-def add_content_hashes(records: pa.Table, config: DedupConfig) -> pa.Table:
-    """Add `scope` and `content_hash`: equal for exact duplicates; the record's id joins it when exact dedup is off."""
-    shared, boilerplate = set(config.shared_tenants), compile_boilerplate(config.boilerplate_patterns)
+def add_content_hashes(records: pa.Table, config: DedupConfig, own_scope: frozenset[str] = frozenset()) -> pa.Table:
+    """Add `scope` and `content_hash`: equal for exact duplicates; the record's id joins it when exact dedup is off.
+
+    `own_scope`: tenants that keep their own scope even when listed in `shared_tenants` (those with a
+    LoRA adapter: another tenant's near or semantic match must never be served an adapter's output)."""
+    shared = set(config.shared_tenants) - own_scope
+    boilerplate = compile_boilerplate(config.boilerplate_patterns)
     scopes = [tenant_scope(t, shared) for t in records["tenant"].to_pylist()]
     hashes = [content_hash(s, x, config.case_fold, boilerplate) if config.exact
               else xxhash.xxh3_128_hexdigest(key_bytes(s, i, x))

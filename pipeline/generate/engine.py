@@ -61,8 +61,13 @@ class Engine(Protocol):
 class VllmEngine:
     """vLLM's offline `LLM`, fed token ids, greedy or seeded sampling, with prefix-cache accounting."""
 
-    def __init__(self, tier: TierConfig):
+    def __init__(self, tier: TierConfig, adapters: list[str] | None = None):
         kwargs = tier.vllm.engine_kwargs()
+        self.loras = {}
+        if adapters:
+            from pipeline.generate.adapters import lora_kwargs
+
+            kwargs.update(lora_kwargs(adapters))
         if tier.device == "cpu":
             os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(tier.cpu_kvcache_space_gib)
             kwargs.setdefault("dtype", "float32")     # auto picks bf16, slower on CPUs without AMX
@@ -79,6 +84,11 @@ class VllmEngine:
             self.llm = LLM(model=tier.model, disable_log_stats=False, **kwargs)
         except Exception as e:  # vLLM raises many types at start-up; the caller needs one
             raise EngineStartError(f"could not start vLLM for {tier.model}: {type(e).__name__}: {e}") from e
+        if adapters:
+            from vllm.lora.request import LoRARequest
+
+            self.loras = {path: LoRARequest(f"adapter-{i}", i, str(Path(path).expanduser()))
+                          for i, path in enumerate(adapters, start=1)}
 
     def reset_prefix_cache(self) -> None:
         self.llm.reset_prefix_cache()
@@ -97,12 +107,16 @@ class VllmEngine:
 
     # The streaming interface tier workers use: vLLM's own engine loop (LLMEngine.add_request / step), so
     # requests join the running batch as others finish and the scheduler never runs dry while work remains.
-    def add(self, request_id: str, prompt: list[int], max_tokens: int, sampling: SamplingConfig) -> None:
+    def add(self, request_id: str, prompt: list[int], max_tokens: int, sampling: SamplingConfig,
+            adapter: str | None = None) -> None:
+        """Queue one request; `adapter`: one of the adapter folders this engine was started with."""
         from vllm.inputs import TokensPrompt
 
         engine = self.llm.llm_engine
+        lora = self.loras[adapter] if adapter is not None else None  # KeyError: not served here, refused
         with _engine_death():
-            internal = engine.add_request(request_id, TokensPrompt(prompt_token_ids=prompt), _params(max_tokens, sampling))
+            internal = engine.add_request(request_id, TokensPrompt(prompt_token_ids=prompt), _params(max_tokens, sampling),
+                                          lora_request=lora)
         self._ids = getattr(self, "_ids", {})
         self._ids[internal if isinstance(internal, str) else request_id] = request_id
 
@@ -116,6 +130,11 @@ class VllmEngine:
             rid = ids.pop(o.request_id, o.request_id) if o.finished else ids.get(o.request_id, o.request_id)
             out.append(Progressed(rid, len(o.outputs[0].token_ids), _completion(o) if o.finished else None))
         return out
+
+    def counters(self) -> dict:
+        """Speculative and prefix-cache token counts since the engine started (levers.engine_counters)."""
+        from pipeline.generate.levers import engine_counters
+        return engine_counters(self.llm)
 
 
 @dataclass(frozen=True)
@@ -168,7 +187,10 @@ class BatchStepper:
     def __init__(self, engine: Engine):
         self.engine, self.queued = engine, []
 
-    def add(self, request_id: str, prompt: list[int], max_tokens: int, sampling: SamplingConfig) -> None:
+    def add(self, request_id: str, prompt: list[int], max_tokens: int, sampling: SamplingConfig,
+            adapter: str | None = None) -> None:
+        if adapter is not None:
+            raise ValueError(f"this engine serves no LoRA adapters (asked for {adapter})")
         self.queued.append((request_id, prompt, max_tokens, sampling))
 
     def step(self) -> list[Progressed]:
@@ -236,8 +258,10 @@ def load_tokenizer(model: str):
 class EnginePool:
     """Tokenizers, context lengths and engines of the configured tiers, each built on first use."""
 
-    def __init__(self, tiers: dict[str, TierConfig], factory: Callable[[TierConfig], Engine] = VllmEngine):
-        self.tiers, self.factory = tiers, factory
+    def __init__(self, tiers: dict[str, TierConfig], factory: Callable[..., Engine] = VllmEngine,
+                 adapters: dict[str, list[str]] | None = None):
+        """`adapters`: per tier, the LoRA adapter folders its engine serves (config.tier_adapters())."""
+        self.tiers, self.factory, self.adapters = tiers, factory, adapters or {}
         self._tokenizers: dict[str, object] = {}
 
     def _check(self, name: str) -> TierConfig:
@@ -266,7 +290,9 @@ class EnginePool:
         return int(getattr(self.tokenizer(name), "model_max_length", 4096))
 
     def _key(self, tier: TierConfig) -> str:
-        return json.dumps([self.factory.__qualname__, tier.model_dump(mode="json")], sort_keys=True)
+        name = next((n for n, t in self.tiers.items() if t is tier), None)
+        return json.dumps([self.factory.__qualname__, tier.model_dump(mode="json"), self.adapters.get(name, [])],
+                          sort_keys=True)
 
     def reset_prefix_caches(self) -> None:
         """Empty the prefix cache of every engine started for this pool's tiers.
@@ -304,7 +330,8 @@ class EnginePool:
 
                 atexit.register(shutdown_engines)
             try:
-                _ENGINES[key] = self.factory(tier)
+                adapters = self.adapters.get(name)
+                _ENGINES[key] = self.factory(tier, adapters) if adapters else self.factory(tier)
             except EngineStartError as e:
                 raise EngineStartError(f"tier {name}: {e}") from None
             STARTUP_SECONDS[id(_ENGINES[key])] = time.perf_counter() - started

@@ -26,7 +26,7 @@ from functools import lru_cache
 
 from pipeline.config import TokenmillConfig
 from pipeline.generate.requests import render_messages
-from pipeline.keys import chunk_keys, escalation_key, retry_key
+from pipeline.keys import adapter_digest, chunk_keys, escalation_key, retry_key
 
 
 @lru_cache(maxsize=8)
@@ -93,6 +93,12 @@ class Outcome:
         return len(self.paid) - self.chunks
 
 
+def escalated_key(key: str, item: dict, config: TokenmillConfig) -> str:
+    """Where `key`'s escalation lives: on the escalation tier, with the adapter its tenant runs there."""
+    tier = config.escalation_tier
+    return escalation_key(key, tier, adapter_digest(config.adapter(item.get("tenant"), tier)))
+
+
 def final_output(key: str, items: dict[str, dict], config: TokenmillConfig) -> Outcome:
     """The outcome of `key` from the items at hand (missing follow-ups: the attempt so far stands).
 
@@ -112,7 +118,7 @@ def final_output(key: str, items: dict[str, dict], config: TokenmillConfig) -> O
         out.retried, out.problem = True, output_problem(out.item, config)
     reason = escalation_reason(out.item, config) if out.problem is None else None
     if reason is not None:
-        second = items.get(escalation_key(key, config.escalation_tier))
+        second = items.get(escalated_key(key, item, config))
         if second is not None:
             out.paid.append(second)
             if output_problem(second, config) is None:
@@ -128,8 +134,8 @@ def next_attempt(key: str, items: dict[str, dict], config: TokenmillConfig) -> t
         return None
     if out.problem:  # retried once and still invalid: quarantined
         return None if out.retried else (retry_key(key), {"max_tokens": 2 * config.sampling.max_tokens, "retry": True})
-    if needs_escalation(out.item, config) and escalation_key(key, config.escalation_tier) not in items:
-        return escalation_key(key, config.escalation_tier), {"tier": config.escalation_tier, "escalation": True}
+    if needs_escalation(out.item, config) and escalated_key(key, out.item, config) not in items:
+        return escalated_key(key, out.item, config), {"tier": config.escalation_tier, "escalation": True}
     return None
 
 
@@ -144,7 +150,7 @@ def related_keys(keys: list[str], items: dict[str, dict], config: TokenmillConfi
         if output_problem(item, config):
             out.append(retry_key(key))
         if config.escalation_tier and item["tier"] != config.escalation_tier and not item.get("chunks"):
-            out.append(escalation_key(key, config.escalation_tier))  # needed when this or its retry escalated
+            out.append(escalated_key(key, item, config))  # needed when this or its retry escalated
     return out
 
 

@@ -28,6 +28,7 @@ from sqlalchemy.exc import OperationalError
 from pipeline.config import TokenmillConfig
 from pipeline.config_env import scrub
 from pipeline.generate.engine import EnginePool, EngineStartError
+from pipeline.generate.levers import config_lever_problems
 from pipeline.generate.lookup import ItemLookup
 from pipeline.job.budget import BudgetGuard
 from pipeline.job.errors import JobError
@@ -93,6 +94,9 @@ class Job:
     def __init__(self, config: TokenmillConfig, job_id: str, state: StateStore, pool: EnginePool,
                  progress: Progress, worker: str):
         check_job_id(job_id)
+        problems = config_lever_problems(config.tiers)  # before any work: an engine refusing them costs minutes
+        if problems:
+            raise JobError("engine levers that cannot run: " + "; ".join(problems))
         self.config, self.job_id, self.state, self.pool, self.progress, self.worker = \
             config, job_id, state, pool, progress, worker
         self.out = storage.resolve(config.output.uri, config.storage)
@@ -107,7 +111,7 @@ class Job:
              progress: Progress | None = None, worker: str | None = None) -> Job:
         """The job `job_id` on the configured catalog, with defaults for what is not given."""
         check_job_id(job_id)
-        return cls(config, job_id, StateStore(config.state.url), pool or EnginePool(config.tiers),
+        return cls(config, job_id, StateStore(config.state.url), pool or EnginePool(config.tiers, adapters=config.tier_adapters()),
                    progress or Progress("off"), worker or default_worker())
 
     @property

@@ -130,7 +130,8 @@ def validate(table: pa.Table, ctx: StageContext) -> pa.Table:
 
 
 def content_hashes(table: pa.Table, ctx: StageContext) -> pa.Table:
-    return add_content_hashes(table, ctx.config.dedup)
+    adapted = frozenset(n for n, t in ctx.config.tenants.items() if t.adapter is not None)
+    return add_content_hashes(table, ctx.config.dedup, adapted)
 
 
 def route(table: pa.Table, ctx: StageContext) -> pa.Table:
@@ -144,7 +145,7 @@ def route(table: pa.Table, ctx: StageContext) -> pa.Table:
 
 def item_keys(table: pa.Table, ctx: StageContext) -> pa.Table:
     c = ctx.config
-    return add_item_keys(table, c.prompt, c.sampling, c.tiers)
+    return add_item_keys(table, c.prompt, c.sampling, c.tiers, c.adapter)
 
 
 def cluster(table: pa.Table, ctx: StageContext) -> pa.Table:
@@ -162,7 +163,7 @@ STAGES: tuple[Stage, ...] = (
           adds=(), drops=("read_error", "read_detail", "raw_excerpt"), fn=validate),
     Stage("content_hash", needs=("id", "tenant", "text"), adds=("scope", "content_hash"), fn=content_hashes),
     Stage("route", needs=("text", "tenant", "metadata"), adds=("tier", "route_reason"), fn=route),
-    Stage("item_keys", needs=("tier", "content_hash"), adds=("recipe", "item_key"), fn=item_keys),
+    Stage("item_keys", needs=("tier", "tenant", "content_hash"), adds=("recipe", "item_key"), fn=item_keys),
     Stage("cluster", needs=("id", "text", "partition", "tier", "scope", "recipe", "item_key"),
           adds=("gen_key", "gen_id", "gen_text", "gen_tier", "reuse", "similarity", "shadow",
                 "signature", "embedding", "features"), fn=cluster),

@@ -21,7 +21,7 @@ from pipeline.stores import storage
 
 # Grouping keys an analyst may ask for, and the SQL that computes each.
 GROUP_KEYS = {
-    "tenant": "tenant", "tier": "tier", "model": "model", "source": "source", "job": "job_id",
+    "tenant": "tenant", "tier": "tier", "model": "model", "adapter": "adapter", "source": "source", "job": "job_id",
     "partition": "partition", "day": "CAST(created_at AS DATE)",
 }
 MONEY = "CAST({col} AS DECIMAL(38, 18))"
