@@ -33,8 +33,9 @@ CHECKED_TREES = ("pipeline", "benchmarks", "tests", "dags")  # for rule 2
 
 LAYERS = ("pipeline.cli", "pipeline.evals", "pipeline.dev", "pipeline.job", "pipeline.output", "pipeline.generate",
           "pipeline.route", "pipeline.dedup", "pipeline.ingest", "pipeline.stores", "base")
-BASE = {"pipeline.config": {"pipeline.schema", "pipeline.keys", "pipeline.config_env"},
+BASE = {"pipeline.config": {"pipeline.schema", "pipeline.keys", "pipeline.config_env", "pipeline.config_tiers"},
         "pipeline.config_env": set(),   # base module -> base modules it may import
+        "pipeline.config_tiers": set(),
         "pipeline.keys": {"pipeline.config", "pipeline.schema"},
         "pipeline.schema": set()}
 FACADE = "pipeline"
