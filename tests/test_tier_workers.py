@@ -143,3 +143,19 @@ def test_failed_attempts_are_billed_in_the_ledger_and_it_adds_up_to_held(make_co
     assert pc.sum(ledger["gpu_seconds"]).as_py() == pytest.approx(held_gpu_seconds(tmp_path / "state.db", "fail"),
                                                                   rel=1e-6)
     assert m["cost"]["gpu_seconds_by_kind"]["failed_attempt"] == pytest.approx(failed[0]["gpu_seconds"])
+
+
+def test_a_tier_without_max_num_seqs_fills_to_the_engines_default(make_config, tmp_path):
+    """`tiers.<t>.vllm.max_num_seqs` unset (vLLM picks it): the worker keeps twice vLLM's default in flight."""
+    import json
+
+    from pipeline.generate.worker import batch_size
+
+    (tmp_path / "input").mkdir()
+    (tmp_path / "input" / "a.jsonl").write_text("".join(json.dumps({"id": f"d{i}", "text": f"note {i} on sales"}) + "\n"
+                                                        for i in range(5)))
+    config = make_config(tiers__small__vllm__max_num_seqs=None)
+    assert config.tiers["small"].vllm.max_num_seqs is None
+    m = run_job(config, job_id="unset", pool=EnginePool(config.tiers, factory=SlowFailingEngine)).manifest
+    assert m["status"] == "succeeded" and m["counts"]["outputs"] == 5
+    assert batch_size(SlowFailingEngine(None), None) == 256 and batch_size(SlowFailingEngine(None), 8) == 8

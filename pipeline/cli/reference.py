@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from pipeline.config import TierConfig, TokenmillConfig, VllmArgs
+from pipeline.config import SpeculativeConfig, TierConfig, TokenmillConfig, VllmArgs
 
 
 def _type_name(annotation: Any) -> str:
@@ -49,7 +49,9 @@ def reference_markdown() -> str:
         model = field.annotation
         if name == "tiers":
             section("tiers.<name>", TierConfig, "A mapping of tier name to tier. Each tier runs its own vLLM engine.")
-            section("tiers.<name>.vllm", VllmArgs)
+            section("tiers.<name>.vllm", VllmArgs, "Checked when a job or estimate starts, before any work: combinations "
+                    "vLLM would refuse or cannot run on the tier's device fail with one message naming each (docs/ops.md).")
+            section("tiers.<name>.vllm.speculative_config", SpeculativeConfig)
         elif name == "requests":
             section(name, model, "Building engine requests. Formerly `plan:` (and `TOKENMILL_PLAN__*`), still accepted "
                                  "with a deprecation warning.")

@@ -26,6 +26,7 @@ import pyarrow as pa
 from pipeline.config import TokenmillConfig
 from pipeline.generate.engine import STARTUP_SECONDS, EnginePool, Progressed, stepper
 from pipeline.generate.followup import record_id
+from pipeline.generate.levers import counter_delta, read_counters
 from pipeline.generate.pricing import baseline_gpu_seconds, token_weight
 from pipeline.generate.quality import unfaithful_terms
 from pipeline.generate.reuse import cache_value
@@ -34,7 +35,19 @@ from pipeline.stores.units import UnitQueue, WorkUnit
 
 log = logging.getLogger(__name__)
 
+# How often the session's figures are written while it runs. A worker killed between two writes leaves
+# what it measured since the last one unrecorded (at most this long, plus one step, per GPU): the bound on
+# engine time no ledger can carry. Measured-but-unstored work before that write is billed as `lost`.
+SESSION_BEAT_SECONDS = 2.0
+
 _FREE_SINCE: dict[int, float] = {}  # id(engine) -> when its last session closed (idle since then is the next one's)
+
+
+def batch_size(engine, configured: int | None) -> int:
+    """The most sequences the engine's scheduler runs at once: as configured, else vLLM's own default."""
+    scheduler = getattr(getattr(getattr(getattr(engine, "llm", None), "llm_engine", None), "vllm_config", None),
+                        "scheduler_config", None)
+    return configured or getattr(scheduler, "max_num_seqs", None) or 256
 
 
 def forget_idle_between_jobs() -> None:
@@ -120,11 +133,12 @@ class TierWorker:
             report.started = True
         report.startup_seconds = STARTUP_SECONDS.pop(id(engine), 0.0)
         report.idle_seconds = time.perf_counter() - _FREE_SINCE.pop(id(engine)) if id(engine) in _FREE_SINCE else 0.0
-        steps = stepper(engine)
+        steps, counted = stepper(engine), read_counters(engine)  # counters: this session's share, at its close
+        self.batch = batch_size(engine, tier.vllm.max_num_seqs)
         report.session_id = self.session_id = sid = f"{self.worker}/{self.tier}/{secrets.token_hex(4)}"
         self.queue.open_session(sid, self.job_id, self.tier, self.worker, tier.gpus, report.started,
                                 report.startup_seconds, report.idle_seconds)
-        mark = renewed = time.perf_counter()
+        mark = renewed = beaten = time.perf_counter()
         while True:
             while len(self.flight) < self.fill():
                 unit = self.claim(sid)
@@ -148,14 +162,18 @@ class TierWorker:
             if t - renewed > lease / 3:
                 renewed = t
                 self.queue.renew(self.job_id, sid, lease)
+            if t - beaten > SESSION_BEAT_SECONDS:
+                beaten = t
                 self.queue.beat_session(sid, report.busy_seconds, report.idle_seconds, self.recorded)
+        counted = counter_delta(counted, read_counters(engine))
         if self.release:
             t = time.perf_counter()
             self.pool.shutdown(self.tier)
             report.idle_seconds += time.perf_counter() - t  # held until its memory is free again
         else:
             _FREE_SINCE[id(engine)] = time.perf_counter()
-        self.queue.beat_session(sid, report.busy_seconds, report.idle_seconds, self.recorded, closed=True)
+        self.queue.beat_session(sid, report.busy_seconds, report.idle_seconds, self.recorded, closed=True,
+                                counters=counted)
         log.info("tier %s worker %s: %d units, %d requests; engine held %.1f s (start-up %.1f, busy %.1f, idle %.1f)",
                  self.tier, self.worker, report.units, report.requests, report.held_seconds, report.startup_seconds,
                  report.busy_seconds, report.idle_seconds)
@@ -164,7 +182,7 @@ class TierWorker:
     def fill(self) -> int:
         # Twice the scheduler's batch: as requests finish, the next ones are already waiting in vLLM. Under
         # a budget cap, one unit at a time: each is admitted knowing what the ones before it cost.
-        return 1 if self.config.budget.active else 2 * self.config.tiers[self.tier].vllm.max_num_seqs
+        return 1 if self.config.budget.active else 2 * self.batch
 
     def claim(self, sid: str) -> WorkUnit | None:
         return self.queue.claim(self.job_id, self.tier, self.worker, sid, self.config.state.lease_seconds)
@@ -192,7 +210,9 @@ class TierWorker:
         for i, row in enumerate(rows):
             rid = f"{unit.unit_id}\x00{i}"
             try:
-                steps.add(rid, row["prompt_token_ids"], row["max_tokens"], self.config.sampling)
+                adapter = self.config.adapter(row["unit"]["tenant"], self.tier)
+                steps.add(rid, row["prompt_token_ids"], row["max_tokens"], self.config.sampling,
+                          **({"adapter": adapter} if adapter else {}))
             except Exception as e:  # vLLM refuses a bad request when it is added; the others go on
                 failed[row["unit"]["item_key"]] = Failure("engine_error", f"{type(e).__name__}: {e}"[:500], unit, row["unit"])
                 continue

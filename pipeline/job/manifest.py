@@ -12,10 +12,12 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline.config import TokenmillConfig, redact_url
+from pipeline.generate.levers import lever_summary, ratio
 from pipeline.generate.shadow import summarise_verification
 from pipeline.output.telemetry import decode_steps, efficiency
 from pipeline.output.write import count_by
 from pipeline.stores.catalog import aware, now
+from pipeline.stores.units import SESSION_COUNTERS
 
 
 def partition_counts(outputs: pa.Table, ledger: pa.Table, quarantine: pa.Table, items: dict[str, dict],
@@ -102,6 +104,9 @@ def engine_time(sessions: list) -> dict[str, dict]:
             e[k] += getattr(s, k)
         e["held_seconds"] += s.held_seconds
         e["held_gpu_seconds"] += s.held_seconds * s.gpus
+        for k in SESSION_COUNTERS:  # the engine's own counts, per session (None: not kept)
+            if getattr(s, k, None) is not None:
+                e[k] = (e.get(k) or 0) + getattr(s, k)
     for e in out.values():
         e["utilisation"] = round(e["busy_seconds"] / e["held_seconds"], 4) if e["held_seconds"] else None
     return out
@@ -124,9 +129,13 @@ def build_manifest(config: TokenmillConfig, job_id: str, job, parts: list, parti
         e["gpu_seconds"] = e.get("held_gpu_seconds", 0.0)
         e["model"] = config.tiers[tier].model if tier in config.tiers else None
         e["output_tokens_per_second"] = e["output_tokens"] / e["engine_seconds"] if e["engine_seconds"] else None
+        # vLLM's own counters: drafted tokens accepted, prompt tokens the prefix cache had (None: not measured)
+        e["spec_acceptance"] = ratio(e.get("spec_accepted"), e.get("spec_drafted"))
+        e["prefix_cache_hit_rate"] = ratio(e.get("prefix_hits"), e.get("prefix_queries"))
         if tier in config.tiers:
             t = config.tiers[tier]
             e["efficiency"] = efficiency(t.gpu_model, t.model, t.gpus, t.vllm.max_num_seqs, e)
+            e["levers"] = lever_summary(t)
     cost, baseline = totals.get("cost_usd", 0.0), totals.get("baseline_cost_usd", 0.0)
     outputs, by_source = totals.get("outputs", 0), totals.get("by_source", {})
     saved = totals.get("saved_by_source", {})

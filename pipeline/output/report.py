@@ -2,7 +2,8 @@
 
 Sections: cost by tenant and by tier, a waterfall from the no-dedup/no-cache/largest-tier baseline
 to what was paid (savings going down, engine start-up and idle, escalation and failed work going up),
-engine utilisation per tier (starts, start-up, busy and idle seconds, busy ÷ held), engine
+engine utilisation per tier (starts, start-up, busy and idle seconds, busy ÷ held) and the levers
+each tier ran with (quantisation, KV-cache dtype, speculative acceptance, prefix-cache hits), engine
 throughput, reuse by kind, the slowest partitions (labels drawn whole: the label column widens), and
 quality: outputs flagged unfaithful per tier, escalations by reason, shadow verification's
 false-reuse rate and, when given, the headline of the latest `tokenmill eval`. Figures come from
@@ -247,6 +248,20 @@ def _model_name(model: str | None) -> str:
     return Path(model).name if model.startswith(("/", ".", "~")) else model
 
 
+def _levers_table(engines: dict) -> str:
+    """Per tier: the levers it ran with and what vLLM's own counters say they did."""
+    def spec(lv: dict) -> str:
+        sp = lv.get("speculative")
+        return f"{sp.get('method')} ×{sp.get('num_speculative_tokens') or '?'}" if sp else "off"
+
+    rows = [[tier, (lv := e.get("levers") or {}).get("quantization") or "-", lv.get("dtype") or "-",
+             lv.get("kv_cache_dtype") or "-", spec(lv), _pct(e.get("spec_acceptance")),
+             "off" if lv.get("prefix_caching") is False else _pct(e.get("prefix_cache_hit_rate"))]
+            for tier, e in engines.items()]
+    return _table("engine-levers", ["tier", "quantisation", "dtype", "KV cache dtype", "speculative",
+                                    "drafts accepted", "prefix-cache hits"], rows)
+
+
 def engine_section(manifest: dict) -> str:
     """Per tier, from the manifest's `engines`: engine starts, start-up, busy and idle seconds, held time
     and utilisation (busy ÷ held), next to throughput; then the job's GPU-seconds by what they bought."""
@@ -260,6 +275,8 @@ def engine_section(manifest: dict) -> str:
              _table("engine-utilisation", ["tier", "model", "workers", "engine starts", "start-up s", "busy s", "idle s",
                                            "held s", "held GPU-s", "utilisation", "output tok/s", "failed attempts"], rows)
              if rows else _note("No engine ran for this job (every output reused, or nothing to generate).")]
+    if rows:
+        parts.append(_levers_table(engines))
     c = manifest.get("cost", {})
     if c.get("gpu_seconds"):
         kinds = ", ".join(f"{k.replace('_', ' ')} {v:,.1f}" for k, v in (c.get("gpu_seconds_by_kind") or {}).items())

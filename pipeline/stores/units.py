@@ -24,13 +24,14 @@ import os
 import socket
 from datetime import datetime, timedelta
 
-from sqlalchemy import DateTime, Float, Integer, String, Text, delete, func, select, update
+from sqlalchemy import BigInteger, DateTime, Float, Integer, String, Text, delete, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Mapped, mapped_column
 
 from pipeline.stores.catalog import Base, StateStore, aware
 
 UNFINISHED = ("pending", "leased")
+SESSION_COUNTERS = ("spec_drafted", "spec_accepted", "prefix_queries", "prefix_hits")
 
 
 class WorkUnit(Base):
@@ -77,6 +78,11 @@ class EngineSession(Base):
     busy_seconds: Mapped[float] = mapped_column(Float, default=0.0)
     idle_seconds: Mapped[float] = mapped_column(Float, default=0.0)
     recorded_seconds: Mapped[float] = mapped_column(Float, default=0.0)  # busy seconds stored with items or charges
+    # The engine's counters over this session, written at its close (None: not kept, or never closed)
+    spec_drafted: Mapped[int | None] = mapped_column(BigInteger, nullable=True)    # speculative tokens proposed
+    spec_accepted: Mapped[int | None] = mapped_column(BigInteger, nullable=True)   # ... and accepted
+    prefix_queries: Mapped[int | None] = mapped_column(BigInteger, nullable=True)  # prompt tokens looked up in the prefix cache
+    prefix_hits: Mapped[int | None] = mapped_column(BigInteger, nullable=True)     # ... and found there
     opened_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     heartbeat_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     closed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
@@ -301,9 +307,12 @@ class UnitQueue:
                                 busy_seconds=0.0, idle_seconds=idle_seconds, recorded_seconds=0.0,
                                 opened_at=t, heartbeat_at=t))
 
-    def beat_session(self, session_id: str, busy: float, idle: float, recorded: float, closed: bool = False) -> None:
+    def beat_session(self, session_id: str, busy: float, idle: float, recorded: float, closed: bool = False,
+                     counters: dict[str, int | None] | None = None) -> None:
+        """Renew a session's figures; `counters`: the engine's counts over it (SESSION_COUNTERS), at its close."""
         t = self.state.db_now()
-        values = {"busy_seconds": busy, "idle_seconds": idle, "recorded_seconds": recorded, "heartbeat_at": t}
+        values = {"busy_seconds": busy, "idle_seconds": idle, "recorded_seconds": recorded, "heartbeat_at": t,
+                  **{k: v for k, v in (counters or {}).items() if k in SESSION_COUNTERS}}
         if closed:
             values.update(status="closed", closed_at=t)
         with self.session() as s, s.begin():
