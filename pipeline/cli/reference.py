@@ -8,7 +8,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from pipeline.config import SpeculativeConfig, TierConfig, TokenmillConfig, VllmArgs
+from pipeline.config import SpeculativeConfig, TenantConfig, TierConfig, TokenmillConfig, VllmArgs
 
 
 def _type_name(annotation: Any) -> str:
@@ -52,6 +52,9 @@ def reference_markdown() -> str:
             section("tiers.<name>.vllm", VllmArgs, "Checked when a job or estimate starts, before any work: combinations "
                     "vLLM would refuse or cannot run on the tier's device fail with one message naming each (docs/ops.md).")
             section("tiers.<name>.vllm.speculative_config", SpeculativeConfig)
+        elif name == "tenants":
+            section("tenants.<name>", TenantConfig, "A mapping of tenant name to its own settings (optional; a tenant "
+                    "not listed has none). See docs/data-engineer.md, one adapter per tenant.")
         elif name == "requests":
             section(name, model, "Building engine requests. Formerly `plan:` (and `TOKENMILL_PLAN__*`), still accepted "
                                  "with a deprecation warning.")
