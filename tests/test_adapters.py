@@ -138,3 +138,18 @@ def test_each_tenant_is_served_its_own_adapter_and_never_anothers_output(make_co
     assert again["status"] == "succeeded"
     reused = read_kind(tmp_path / "output", "ledger", "tenants-again").to_pylist()
     assert sum(r["cost_usd"] for r in reused if r["kind"] == "output") == 0  # every tenant's own output, reused
+
+
+def test_an_adapter_that_cannot_be_served_stops_the_job_before_any_work(make_config, tiny_models, tmp_path):
+    """A missing folder, or weights shaped for another base model (built on tiny-large, served on
+    tiny-small), are refused when the job opens, each named, before anything is read or started."""
+    from pipeline import JobError
+    from pipeline.dev.adapters import build_demo_adapter
+
+    other_base = build_demo_adapter(tiny_models / "tiny-large", tmp_path / "large-adapter", "initech")
+    config = make_config(tenants__acme__adapter=str(tmp_path / "nowhere"), tenants__initech__adapter=str(other_base))
+    with pytest.raises(JobError) as e:
+        run_job(config, job_id="refused")
+    assert "tenants.acme.adapter" in str(e.value) and "no adapter_config.json" in str(e.value)
+    assert "tenants.initech.adapter" in str(e.value) and "another base model than tier small" in str(e.value)
+    assert not (tmp_path / "output").exists()  # nothing read, staged or written

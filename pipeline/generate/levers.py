@@ -134,9 +134,9 @@ def config_lever_problems(tiers: dict[str, TierConfig], flags: Callable[[], set[
     return [p for name, tier in tiers.items() for p in lever_problems(name, tier, flags)]
 
 
-def check_levers(tiers: dict[str, TierConfig], flags: Callable[[], set[str]] = cpu_flags) -> None:
-    """Raise LeverError listing every tier lever that cannot run (before any work)."""
-    problems = config_lever_problems(tiers, flags)
+def check_levers(tiers: dict[str, TierConfig], flags: Callable[[], set[str]] = cpu_flags, also: list[str] = ()) -> None:
+    """Raise LeverError listing every tier lever that cannot run, and the problems `also` lists (before any work)."""
+    problems = config_lever_problems(tiers, flags) + list(also)
     if problems:
         raise LeverError("engine levers that cannot run: " + "; ".join(problems))
 

@@ -82,8 +82,9 @@ def with_estimates(totals: dict[str, float], requests: pa.Table, tenant_of: dict
 def estimate_job(config: TokenmillConfig, pool=None, input_uri: str | None = None) -> dict:
     """The pre-flight estimate: read, validate, dedup and route the input, tokenise what would be
     generated, and price it, before any GPU work. `pool`: an EnginePool (its tokenizers are used)."""
+    from pipeline.generate.adapters import adapter_problems
     from pipeline.generate.levers import check_levers
-    check_levers(config.tiers)  # LeverError (an EngineStartError), before any work
+    check_levers(config.tiers, also=adapter_problems(config))  # LeverError (an EngineStartError), before any work
     if pool is None:
         from pipeline.generate.engine import EnginePool
         pool = EnginePool(config.tiers)

@@ -28,6 +28,7 @@ from sqlalchemy.exc import OperationalError
 from pipeline.config import TokenmillConfig
 from pipeline.config_env import scrub
 from pipeline.generate.engine import EnginePool, EngineStartError
+from pipeline.generate.adapters import adapter_problems
 from pipeline.generate.levers import config_lever_problems
 from pipeline.generate.lookup import ItemLookup
 from pipeline.job.budget import BudgetGuard
@@ -94,7 +95,7 @@ class Job:
     def __init__(self, config: TokenmillConfig, job_id: str, state: StateStore, pool: EnginePool,
                  progress: Progress, worker: str):
         check_job_id(job_id)
-        problems = config_lever_problems(config.tiers)  # before any work: an engine refusing them costs minutes
+        problems = config_lever_problems(config.tiers) + adapter_problems(config)  # before any work: an engine refusing them costs minutes
         if problems:
             raise JobError("engine levers that cannot run: " + "; ".join(problems))
         self.config, self.job_id, self.state, self.pool, self.progress, self.worker = \
