@@ -70,6 +70,7 @@ bench: models
 	$(PY) benchmarks/prefix_cache.py
 	$(PY) benchmarks/quality.py
 	$(PY) benchmarks/gpu_utilization.py
+	$(PY) benchmarks/levers.py --documents 16
 
 # Quality before a lever: the hold-out set of this machine's real text, then every tier and policy on it.
 data/holdout.jsonl: $(STAMP)

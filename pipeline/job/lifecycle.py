@@ -27,8 +27,8 @@ from sqlalchemy.exc import OperationalError
 
 from pipeline.config import TokenmillConfig
 from pipeline.config_env import scrub
-from pipeline.generate.engine import EnginePool, EngineStartError
 from pipeline.generate.adapters import adapter_problems
+from pipeline.generate.engine import EnginePool, EngineStartError
 from pipeline.generate.levers import config_lever_problems
 from pipeline.generate.lookup import ItemLookup
 from pipeline.job.budget import BudgetGuard
