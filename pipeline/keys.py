@@ -72,14 +72,15 @@ def content_hash(scope: str, text: str, case_fold: bool = False, boilerplate: li
     return xxhash.xxh3_128_hexdigest(key_bytes(scope, normalise_text(text, case_fold, boilerplate)))
 
 
-def recipe_hash(model: str, prompt: PromptConfig, sampling: SamplingConfig, adapter: str | None = None) -> str:
+def recipe_hash(model: str, prompt: PromptConfig, sampling: SamplingConfig, adapter_digest: str | None = None) -> str:
     """What, besides the text, decides an output: the model (and its LoRA adapter's digest), the prompt
     and the sampling parameters.
 
     JSON is an unambiguous encoding of the parts already (strings quoted and escaped). Without an
     adapter the parts are what they were before adapters existed, so those keys did not change."""
     parts = [model, prompt.template_version, prompt.system, prompt.user, sampling.model_dump(mode="json")]
-    return xxhash.xxh3_64_hexdigest(json.dumps(parts + ([adapter] if adapter else []), sort_keys=True).encode())
+    return xxhash.xxh3_64_hexdigest(json.dumps(parts + ([adapter_digest] if adapter_digest else []),
+                                               sort_keys=True).encode())
 
 
 @functools.lru_cache(maxsize=64)
@@ -136,10 +137,10 @@ def add_item_keys(records: pa.Table, prompt: PromptConfig, sampling: SamplingCon
             .append_column("item_key", pa.array(keys, pa.string())))
 
 
-def escalation_key(key: str, tier: str, adapter: str | None = None) -> str:
-    """Key of `key` generated again on `tier`; with the adapter (its digest) its tenant runs there, if any."""
+def escalation_key(key: str, tier: str, adapter_digest: str | None = None) -> str:
+    """Key of `key` generated again on `tier`, with the adapter its tenant runs there (its digest), if any."""
     key = derived_key(key, "escalate", tier)
-    return derived_key(key, "adapter", adapter) if adapter else key
+    return derived_key(key, "adapter", adapter_digest) if adapter_digest else key
 
 
 def chunk_keys(key: str, n: int) -> list[str]:

@@ -33,12 +33,12 @@ def tenants(demo_adapters, *names, **extra):
     return {**{f"tenants__{n}__adapter": demo_adapters[n] for n in names}, **extra}
 
 
-def keyed(tenants, adapters):
+def keyed(tenants, adapters, shared=True):
     from pipeline.config import DedupConfig
 
     table = pa.table({"id": [f"r{i}" for i in range(len(tenants))], "tenant": tenants, "text": ["same text"] * len(tenants),
                       "tier": ["small"] * len(tenants)})
-    table = add_content_hashes(table, DedupConfig(shared_tenants=list(set(tenants))), frozenset(adapters))
+    table = add_content_hashes(table, DedupConfig(shared_tenants=list(set(tenants)) if shared else []), frozenset(adapters))
     return add_item_keys(table, PromptConfig(), SamplingConfig(), TIERS, lambda tenant, tier: adapters.get(tenant))
 
 
@@ -53,6 +53,43 @@ def test_the_adapter_is_part_of_the_item_key(demo_adapters):
     # Content-addressed: a copy elsewhere keeps its keys; a changed adapter does not.
     assert adapter_digest(demo_adapters["acme"]) != adapter_digest(demo_adapters["globex"])
     assert escalation_key("k", "large", adapter_digest(demo_adapters["acme"])) != escalation_key("k", "large")
+
+
+def test_one_tenants_keys_change_with_its_adapter_and_its_retraining(demo_adapters, tmp_path):
+    """The same tenant and text (one scope): base, adapter, and the adapter retrained in place are three keys."""
+    import shutil
+
+    from pipeline.dev.adapters import build_demo_adapter
+
+    folder = str(shutil.copytree(demo_adapters["acme"], tmp_path / "acme"))
+    base, adapted = keyed(["acme"], {}, shared=False), keyed(["acme"], {"acme": folder}, shared=False)
+    assert base["scope"].to_pylist() == adapted["scope"].to_pylist()  # only the recipe can tell them apart
+    assert base["recipe"][0].as_py() != adapted["recipe"][0].as_py()
+    build_demo_adapter(tiny_base(demo_adapters), folder, "acme", seed=7)  # retrained in place
+    retrained = keyed(["acme"], {"acme": folder}, shared=False)
+    assert len({t["item_key"][0].as_py() for t in (base, adapted, retrained)}) == 3
+
+
+def tiny_base(demo_adapters) -> str:
+    return json.loads((__import__("pathlib").Path(demo_adapters["acme"]) / "adapter_config.json").read_text())[
+        "base_model_name_or_path"]
+
+
+def test_near_duplicates_never_cross_between_an_adapter_and_the_base_model():
+    """One tenant (one scope), its adapter on the small tier only: a near copy routed to large (base model)
+    must not serve the small, adapted record, though large outranks small; nor the other way round."""
+    from pipeline.config import DedupConfig
+    from pipeline.dedup.cluster import cluster_records
+
+    text = " ".join(f"word{i}" for i in range(200))
+    table = pa.table({"id": ["x", "x2"], "text": [text, text + " extra"], "partition": ["p", "p"],
+                      "tier": ["small", "large"], "scope": ["t=acme"] * 2, "recipe": ["r-small-acme", "r-large"],
+                      "item_key": ["k1", "k2"], "tenant": ["acme"] * 2})
+    config, rank = DedupConfig(semantic=False, shadow_rate=0.0), {"small": 1.0, "large": 10.0}
+    crossed, _ = cluster_records(table, config, tier_rank=rank)
+    assert crossed["gen_key"].to_pylist() == ["k2", "k2"]  # without adapters the dearer tier's output serves both
+    kept, _ = cluster_records(table, config, tier_rank=rank, adapters=["digest-acme", None])
+    assert kept["gen_key"].to_pylist() == ["k1", "k2"] and kept["reuse"].to_pylist() == [None, None]
 
 
 def test_adapter_copy_keeps_its_digest_and_a_missing_one_is_named(demo_adapters, tmp_path):
@@ -93,7 +130,7 @@ def run_to_end(engine, requests, sampling):
 @pytest.mark.engine
 def test_a_mixed_batch_gives_each_request_what_it_gets_alone(make_config, demo_adapters):
     """vLLM 0.32's CPU LoRA ops give base requests in a mixed batch the last slot's adapter unless one slot
-    is left free (engine.lora_kwargs). Each request of a batch mixing base and two adapters must get
+    is left free (adapters.lora_kwargs). Each request of a batch mixing base and two adapters must get
     exactly the tokens it gets alone."""
     config = make_config(**tenants(demo_adapters, "acme", "globex"))
     pool = EnginePool(config.tiers, adapters=config.tier_adapters())
@@ -104,6 +141,9 @@ def test_a_mixed_batch_gives_each_request_what_it_gets_alone(make_config, demo_a
     adapters = [None, demo_adapters["acme"], demo_adapters["globex"]]
     requests = [(f"{i}-{j}", ids[i], adapter) for i in range(len(texts)) for j, adapter in enumerate(adapters)]
     engine = pool.engine("small")
+    from pipeline.generate.worker import batch_size
+
+    assert batch_size(engine, None) == config.tiers["small"].vllm.max_num_seqs  # read from vLLM's scheduler, as set
     mixed = run_to_end(engine, requests, config.sampling)
     alone = {}
     for request in requests:
@@ -153,3 +193,11 @@ def test_an_adapter_that_cannot_be_served_stops_the_job_before_any_work(make_con
     assert "tenants.acme.adapter" in str(e.value) and "no adapter_config.json" in str(e.value)
     assert "tenants.initech.adapter" in str(e.value) and "another base model than tier small" in str(e.value)
     assert not (tmp_path / "output").exists()  # nothing read, staged or written
+
+
+def test_a_pool_without_the_tenants_adapters_is_refused(make_config, demo_adapters):
+    from pipeline import JobError
+
+    config = make_config(**tenants(demo_adapters, "acme"))
+    with pytest.raises(JobError, match=r"adapters=config.tier_adapters\(\)"):
+        run_job(config, job_id="nopool", pool=EnginePool(config.tiers))

@@ -96,26 +96,32 @@ def test_tier_worker_killed_mid_drain_rerun_takes_over_without_paying_twice(make
     small = {"tiers__small__vllm__max_num_seqs": 4}
     env = cli_env(tiny_models, tmp_path, **small)
     proc = start_cli(["run", "--config", str(TINY_CONFIG), "--job-id", "killed"], env)
-    # Killed where its session's last figures show requests in flight (busy measured, not yet stored): the
-    # process group is frozen first, so what the database holds is what the kill leaves.
-    in_flight = ("select count(*) from engine_sessions where job_id='killed' and busy_seconds > recorded_seconds"
-                 " and (select count(*) from items where job_id='killed') >= 4")
+    # Killed where its session's last figures show requests in flight (at least 10 ms measured,
+    # not yet stored, with a unit leased): the process group is frozen first, so what the database holds is
+    # what the kill leaves.
+    in_flight = ("select count(*) from engine_sessions where job_id='killed' and busy_seconds - recorded_seconds > 0.01"
+                 " and (select count(*) from items where job_id='killed') >= 4"
+                 " and (select count(*) from work_units where job_id='killed' and status='leased') >= 1")
     deadline, frozen = time.monotonic() + 300, False
-    while time.monotonic() < deadline and proc.poll() is None:
-        if db.exists() and scalar(db, "select count(*) from sqlite_master where name='engine_sessions'") \
-                and scalar(db, in_flight):
-            os.killpg(proc.pid, signal.SIGSTOP)
-            try:
-                with sqlite3.connect(db, timeout=1) as c:
-                    frozen = bool(c.execute(in_flight).fetchone()[0])
-            except sqlite3.OperationalError:  # frozen inside a write: let it finish
-                frozen = False
-            if frozen:
-                break
-            os.killpg(proc.pid, signal.SIGCONT)
-        time.sleep(0.05)
-    assert frozen and proc.poll() is None, f"no moment with work in flight to kill: {proc.stderr.read()[-2000:]}"
-    os.killpg(proc.pid, signal.SIGKILL)  # the worker and its engine processes, mid-drain
+    try:
+        while time.monotonic() < deadline and proc.poll() is None:
+            if db.exists() and scalar(db, "select count(*) from sqlite_master where name='engine_sessions'") \
+                    and scalar(db, in_flight):
+                os.killpg(proc.pid, signal.SIGSTOP)
+                try:
+                    with sqlite3.connect(db, timeout=1) as c:
+                        frozen = bool(c.execute(in_flight).fetchone()[0])
+                except sqlite3.OperationalError:  # frozen inside a write: let it finish
+                    frozen = False
+                if frozen:
+                    break
+                os.killpg(proc.pid, signal.SIGCONT)
+            time.sleep(0.05)
+    finally:
+        ended = proc.poll() is not None
+        if not ended:
+            os.killpg(proc.pid, signal.SIGKILL)  # the worker and its engine processes, mid-drain (never left stopped)
+    assert frozen and not ended, f"no moment with work in flight to kill: {proc.communicate()[1][-2000:]}"
     proc.wait()
     paid_before = scalar(db, "select count(*) from items where job_id='killed'")
     dead_unstored = scalar(db, "select sum((busy_seconds - recorded_seconds) * gpus) from engine_sessions "

@@ -201,8 +201,10 @@ def test_engine_counters_read_the_engines_own_logger_and_never_raise():
     prom.spec_decoding_prom = SimpleNamespace(spec_decoding_enabled=False)
     assert engine_counters(llm)["spec_drafted"] is None and engine_counters(llm)["prefix_hits"] == 40
     assert engine_counters(object()) == dict.fromkeys(["spec_drafted", "spec_accepted", "prefix_queries", "prefix_hits"])
-    assert counter_delta({"spec_drafted": 5, "prefix_hits": 1}, engine_counters(llm)) == {
+    assert counter_delta({"spec_drafted": 5, "prefix_hits": 1, "prefix_queries": 0}, engine_counters(llm)) == {
         "spec_drafted": None, "spec_accepted": None, "prefix_queries": 100, "prefix_hits": 39}
+    # Unread at the session's start: unknown, not the engine's lifetime counts.
+    assert counter_delta({"prefix_hits": 1}, engine_counters(llm))["prefix_queries"] is None
     assert counter_delta(None, None) is None
 
 

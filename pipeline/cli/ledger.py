@@ -70,7 +70,7 @@ def _connect(output: str, config: Optional[Path]):
 
 @ledger_app.command("summary")
 def ledger_summary(output: str = OutputOption,
-                   by: str = typer.Option("tenant,tier", "--by", help="Comma-separated: tenant, tier, model, source, job, partition, day (or '' for one total row)."),
+                   by: str = typer.Option("tenant,tier", "--by", help="Comma-separated: tenant, tier, model, adapter, source, job, partition, day (or '' for one total row)."),
                    job_id: Optional[str] = typer.Option(None, "--job-id", help="Only this job."),
                    since: Optional[datetime] = typer.Option(None, "--since", formats=["%Y-%m-%d"], help="From this day (UTC), inclusive."),
                    until: Optional[datetime] = typer.Option(None, "--until", formats=["%Y-%m-%d"], help="To this day (UTC), inclusive."),

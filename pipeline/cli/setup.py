@@ -66,7 +66,7 @@ def models_real(path: Optional[Path] = typer.Argument(None, help="Folder for the
 def models_adapter(base_model: Path = typer.Argument(..., help="The float32 base checkpoint folder (e.g. a tiny model or smollm2-f32)."),
                    out: Path = typer.Argument(..., help="Folder to write the adapter into."),
                    name: str = typer.Option(..., help="The adapter's name (a tenant's); it seeds the weights unless --seed is given."),
-                   rank: int = typer.Option(8, help="LoRA rank (serve with max_lora_rank at least this)."),
+                   rank: int = typer.Option(8, help="LoRA rank (the engine serving it sizes max_lora_rank from its adapters)."),
                    seed: Optional[int] = typer.Option(None, help="Seed for the random weights (default: a hash of --name).")) -> None:
     """Build a DEMO LoRA adapter offline with peft: random deltas, not trained. Same name and base, same bytes."""
     from pipeline.dev.adapters import AdapterError, adapter_digest, build_demo_adapter

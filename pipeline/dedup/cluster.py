@@ -120,13 +120,14 @@ class _Clusters:
 
 
 def cluster_records(records: pa.Table, config: DedupConfig, embedder: Embedder | None = None,
-                    cache=None, tier_rank: dict[str, float] | None = None) -> tuple[pa.Table, DedupStats]:
+                    cache=None, tier_rank: dict[str, float] | None = None,
+                    adapters: list[str | None] | None = None) -> tuple[pa.Table, DedupStats]:
     """Add the reuse columns (module docstring) to keyed records (`scope`, `recipe`, `item_key`, `partition`, `tier`).
 
     `tier_rank` (tier -> price): a record may reuse a representative routed to a tier ranked at least
     as high as its own (a mirror copy whose header hid a routing rule still reuses the large tier's
-    output), never a lower one. Without it, only the same tier.
-    """
+    output), never a lower one. Without it, only the same tier. `adapters`: per row, the digest of the
+    LoRA adapter it runs with; a record only reuses outputs made with its own (none: the base model)."""
     stats = DedupStats()
     n = records.num_rows
     boilerplate = compile_boilerplate(config.boilerplate_patterns)
@@ -139,6 +140,8 @@ def cluster_records(records: pa.Table, config: DedupConfig, embedder: Embedder |
     tiers = records["tier"].to_pylist()
 
     def servable(row: int, rep: int) -> bool:
+        if adapters is not None and adapters[row] != adapters[rep]:
+            return False
         if tiers[row] == tiers[rep]:
             return True
         return tier_rank is not None and tier_rank.get(tiers[row], 0.0) <= tier_rank.get(tiers[rep], 0.0)

@@ -29,22 +29,22 @@ def lora_kwargs(adapters: list[str]) -> dict:
             "max_cpu_loras": len(adapters) + 1}
 
 
-def adapter_problems(config) -> list[str]:
-    """What stops a tenant's adapter from being served (a missing folder, an unservable rank, weights
-    shaped for another base model), before any work; [] when every adapter can run."""
+def adapter_problems(config, tiers: list[str] | None = None) -> list[str]:
+    """What stops a tenant's adapter on one of `tiers` (default: all) from being served (a missing folder,
+    an unservable rank, weights shaped for another base model), before any work; [] when all can run."""
     from pipeline.keys import adapter_digest
 
     problems = []
     for tenant, t in config.tenants.items():
-        if t.adapter is None:
-            continue
         tier = t.adapter_tier or config.route.default_tier
+        if t.adapter is None or (tiers is not None and tier not in tiers):
+            continue
         at = f"tenants.{tenant}.adapter {t.adapter}"
         try:
             adapter_digest(t.adapter)
             folder = Path(t.adapter).expanduser()
             rank = int(json.loads((folder / "adapter_config.json").read_text()).get("r", 8))
-        except (OSError, ValueError) as e:
+        except (OSError, ValueError, TypeError) as e:
             problems.append(f"{at}: {e}")
             continue
         if rank > LORA_RANKS[-1]:
@@ -81,3 +81,14 @@ def shape_mismatch(adapter: Path, model: Path) -> str | None:
         if want and got != want:
             return f"{name} is {got} wide where the model's {module} is {want}"
     return None
+
+
+def lora_requests(adapters: list[str]) -> dict:
+    """One vLLM LoRARequest per adapter folder, named by its content digest: vLLM loads an adapter once per
+    name, so a retrained adapter must not reuse the name of the weights it replaces."""
+    from vllm.lora.request import LoRARequest
+
+    from pipeline.keys import adapter_digest
+
+    return {path: LoRARequest(adapter_digest(path), i, str(Path(path).expanduser()))
+            for i, path in enumerate(adapters, start=1)}

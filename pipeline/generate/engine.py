@@ -23,6 +23,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline.config import SamplingConfig, TierConfig
+from pipeline.generate.adapters import lora_kwargs, lora_requests
+from pipeline.keys import adapter_digest
 from pipeline.schema import GENERATION_FIELDS, ITEM
 
 log = logging.getLogger(__name__)
@@ -65,8 +67,6 @@ class VllmEngine:
         kwargs = tier.vllm.engine_kwargs()
         self.loras = {}
         if adapters:
-            from pipeline.generate.adapters import lora_kwargs
-
             kwargs.update(lora_kwargs(adapters))
         if tier.device == "cpu":
             os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(tier.cpu_kvcache_space_gib)
@@ -85,10 +85,7 @@ class VllmEngine:
         except Exception as e:  # vLLM raises many types at start-up; the caller needs one
             raise EngineStartError(f"could not start vLLM for {tier.model}: {type(e).__name__}: {e}") from e
         if adapters:
-            from vllm.lora.request import LoRARequest
-
-            self.loras = {path: LoRARequest(f"adapter-{i}", i, str(Path(path).expanduser()))
-                          for i, path in enumerate(adapters, start=1)}
+            self.loras = lora_requests(adapters)
 
     def reset_prefix_cache(self) -> None:
         self.llm.reset_prefix_cache()
@@ -113,10 +110,11 @@ class VllmEngine:
         from vllm.inputs import TokensPrompt
 
         engine = self.llm.llm_engine
-        lora = self.loras[adapter] if adapter is not None else None  # KeyError: not served here, refused
+        if adapter is not None and adapter not in self.loras:
+            raise ValueError(f"adapter {adapter} is not served by this engine (it serves {sorted(self.loras)})")
         with _engine_death():
             internal = engine.add_request(request_id, TokensPrompt(prompt_token_ids=prompt), _params(max_tokens, sampling),
-                                          lora_request=lora)
+                                          lora_request=self.loras.get(adapter))
         self._ids = getattr(self, "_ids", {})
         self._ids[internal if isinstance(internal, str) else request_id] = request_id
 
@@ -289,10 +287,10 @@ class EnginePool:
             return int(json.loads(config_file.read_text()).get("max_position_embeddings", 4096))
         return int(getattr(self.tokenizer(name), "model_max_length", 4096))
 
-    def _key(self, tier: TierConfig) -> str:
-        name = next((n for n, t in self.tiers.items() if t is tier), None)
-        return json.dumps([self.factory.__qualname__, tier.model_dump(mode="json"), self.adapters.get(name, [])],
-                          sort_keys=True)
+    def _key(self, name: str) -> str:
+        # Adapters by content: an adapter retrained in place gets an engine that loads the new weights.
+        adapters = [(path, adapter_digest(path)) for path in self.adapters.get(name, [])]
+        return json.dumps([self.factory.__qualname__, self.tiers[name].model_dump(mode="json"), adapters], sort_keys=True)
 
     def reset_prefix_caches(self) -> None:
         """Empty the prefix cache of every engine started for this pool's tiers.
@@ -300,25 +298,27 @@ class EnginePool:
         Engines outlive jobs in a process, and so do their KV blocks: benchmarks that compare runs
         over the same corpus call this so that each run starts from a cold cache.
         """
-        for tier in self.tiers.values():
-            reset = getattr(_ENGINES.get(self._key(tier)), "reset_prefix_cache", None)
+        for name in self.tiers:
+            reset = getattr(_ENGINES.get(self._key(name)), "reset_prefix_cache", None)
             if reset is not None:
                 reset()
 
     def shutdown(self, name: str) -> None:
         """Stop the tier's engine in this process (a worker about to exit frees its memory first)."""
-        engine = _ENGINES.pop(self._key(self._check(name)), None)
+        self._check(name)
+        engine = _ENGINES.pop(self._key(name), None)
         stop = getattr(engine, "shutdown", None)
         if stop is not None:
             stop()
 
     def running(self, name: str) -> Engine | None:
         """The tier's engine when this process has started it, else None (starts nothing)."""
-        return _ENGINES.get(self._key(self._check(name)))
+        self._check(name)
+        return _ENGINES.get(self._key(name))
 
     def engine(self, name: str) -> Engine:
         tier = self._check(name)
-        key = self._key(tier)
+        key = self._key(name)
         if key not in _ENGINES:
             started = time.perf_counter()
             if not _ENGINES:

@@ -312,8 +312,8 @@ def counter_delta(start: dict | None, end: dict | None) -> dict[str, int | None]
     """One session's counts: `end` minus `start` (an engine outlives sessions), None where not kept."""
     if end is None:
         return None
-    start = start or {}
-    return {k: None if end.get(k) is None else max(0, end[k] - (start.get(k) or 0)) for k in COUNTERS}
+    start = start or {}  # unread at the start: unknown, never the engine's lifetime counts
+    return {k: None if end.get(k) is None or start.get(k) is None else max(0, end[k] - start[k]) for k in COUNTERS}
 
 
 def ratio(part: float | None, whole: float | None) -> float | None:

@@ -95,9 +95,9 @@ class Job:
     def __init__(self, config: TokenmillConfig, job_id: str, state: StateStore, pool: EnginePool,
                  progress: Progress, worker: str):
         check_job_id(job_id)
-        problems = config_lever_problems(config.tiers) + adapter_problems(config)  # before any work: an engine refusing them costs minutes
-        if problems:
-            raise JobError("engine levers that cannot run: " + "; ".join(problems))
+        if pool.adapters != config.tier_adapters():
+            raise JobError(f"the engine pool serves adapters {pool.adapters}, the config's tenants need "
+                           f"{config.tier_adapters()}: build it as EnginePool(config.tiers, adapters=config.tier_adapters())")
         self.config, self.job_id, self.state, self.pool, self.progress, self.worker = \
             config, job_id, state, pool, progress, worker
         self.out = storage.resolve(config.output.uri, config.storage)
@@ -133,8 +133,18 @@ class Job:
         return "off" if not self.config.cache.enabled else "bypassed" if self.cache.bypassed else "miss"
 
     # -- staging ----------------------------------------------------------------------------------
+    def check_engines(self, tiers: list[str]) -> None:
+        """Before any work on `tiers` (an engine refusing them costs minutes): their levers and their tenants'
+        adapters, checked on this host; one JobError naming every problem and its fix."""
+        problems = (config_lever_problems({t: self.config.tiers[t] for t in tiers})
+                    + adapter_problems(self.config, tiers))
+        if problems:
+            raise JobError("engines that cannot run: " + "; ".join(problems))
+
     def ensure_staged(self) -> None:
-        """Stage the job unless it is staged already (or wait while another worker stages it)."""
+        """Stage the job unless it is staged already (or wait while another worker stages it); first, check
+        every tier's engine (where the GPU tasks run on other hosts, each drain checks its own again)."""
+        self.check_engines(list(self.config.tiers))
         ensure_staged(self)
 
     # -- partitions -------------------------------------------------------------------------------
@@ -237,6 +247,7 @@ class Job:
         """One tier worker (an orchestrator's GPU task): drain the tier's units of this job, then free the engine."""
         if tier not in self.config.tiers:
             raise JobError(f"no tier {tier!r} in the config (tiers: {', '.join(self.config.tiers)})")
+        self.check_engines([tier])
         report = self.generation.drain(tier, release=True)
         return {"tier": tier, "session": report.session_id, "units": report.units, "requests": report.requests,
                 "engine_started": report.started, "startup_seconds": round(report.startup_seconds, 3),

@@ -24,7 +24,7 @@ from pipeline.config import TokenmillConfig
 from pipeline.dedup.cluster import DedupStats, add_content_hashes, cluster_records
 from pipeline.ingest.read import read_records
 from pipeline.ingest.validate import validate_records
-from pipeline.keys import add_item_keys
+from pipeline.keys import adapter_digest, add_item_keys
 from pipeline.route.rules import assign_tiers
 from pipeline.schema import RAW_RECORDS
 
@@ -150,7 +150,13 @@ def item_keys(table: pa.Table, ctx: StageContext) -> pa.Table:
 
 def cluster(table: pa.Table, ctx: StageContext) -> pa.Table:
     embedder, problem = load_embedder(ctx.config)
-    records, ctx.dedup = cluster_records(table, ctx.config.dedup, embedder, ctx.cache, ctx.config.tier_prices)
+    c = ctx.config
+    adapters = None
+    if c.tenants:
+        digests = {(n, t): adapter_digest(c.adapter(n, t)) for n, t in set(zip(table["tenant"].to_pylist(),
+                                                                                table["tier"].to_pylist()))}
+        adapters = [digests[n, t] for n, t in zip(table["tenant"].to_pylist(), table["tier"].to_pylist())]
+    records, ctx.dedup = cluster_records(table, c.dedup, embedder, ctx.cache, c.tier_prices, adapters)
     if problem:
         ctx.dedup.notes.append(f"semantic reuse off: {problem}")
     return records
@@ -164,7 +170,7 @@ STAGES: tuple[Stage, ...] = (
     Stage("content_hash", needs=("id", "tenant", "text"), adds=("scope", "content_hash"), fn=content_hashes),
     Stage("route", needs=("text", "tenant", "metadata"), adds=("tier", "route_reason"), fn=route),
     Stage("item_keys", needs=("tier", "tenant", "content_hash"), adds=("recipe", "item_key"), fn=item_keys),
-    Stage("cluster", needs=("id", "text", "partition", "tier", "scope", "recipe", "item_key"),
+    Stage("cluster", needs=("id", "text", "tenant", "partition", "tier", "scope", "recipe", "item_key"),
           adds=("gen_key", "gen_id", "gen_text", "gen_tier", "reuse", "similarity", "shadow",
                 "signature", "embedding", "features"), fn=cluster),
 )
