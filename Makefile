@@ -53,7 +53,7 @@ demo: models
 	$(VENV)/bin/tokenmill run --config configs/local.yaml --input data/sample --output data/output
 
 test: install
-	$(PY) -m pytest -q tests
+	$(PY) -m pytest -q --durations=25 tests
 
 # The long run of tests/test_fuzz_reader.py (the suite runs a bounded, deterministic one): random
 # seeds, FUZZ_EXAMPLES examples for each of its 4 properties, with Hypothesis' statistics.
