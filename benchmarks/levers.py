@@ -60,6 +60,7 @@ from pipeline.config import tokenmill_home  # noqa: E402
 from pipeline.dev.holdout import build_holdout  # noqa: E402
 from pipeline.dev.samples import synthetic_document  # noqa: E402
 from pipeline.generate.engine import EnginePool, shutdown_engines  # noqa: E402
+from pipeline.generate.levers import cpu_flags  # noqa: E402
 from pipeline.generate.quality import rouge_l, unfaithful_terms  # noqa: E402
 from pipeline.generate.shadow import wilson_interval  # noqa: E402
 
@@ -142,15 +143,6 @@ class LockedPool(EnginePool):
 
 
 # -- the machine ----------------------------------------------------------------------------------
-def cpu_flags() -> set[str]:
-    try:
-        with open("/proc/cpuinfo") as f:
-            line = next((x for x in f if x.startswith("flags")), "")
-        return set(line.split(":", 1)[1].split()) if line else set()
-    except OSError:
-        return set()
-
-
 def describe_machine() -> dict:
     import psutil
 

@@ -144,15 +144,13 @@ def _write_label(out: Path, *, name: str, base: Path, rank: int, seed: int, targ
 
 
 def adapter_rank(path: str | Path) -> int:
-    """The LoRA rank `r` of the adapter folder `path`, from its adapter_config.json."""
-    import json
+    """The LoRA rank `r` of the adapter folder `path` (generate/adapters.adapter_rank, as the engine reads it)."""
+    from pipeline.generate.adapters import adapter_rank as rank
 
-    config_file = Path(path) / CONFIG_FILE
     try:
-        rank = json.loads(config_file.read_text())["r"]
-    except (OSError, ValueError, KeyError) as e:
-        raise AdapterError(f"cannot read the LoRA rank from {config_file}: {e}") from e
-    return int(rank)
+        return rank(str(path))
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise AdapterError(f"cannot read the LoRA rank from {Path(path) / CONFIG_FILE}: {e}") from e
 
 
 def adapter_digest(path: str | Path) -> str:

@@ -13,6 +13,11 @@ from pathlib import Path
 LORA_RANKS = (1, 8, 16, 32, 64, 128, 256, 320, 512)
 
 
+def adapter_rank(folder: str) -> int:
+    """The LoRA rank `r` of a peft adapter folder (OSError, ValueError or KeyError when unreadable)."""
+    return int(json.loads((Path(folder).expanduser() / "adapter_config.json").read_text())["r"])
+
+
 def lora_kwargs(adapters: list[str]) -> dict:
     """Engine arguments to serve `adapters` (peft folders) beside the base model.
 
@@ -20,11 +25,7 @@ def lora_kwargs(adapters: list[str]) -> dict:
     0.32's CPU LoRA ops give the base requests the adapter in the last slot (index -1; upstream
     vllm-project/vllm#48421, #49656). With that slot never filled, base requests get no adapter
     (tests/test_adapters.py compares each request of a mixed batch with the same request alone)."""
-    ranks = []
-    for path in adapters:
-        config = json.loads((Path(path).expanduser() / "adapter_config.json").read_text())
-        ranks.append(int(config.get("r", 8)))
-    rank = next(r for r in LORA_RANKS if r >= max(ranks))
+    rank = next(r for r in LORA_RANKS if r >= max(adapter_rank(path) for path in adapters))
     return {"enable_lora": True, "max_loras": len(adapters) + 1, "max_lora_rank": rank,
             "max_cpu_loras": len(adapters) + 1}
 
@@ -42,9 +43,8 @@ def adapter_problems(config, tiers: list[str] | None = None) -> list[str]:
         at = f"tenants.{tenant}.adapter {t.adapter}"
         try:
             adapter_digest(t.adapter)
-            folder = Path(t.adapter).expanduser()
-            rank = int(json.loads((folder / "adapter_config.json").read_text()).get("r", 8))
-        except (OSError, ValueError, TypeError) as e:
+            folder, rank = Path(t.adapter).expanduser(), adapter_rank(t.adapter)
+        except (OSError, ValueError, TypeError, KeyError) as e:
             problems.append(f"{at}: {e}")
             continue
         if rank > LORA_RANKS[-1]:

@@ -23,6 +23,7 @@ from typing import Any
 
 from pipeline.config import TierConfig, VllmArgs
 from pipeline.generate.engine import EngineStartError
+from pipeline.stores.units import SESSION_COUNTERS
 
 log = logging.getLogger(__name__)
 
@@ -46,8 +47,9 @@ FOUR_BIT_METHODS = ("compressed-tensors", "gptq", "awq", "auto_gptq", "auto_awq"
 SPECULATIVE_METHODS = ("ngram", "ngram_gpu", "draft_model", "eagle", "eagle3", "mtp", "medusa", "mlp_speculator",
                        "suffix", "dflash", "dspark", "extract_hidden_states", "custom_class")
 NEEDS_DRAFT_MODEL = ("draft_model", "eagle", "eagle3", "medusa", "mlp_speculator", "custom_class")
-COUNTERS = {"spec_drafted": "vllm:spec_decode_num_draft_tokens", "spec_accepted": "vllm:spec_decode_num_accepted_tokens",
-            "prefix_queries": "vllm:prefix_cache_queries", "prefix_hits": "vllm:prefix_cache_hits"}
+# vLLM's metric for each counter an engine session stores (stores/units.py SESSION_COUNTERS, in that order).
+COUNTERS = dict(zip(SESSION_COUNTERS, ("vllm:spec_decode_num_draft_tokens", "vllm:spec_decode_num_accepted_tokens",
+                                      "vllm:prefix_cache_queries", "vllm:prefix_cache_hits")))
 
 
 class LeverError(EngineStartError):
