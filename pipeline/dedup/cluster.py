@@ -39,7 +39,7 @@ import pyarrow as pa
 import xxhash
 
 from pipeline.config import DedupConfig
-from pipeline.dedup import guards, minhash
+from pipeline.dedup import guards, minhash, neighbours
 from pipeline.keys import clean_text, compile_boilerplate, content_hash, key_bytes, tenant_scope
 
 log = logging.getLogger(__name__)
@@ -59,6 +59,16 @@ class DedupStats:
     cache_index: dict = field(default_factory=dict)           # entries loaded per scope
     seconds: dict = field(default_factory=dict)
     notes: list = field(default_factory=list)                 # what was asked for and could not be done
+
+    def merge(self, other: "DedupStats") -> None:
+        """Add a shard's figures (seconds add up: they are CPU-seconds across shards)."""
+        self.clusters.update(other.clusters)
+        self.refused.update(other.refused)
+        for scope, n in other.cache_index.items():
+            self.cache_index[scope] = self.cache_index.get(scope, 0) + n
+        for step, seconds in other.seconds.items():
+            self.seconds[step] = self.seconds.get(step, 0.0) + seconds
+        self.notes.extend(n for n in other.notes if n not in self.notes)
 
     def as_dict(self) -> dict:
         return {"reused": dict(self.clusters), "guard_refusals": dict(self.refused),
@@ -119,6 +129,45 @@ class _Clusters:
         self.join(old, new, kind, similarity)
 
 
+def sketch_records(records: pa.Table, config: DedupConfig, embedder: Embedder | None = None,
+                   with_cache: bool = False) -> pa.Table:
+    """Add every record's `signature` (MinHash, when near dedup or the cache index needs it; zeros
+    otherwise) and `embedding` (float16, with an embedder; null otherwise).
+
+    Per record, so a job sketches its input file by file (in parallel) and clustering keeps only these
+    columns in memory, never the texts. Every row, not only the first of each key: which copy comes
+    first is only known once ids repeated across files are quarantined."""
+    n = records.num_rows
+    boilerplate = compile_boilerplate(config.boilerplate_patterns)
+    texts = [clean_text(t, boilerplate) for t in records["text"].to_pylist()]
+    embedding = _embed_in_background(embedder, texts) if embedder is not None else None  # (0, d) for none: the width
+    sigs = np.zeros((n, config.num_perm), np.uint32)
+    if (config.near or with_cache) and n:
+        sigs = minhash.signatures([t.casefold() for t in texts] if config.case_fold else texts,
+                                  config.shingle_words, config.num_perm)
+    out = records.append_column("signature", pa.FixedSizeListArray.from_arrays(
+        pa.array(sigs.reshape(-1), pa.uint32()), config.num_perm))
+    if embedding is None:
+        return out.append_column("embedding", pa.nulls(n, pa.list_(pa.float16())))
+    vectors = embedding.result().astype(np.float16)
+    return out.append_column("embedding", pa.FixedSizeListArray.from_arrays(
+        pa.array(vectors.reshape(-1), pa.float16()), vectors.shape[1]))
+
+
+def signature_matrix(records: pa.Table, num_perm: int) -> np.ndarray:
+    """The `signature` column as uint32[n, num_perm] (no copy when it has one chunk)."""
+    column = records["signature"].combine_chunks()
+    return np.asarray(column.flatten(), np.uint32).reshape(len(column), num_perm)
+
+
+def embedding_matrix(records: pa.Table) -> np.ndarray | None:
+    """The `embedding` column as float16[n, d], or None when the records have no embeddings."""
+    column = records["embedding"].combine_chunks()
+    if not pa.types.is_fixed_size_list(column.type) or not column.type.list_size:
+        return None
+    return np.asarray(column.flatten(), np.float16).reshape(len(column), column.type.list_size)
+
+
 def cluster_records(records: pa.Table, config: DedupConfig, embedder: Embedder | None = None,
                     cache=None, tier_rank: dict[str, float] | None = None,
                     adapters: list[str | None] | None = None) -> tuple[pa.Table, DedupStats]:
@@ -127,12 +176,43 @@ def cluster_records(records: pa.Table, config: DedupConfig, embedder: Embedder |
     `tier_rank` (tier -> price): a record may reuse a representative routed to a tier ranked at least
     as high as its own (a mirror copy whose header hid a routing rule still reuses the large tier's
     output), never a lower one. Without it, only the same tier. `adapters`: per row, the digest of the
-    LoRA adapter it runs with; a record only reuses outputs made with its own (none: the base model)."""
+    LoRA adapter it runs with; a record only reuses outputs made with its own (none: the base model).
+
+    In memory, for a table that fits: a job's planning (pipeline/job/plan.py) runs the same steps,
+    `sketch_records` per file and `reuse_plan` per shard of scopes, with texts read back on demand."""
+    sketched = records
+    if "signature" not in records.column_names:
+        sketched = sketch_records(records, config, embedder, cache is not None)
+    boilerplate = compile_boilerplate(config.boilerplate_patterns)
+    raw = records["text"].to_pylist()
+    plan = reuse_plan(sketched, config, lambda row: clean_text(raw[row], boilerplate), cache, tier_rank, adapters)
+    out = reuse_columns(sketched, plan, config)
+    gen_text = pa.array([raw[s] if s >= 0 else None for s in out["gen_source"].to_pylist()], pa.string())
+    return out.drop_columns(["gen_source"]).append_column("gen_text", gen_text).select(
+        [c for c in sketched.column_names] + list(REUSE_COLUMNS)), plan.stats
+
+
+REUSE_COLUMNS = ("gen_key", "gen_id", "gen_text", "gen_tier", "reuse", "similarity", "shadow", "features")
+
+
+@dataclass
+class ReusePlan:
+    """Who reuses whom among a table's rows: `clusters` (in-job reuse), cached (an earlier job's
+    output), the guard features computed on the way, and the stage's statistics."""
+    clusters: "_Clusters"
+    features: list
+    stats: DedupStats
+
+
+def reuse_plan(records: pa.Table, config: DedupConfig, text_of, cache=None,
+               tier_rank: dict[str, float] | None = None, adapters: list[str | None] | None = None) -> ReusePlan:
+    """Cluster sketched records (`sketch_records`' columns plus `scope`, `recipe`, `item_key`, `tier`).
+
+    `text_of(row)`: the row's cleaned text, asked for only when the guards compare a pair (the
+    features of both, and the text itself when their features disagree). Semantic reuse runs where the
+    records carry embeddings (an embedder was configured and loaded)."""
     stats = DedupStats()
     n = records.num_rows
-    boilerplate = compile_boilerplate(config.boilerplate_patterns)
-    texts = [clean_text(t, boilerplate) for t in records["text"].to_pylist()]
-    compare = [t.casefold() for t in texts] if config.case_fold else texts
     keys = records["item_key"].to_pylist()
     groups, in_job = _first_rows(records, keys)
     clusters = _Clusters(n)
@@ -148,7 +228,7 @@ def cluster_records(records: pa.Table, config: DedupConfig, embedder: Embedder |
 
     def feature(row: int) -> guards.Features:
         if feats[row] is None:
-            feats[row] = guards.features(texts[row])
+            feats[row] = guards.features(text_of(row))
         return feats[row]
 
     def attach(row: int, close: list[tuple[float, int]], kind: str) -> bool:
@@ -169,35 +249,32 @@ def cluster_records(records: pa.Table, config: DedupConfig, embedder: Embedder |
         if not config.guards:
             return True
         if (a, b) not in verdicts:
-            failed = guards.texts_agree(texts[a], texts[b], config.max_length_ratio, feature(a), feature(b))
+            fa, fb = feature(a), feature(b)
+            failed = guards.features_agree(fa, fb, config.max_length_ratio)
+            if failed is not None and failed != "length":  # only then do the texts themselves matter
+                failed = guards.texts_agree(text_of(a), text_of(b), config.max_length_ratio, fa, fb)
             if failed:
                 stats.refused[failed] += 1
             verdicts[a, b] = failed is None
         return verdicts[a, b]
 
     started = time.perf_counter()
-    sigs = np.zeros((n, config.num_perm), np.uint32)
-    firsts = sorted(r for rows in groups.values() for r in rows)
-    embedding = _embed_in_background(embedder, [texts[r] for r in firsts]) if embedder is not None and firsts else None
-    if (config.near or cache is not None) and firsts:
-        sigs[firsts] = minhash.signatures([compare[r] for r in firsts], config.shingle_words, config.num_perm)
+    sigs = signature_matrix(records, config.num_perm)
     if config.near:
         _near_pass(in_job, sigs, clusters, attach, config)
     stats.seconds["near"] = time.perf_counter() - started
 
     started = time.perf_counter()
-    vectors = None
-    if embedder is not None:
-        vectors = _semantic_pass(embedding, n, firsts, in_job, clusters, attach, config)
+    vectors = embedding_matrix(records)
+    if vectors is not None and config.semantic:
+        _semantic_pass(vectors, in_job, clusters, attach, config)
     stats.seconds["semantic"] = time.perf_counter() - started
 
     started = time.perf_counter()
     if cache is not None:
         _match_cache(records, groups, clusters, sigs, vectors, feature, config, cache, stats)
     stats.seconds["cache_lookup"] = time.perf_counter() - started
-    out = _with_columns(records, clusters, keys, sigs, vectors, config, stats)
-    # Guard features computed here are kept: the cache index stores them for generated records.
-    return out.append_column("features", pa.array([f.to_json() if f else None for f in feats], pa.string())), stats
+    return ReusePlan(clusters, feats, stats)
 
 
 def _embed_in_background(embedder: Embedder, texts: list[str]):
@@ -231,58 +308,34 @@ def _first_rows(records: pa.Table, keys: list[str]) -> tuple[dict[tuple[str, str
 
 
 def _near_pass(in_job: dict[str, list[int]], sigs: np.ndarray, clusters: _Clusters, attach, config: DedupConfig) -> None:
-    """MinHash LSH per scope, in job order: each row joins the best earlier representative it may reuse."""
+    """MinHash LSH per scope, in job order: each row joins the best earlier representative it may reuse.
+
+    Candidates are the rows indexed so far (those that joined no cluster) sharing a band bucket."""
     for rows in in_job.values():
-        index = minhash.LshIndex(config.near_threshold, config.num_perm)
-        for row in rows:
-            close = sorted(((s, c) for c in index.candidates(sigs[row]) if clusters.rep[c] == c
+        buckets = minhash.LshBuckets(sigs[rows], config.near_threshold, config.num_perm)
+        indexed: dict[int, list[int]] = {}  # shared bucket -> rows indexed in it, in job order
+        for i, row in enumerate(rows):
+            shared = buckets.shared(i)
+            if not shared:
+                continue  # no other row of the scope shares a bucket: nothing to compare, nothing to index
+            candidates = {c for g in shared for c in indexed.get(g, ())}
+            close = sorted(((s, c) for c in candidates if clusters.rep[c] == c
                             for s in [minhash.jaccard(sigs[row], sigs[c])] if s >= config.near_threshold),
                            reverse=True)
             if not attach(row, close, "near_duplicate"):
-                index.add(row, sigs[row])
+                for g in shared:
+                    indexed.setdefault(g, []).append(row)
 
 
-def _semantic_pass(embedding, n: int, firsts: list[int], in_job: dict[str, list[int]], clusters: _Clusters, attach,
-                   config: DedupConfig) -> np.ndarray:
-    """Every row's embedding (zeros where none was computed); with `semantic` on, rows still representing
-    themselves join the best earlier representative within the cosine threshold."""
-    vectors = np.zeros((n, 0), np.float32)
-    if embedding is not None:
-        encoded = embedding.result().astype(np.float32)
-        vectors = np.zeros((n, encoded.shape[1]), np.float32)
-        vectors[firsts] = encoded
-    if config.semantic:
-        for rows in in_job.values():
-            reps = [r for r in rows if clusters.rep[r] == r]
-            for row, candidates in _nearest_earlier(vectors, reps, config.semantic_threshold):
-                attach(row, [(s, c) for s, c in candidates if clusters.rep[c] == c], "semantic")
-    return vectors
-
-
-def _nearest_earlier(vectors: np.ndarray, rows: list[int], threshold: float, block: int = 1024, top: int = 4):
-    """For each row (in order), earlier rows with cosine >= threshold, best first: exact search in blocks."""
-    if len(rows) < 2:
-        return
-    matrix = vectors[rows]
-    for start in range(0, len(rows), block):
-        sims = matrix[start:start + block] @ matrix[:start + block].T
-        sims[np.arange(sims.shape[0])[:, None] + start <= np.arange(sims.shape[1])] = -np.inf  # earlier rows only
-        above = sims >= threshold
-        counts = above.sum(axis=1)
-        # Rows with a few neighbours: list them; rows with many (alike documents): top k by partition.
-        # Either alone is slow on one of the two shapes real corpora have.
-        found: dict[int, np.ndarray] = {}
-        few = np.flatnonzero((counts > 0) & (counts <= 64))
-        if len(few):
-            hit_i, hit_j = np.nonzero(above[few])
-            cuts = np.flatnonzero(np.diff(hit_i)) + 1
-            found.update(zip(few[hit_i[np.concatenate([[0], cuts])]].tolist(), np.split(hit_j, cuts)))
-        many = np.flatnonzero(counts > 64)
-        if len(many):
-            found.update(zip(many.tolist(), np.argpartition(-sims[many], top - 1, axis=1)[:, :top]))
+def _semantic_pass(vectors: np.ndarray, in_job: dict[str, list[int]], clusters: _Clusters, attach,
+                   config: DedupConfig) -> None:
+    """Rows still representing themselves join the best earlier representative within the cosine
+    threshold (neighbours.py: exact up to its `exact_max` rows per scope, an IVF index beyond)."""
+    for rows in in_job.values():
+        reps = [r for r in rows if clusters.rep[r] == r]
+        found = neighbours.nearest_earlier(vectors[reps], config.semantic_threshold)
         for i in sorted(found):
-            hits = sorted(((float(sims[i, j]), -int(j)) for j in found[i] if sims[i, j] >= threshold), reverse=True)
-            yield rows[start + i], [(s, rows[-j]) for s, j in hits[:top]]  # ties: the earlier row first
+            attach(reps[i], [(s, reps[j]) for s, j in found[i] if clusters.rep[reps[j]] == reps[j]], "semantic")
 
 
 def _match_cache(records, groups, clusters: _Clusters, sigs, vectors, feature, config: DedupConfig, cache,
@@ -312,13 +365,17 @@ def _match_cache(records, groups, clusters: _Clusters, sigs, vectors, feature, c
                 stats.refused[failed] += 1
             return failed is None
 
-        if config.near:
-            lsh = minhash.LshIndex(config.near_threshold, config.num_perm)
-            for j, sig in enumerate(index["signatures"]):
-                lsh.add(j, sig)
-            for row in reps:
-                best = sorted(((minhash.jaccard(sigs[row], index["signatures"][j]), j)
-                               for j in lsh.candidates(sigs[row])), reverse=True)
+        if config.near and reps:
+            stored_sigs = index["signatures"]
+            buckets = minhash.LshBuckets(np.concatenate([stored_sigs, sigs[reps]]), config.near_threshold,
+                                         config.num_perm)
+            entries: dict[int, list[int]] = {}  # shared bucket -> index entries in it
+            for j in range(len(stored_sigs)):
+                for g in buckets.shared(j):
+                    entries.setdefault(g, []).append(j)
+            for i, row in enumerate(reps):
+                candidates = {j for g in buckets.shared(len(stored_sigs) + i) for j in entries.get(g, ())}
+                best = sorted(((minhash.jaccard(sigs[row], stored_sigs[j]), j) for j in candidates), reverse=True)
                 match = next(((s, j) for s, j in best if s >= config.near_threshold and agree(row, j)), None)
                 if match:
                     clusters.cached[row] = (str(index["keys"][match[1]]), "cache_near", match[0])
@@ -327,7 +384,7 @@ def _match_cache(records, groups, clusters: _Clusters, sigs, vectors, feature, c
             left = [r for r in reps if r not in clusters.cached]
             for start in range(0, len(left), 1024):
                 block = left[start:start + 1024]
-                sims = vectors[block] @ stored.T
+                sims = vectors[block].astype(np.float32) @ stored.T
                 for i, row in enumerate(block):
                     for j in np.argsort(-sims[i])[:4]:
                         if sims[i, j] < config.semantic_threshold:
@@ -337,50 +394,47 @@ def _match_cache(records, groups, clusters: _Clusters, sigs, vectors, feature, c
                             break
 
 
-def _with_columns(records, clusters: _Clusters, keys, sigs, vectors, config: DedupConfig,
-                  stats: DedupStats) -> pa.Table:
-    n = records.num_rows
+def reuse_columns(records: pa.Table, plan: ReusePlan, config: DedupConfig) -> pa.Table:
+    """`records` with gen_key, gen_id, gen_tier, reuse, similarity, shadow, features and `gen_source`:
+    the row whose text a member needs (its representative in another partition), else -1."""
+    n, clusters, stats = records.num_rows, plan.clusters, plan.stats
+    keys = records["item_key"].to_pylist()
     ids = records["id"].to_pylist()
     parts = records["partition"].to_pylist()
-    raw_texts = records["text"].to_pylist()
+    tiers = records["tier"].to_pylist()
     first_row: dict[str, int] = {}
     for row, key in enumerate(keys):
         first_row.setdefault(key, row)
-    tiers = records["tier"].to_pylist()
-    gen_key, gen_id, gen_text, gen_tier, reuse, similarity, shadow = [], [], [], [], [], [], []
+    gen_key, gen_id, gen_source, gen_tier, reuse, similarity, shadow = [], [], [], [], [], [], []
     for row in range(n):
         first = first_row[keys[row]]       # exact duplicates follow their key's first record
         rep = clusters.rep[first]
         kind, sim = clusters.kind[first], clusters.similarity[first]
-        key, gid, gtext, gtier = keys[row], None, None, tiers[row]
+        key, gid, source, gtier = keys[row], None, -1, tiers[row]
         if rep != first:                    # an in-job near/semantic member
             key, gid, gtier = keys[rep], ids[rep], tiers[rep]
-            gtext = raw_texts[rep] if parts[rep] != parts[row] else None
+            source = rep if parts[rep] != parts[row] else -1
         cached = clusters.cached.get(rep)
         if cached is not None:              # its representative reuses an earlier job's output
-            key, gid, gtext = cached[0], None, None
+            key, gid, source = cached[0], None, -1
             if rep == first:
                 kind, sim = cached[1], cached[2]
         gen_key.append(key)
         gen_id.append(gid)
-        gen_text.append(gtext)
+        gen_source.append(source)
         gen_tier.append(gtier)
         reuse.append(kind)
         similarity.append(sim)
         shadow.append(kind is not None and shadow_selected(keys[row], config.shadow_rate))
         if kind is not None:
             stats.clusters[kind] += 1
-    dim = vectors.shape[1] if vectors is not None else 0
+    # Guard features computed here are kept: the cache index stores them for generated records.
     return (records
             .append_column("gen_key", pa.array(gen_key, pa.string()))
             .append_column("gen_id", pa.array(gen_id, pa.string()))
-            .append_column("gen_text", pa.array(gen_text, pa.string()))
             .append_column("gen_tier", pa.array(gen_tier, pa.string()))
             .append_column("reuse", pa.array(reuse, pa.string()))
             .append_column("similarity", pa.array(similarity, pa.float64()))
             .append_column("shadow", pa.array(shadow, pa.bool_()))
-            .append_column("signature", pa.FixedSizeListArray.from_arrays(pa.array(sigs.reshape(-1), pa.uint32()),
-                                                                          config.num_perm))
-            .append_column("embedding", pa.FixedSizeListArray.from_arrays(
-                pa.array((vectors if dim else np.zeros((n, 0), np.float32)).reshape(-1).astype(np.float16), pa.float16()),
-                dim) if dim else pa.nulls(n, pa.list_(pa.float16()))))
+            .append_column("features", pa.array([f.to_json() if f else None for f in plan.features], pa.string()))
+            .append_column("gen_source", pa.array(gen_source, pa.int64())))

@@ -198,3 +198,47 @@ class LshIndex:
             for ref in self.buckets.get(key, ()):
                 seen[ref] = None
         return list(seen)
+
+
+def band_hashes(sigs: np.ndarray, bands: int, rows: int) -> np.ndarray:
+    """uint64[len(sigs), bands]: one 64-bit hash per band, the band's index mixed in (equal rows in
+    different bands never collide). A 64-bit collision only adds a candidate, which the Jaccard
+    estimate then rejects."""
+    out = np.empty((len(sigs), bands), np.uint64)
+    with np.errstate(over="ignore"):
+        for b in range(bands):
+            h = np.full(len(sigs), np.uint64(b + 1) * np.uint64(0x9E3779B97F4A7C15), np.uint64)
+            for r in range(b * rows, (b + 1) * rows):
+                h = _mix(h ^ sigs[:, r].astype(np.uint64))
+            out[:, b] = h
+    return out
+
+
+class LshBuckets:
+    """The band buckets of many signatures at once, by sorting their band hashes.
+
+    `groups[i]` lists the buckets signature i shares with at least one other signature (-1 for a band
+    it has alone): int32, a few bytes per band, where `LshIndex` keeps a dict entry of about a
+    kilobyte per signature. Pairs are not listed up front (a bucket of k alike documents holds k²/2
+    of them); callers walk the rows in order and keep, per shared bucket, the rows they indexed."""
+
+    def __init__(self, sigs: np.ndarray, threshold: float, num_perm: int):
+        bands, rows = bands_for(threshold, num_perm)
+        flat = band_hashes(sigs, bands, rows).ravel()
+        order = np.argsort(flat, kind="stable")
+        ordered = flat[order]
+        starts = np.ones(len(flat), bool)
+        starts[1:] = ordered[1:] != ordered[:-1]
+        bucket = np.cumsum(starts) - 1
+        shared = np.bincount(bucket)[bucket] > 1
+        groups = np.full(len(flat), -1, np.int32)
+        groups[order[shared]] = bucket[shared]
+        self.groups = groups.reshape(len(sigs), bands)
+        self.any_shared = (self.groups >= 0).any(axis=1)
+
+    def shared(self, i: int) -> list[int]:
+        """The buckets signature i shares with another (empty for most documents)."""
+        if not self.any_shared[i]:
+            return []
+        g = self.groups[i]
+        return g[g >= 0].tolist()

@@ -39,11 +39,13 @@ def quarantine_rows(records: pa.Table, reasons: pa.Array, job_id: str, excerpt_c
     }, schema=pa.schema([("partition", pa.string()), *QUARANTINE]))
 
 
-def validate_records(raw: pa.Table, config: InputConfig, job_id: str) -> tuple[pa.Table, pa.Table]:
+def validate_records(raw: pa.Table, config: InputConfig, job_id: str,
+                     duplicate_ids: bool = True) -> tuple[pa.Table, pa.Table]:
     """(valid records, quarantine rows).
 
     Valid records keep every RAW_RECORDS column except the read-error ones (read_error, read_detail,
-    raw_excerpt).
+    raw_excerpt). `duplicate_ids` False: repeated ids are left for the caller (the planner checks
+    them across files, in job order: `duplicate_rows`).
     """
     n = raw.num_rows
     text_bytes = pc.binary_length(raw["text"].cast(pa.binary()))
@@ -70,17 +72,27 @@ def validate_records(raw: pa.Table, config: InputConfig, job_id: str) -> tuple[p
     # Duplicate ids among the records that passed so far: the first occurrence wins.
     passed = pc.is_null(reason).combine_chunks() if isinstance(reason, pa.ChunkedArray) else pc.is_null(reason)
     ids = raw["id"].combine_chunks()
-    seen: set[str] = set()
-    dup = [False] * n
-    for i, (ok, id_) in enumerate(zip(passed.to_pylist(), ids.to_pylist())):
-        if ok:
-            if id_ in seen:
-                dup[i] = True
-            seen.add(id_)
-    reason = pc.if_else(pa.array(dup), pa.scalar("duplicate_id"), reason)
+    if duplicate_ids:
+        passed_at = [i for i, ok in enumerate(passed.to_pylist()) if ok]
+        dup = [False] * n
+        for j in duplicate_rows(ids.filter(passed), set()):
+            dup[passed_at[j]] = True
+        reason = pc.if_else(pa.array(dup), pa.scalar("duplicate_id"), reason)
 
     bad = pc.is_valid(reason)
     bad_records = raw.filter(bad)
     quarantine = quarantine_rows(bad_records, reason.filter(bad), job_id, config.excerpt_chars, detail.filter(bad))
     valid = raw.filter(pc.invert(bad)).drop_columns(["read_error", "read_detail", "raw_excerpt"])
     return valid, quarantine
+
+
+def duplicate_rows(ids: pa.Array, seen: set[str]) -> list[int]:
+    """Positions in `ids` of ids already in `seen` (from earlier files) or earlier in `ids`; adds the rest
+    to `seen`. The first valid occurrence of an id wins."""
+    dups = []
+    for i, id_ in enumerate(ids.to_pylist()):
+        if id_ in seen:
+            dups.append(i)
+        else:
+            seen.add(id_)
+    return dups

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from pipeline.config import TokenmillConfig
-from pipeline.dedup.cluster import DedupStats, add_content_hashes, cluster_records
+from pipeline.dedup.cluster import DedupStats, add_content_hashes, cluster_records, sketch_records
 from pipeline.ingest.read import read_records
 from pipeline.ingest.validate import validate_records
 from pipeline.keys import adapter_digest, add_item_keys
@@ -42,10 +42,14 @@ class StageContext:
     job_id: str
     input_uri: str
     cache: object | None = None            # a ResilientStore whose near/semantic index is searched too
+    files: list[tuple[str, str]] | None = None  # (relative, full path) to read; None: every file under input_uri
+    duplicate_ids: bool = True             # validate quarantines repeated ids (the planner does it across files)
     raw: pa.Table | None = None            # every record read, good or bad (set by read)
     quarantine: pa.Table | None = None     # rows for the bad ones (set by validate)
     skipped: list[str] = field(default_factory=list)  # "<file>: why" for files that gave no record (set by read)
     dedup: DedupStats | None = None        # set by cluster
+    embedder: object | None = None         # set by sketch: the static embedder, when semantic reuse is on
+    notes: list[str] = field(default_factory=list)  # what was asked for and could not be done (set by sketch)
 
 
 @dataclass(frozen=True)
@@ -117,7 +121,7 @@ def load_embedder(config: TokenmillConfig) -> tuple[object | None, str | None]:
 
 
 def read(table: pa.Table, ctx: StageContext) -> pa.Table:
-    raw, ctx.skipped = read_records(ctx.input_uri, ctx.config.input, ctx.config.storage)
+    raw, ctx.skipped = read_records(ctx.input_uri, ctx.config.input, ctx.config.storage, ctx.files)
     for note in ctx.skipped:  # "<file>: skipped, not .jsonl, …" or "<file>: empty file (0 bytes), no records"
         log.warning("input file %s", note)
     ctx.raw = raw
@@ -125,7 +129,7 @@ def read(table: pa.Table, ctx: StageContext) -> pa.Table:
 
 
 def validate(table: pa.Table, ctx: StageContext) -> pa.Table:
-    records, ctx.quarantine = validate_records(table, ctx.config.input, ctx.job_id)
+    records, ctx.quarantine = validate_records(table, ctx.config.input, ctx.job_id, ctx.duplicate_ids)
     return records
 
 
@@ -148,17 +152,26 @@ def item_keys(table: pa.Table, ctx: StageContext) -> pa.Table:
     return add_item_keys(table, c.prompt, c.sampling, c.tiers, c.adapter)
 
 
-def cluster(table: pa.Table, ctx: StageContext) -> pa.Table:
-    embedder, problem = load_embedder(ctx.config)
-    c = ctx.config
-    adapters = None
-    if c.tenants:
-        digests = {(n, t): adapter_digest(c.adapter(n, t)) for n, t in set(zip(table["tenant"].to_pylist(),
-                                                                                table["tier"].to_pylist()))}
-        adapters = [digests[n, t] for n, t in zip(table["tenant"].to_pylist(), table["tier"].to_pylist())]
-    records, ctx.dedup = cluster_records(table, c.dedup, embedder, ctx.cache, c.tier_prices, adapters)
+def sketch(table: pa.Table, ctx: StageContext) -> pa.Table:
+    ctx.embedder, problem = load_embedder(ctx.config)
     if problem:
-        ctx.dedup.notes.append(f"semantic reuse off: {problem}")
+        ctx.notes.append(f"semantic reuse off: {problem}")
+    return sketch_records(table, ctx.config.dedup, ctx.embedder, ctx.config.cache.enabled)
+
+
+def row_adapters(config: TokenmillConfig, table: pa.Table) -> list[str | None] | None:
+    """Per row, the digest of the LoRA adapter its tenant runs on its tier (None: no tenant has one)."""
+    if not config.tenants:
+        return None
+    pairs = list(zip(table["tenant"].to_pylist(), table["tier"].to_pylist()))
+    digests = {(n, t): adapter_digest(config.adapter(n, t)) for n, t in set(pairs)}
+    return [digests[p] for p in pairs]
+
+
+def cluster(table: pa.Table, ctx: StageContext) -> pa.Table:
+    c = ctx.config
+    records, ctx.dedup = cluster_records(table, c.dedup, ctx.embedder, ctx.cache, c.tier_prices, row_adapters(c, table))
+    ctx.dedup.notes.extend(ctx.notes)
     return records
 
 
@@ -170,9 +183,10 @@ STAGES: tuple[Stage, ...] = (
     Stage("content_hash", needs=("id", "tenant", "text"), adds=("scope", "content_hash"), fn=content_hashes),
     Stage("route", needs=("text", "tenant", "metadata"), adds=("tier", "route_reason"), fn=route),
     Stage("item_keys", needs=("tier", "tenant", "content_hash"), adds=("recipe", "item_key"), fn=item_keys),
-    Stage("cluster", needs=("id", "text", "tenant", "partition", "tier", "scope", "recipe", "item_key"),
-          adds=("gen_key", "gen_id", "gen_text", "gen_tier", "reuse", "similarity", "shadow",
-                "signature", "embedding", "features"), fn=cluster),
+    Stage("sketch", needs=("text", "item_key"), adds=("signature", "embedding"), fn=sketch),
+    Stage("cluster", needs=("id", "text", "tenant", "partition", "tier", "scope", "recipe", "item_key",
+                            "signature", "embedding"),
+          adds=("gen_key", "gen_id", "gen_text", "gen_tier", "reuse", "similarity", "shadow", "features"), fn=cluster),
 )
 STAGED_COLUMNS = columns_after(STAGES)  # what every staged record carries into its partition run
 

@@ -14,10 +14,9 @@ import time
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
-import pyarrow.compute as pc
 
 from pipeline.job.errors import JobError
-from pipeline.job.stages import staged_input
+from pipeline.job.plan import plan_job
 from pipeline.output.write import write_manifest
 from pipeline.stores import storage
 
@@ -39,8 +38,8 @@ class StagingArea:
     def write(self, partition: str, name: str, table: pa.Table) -> None:
         storage.write_parquet_atomic(self.root, self.path(partition, f"{name}.parquet"), table, "zstd")
 
-    def read(self, partition: str, name: str) -> pa.Table:
-        return storage.read_parquet(self.root, self.path(partition, f"{name}.parquet"))
+    def read(self, partition: str, name: str, columns: list[str] | None = None) -> pa.Table:
+        return storage.read_parquet(self.root, self.path(partition, f"{name}.parquet"), columns)
 
     # Prepared requests are keyed by the config fingerprint: requests made under another prompt or
     # model are never reused.
@@ -76,21 +75,16 @@ def ensure_staged(job: Job) -> None:
 
 
 def stage_input(job: Job) -> None:
-    """Run the CPU stages over the whole input; stage each partition's records; register partitions."""
+    """Plan the job (plan.py: streamed by file, sharded by scope) into the staging area; register partitions."""
     started = time.perf_counter()
     try:
-        staged = staged_input(job.config, job.job_id, cache=job.cache)
-        raw, records, quarantine = staged.raw, staged.records, staged.quarantine
-        partitions: dict[str, dict] = {}
-        for part, file in zip(raw["partition"].to_pylist(), raw["file"].to_pylist()):
-            partitions.setdefault(part, {"file": file, "records": 0})["records"] += 1
-        for part in partitions:
-            for name, table in (("records", records), ("quarantine", quarantine)):
-                job.staging.write(part, name, table.filter(pc.equal(table["partition"], part)))
-        job.state.add_partitions(job.job_id, partitions)
-        job.state.set_job(job.job_id, status="staged", counts={"records": raw.num_rows, "staging": {
-            "records": raw.num_rows, "partitions": len(partitions), "skipped_files": staged.skipped,
-            "dedup": staged.dedup.as_dict(), "seconds": round(time.perf_counter() - started, 3)}})
+        plan = plan_job(job.config, job.job_id, job.staging, cache=job.cache)
+        job.state.add_partitions(job.job_id, plan.partitions)
+        job.state.set_job(job.job_id, status="staged", counts={"records": plan.records, "staging": {
+            "records": plan.records, "partitions": len(plan.partitions), "skipped_files": plan.skipped,
+            "dedup": plan.dedup.as_dict(), "shards": plan.shards,
+            "step_seconds": {k: round(v, 3) for k, v in plan.seconds.items()},
+            "seconds": round(time.perf_counter() - started, 3)}})
         write_manifest(job.out, job.job_id, job.manifest(partial=True))
     except Exception as e:
         job.state.set_job(job.job_id, status="staging_failed", error=str(e)[:2000])

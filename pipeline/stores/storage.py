@@ -266,5 +266,5 @@ def write_parquet_atomic(root: Location, path: str, table: pa.Table, compression
     write_bytes_atomic(root, path, buf.getvalue())
 
 
-def read_parquet(root: Location, path: str) -> pa.Table:
-    return pq.read_table(pa.BufferReader(read_bytes(root, path)))
+def read_parquet(root: Location, path: str, columns: list[str] | None = None) -> pa.Table:
+    return pq.read_table(pa.BufferReader(read_bytes(root, path)), columns=columns)

@@ -1,0 +1,273 @@
+"""Planning: the CPU stages over a job's whole input, streamed file by file and sharded by dedup scope.
+
+  keyed    per input file, in parallel: read -> validate -> content_hash -> route -> item_keys -> sketch
+           (stages.py); each partition's keyed records and quarantine rows go to the staging area at once
+  ids      in job order: a record whose id an earlier valid record already has is quarantined
+  cluster  per shard of dedup scopes, in parallel: near, semantic and cache reuse over the shard's
+           compact columns (keys, signatures, embeddings); texts are read back from the staging area
+           only for the pairs the guards compare
+  staged   per partition, in parallel: the keyed records with their reuse columns -> `records`
+
+No step holds the job's texts: a planning process keeps one file's records, or one shard's dedup
+index (a few hundred bytes per document) plus a bounded cache of partition texts.
+
+Scopes never share an output (cluster.py), so a shard of whole scopes clusters exactly as the whole
+job would: partitions, item keys and reuse are the same for any number of shards, and a sharded plan
+misses no match. The price is balance: one scope is one shard, so a job of one huge tenant plans its
+dedup on one core (the keyed and staged steps still run on all of them).
+
+`workers` processes run each step (the machine's cores by default); with one, everything runs in
+this process. Under Airflow the `stage` task plans with its worker's cores.
+"""
+
+from __future__ import annotations
+
+import heapq
+import logging
+import os
+import time
+from collections import OrderedDict
+from concurrent.futures import Executor, ProcessPoolExecutor
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from multiprocessing import get_context
+
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from pipeline.config import TokenmillConfig
+from pipeline.dedup.cluster import DedupStats, reuse_columns, reuse_plan
+from pipeline.ingest.read import input_files
+from pipeline.ingest.validate import duplicate_rows, quarantine_rows
+from pipeline.job.stages import STAGED_COLUMNS, STAGES, StageContext, row_adapters, run_stages
+from pipeline.keys import clean_text, compile_boilerplate
+from pipeline.stores import storage
+
+log = logging.getLogger(__name__)
+
+KEYED_STAGES = STAGES[:-1]              # everything but cluster, which needs the whole scope
+ROW = "_row"                            # a keyed record's position in its partition
+# What a shard of the cluster step reads of each keyed partition: never the text.
+SHARD_COLUMNS = ("id", "tenant", "partition", "tier", "scope", "recipe", "item_key", "signature", "embedding", ROW)
+TEXT_CACHE_BYTES = 256 << 20            # partition texts a shard keeps for the guards (LRU)
+
+
+@dataclass
+class Plan:
+    """What planning found, for the catalog and the manifest."""
+    records: int = 0                                    # raw records read, good or bad
+    partitions: dict[str, dict] = field(default_factory=dict)  # partition -> {"file", "records"}
+    quarantined: int = 0
+    skipped: list[str] = field(default_factory=list)   # "<file>: why" for files that gave no record
+    dedup: DedupStats = field(default_factory=DedupStats)
+    shards: int = 1
+    seconds: dict[str, float] = field(default_factory=dict)
+
+
+def planning_workers(config: TokenmillConfig) -> int:
+    return config.plan.workers or len(os.sched_getaffinity(0))
+
+
+@contextmanager
+def _executor(workers: int):
+    """A process pool of `workers`, or this process when one is enough."""
+    if workers <= 1:
+        yield None
+        return
+    # spawn: the parent may hold threads (an embedder's, a catalog's) that fork would copy mid-state.
+    with ProcessPoolExecutor(workers, mp_context=get_context("spawn")) as pool:
+        yield pool
+
+
+def _map(pool: Executor | None, fn, *iterables) -> list:
+    return list(map(fn, *iterables) if pool is None else pool.map(fn, *iterables))
+
+
+def plan_job(config: TokenmillConfig, job_id: str, staging, cache=None, workers: int | None = None) -> Plan:
+    """Plan the job into `staging` (a StagingArea): each partition's `records` (STAGED_COLUMNS) and
+    `quarantine`. `cache`: a ResilientStore whose near/semantic index is searched (None: in-job reuse
+    only; pool workers open their own from `config.cache`)."""
+    workers = workers or planning_workers(config)
+    plan = Plan()
+    root = storage.resolve(config.input.uri, config.storage)
+    files, plan.skipped = input_files(root)
+    for note in plan.skipped:
+        log.warning("input file %s", note)
+    with _executor(workers) as pool:
+        started = time.perf_counter()
+        keyed = _map(pool, key_file, [config] * len(files), [job_id] * len(files), [staging] * len(files), files)
+        plan.seconds["keyed"] = time.perf_counter() - started
+
+        started = time.perf_counter()
+        seen: set[str] = set()
+        duplicates: dict[str, list[int]] = {}   # partition -> rows quarantined as duplicate_id
+        scope_rows: dict[str, int] = {}
+        for result in keyed:
+            if result.note:
+                plan.skipped.append(result.note)
+                log.warning("input file %s", result.note)
+            plan.dedup.notes.extend(n for n in result.notes if n not in plan.dedup.notes)
+            plan.records += result.raw
+            plan.quarantined += result.quarantined
+            for part, (ids, scopes, raw) in result.partitions.items():
+                plan.partitions[part] = {"file": result.file, "records": raw}
+                rows = duplicate_rows(ids, seen)
+                if rows:
+                    duplicates[part] = rows
+                    plan.quarantined += len(rows)
+                for scope, count in scopes.items():
+                    scope_rows[scope] = scope_rows.get(scope, 0) + count
+        del seen
+        plan.seconds["ids"] = time.perf_counter() - started
+
+        started = time.perf_counter()
+        shards = shard_scopes(scope_rows, workers)
+        plan.shards = len(shards)
+        parts = list(plan.partitions)
+        stats = _map(pool, cluster_shard, [config] * len(shards), [job_id] * len(shards), [staging] * len(shards),
+                     shards, [parts] * len(shards), [duplicates] * len(shards), [cache if pool is None else None] * len(shards),
+                     range(len(shards)))
+        for s in stats:
+            plan.dedup.merge(s)
+        plan.seconds["cluster"] = time.perf_counter() - started
+
+        started = time.perf_counter()
+        _map(pool, stage_partition, [config] * len(parts), [job_id] * len(parts), [staging] * len(parts), parts,
+             [len(shards)] * len(parts), [duplicates.get(p, []) for p in parts])
+        plan.seconds["staged"] = time.perf_counter() - started
+    return plan
+
+
+def shard_scopes(scope_rows: dict[str, int], workers: int) -> list[list[str]]:
+    """Scopes in at most `workers` shards of about equal rows: largest scope first, to the lightest shard.
+    Deterministic (ties by name), and empty shards are dropped."""
+    heap = [(0, i, []) for i in range(max(1, workers))]
+    for scope, rows in sorted(scope_rows.items(), key=lambda kv: (-kv[1], kv[0])):
+        load, i, scopes = heapq.heappop(heap)
+        scopes.append(scope)
+        heapq.heappush(heap, (load + rows, i, scopes))
+    return [sorted(scopes) for _, _, scopes in sorted(heap, key=lambda t: t[1]) if scopes]
+
+
+# -- keyed: one input file ------------------------------------------------------------------------
+@dataclass
+class KeyedFile:
+    file: str
+    raw: int                   # records read
+    quarantined: int           # quarantined by validate (not counting duplicate ids)
+    note: str | None
+    notes: list[str]           # what was asked for and could not be done (e.g. semantic reuse off)
+    partitions: dict[str, tuple[pa.Array, dict[str, int], int]]  # partition -> (valid ids, rows per scope, raw records)
+
+
+def key_file(config: TokenmillConfig, job_id: str, staging, file: tuple[str, str]) -> KeyedFile:
+    """Run the keyed stages on one input file and stage its partitions' keyed records and quarantine rows."""
+    ctx = StageContext(config, job_id, config.input.uri, files=[file], duplicate_ids=False)
+    records = run_stages(KEYED_STAGES, pa.table({}), ctx)
+    raw, quarantine = ctx.raw, ctx.quarantine
+    out = KeyedFile(file[0], raw.num_rows, quarantine.num_rows, ctx.skipped[0] if ctx.skipped else None, ctx.notes, {})
+    for part in dict.fromkeys(raw["partition"].to_pylist()):
+        mine = records.filter(pc.equal(records["partition"], part))
+        mine = mine.append_column(ROW, pa.array(range(mine.num_rows), pa.int32()))
+        staging.write(part, "keyed", mine)
+        staging.write(part, "quarantine-read", quarantine.filter(pc.equal(quarantine["partition"], part)))
+        counts = pc.value_counts(mine["scope"]).to_pylist()
+        out.partitions[part] = (mine["id"], {c["values"]: c["counts"] for c in counts},
+                                pc.sum(pc.equal(raw["partition"], part)).as_py())
+    return out
+
+
+# -- cluster: one shard of scopes --------------------------------------------------------------------
+class PartitionTexts:
+    """Cleaned texts of keyed partitions, read back on demand and kept in a bounded LRU: the guards
+    compare few pairs, and those mostly within a few partitions."""
+
+    def __init__(self, staging, boilerplate: list, budget: int = TEXT_CACHE_BYTES):
+        self.staging, self.boilerplate, self.budget = staging, boilerplate, budget
+        self.loaded: OrderedDict[str, pa.ChunkedArray] = OrderedDict()
+        self.size = 0
+
+    def text(self, partition: str, row: int) -> str:
+        texts = self.loaded.get(partition)
+        if texts is None:
+            texts = self.staging.read(partition, "keyed", columns=["text"])["text"]
+            self.loaded[partition] = texts
+            self.size += texts.nbytes
+            while self.size > self.budget and len(self.loaded) > 1:
+                _, old = self.loaded.popitem(last=False)
+                self.size -= old.nbytes
+        else:
+            self.loaded.move_to_end(partition)
+        return clean_text(texts[row].as_py(), self.boilerplate)
+
+
+def cluster_shard(config: TokenmillConfig, job_id: str, staging, scopes: list[str], partitions: list[str],
+                  duplicates: dict[str, list[int]], cache=None, shard: int = 0) -> DedupStats:
+    """Cluster the records of `scopes` (job order: `partitions` in order, rows in order) and stage each
+    partition's reuse decisions for them (`reuse-<shard>`)."""
+    if cache is None and config.cache.enabled:
+        from pipeline.stores.cache import open_store
+        cache = open_store(config.cache)
+    wanted = pa.array(scopes, pa.string())
+    tables = []
+    for part in partitions:
+        keyed = staging.read(part, "keyed", columns=list(SHARD_COLUMNS))
+        keep = pc.is_in(keyed["scope"], wanted)
+        if part in duplicates:
+            keep = pc.and_(keep, pc.invert(pc.is_in(keyed[ROW], pa.array(duplicates[part], pa.int32()))))
+        tables.append(keyed.filter(keep))
+    records = pa.concat_tables(tables)
+    texts = PartitionTexts(staging, compile_boilerplate(config.dedup.boilerplate_patterns))
+    parts, rows = records["partition"].to_pylist(), records[ROW].to_pylist()
+    plan = reuse_plan(records, config.dedup, lambda r: texts.text(parts[r], rows[r]), cache, config.tier_prices,
+                      row_adapters(config, records))
+    decided = reuse_columns(records, plan, config.dedup)
+    stats = plan.stats
+    source = decided["gen_source"].to_pylist()
+    decided = decided.select(["partition", ROW, "gen_key", "gen_id", "gen_tier", "reuse", "similarity", "shadow",
+                              "features"]).append_column(
+        "gen_partition", pa.array([parts[s] if s >= 0 else None for s in source], pa.string())).append_column(
+        "gen_row", pa.array([rows[s] if s >= 0 else None for s in source], pa.int32()))
+    del records, plan
+    for part in partitions:
+        staging.write(part, f"reuse-{shard}", decided.filter(pc.equal(decided["partition"], part)).drop_columns(["partition"]))
+    return stats
+
+
+# -- staged: one partition ------------------------------------------------------------------------
+def stage_partition(config: TokenmillConfig, job_id: str, staging, partition: str, shards: int,
+                    duplicates: list[int]) -> None:
+    """Join a partition's keyed records with the shards' reuse decisions; stage `records` and `quarantine`."""
+    keyed = staging.read(partition, "keyed")
+    quarantine = staging.read(partition, "quarantine-read")
+    if duplicates:
+        dup = pc.is_in(keyed[ROW], pa.array(duplicates, pa.int32()))
+        bad = keyed.filter(dup)
+        reasons = pa.array(["duplicate_id"] * bad.num_rows, pa.string())
+        quarantine = pa.concat_tables([quarantine, quarantine_rows(bad, reasons, job_id, config.input.excerpt_chars)])
+        keyed = keyed.filter(pc.invert(dup))
+    decided = pa.concat_tables([staging.read(partition, f"reuse-{s}") for s in range(shards)]).sort_by(ROW)
+    if decided.num_rows != keyed.num_rows or decided[ROW] != keyed[ROW]:
+        raise RuntimeError(f"partition {partition}: {keyed.num_rows} keyed records but {decided.num_rows} "
+                           "reuse decisions; planning is inconsistent")
+    gen_text = _gen_texts(staging, decided["gen_partition"].to_pylist(), decided["gen_row"].to_pylist())
+    records = keyed
+    for name in ("gen_key", "gen_id", "gen_tier", "reuse", "similarity", "shadow", "features"):
+        records = records.append_column(name, decided[name])
+    records = records.append_column("gen_text", gen_text)
+    staging.write(partition, "records", records.select(list(STAGED_COLUMNS)))
+    staging.write(partition, "quarantine", quarantine)
+
+
+def _gen_texts(staging, partitions: list[str | None], rows: list[int | None]) -> pa.Array:
+    """The raw text of each member's representative in another partition (null for the rest)."""
+    out: list[str | None] = [None] * len(partitions)
+    wanted: dict[str, list[tuple[int, int]]] = {}
+    for i, (part, row) in enumerate(zip(partitions, rows)):
+        if part is not None:
+            wanted.setdefault(part, []).append((i, row))
+    for part, pairs in wanted.items():
+        texts = staging.read(part, "keyed", columns=["text"])["text"]
+        for i, row in pairs:
+            out[i] = texts[row].as_py()
+    return pa.array(out, pa.string())

@@ -1,0 +1,89 @@
+"""Streamed, sharded planning (pipeline/job/plan.py): the staged partitions are the same as the
+in-memory stages give, for any number of planning processes, and nothing is lost on the way.
+
+No engine: planning is CPU only. The sample corpus has three tenants (three dedup scopes), near
+duplicates, semantic neighbours, bad records and an id repeated across files.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pytest
+
+from pipeline.job.plan import plan_job, shard_scopes
+from pipeline.job.stages import STAGED_COLUMNS, staged_input
+from pipeline.job.staging import StagingArea
+from pipeline.stores import storage
+
+
+@pytest.fixture
+def config(make_config, sample_corpus):
+    root, _ = sample_corpus
+    # A second file repeating an id of the first (the first valid occurrence wins, across files), a
+    # near copy in another file, and a file with only bad records.
+    first = json.loads((root / "batch-a.jsonl").read_text().splitlines()[0])
+    with open(root / "zz-late.jsonl", "w") as f:
+        f.write(json.dumps({"id": first["id"], "text": "another text under a taken id", "tenant": "acme"}) + "\n")
+        f.write(json.dumps({"id": "late-near", "text": first["text"] + " Thanks.", "tenant": first.get("tenant")}) + "\n")
+    (root / "zz-bad.jsonl").write_text("{not json\n\n")
+    return make_config(root, routing=True, input__records_per_partition=7)
+
+
+def staged(config, workers: int, tmp_path, name: str) -> tuple[pa.Table, pa.Table, object]:
+    area = StagingArea(storage.resolve(str(tmp_path / name)), "plan")
+    plan = plan_job(config, "plan", area, workers=workers)
+    records = pa.concat_tables([area.read(p, "records") for p in plan.partitions])
+    quarantine = pa.concat_tables([area.read(p, "quarantine") for p in plan.partitions])
+    return records, quarantine, plan
+
+
+def ordered(table: pa.Table) -> pa.Table:
+    return table.sort_by([("partition", "ascending"), ("id", "ascending"), ("file", "ascending"),
+                          ("line", "ascending")])
+
+
+def test_planned_partitions_equal_the_in_memory_stages_for_any_number_of_workers(config, tmp_path):
+    whole = staged_input(config, "plan")
+    one, q1, plan1 = staged(config, 1, tmp_path, "one")
+    three, q3, plan3 = staged(config, 3, tmp_path, "three")
+    assert plan1.shards == 1 and plan3.shards == 3  # three tenants, three shards
+    assert tuple(one.column_names) == STAGED_COLUMNS
+    # Every record read ends in exactly one place.
+    assert plan1.records == whole.raw.num_rows == one.num_rows + q1.num_rows
+    assert plan1.quarantined == q1.num_rows == whole.quarantine.num_rows
+    assert "duplicate_id" in q1["reason"].to_pylist()
+    # The streamed plan is the in-memory one; the sharded plan is the unsharded one (no cross-shard misses:
+    # shards hold whole scopes, and scopes never share an output).
+    expected = ordered(whole.records.select(list(STAGED_COLUMNS)))
+    assert not differences(ordered(one), expected)
+    assert not differences(ordered(three), ordered(one))
+    assert not differences(ordered(q3), ordered(q1))
+    assert set(pc.unique(one["reuse"]).to_pylist()) >= {None, "near_duplicate"}
+    assert plan3.dedup.as_dict()["reused"] == plan1.dedup.as_dict()["reused"] == whole.dedup.as_dict()["reused"]
+    # The near copy in the late file reuses its original's output, whose text it carries along.
+    late = one.filter(pc.equal(one["id"], "late-near")).to_pylist()[0]
+    assert late["reuse"] == "near_duplicate" and late["gen_text"]
+
+
+def test_shards_hold_whole_scopes_balanced_by_rows():
+    shards = shard_scopes({"a": 100, "b": 60, "c": 50, "d": 10}, 2)
+    assert sorted(s for shard in shards for s in shard) == ["a", "b", "c", "d"]
+    assert shards == [["a", "d"], ["b", "c"]]
+    assert shard_scopes({"a": 5}, 4) == [["a"]]   # never an empty shard
+    assert shard_scopes({}, 4) == []
+
+
+def differences(a: pa.Table, b: pa.Table) -> list[str]:
+    """Columns whose values differ, with the first differing row: a readable failure."""
+    if a.num_rows != b.num_rows:
+        return [f"{a.num_rows} rows vs {b.num_rows}"]
+    out = []
+    for name in a.column_names:
+        x, y = a[name].to_pylist(), b[name].to_pylist()
+        if x != y:
+            i = next(i for i, (p, q) in enumerate(zip(x, y)) if p != q)
+            out.append(f"{name} row {i} ({a['id'][i]}): {str(x[i])[:80]!r} vs {str(y[i])[:80]!r}")
+    return out
