@@ -104,9 +104,9 @@ class DedupConfig(Section):
     shared_tenants: list[str] = Field(default_factory=list, description="Tenants that may reuse each other's outputs (e.g. public documents); every other tenant only reuses its own.")
 
 
-class PlanConfig(Section):
+class PlanningConfig(Section):
     """How the job's planning (read, validate, dedup, route, stage; pipeline/job/plan.py) uses the CPU."""
-    workers: int | None = Field(None, ge=1, le=256, description="Processes that plan the job, one core each: input files are keyed in parallel and dedup runs per shard of tenant scopes. Unset: every core this process may use. Outputs are the same for any number; memory is per process (docs/data-engineer.md).")
+    workers: int | None = Field(None, ge=1, le=256, description="Processes that plan the job, one core each: input files are keyed in parallel and dedup runs per shard of tenant scopes. Unset: one per 32 MB of input, at most one per core this process may use. Outputs are the same for any number; memory is per process (docs/data-engineer.md).")
 
 
 class CacheConfig(Section):
@@ -242,7 +242,7 @@ class TokenmillConfig(Section):
     output: OutputConfig = Field(default_factory=OutputConfig)
     storage: StorageConfig = Field(default_factory=StorageConfig)
     dedup: DedupConfig = Field(default_factory=DedupConfig)
-    plan: PlanConfig = Field(default_factory=PlanConfig)
+    planning: PlanningConfig = Field(default_factory=PlanningConfig)
     cache: CacheConfig = Field(default_factory=CacheConfig)
     prompt: PromptConfig = Field(default_factory=PromptConfig)
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
@@ -314,7 +314,7 @@ class TokenmillConfig(Section):
         """Hash of everything that changes outputs or costs (not where they are read from or written to)."""
         data = self.model_dump(mode="json", exclude={"input": {"uri"}, "output": {"uri"}, "run": True, "state": True,
                                                      "storage": True, "budget": True, "cache": True,
-                                                     "plan": True})
+                                                     "planning": True})
         if any(t.adapter for t in self.tenants.values()):  # an adapter retrained in place changes outputs too
             from pipeline.keys import adapter_digest
 

@@ -36,6 +36,7 @@ from typing import Protocol
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import xxhash
 
 from pipeline.config import DedupConfig
@@ -111,7 +112,7 @@ class _Clusters:
     """Representatives and members over the records of a job; index i is the record's row."""
 
     def __init__(self, n: int):
-        self.rep = list(range(n))          # row of the representative
+        self.rep = np.arange(n)            # row of the representative (numpy: 8 bytes a row, not 36)
         self.kind: list[str | None] = [None] * n
         self.similarity: list[float | None] = [None] * n
         self.cached: dict[int, tuple[str, str, float]] = {}  # rep row -> (cache key, kind, similarity)
@@ -213,11 +214,11 @@ def reuse_plan(records: pa.Table, config: DedupConfig, text_of, cache=None,
     records carry embeddings (an embedder was configured and loaded)."""
     stats = DedupStats()
     n = records.num_rows
-    keys = records["item_key"].to_pylist()
-    groups, in_job = _first_rows(records, keys)
+    groups, in_job = _first_rows(records)
     clusters = _Clusters(n)
     feats: list[guards.Features | None] = [None] * n
-    tiers = records["tier"].to_pylist()
+    tier_codes, tier_names = _codes(records["tier"])
+    tiers = [tier_names[t] for t in tier_codes.tolist()]  # a few distinct strings, shared
 
     def servable(row: int, rep: int) -> bool:
         if adapters is not None and adapters[row] != adapters[rep]:
@@ -291,19 +292,24 @@ def _embed_in_background(embedder: Embedder, texts: list[str]):
     return embedding
 
 
-def _first_rows(records: pa.Table, keys: list[str]) -> tuple[dict[tuple[str, str], list[int]], dict[str, list[int]]]:
+def _codes(column) -> tuple[np.ndarray, list[str]]:
+    """Dictionary codes (first-appearance order) and distinct values of a string column."""
+    encoded = pc.dictionary_encode(column.combine_chunks() if isinstance(column, pa.ChunkedArray) else column)
+    return np.asarray(encoded.indices), encoded.dictionary.to_pylist()
+
+
+def _first_rows(records: pa.Table) -> tuple[dict[tuple[str, str], list[int]], dict[str, np.ndarray]]:
     """The first row of each item key, in job order: per (scope, recipe), and per scope (any tier)."""
+    keys, _ = _codes(records["item_key"])
+    _, firsts = np.unique(keys, return_index=True)
+    firsts.sort()
+    scopes, scope_names = _codes(records["scope"])
+    recipes, recipe_names = _codes(records["recipe"])
+    group = scopes[firsts].astype(np.int64) * len(recipe_names) + recipes[firsts]
     groups: dict[tuple[str, str], list[int]] = {}
-    seen: set[str] = set()
-    for row, (scope, recipe, key) in enumerate(zip(records["scope"].to_pylist(), records["recipe"].to_pylist(), keys)):
-        if key not in seen:
-            seen.add(key)
-            groups.setdefault((scope, recipe), []).append(row)
-    in_job: dict[str, list[int]] = {}
-    for (scope, _), rows in groups.items():
-        in_job.setdefault(scope, []).extend(rows)
-    for rows in in_job.values():
-        rows.sort()
+    for g in dict.fromkeys(group.tolist()):  # first-appearance order, as the rows come
+        groups[scope_names[g // len(recipe_names)], recipe_names[g % len(recipe_names)]] = firsts[group == g].tolist()
+    in_job = {scope_names[s]: firsts[scopes[firsts] == s] for s in dict.fromkeys(scopes[firsts].tolist())}
     return groups, in_job
 
 
@@ -314,7 +320,7 @@ def _near_pass(in_job: dict[str, list[int]], sigs: np.ndarray, clusters: _Cluste
     for rows in in_job.values():
         buckets = minhash.LshBuckets(sigs[rows], config.near_threshold, config.num_perm)
         indexed: dict[int, list[int]] = {}  # shared bucket -> rows indexed in it, in job order
-        for i, row in enumerate(rows):
+        for i, row in enumerate(rows.tolist()):
             shared = buckets.shared(i)
             if not shared:
                 continue  # no other row of the scope shares a bucket: nothing to compare, nothing to index
@@ -332,7 +338,7 @@ def _semantic_pass(vectors: np.ndarray, in_job: dict[str, list[int]], clusters: 
     """Rows still representing themselves join the best earlier representative within the cosine
     threshold (neighbours.py: exact up to its `exact_max` rows per scope, an IVF index beyond)."""
     for rows in in_job.values():
-        reps = [r for r in rows if clusters.rep[r] == r]
+        reps = rows[clusters.rep[rows] == rows].tolist()
         found = neighbours.nearest_earlier(vectors[reps], config.semantic_threshold)
         for i in sorted(found):
             attach(reps[i], [(s, reps[j]) for s, j in found[i] if clusters.rep[reps[j]] == reps[j]], "semantic")
@@ -351,8 +357,8 @@ def _match_cache(records, groups, clusters: _Clusters, sigs, vectors, feature, c
         if index is None:
             continue
         stats.cache_index[scope] = stats.cache_index.get(scope, 0) + len(index["keys"])
-        known = set(index["keys"].tolist())
-        reps = [r for r in reps if records["item_key"][r].as_py() not in known]  # exact hits come from the key lookup
+        known = pc.is_in(records["item_key"].take(reps), pa.array(index["keys"].tolist(), pa.string()))
+        reps = [r for r, hit in zip(reps, known.to_pylist()) if not hit]  # exact hits come from the key lookup
         index_feats: dict[int, guards.Features] = {}
 
         def agree(row: int, j: int, index=index, index_feats=index_feats) -> bool:
@@ -396,45 +402,49 @@ def _match_cache(records, groups, clusters: _Clusters, sigs, vectors, feature, c
 
 def reuse_columns(records: pa.Table, plan: ReusePlan, config: DedupConfig) -> pa.Table:
     """`records` with gen_key, gen_id, gen_tier, reuse, similarity, shadow, features and `gen_source`:
-    the row whose text a member needs (its representative in another partition), else -1."""
+    the row whose text a member needs (its representative in another partition), else -1.
+
+    Columnar (numpy indices into Arrow columns): a shard of a million records keeps no Python object per row."""
     n, clusters, stats = records.num_rows, plan.clusters, plan.stats
-    keys = records["item_key"].to_pylist()
-    ids = records["id"].to_pylist()
-    parts = records["partition"].to_pylist()
-    tiers = records["tier"].to_pylist()
-    first_row: dict[str, int] = {}
-    for row, key in enumerate(keys):
-        first_row.setdefault(key, row)
-    gen_key, gen_id, gen_source, gen_tier, reuse, similarity, shadow = [], [], [], [], [], [], []
-    for row in range(n):
-        first = first_row[keys[row]]       # exact duplicates follow their key's first record
-        rep = clusters.rep[first]
-        kind, sim = clusters.kind[first], clusters.similarity[first]
-        key, gid, source, gtier = keys[row], None, -1, tiers[row]
-        if rep != first:                    # an in-job near/semantic member
-            key, gid, gtier = keys[rep], ids[rep], tiers[rep]
-            source = rep if parts[rep] != parts[row] else -1
-        cached = clusters.cached.get(rep)
-        if cached is not None:              # its representative reuses an earlier job's output
-            key, gid, source = cached[0], None, -1
-            if rep == first:
-                kind, sim = cached[1], cached[2]
-        gen_key.append(key)
-        gen_id.append(gid)
-        gen_source.append(source)
-        gen_tier.append(gtier)
-        reuse.append(kind)
-        similarity.append(sim)
-        shadow.append(kind is not None and shadow_selected(keys[row], config.shadow_rate))
-        if kind is not None:
-            stats.clusters[kind] += 1
+    keys, _ = _codes(records["item_key"])
+    _, first_of_key = np.unique(keys, return_index=True)
+    first = first_of_key[keys]              # exact duplicates follow their key's first record
+    rep = clusters.rep[first]
+    member = rep != first                   # an in-job near/semantic member
+    parts, _ = _codes(records["partition"])
+    source = np.where(member & (parts[rep] != parts), rep, -1)
+    kind = pa.array(clusters.kind, pa.string()).take(first)
+    similarity = pa.array(clusters.similarity, pa.float64()).take(first)
+    item_key = records["item_key"].combine_chunks()
+    gen_key = item_key.take(rep)
+    gen_id = pc.if_else(pa.array(member), records["id"].combine_chunks().take(rep), pa.scalar(None, pa.string()))
+    if clusters.cached:                     # representatives that reuse an earlier job's output
+        cached_reps = np.fromiter(clusters.cached, np.int64)
+        hit = np.isin(rep, cached_reps)
+        rows = np.flatnonzero(hit).tolist()
+        key_of, kind_of, sim_of = ([None] * n for _ in range(3))
+        for row in rows:
+            key_of[row], kind_of[row], sim_of[row] = clusters.cached[int(rep[row])]
+        hit_arr, own = pa.array(hit), pa.array(hit & ~member)
+        gen_key = pc.if_else(hit_arr, pa.array(key_of, pa.string()), gen_key)
+        gen_id = pc.if_else(hit_arr, pa.scalar(None, pa.string()), gen_id)
+        source = np.where(hit, -1, source)
+        kind = pc.if_else(own, pa.array(kind_of, pa.string()), kind)
+        similarity = pc.if_else(own, pa.array(sim_of, pa.float64()), similarity)
+    reused = np.asarray(pc.is_valid(kind))
+    shadow = np.zeros(n, bool)
+    if config.shadow_rate > 0:
+        for row in np.flatnonzero(reused).tolist():
+            shadow[row] = shadow_selected(item_key[row].as_py(), config.shadow_rate)
+    for count in pc.value_counts(kind.filter(pa.array(reused))).to_pylist():
+        stats.clusters[count["values"]] += count["counts"]
     # Guard features computed here are kept: the cache index stores them for generated records.
     return (records
-            .append_column("gen_key", pa.array(gen_key, pa.string()))
-            .append_column("gen_id", pa.array(gen_id, pa.string()))
-            .append_column("gen_tier", pa.array(gen_tier, pa.string()))
-            .append_column("reuse", pa.array(reuse, pa.string()))
-            .append_column("similarity", pa.array(similarity, pa.float64()))
-            .append_column("shadow", pa.array(shadow, pa.bool_()))
+            .append_column("gen_key", gen_key)
+            .append_column("gen_id", gen_id)
+            .append_column("gen_tier", records["tier"].combine_chunks().take(rep))
+            .append_column("reuse", kind)
+            .append_column("similarity", similarity)
+            .append_column("shadow", pa.array(shadow))
             .append_column("features", pa.array([f.to_json() if f else None for f in plan.features], pa.string()))
-            .append_column("gen_source", pa.array(gen_source, pa.int64())))
+            .append_column("gen_source", pa.array(source, pa.int64())))

@@ -365,15 +365,15 @@ def read_file(root: storage.Location, relative_path: str, path: str, config: Inp
 
 
 def read_records(uri: str, config: InputConfig, storage_config: StorageConfig | None = None,
-                 files: list[tuple[str, str]] | None = None) -> tuple[pa.Table, list[str]]:
-    """Every record under `uri` (or in `files`, (relative, full path) pairs from `input_files`), and
-    notes on files that gave none: skipped for their extension, or empty."""
+                 files: list[tuple[str, str, int]] | None = None) -> tuple[pa.Table, list[str]]:
+    """Every record under `uri` (or in `files`, as `input_files` lists them), and notes on files that
+    gave none: skipped for their extension, or empty."""
     root = storage.resolve(uri, storage_config)
     notes: list[str] = []
     if files is None:
         files, notes = input_files(root)
     tables = []
-    for relative_path, path in files:
+    for relative_path, path, *_ in files:
         table, note = read_file(root, relative_path, path, config)
         tables.append(table)
         if note:
@@ -383,13 +383,13 @@ def read_records(uri: str, config: InputConfig, storage_config: StorageConfig | 
     return pa.concat_tables(tables), notes
 
 
-def input_files(root: storage.Location) -> tuple[list[tuple[str, str]], list[str]]:
-    """(relative, full path) of the input files under `root`, in job order, and a note per file skipped
-    for its extension."""
+def input_files(root: storage.Location) -> tuple[list[tuple[str, str, int]], list[str]]:
+    """(relative, full path, bytes) of the input files under `root`, in job order, and a note per file
+    skipped for its extension."""
     files, notes = [], []
-    for relative_path, path, _size in storage.list_files(root):
+    for relative_path, path, size in storage.list_files(root):
         if input_format(relative_path) is None:
             notes.append(f"{relative_path}: skipped, not .jsonl, .jsonl.gz, .parquet, .txt or .md")
         else:
-            files.append((relative_path, path))
+            files.append((relative_path, path, size))
     return files, notes

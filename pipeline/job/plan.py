@@ -9,15 +9,16 @@
   staged   per partition, in parallel: the keyed records with their reuse columns -> `records`
 
 No step holds the job's texts: a planning process keeps one file's records, or one shard's dedup
-index (a few hundred bytes per document) plus a bounded cache of partition texts.
+index plus a bounded cache of partition texts. A shard holds about SHARD_ROWS records where the
+scopes allow (there are at least as many shards as workers, more for a large job).
 
 Scopes never share an output (cluster.py), so a shard of whole scopes clusters exactly as the whole
 job would: partitions, item keys and reuse are the same for any number of shards, and a sharded plan
 misses no match. The price is balance: one scope is one shard, so a job of one huge tenant plans its
 dedup on one core (the keyed and staged steps still run on all of them).
 
-`workers` processes run each step (the machine's cores by default); with one, everything runs in
-this process. Under Airflow the `stage` task plans with its worker's cores.
+`workers` processes run each step (`planning.workers`; unset, one per 32 MB of input up to the machine's
+cores); with one, everything runs in this process. Under Airflow the `stage` task plans with its worker's cores.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from multiprocessing import get_context
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -50,6 +52,8 @@ ROW = "_row"                            # a keyed record's position in its parti
 # What a shard of the cluster step reads of each keyed partition: never the text.
 SHARD_COLUMNS = ("id", "tenant", "partition", "tier", "scope", "recipe", "item_key", "signature", "embedding", ROW)
 TEXT_CACHE_BYTES = 256 << 20            # partition texts a shard keeps for the guards (LRU)
+PLAN_BYTES_PER_WORKER = 32 << 20        # input per planning process when `planning.workers` is unset
+SHARD_ROWS = 200_000                    # records per shard, about: bounds a shard's memory where scopes allow
 
 
 @dataclass
@@ -64,8 +68,12 @@ class Plan:
     seconds: dict[str, float] = field(default_factory=dict)
 
 
-def planning_workers(config: TokenmillConfig) -> int:
-    return config.plan.workers or len(os.sched_getaffinity(0))
+def planning_workers(config: TokenmillConfig, input_bytes: int) -> int:
+    """`planning.workers`, or by the input's size: a process per PLAN_BYTES_PER_WORKER, at most one per core
+    (a pool process costs a second or two to start: small inputs plan faster in this one)."""
+    if config.planning.workers:
+        return config.planning.workers
+    return max(1, min(len(os.sched_getaffinity(0)), input_bytes // PLAN_BYTES_PER_WORKER))
 
 
 @contextmanager
@@ -87,10 +95,10 @@ def plan_job(config: TokenmillConfig, job_id: str, staging, cache=None, workers:
     """Plan the job into `staging` (a StagingArea): each partition's `records` (STAGED_COLUMNS) and
     `quarantine`. `cache`: a ResilientStore whose near/semantic index is searched (None: in-job reuse
     only; pool workers open their own from `config.cache`)."""
-    workers = workers or planning_workers(config)
     plan = Plan()
     root = storage.resolve(config.input.uri, config.storage)
     files, plan.skipped = input_files(root)
+    workers = workers or planning_workers(config, sum(size for _, _, size in files))
     for note in plan.skipped:
         log.warning("input file %s", note)
     with _executor(workers) as pool:
@@ -121,7 +129,7 @@ def plan_job(config: TokenmillConfig, job_id: str, staging, cache=None, workers:
         plan.seconds["ids"] = time.perf_counter() - started
 
         started = time.perf_counter()
-        shards = shard_scopes(scope_rows, workers)
+        shards = shard_scopes(scope_rows, max(workers, -(-sum(scope_rows.values()) // SHARD_ROWS)))
         plan.shards = len(shards)
         parts = list(plan.partitions)
         stats = _map(pool, cluster_shard, [config] * len(shards), [job_id] * len(shards), [staging] * len(shards),
@@ -138,10 +146,10 @@ def plan_job(config: TokenmillConfig, job_id: str, staging, cache=None, workers:
     return plan
 
 
-def shard_scopes(scope_rows: dict[str, int], workers: int) -> list[list[str]]:
-    """Scopes in at most `workers` shards of about equal rows: largest scope first, to the lightest shard.
+def shard_scopes(scope_rows: dict[str, int], shards: int) -> list[list[str]]:
+    """Scopes in at most `shards` shards of about equal rows: largest scope first, to the lightest shard.
     Deterministic (ties by name), and empty shards are dropped."""
-    heap = [(0, i, []) for i in range(max(1, workers))]
+    heap = [(0, i, []) for i in range(max(1, shards))]
     for scope, rows in sorted(scope_rows.items(), key=lambda kv: (-kv[1], kv[0])):
         load, i, scopes = heapq.heappop(heap)
         scopes.append(scope)
@@ -160,7 +168,7 @@ class KeyedFile:
     partitions: dict[str, tuple[pa.Array, dict[str, int], int]]  # partition -> (valid ids, rows per scope, raw records)
 
 
-def key_file(config: TokenmillConfig, job_id: str, staging, file: tuple[str, str]) -> KeyedFile:
+def key_file(config: TokenmillConfig, job_id: str, staging, file: tuple[str, str, int]) -> KeyedFile:
     """Run the keyed stages on one input file and stage its partitions' keyed records and quarantine rows."""
     ctx = StageContext(config, job_id, config.input.uri, files=[file], duplicate_ids=False)
     records = run_stages(KEYED_STAGES, pa.table({}), ctx)
@@ -218,16 +226,20 @@ def cluster_shard(config: TokenmillConfig, job_id: str, staging, scopes: list[st
         tables.append(keyed.filter(keep))
     records = pa.concat_tables(tables)
     texts = PartitionTexts(staging, compile_boilerplate(config.dedup.boilerplate_patterns))
-    parts, rows = records["partition"].to_pylist(), records[ROW].to_pylist()
-    plan = reuse_plan(records, config.dedup, lambda r: texts.text(parts[r], rows[r]), cache, config.tier_prices,
-                      row_adapters(config, records))
+    part_of = pc.dictionary_encode(records["partition"].combine_chunks())
+    parts, names = np.asarray(part_of.indices), part_of.dictionary.to_pylist()
+    rows = np.asarray(records[ROW].combine_chunks())
+    plan = reuse_plan(records, config.dedup, lambda r: texts.text(names[parts[r]], int(rows[r])), cache,
+                      config.tier_prices, row_adapters(config, records))
     decided = reuse_columns(records, plan, config.dedup)
     stats = plan.stats
-    source = decided["gen_source"].to_pylist()
+    source = np.asarray(decided["gen_source"].combine_chunks())
+    elsewhere = source >= 0
     decided = decided.select(["partition", ROW, "gen_key", "gen_id", "gen_tier", "reuse", "similarity", "shadow",
                               "features"]).append_column(
-        "gen_partition", pa.array([parts[s] if s >= 0 else None for s in source], pa.string())).append_column(
-        "gen_row", pa.array([rows[s] if s >= 0 else None for s in source], pa.int32()))
+        "gen_partition", pa.DictionaryArray.from_arrays(pa.array(np.where(elsewhere, parts[source], 0), pa.int32(),
+                                                                  mask=~elsewhere), part_of.dictionary).cast(pa.string())
+    ).append_column("gen_row", pa.array(rows[source], pa.int32(), mask=~elsewhere))
     del records, plan
     for part in partitions:
         staging.write(part, f"reuse-{shard}", decided.filter(pc.equal(decided["partition"], part)).drop_columns(["partition"]))
