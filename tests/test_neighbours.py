@@ -79,9 +79,9 @@ def _assert_same(got: dict, want: dict) -> None:
 def tiles(request, monkeypatch):
     """Small tiles put query blocks, candidate blocks and the many-matches cut across tile boundaries."""
     if request.param == "small tiles":
-        monkeypatch.setattr(neighbours, "_QUERY_BLOCK", 48)
-        monkeypatch.setattr(neighbours, "_CANDIDATE_BLOCK", 80)
-        monkeypatch.setattr(neighbours, "_FEW", 3)
+        monkeypatch.setattr(neighbours, "QUERY_BLOCK", 48)
+        monkeypatch.setattr(neighbours, "CANDIDATE_BLOCK", 80)
+        monkeypatch.setattr(neighbours, "FEW", 3)
     return request.param
 
 
@@ -111,7 +111,7 @@ def test_ties_go_to_the_earlier_row(tiles):
     rng = np.random.default_rng(4)
     x = np.zeros((300, 8), np.float32)
     x[:, :4] = rng.choice([-0.5, 0.5], size=(300, 4))
-    x[200:] = x[7]  # a long run of copies of row 7: over _FEW matches per row, all tied at 1.0
+    x[200:] = x[7]  # a long run of copies of row 7: over FEW matches per row, all tied at 1.0
     got = neighbours.nearest_earlier(x, 0.5)
     assert got == _brute_force(x, 0.5)  # exact arithmetic: scores equal exactly
     copies = [j for j in range(300) if (x[j] == x[7]).all()]

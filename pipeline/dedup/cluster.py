@@ -21,7 +21,7 @@ Columns added (all read by the partition runner and the writer):
   gen_tier                  the tier that generates gen_key (a member may reuse a higher tier's output)
   reuse, similarity         near_duplicate | semantic | cache_near | cache_semantic, and the score
   shadow                    reused, but generated anyway to measure the false-hit rate
-  signature, embedding      what the cache index stores for a generated record
+  signature, embedding      what the cache index stores for a generated record (sketch.py; added first when missing)
   features                  its guard features (JSON), when clustering needed them (else computed at indexing)
 """
 
@@ -30,9 +30,7 @@ from __future__ import annotations
 import logging
 import time
 from collections import Counter
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -41,14 +39,11 @@ import xxhash
 
 from pipeline.config import DedupConfig
 from pipeline.dedup import guards, minhash, neighbours
+from pipeline.dedup.sketch import Embedder, embedding_matrix, signature_matrix, sketch_records
 from pipeline.keys import clean_text, compile_boilerplate, content_hash, key_bytes, tenant_scope
 
 log = logging.getLogger(__name__)
 REUSE_KINDS = ("near_duplicate", "semantic", "cache_near", "cache_semantic")
-
-
-class Embedder(Protocol):
-    def encode(self, texts: list[str]) -> np.ndarray: ...  # (n, d) float32, rows L2-normalised
 
 
 @dataclass
@@ -128,45 +123,6 @@ class _Clusters:
             self.rep[member] = new
             self.members.setdefault(new, []).append(member)
         self.join(old, new, kind, similarity)
-
-
-def sketch_records(records: pa.Table, config: DedupConfig, embedder: Embedder | None = None,
-                   with_cache: bool = False) -> pa.Table:
-    """Add every record's `signature` (MinHash, when near dedup or the cache index needs it; zeros
-    otherwise) and `embedding` (float16, with an embedder; null otherwise).
-
-    Per record, so a job sketches its input file by file (in parallel) and clustering keeps only these
-    columns in memory, never the texts. Every row, not only the first of each key: which copy comes
-    first is only known once ids repeated across files are quarantined."""
-    n = records.num_rows
-    boilerplate = compile_boilerplate(config.boilerplate_patterns)
-    texts = [clean_text(t, boilerplate) for t in records["text"].to_pylist()]
-    embedding = _embed_in_background(embedder, texts) if embedder is not None else None  # (0, d) for none: the width
-    sigs = np.zeros((n, config.num_perm), np.uint32)
-    if (config.near or with_cache) and n:
-        sigs = minhash.signatures([t.casefold() for t in texts] if config.case_fold else texts,
-                                  config.shingle_words, config.num_perm)
-    out = records.append_column("signature", pa.FixedSizeListArray.from_arrays(
-        pa.array(sigs.reshape(-1), pa.uint32()), config.num_perm))
-    if embedding is None:
-        return out.append_column("embedding", pa.nulls(n, pa.list_(pa.float16())))
-    vectors = embedding.result().astype(np.float16)
-    return out.append_column("embedding", pa.FixedSizeListArray.from_arrays(
-        pa.array(vectors.reshape(-1), pa.float16()), vectors.shape[1]))
-
-
-def signature_matrix(records: pa.Table, num_perm: int) -> np.ndarray:
-    """The `signature` column as uint32[n, num_perm] (no copy when it has one chunk)."""
-    column = records["signature"].combine_chunks()
-    return np.asarray(column.flatten(), np.uint32).reshape(len(column), num_perm)
-
-
-def embedding_matrix(records: pa.Table) -> np.ndarray | None:
-    """The `embedding` column as float16[n, d], or None when the records have no embeddings."""
-    column = records["embedding"].combine_chunks()
-    if not pa.types.is_fixed_size_list(column.type) or not column.type.list_size:
-        return None
-    return np.asarray(column.flatten(), np.float16).reshape(len(column), column.type.list_size)
 
 
 def cluster_records(records: pa.Table, config: DedupConfig, embedder: Embedder | None = None,
@@ -276,20 +232,6 @@ def reuse_plan(records: pa.Table, config: DedupConfig, text_of, cache=None,
         _match_cache(records, groups, clusters, sigs, vectors, feature, config, cache, stats)
     stats.seconds["cache_lookup"] = time.perf_counter() - started
     return ReusePlan(clusters, feats, stats)
-
-
-def _embed_in_background(embedder: Embedder, texts: list[str]):
-    """A future of `texts`' embeddings.
-
-    Embedding (the Rust tokenizer, numpy and scipy: mostly outside the GIL) runs on a second thread
-    while the caller hashes and clusters near duplicates, which is mostly Python. It covers every
-    first row, not only those left as representatives after near clustering: the extra rows cost the
-    other core's time, where waiting for near clustering would cost this one's.
-    """
-    worker = ThreadPoolExecutor(1, thread_name_prefix="embed")
-    embedding = worker.submit(embedder.encode, texts)
-    worker.shutdown(wait=False)
-    return embedding
 
 
 def _codes(column) -> tuple[np.ndarray, list[str]]:

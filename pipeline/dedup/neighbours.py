@@ -36,10 +36,10 @@ import numpy as np
 
 # Tile sizes: 1024 query rows x 8192 candidate rows of float32 is 32 MB, plus as much again in masks
 # and copies at worst. Small enough for a worker's memory, large enough that BLAS, not Python, dominates.
-_QUERY_BLOCK = 1024
-_CANDIDATE_BLOCK = 8192
+QUERY_BLOCK = 1024
+CANDIDATE_BLOCK = 8192
 _ASSIGN_BLOCK = 4096  # rows per centroid-assignment tile: 4096 x k floats (16 MB at k = 1000)
-_FEW = 64  # matches per row in a tile above which a row is cut to its best `top` before merging
+FEW = 64  # matches per row in a tile above which a row is cut to its best `top` before merging
 _KMEANS_ITERATIONS = 5
 _KMEANS_SAMPLE_PER_CELL = 400  # k-means sample rows per cell (_kmeans: why so many)
 
@@ -81,10 +81,10 @@ def recall(vectors: np.ndarray, threshold: float, sample: int = 2000, seed: int 
     best_j = np.full((m, 1), -1, np.int64)
     picked: list[int] = []
     order = np.random.default_rng(seed).permutation(m)
-    for start in range(0, m, _QUERY_BLOCK):
+    for start in range(0, m, QUERY_BLOCK):
         if len(picked) >= sample:
             break
-        batch = order[start:start + _QUERY_BLOCK]
+        batch = order[start:start + QUERY_BLOCK]
         queries = np.sort(batch[is_live[batch]])
         _search(vectors, queries, live, threshold, best_s, best_j)
         picked.extend(int(i) for i in batch if best_j[i, 0] >= 0)  # permutation order: a random sample
@@ -115,12 +115,12 @@ def _search(vectors: np.ndarray, queries: np.ndarray, stored: np.ndarray, thresh
         return
     # Queries before the first stored row have nothing earlier: skip them.
     queries = queries[np.searchsorted(queries, stored[0], side="right"):]
-    for qs in range(0, len(queries), _QUERY_BLOCK):
-        q_idx = queries[qs:qs + _QUERY_BLOCK]
+    for qs in range(0, len(queries), QUERY_BLOCK):
+        q_idx = queries[qs:qs + QUERY_BLOCK]
         end = int(np.searchsorted(stored, q_idx[-1]))  # stored rows earlier than the block's last query
         q_vec = vectors[q_idx].astype(np.float32, copy=False)  # float16 input: converted one tile at a time
-        for cs in range(0, end, _CANDIDATE_BLOCK):
-            c_idx = stored[cs:min(cs + _CANDIDATE_BLOCK, end)]
+        for cs in range(0, end, CANDIDATE_BLOCK):
+            c_idx = stored[cs:min(cs + CANDIDATE_BLOCK, end)]
             c_vec = vectors[c_idx].astype(np.float32, copy=False)
             rows, cols, scores = _tile(q_vec @ c_vec.T, q_idx, c_idx, threshold, best_s.shape[1])
             _merge(best_s, best_j, q_idx[rows], c_idx[cols], scores)
@@ -136,7 +136,7 @@ def _tile(sims: np.ndarray, q_idx: np.ndarray, c_idx: np.ndarray, threshold: flo
     overlap = c_idx[-1] >= q_idx[0]  # else every candidate is earlier than every query: no mask needed
     above = sims >= threshold
     counts = np.count_nonzero(above, axis=1)
-    many = np.flatnonzero(counts > _FEW)
+    many = np.flatnonzero(counts > FEW)
     parts = []
     if len(many):
         above[many] = False

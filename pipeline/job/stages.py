@@ -21,7 +21,8 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from pipeline.config import TokenmillConfig
-from pipeline.dedup.cluster import DedupStats, add_content_hashes, cluster_records, sketch_records
+from pipeline.dedup.cluster import DedupStats, add_content_hashes, cluster_records
+from pipeline.dedup.sketch import sketch_records
 from pipeline.ingest.read import read_records
 from pipeline.ingest.validate import validate_records
 from pipeline.keys import adapter_digest, add_item_keys
