@@ -1,5 +1,5 @@
-"""Nightly summarisation: stage -> prepare (CPU, per partition) -> drain (GPU, per tier worker)
--> commit (CPU, per partition) -> summary -> outcome.
+"""Nightly summarisation: plan -> cluster (CPU, per shard of tenant scopes) -> stage -> prepare (CPU,
+per partition) -> drain (GPU, per tier worker) -> commit (CPU, per partition) -> summary -> outcome.
 
 Wiring only: every task calls one function of pipeline.job.orchestrate, which is idempotent, so retries
 and cleared tasks never pay twice. `prepare[p]` turns a partition's unpaid requests into work units in
@@ -55,6 +55,14 @@ def _job():
 )
 def nightly_summarization():
     @task
+    def plan() -> list[int]:
+        return orchestrate.planned_shards(*_job())
+
+    @task(map_index_template="shard {{ task.op_kwargs['shard'] }}")
+    def cluster(shard: int) -> dict:
+        return orchestrate.clustered_shard(*_job(), shard)
+
+    @task(trigger_rule="none_failed")  # a rerun of a staged job maps `cluster` over no shard: it is skipped
     def stage() -> list[str]:
         return orchestrate.staged_partitions(*_job())
 
@@ -83,6 +91,7 @@ def nightly_summarization():
         return orchestrate.job_outcome(manifest)
 
     partitions = stage()
+    cluster.expand(shard=plan()) >> partitions
     prepared = prepare.expand(partition=partitions)
     committed = commit.expand(partition=partitions)
     for tier, replicas in TIER_WORKERS.items():

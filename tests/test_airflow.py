@@ -1,5 +1,6 @@
 """The nightly DAG under real Airflow 3: DagBag, and dag.test() on the real engine, failure and re-run."""
 
+import json
 import os
 import subprocess
 import sys
@@ -47,6 +48,10 @@ def test_dagbag_has_one_gpu_task_per_tier_worker_on_its_own_queue_and_pool(dag):
         assert {t.task_id for t in drain.downstream_list} == {"commit"}
     assert dag.get_task("prepare").queue == dag.get_task("commit").queue == "default"  # CPU workers
     assert dag.catchup is False and dag.params["config"] is not None
+    # Planning: keyed once, a CPU task per shard of tenant scopes, then staged once.
+    assert {t.task_id for t in dag.get_task("cluster").upstream_list} == {"plan"}
+    assert {t.task_id for t in dag.get_task("stage").upstream_list} == {"cluster"}
+    assert dag.get_task("cluster").queue == "default"
 
 
 
@@ -80,6 +85,8 @@ def test_dag_runs_end_to_end_then_a_failed_partition_reruns_alone(dag, tmp_path,
     assert states[("commit", victim["p"])] == "failed"
     assert {v for (t, _), v in states.items() if t.startswith("drain_")} == {"success"}  # the others' GPU work went on
     assert states[("summary", None)] == "success" and states[("outcome", None)] == "failed"
+    shards = sorted(i for t, i in states if t == "cluster")
+    assert shards and all(states[("cluster", i)] == "success" for i in shards)  # three tenants: a shard each or fewer
     state = StateStore(f"sqlite:///{tmp_path}/state.db")
     before = {p.partition: (p.status, p.attempts) for p in state.partitions(job_id)}
     assert before[victim["p"]] == ("failed", 0)  # failed in prepare: never claimed for a commit
@@ -91,6 +98,8 @@ def test_dag_runs_end_to_end_then_a_failed_partition_reruns_alone(dag, tmp_path,
     assert after[victim["p"]] == ("succeeded", 1)
     assert all(after[p] == before[p] for p in before if p != victim["p"])  # committed partitions: not re-run
     assert_exactly_once(tmp_path / "output", job_id, counts, tmp_path / "state.db")
+    staged = json.loads((tmp_path / "output" / "jobs" / job_id / "manifest.json").read_text())["staging"]
+    assert staged["shards"] == len(shards) and staged["records"] == counts["documents"] + counts["bad_records"]
 
     # Outputs and ledger as from `tokenmill run`: same schema, one row per valid record.
     from pipeline.schema import LEDGER, OUTPUTS

@@ -87,3 +87,24 @@ def differences(a: pa.Table, b: pa.Table) -> list[str]:
             i = next(i for i, (p, q) in enumerate(zip(x, y)) if p != q)
             out.append(f"{name} row {i} ({a['id'][i]}): {str(x[i])[:80]!r} vs {str(y[i])[:80]!r}")
     return out
+
+
+def test_planning_as_orchestrator_tasks_stages_what_one_process_stages(config, tmp_path):
+    """The DAG's steps (plan, cluster per shard in any order, stage) give the partitions plan_job gives;
+    run again once staged, each returns at once."""
+    from pipeline.job import orchestrate
+    from pipeline.job.lifecycle import Job
+
+    config.planning.workers = 2
+    shards = orchestrate.planned_shards(config, "tasks")
+    assert len(shards) == 2
+    for shard in reversed(shards):
+        assert "reused" in orchestrate.clustered_shard(config, "tasks", shard)
+    partitions = orchestrate.staged_partitions(config, "tasks")
+    one, q1, plan1 = staged(config, 1, tmp_path, "one")
+    assert sorted(partitions) == sorted(plan1.partitions)
+    area = Job.open(config, "tasks").staging
+    tasks = pa.concat_tables([area.read(p, "records") for p in partitions])
+    assert not differences(ordered(tasks), ordered(one))
+    assert orchestrate.planned_shards(config, "tasks") == [] and orchestrate.clustered_shard(config, "tasks", 0) == {}
+    assert orchestrate.staged_partitions(config, "tasks") == partitions

@@ -154,6 +154,11 @@ def rerun(config: Path = ConfigOption,
     _run(cfg, job_id, partition or [], json_summary)
 
 
+def _usd_range(e: dict) -> str:
+    """An estimate's midpoint and range, e.g. `~$0.012000 ($0.009000-$0.018000)`."""
+    return f"~${e['est_usd']:.6f} (${e['est_usd_low']:.6f}-${e['est_usd_high']:.6f})"
+
+
 def _estimate_table(cfg, est: dict) -> Table:
     table = Table(title=f"pre-flight estimate for {cfg.input.uri}", show_header=False)
     table.add_column(style="bold")
@@ -162,12 +167,24 @@ def _estimate_table(cfg, est: dict) -> Table:
         table.add_row(k.replace("_", " "), str(est[k]))
     for name, t in est["tiers"].items():
         table.add_row(f"tier {name}", f"{t['items']} items ({t['share']:.0%}), {t['prompt_tokens']} prompt tokens, "
-                                      f"~{t['est_output_tokens']:.0f} output tokens, ~${t['est_usd']:.6f}")
+                                      f"~{t['est_output_tokens']:.0f} output tokens, {_usd_range(t)}")
+        if t.get("escalation"):
+            e = t["escalation"]
+            table.add_row("  escalations", f"~{e['items']:.1f} to {e['to']} ({e['rate']:.0%}, {e['rate_low']:.0%}-"
+                                           f"{e['rate_high']:.0%}), {_usd_range(e)}")
+        if t.get("escalated_in"):
+            e = t["escalated_in"]
+            table.add_row("  escalated in", f"~{e['items']:.1f} items ({e['items_low']:.1f}-{e['items_high']:.1f})")
+        if t.get("engine_overhead", {}).get("est_usd_high"):
+            o = t["engine_overhead"]
+            table.add_row("  engine start-up and idle", f"~{o['gpu_seconds']:.1f} GPU-seconds, {_usd_range(o)}")
         table.add_row("  estimated from", t["method"])
     for tenant, usd in est["tenants"].items():
-        table.add_row(f"tenant {tenant}", f"~${usd:.6f}")
-    table.add_row("estimated cost", f"~${est['est_usd']:.6f}")
-    table.add_row("budget", "; ".join(est["budget_problems"]) or ("within caps" if cfg.budget.active else "no caps set"))
+        r = est.get("tenant_ranges", {}).get(tenant)
+        table.add_row(f"tenant {tenant}", _usd_range(r) if r else f"~${usd:.6f}")
+    table.add_row("estimated cost", _usd_range(est) if "est_usd_low" in est else f"~${est['est_usd']:.6f}")
+    table.add_row("budget", "; ".join(est["budget_problems"]) or ("within caps (checked at the midpoint)"
+                                                                  if cfg.budget.active else "no caps set"))
     return table
 
 

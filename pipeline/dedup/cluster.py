@@ -66,6 +66,15 @@ class DedupStats:
             self.seconds[step] = self.seconds.get(step, 0.0) + seconds
         self.notes.extend(n for n in other.notes if n not in self.notes)
 
+    def to_dict(self) -> dict:  # everything, for a shard's figures to travel (as_dict: the manifest's summary)
+        return {"clusters": dict(self.clusters), "refused": dict(self.refused), "cache_index": self.cache_index,
+                "seconds": self.seconds, "notes": self.notes}
+
+    @staticmethod
+    def from_dict(data: dict) -> "DedupStats":
+        return DedupStats(Counter(data["clusters"]), Counter(data["refused"]), dict(data["cache_index"]),
+                          dict(data["seconds"]), list(data["notes"]))
+
     def as_dict(self) -> dict:
         return {"reused": dict(self.clusters), "guard_refusals": dict(self.refused),
                 "cache_index_entries": sum(self.cache_index.values()),
@@ -357,8 +366,7 @@ def reuse_columns(records: pa.Table, plan: ReusePlan, config: DedupConfig) -> pa
     source = np.where(member & (parts[rep] != parts), rep, -1)
     kind = pa.array(clusters.kind, pa.string()).take(first)
     similarity = pa.array(clusters.similarity, pa.float64()).take(first)
-    item_key = records["item_key"].combine_chunks()
-    gen_key = item_key.take(rep)
+    gen_key = (item_key := records["item_key"].combine_chunks()).take(rep)
     gen_id = pc.if_else(pa.array(member), records["id"].combine_chunks().take(rep), pa.scalar(None, pa.string()))
     if clusters.cached:                     # representatives that reuse an earlier job's output
         cached_reps = np.fromiter(clusters.cached, np.int64)

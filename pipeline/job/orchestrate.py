@@ -12,9 +12,11 @@ import re
 from pathlib import Path
 
 from pipeline.config import TokenmillConfig, load_config
+from pipeline.job import staging
 from pipeline.job.errors import JobError
 from pipeline.job.lifecycle import JOB_ID, Job
 from pipeline.job.progress import Progress
+from pipeline.job.staging import keyed_shards, staged_from_shards
 
 
 def job_id_for(prefix: str, run_date: str) -> str:
@@ -45,9 +47,23 @@ def _job(config: TokenmillConfig, job_id: str) -> Job:
     return Job.open(config, job_id, progress=Progress("log", config.run.log_every_seconds))
 
 
-def staged_partitions(config: TokenmillConfig, job_id: str) -> list[str]:
-    """Stage the job once (later calls return the same partitions) and check the budget before GPU work."""
+def planned_shards(config: TokenmillConfig, job_id: str) -> list[int]:
+    """Planning's first step (claim the staging, key every input file): the shards left to cluster."""
     job = _job(config, job_id)
+    job.check_engines(list(config.tiers))
+    return keyed_shards(job)
+
+
+def clustered_shard(config: TokenmillConfig, job_id: str, shard: int) -> dict:
+    """One shard's dedup (a CPU task per shard); its figures."""
+    return staging.clustered_shard(_job(config, job_id), shard)
+
+
+def staged_partitions(config: TokenmillConfig, job_id: str) -> list[str]:
+    """Stage the job once (from the clustered shards, or all of planning when no shard task ran; later
+    calls return the same partitions) and check the budget before GPU work."""
+    job = _job(config, job_id)
+    staged_from_shards(job)
     job.ensure_staged()
     partitions = job.state.partitions(job_id)
     todo = [p.partition for p in partitions if p.status != "succeeded"]

@@ -41,6 +41,7 @@ from pipeline.config import TokenmillConfig
 from pipeline.dedup.cluster import DedupStats, reuse_columns, reuse_plan
 from pipeline.ingest.read import input_files
 from pipeline.ingest.validate import duplicate_rows, quarantine_rows
+from pipeline.job.errors import JobError
 from pipeline.job.stages import STAGED_COLUMNS, STAGES, StageContext, row_adapters, run_stages
 from pipeline.keys import clean_text, compile_boilerplate
 from pipeline.stores import storage
@@ -49,7 +50,7 @@ log = logging.getLogger(__name__)
 
 KEYED_STAGES = STAGES[:-1]              # everything but cluster, which needs the whole scope
 ROW = "_row"                            # a keyed record's position in its partition
-# What a shard of the cluster step reads of each keyed partition: never the text.
+# What a shard of the cluster step reads of each keyed partition (its `sketch` file): never the text.
 SHARD_COLUMNS = ("id", "tenant", "partition", "tier", "scope", "recipe", "item_key", "signature", "embedding", ROW)
 TEXT_CACHE_BYTES = 256 << 20            # partition texts a shard keeps for the guards (LRU)
 PLAN_BYTES_PER_WORKER = 32 << 20        # input per planning process when `planning.workers` is unset
@@ -64,8 +65,22 @@ class Plan:
     quarantined: int = 0
     skipped: list[str] = field(default_factory=list)   # "<file>: why" for files that gave no record
     dedup: DedupStats = field(default_factory=DedupStats)
-    shards: int = 1
+    shard_scopes: list[list[str]] = field(default_factory=list)  # shard -> its scopes
+    duplicates: dict[str, list[int]] = field(default_factory=dict)  # partition -> rows quarantined as duplicate_id
     seconds: dict[str, float] = field(default_factory=dict)
+
+    @property
+    def shards(self) -> int:
+        return len(self.shard_scopes)
+
+    def to_dict(self) -> dict:
+        return {"records": self.records, "partitions": self.partitions, "quarantined": self.quarantined,
+                "skipped": self.skipped, "dedup": self.dedup.to_dict(), "shard_scopes": self.shard_scopes,
+                "duplicates": self.duplicates, "seconds": self.seconds}
+
+    @staticmethod
+    def from_dict(data: dict) -> "Plan":
+        return Plan(**{**data, "dedup": DedupStats.from_dict(data["dedup"])})
 
 
 def planning_workers(config: TokenmillConfig, input_bytes: int) -> int:
@@ -77,7 +92,7 @@ def planning_workers(config: TokenmillConfig, input_bytes: int) -> int:
 
 
 @contextmanager
-def _executor(workers: int):
+def planning_pool(workers: int):
     """A process pool of `workers`, or this process when one is enough."""
     if workers <= 1:
         yield None
@@ -94,55 +109,75 @@ def _map(pool: Executor | None, fn, *iterables) -> list:
 def plan_job(config: TokenmillConfig, job_id: str, staging, cache=None, workers: int | None = None) -> Plan:
     """Plan the job into `staging` (a StagingArea): each partition's `records` (STAGED_COLUMNS) and
     `quarantine`. `cache`: a ResilientStore whose near/semantic index is searched (None: in-job reuse
-    only; pool workers open their own from `config.cache`)."""
-    plan = Plan()
-    root = storage.resolve(config.input.uri, config.storage)
-    files, plan.skipped = input_files(root)
+    only; pool workers open their own from `config.cache`). The three steps, in this process and its pool;
+    an orchestrator may run them as tasks of their own (`plan_keyed`, `plan_shard` per shard, `plan_staged`)."""
+    files, skipped = input_files(storage.resolve(config.input.uri, config.storage))
     workers = workers or planning_workers(config, sum(size for _, _, size in files))
+    with planning_pool(workers) as pool:
+        plan = plan_keyed(config, job_id, staging, workers, pool)
+        started = time.perf_counter()
+        n = len(plan.shard_scopes)
+        _map(pool, plan_shard, [config] * n, [job_id] * n, [staging] * n, range(n), [cache if pool is None else None] * n)
+        plan.seconds["cluster"] = time.perf_counter() - started
+        return plan_staged(config, job_id, staging, pool, plan)
+
+
+def plan_keyed(config: TokenmillConfig, job_id: str, staging, workers: int, pool: Executor | None = None) -> Plan:
+    """Step 1: key every input file, find ids repeated across files, cut the scopes into shards; the plan
+    so far is saved in the staging area (`plan.json`) for the other steps."""
+    plan = Plan()
+    files, plan.skipped = input_files(storage.resolve(config.input.uri, config.storage))
     for note in plan.skipped:
         log.warning("input file %s", note)
-    with _executor(workers) as pool:
-        started = time.perf_counter()
-        keyed = _map(pool, key_file, [config] * len(files), [job_id] * len(files), [staging] * len(files), files)
-        plan.seconds["keyed"] = time.perf_counter() - started
+    started = time.perf_counter()
+    keyed = _map(pool, key_file, [config] * len(files), [job_id] * len(files), [staging] * len(files), files)
+    plan.seconds["keyed"] = time.perf_counter() - started
 
-        started = time.perf_counter()
-        seen: set[str] = set()
-        duplicates: dict[str, list[int]] = {}   # partition -> rows quarantined as duplicate_id
-        scope_rows: dict[str, int] = {}
-        for result in keyed:
-            if result.note:
-                plan.skipped.append(result.note)
-                log.warning("input file %s", result.note)
-            plan.dedup.notes.extend(n for n in result.notes if n not in plan.dedup.notes)
-            plan.records += result.raw
-            plan.quarantined += result.quarantined
-            for part, (ids, scopes, raw) in result.partitions.items():
-                plan.partitions[part] = {"file": result.file, "records": raw}
-                rows = duplicate_rows(ids, seen)
-                if rows:
-                    duplicates[part] = rows
-                    plan.quarantined += len(rows)
-                for scope, count in scopes.items():
-                    scope_rows[scope] = scope_rows.get(scope, 0) + count
-        del seen
-        plan.seconds["ids"] = time.perf_counter() - started
+    started = time.perf_counter()
+    seen: set[str] = set()
+    scope_rows: dict[str, int] = {}
+    for result in keyed:
+        if result.note:
+            plan.skipped.append(result.note)
+            log.warning("input file %s", result.note)
+        plan.dedup.notes.extend(n for n in result.notes if n not in plan.dedup.notes)
+        plan.records += result.raw
+        plan.quarantined += result.quarantined
+        for part, (ids, scopes, raw) in result.partitions.items():
+            plan.partitions[part] = {"file": result.file, "records": raw}
+            rows = duplicate_rows(ids, seen)
+            if rows:
+                plan.duplicates[part] = rows
+                plan.quarantined += len(rows)
+            for scope, count in scopes.items():
+                scope_rows[scope] = scope_rows.get(scope, 0) + count
+    del seen
+    plan.shard_scopes = shard_scopes(scope_rows, max(workers, -(-sum(scope_rows.values()) // SHARD_ROWS)))
+    plan.seconds["ids"] = time.perf_counter() - started
+    staging.write_json("plan", plan.to_dict())
+    return plan
 
-        started = time.perf_counter()
-        shards = shard_scopes(scope_rows, max(workers, -(-sum(scope_rows.values()) // SHARD_ROWS)))
-        plan.shards = len(shards)
-        parts = list(plan.partitions)
-        stats = _map(pool, cluster_shard, [config] * len(shards), [job_id] * len(shards), [staging] * len(shards),
-                     shards, [parts] * len(shards), [duplicates] * len(shards), [cache if pool is None else None] * len(shards),
-                     range(len(shards)))
-        for s in stats:
-            plan.dedup.merge(s)
-        plan.seconds["cluster"] = time.perf_counter() - started
 
-        started = time.perf_counter()
-        _map(pool, stage_partition, [config] * len(parts), [job_id] * len(parts), [staging] * len(parts), parts,
-             [len(shards)] * len(parts), [duplicates.get(p, []) for p in parts])
-        plan.seconds["staged"] = time.perf_counter() - started
+def plan_shard(config: TokenmillConfig, job_id: str, staging, shard: int, cache=None) -> DedupStats:
+    """Step 2, once per shard (in any order, on any host that reaches the staging area): cluster its scopes."""
+    plan = Plan.from_dict(staging.read_json("plan"))
+    stats = cluster_shard(config, job_id, staging, plan.shard_scopes[shard], list(plan.partitions),
+                          plan.duplicates, cache, shard)
+    staging.write_json(f"shard-{shard}", stats.to_dict())
+    return stats
+
+
+def plan_staged(config: TokenmillConfig, job_id: str, staging, pool: Executor | None = None,
+                plan: Plan | None = None) -> Plan:
+    """Step 3, once every shard is clustered: each partition's staged records and quarantine rows."""
+    plan = plan or Plan.from_dict(staging.read_json("plan"))
+    for shard in range(len(plan.shard_scopes)):
+        plan.dedup.merge(DedupStats.from_dict(staging.read_json(f"shard-{shard}")))
+    started = time.perf_counter()
+    parts = list(plan.partitions)
+    _map(pool, stage_partition, [config] * len(parts), [job_id] * len(parts), [staging] * len(parts), parts,
+         [len(plan.shard_scopes)] * len(parts), [plan.duplicates.get(p, []) for p in parts])
+    plan.seconds["staged"] = time.perf_counter() - started
     return plan
 
 
@@ -178,6 +213,7 @@ def key_file(config: TokenmillConfig, job_id: str, staging, file: tuple[str, str
         mine = records.filter(pc.equal(records["partition"], part))
         mine = mine.append_column(ROW, pa.array(range(mine.num_rows), pa.int32()))
         staging.write(part, "keyed", mine)
+        staging.write(part, "sketch", mine.select(list(SHARD_COLUMNS)))  # what the shards read: no text
         staging.write(part, "quarantine-read", quarantine.filter(pc.equal(quarantine["partition"], part)))
         counts = pc.value_counts(mine["scope"]).to_pylist()
         out.partitions[part] = (mine["id"], {c["values"]: c["counts"] for c in counts},
@@ -219,7 +255,7 @@ def cluster_shard(config: TokenmillConfig, job_id: str, staging, scopes: list[st
     wanted = pa.array(scopes, pa.string())
     tables = []
     for part in partitions:
-        keyed = staging.read(part, "keyed", columns=list(SHARD_COLUMNS))
+        keyed = staging.read(part, "sketch")
         keep = pc.is_in(keyed["scope"], wanted)
         if part in duplicates:
             keep = pc.and_(keep, pc.invert(pc.is_in(keyed[ROW], pa.array(duplicates[part], pa.int32()))))
@@ -260,8 +296,8 @@ def stage_partition(config: TokenmillConfig, job_id: str, staging, partition: st
         keyed = keyed.filter(pc.invert(dup))
     decided = pa.concat_tables([staging.read(partition, f"reuse-{s}") for s in range(shards)]).sort_by(ROW)
     if decided.num_rows != keyed.num_rows or decided[ROW] != keyed[ROW]:
-        raise RuntimeError(f"partition {partition}: {keyed.num_rows} keyed records but {decided.num_rows} "
-                           "reuse decisions; planning is inconsistent")
+        raise JobError(f"partition {partition}: {keyed.num_rows} keyed records but {decided.num_rows} reuse "
+                       "decisions: the staging area holds shards of another plan; stage the job again")
     gen_text = _gen_texts(staging, decided["gen_partition"].to_pylist(), decided["gen_row"].to_pylist())
     records = keyed
     for name in ("gen_key", "gen_id", "gen_tier", "reuse", "similarity", "shadow", "features"):

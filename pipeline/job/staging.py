@@ -9,14 +9,17 @@ tokenmill's own files: written atomically, read by partition runs, never read by
 
 from __future__ import annotations
 
+import json
 import logging
 import time
+from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
 import pyarrow as pa
 
+from pipeline.ingest.read import input_files
 from pipeline.job.errors import JobError
-from pipeline.job.plan import plan_job
+from pipeline.job.plan import Plan, plan_job, plan_keyed, plan_shard, plan_staged, planning_pool, planning_workers
 from pipeline.output.write import write_manifest
 from pipeline.stores import storage
 
@@ -38,6 +41,14 @@ class StagingArea:
     def write(self, partition: str, name: str, table: pa.Table) -> None:
         storage.write_parquet_atomic(self.root, self.path(partition, f"{name}.parquet"), table, "zstd")
 
+    def write_json(self, name: str, data: dict) -> None:
+        """A job-level file of planning's (`plan.json`, `shard-<n>.json`), beside the partitions."""
+        storage.write_bytes_atomic(self.root, self.root.join("_staging", f"job={self.job_id}", f"{name}.json"),
+                                   json.dumps(data).encode())
+
+    def read_json(self, name: str) -> dict:
+        return json.loads(storage.read_bytes(self.root, self.root.join("_staging", f"job={self.job_id}", f"{name}.json")))
+
     def read(self, partition: str, name: str, columns: list[str] | None = None) -> pa.Table:
         return storage.read_parquet(self.root, self.path(partition, f"{name}.parquet"), columns)
 
@@ -55,37 +66,82 @@ class StagingArea:
             return None
 
 
-def ensure_staged(job: Job) -> None:
-    """Stage the job unless it is staged already (or wait while another worker stages it)."""
+def ensure_staged(job: Job, stage=None):
+    """Stage the job unless it is staged already (or wait while another worker stages it).
+
+    `stage(job)` does the staging (default: all of planning, `stage_input`); its result is returned,
+    or None when the job was staged already."""
+    stage = stage or stage_input
     c = job.config
     if job.state.claim_staging(job.job_id, c.fingerprint(), c.input.uri, c.output.uri):
-        return stage_input(job)
+        return stage(job)
     while True:
         row = job.state.job(job.job_id)
         if row.status not in ("staging", "staging_failed"):
             break
         if job.state.reclaim_staging(job.job_id, c.state.lease_seconds):
-            return stage_input(job)  # the last staging failed or its worker died
+            return stage(job)  # the last staging failed or its worker died
         time.sleep(c.state.wait_seconds)  # another worker is staging it now
     if row.output_uri != c.output.uri:
         raise JobError(f"job {job.job_id} writes to {row.output_uri}, not {c.output.uri}; use that output")
     if row.config_fingerprint != c.fingerprint():
         log.warning("job %s: config changed since it was staged; items whose request changed are generated again",
                     job.job_id)
+    return None
+
+
+@contextmanager
+def _staging_step(job: Job):
+    """A staging step that fails marks the staging failed, so that a rerun takes it over at once."""
+    try:
+        yield
+    except Exception as e:
+        job.state.set_job(job.job_id, status="staging_failed", error=str(e)[:2000])
+        raise
 
 
 def stage_input(job: Job) -> None:
     """Plan the job (plan.py: streamed by file, sharded by scope) into the staging area; register partitions."""
     started = time.perf_counter()
-    try:
-        plan = plan_job(job.config, job.job_id, job.staging, cache=job.cache)
-        job.state.add_partitions(job.job_id, plan.partitions)
-        job.state.set_job(job.job_id, status="staged", counts={"records": plan.records, "staging": {
-            "records": plan.records, "partitions": len(plan.partitions), "skipped_files": plan.skipped,
-            "dedup": plan.dedup.as_dict(), "shards": plan.shards,
-            "step_seconds": {k: round(v, 3) for k, v in plan.seconds.items()},
-            "seconds": round(time.perf_counter() - started, 3)}})
-        write_manifest(job.out, job.job_id, job.manifest(partial=True))
-    except Exception as e:
-        job.state.set_job(job.job_id, status="staging_failed", error=str(e)[:2000])
-        raise
+    with _staging_step(job):
+        register_plan(job, plan_job(job.config, job.job_id, job.staging, cache=job.cache), time.perf_counter() - started)
+
+
+def register_plan(job: Job, plan: Plan, seconds: float) -> None:
+    """Register the planned partitions and mark the job staged."""
+    job.state.add_partitions(job.job_id, plan.partitions)
+    job.state.set_job(job.job_id, status="staged", counts={"records": plan.records, "staging": {
+        "records": plan.records, "partitions": len(plan.partitions), "skipped_files": plan.skipped,
+        "dedup": plan.dedup.as_dict(), "shards": plan.shards,
+        "step_seconds": {k: round(v, 3) for k, v in plan.seconds.items()}, "seconds": round(seconds, 3)}})
+    write_manifest(job.out, job.job_id, job.manifest(partial=True))
+
+
+# -- planning as an orchestrator's tasks: keyed once, one task per shard, staged once -----------------
+def keyed_shards(job: Job) -> list[int]:
+    """Claim the job's staging and key its input (plan.py step 1): the shards to cluster, [] when staged."""
+    def keyed(job: Job) -> list[int]:
+        c = job.config
+        files, _ = input_files(storage.resolve(c.input.uri, c.storage))
+        workers = planning_workers(c, sum(size for _, _, size in files))
+        with _staging_step(job), planning_pool(workers) as pool:
+            return list(range(plan_keyed(c, job.job_id, job.staging, workers, pool).shards))
+    return ensure_staged(job, keyed) or []
+
+
+def clustered_shard(job: Job, shard: int) -> dict:
+    """Cluster one shard (plan.py step 2); its dedup figures. Nothing to do once the job is staged."""
+    if job.state.job(job.job_id).status not in ("staging", "staging_failed"):
+        return {}
+    with _staging_step(job):
+        return plan_shard(job.config, job.job_id, job.staging, shard, job.cache).as_dict()
+
+
+def staged_from_shards(job: Job) -> None:
+    """Stage every partition from the clustered shards and register them (plan.py step 3), once."""
+    if job.state.job(job.job_id).status not in ("staging", "staging_failed"):
+        return
+    started = time.perf_counter()
+    plan = Plan.from_dict(job.staging.read_json("plan"))
+    with _staging_step(job), planning_pool(planning_workers(job.config, 0)) as pool:  # in this process unless set
+        register_plan(job, plan_staged(job.config, job.job_id, job.staging, pool, plan), time.perf_counter() - started)
