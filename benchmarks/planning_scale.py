@@ -3,7 +3,7 @@ semantic dedup, route, stage; pipeline/job/plan.py) by corpus size and number of
 
 No engine: planning ends before the first GPU request. Each run is its own process, so its peak RSS
 (getrusage: the planning process, and the largest of its pool workers) is its own. The corpus is
-synthetic but shaped like a nightly multi-tenant batch: 2 KB report-like documents over 8 tenants,
+synthetic but shaped like a nightly multi-tenant batch: about 2 KB report-like documents over 8 tenants,
 about 15% exact copies, 10% near copies (a sentence added) and 5% reordered copies (semantic
 neighbours), in JSONL files of 10,000. The staged reuse columns of every N-process run are compared
 with the 1-process run's: rows that differ are cross-shard misses (shards hold whole scopes, so the
@@ -66,7 +66,7 @@ def write_corpus(folder: Path, documents: int, seed: int = 19) -> int:
                 text = ". ".join(parts)
         else:
             tenant = f"tenant-{rng.randrange(TENANTS)}"
-            text = " ".join(rng.choice(sentences) for _ in range(rng.randint(14, 20)))
+            text = " ".join(rng.choice(sentences) for _ in range(rng.randint(19, 27)))  # about 2 KB
         recent.append((tenant, text))
         if len(recent) > 5000:
             recent.pop(rng.randrange(len(recent)))
