@@ -1,9 +1,19 @@
 import pyarrow as pa
 
 from pipeline.config import DedupConfig, RouteConfig
-from pipeline.dedup.cluster import add_content_hashes, mark_duplicates
+from pipeline.dedup.cluster import add_content_hashes
 from pipeline.keys import content_hash, normalise_text
 from pipeline.route.rules import assign_tiers
+
+
+def mark_duplicates(records: pa.Table, key: str) -> pa.Table:  # exact duplicates by content hash, as keys make them
+    """Add `duplicate_of`: the id of the first record with the same `key`, null for that first record."""
+    duplicate_of: list[str | None] = []
+    first: dict[str, str] = {}
+    for id_, k in zip(records["id"].to_pylist(), records[key].to_pylist()):
+        duplicate_of.append(first.get(k))
+        first.setdefault(k, id_)
+    return records.append_column("duplicate_of", pa.array(duplicate_of, pa.string()))
 
 
 def records(rows):

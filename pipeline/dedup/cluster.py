@@ -96,16 +96,6 @@ def add_content_hashes(records: pa.Table, config: DedupConfig, own_scope: frozen
         "content_hash", pa.array(hashes, pa.string()))
 
 
-def mark_duplicates(records: pa.Table, key: str) -> pa.Table:
-    """Add `duplicate_of`: the id of the first record with the same `key`, null for that first record."""
-    duplicate_of: list[str | None] = []
-    first: dict[str, str] = {}
-    for id_, k in zip(records["id"].to_pylist(), records[key].to_pylist()):
-        duplicate_of.append(first.get(k))
-        first.setdefault(k, id_)
-    return records.append_column("duplicate_of", pa.array(duplicate_of, pa.string()))
-
-
 def shadow_selected(item_key: str, rate: float) -> bool:
     """Deterministic sample: the same items are verified on every rerun."""
     return rate > 0 and xxhash.xxh64_intdigest(item_key.encode()) < rate * 2 ** 64

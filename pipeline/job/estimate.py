@@ -353,33 +353,64 @@ def with_estimates(totals: dict[str, float], requests: pa.Table, tenant_of: dict
 
 
 def estimate_job(config: TokenmillConfig, pool=None, input_uri: str | None = None) -> dict:
-    """The pre-flight estimate: read, validate, dedup and route the input, tokenise what would be
-    generated, and price it, before any GPU work. `pool`: an EnginePool (its tokenizers are used)."""
+    """The pre-flight estimate, on the run's own path up to the GPU: the job's planning (read, validate,
+    dedup, route; `plan_job`, into a scratch staging area) and each partition's first wave as `prepare`
+    builds it (requests rendered and tokenised, documents too long for the context cut into chunks, a
+    reduce per chunked document), priced with what earlier ledgers measured. `pool`: an EnginePool (its
+    tokenizers are used; no engine starts)."""
     from pipeline.generate.adapters import adapter_problems
     from pipeline.generate.levers import check_levers
     check_levers(config.tiers, also=adapter_problems(config))  # LeverError (an EngineStartError), before any work
     if pool is None:
         from pipeline.generate.engine import EnginePool
         pool = EnginePool(config.tiers)
-    from pipeline.dedup.cluster import mark_duplicates
-    from pipeline.generate.requests import build_requests
-    from pipeline.job.stages import staged_input
+    rates = tier_rates(config, config.output.uri)
+    demand, counts = planned_demand(config, pool, rates, input_uri)
+    return {**counts, **price_demand(demand, config, rates), "note": NOTE}
 
-    staged = staged_input(config, "preflight", input_uri)
-    raw, quarantine, skipped = staged.raw, staged.quarantine, staged.skipped
-    records = mark_duplicates(staged.records, "gen_key")
-    tiers_used = sorted(set(records["tier"].to_pylist()))
-    requests, too_long = build_requests(records, config.prompt, config.sampling, config.requests,
-                                       {t: pool.tokenizer(t) for t in tiers_used},
-                                       {t: pool.context_length(t) for t in tiers_used})
-    demand = Demand()  # the planner's per-partition tables go in here (add_requests), priced once at the end
-    demand.add_requests(requests, dict(zip(records["id"].to_pylist(), records["tenant"].to_pylist())))
-    return {
-        "records": raw.num_rows, "quarantined": quarantine.num_rows + too_long.num_rows,
-        "duplicates": int(pc.sum(pc.is_valid(records["duplicate_of"])).as_py() or 0),
-        "to_generate": requests.num_rows, **price_demand(demand, config, tier_rates(config, config.output.uri)),
-        "skipped_files": skipped, "note": NOTE,
-    }
+
+def planned_demand(config: TokenmillConfig, pool, rates: dict[str, TierRate],
+                   input_uri: str | None = None) -> tuple[Demand, dict]:
+    """What the job would send to the engines, as a Demand, and the counts the estimate prints.
+
+    Earlier jobs' cache is not searched (the planning runs with the cache off): what it holds is
+    counted as generated, so the estimate errs high where a warm cache would save."""
+    import tempfile
+
+    from pipeline.generate.reuse import generation_units
+    from pipeline.generate.waves import WavePlanner, unit_requests
+    from pipeline.job.plan import plan_job
+    from pipeline.job.staging import StagingArea
+    from pipeline.stores import storage
+
+    config = config.model_copy(update={
+        "input": config.input.model_copy(update={"uri": input_uri or config.input.uri}),
+        "cache": config.cache.model_copy(update={"enabled": False})})
+    demand, paid = Demand(), set()  # keys some partition already generates: one generation per key per job
+    counts = {"records": 0, "quarantined": 0, "duplicates": 0, "to_generate": 0, "long_documents": 0}
+    with tempfile.TemporaryDirectory(prefix="tokenmill-estimate-") as scratch:
+        area = StagingArea(storage.resolve(scratch), "preflight")
+        plan = plan_job(config, "preflight", area)
+        counts.update(records=plan.records, quarantined=plan.quarantined, skipped_files=plan.skipped)
+        for partition in plan.partitions:
+            records = area.read(partition, "records")
+            keys = set(records["gen_key"].to_pylist()) - paid
+            paid |= keys
+            units = generation_units(records, keys)
+            requests, too_long = unit_requests(units, config, pool)
+            state, rows = WavePlanner(config, pool, None, partition).first(units, requests, too_long)
+            demand.add([r["tier"] for r in rows], [len(r["prompt_token_ids"]) for r in rows],
+                       [r["unit"]["tenant"] for r in rows])
+            # A reduce per chunked document, over its chunks' summaries (their measured length).
+            reduces = list(state.chunked.values())
+            demand.add([u["tier"] for u in reduces],
+                       [round(u["pieces"] * rates[u["tier"]].output_tokens_per_item) for u in reduces],
+                       [u["tenant"] for u in reduces])
+            counts["duplicates"] += records.num_rows - units.num_rows
+            counts["quarantined"] += len(state.failed)
+            counts["to_generate"] += len(rows) + len(reduces)
+            counts["long_documents"] += len(reduces)
+    return demand, counts
 
 
 def budget_problems(config: TokenmillConfig, job_usd: float, tenant_usd: dict[str, float]) -> list[str]:
