@@ -32,9 +32,10 @@ DEFAULT_RATE_FACTOR = 4.0   # no history: the configured throughput may be off b
 DEFAULT_OVERHEAD = 60.0     # an engine's start-up and idle 0-60 s (× GPUs); unmeasured: the middle of the range
 NOTE = ("est_usd is the midpoint, est_usd_low-est_usd_high the range. Counted: each item at its tier's throughput, "
         "prefix-cache share, output length and escalation rate measured in earlier ledgers (else configured "
-        "defaults), escalations on the escalation tier, each engine's start-up and idle. Not counted: reuse from "
-        "earlier jobs' cache (inputs it holds cost less), shadow verification (dedup.shadow_rate of near/semantic "
-        "reuses), schema retries, failed attempts, documents too long for the context (quarantined here, map-reduced in a run).")
+        "defaults), escalations on the escalation tier, each engine's start-up and idle, documents too long for the "
+        "context as the run cuts them (a request per chunk, a reduce each). Not counted: reuse from earlier jobs' "
+        "cache (inputs it holds cost less), shadow verification (dedup.shadow_rate of near/semantic reuses), schema "
+        "retries, failed attempts.")
 
 
 @dataclass(frozen=True)
