@@ -1,8 +1,9 @@
 """job: the control beside the data path. Runs the stages over an input, partition by partition.
 
   lifecycle.py    Job: stage the input once, run its partitions, finish with the manifest; run_job
-  stages.py       the CPU stages staging runs (read -> validate -> content_hash -> route -> item_keys
-                  -> cluster), each declaring the columns it needs and adds; staged_input
+  stages.py       the CPU stages (read -> validate -> content_hash -> route -> item_keys -> sketch
+                  -> cluster), each declaring the columns it needs and adds; staged_input (in memory)
+  plan.py         planning: the stages streamed by input file and sharded by dedup scope, in a pool
   staging.py      the staging area (`_staging/`): staged records and prepared requests per partition
   partition.py    PartitionRun: prepare (lookups, wave 0), then claim, heartbeat, assemble, write, commit
   generation.py   Generation: waves as work units in the catalog, tier workers draining them, the

@@ -1,12 +1,13 @@
-"""The CPU stages that staging runs over a whole input, each with a declared contract.
+"""The CPU stages that planning runs over a job's input, each with a declared contract.
 
-  read -> validate -> content_hash -> route -> item_keys -> cluster
+  read -> validate -> content_hash -> route -> item_keys -> sketch -> cluster
 
 Each `Stage` names the columns it needs in its input and the columns it adds (and, for validate,
 drops); `run_stages` runs them in order and checks every contract as it goes (column names only,
-so the check costs nothing next to the stages). `staged_input` is what job staging (which writes
-the result per partition to the staging area) and the pre-flight estimate (which prices it) both
-call, so both see exactly the same records, reuse clusters and tiers.
+so the check costs nothing next to the stages). Planning (plan.py, for staging and the pre-flight
+estimate alike) runs them up to sketch per input file and cluster per shard of scopes;
+`staged_input` runs them all in memory over a whole input (evaluation sets, tests), with the same
+result (tests/test_plan.py).
 
 Side outputs that are not columns of the record table (every raw record, quarantine rows, skipped
 files, dedup statistics) are kept on the `StageContext` the stages share.
