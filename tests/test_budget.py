@@ -130,7 +130,8 @@ def test_plan_estimates_then_learns_from_ledgers(make_config, sample_corpus, tin
 
 
 def test_price_demand_adds_escalations_and_each_engines_start_up(make_config):
-    from pipeline.job.estimate import Demand, Measured, Range, TierRate, price_demand
+    from pipeline.job.estimate import Demand, price_demand
+    from pipeline.job.rates import Measured, Range, TierRate
 
     config = make_config(routing=True)  # small escalates to large
 

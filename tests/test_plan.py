@@ -98,13 +98,68 @@ def test_planning_as_orchestrator_tasks_stages_what_one_process_stages(config, t
     config.planning.workers = 2
     shards = orchestrate.planned_shards(config, "tasks")
     assert len(shards) == 2
+    reused: dict[str, int] = {}
     for shard in reversed(shards):
-        assert "reused" in orchestrate.clustered_shard(config, "tasks", shard)
+        for kind, n in orchestrate.clustered_shard(config, "tasks", shard)["reused"].items():
+            reused[kind] = reused.get(kind, 0) + n
     partitions = orchestrate.staged_partitions(config, "tasks")
     one, q1, plan1 = staged(config, 1, tmp_path, "one")
     assert sorted(partitions) == sorted(plan1.partitions)
+    assert reused == plan1.dedup.as_dict()["reused"] and reused
     area = Job.open(config, "tasks").staging
     tasks = pa.concat_tables([area.read(p, "records") for p in partitions])
     assert not differences(ordered(tasks), ordered(one))
     assert orchestrate.planned_shards(config, "tasks") == [] and orchestrate.clustered_shard(config, "tasks", 0) == {}
     assert orchestrate.staged_partitions(config, "tasks") == partitions
+
+
+def test_input_without_a_valid_record_is_all_quarantine(make_config, tmp_path):
+    """Reproducer: no valid record meant no shard, and staging failed on an empty list of decisions."""
+    root = tmp_path / "bad"
+    root.mkdir()
+    (root / "only-bad.jsonl").write_text('{not json\n{"id": "a", "text": "  "}\n{"text": "no id"}\n')
+    config = make_config(root)
+    records, quarantine, plan = staged(config, 1, tmp_path, "bad-out")
+    assert records.num_rows == 0 and quarantine.num_rows == plan.records == 3
+    assert sorted(quarantine["reason"].to_pylist()) == ["empty_text", "malformed_json", "missing_id"]
+
+
+def test_stage_refuses_shards_of_an_earlier_planning(config, tmp_path):
+    """Reproducer: input changed and planned again, shards not clustered again: the old reuse decisions
+    must not be applied (record b would have been staged as a near duplicate of a)."""
+    from pipeline.job.errors import JobError
+    from pipeline.job.plan import plan_keyed, plan_shard, plan_staged
+
+    area = StagingArea(storage.resolve(str(tmp_path / "stale")), "stale")
+    first = plan_keyed(config, "stale", area, workers=2)
+    for shard in range(first.shards):
+        plan_shard(config, "stale", area, shard)
+    plan_keyed(config, "stale", area, workers=2)  # planned again; its shards are not clustered
+    with pytest.raises(JobError, match="not clustered for this planning"):
+        plan_staged(config, "stale", area)
+
+
+def test_staged_partitions_stages_whole_when_no_planning_task_ran(config):
+    """Reproducer: `stage` (the old single staging entry point) called with no `plan` task before it."""
+    from pipeline.job import orchestrate
+
+    partitions = orchestrate.staged_partitions(config, "whole")
+    assert partitions and orchestrate.clustered_shard(config, "whole", 0) == {}
+
+
+def test_a_staging_step_renews_its_lease_while_it_runs(config):
+    """Planning a large job outlasts state.lease_seconds: while a step runs, no other worker may take the
+    staging over; once it stops renewing (its worker died), one may."""
+    import time
+
+    from pipeline.job.lifecycle import Job
+    from pipeline.job.staging import staging_step
+
+    config.state.lease_seconds = 1.0
+    job = Job.open(config, "lease")
+    assert job.state.claim_staging("lease", config.fingerprint(), config.input.uri, config.output.uri)
+    with staging_step(job):
+        time.sleep(2.5)  # well past the lease
+        assert not job.state.reclaim_staging("lease", config.state.lease_seconds)
+    time.sleep(1.5)
+    assert job.state.reclaim_staging("lease", config.state.lease_seconds)

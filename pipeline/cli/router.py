@@ -26,7 +26,8 @@ def _cost_per_item(cfg, tier: str, texts: list[str]) -> float:
     mean length (≈ chars/4 tokens) at the tier's configured default rate."""
     import pyarrow as pa
 
-    from pipeline.job.estimate import estimate_usd, tier_rates
+    from pipeline.job.estimate import estimate_usd
+    from pipeline.job.rates import tier_rates
 
     prompt = sum(len(x) for x in texts) / max(len(texts), 1) / 4
     return estimate_usd(pa.array([tier]), pa.array([prompt]), cfg, tier_rates(cfg))[0]

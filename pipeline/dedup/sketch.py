@@ -66,9 +66,7 @@ def _embed_in_background(embedder: Embedder, texts: list[str]):
     """A future of `texts`' embeddings.
 
     Embedding (the Rust tokenizer, numpy and scipy: mostly outside the GIL) runs on a second thread
-    while the caller hashes and clusters near duplicates, which is mostly Python. It covers every
-    first row, not only those left as representatives after near clustering: the extra rows cost the
-    other core's time, where waiting for near clustering would cost this one's.
+    while the caller computes MinHash signatures, so the two overlap on two cores.
     """
     worker = ThreadPoolExecutor(1, thread_name_prefix="embed")
     embedding = worker.submit(embedder.encode, texts)

@@ -9,7 +9,8 @@
   generation.py   Generation: waves as work units in the catalog, tier workers draining them, the
                   engines' held time shared into partitions' ledgers
   budget.py       BudgetGuard: USD caps before the job starts and before every work unit runs
-  estimate.py     the pre-flight estimate (`tokenmill estimate`, estimate_job)
+  estimate.py     the pre-flight estimate (`tokenmill estimate`, estimate_job): the job's own planning, priced
+  rates.py        what earlier ledgers measured per tier and model, with spreads (tier_rates)
   orchestrate.py  one idempotent function per orchestrator task (the Airflow DAG wires them)
   manifest.py     the job manifest, summed from committed partitions
   progress.py     progress bar or log lines

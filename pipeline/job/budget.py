@@ -15,7 +15,8 @@ import pyarrow as pa
 
 from pipeline.config import TokenmillConfig
 from pipeline.job.errors import JobError
-from pipeline.job.estimate import budget_problems, tier_rates, with_estimates
+from pipeline.job.estimate import budget_problems, with_estimates
+from pipeline.job.rates import tier_rates
 from pipeline.stores.catalog import StateStore
 
 

@@ -18,7 +18,9 @@ misses no match. The price is balance: one scope is one shard, so a job of one h
 dedup on one core (the keyed and staged steps still run on all of them).
 
 `workers` processes run each step (`planning.workers`; unset, one per 32 MB of input up to the machine's
-cores); with one, everything runs in this process. Under Airflow the `stage` task plans with its worker's cores.
+cores); with one, everything runs in this process. Under Airflow the steps are tasks of their own:
+`plan` keys the input with its worker's cores, `cluster` is mapped by shard, and `stage` stages the
+partitions (in its process, unless `planning.workers` is set).
 """
 
 from __future__ import annotations
@@ -27,8 +29,10 @@ import heapq
 import logging
 import os
 import time
+import uuid
 from collections import OrderedDict
 from concurrent.futures import Executor, ProcessPoolExecutor
+from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from multiprocessing import get_context
@@ -53,6 +57,10 @@ ROW = "_row"                            # a keyed record's position in its parti
 # What a shard of the cluster step reads of each keyed partition (its `sketch` file): never the text.
 SHARD_COLUMNS = ("id", "tenant", "partition", "tier", "scope", "recipe", "item_key", "signature", "embedding", ROW)
 TEXT_CACHE_BYTES = 256 << 20            # partition texts a shard keeps for the guards (LRU)
+# A shard's reuse decisions for one partition (`reuse-<shard>`), joined to its keyed records by ROW.
+DECISIONS = pa.schema([(ROW, pa.int32()), ("gen_key", pa.string()), ("gen_id", pa.string()), ("gen_tier", pa.string()),
+                       ("reuse", pa.string()), ("similarity", pa.float64()), ("shadow", pa.bool_()),
+                       ("features", pa.string()), ("gen_partition", pa.string()), ("gen_row", pa.int32())])
 PLAN_BYTES_PER_WORKER = 32 << 20        # input per planning process when `planning.workers` is unset
 SHARD_ROWS = 200_000                    # records per shard, about: bounds a shard's memory where scopes allow
 
@@ -68,6 +76,7 @@ class Plan:
     shard_scopes: list[list[str]] = field(default_factory=list)  # shard -> its scopes
     duplicates: dict[str, list[int]] = field(default_factory=dict)  # partition -> rows quarantined as duplicate_id
     seconds: dict[str, float] = field(default_factory=dict)
+    attempt: str = ""      # this planning's token: a shard's figures name the planning they belong to
 
     @property
     def shards(self) -> int:
@@ -76,7 +85,7 @@ class Plan:
     def to_dict(self) -> dict:
         return {"records": self.records, "partitions": self.partitions, "quarantined": self.quarantined,
                 "skipped": self.skipped, "dedup": self.dedup.to_dict(), "shard_scopes": self.shard_scopes,
-                "duplicates": self.duplicates, "seconds": self.seconds}
+                "duplicates": self.duplicates, "seconds": self.seconds, "attempt": self.attempt}
 
     @staticmethod
     def from_dict(data: dict) -> "Plan":
@@ -103,13 +112,20 @@ def planning_pool(workers: int):
 
 
 def _map(pool: Executor | None, fn, *iterables) -> list:
-    return list(map(fn, *iterables) if pool is None else pool.map(fn, *iterables))
+    if pool is None:
+        return list(map(fn, *iterables))
+    try:
+        return list(pool.map(fn, *iterables))
+    except BrokenProcessPool as e:
+        raise JobError(f"a planning process died ({e}): out of memory (lower planning.workers), or a script "
+                       "that starts a job at import time (the pool starts its processes by importing the "
+                       "main module: put the call under `if __name__ == \"__main__\":`)") from None
 
 
 def plan_job(config: TokenmillConfig, job_id: str, staging, cache=None, workers: int | None = None) -> Plan:
     """Plan the job into `staging` (a StagingArea): each partition's `records` (STAGED_COLUMNS) and
-    `quarantine`. `cache`: a ResilientStore whose near/semantic index is searched (None: in-job reuse
-    only; pool workers open their own from `config.cache`). The three steps, in this process and its pool;
+    `quarantine`. `cache`: a ResilientStore whose near/semantic index is searched (None: each shard opens
+    its own from `config.cache`, when it is enabled). The three steps, in this process and its pool;
     an orchestrator may run them as tasks of their own (`plan_keyed`, `plan_shard` per shard, `plan_staged`)."""
     files, skipped = input_files(storage.resolve(config.input.uri, config.storage))
     workers = workers or planning_workers(config, sum(size for _, _, size in files))
@@ -152,8 +168,10 @@ def plan_keyed(config: TokenmillConfig, job_id: str, staging, workers: int, pool
             for scope, count in scopes.items():
                 scope_rows[scope] = scope_rows.get(scope, 0) + count
     del seen
-    plan.shard_scopes = shard_scopes(scope_rows, max(workers, -(-sum(scope_rows.values()) // SHARD_ROWS)))
+    # At least one shard, even with no valid record: every partition's staged step reads its decisions.
+    plan.shard_scopes = shard_scopes(scope_rows, max(workers, -(-sum(scope_rows.values()) // SHARD_ROWS))) or [[]]
     plan.seconds["ids"] = time.perf_counter() - started
+    plan.attempt = uuid.uuid4().hex
     staging.write_json("plan", plan.to_dict())
     return plan
 
@@ -163,7 +181,7 @@ def plan_shard(config: TokenmillConfig, job_id: str, staging, shard: int, cache=
     plan = Plan.from_dict(staging.read_json("plan"))
     stats = cluster_shard(config, job_id, staging, plan.shard_scopes[shard], list(plan.partitions),
                           plan.duplicates, cache, shard)
-    staging.write_json(f"shard-{shard}", stats.to_dict())
+    staging.write_json(f"shard-{shard}", {"attempt": plan.attempt, **stats.to_dict()})
     return stats
 
 
@@ -172,7 +190,14 @@ def plan_staged(config: TokenmillConfig, job_id: str, staging, pool: Executor | 
     """Step 3, once every shard is clustered: each partition's staged records and quarantine rows."""
     plan = plan or Plan.from_dict(staging.read_json("plan"))
     for shard in range(len(plan.shard_scopes)):
-        plan.dedup.merge(DedupStats.from_dict(staging.read_json(f"shard-{shard}")))
+        try:
+            done = staging.read_json(f"shard-{shard}")
+        except storage.StorageError:
+            done = {}
+        if done.get("attempt") != plan.attempt:  # missing, or left by an earlier planning of this job
+            raise JobError(f"shard {shard} of job {job_id} is not clustered for this planning; run its cluster "
+                           "step (under Airflow: clear `plan` with downstream)")
+        plan.dedup.merge(DedupStats.from_dict({k: v for k, v in done.items() if k != "attempt"}))
     started = time.perf_counter()
     parts = list(plan.partitions)
     _map(pool, stage_partition, [config] * len(parts), [job_id] * len(parts), [staging] * len(parts), parts,
@@ -261,6 +286,10 @@ def cluster_shard(config: TokenmillConfig, job_id: str, staging, scopes: list[st
             keep = pc.and_(keep, pc.invert(pc.is_in(keyed[ROW], pa.array(duplicates[part], pa.int32()))))
         tables.append(keyed.filter(keep))
     records = pa.concat_tables(tables)
+    if not records.num_rows:  # a shard of no record (an input without a valid one): empty decisions
+        for part in partitions:
+            staging.write(part, f"reuse-{shard}", DECISIONS.empty_table())
+        return DedupStats()
     texts = PartitionTexts(staging, compile_boilerplate(config.dedup.boilerplate_patterns))
     part_of = pc.dictionary_encode(records["partition"].combine_chunks())
     parts, names = np.asarray(part_of.indices), part_of.dictionary.to_pylist()
@@ -275,7 +304,8 @@ def cluster_shard(config: TokenmillConfig, job_id: str, staging, scopes: list[st
                               "features"]).append_column(
         "gen_partition", pa.DictionaryArray.from_arrays(pa.array(np.where(elsewhere, parts[source], 0), pa.int32(),
                                                                   mask=~elsewhere), part_of.dictionary).cast(pa.string())
-    ).append_column("gen_row", pa.array(rows[source], pa.int32(), mask=~elsewhere))
+    ).append_column("gen_row", pa.array(rows[source], pa.int32(), mask=~elsewhere)).cast(
+        pa.schema([("partition", pa.string()), *DECISIONS]))
     del records, plan
     for part in partitions:
         staging.write(part, f"reuse-{shard}", decided.filter(pc.equal(decided["partition"], part)).drop_columns(["partition"]))

@@ -15,7 +15,9 @@ files, dedup statistics) are kept on the `StageContext` the stages share.
 
 from __future__ import annotations
 
+import functools
 import logging
+import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -116,10 +118,32 @@ def load_embedder(config: TokenmillConfig) -> tuple[object | None, str | None]:
     from pipeline.dedup.embed import EmbedderError, StaticEmbedder
 
     try:
-        return StaticEmbedder(config.dedup.embedder), None
+        return _loaded(StaticEmbedder, config.dedup.embedder, _stamp(config.dedup.embedder)), None
     except EmbedderError as e:
         log.warning("semantic reuse off for this job: %s", e)
         return None, str(e)
+
+
+def _stamp(path: str) -> tuple:
+    """What changes when a model or router file is rebuilt in place (so it is loaded anew)."""
+    try:
+        st = os.stat(path)
+        return st.st_mtime_ns, st.st_size
+    except OSError:
+        return None, None
+
+
+@functools.lru_cache(maxsize=8)
+def _loaded(kind, path: str, stamp: tuple):
+    """One load per process of the embedder or router at `path`: planning runs the stages once per
+    input file, and a folder of small .txt files would otherwise load them hundreds of times."""
+    return kind(path)
+
+
+def _router(path: str):
+    from pipeline.route.router import Router
+
+    return Router.load(path)
 
 
 def read(table: pa.Table, ctx: StageContext) -> pa.Table:
@@ -141,11 +165,8 @@ def content_hashes(table: pa.Table, ctx: StageContext) -> pa.Table:
 
 
 def route(table: pa.Table, ctx: StageContext) -> pa.Table:
-    router = None
-    if ctx.config.route.router:
-        from pipeline.route.router import Router
-
-        router = Router.load(ctx.config.route.router)
+    path = ctx.config.route.router
+    router = _loaded(_router, path, _stamp(path)) if path else None
     return assign_tiers(table, ctx.config.route, router)
 
 

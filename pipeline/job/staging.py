@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import json
 import logging
+import threading
 import time
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
@@ -91,19 +92,34 @@ def ensure_staged(job: Job, stage=None):
 
 
 @contextmanager
-def _staging_step(job: Job):
-    """A staging step that fails marks the staging failed, so that a rerun takes it over at once."""
+def staging_step(job: Job):
+    """A staging step renews the staging's lease while it runs (planning a large job outlasts one), and
+    one that fails marks the staging failed, so that a rerun takes it over at once."""
+    done = threading.Event()
+
+    def renew():
+        while not done.wait(job.config.state.lease_seconds / 3):
+            try:
+                job.state.renew_staging(job.job_id)
+            except Exception as e:  # a catalog blip: the next beat tries again; the lease has room for it
+                log.warning("job %s: could not renew the staging lease: %s", job.job_id, e)
+
+    beat = threading.Thread(target=renew, name="staging-lease", daemon=True)
+    beat.start()
     try:
         yield
     except Exception as e:
         job.state.set_job(job.job_id, status="staging_failed", error=str(e)[:2000])
         raise
+    finally:
+        done.set()
+        beat.join()
 
 
 def stage_input(job: Job) -> None:
     """Plan the job (plan.py: streamed by file, sharded by scope) into the staging area; register partitions."""
     started = time.perf_counter()
-    with _staging_step(job):
+    with staging_step(job):
         register_plan(job, plan_job(job.config, job.job_id, job.staging, cache=job.cache), time.perf_counter() - started)
 
 
@@ -124,24 +140,31 @@ def keyed_shards(job: Job) -> list[int]:
         c = job.config
         files, _ = input_files(storage.resolve(c.input.uri, c.storage))
         workers = planning_workers(c, sum(size for _, _, size in files))
-        with _staging_step(job), planning_pool(workers) as pool:
+        with staging_step(job), planning_pool(workers) as pool:
             return list(range(plan_keyed(c, job.job_id, job.staging, workers, pool).shards))
     return ensure_staged(job, keyed) or []
 
 
+def _planning(job: Job) -> bool:
+    """The job's staging has begun and is not done (a planning step of an orchestrator may run)."""
+    row = job.state.job(job.job_id)
+    return row is not None and row.status in ("staging", "staging_failed")
+
+
 def clustered_shard(job: Job, shard: int) -> dict:
     """Cluster one shard (plan.py step 2); its dedup figures. Nothing to do once the job is staged."""
-    if job.state.job(job.job_id).status not in ("staging", "staging_failed"):
+    if not _planning(job):
         return {}
-    with _staging_step(job):
+    with staging_step(job):
         return plan_shard(job.config, job.job_id, job.staging, shard, job.cache).as_dict()
 
 
 def staged_from_shards(job: Job) -> None:
     """Stage every partition from the clustered shards and register them (plan.py step 3), once."""
-    if job.state.job(job.job_id).status not in ("staging", "staging_failed"):
-        return
+    if not _planning(job):
+        return  # staged already, or not begun (the caller stages it whole)
     started = time.perf_counter()
-    plan = Plan.from_dict(job.staging.read_json("plan"))
-    with _staging_step(job), planning_pool(planning_workers(job.config, 0)) as pool:  # in this process unless set
+    with staging_step(job):
+        plan = Plan.from_dict(job.staging.read_json("plan"))
+    with staging_step(job), planning_pool(planning_workers(job.config, 0)) as pool:  # in this process unless set
         register_plan(job, plan_staged(job.config, job.job_id, job.staging, pool, plan), time.perf_counter() - started)

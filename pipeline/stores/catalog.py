@@ -215,16 +215,17 @@ class StateStore:
                 return False
 
     def reclaim_staging(self, job_id: str, lease_seconds: float) -> bool:
-        """Take over staging a job whose staging failed, or began over `lease_seconds` ago (by the
-        database's clock) and so was abandoned."""
+        """Take over staging a job whose staging failed, or was last renewed over `lease_seconds` ago (by
+        the database's clock) and so was abandoned."""
         t = self.db_now()
         with self.session() as s, s.begin():
-            result = s.execute(update(Job).where(
-                Job.job_id == job_id,
-                (Job.status == "staging_failed")
-                | ((Job.status == "staging") & (Job.created_at < t - timedelta(seconds=lease_seconds))),
-            ).values(status="staging", created_at=t, error=None))
-            return result.rowcount == 1
+            return s.execute(update(Job).where(Job.job_id == job_id, (Job.status == "staging_failed") | (
+                (Job.status == "staging") & (Job.created_at < t - timedelta(seconds=lease_seconds)))).values(
+                status="staging", created_at=t, error=None)).rowcount == 1
+
+    def renew_staging(self, job_id: str) -> None:  # the staging is alive: its lease counts again from now
+        with self.session() as s, s.begin():
+            s.execute(update(Job).where(Job.job_id == job_id, Job.status == "staging").values(created_at=self.db_now()))
 
     def job(self, job_id: str) -> Job | None:
         with self.session() as s:
@@ -392,9 +393,7 @@ class Heartbeat:
                 pass
 
     def __enter__(self) -> "Heartbeat":
-        self._thread.start()
-        return self
+        return self._thread.start() or self
 
     def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
+        self._stop.set(), self._thread.join()
