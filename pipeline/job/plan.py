@@ -285,6 +285,8 @@ def cluster_shard(config: TokenmillConfig, job_id: str, staging, scopes: list[st
         if part in duplicates:
             keep = pc.and_(keep, pc.invert(pc.is_in(keyed[ROW], pa.array(duplicates[part], pa.int32()))))
         tables.append(keyed.filter(keep))
+    if not tables:  # no partition at all (an empty input folder): nothing to decide
+        return DedupStats()
     records = pa.concat_tables(tables)
     if not records.num_rows:  # a shard of no record (an input without a valid one): empty decisions
         for part in partitions:
