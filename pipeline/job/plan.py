@@ -127,10 +127,10 @@ def plan_job(config: TokenmillConfig, job_id: str, staging, cache=None, workers:
     `quarantine`. `cache`: a ResilientStore whose near/semantic index is searched (None: each shard opens
     its own from `config.cache`, when it is enabled). The three steps, in this process and its pool;
     an orchestrator may run them as tasks of their own (`plan_keyed`, `plan_shard` per shard, `plan_staged`)."""
-    files, skipped = input_files(storage.resolve(config.input.uri, config.storage))
-    workers = workers or planning_workers(config, sum(size for _, _, size in files))
+    listed = input_files(storage.resolve(config.input.uri, config.storage))
+    workers = workers or planning_workers(config, sum(size for _, _, size in listed[0]))
     with planning_pool(workers) as pool:
-        plan = plan_keyed(config, job_id, staging, workers, pool)
+        plan = plan_keyed(config, job_id, staging, workers, pool, listed)
         started = time.perf_counter()
         n = len(plan.shard_scopes)
         _map(pool, plan_shard, [config] * n, [job_id] * n, [staging] * n, range(n), [cache if pool is None else None] * n)
@@ -138,11 +138,12 @@ def plan_job(config: TokenmillConfig, job_id: str, staging, cache=None, workers:
         return plan_staged(config, job_id, staging, pool, plan)
 
 
-def plan_keyed(config: TokenmillConfig, job_id: str, staging, workers: int, pool: Executor | None = None) -> Plan:
+def plan_keyed(config: TokenmillConfig, job_id: str, staging, workers: int, pool: Executor | None = None,
+               listed: tuple[list, list[str]] | None = None) -> Plan:
     """Step 1: key every input file, find ids repeated across files, cut the scopes into shards; the plan
     so far is saved in the staging area (`plan.json`) for the other steps."""
     plan = Plan()
-    files, plan.skipped = input_files(storage.resolve(config.input.uri, config.storage))
+    files, plan.skipped = listed or input_files(storage.resolve(config.input.uri, config.storage))  # listed once
     for note in plan.skipped:
         log.warning("input file %s", note)
     started = time.perf_counter()
