@@ -89,11 +89,14 @@ def test_tier_worker_killed_mid_drain_rerun_takes_over_without_paying_twice(make
     from pipeline.dev.samples import synthetic_document
 
     rng = random.Random(3)
-    docs = [{"id": f"d{i:03d}", "text": synthetic_document(rng, 4)} for i in range(120)]
+    docs = [{"id": f"d{i:03d}", "text": synthetic_document(rng, 4)} for i in range(48)]
     (tmp_path / "input" / "one.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
     db = tmp_path / "state.db"
-    # Four sequences at a time, so the drain is long enough to be killed in (the default lease: 300 s).
-    small = {"tiers__small__vllm__max_num_seqs": 4}
+    # Four sequences at a time, each 200 tokens long: a batch lasts longer than the worker's session beat
+    # (2 s), so most beats land with requests in flight that stay unstored until the batch ends, a window
+    # of a second or more to be killed in. (With the config's 48 tokens a batch took about 0.4 s, and a
+    # loaded CI machine once found no such moment in the whole drain.)
+    small = {"tiers__small__vllm__max_num_seqs": 4, "sampling__max_tokens": 200}
     env = cli_env(tiny_models, tmp_path, **small)
     proc = start_cli(["run", "--config", str(TINY_CONFIG), "--job-id", "killed"], env)
     # Killed where its session's last figures show requests in flight (at least 10 ms measured,
@@ -140,7 +143,7 @@ def test_tier_worker_killed_mid_drain_rerun_takes_over_without_paying_twice(make
     # Finished long before the dead worker's leases would have ended (both on the database's clock).
     assert scalar(db, "select max(finished_at) from work_units where job_id='killed'") < lease_end
     outputs = assert_exactly_once(tmp_path / "output", "killed", {"ids": [d["id"] for d in docs], "bad_records": 0}, db)
-    assert outputs.num_rows == 120 and paid_before < 120
+    assert outputs.num_rows == len(docs) and paid_before < len(docs)
     ledger = read_kind(tmp_path / "output", "ledger", "killed")
     lost = [r for r in ledger.to_pylist() if r["kind"] == "lost"]
     assert lost and all(r["gpu_seconds"] > 0 and r["tier"] == "small" for r in lost), "the dead worker's time is billed"
