@@ -12,7 +12,8 @@ search, on one scope's embeddings, where the scope is large enough to use it.
 
 Targets (issue 19): peak RSS <= 2 GB per planning process at 1 M documents; >= 2,000 docs/s on 2
 cores at 100 k. Usage: python benchmarks/planning_scale.py [--documents 20000,100000] [--workers 1,2]
-(`--documents 1000000` for the note: about 2 GB of input written to a temporary folder).
+[--tenants 8] (`--documents 1000000` for the note: about 2 GB of input written to a temporary folder;
+`--tenants 1` for one huge tenant, whose scope is one shard).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ PER_FILE = 10_000
 TENANTS = 8
 
 
-def write_corpus(folder: Path, documents: int, seed: int = 19) -> int:
+def write_corpus(folder: Path, documents: int, seed: int = 19, tenants: int = TENANTS) -> int:
     """JSONL files of PER_FILE documents; returns the bytes written."""
     from pipeline.dev.samples import synthetic_document
 
@@ -65,7 +66,7 @@ def write_corpus(folder: Path, documents: int, seed: int = 19) -> int:
                 rng.shuffle(parts)                              # a reordered copy: same words, other order
                 text = ". ".join(parts)
         else:
-            tenant = f"tenant-{rng.randrange(TENANTS)}"
+            tenant = f"tenant-{rng.randrange(tenants)}"
             text = " ".join(rng.choice(sentences) for _ in range(rng.randint(19, 27)))  # about 2 KB
         recent.append((tenant, text))
         if len(recent) > 5000:
@@ -134,20 +135,23 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--documents", default="20000,100000")
     parser.add_argument("--workers", default="1,2")
+    parser.add_argument("--tenants", type=int, default=TENANTS,
+                        help="tenants the documents are spread over (1: one scope, so one shard, whatever the workers)")
     parser.add_argument("--child", nargs=3, metavar=("INPUT", "WORKERS", "TMP"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
         return child(args.child[0], int(args.child[1]), args.child[2])
     for documents in [int(d) for d in args.documents.split(",")]:
         with tempfile.TemporaryDirectory() as tmp:
-            size = write_corpus(Path(tmp) / "in", documents)
+            size = write_corpus(Path(tmp) / "in", documents, tenants=args.tenants)
             runs = {}
             for workers in [int(w) for w in args.workers.split(",")]:
                 out = subprocess.run([sys.executable, __file__, "--child", f"{tmp}/in", str(workers), f"{tmp}/w{workers}"],
                                      capture_output=True, text=True, check=True)
                 runs[workers] = json.loads(out.stdout.strip().splitlines()[-1])
             base = min(runs.values(), key=lambda r: r["shards"])
-            figures = {"documents": documents, "input_mb": round(size / 1e6, 1), "cores": len(os.sched_getaffinity(0))}
+            figures = {"documents": documents, "tenants": args.tenants, "input_mb": round(size / 1e6, 1),
+                       "cores": len(os.sched_getaffinity(0))}
             for workers, r in runs.items():
                 peak = max(r["peak_rss_planner"], r["peak_rss_worker"])
                 figures[f"workers={workers}"] = {

@@ -163,6 +163,27 @@ def test_price_demand_adds_escalations_and_each_engines_start_up(make_config):
     assert large["est_usd"] == 0.0 and large["engine_overhead"]["est_usd_high"] == pytest.approx(15 * usd["large"])
 
 
+def test_a_tier_whose_history_is_only_long_documents_is_priced_not_crashed(make_config):
+    """Reproducer (review): a tier that routing sent only chunked documents has no plain row to measure its
+    output length on; the estimate and the budget guard crashed with a TypeError. Its output length falls
+    back to the configured range, and its throughput is still the measured one."""
+    import pyarrow as pa
+
+    from pipeline.job.estimate import estimate_usd
+    from pipeline.job.rates import Range, _measure, _rate
+
+    config = make_config()
+    model = config.tiers["small"].model
+    # job, partition, tier, model, items, busy, overhead, prompt, cached, output, plain items, their output, its square, prices
+    pure = [("j1", "p1", "small", model, 3, 2.0, 5.0, 3000, 0, 150, 0, None, None, 0.5, 0.5)]
+    rate = _rate(config, "small", _measure(config, pure, [])["small"])
+    assert rate.method.startswith("measured: ")
+    top = config.sampling.max_tokens
+    assert rate.output.predict(10) == Range(1.0, top, top)  # 1 to max_tokens, as with no ledger
+    [usd] = estimate_usd(pa.array(["small"]), pa.array([100]), config, {"small": rate})
+    assert usd > 0
+
+
 def test_estimate_from_one_job_holds_the_next_corpus_escalations_included(make_config, sample_corpus, tmp_path):
     """After one real job with routing and escalation, the estimate of another corpus (new documents, a cache of
     its own so nothing is reused) predicts its escalations and a range holding what it then costs. Each job

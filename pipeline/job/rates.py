@@ -66,7 +66,7 @@ class Measured:
         else:
             d, half = 1 + Z * Z / m, Z * math.sqrt(p * (1 - p) / m + Z * Z / (4 * m * m))
             low, high = (p + Z * Z / (2 * m) - half) / d, (p + Z * Z / (2 * m) + half) / d
-        return Range(max(self.bounds[0], min(low, *self.jobs)), p, min(self.bounds[1], max(high, *self.jobs)))
+        return Range(max(self.bounds[0], min((low, *self.jobs))), p, min(self.bounds[1], max((high, *self.jobs))))
 
 
 @dataclass(frozen=True)
@@ -197,8 +197,10 @@ def _rate(config: TokenmillConfig, name: str, m: dict) -> TierRate:
     n, top = int(b[:, 5].sum()), float(config.sampling.max_tokens)
     mean = float(b[:, 6].sum() / n) if n else top
     sd = math.sqrt(max(b[:, 7].sum() / n - mean * mean, 0.0) * n / (n - 1)) if n > 1 else 0.0
+    # No one-attempt unchunked row (a tier sent only long documents): its outputs were never measured alone.
     output = Measured(mean, max(n, 1), sd, tuple(s[6] / s[5] for s in per_job if s[5] > 0), (0.0, top),
-                      Range(mean, mean, mean).widened(THIN_RATE_SPREAD) if derived else None)
+                      Range(mean, mean, mean).widened(THIN_RATE_SPREAD) if derived else None) if n else \
+        _configured(config, name).output
     escalation, routed = None, sum(m["routed"].values())
     if config.escalation_tier not in (None, name):
         escalation = Measured(sum(m["escalated"].values()) / routed, routed, None, tuple(
