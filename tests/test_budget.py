@@ -170,13 +170,13 @@ def test_a_tier_whose_history_is_only_long_documents_is_priced_not_crashed(make_
     import pyarrow as pa
 
     from pipeline.job.estimate import estimate_usd
-    from pipeline.job.rates import Range, _measure, _rate
+    from pipeline.job.rates import Range, rates_from_history
 
     config = make_config()
     model = config.tiers["small"].model
     # job, partition, tier, model, items, busy, overhead, prompt, cached, output, plain items, their output, its square, prices
     pure = [("j1", "p1", "small", model, 3, 2.0, 5.0, 3000, 0, 150, 0, None, None, 0.5, 0.5)]
-    rate = _rate(config, "small", _measure(config, pure, [])["small"])
+    rate = rates_from_history(config, pure, [])["small"]
     assert rate.method.startswith("measured: ")
     top = config.sampling.max_tokens
     assert rate.output.predict(10) == Range(1.0, top, top)  # 1 to max_tokens, as with no ledger

@@ -125,8 +125,9 @@ def test_input_without_a_valid_record_is_all_quarantine(make_config, tmp_path):
 
 
 def test_stage_refuses_shards_of_an_earlier_planning(config, tmp_path):
-    """Reproducer: input changed and planned again, shards not clustered again: the old reuse decisions
-    must not be applied (record b would have been staged as a near duplicate of a)."""
+    """Reproducer: the input keyed again (as a reclaimed staging does) and its shards not clustered again:
+    the shards' decisions belong to the earlier planning (its input may have changed since), and are not
+    applied."""
     from pipeline.job.errors import JobError
     from pipeline.job.plan import plan_keyed, plan_shard, plan_staged
 
@@ -135,8 +136,35 @@ def test_stage_refuses_shards_of_an_earlier_planning(config, tmp_path):
     for shard in range(first.shards):
         plan_shard(config, "stale", area, shard)
     plan_keyed(config, "stale", area, workers=2)  # planned again; its shards are not clustered
-    with pytest.raises(JobError, match="not clustered for this planning"):
+    with pytest.raises(JobError, match="not clustered for its latest planning"):
         plan_staged(config, "stale", area)
+
+
+def test_stage_waits_for_a_planning_in_progress_instead_of_failing_it(config):
+    """Reproducer (review): `stage` called while another worker plans the job whole (status staging, no
+    plan.json yet) raised on the missing plan and marked that worker's live staging failed, so a third
+    worker could take it over at once and two plannings wrote one staging area. It waits instead; and a
+    step failing after the job is staged never marks it failed."""
+    import threading
+
+    from pipeline.job import orchestrate
+    from pipeline.job.lifecycle import Job
+    from pipeline.job.staging import stage_input, staging_step
+
+    job = Job.open(config, "busy")
+    assert job.state.claim_staging("busy", config.fingerprint(), config.input.uri, config.output.uri)  # planning
+    staged = []
+    stage = threading.Thread(target=lambda: staged.append(orchestrate.staged_partitions(config, "busy")))
+    stage.start()
+    stage.join(timeout=2 * config.state.wait_seconds + 1)
+    assert stage.is_alive() and job.state.job("busy").status == "staging"  # waiting, the staging untouched
+    assert not job.state.reclaim_staging("busy", config.state.lease_seconds)
+    stage_input(job)  # the planning worker finishes
+    stage.join(timeout=60)
+    assert not stage.is_alive() and staged and staged[0] == [p.partition for p in job.state.partitions("busy")]
+    with pytest.raises(RuntimeError), staging_step(job):
+        raise RuntimeError("a late step of an earlier attempt fails")
+    assert job.state.job("busy").status == "staged"
 
 
 def test_staged_partitions_stages_whole_when_no_planning_task_ran(config):

@@ -10,7 +10,8 @@
 
 No step holds the job's texts: a planning process keeps one file's records, or one shard's dedup
 index plus a bounded cache of partition texts. A shard holds about SHARD_ROWS records where the
-scopes allow (there are at least as many shards as workers, more for a large job).
+scopes allow (as many shards as workers where there are that many scopes, more for a large job; one
+scope is never split, so a tenant of more records is a shard of more records).
 
 Scopes never share an output (cluster.py), so a shard of whole scopes clusters exactly as the whole
 job would: partitions, item keys and reuse are the same for any number of shards, and a sharded plan
@@ -97,7 +98,8 @@ def planning_workers(config: TokenmillConfig, input_bytes: int) -> int:
     (a pool process costs a second or two to start: small inputs plan faster in this one)."""
     if config.planning.workers:
         return config.planning.workers
-    return max(1, min(len(os.sched_getaffinity(0)), input_bytes // PLAN_BYTES_PER_WORKER))
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1  # macOS: no affinity
+    return max(1, min(cores, input_bytes // PLAN_BYTES_PER_WORKER))
 
 
 @contextmanager
@@ -134,8 +136,10 @@ def plan_job(config: TokenmillConfig, job_id: str, staging, cache=None, workers:
         started = time.perf_counter()
         n = len(plan.shard_scopes)
         _map(pool, plan_shard, [config] * n, [job_id] * n, [staging] * n, range(n), [cache if pool is None else None] * n)
-        plan.seconds["cluster"] = time.perf_counter() - started
-        return plan_staged(config, job_id, staging, pool, plan)
+        clustered = time.perf_counter() - started
+        plan = plan_staged(config, job_id, staging, pool)
+        plan.seconds["cluster"] = clustered
+        return plan
 
 
 def plan_keyed(config: TokenmillConfig, job_id: str, staging, workers: int, pool: Executor | None = None,
@@ -186,19 +190,27 @@ def plan_shard(config: TokenmillConfig, job_id: str, staging, shard: int, cache=
     return stats
 
 
-def plan_staged(config: TokenmillConfig, job_id: str, staging, pool: Executor | None = None,
-                plan: Plan | None = None) -> Plan:
-    """Step 3, once every shard is clustered: each partition's staged records and quarantine rows."""
-    plan = plan or Plan.from_dict(staging.read_json("plan"))
-    for shard in range(len(plan.shard_scopes)):
-        try:
-            done = staging.read_json(f"shard-{shard}")
-        except storage.StorageError:
-            done = {}
-        if done.get("attempt") != plan.attempt:  # missing, or left by an earlier planning of this job
-            raise JobError(f"shard {shard} of job {job_id} is not clustered for this planning; run its cluster "
-                           "step (under Airflow: clear `plan` with downstream)")
+def clustered_plan(staging) -> Plan | None:
+    """The plan in `staging` when every one of its shards is clustered for it, else None (not keyed yet,
+    a shard still to cluster, or shards left by an earlier planning of the job); with the shards' figures."""
+    try:
+        plan = Plan.from_dict(staging.read_json("plan"))
+        shards = [staging.read_json(f"shard-{shard}") for shard in range(len(plan.shard_scopes))]
+    except storage.StorageError:
+        return None
+    if any(done.get("attempt") != plan.attempt for done in shards):
+        return None
+    for done in shards:
         plan.dedup.merge(DedupStats.from_dict({k: v for k, v in done.items() if k != "attempt"}))
+    return plan
+
+
+def plan_staged(config: TokenmillConfig, job_id: str, staging, pool: Executor | None = None) -> Plan:
+    """Step 3, once every shard is clustered: each partition's staged records and quarantine rows."""
+    plan = clustered_plan(staging)
+    if plan is None:
+        raise JobError(f"job {job_id} is not keyed, or a shard is not clustered for its latest planning; run "
+                       "the missing steps (under Airflow: clear `plan` with downstream)")
     started = time.perf_counter()
     parts = list(plan.partitions)
     _map(pool, stage_partition, [config] * len(parts), [job_id] * len(parts), [staging] * len(parts), parts,

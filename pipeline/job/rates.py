@@ -226,6 +226,12 @@ def tier_rates(config: TokenmillConfig, output_uri: str | None = None) -> dict[s
             pure, multi = _ledger_history(config, output_uri)
         except (StorageError, duckdb.Error, OSError) as e:  # no readable history: configured defaults
             log.warning("no throughput history under %s (%s); using configured defaults", output_uri, e)
+    return rates_from_history(config, pure, multi)
+
+
+def rates_from_history(config: TokenmillConfig, pure: list, multi: list) -> dict[str, TierRate]:
+    """Per tier, its rates from ledger history as `_ledger_history` groups it: `pure` one-tier rows per (job,
+    partition, tier, model), `multi` escalated and retried rows per (job, tier, model, route reason)."""
     measured = _measure(config, pure, multi)
     return {name: _rate(config, name, measured[name]) for name in config.tiers}
 

@@ -20,7 +20,16 @@ import pyarrow as pa
 
 from pipeline.ingest.read import input_files
 from pipeline.job.errors import JobError
-from pipeline.job.plan import Plan, plan_job, plan_keyed, plan_shard, plan_staged, planning_pool, planning_workers
+from pipeline.job.plan import (
+    Plan,
+    clustered_plan,
+    plan_job,
+    plan_keyed,
+    plan_shard,
+    plan_staged,
+    planning_pool,
+    planning_workers,
+)
 from pipeline.output.write import write_manifest
 from pipeline.stores import storage
 
@@ -94,7 +103,8 @@ def ensure_staged(job: Job, stage=None):
 @contextmanager
 def staging_step(job: Job):
     """A staging step renews the staging's lease while it runs (planning a large job outlasts one), and
-    one that fails marks the staging failed, so that a rerun takes it over at once."""
+    one that fails marks the staging failed, so that a rerun takes it over at once (a staging still in
+    progress only: a job another worker finished staging stays staged)."""
     done = threading.Event()
 
     def renew():
@@ -109,7 +119,7 @@ def staging_step(job: Job):
     try:
         yield
     except Exception as e:
-        job.state.set_job(job.job_id, status="staging_failed", error=str(e)[:2000])
+        job.state.set_job(job.job_id, only_from="staging", status="staging_failed", error=str(e)[:2000])
         raise
     finally:
         done.set()
@@ -160,11 +170,13 @@ def clustered_shard(job: Job, shard: int) -> dict:
 
 
 def staged_from_shards(job: Job) -> None:
-    """Stage every partition from the clustered shards and register them (plan.py step 3), once."""
-    if not _planning(job):
-        return  # staged already, or not begun (the caller stages it whole)
+    """Stage every partition from the clustered shards and register them (plan.py step 3), once.
+
+    Only a plan whose every shard is clustered is staged here. Anything else (staged already, not begun,
+    or another worker planning it whole right now) is left to `ensure_staged`, which waits for that
+    worker or takes a dead one's staging over: a stage step never fails someone else's planning."""
+    if not _planning(job) or clustered_plan(job.staging) is None:
+        return
     started = time.perf_counter()
-    with staging_step(job):
-        plan = Plan.from_dict(job.staging.read_json("plan"))
     with staging_step(job), planning_pool(planning_workers(job.config, 0)) as pool:  # in this process unless set
-        register_plan(job, plan_staged(job.config, job.job_id, job.staging, pool, plan), time.perf_counter() - started)
+        register_plan(job, plan_staged(job.config, job.job_id, job.staging, pool), time.perf_counter() - started)

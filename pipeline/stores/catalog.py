@@ -231,11 +231,12 @@ class StateStore:
         with self.session() as s:
             return s.get(Job, job_id)
 
-    def set_job(self, job_id: str, **values) -> None:
+    def set_job(self, job_id: str, only_from: str | None = None, **values) -> None:
+        """`only_from`: change the job only while its status is that one (a fenced transition)."""
         if "counts" in values and values["counts"] is not None:
             values["counts"] = json.dumps(values["counts"])
         with self.session() as s, s.begin():
-            s.execute(update(Job).where(Job.job_id == job_id).values(**values))
+            s.execute(update(Job).where(Job.job_id == job_id, *([Job.status == only_from] if only_from else [])).values(**values))
 
     def jobs(self) -> list[Job]:
         with self.session() as s:
