@@ -234,6 +234,52 @@ def test_partitions_are_stable_and_chunked(tmp_path):
     assert sorted(set(parts)) == sorted(partition_id("a.jsonl", c) for c in range(3))
 
 
+def read_in_batches(tmp_path, name: str, **cfg) -> tuple[pa.Table, list[pa.Table], str | None]:
+    """One file read whole, and read a partition at a time (as planning reads it)."""
+    from pipeline.ingest.read import read_file
+    from pipeline.stores import storage
+
+    config, root = InputConfig(**cfg), storage.resolve(str(tmp_path))
+    whole, _ = read_file(root, name, str(tmp_path / name), config)
+    batches: list[pa.Table] = []
+    rest, note = read_file(root, name, str(tmp_path / name), config, batches=batches.append)
+    assert rest.num_rows == 0
+    return whole, batches, note
+
+
+def test_a_file_read_a_partition_at_a_time_gives_what_reading_it_whole_gives(tmp_path):
+    """Planning keys a large file partition by partition (the file's records never held at once): each batch is
+    one whole partition, in order, and together they are the file's records, bad ones and a damaged tail included."""
+    lines = [json.dumps({"id": str(i), "text": f"t{i} " * 50}).encode() for i in range(95)]
+    lines[12], lines[40] = b"{not json", b"[1, 2]"
+    data = gzip.compress(b"\n".join(lines) + b"\n")
+    (tmp_path / "t.jsonl.gz").write_bytes(data[: len(data) * 3 // 4])  # truncated: its tail is one row
+    whole, batches, note = read_in_batches(tmp_path, "t.jsonl.gz", records_per_partition=10)
+    assert note is None and len(batches) > 3
+    assert all(len(set(b["partition"].to_pylist())) == 1 for b in batches)
+    assert [b["partition"][0].as_py() for b in batches] == list(dict.fromkeys(whole["partition"].to_pylist()))
+    assert pa.concat_tables(batches).equals(whole)
+    assert whole["read_error"].to_pylist().count("unreadable_file") == 1
+
+
+def test_a_failure_downstream_of_the_reader_is_not_blamed_on_the_file(tmp_path):
+    """An error of the batch consumer (a full disk while staging) stops the read as itself: it never becomes
+    an `unreadable_file` row that would quarantine the rest of a good file."""
+    from pipeline.ingest.read import read_file
+    from pipeline.stores import storage
+
+    (tmp_path / "a.jsonl").write_text("".join(json.dumps({"id": str(i), "text": "x"}) + "\n" for i in range(25)))
+
+    def full_disk(table):
+        raise OSError(28, "No space left on device")
+
+    with pytest.raises(OSError, match="No space left"):
+        read_file(storage.resolve(str(tmp_path)), "a.jsonl", str(tmp_path / "a.jsonl"),
+                  InputConfig(records_per_partition=10), batches=full_disk)
+    whole, batches, note = read_in_batches(tmp_path, "a.jsonl", records_per_partition=10)
+    assert [b.num_rows for b in batches] == [10, 10, 5] and whole.num_rows == 25
+
+
 def test_missing_input_folder_is_a_clear_error(tmp_path):
     from pipeline.stores.storage import StorageError
 

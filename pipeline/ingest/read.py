@@ -13,7 +13,6 @@ when a cheap test on the raw line says they may apply, so the common path costs 
 
 from __future__ import annotations
 
-import gzip
 import hashlib
 import json
 import re
@@ -24,6 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.config import InputConfig, StorageConfig
+from pipeline.ingest.gunzip import gunzip
 from pipeline.schema import RAW_RECORDS
 from pipeline.stores import storage
 
@@ -37,8 +37,6 @@ FIELDS = ("id", "text", "tenant", "metadata")  # what the reader takes from a re
 _ID_PEEK = re.compile(rb'"id"\s*:\s*"([^"\\]{1,256})"')
 _SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")  # json.loads turns these into lone surrogates
 _BOM = b"\xef\xbb\xbf"
-_GZIP_MAGIC = b"\x1f\x8b"
-_SALVAGE_CHUNK = 4096  # compressed bytes fed at a time when salvaging a damaged .gz
 
 
 def input_format(relative_path: str) -> str | None:
@@ -72,20 +70,28 @@ def _excerpt_text(raw, limit: int) -> str | None:
     return _printable(raw[: limit * 4])[:limit]
 
 
+class _Downstream(Exception):
+    """An error of the `batches` consumer, carried through the reader's own error handling."""
+
+
 class _Rows:
     """Column builder for RAW_RECORDS."""
 
-    def __init__(self, relative_path: str, config: InputConfig):
-        self.file, self.config = relative_path, config
+    def __init__(self, relative_path: str, config: InputConfig, batches=None):
+        self.file, self.config, self.batches = relative_path, config, batches
         self.cols: dict[str, list] = {name: [] for name in RAW_RECORDS.names}
         self.note: str | None = None  # what the manifest should say about this file, if anything
         self._partitions: dict[int, str] = {}
+        self.count = 0  # records added, handed on or not
 
     def add(self, position: int, line: int | None, *, id=None, text=None, tenant=None, metadata=None,
             error=None, detail=None, raw=None) -> None:
-        chunk = position // self.config.records_per_partition
+        chunk = position // self.config.records_per_partition  # positions only grow: a chunk is never reopened
         if chunk not in self._partitions:
+            if self.batches is not None and self.cols["id"]:
+                self.flush()  # a new partition begins: hand the last one on
             self._partitions[chunk] = partition_id(self.file, chunk)
+        self.count += 1
         c = self.cols
         c["id"].append(id)
         c["text"].append(text)
@@ -99,7 +105,15 @@ class _Rows:
         c["raw_excerpt"].append(_excerpt_text(raw, self.config.excerpt_chars) if error else None)
 
     def __len__(self) -> int:
-        return len(self.cols["id"])
+        return self.count
+
+    def flush(self) -> None:
+        """Hand the rows held to `batches`. What fails there is not this file's fault: it is raised as is."""
+        table, self.cols = self.table(), {name: [] for name in RAW_RECORDS.names}
+        try:
+            self.batches(table)
+        except Exception as e:
+            raise _Downstream(e) from e
 
     def table(self) -> pa.Table:
         try:
@@ -112,7 +126,7 @@ class _Rows:
 
     def _quarantine_unstorable(self) -> None:
         strings = [n for n in RAW_RECORDS.names if RAW_RECORDS.field(n).type == pa.string()]
-        for i in range(len(self)):
+        for i in range(len(self.cols["id"])):
             bad = [n for n in strings if not _storable(self.cols[n][i])]
             if not bad:
                 continue
@@ -229,49 +243,24 @@ def _parse_line(line: bytes) -> tuple[object, str | None, str | None]:
     return value, None, None
 
 
-def _gunzip(data: bytes) -> tuple[bytes, tuple[bytes, str] | None]:
-    """(decompressed bytes, None); for damaged data (the complete lines before the damage,
-    (the partial line after them, what happened)): the records before the damage are kept."""
-    try:
-        return gzip.decompress(data), None
-    except (EOFError, zlib.error, gzip.BadGzipFile) as e:
-        first_error = f"{type(e).__name__}: {e}"
-    out, at, problem = bytearray(), 0, None
-    d = zlib.decompressobj(31)
-    while problem is None:
-        if d.eof:
-            at -= len(d.unused_data)
-            if at >= len(data):
-                break
-            if data[at: at + 2] != _GZIP_MAGIC:
-                problem = f"data after the end of the gzip stream at compressed byte {at} is not gzip"
-                break
-            d = zlib.decompressobj(31)
-        if at >= len(data):
-            problem = f"the file ends inside the gzip stream (truncated at compressed byte {len(data)})"
-            break
-        chunk = data[at: at + _SALVAGE_CHUNK]
-        try:
-            out += d.decompress(chunk)
-        except zlib.error as err:
-            problem = f"corrupt gzip data near compressed byte {at} ({err})"
-            break
-        at += len(chunk)
-    cut = out.rfind(b"\n") + 1
-    return bytes(out[:cut]), (bytes(out[cut:]), f"{problem or first_error}; the records from decompressed "
-                              f"byte {cut} on are lost")
+def _lines(data: bytes, start: int):
+    """data[start:].split(b"\n"), one line at a time: no second copy of the file."""
+    while (end := data.find(b"\n", start)) >= 0:
+        yield data[start:end]
+        start = end + 1
+    yield data[start:]
 
 
 def _read_jsonl(rows: _Rows, data: bytes, gzipped: bool) -> None:
     damage = None
     if gzipped:
-        data, damage = _gunzip(data)
+        data, damage = gunzip(data)
     start = 3 if data.startswith(_BOM) else 0  # a BOM some editors write: not part of the first record
     max_line = rows.config.max_document_bytes * 2 + 65536  # room for JSON escapes and other fields
     position = number = 0
     # Lines end at \n only (a \r before it is dropped): a bare \r inside an object is JSON whitespace,
     # not a line end (bytes.splitlines would split there).
-    for number, line in enumerate(data[start:].split(b"\n"), start=1):
+    for number, line in enumerate(_lines(data, start), start=1):
         if line.endswith(b"\r"):
             line = line[:-1]
         if not line.strip():
@@ -337,11 +326,24 @@ def _read_text(rows: _Rows, data: bytes) -> None:
     rows.add(0, None, id=rows.file, text=text)
 
 
-def read_file(root: storage.Location, relative_path: str, path: str, config: InputConfig) -> tuple[pa.Table, str | None]:
+def read_file(root: storage.Location, relative_path: str, path: str, config: InputConfig,
+              batches=None) -> tuple[pa.Table, str | None]:
     """All records of one input file, and a note for the manifest when the file held no record.
-    A file that cannot be read at all is one `unreadable_file` row."""
+    A file that cannot be read at all is one `unreadable_file` row. `batches(table)`: called with each
+    partition's records as soon as they are read, so that a large file's records are never held at once
+    (the table returned is then empty); an error it raises is raised as is."""
+    rows = _Rows(relative_path, config, batches)
+    try:
+        _read_rows(rows, root, relative_path, path)
+        if batches is not None and rows.cols["id"]:
+            rows.flush()
+    except _Downstream as e:
+        raise e.__cause__ from None
+    return rows.table(), rows.note
+
+
+def _read_rows(rows: _Rows, root: storage.Location, relative_path: str, path: str) -> None:
     fmt = input_format(relative_path)
-    rows = _Rows(relative_path, config)
     try:
         try:
             data = storage.read_bytes(root, path)
@@ -361,7 +363,6 @@ def read_file(root: storage.Location, relative_path: str, path: str, config: Inp
         rows.add(len(rows), None, error="unreadable_file", detail=what[:1000], raw=what)
     if not len(rows):  # e.g. an empty .gz, which is not even a gzip file: say so rather than read nothing
         rows.note = f"{relative_path}: " + ("empty file (0 bytes), no records" if not data else "no records")
-    return rows.table(), rows.note
 
 
 def read_records(uri: str, config: InputConfig, storage_config: StorageConfig | None = None,

@@ -1,15 +1,16 @@
 """Planning: the CPU stages over a job's whole input, streamed file by file and sharded by dedup scope.
 
-  keyed    per input file, in parallel: read -> validate -> content_hash -> route -> item_keys -> sketch
-           (stages.py); each partition's keyed records and quarantine rows go to the staging area at once
+  keyed    per input file, in parallel, a partition at a time as the file is read: read -> validate ->
+           content_hash -> route -> item_keys -> sketch (stages.py); each partition's keyed records and
+           quarantine rows go to the staging area at once
   ids      in job order: a record whose id an earlier valid record already has is quarantined
   cluster  per shard of dedup scopes, in parallel: near, semantic and cache reuse over the shard's
            compact columns (keys, signatures, embeddings); texts are read back from the staging area
            only for the pairs the guards compare
   staged   per partition, in parallel: the keyed records with their reuse columns -> `records`
 
-No step holds the job's texts: a planning process keeps one file's records, or one shard's dedup
-index plus a bounded cache of partition texts. A shard holds about SHARD_ROWS records where the
+No step holds the job's texts: a planning process keeps one file's bytes and one partition's records
+(`input.records_per_partition`), or one shard's dedup index plus a bounded cache of partition texts. A shard holds about SHARD_ROWS records where the
 scopes allow (as many shards as workers where there are that many scopes, more for a large job; one
 scope is never split, so a tenant of more records is a shard of more records).
 
@@ -44,7 +45,7 @@ import pyarrow.compute as pc
 
 from pipeline.config import TokenmillConfig
 from pipeline.dedup.cluster import DedupStats, reuse_columns, reuse_plan
-from pipeline.ingest.read import input_files
+from pipeline.ingest.read import input_files, read_file
 from pipeline.ingest.validate import duplicate_rows, quarantine_rows
 from pipeline.job.errors import JobError
 from pipeline.job.stages import STAGED_COLUMNS, STAGES, StageContext, row_adapters, run_stages
@@ -242,20 +243,27 @@ class KeyedFile:
 
 
 def key_file(config: TokenmillConfig, job_id: str, staging, file: tuple[str, str, int]) -> KeyedFile:
-    """Run the keyed stages on one input file and stage its partitions' keyed records and quarantine rows."""
-    ctx = StageContext(config, job_id, config.input.uri, files=[file], duplicate_ids=False)
-    records = run_stages(KEYED_STAGES, pa.table({}), ctx)
-    raw, quarantine = ctx.raw, ctx.quarantine
-    out = KeyedFile(file[0], raw.num_rows, quarantine.num_rows, ctx.skipped[0] if ctx.skipped else None, ctx.notes, {})
-    for part in dict.fromkeys(raw["partition"].to_pylist()):
-        mine = records.filter(pc.equal(records["partition"], part))
-        mine = mine.append_column(ROW, pa.array(range(mine.num_rows), pa.int32()))
-        staging.write(part, "keyed", mine)
-        staging.write(part, "sketch", mine.select(list(SHARD_COLUMNS)))  # what the shards read: no text
-        staging.write(part, "quarantine-read", quarantine.filter(pc.equal(quarantine["partition"], part)))
-        counts = pc.value_counts(mine["scope"]).to_pylist()
-        out.partitions[part] = (mine["id"], {c["values"]: c["counts"] for c in counts},
-                                pc.sum(pc.equal(raw["partition"], part)).as_py())
+    """Run the keyed stages on one input file, a partition at a time as the reader hands it on (a file's
+    records are never held at once), and stage each partition's keyed records and quarantine rows."""
+    out = KeyedFile(file[0], 0, 0, None, [], {})
+
+    def key_partition(raw: pa.Table) -> None:
+        ctx = StageContext(config, job_id, config.input.uri, duplicate_ids=False, raw=raw)
+        records = run_stages(KEYED_STAGES[1:], raw, ctx)  # read is the reader's, in key_file
+        out.raw, out.quarantined = out.raw + raw.num_rows, out.quarantined + ctx.quarantine.num_rows
+        out.notes.extend(n for n in ctx.notes if n not in out.notes)
+        for part in dict.fromkeys(raw["partition"].to_pylist()):  # one, as the reader cuts them
+            mine = records.filter(pc.equal(records["partition"], part))
+            mine = mine.append_column(ROW, pa.array(range(mine.num_rows), pa.int32()))
+            staging.write(part, "keyed", mine)
+            staging.write(part, "sketch", mine.select(list(SHARD_COLUMNS)))  # what the shards read: no text
+            staging.write(part, "quarantine-read", ctx.quarantine.filter(pc.equal(ctx.quarantine["partition"], part)))
+            counts = pc.value_counts(mine["scope"]).to_pylist()
+            out.partitions[part] = (mine["id"], {c["values"]: c["counts"] for c in counts},
+                                    pc.sum(pc.equal(raw["partition"], part)).as_py())
+
+    _, out.note = read_file(storage.resolve(config.input.uri, config.storage), file[0], file[1], config.input,
+                            batches=key_partition)
     return out
 
 
