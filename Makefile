@@ -71,7 +71,8 @@ bench: models
 	$(PY) benchmarks/quality.py
 	$(PY) benchmarks/gpu_utilization.py
 	$(PY) benchmarks/levers.py --documents 16
-	$(PY) benchmarks/planning_scale.py --documents 20000,100000 --workers 1,2
+	$(PY) benchmarks/planning_scale.py --documents 20000,100000 --workers 1,2 --reference
+	$(PY) benchmarks/planning_scale.py --documents 100000 --workers 2 --tenants 1 --shard-rows 25000 --reference
 
 # Quality before a lever: the hold-out set of this machine's real text, then every tier and policy on it.
 data/holdout.jsonl: $(STAMP)

@@ -5,21 +5,23 @@ No engine: planning ends before the first GPU request. Each run is its own proce
 (getrusage: the planning process, and the largest of its pool workers) is its own. The corpus is
 synthetic but shaped like a nightly multi-tenant batch: about 2 KB report-like documents over 8 tenants,
 about 15% exact copies, 10% near copies (a sentence added) and 5% reordered copies (semantic
-neighbours), in JSONL files of 10,000. The staged reuse columns of every N-process run are compared
-with the 1-process run's: rows that differ are cross-shard misses (shards hold whole scopes, so the
-expected count is 0). Also printed: the recall of the semantic search's IVF index against the exact
-search, on one scope's embeddings, where the scope is large enough to use it.
+neighbours), in JSONL files of 10,000. With `--reference`, the job is also planned in one shard with
+nothing cut (one process holding every record), and each run's staged reuse is compared with it row
+by row: shards of whole scopes must miss nothing; a scope cut in parts (`--shard-rows`, below its
+records) may miss semantic matches across parts, which are counted. Also printed: the recall of the
+semantic search's IVF index against the exact search, on one scope's embeddings, where the scope is
+large enough to use it.
 
 Targets (issue 19): peak RSS <= 2 GB per planning process at 1 M documents; >= 2,000 docs/s on 2
 cores at 100 k. Usage: python benchmarks/planning_scale.py [--documents 20000,100000] [--workers 1,2]
-[--tenants 8] (`--documents 1000000` for the note: about 2 GB of input written to a temporary folder;
-`--tenants 1` for one huge tenant, whose scope is one shard).
+[--tenants 8] [--shard-rows 200000] [--reference] (`--documents 1000000` for the note: about 2 GB of
+input written to a temporary folder; `--tenants 1` for one huge tenant, cut in parts of
+`--shard-rows`).
 """
 
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import os
 import random
@@ -79,8 +81,9 @@ def write_corpus(folder: Path, documents: int, seed: int = 19, tenants: int = TE
     return size
 
 
-def child(input_dir: str, workers: int, tmp: str) -> None:
-    """One planning run, in this process: print its figures as one JSON line."""
+def child(input_dir: str, workers: int, tmp: str, shard_rows: int) -> None:
+    """One planning run, in this process: print its figures as one JSON line; its staged reuse decisions
+    go to `<tmp>/decisions.parquet`, for the parent to compare runs."""
     from pipeline.config import load_config
     from pipeline.job.plan import plan_job
     from pipeline.job.staging import StagingArea
@@ -89,23 +92,39 @@ def child(input_dir: str, workers: int, tmp: str) -> None:
     config = load_config(ROOT / "configs" / "tiny.yaml", environ={
         "TOKENMILL_INPUT__URI": input_dir, "TOKENMILL_OUTPUT__URI": f"{tmp}/out",
         "TOKENMILL_CACHE__PATH": f"{tmp}/cache", "TOKENMILL_DEDUP__SHADOW_RATE": "0",
+        "TOKENMILL_PLANNING__SHARD_ROWS": str(shard_rows),
         **{k: v for k, v in os.environ.items() if k == "TOKENMILL_HOME"}})
     area = StagingArea(storage.resolve(f"{tmp}/out"), "bench")
     started = time.perf_counter()
     plan = plan_job(config, "bench", area, workers=workers)
     seconds = time.perf_counter() - started
-    digest = hashlib.sha256()
-    for part in plan.partitions:
-        records = area.read(part, "records", columns=["id", "gen_key", "reuse", "gen_id"])
-        for row in records.sort_by("id").to_pylist():
-            digest.update(json.dumps(row, sort_keys=True).encode())
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    decisions = pa.concat_tables([area.read(p, "records", columns=["id", "gen_key", "reuse"]) for p in plan.partitions])
+    pq.write_table(decisions.sort_by("id"), f"{tmp}/decisions.parquet")
     rss_self = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     rss_workers = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
     reused = plan.dedup.as_dict()["reused"]
     print(json.dumps({"seconds": seconds, "records": plan.records, "shards": plan.shards,
                       "peak_rss_planner": rss_self, "peak_rss_worker": rss_workers, "reused": reused,
                       "step_seconds": {k: round(v, 2) for k, v in plan.seconds.items()},
-                      "digest": digest.hexdigest(), "partitions": len(plan.partitions)}))
+                      "cut": {scope: len(rows) for scope, rows in plan.cut.items()},
+                      "partitions": len(plan.partitions)}))
+
+
+def misses(run: str, reference: str) -> dict:
+    """Rows whose staged reuse differs from the reference run's, and how many of those the reference reused
+    semantically (what a cut scope can miss) or near / exact (what no sharding may miss)."""
+    import pyarrow.compute as pc
+    import pyarrow.parquet as pq
+
+    a, b = pq.read_table(f"{run}/decisions.parquet"), pq.read_table(f"{reference}/decisions.parquet")
+    differ = pc.invert(pc.and_(pc.equal(a["gen_key"], b["gen_key"]), pc.equal(pc.fill_null(a["reuse"], ""),
+                                                                               pc.fill_null(b["reuse"], ""))))
+    kinds = pc.value_counts(pc.fill_null(b["reuse"].filter(differ), "none")).to_pylist()
+    return {"rows": pc.sum(differ).as_py() or 0, "by_reference_reuse": {k["values"]: k["counts"] for k in kinds},
+            "reference_semantic": pc.sum(pc.equal(b["reuse"], "semantic")).as_py() or 0}
 
 
 def semantic_recall(input_dir: str, documents: int) -> dict:
@@ -137,37 +156,44 @@ def main() -> None:
     parser.add_argument("--workers", default="1,2")
     parser.add_argument("--tenants", type=int, default=TENANTS,
                         help="tenants the documents are spread over (1: one scope, so one shard, whatever the workers)")
-    parser.add_argument("--child", nargs=3, metavar=("INPUT", "WORKERS", "TMP"), help=argparse.SUPPRESS)
+    parser.add_argument("--shard-rows", type=int, default=200_000,
+                        help="planning.shard_rows: a tenant with more records is cut into parts")
+    parser.add_argument("--reference", action="store_true",
+                        help="also plan in one shard, nothing cut (one process holds every record), and count "
+                             "the rows each run stages differently: the misses of sharding and cutting")
+    parser.add_argument("--child", nargs=4, metavar=("INPUT", "WORKERS", "TMP", "SHARD_ROWS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        return child(args.child[0], int(args.child[1]), args.child[2])
+        return child(args.child[0], int(args.child[1]), args.child[2], int(args.child[3]))
     for documents in [int(d) for d in args.documents.split(",")]:
         with tempfile.TemporaryDirectory() as tmp:
             size = write_corpus(Path(tmp) / "in", documents, tenants=args.tenants)
             runs = {}
-            for workers in [int(w) for w in args.workers.split(",")]:
-                out = subprocess.run([sys.executable, __file__, "--child", f"{tmp}/in", str(workers), f"{tmp}/w{workers}"],
+            plans = [(w, args.shard_rows) for w in (int(w) for w in args.workers.split(","))]
+            for workers, shard_rows in plans + ([(1, 10**12)] if args.reference else []):
+                out = subprocess.run([sys.executable, __file__, "--child", f"{tmp}/in", str(workers),
+                                      f"{tmp}/w{workers}-{shard_rows}", str(shard_rows)],
                                      capture_output=True, text=True, check=True)
-                runs[workers] = json.loads(out.stdout.strip().splitlines()[-1])
-            base = min(runs.values(), key=lambda r: r["shards"])
+                runs[workers, shard_rows] = json.loads(out.stdout.strip().splitlines()[-1])
             figures = {"documents": documents, "tenants": args.tenants, "input_mb": round(size / 1e6, 1),
                        "cores": len(os.sched_getaffinity(0))}
-            for workers, r in runs.items():
+            for (workers, shard_rows), r in runs.items():
                 peak = max(r["peak_rss_planner"], r["peak_rss_worker"])
-                figures[f"workers={workers}"] = {
+                name = f"workers={workers}" + (", one shard (reference)" if shard_rows == 10**12 else "")
+                figures[name] = {
                     "docs_per_second": round(documents / r["seconds"]), "seconds": round(r["seconds"], 1),
-                    "shards": r["shards"], "step_seconds": r["step_seconds"],
+                    "shards": r["shards"], "cut_scopes": r["cut"], "step_seconds": r["step_seconds"],
                     "peak_rss_mb_planner": round(r["peak_rss_planner"] / 2**20),
                     "peak_rss_mb_largest_worker": round(r["peak_rss_worker"] / 2**20),
                     "peak_rss_bytes_per_document": round(peak / documents),
                     "reused": r["reused"],
-                    # Against the run of fewest shards, when there is one with fewer than this run.
-                    "cross_shard_misses": ("not compared (no run with fewer shards)" if r["shards"] <= base["shards"]
-                                           else 0 if r["digest"] == base["digest"] else
-                                           f"staged reuse differs from the {base['shards']}-shard run"),
+                    # Against one shard with nothing cut: whole scopes miss nothing; cut ones, semantic pairs.
+                    "misses_vs_one_shard": misses(f"{tmp}/w{workers}-{shard_rows}", f"{tmp}/w1-{10**12}")
+                    if args.reference and shard_rows != 10**12 else "not compared (run with --reference)",
                 }
-            if 2 in runs and 1 in runs:
-                figures["speedup_2_vs_1"] = round(runs[1]["seconds"] / runs[2]["seconds"], 2)
+            one = {w: r for (w, rows), r in runs.items() if rows == args.shard_rows}
+            if 2 in one and 1 in one:
+                figures["speedup_2_vs_1"] = round(one[1]["seconds"] / one[2]["seconds"], 2)
             figures["semantic_ivf"] = semantic_recall(f"{tmp}/in", documents)
             figures["targets"] = {"peak_rss_mb_at_1M": 2048, "docs_per_second_2_cores_at_100k": 2000}
             emit("planning_scale", figures)

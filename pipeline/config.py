@@ -107,6 +107,7 @@ class DedupConfig(Section):
 class PlanningConfig(Section):
     """How the job's planning (read, validate, dedup, route, stage; pipeline/job/plan.py) uses the CPU."""
     workers: int | None = Field(None, ge=1, le=256, description="Processes that plan the job, one core each: input files are keyed in parallel and dedup runs per shard of tenant scopes. Unset: one per 32 MB of input, at most one per core this process may use. Outputs are the same for any number; memory is per process (docs/data-engineer.md).")
+    shard_rows: int = Field(200_000, ge=1, description="Records per dedup shard, about (a shard's memory grows with its records, about 7 KB each). A larger tenant scope is cut into parts of whole near-duplicate components, which can miss semantic matches across parts (docs/data-engineer.md).")
 
 
 class CacheConfig(Section):
@@ -384,10 +385,9 @@ def load_tier_workers(path: str | Path | None, environ: dict[str, str] | None = 
 
 
 def load_run_section(path: str | Path | None, environ: dict[str, str] | None = None) -> RunConfig:
-    """The `run:` section alone (with TOKENMILL_RUN__* overrides): what the Airflow DAG's shape needs.
-
-    Nothing outside `run:` is validated or expanded, so parsing the DAG needs neither the secrets the
-    rest of the config names (`${TOKENMILL_PG_DSN}`) nor the models it points to."""
+    """The `run:` section alone (with TOKENMILL_RUN__* overrides): what the Airflow DAG's shape needs. Nothing
+    outside `run:` is validated or expanded, so parsing the DAG needs neither the secrets the rest of the
+    config names (`${TOKENMILL_PG_DSN}`) nor the models it points to."""
     environ = dict(os.environ if environ is None else environ)
     run = _read_yaml(path).get("run") or {}
     if not isinstance(run, dict):

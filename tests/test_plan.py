@@ -13,7 +13,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import pytest
 
-from pipeline.job.plan import plan_job, shard_scopes
+from pipeline.dedup.split import shards_of
+from pipeline.job.plan import plan_job
 from pipeline.job.stages import STAGED_COLUMNS, staged_input
 from pipeline.job.staging import StagingArea
 from pipeline.stores import storage
@@ -68,12 +69,13 @@ def test_planned_partitions_equal_the_in_memory_stages_for_any_number_of_workers
     assert late["reuse"] == "near_duplicate" and late["gen_text"]
 
 
-def test_shards_hold_whole_scopes_balanced_by_rows():
-    shards = shard_scopes({"a": 100, "b": 60, "c": 50, "d": 10}, 2)
-    assert sorted(s for shard in shards for s in shard) == ["a", "b", "c", "d"]
-    assert shards == [["a", "d"], ["b", "c"]]
-    assert shard_scopes({"a": 5}, 4) == [["a"]]   # never an empty shard
-    assert shard_scopes({}, 4) == []
+def test_shards_hold_whole_units_balanced_by_rows():
+    shards = shards_of({("a", 0): 100, ("b", 0): 60, ("c", 0): 50, ("d", 0): 10}, 2)
+    assert shards == [[("a", 0), ("d", 0)], [("b", 0), ("c", 0)]]
+    assert shards_of({("a", 0): 5}, 4) == [[("a", 0)]]   # never an empty shard
+    assert shards_of({}, 4) == []
+    # The parts of a cut scope are units like any other.
+    assert shards_of({("a", 0): 50, ("a", 1): 50, ("b", 0): 10}, 2) == [[("a", 0), ("b", 0)], [("a", 1)]]
 
 
 def differences(a: pa.Table, b: pa.Table) -> list[str]:

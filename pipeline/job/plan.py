@@ -4,20 +4,20 @@
            content_hash -> route -> item_keys -> sketch (stages.py); each partition's keyed records and
            quarantine rows go to the staging area at once
   ids      in job order: a record whose id an earlier valid record already has is quarantined
-  cluster  per shard of dedup scopes, in parallel: near, semantic and cache reuse over the shard's
-           compact columns (keys, signatures, embeddings); texts are read back from the staging area
-           only for the pairs the guards compare
+  cluster  per shard of dedup scopes, in parallel (shards.py): near, semantic and cache reuse over the
+           shard's compact columns (keys, signatures, embeddings); texts are read back from the staging
+           area only for the pairs the guards compare
   staged   per partition, in parallel: the keyed records with their reuse columns -> `records`
 
 No step holds the job's texts: a planning process keeps one file's bytes and one partition's records
-(`input.records_per_partition`), or one shard's dedup index plus a bounded cache of partition texts. A shard holds about SHARD_ROWS records where the
-scopes allow (as many shards as workers where there are that many scopes, more for a large job; one
-scope is never split, so a tenant of more records is a shard of more records).
+(`input.records_per_partition`), or one shard's dedup index plus a bounded cache of partition texts.
+A shard holds about `planning.shard_rows` records (as many shards as workers, more for a large job).
 
 Scopes never share an output (cluster.py), so a shard of whole scopes clusters exactly as the whole
-job would: partitions, item keys and reuse are the same for any number of shards, and a sharded plan
-misses no match. The price is balance: one scope is one shard, so a job of one huge tenant plans its
-dedup on one core (the keyed and staged steps still run on all of them).
+job would: partitions, item keys and reuse are the same for any number of shards. A scope of more
+than `planning.shard_rows` records is cut into parts of whole components of its LSH buckets
+(dedup/split.py): exact and near reuse are still the same, and what the cut can miss is a semantic
+match across parts (counted by benchmarks/planning_scale.py).
 
 `workers` processes run each step (`planning.workers`; unset, one per 32 MB of input up to the machine's
 cores); with one, everything runs in this process. Under Airflow the steps are tasks of their own:
@@ -27,44 +27,34 @@ partitions (in its process, unless `planning.workers` is set).
 
 from __future__ import annotations
 
-import heapq
 import logging
 import os
 import time
 import uuid
-from collections import OrderedDict
 from concurrent.futures import Executor, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from multiprocessing import get_context
 
-import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline.config import TokenmillConfig
-from pipeline.dedup.cluster import DedupStats, reuse_columns, reuse_plan
+from pipeline.dedup.cluster import DedupStats
+from pipeline.dedup.split import shards_of
 from pipeline.ingest.read import input_files, read_file
 from pipeline.ingest.validate import duplicate_rows, quarantine_rows
 from pipeline.job.errors import JobError
-from pipeline.job.stages import STAGED_COLUMNS, STAGES, StageContext, row_adapters, run_stages
-from pipeline.keys import clean_text, compile_boilerplate
+from pipeline.job.shards import ROW, SHARD_COLUMNS, cluster_shard, cut_scopes
+from pipeline.job.stages import STAGED_COLUMNS, STAGES, StageContext, run_stages
 from pipeline.stores import storage
 
 log = logging.getLogger(__name__)
 
 KEYED_STAGES = STAGES[:-1]              # everything but cluster, which needs the whole scope
-ROW = "_row"                            # a keyed record's position in its partition
-# What a shard of the cluster step reads of each keyed partition (its `sketch` file): never the text.
-SHARD_COLUMNS = ("id", "tenant", "partition", "tier", "scope", "recipe", "item_key", "signature", "embedding", ROW)
-TEXT_CACHE_BYTES = 256 << 20            # partition texts a shard keeps for the guards (LRU)
-# A shard's reuse decisions for one partition (`reuse-<shard>`), joined to its keyed records by ROW.
-DECISIONS = pa.schema([(ROW, pa.int32()), ("gen_key", pa.string()), ("gen_id", pa.string()), ("gen_tier", pa.string()),
-                       ("reuse", pa.string()), ("similarity", pa.float64()), ("shadow", pa.bool_()),
-                       ("features", pa.string()), ("gen_partition", pa.string()), ("gen_row", pa.int32())])
 PLAN_BYTES_PER_WORKER = 32 << 20        # input per planning process when `planning.workers` is unset
-SHARD_ROWS = 200_000                    # records per shard, about: bounds a shard's memory where scopes allow
+PLAN_BYTES_PER_WORKER = 32 << 20        # input per planning process when `planning.workers` is unset
 
 
 @dataclass
@@ -75,19 +65,20 @@ class Plan:
     quarantined: int = 0
     skipped: list[str] = field(default_factory=list)   # "<file>: why" for files that gave no record
     dedup: DedupStats = field(default_factory=DedupStats)
-    shard_scopes: list[list[str]] = field(default_factory=list)  # shard -> its scopes
+    shard_units: list[list[list]] = field(default_factory=list)  # shard -> its [scope, part]s (part 0: a whole scope)
+    cut: dict[str, list[int]] = field(default_factory=dict)  # a scope cut into parts -> rows per part (split.py)
     duplicates: dict[str, list[int]] = field(default_factory=dict)  # partition -> rows quarantined as duplicate_id
     seconds: dict[str, float] = field(default_factory=dict)
     attempt: str = ""      # this planning's token: a shard's figures name the planning they belong to
 
     @property
     def shards(self) -> int:
-        return len(self.shard_scopes)
+        return len(self.shard_units)
 
     def to_dict(self) -> dict:
         return {"records": self.records, "partitions": self.partitions, "quarantined": self.quarantined,
-                "skipped": self.skipped, "dedup": self.dedup.to_dict(), "shard_scopes": self.shard_scopes,
-                "duplicates": self.duplicates, "seconds": self.seconds, "attempt": self.attempt}
+                "skipped": self.skipped, "dedup": self.dedup.to_dict(), "shard_units": self.shard_units,
+                "cut": self.cut, "duplicates": self.duplicates, "seconds": self.seconds, "attempt": self.attempt}
 
     @staticmethod
     def from_dict(data: dict) -> "Plan":
@@ -135,7 +126,7 @@ def plan_job(config: TokenmillConfig, job_id: str, staging, cache=None, workers:
     with planning_pool(workers) as pool:
         plan = plan_keyed(config, job_id, staging, workers, pool, listed)
         started = time.perf_counter()
-        n = len(plan.shard_scopes)
+        n = plan.shards
         _map(pool, plan_shard, [config] * n, [job_id] * n, [staging] * n, range(n), [cache if pool is None else None] * n)
         clustered = time.perf_counter() - started
         plan = plan_staged(config, job_id, staging, pool)
@@ -174,8 +165,14 @@ def plan_keyed(config: TokenmillConfig, job_id: str, staging, workers: int, pool
             for scope, count in scopes.items():
                 scope_rows[scope] = scope_rows.get(scope, 0) + count
     del seen
+    shard_rows = config.planning.shard_rows
+    big = {scope: n for scope, n in scope_rows.items() if n > shard_rows}
+    plan.cut = cut_scopes(config, staging, list(plan.partitions), big) if big else {}
+    units = {(scope, part): n for scope, rows in plan.cut.items() for part, n in enumerate(rows)}
+    units.update({(scope, 0): n for scope, n in scope_rows.items() if scope not in plan.cut})
+    shards = shards_of(units, max(workers, -(-sum(scope_rows.values()) // shard_rows)))
     # At least one shard, even with no valid record: every partition's staged step reads its decisions.
-    plan.shard_scopes = shard_scopes(scope_rows, max(workers, -(-sum(scope_rows.values()) // SHARD_ROWS))) or [[]]
+    plan.shard_units = [[list(unit) for unit in shard] for shard in shards] or [[]]
     plan.seconds["ids"] = time.perf_counter() - started
     plan.attempt = uuid.uuid4().hex
     staging.write_json("plan", plan.to_dict())
@@ -185,7 +182,7 @@ def plan_keyed(config: TokenmillConfig, job_id: str, staging, workers: int, pool
 def plan_shard(config: TokenmillConfig, job_id: str, staging, shard: int, cache=None) -> DedupStats:
     """Step 2, once per shard (in any order, on any host that reaches the staging area): cluster its scopes."""
     plan = Plan.from_dict(staging.read_json("plan"))
-    stats = cluster_shard(config, job_id, staging, plan.shard_scopes[shard], list(plan.partitions),
+    stats = cluster_shard(config, job_id, staging, plan.shard_units[shard], set(plan.cut), list(plan.partitions),
                           plan.duplicates, cache, shard)
     staging.write_json(f"shard-{shard}", {"attempt": plan.attempt, **stats.to_dict()})
     return stats
@@ -196,7 +193,7 @@ def clustered_plan(staging) -> Plan | None:
     a shard still to cluster, or shards left by an earlier planning of the job); with the shards' figures."""
     try:
         plan = Plan.from_dict(staging.read_json("plan"))
-        shards = [staging.read_json(f"shard-{shard}") for shard in range(len(plan.shard_scopes))]
+        shards = [staging.read_json(f"shard-{shard}") for shard in range(plan.shards)]
     except storage.StorageError:
         return None
     if any(done.get("attempt") != plan.attempt for done in shards):
@@ -215,20 +212,9 @@ def plan_staged(config: TokenmillConfig, job_id: str, staging, pool: Executor | 
     started = time.perf_counter()
     parts = list(plan.partitions)
     _map(pool, stage_partition, [config] * len(parts), [job_id] * len(parts), [staging] * len(parts), parts,
-         [len(plan.shard_scopes)] * len(parts), [plan.duplicates.get(p, []) for p in parts])
+         [plan.shards] * len(parts), [plan.duplicates.get(p, []) for p in parts])
     plan.seconds["staged"] = time.perf_counter() - started
     return plan
-
-
-def shard_scopes(scope_rows: dict[str, int], shards: int) -> list[list[str]]:
-    """Scopes in at most `shards` shards of about equal rows: largest scope first, to the lightest shard.
-    Deterministic (ties by name), and empty shards are dropped."""
-    heap = [(0, i, []) for i in range(max(1, shards))]
-    for scope, rows in sorted(scope_rows.items(), key=lambda kv: (-kv[1], kv[0])):
-        load, i, scopes = heapq.heappop(heap)
-        scopes.append(scope)
-        heapq.heappush(heap, (load + rows, i, scopes))
-    return [sorted(scopes) for _, _, scopes in sorted(heap, key=lambda t: t[1]) if scopes]
 
 
 # -- keyed: one input file ------------------------------------------------------------------------
@@ -265,74 +251,6 @@ def key_file(config: TokenmillConfig, job_id: str, staging, file: tuple[str, str
     _, out.note = read_file(storage.resolve(config.input.uri, config.storage), file[0], file[1], config.input,
                             batches=key_partition)
     return out
-
-
-# -- cluster: one shard of scopes --------------------------------------------------------------------
-class PartitionTexts:
-    """Cleaned texts of keyed partitions, read back on demand and kept in a bounded LRU: the guards
-    compare few pairs, and those mostly within a few partitions."""
-
-    def __init__(self, staging, boilerplate: list, budget: int = TEXT_CACHE_BYTES):
-        self.staging, self.boilerplate, self.budget = staging, boilerplate, budget
-        self.loaded: OrderedDict[str, pa.ChunkedArray] = OrderedDict()
-        self.size = 0
-
-    def text(self, partition: str, row: int) -> str:
-        texts = self.loaded.get(partition)
-        if texts is None:
-            texts = self.staging.read(partition, "keyed", columns=["text"])["text"]
-            self.loaded[partition] = texts
-            self.size += texts.nbytes
-            while self.size > self.budget and len(self.loaded) > 1:
-                _, old = self.loaded.popitem(last=False)
-                self.size -= old.nbytes
-        else:
-            self.loaded.move_to_end(partition)
-        return clean_text(texts[row].as_py(), self.boilerplate)
-
-
-def cluster_shard(config: TokenmillConfig, job_id: str, staging, scopes: list[str], partitions: list[str],
-                  duplicates: dict[str, list[int]], cache=None, shard: int = 0) -> DedupStats:
-    """Cluster the records of `scopes` (job order: `partitions` in order, rows in order) and stage each
-    partition's reuse decisions for them (`reuse-<shard>`)."""
-    if cache is None and config.cache.enabled:
-        from pipeline.stores.cache import open_store
-        cache = open_store(config.cache)
-    wanted = pa.array(scopes, pa.string())
-    tables = []
-    for part in partitions:
-        keyed = staging.read(part, "sketch")
-        keep = pc.is_in(keyed["scope"], wanted)
-        if part in duplicates:
-            keep = pc.and_(keep, pc.invert(pc.is_in(keyed[ROW], pa.array(duplicates[part], pa.int32()))))
-        tables.append(keyed.filter(keep))
-    if not tables:  # no partition at all (an empty input folder): nothing to decide
-        return DedupStats()
-    records = pa.concat_tables(tables)
-    if not records.num_rows:  # a shard of no record (an input without a valid one): empty decisions
-        for part in partitions:
-            staging.write(part, f"reuse-{shard}", DECISIONS.empty_table())
-        return DedupStats()
-    texts = PartitionTexts(staging, compile_boilerplate(config.dedup.boilerplate_patterns))
-    part_of = pc.dictionary_encode(records["partition"].combine_chunks())
-    parts, names = np.asarray(part_of.indices), part_of.dictionary.to_pylist()
-    rows = np.asarray(records[ROW].combine_chunks())
-    plan = reuse_plan(records, config.dedup, lambda r: texts.text(names[parts[r]], int(rows[r])), cache,
-                      config.tier_prices, row_adapters(config, records))
-    decided = reuse_columns(records, plan, config.dedup)
-    stats = plan.stats
-    source = np.asarray(decided["gen_source"].combine_chunks())
-    elsewhere = source >= 0
-    decided = decided.select(["partition", ROW, "gen_key", "gen_id", "gen_tier", "reuse", "similarity", "shadow",
-                              "features"]).append_column(
-        "gen_partition", pa.DictionaryArray.from_arrays(pa.array(np.where(elsewhere, parts[source], 0), pa.int32(),
-                                                                  mask=~elsewhere), part_of.dictionary).cast(pa.string())
-    ).append_column("gen_row", pa.array(rows[source], pa.int32(), mask=~elsewhere)).cast(
-        pa.schema([("partition", pa.string()), *DECISIONS]))
-    del records, plan
-    for part in partitions:
-        staging.write(part, f"reuse-{shard}", decided.filter(pc.equal(decided["partition"], part)).drop_columns(["partition"]))
-    return stats
 
 
 # -- staged: one partition ------------------------------------------------------------------------

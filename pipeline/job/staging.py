@@ -138,7 +138,7 @@ def register_plan(job: Job, plan: Plan, seconds: float) -> None:
     job.state.add_partitions(job.job_id, plan.partitions)
     job.state.set_job(job.job_id, status="staged", counts={"records": plan.records, "staging": {
         "records": plan.records, "partitions": len(plan.partitions), "skipped_files": plan.skipped,
-        "dedup": plan.dedup.as_dict(), "shards": plan.shards,
+        "dedup": plan.dedup.as_dict(), "shards": plan.shards, "cut_scopes": {s: len(r) for s, r in plan.cut.items()},
         "step_seconds": {k: round(v, 3) for k, v in plan.seconds.items()}, "seconds": round(seconds, 3)}})
     write_manifest(job.out, job.job_id, job.manifest(partial=True))
 
