@@ -39,8 +39,8 @@ def parts(component: np.ndarray, count: int, position: np.ndarray | None = None)
     so a part may exceed an equal share by up to its largest component. Deterministic.
 
     `position`: a projection of each row's embedding on one fixed direction (`semantic_positions`):
-    semantic neighbours project close together, so most of them share a run (measured on the
-    benchmark corpus cut in 5: 15% of semantic pairs across parts, against 58% in job order)."""
+    semantic neighbours project close together, so most of them share a run (RESULTS.md §9: 15% of
+    nearest-neighbour pairs across 5 parts, against 58% in job order)."""
     sizes = np.bincount(component)
     first = np.full(len(sizes), len(component))
     np.minimum.at(first, component, np.arange(len(component)))

@@ -66,9 +66,11 @@ def cut_scopes(config: TokenmillConfig, staging, partitions: list[str], big: dic
     labels = [np.full(n, -1, np.int16) for n in sizes]
     cut = {}
     for scope, n in big.items():
+        band = np.concatenate(hashes.pop(scope))
         position = np.concatenate(positions.pop(scope)) if positions[scope] else None
-        part = split.parts(split.components(np.concatenate(hashes.pop(scope))), -(-n // config.planning.shard_rows),
-                           position)
+        if position is not None and len(position) != len(band):  # some partitions without embeddings
+            position = None
+        part = split.parts(split.components(band), -(-n // config.planning.shard_rows), position)
         cut[scope] = np.bincount(part, minlength=part.max() + 1).tolist()
         at = 0
         for i, rows in where.pop(scope):
