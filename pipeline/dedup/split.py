@@ -34,7 +34,7 @@ def components(band_hashes: np.ndarray) -> np.ndarray:
 
 
 def parts(component: np.ndarray, count: int, position: np.ndarray | None = None) -> np.ndarray:
-    """Part of each row (int16[n], 0..count-1): the components in order of their first row's `position`
+    """Part of each row (int32[n], 0..count-1): the components in order of their first row's `position`
     (default: the row's own index), cut into `count` runs of about equal rows. A component is never cut,
     so a part may exceed an equal share by up to its largest component. Deterministic.
 
@@ -46,7 +46,7 @@ def parts(component: np.ndarray, count: int, position: np.ndarray | None = None)
     np.minimum.at(first, component, np.arange(len(component)))
     order = np.lexsort((first, first if position is None else position[first]))
     before = np.cumsum(sizes[order]) - sizes[order]
-    part_of = np.empty(len(sizes), np.int16)
+    part_of = np.empty(len(sizes), np.int32)
     part_of[order] = np.minimum(before * count // max(len(component), 1), count - 1)
     return part_of[component]
 

@@ -332,13 +332,15 @@ def read_file(root: storage.Location, relative_path: str, path: str, config: Inp
     A file that cannot be read at all is one `unreadable_file` row. `batches(table)`: called with each
     partition's records as soon as they are read, so that a large file's records are never held at once
     (the table returned is then empty); an error it raises is raised as is."""
-    rows = _Rows(relative_path, config, batches)
+    rows, downstream = _Rows(relative_path, config, batches), None
     try:
         _read_rows(rows, root, relative_path, path)
         if batches is not None and rows.cols["id"]:
             rows.flush()
     except _Downstream as e:
-        raise e.__cause__ from None
+        downstream = e.__cause__
+    if downstream is not None:
+        raise downstream  # outside the handler: its own cause and context, not the wrapper's
     return rows.table(), rows.note
 
 

@@ -54,7 +54,6 @@ log = logging.getLogger(__name__)
 
 KEYED_STAGES = STAGES[:-1]              # everything but cluster, which needs the whole scope
 PLAN_BYTES_PER_WORKER = 32 << 20        # input per planning process when `planning.workers` is unset
-PLAN_BYTES_PER_WORKER = 32 << 20        # input per planning process when `planning.workers` is unset
 
 
 @dataclass
@@ -194,7 +193,7 @@ def clustered_plan(staging) -> Plan | None:
     try:
         plan = Plan.from_dict(staging.read_json("plan"))
         shards = [staging.read_json(f"shard-{shard}") for shard in range(plan.shards)]
-    except storage.StorageError:
+    except (storage.StorageError, TypeError, KeyError):  # none, or one an older version wrote: planned again
         return None
     if any(done.get("attempt") != plan.attempt for done in shards):
         return None

@@ -61,9 +61,9 @@ def cut_scopes(config: TokenmillConfig, staging, partitions: list[str], big: dic
             if vectors is not None:
                 positions[scope].append(split.semantic_positions(vectors))
             hashes[scope].append(minhash.band_hashes(signature_matrix(mine.take(take), d.num_perm), bands, rows_per_band)
-                                 if d.near else np.array([[xxhash.xxh3_64_intdigest(k)] for k in
+                                 if d.near else np.array([[xxhash.xxh3_64_intdigest(k.encode())] for k in
                                                           mine["item_key"].take(take).to_pylist()], np.uint64))
-    labels = [np.full(n, -1, np.int16) for n in sizes]
+    labels = [np.full(n, -1, np.int32) for n in sizes]
     cut = {}
     for scope, n in big.items():
         band = np.concatenate(hashes.pop(scope))

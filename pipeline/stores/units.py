@@ -259,11 +259,16 @@ class UnitQueue:
             return result.rowcount == 1
 
     def set_keys(self, job_id: str, states: dict[str, tuple[str, str | None, str | None]]) -> None:
-        """key -> (state, reason, detail)."""
+        """key -> (state, reason, detail), in one transaction: one statement per state and 900 keys (SQLite's
+        bound-parameter limit), not one per key (a step finishing a batch stores thousands)."""
+        groups: dict[tuple[str, str | None, str | None], list[str]] = {}
+        for key, value in states.items():
+            groups.setdefault(value, []).append(key)
         with self.session() as s, s.begin():
-            for key, (state, reason, detail) in states.items():
-                s.execute(update(UnitKey).where(UnitKey.job_id == job_id, UnitKey.item_key == key)
-                          .values(state=state, reason=reason, detail=detail))
+            for (state, reason, detail), keys in groups.items():
+                for start in range(0, len(keys), 900):
+                    s.execute(update(UnitKey).where(UnitKey.job_id == job_id, UnitKey.item_key.in_(keys[start:start + 900]))
+                              .values(state=state, reason=reason, detail=detail))
 
     def key_states(self, job_id: str, keys: list[str]) -> dict[str, UnitKey]:
         out = {}
