@@ -102,3 +102,13 @@ def test_a_cut_scope_stages_what_the_uncut_one_does_but_semantic_matches_across_
                                 or (gen_ids[i] and kinds[0][ids.index(gen_ids[i])] == "semantic")), \
             (ids[i], kinds[0][i], kinds[1][i])
     print(f"{dedup}: rows staged differently with the scope cut: {len(changed)} of {kinds[0].count('semantic')} semantic")
+
+
+def test_a_cut_scope_counts_its_cache_index_once():
+    """Every part of a cut scope searches the scope's whole cache index: merged, the manifest counts it once."""
+    from pipeline.dedup.cluster import DedupStats
+
+    total = DedupStats()
+    for part in (DedupStats(cache_index={"t=acme": 120}), DedupStats(cache_index={"t=acme": 120, "t=beta": 7})):
+        total.merge(part)
+    assert total.cache_index == {"t=acme": 120, "t=beta": 7}

@@ -57,11 +57,12 @@ class DedupStats:
     notes: list = field(default_factory=list)                 # what was asked for and could not be done
 
     def merge(self, other: "DedupStats") -> None:
-        """Add a shard's figures (seconds add up: they are CPU-seconds across shards)."""
+        """Add a shard's figures (seconds add up: they are CPU-seconds across shards; a scope's cache index
+        is the same in every shard that searches it)."""
         self.clusters.update(other.clusters)
         self.refused.update(other.refused)
-        for scope, n in other.cache_index.items():
-            self.cache_index[scope] = self.cache_index.get(scope, 0) + n
+        for scope, n in other.cache_index.items():  # the parts of a cut scope each load its whole index: once
+            self.cache_index[scope] = max(self.cache_index.get(scope, 0), n)
         for step, seconds in other.seconds.items():
             self.seconds[step] = self.seconds.get(step, 0.0) + seconds
         self.notes.extend(n for n in other.notes if n not in self.notes)

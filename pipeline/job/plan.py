@@ -167,7 +167,7 @@ def plan_keyed(config: TokenmillConfig, job_id: str, staging, workers: int, pool
     shard_rows = config.planning.shard_rows
     big = {scope: n for scope, n in scope_rows.items() if n > shard_rows}
     plan.cut = cut_scopes(config, staging, list(plan.partitions), big) if big else {}
-    units = {(scope, part): n for scope, rows in plan.cut.items() for part, n in enumerate(rows)}
+    units = {(scope, part): n for scope, rows in plan.cut.items() for part, n in enumerate(rows) if n}
     units.update({(scope, 0): n for scope, n in scope_rows.items() if scope not in plan.cut})
     shards = shards_of(units, max(workers, -(-sum(scope_rows.values()) // shard_rows)))
     # At least one shard, even with no valid record: every partition's staged step reads its decisions.
