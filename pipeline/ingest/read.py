@@ -88,7 +88,7 @@ class _Rows:
             error=None, detail=None, raw=None) -> None:
         chunk = position // self.config.records_per_partition  # positions only grow: a chunk is never reopened
         if chunk not in self._partitions:
-            if self.batches is not None and self.cols["id"]:
+            if self.batches is not None:
                 self.flush()  # a new partition begins: hand the last one on
             self._partitions[chunk] = partition_id(self.file, chunk)
         self.count += 1
@@ -108,7 +108,9 @@ class _Rows:
         return self.count
 
     def flush(self) -> None:
-        """Hand the rows held to `batches`. What fails there is not this file's fault: it is raised as is."""
+        """Hand the rows held, if any, to `batches`. What fails there is not this file's fault: it is raised as is."""
+        if not self.cols["id"]:
+            return
         table, self.cols = self.table(), {name: [] for name in RAW_RECORDS.names}
         try:
             self.batches(table)
@@ -335,7 +337,7 @@ def read_file(root: storage.Location, relative_path: str, path: str, config: Inp
     rows, downstream = _Rows(relative_path, config, batches), None
     try:
         _read_rows(rows, root, relative_path, path)
-        if batches is not None and rows.cols["id"]:
+        if batches is not None:
             rows.flush()
     except _Downstream as e:
         downstream = e.__cause__

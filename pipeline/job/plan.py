@@ -202,9 +202,11 @@ def clustered_plan(staging) -> Plan | None:
     return plan
 
 
-def plan_staged(config: TokenmillConfig, job_id: str, staging, pool: Executor | None = None) -> Plan:
-    """Step 3, once every shard is clustered: each partition's staged records and quarantine rows."""
-    plan = clustered_plan(staging)
+def plan_staged(config: TokenmillConfig, job_id: str, staging, pool: Executor | None = None,
+                plan: Plan | None = None) -> Plan:
+    """Step 3, once every shard is clustered: each partition's staged records and quarantine rows.
+    `plan`: what `clustered_plan` returned, when the caller has it already."""
+    plan = plan or clustered_plan(staging)
     if plan is None:
         raise JobError(f"job {job_id} is not keyed, or a shard is not clustered for its latest planning; run "
                        "the missing steps (under Airflow: clear `plan` with downstream)")
@@ -232,20 +234,18 @@ def key_file(config: TokenmillConfig, job_id: str, staging, file: tuple[str, str
     records are never held at once), and stage each partition's keyed records and quarantine rows."""
     out = KeyedFile(file[0], 0, 0, None, [], {})
 
-    def key_partition(raw: pa.Table) -> None:
+    def key_partition(raw: pa.Table) -> None:  # the reader hands on one whole partition at a time
+        part = raw["partition"][0].as_py()
         ctx = StageContext(config, job_id, config.input.uri, duplicate_ids=False, raw=raw)
         records = run_stages(KEYED_STAGES[1:], raw, ctx)  # read is the reader's, in key_file
+        records = records.append_column(ROW, pa.array(range(records.num_rows), pa.int32()))
         out.raw, out.quarantined = out.raw + raw.num_rows, out.quarantined + ctx.quarantine.num_rows
         out.notes.extend(n for n in ctx.notes if n not in out.notes)
-        for part in dict.fromkeys(raw["partition"].to_pylist()):  # one, as the reader cuts them
-            mine = records.filter(pc.equal(records["partition"], part))
-            mine = mine.append_column(ROW, pa.array(range(mine.num_rows), pa.int32()))
-            staging.write(part, "keyed", mine)
-            staging.write(part, "sketch", mine.select(list(SHARD_COLUMNS)))  # what the shards read: no text
-            staging.write(part, "quarantine-read", ctx.quarantine.filter(pc.equal(ctx.quarantine["partition"], part)))
-            counts = pc.value_counts(mine["scope"]).to_pylist()
-            out.partitions[part] = (mine["id"], {c["values"]: c["counts"] for c in counts},
-                                    pc.sum(pc.equal(raw["partition"], part)).as_py())
+        staging.write(part, "keyed", records)
+        staging.write(part, "sketch", records.select(list(SHARD_COLUMNS)))  # what the shards read: no text
+        staging.write(part, "quarantine-read", ctx.quarantine)
+        counts = pc.value_counts(records["scope"]).to_pylist()
+        out.partitions[part] = (records["id"], {c["values"]: c["counts"] for c in counts}, raw.num_rows)
 
     _, out.note = read_file(storage.resolve(config.input.uri, config.storage), file[0], file[1], config.input,
                             batches=key_partition)

@@ -40,7 +40,7 @@ def cut_scopes(config: TokenmillConfig, staging, partitions: list[str], big: dic
     """Cut each scope of `big` (scope -> rows) into parts of about `planning.shard_rows` records, whole
     components of its LSH buckets (split.py; of its item keys when near dedup is off), and stage each
     partition's part per keyed row (`split`, -1 outside a cut scope). Rows per part, by scope."""
-    d, wanted = config.dedup, pa.array(list(big), pa.string())
+    d = config.dedup
     bands, rows_per_band = minhash.bands_for(d.near_threshold, d.num_perm)
     where: dict[str, list[tuple[int, np.ndarray]]] = {scope: [] for scope in big}  # (partition, its rows)
     hashes: dict[str, list[np.ndarray]] = {scope: [] for scope in big}
@@ -49,29 +49,28 @@ def cut_scopes(config: TokenmillConfig, staging, partitions: list[str], big: dic
     for i, part in enumerate(partitions):
         sketch = staging.read(part, "sketch", columns=["scope", "item_key", "signature", "embedding"])
         sizes.append(sketch.num_rows)
-        mine = sketch.filter(pc.is_in(sketch["scope"], wanted))
-        scopes = np.asarray(mine["scope"].to_pylist(), object)
-        rows = np.flatnonzero(np.asarray(pc.is_in(sketch["scope"], wanted)))
+        scopes = np.asarray(sketch["scope"].to_pylist(), object)
         for scope in big:
-            take = np.flatnonzero(scopes == scope)
-            if not len(take):
+            rows = np.flatnonzero(scopes == scope)
+            if not len(rows):
                 continue
-            where[scope].append((i, rows[take]))
-            vectors = embedding_matrix(mine.take(take))
+            mine = sketch.take(rows)
+            where[scope].append((i, rows))
+            vectors = embedding_matrix(mine)
             if vectors is not None:
                 positions[scope].append(split.semantic_positions(vectors))
-            hashes[scope].append(minhash.band_hashes(signature_matrix(mine.take(take), d.num_perm), bands, rows_per_band)
-                                 if d.near else np.array([[xxhash.xxh3_64_intdigest(k.encode())] for k in
-                                                          mine["item_key"].take(take).to_pylist()], np.uint64))
+            hashes[scope].append(minhash.band_hashes(signature_matrix(mine, d.num_perm), bands, rows_per_band) if d.near
+                                 else np.array([[xxhash.xxh3_64_intdigest(k.encode())] for k in
+                                                mine["item_key"].to_pylist()], np.uint64))
     labels = [np.full(n, -1, np.int32) for n in sizes]
     cut = {}
     for scope, n in big.items():
-        band = np.concatenate(hashes.pop(scope))
+        band, count = np.concatenate(hashes.pop(scope)), -(-n // config.planning.shard_rows)
         position = np.concatenate(positions.pop(scope)) if positions[scope] else None
         if position is not None and len(position) != len(band):  # some partitions without embeddings
             position = None
-        part = split.parts(split.components(band), -(-n // config.planning.shard_rows), position)
-        cut[scope] = np.bincount(part, minlength=part.max() + 1).tolist()
+        part = split.parts(split.components(band), count, position)
+        cut[scope] = np.bincount(part, minlength=count).tolist()
         at = 0
         for i, rows in where.pop(scope):
             labels[i][rows], at = part[at:at + len(rows)], at + len(rows)

@@ -175,8 +175,9 @@ def staged_from_shards(job: Job) -> None:
     Only a plan whose every shard is clustered is staged here. Anything else (staged already, not begun,
     or another worker planning it whole right now) is left to `ensure_staged`, which waits for that
     worker or takes a dead one's staging over: a stage step never fails someone else's planning."""
-    if not _planning(job) or clustered_plan(job.staging) is None:
+    plan = clustered_plan(job.staging) if _planning(job) else None
+    if plan is None:
         return
     started = time.perf_counter()
     with staging_step(job), planning_pool(planning_workers(job.config, 0)) as pool:  # in this process unless set
-        register_plan(job, plan_staged(job.config, job.job_id, job.staging, pool), time.perf_counter() - started)
+        register_plan(job, plan_staged(job.config, job.job_id, job.staging, pool, plan), time.perf_counter() - started)

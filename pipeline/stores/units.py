@@ -30,6 +30,13 @@ from sqlalchemy.orm import Mapped, mapped_column
 
 from pipeline.stores.catalog import Base, StateStore, aware
 
+IN_CHUNK = 900  # values bound in one IN (...): under SQLite's oldest limit of 999 parameters
+
+
+def in_chunks(values: list) -> list[list]:
+    """`values` in runs of IN_CHUNK, one statement each."""
+    return [values[start:start + IN_CHUNK] for start in range(0, len(values), IN_CHUNK)]
+
 UNFINISHED = ("pending", "leased")
 SESSION_COUNTERS = ("spec_drafted", "spec_accepted", "prefix_queries", "prefix_hits")
 
@@ -156,9 +163,9 @@ class UnitQueue:
                 for start in range(0, len(rows), 500):
                     s.execute(self._insert(UnitKey).on_conflict_do_nothing(index_elements=["job_id", "item_key"]),
                               rows[start:start + 500])
-                for start in range(0, len(keys), 900):  # a failed key belongs to whoever tries it again
+                for chunk in in_chunks(keys):  # a failed key belongs to whoever tries it again
                     s.execute(update(UnitKey).where(UnitKey.job_id == job_id, UnitKey.state == "failed",
-                                                    UnitKey.item_key.in_(keys[start:start + 900]))
+                                                    UnitKey.item_key.in_(chunk))
                               .values(unit_id=uid, state="pending", reason=None, detail=None))
                 mine = self._owned(s, job_id, uid)
                 owned[uid] = mine
@@ -188,9 +195,9 @@ class UnitQueue:
             gone = list(s.scalars(delete(WorkUnit).where(
                 WorkUnit.job_id == job_id, WorkUnit.partition == partition,
                 WorkUnit.status.in_(("pending", "deferred"))).returning(WorkUnit.unit_id)))
-            for start in range(0, len(gone), 900):
+            for chunk in in_chunks(gone):
                 s.execute(delete(UnitKey).where(UnitKey.job_id == job_id, UnitKey.state != "done",
-                                                UnitKey.unit_id.in_(gone[start:start + 900])))
+                                                UnitKey.unit_id.in_(chunk)))
         return len(gone)
 
     # -- claim, renew, finish -------------------------------------------------------------------
@@ -259,23 +266,22 @@ class UnitQueue:
             return result.rowcount == 1
 
     def set_keys(self, job_id: str, states: dict[str, tuple[str, str | None, str | None]]) -> None:
-        """key -> (state, reason, detail), in one transaction: one statement per state and 900 keys (SQLite's
-        bound-parameter limit), not one per key (a step finishing a batch stores thousands)."""
+        """key -> (state, reason, detail), in one transaction: one statement per state and IN_CHUNK keys, not
+        one per key (a step finishing a batch stores thousands)."""
         groups: dict[tuple[str, str | None, str | None], list[str]] = {}
         for key, value in states.items():
             groups.setdefault(value, []).append(key)
         with self.session() as s, s.begin():
             for (state, reason, detail), keys in groups.items():
-                for start in range(0, len(keys), 900):
-                    s.execute(update(UnitKey).where(UnitKey.job_id == job_id, UnitKey.item_key.in_(keys[start:start + 900]))
+                for chunk in in_chunks(keys):
+                    s.execute(update(UnitKey).where(UnitKey.job_id == job_id, UnitKey.item_key.in_(chunk))
                               .values(state=state, reason=reason, detail=detail))
 
     def key_states(self, job_id: str, keys: list[str]) -> dict[str, UnitKey]:
         out = {}
         with self.session() as s:
-            for start in range(0, len(keys), 900):
-                for row in s.scalars(select(UnitKey).where(UnitKey.job_id == job_id,
-                                                           UnitKey.item_key.in_(keys[start:start + 900]))):
+            for chunk in in_chunks(keys):
+                for row in s.scalars(select(UnitKey).where(UnitKey.job_id == job_id, UnitKey.item_key.in_(chunk))):
                     s.expunge(row)
                     out[row.item_key] = row
         return out
