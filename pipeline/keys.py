@@ -129,7 +129,7 @@ def add_item_keys(records: pa.Table, prompt: PromptConfig, sampling: SamplingCon
     tenant's adapter or the sampling parameters changes every key: nothing stale is reused.
     """
     tiers_of, tenants = records["tier"].to_pylist(), records["tenant"].to_pylist()
-    recipe = {(t, n): recipe_hash(tiers[t].model, prompt, sampling, adapter_digest(adapter_of(n, t)))
+    recipe = {(t, n): recipe_hash(tiers[t].generator, prompt, sampling, adapter_digest(adapter_of(n, t)))
               for t, n in set(zip(tiers_of, tenants))}
     recipes = [recipe[t, n] for t, n in zip(tiers_of, tenants)]
     keys = [item_key(r, h) for r, h in zip(recipes, records["content_hash"].to_pylist())]

@@ -50,31 +50,49 @@ def tiny_models(tokenmill_home) -> Path:
 
 # The local config routes across two tiers and escalates; tests not about routing run on one tier.
 ONE_TIER = {"TOKENMILL_ROUTE__RULES": "[]", "TOKENMILL_ROUTE__ESCALATION__ENABLED": "false"}
+# Tests of the pipeline's logic run both tiers on the deterministic fake engine (pipeline/generate/fake_engine.py):
+# outputs a pure function of the request, token counts from the tiny models' real tokenizers. Tests of the
+# engine's contract ask for `engine="vllm"` and live in tests/engine/.
+FAKE_ENGINE = {"TOKENMILL_TIERS__SMALL__ENGINE": "fake", "TOKENMILL_TIERS__LARGE__ENGINE": "fake"}
 
 
-@pytest.fixture
-def make_config(tmp_path, tiny_models, static_embedder):
-    """Build the local config with input/output/state in this test's tmp folder; kwargs override fields."""
+def config_maker(root: Path):
+    """make(...) -> the tiny config with input/output/state/cache under `root`; kwargs override fields."""
     from pipeline.config import load_config
 
-    def make(input_dir: Path | str | None = None, routing: bool = False, **overrides):
+    def make(input_dir: Path | str | None = None, routing: bool = False, engine: str = "fake", **overrides):
         """overrides: section__field=value, e.g. storage__s3_max_attempts=2.
 
         `routing`: keep the local config's route rules and escalation (off by default, so a test
-        sees one tier unless it is about routing)."""
+        sees one tier unless it is about routing). `engine`: `fake` (the default: tests of logic) or
+        `vllm` (the real engine: tests of its contract, in tests/engine/)."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("TOKENMILL_") or k == "TOKENMILL_HOME"}
-        env["TOKENMILL_INPUT__URI"] = str(input_dir or tmp_path / "input")
-        env["TOKENMILL_OUTPUT__URI"] = str(tmp_path / "output")
-        env["TOKENMILL_STATE__URL"] = f"sqlite:///{tmp_path}/state.db"
-        env["TOKENMILL_CACHE__PATH"] = str(tmp_path / "cache")  # one cache per test: reuse across tests would hide work
+        env["TOKENMILL_INPUT__URI"] = str(input_dir or root / "input")
+        env["TOKENMILL_OUTPUT__URI"] = str(root / "output")
+        env["TOKENMILL_STATE__URL"] = f"sqlite:///{root}/state.db"
+        env["TOKENMILL_CACHE__PATH"] = str(root / "cache")  # one cache per test: reuse across tests would hide work
         if not routing:
             env.update(ONE_TIER)
+        if engine == "fake":
+            env.update(FAKE_ENGINE)
         env["TOKENMILL_RUN__PROGRESS"] = "off"
         for key, value in overrides.items():
             env[f"TOKENMILL_{key.upper()}"] = value if isinstance(value, str) else json.dumps(value)
         return load_config(TINY_CONFIG, environ=env)
 
     return make
+
+
+@pytest.fixture
+def make_config(tmp_path, tiny_models, static_embedder):
+    """The tiny config with input/output/state in this test's tmp folder (see config_maker)."""
+    return config_maker(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def make_config_module(tmp_path_factory, tiny_models, static_embedder):
+    """make_config for module-scoped fixtures: one folder for the whole module."""
+    return config_maker(tmp_path_factory.mktemp("module"))
 
 
 @pytest.fixture

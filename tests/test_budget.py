@@ -9,7 +9,7 @@ import pytest
 
 from pipeline import JobError, run_job
 from pipeline.stores.catalog import StateStore
-from tests.conftest import ONE_TIER, REPO, TINY_CONFIG, read_kind
+from tests.conftest import FAKE_ENGINE, ONE_TIER, REPO, TINY_CONFIG, read_kind
 from tests.test_faults import assert_exactly_once
 
 pytestmark = pytest.mark.engine
@@ -77,7 +77,7 @@ def test_plan_estimates_then_learns_from_ledgers(make_config, sample_corpus, tin
     import os
 
     env = {**os.environ, "TOKENMILL_HOME": str(tiny_models.parent), "TOKENMILL_OUTPUT__URI": str(tmp_path / "output"),
-           "TOKENMILL_BUDGET__MAX_JOB_USD": "1e-9", **ONE_TIER, **NO_SHADOW}
+           "TOKENMILL_BUDGET__MAX_JOB_USD": "1e-9", **ONE_TIER, **NO_SHADOW, **FAKE_ENGINE}
 
     def plan():
         r = subprocess.run([sys.executable, "-m", "pipeline.cli", "estimate", "--config", str(TINY_CONFIG), "--input",
@@ -173,7 +173,7 @@ def test_a_tier_whose_history_is_only_long_documents_is_priced_not_crashed(make_
     from pipeline.job.rates import Range, rates_from_history
 
     config = make_config()
-    model = config.tiers["small"].model
+    model = config.tiers["small"].generator
     # job, partition, tier, model, items, busy, overhead, prompt, cached, output, plain items, their output, its square, prices
     pure = [("j1", "p1", "small", model, 3, 2.0, 5.0, 3000, 0, 150, 0, None, None, 0.5, 0.5)]
     rate = rates_from_history(config, pure, [])["small"]
@@ -192,14 +192,18 @@ def test_estimate_from_one_job_holds_the_next_corpus_escalations_included(make_c
     from pipeline import estimate_job
     from pipeline.dev.samples import write_sample_corpus
 
-    run_job(make_config(routing=True, dedup__shadow_rate=0), job_id="first", release_engines=True)
+    # Each engine step takes 10 ms, so engine time follows the work as it does on a real engine (a fake step
+    # with no time would leave start-up noise to dominate the cost).
+    stepped = {f"tiers__{t}__fake__step_seconds": 0.01 for t in ("small", "large")}
+    run_job(make_config(routing=True, dedup__shadow_rate=0, **stepped), job_id="first", release_engines=True)
     first = [r for r in read_kind(tmp_path / "output", "ledger", "first").to_pylist() if r["source"] == "generated"]
     escalated = sum(bool(r["escalated"]) for r in first)
     from_small = escalated + sum(r["tier"] == "small" and r["attempts"] == 1 for r in first)
     assert 0 < escalated < from_small  # the tiny models escalate some, not all: the rate is measured, not 0 or 1
 
     write_sample_corpus(tmp_path / "second", documents=40, seed=12)
-    config = make_config(tmp_path / "second", routing=True, dedup__shadow_rate=0, cache__path=str(tmp_path / "cache2"))
+    config = make_config(tmp_path / "second", routing=True, dedup__shadow_rate=0, cache__path=str(tmp_path / "cache2"),
+                         **stepped)
     est = estimate_job(config)
     esc = est["tiers"]["small"]["escalation"]
     assert esc["rate"] == pytest.approx(escalated / from_small)

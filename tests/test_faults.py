@@ -17,17 +17,13 @@ from pipeline import JobError, run_job
 from pipeline.dev.samples import write_sample_corpus
 from pipeline.stores.catalog import StateStore
 from pipeline.stores.units import UnitQueue
-from tests.conftest import ONE_TIER, REPO, TINY_CONFIG, read_kind
-
-pytestmark = pytest.mark.engine
-
-
+from tests.conftest import FAKE_ENGINE, ONE_TIER, REPO, TINY_CONFIG, read_kind
 
 
 def cli_env(tiny_models, tmp_path, **extra) -> dict:
     env = {**os.environ, "TOKENMILL_HOME": str(tiny_models.parent), "TOKENMILL_STATE__URL": f"sqlite:///{tmp_path}/state.db",
            "TOKENMILL_CACHE__PATH": str(tmp_path / "cache"),
-           **ONE_TIER,
+           **ONE_TIER, **FAKE_ENGINE,
            "TOKENMILL_INPUT__URI": str(tmp_path / "input"), "TOKENMILL_OUTPUT__URI": str(tmp_path / "output")}
     env.update({f"TOKENMILL_{k.upper()}": str(v) for k, v in extra.items()})
     return env
@@ -36,6 +32,17 @@ def cli_env(tiny_models, tmp_path, **extra) -> dict:
 def start_cli(args, env) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, "-m", "pipeline.cli", *args], env=env, cwd=REPO, start_new_session=True,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for(condition, proc, limit: float = 120.0) -> bool:
+    """Poll `condition` until it holds, `proc` ends or `limit` seconds pass (a guard against a hang, never
+    the thing under test: the state waited for is made to happen, and stays)."""
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline and proc.poll() is None:
+        if condition():
+            return True
+        time.sleep(0.05)
+    return bool(condition())
 
 
 def scalar(db, sql):
@@ -92,39 +99,23 @@ def test_tier_worker_killed_mid_drain_rerun_takes_over_without_paying_twice(make
     docs = [{"id": f"d{i:03d}", "text": synthetic_document(rng, 4)} for i in range(48)]
     (tmp_path / "input" / "one.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
     db = tmp_path / "state.db"
-    # Four sequences at a time, each 200 tokens long: a batch lasts longer than the worker's session beat
-    # (2 s), so most beats land with requests in flight that stay unstored until the batch ends, a window
-    # of a second or more to be killed in. (With the config's 48 tokens a batch took about 0.4 s, and a
-    # loaded CI machine once found no such moment in the whole drain.)
-    small = {"tiers__small__vllm__max_num_seqs": 4, "sampling__max_tokens": 200}
-    env = cli_env(tiny_models, tmp_path, **small)
+    # The fake engine finishes 4 requests, then holds every other one in flight (fake.stall_after) while its
+    # steps go on: the worker's session beats record busy time that no stored item carries, and stay so.
+    # That is the moment to kill it in, made to happen rather than waited for in a window.
+    env = cli_env(tiny_models, tmp_path, tiers__small__fake__stall_after=4, tiers__small__fake__step_seconds=0.01)
     proc = start_cli(["run", "--config", str(TINY_CONFIG), "--job-id", "killed"], env)
-    # Killed where its session's last figures show requests in flight (at least 10 ms measured,
-    # not yet stored, with a unit leased): the process group is frozen first, so what the database holds is
-    # what the kill leaves.
     in_flight = ("select count(*) from engine_sessions where job_id='killed' and busy_seconds - recorded_seconds > 0.01"
                  " and (select count(*) from items where job_id='killed') >= 4"
                  " and (select count(*) from work_units where job_id='killed' and status='leased') >= 1")
-    deadline, frozen = time.monotonic() + 300, False
     try:
-        while time.monotonic() < deadline and proc.poll() is None:
-            if db.exists() and scalar(db, "select count(*) from sqlite_master where name='engine_sessions'") \
-                    and scalar(db, in_flight):
-                os.killpg(proc.pid, signal.SIGSTOP)
-                try:
-                    with sqlite3.connect(db, timeout=1) as c:
-                        frozen = bool(c.execute(in_flight).fetchone()[0])
-                except sqlite3.OperationalError:  # frozen inside a write: let it finish
-                    frozen = False
-                if frozen:
-                    break
-                os.killpg(proc.pid, signal.SIGCONT)
-            time.sleep(0.05)
+        reached = wait_for(lambda: db.exists() and scalar(db, "select count(*) from sqlite_master "
+                                                             "where name='engine_sessions'") and scalar(db, in_flight),
+                           proc)
     finally:
         ended = proc.poll() is not None
         if not ended:
-            os.killpg(proc.pid, signal.SIGKILL)  # the worker and its engine processes, mid-drain (never left stopped)
-    assert frozen and not ended, f"no moment with work in flight to kill: {proc.communicate()[1][-2000:]}"
+            os.killpg(proc.pid, signal.SIGKILL)  # the worker, mid-drain
+    assert reached and not ended, f"the worker never stalled with work in flight: {proc.communicate()[1][-2000:]}"
     proc.wait()
     paid_before = scalar(db, "select count(*) from items where job_id='killed'")
     dead_unstored = scalar(db, "select sum((busy_seconds - recorded_seconds) * gpus) from engine_sessions "
@@ -134,7 +125,7 @@ def test_tier_worker_killed_mid_drain_rerun_takes_over_without_paying_twice(make
     lease_end = scalar(db, "select max(lease_expires_at) from work_units where job_id='killed'")
     assert not (tmp_path / "output" / "outputs" / "job=killed").exists()
 
-    config = make_config(**small)
+    config = make_config()  # the same recipe (the stall is not part of what an output is): nothing paid twice
     with caplog.at_level("WARNING", logger="pipeline.job.generation"):
         m = run_job(config, job_id="killed").manifest  # its holder is provably gone: taken over at once
     assert m["status"] == "succeeded"

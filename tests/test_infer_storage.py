@@ -3,14 +3,8 @@ import pyarrow.fs as pafs
 import pytest
 
 from pipeline.config import SamplingConfig, TierConfig
-from pipeline.generate.engine import (
-    Completion,
-    EngineDeadError,
-    EnginePool,
-    EngineStartError,
-    load_tokenizer,
-    run_inference,
-)
+from pipeline.generate.engine import EnginePool, run_inference
+from pipeline.generate.engine_api import Completion, EngineDeadError, EngineStartError, load_tokenizer
 from pipeline.generate.requests import REQUESTS
 from pipeline.stores import storage
 

@@ -10,7 +10,7 @@ import pyarrow.compute as pc
 import pytest
 
 from pipeline import JobError, run_job
-from pipeline.generate.engine import VllmEngine
+from pipeline.generate.fake_engine import FakeEngine
 from pipeline.schema import LEDGER, OUTPUTS, QUARANTINE
 from pipeline.stores.catalog import StateStore
 from tests.conftest import REPO, TINY_CONFIG, read_kind
@@ -104,14 +104,14 @@ def test_an_item_the_engine_fails_on_is_quarantined_alone(make_config, tmp_path,
     docs = [{"id": f"d{i}", "text": f"report {i} on quarterly revenue and delivery"} for i in range(12)]
     docs[5]["text"] = "POISON document that breaks the engine"
     (input_dir / "a.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
-    real_add = VllmEngine.add
+    real_add = FakeEngine.add
 
     def add(self, request_id, prompt, max_tokens, sampling):  # vLLM refuses a bad request when it is added
-        if "POISON" in self.llm.get_tokenizer().decode(prompt):
+        if "POISON" in self.tokenizer.decode(prompt):
             raise RuntimeError("simulated CUDA error on this item")
         return real_add(self, request_id, prompt, max_tokens, sampling)
 
-    monkeypatch.setattr(VllmEngine, "add", add)
+    monkeypatch.setattr(FakeEngine, "add", add)
     m = run_job(make_config(), job_id="poison").manifest
     quarantine = read_kind(tmp_path / "output", "quarantine", "poison")
     assert quarantine["id"].to_pylist() == ["d5"] and quarantine["reason"].to_pylist() == ["engine_error"]

@@ -116,7 +116,7 @@ class SlowFailingEngine:
     def generate(self, prompts, max_tokens, sampling):
         import time
 
-        from pipeline.generate.engine import Completion
+        from pipeline.generate.engine_api import Completion
 
         time.sleep(0.02)
         if any(self.poison and str(self.poison)[1:-1] in str(p) for p in prompts):

@@ -86,7 +86,8 @@ def evaluate(config: Path = ConfigOption,
     """Run the hold-out set on every tier; score routing, escalation, reuse and quantisation; pick the cheapest policy that keeps the target."""
     from pipeline.evals.apply import ApplyError, apply_values, chosen_values
     from pipeline.evals.evaluate import EvalError, run_eval
-    from pipeline.generate.engine import EngineStartError, shutdown_engines
+    from pipeline.generate.engine import shutdown_engines
+    from pipeline.generate.engine_api import EngineStartError
 
     cfg = load(config)
     if not holdout.is_file():

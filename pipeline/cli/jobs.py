@@ -192,7 +192,7 @@ def _estimate_table(cfg, est: dict) -> Table:
 def estimate(config: Path = ConfigOption, input: Optional[str] = InputOption,
              format: str = typer.Option("table", "--format", help="table or json")) -> None:
     """Pre-flight estimate: records, duplicates, share per tier, tokens and dollars, before any GPU work."""
-    from pipeline.generate.engine import EngineStartError
+    from pipeline.generate.engine_api import EngineStartError
     from pipeline.job.estimate import budget_problems
     from pipeline.stores.storage import StorageError
 

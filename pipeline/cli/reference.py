@@ -8,7 +8,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from pipeline.config import SpeculativeConfig, TenantConfig, TierConfig, TokenmillConfig, VllmArgs
+from pipeline.config import (
+    FakeEngineArgs,
+    SpeculativeConfig,
+    TenantConfig,
+    TierConfig,
+    TokenmillConfig,
+    VllmArgs,
+)
 
 
 def _type_name(annotation: Any) -> str:
@@ -52,6 +59,10 @@ def reference_markdown() -> str:
             section("tiers.<name>.vllm", VllmArgs, "Checked when a job or estimate starts, before any work: combinations "
                     "vLLM would refuse or cannot run on the tier's device fail with one message naming each (docs/ops.md).")
             section("tiers.<name>.vllm.speculative_config", SpeculativeConfig)
+            section("tiers.<name>.fake", FakeEngineArgs, "Read only with `engine: fake`: the deterministic fake engine "
+                    "(pipeline/generate/fake_engine.py) answers every request with words drawn from a hash of it, "
+                    "tokenised by the tier's real tokenizer; nothing is loaded onto a GPU. Its outputs are keyed and "
+                    "ledgered as `fake-engine:<model>:…`, never as the model's, so a dry run is never reused by a real one.")
         elif name == "tenants":
             section("tenants.<name>", TenantConfig, "A mapping of tenant name to its own settings (optional; a tenant "
                     "not listed has none). See docs/data-engineer.md, one adapter per tenant.")

@@ -15,15 +15,22 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Protocol
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline.config import SamplingConfig, TierConfig
 from pipeline.generate.adapters import lora_kwargs, lora_requests
+from pipeline.generate.engine_api import (
+    Completion,
+    Engine,
+    EngineDeadError,
+    EngineStartError,
+    Progressed,
+    load_tokenizer,
+)
+from pipeline.generate.fake_engine import FakeEngine
 from pipeline.keys import adapter_digest
 from pipeline.schema import GENERATION_FIELDS, ITEM
 
@@ -33,31 +40,6 @@ COMPLETIONS = pa.schema([("id", pa.string()), *(ITEM.field(f) for f in GENERATIO
 CALLS = pa.schema([("call", pa.int64()), ("tier", pa.string()), ("seconds", pa.float64()), ("items", pa.int64()),
                    ("failed_attempts", pa.int64())])
 ENGINE_ERRORS = pa.schema([("id", pa.string()), ("detail", pa.string())])
-
-
-class EngineStartError(RuntimeError):
-    """A tier's engine could not be started; the message names the tier and model."""
-
-
-class EngineDeadError(RuntimeError):
-    """The engine process died mid-job; the job stops (retrying would fail every item)."""
-
-
-@dataclass(frozen=True)
-class Completion:
-    text: str
-    prompt_tokens: int
-    cached_prompt_tokens: int
-    output_tokens: int
-    finish_reason: str
-    token_ids: tuple[int, ...] = ()  # the generated ids (benchmarks compare engines on them)
-    mean_logprob: float | None = None  # mean log-probability of the generated tokens: the confidence signal
-
-
-class Engine(Protocol):
-    """What the pipeline needs from an inference engine."""
-
-    def generate(self, prompts: list[list[int]], max_tokens: list[int], sampling: SamplingConfig) -> list[Completion]: ...
 
 
 class VllmEngine:
@@ -133,14 +115,6 @@ class VllmEngine:
         """Speculative and prefix-cache token counts since the engine started (levers.engine_counters)."""
         from pipeline.generate.levers import engine_counters
         return engine_counters(self.llm)
-
-
-@dataclass(frozen=True)
-class Progressed:
-    request_id: str
-    output_tokens: int
-    completion: Completion | None  # set when the request finished in this step
-    error: str | None = None       # set when it failed (even alone): no completion will come
 
 
 class _engine_death:
@@ -235,30 +209,17 @@ def shutdown_engines() -> None:
                 log.warning("engine shutdown failed: %s", e)
 
 
-# Tokenizer classes that are the plain Rust tokenizer from tokenizer.json, with nothing model-specific.
-_PLAIN_TOKENIZERS = {None, "PreTrainedTokenizerFast", "TokenizersBackend"}
-
-
-def load_tokenizer(model: str):
-    """The tier's tokenizer (with its chat template). A plain tokenizer.json loads without
-    `AutoTokenizer`, whose import pulls in torch and every model family (5 s, once per process,
-    for a job that never runs a model); any other class goes through `AutoTokenizer`."""
-    path = Path(model).expanduser()
-    config_file = path / "tokenizer_config.json"
-    if (path / "tokenizer.json").exists() and config_file.exists() and \
-            json.loads(config_file.read_text()).get("tokenizer_class") in _PLAIN_TOKENIZERS:
-        from transformers import PreTrainedTokenizerFast
-        return PreTrainedTokenizerFast.from_pretrained(str(path))
-    from transformers import AutoTokenizer
-    return AutoTokenizer.from_pretrained(model)
+# A tier's `engine` setting -> what builds it.
+ENGINES: dict[str, Callable[..., Engine]] = {"vllm": VllmEngine, "fake": FakeEngine}
 
 
 class EnginePool:
     """Tokenizers, context lengths and engines of the configured tiers, each built on first use."""
 
-    def __init__(self, tiers: dict[str, TierConfig], factory: Callable[..., Engine] = VllmEngine,
+    def __init__(self, tiers: dict[str, TierConfig], factory: Callable[..., Engine] | None = None,
                  adapters: dict[str, list[str]] | None = None):
-        """`adapters`: per tier, the LoRA adapter folders its engine serves (config.tier_adapters())."""
+        """`factory(tier[, adapters])` builds every tier's engine; unset, each tier's `engine` decides
+        (ENGINES). `adapters`: per tier, the LoRA adapter folders its engine serves (config.tier_adapters())."""
         self.tiers, self.factory, self.adapters = tiers, factory, adapters or {}
         self._tokenizers: dict[str, object] = {}
 
@@ -290,7 +251,11 @@ class EnginePool:
     def _key(self, name: str) -> str:
         # Adapters by content: an adapter retrained in place gets an engine that loads the new weights.
         adapters = [(path, adapter_digest(path)) for path in self.adapters.get(name, [])]
-        return json.dumps([self.factory.__qualname__, self.tiers[name].model_dump(mode="json"), adapters], sort_keys=True)
+        return json.dumps([self.factory_of(name).__qualname__, self.tiers[name].model_dump(mode="json"), adapters],
+                          sort_keys=True)
+
+    def factory_of(self, name: str) -> Callable[..., Engine]:
+        return self.factory or ENGINES[self.tiers[name].engine]
 
     def reset_prefix_caches(self) -> None:
         """Empty the prefix cache of every engine started for this pool's tiers.
@@ -331,7 +296,8 @@ class EnginePool:
                 atexit.register(shutdown_engines)
             try:
                 adapters = self.adapters.get(name)
-                _ENGINES[key] = self.factory(tier, adapters) if adapters else self.factory(tier)
+                factory = self.factory_of(name)
+                _ENGINES[key] = factory(tier, adapters) if adapters else factory(tier)
             except EngineStartError as e:
                 raise EngineStartError(f"tier {name}: {e}") from None
             STARTUP_SECONDS[id(_ENGINES[key])] = time.perf_counter() - started
@@ -385,7 +351,7 @@ def run_inference(requests: pa.Table, pool: EnginePool, sampling: SamplingConfig
                 errors["id"].append(i)
                 errors["detail"].append(r)
         table = pa.table({
-            "id": [i for i, _ in done], "tier": [tier] * len(done), "model": [pool.tiers[tier].model] * len(done),
+            "id": [i for i, _ in done], "tier": [tier] * len(done), "model": [pool.tiers[tier].generator] * len(done),
             "summary": [r.text for _, r in done], "prompt_tokens": [r.prompt_tokens for _, r in done],
             "cached_prompt_tokens": [r.cached_prompt_tokens for _, r in done],
             "output_tokens": [r.output_tokens for _, r in done], "finish_reason": [r.finish_reason for _, r in done],

@@ -22,7 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from pipeline.config import TierConfig, VllmArgs
-from pipeline.generate.engine import EngineStartError
+from pipeline.generate.engine_api import EngineStartError
 from pipeline.stores.units import SESSION_COUNTERS
 
 log = logging.getLogger(__name__)

@@ -24,7 +24,8 @@ import numpy as np
 import pyarrow as pa
 
 from pipeline.config import TokenmillConfig
-from pipeline.generate.engine import STARTUP_SECONDS, EnginePool, Progressed, stepper
+from pipeline.generate.engine import STARTUP_SECONDS, EnginePool, stepper
+from pipeline.generate.engine_api import Progressed
 from pipeline.generate.followup import record_id
 from pipeline.generate.levers import counter_delta, read_counters
 from pipeline.generate.pricing import baseline_gpu_seconds, token_weight
@@ -257,7 +258,7 @@ class TierWorker:
             "cached_prompt_tokens": [p.completion.cached_prompt_tokens for p, _ in ok],
             "output_tokens": [p.completion.output_tokens for p, _ in ok]}), gpu, self.config.largest_tier,
             self.config.cost) if ok else []
-        model, price = self.config.tiers[self.tier].model, self.config.tiers[self.tier].price_per_gpu_hour
+        model, price = self.config.tiers[self.tier].generator, self.config.tiers[self.tier].price_per_gpu_hour
         for (p, f), g, b in zip(ok, gpu, base):
             unit, c = f.row["unit"], p.completion
             key = unit["item_key"]

@@ -22,7 +22,7 @@ import pyarrow as pa
 from sqlalchemy import update
 from sqlalchemy.exc import OperationalError
 
-from pipeline.generate.engine import EngineDeadError
+from pipeline.generate.engine_api import EngineDeadError
 from pipeline.generate.pricing import session_shares
 from pipeline.generate.waves import WavePlanner, WaveState, partition_keys
 from pipeline.generate.worker import Failure, TierWorker, WorkerReport

@@ -28,7 +28,8 @@ from sqlalchemy.exc import OperationalError
 from pipeline.config import TokenmillConfig
 from pipeline.config_env import scrub
 from pipeline.generate.adapters import adapter_problems
-from pipeline.generate.engine import EnginePool, EngineStartError
+from pipeline.generate.engine import EnginePool
+from pipeline.generate.engine_api import EngineStartError
 from pipeline.generate.levers import config_lever_problems
 from pipeline.generate.lookup import ItemLookup
 from pipeline.job.budget import BudgetGuard

@@ -127,7 +127,7 @@ def build_manifest(config: TokenmillConfig, job_id: str, job, parts: list, parti
         e.update(held.get(tier, {}))
         e["engine_seconds"] = e.get("busy_seconds", 0.0)  # what the efficiency figures divide by
         e["gpu_seconds"] = e.get("held_gpu_seconds", 0.0)
-        e["model"] = config.tiers[tier].model if tier in config.tiers else None
+        e["model"] = config.tiers[tier].generator if tier in config.tiers else None
         e["output_tokens_per_second"] = e["output_tokens"] / e["engine_seconds"] if e["engine_seconds"] else None
         # vLLM's own counters: drafted tokens accepted, prompt tokens the prefix cache had (None: not measured)
         e["spec_acceptance"] = ratio(e.get("spec_accepted"), e.get("spec_drafted"))

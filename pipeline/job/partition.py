@@ -20,7 +20,7 @@ import pyarrow as pa
 from sqlalchemy.exc import OperationalError
 
 from pipeline.dedup.index import generated_segments
-from pipeline.generate.engine import EngineDeadError, EngineStartError
+from pipeline.generate.engine_api import EngineDeadError, EngineStartError
 from pipeline.generate.followup import related_keys
 from pipeline.generate.reuse import cache_value, needed_keys
 from pipeline.generate.shadow import verify_shadows

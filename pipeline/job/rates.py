@@ -132,7 +132,7 @@ def _origin(config: TokenmillConfig, route_reason: str, to: str) -> str | None:
 
 def _measure(config: TokenmillConfig, pure: list, multi: list) -> dict[str, dict]:
     """Per tier: one-tier batches (its escalations' share of escalated rows), per job start-up and idle, escalations."""
-    models = {name: t.model for name, t in config.tiers.items()}
+    models = {name: t.generator for name, t in config.tiers.items()}
     out = {t: {"batches": [], "derived": [], "overhead": {}, "escalated": {}, "routed": {}} for t in config.tiers}
     prices: dict[tuple[str, str], float] = {}
 

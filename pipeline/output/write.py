@@ -131,7 +131,7 @@ def charge_rows(charges: list[dict], config: TokenmillConfig, job_id: str, creat
         price = tier.price_per_gpu_hour if tier else 0.0
         gpu = ch["busy_gpu_seconds"] + ch["overhead_gpu_seconds"]
         rows.append({"job_id": job_id, "partition": ch["partition"], "id": ch.get("id"), "tenant": ch.get("tenant"),
-                     "tier": ch["tier"], "model": tier.model if tier else None, "kind": ch["kind"],
+                     "tier": ch["tier"], "model": tier.generator if tier else None, "kind": ch["kind"],
                      "adapter": config.adapter(ch.get("tenant"), ch["tier"]),
                      "escalated": False, "attempts": 1 if ch["kind"] == "failed_attempt" else 0, "chunks": 0,
                      "prompt_tokens": 0, "cached_prompt_tokens": 0, "output_tokens": 0,

@@ -1,0 +1,209 @@
+"""The deterministic fake engine: everything the tier worker drives, without a model.
+
+Selected per tier with `engine: fake` (tests of the pipeline's logic, benchmarks of its overhead, and a
+user dry-running a config on a laptop all use this one). It speaks the vLLM engine's interface
+(`add` / `step`, `generate`, `counters`, `reset_prefix_cache`, `shutdown`) and keeps what the logic above
+it relies on:
+
+- **Outputs are a pure function of the request**: the prompt's token ids, `max_tokens`, the sampling
+  parameters, the adapter and the tier's model. Words drawn from a hash of those, tokenised with the
+  tier's real tokenizer, so token counts are the ones the ledger would see. Batch composition, order and
+  timing never change an output (unlike random-weight models, whose outputs drift with the batch).
+- **Lengths and finish reasons**: each answer runs to `fake.output_tokens` and stops (`stop`), or to
+  `max_tokens` when that is smaller or unset (`length`). With `sampling.json_schema`, the answer is a
+  minimal JSON instance of the schema (cut off, and so invalid, when `max_tokens` is too small).
+- **Confidence**: `mean_logprob` is drawn from the hash, uniformly in `fake.mean_logprob`, so an
+  escalation threshold inside that range splits items the same way on every run.
+- **Continuous batching**: at most `vllm.max_num_seqs` requests run at once; each step advances every
+  running request by one token; the first step of a request is its prefill.
+- **Prefix cache**: with `vllm.enable_prefix_caching`, a request's cached prompt tokens are the longest run
+  of whole `fake.prefix_block_tokens` blocks an earlier request already computed (as vLLM counts them).
+- **Time**: each step sleeps `fake.step_seconds` (0: none), so engine-time arithmetic has time to share.
+- **A worker frozen mid-drain, on purpose**: with `fake.stall_after: N`, once N requests have finished no
+  other request ever finishes; steps go on (and are timed) with work in flight. Tests that kill a worker
+  with work in flight make that moment happen with it instead of hoping to catch one.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import xxhash
+
+from pipeline.config import SamplingConfig, TierConfig
+from pipeline.generate.engine_api import Completion, EngineStartError, Progressed, load_tokenizer
+
+# Words the fake answers with: common English, so the tier's tokenizer splits them as it would real text.
+WORDS = ("the", "report", "states", "that", "revenue", "grew", "in", "quarter", "while", "costs", "fell", "and",
+         "team", "plans", "to", "review", "contract", "terms", "with", "supplier", "before", "next", "audit",
+         "customers", "asked", "for", "faster", "delivery", "of", "orders", "a", "new", "policy", "covers",
+         "data", "retention", "by", "region", "board", "approved", "budget", "summary", "notes", "risk",
+         "remains", "low", "high", "market", "share", "rose", "product", "launch", "was", "delayed")
+
+
+@dataclass
+class _Request:
+    request_id: str
+    prompt: list[int]
+    token_ids: list[int]     # everything it will generate (a pure function of the request)
+    finish_reason: str
+    mean_logprob: float
+    cached: int = 0          # prompt tokens found in the prefix cache at its prefill
+    done: int = 0            # output tokens generated so far
+
+
+class FakeEngine:
+    """A deterministic stand-in for VllmEngine (see the module's docstring for what it keeps)."""
+
+    def __init__(self, tier: TierConfig, adapters: list[str] | None = None):
+        try:
+            self.tokenizer = load_tokenizer(tier.model)
+        except Exception as e:
+            raise EngineStartError(f"fake engine: cannot load the tokenizer of {tier.model}: {e}") from e
+        self.tier, self.fake = tier, tier.fake
+        self.adapters = set(adapters or [])
+        self.max_num_seqs = tier.vllm.max_num_seqs or 256
+        self.waiting: deque[_Request] = deque()
+        self.running: list[_Request] = []
+        self.blocks: set[int] = set()  # hashes of prompt prefixes (whole blocks) computed so far
+        self.finished = 0
+        self.queried = self.hits = 0
+
+    # -- the streaming interface (the tier worker's) -------------------------------------------------
+
+    def add(self, request_id: str, prompt: list[int], max_tokens: int, sampling: SamplingConfig,
+            adapter: str | None = None) -> None:
+        if adapter is not None and adapter not in self.adapters:
+            raise ValueError(f"adapter {adapter} is not served by this engine (it serves {sorted(self.adapters)})")
+        if not prompt:
+            raise ValueError("the prompt is empty")
+        if max_tokens < 1:
+            raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
+        self.waiting.append(self.answer(request_id, prompt, max_tokens, sampling, adapter))
+
+    def step(self) -> list[Progressed]:
+        if self.fake.step_seconds:
+            time.sleep(self.fake.step_seconds)
+        while self.waiting and len(self.running) < self.max_num_seqs:
+            request = self.waiting.popleft()
+            request.cached = self.prefill(request.prompt)
+            self.running.append(request)
+        out, still = [], []
+        stalled = self.fake.stall_after is not None and self.finished >= self.fake.stall_after
+        for r in self.running:
+            r.done = min(r.done + 1, len(r.token_ids))
+            if r.done < len(r.token_ids) or stalled:
+                still.append(r)
+                out.append(Progressed(r.request_id, r.done, None))
+                continue
+            self.finished += 1
+            stalled = self.fake.stall_after is not None and self.finished >= self.fake.stall_after
+            out.append(Progressed(r.request_id, r.done, self.completion(r)))
+        self.running = still
+        return out
+
+    # -- the one-call interface (BatchStepper's and benchmarks') --------------------------------------
+
+    def generate(self, prompts: list[list[int]], max_tokens: list[int], sampling: SamplingConfig) -> list[Completion]:
+        for i, (prompt, m) in enumerate(zip(prompts, max_tokens)):
+            self.add(f"generate-{i}", prompt, m, sampling)
+        done: dict[str, Completion] = {}
+        while len(done) < len(prompts):
+            done.update((p.request_id, p.completion) for p in self.step() if p.completion is not None)
+        return [done[f"generate-{i}"] for i in range(len(prompts))]
+
+    def counters(self) -> dict[str, int | None]:
+        """The counters VllmEngine.counters() reads from vLLM (stores/units.py SESSION_COUNTERS): no speculation."""
+        return {"spec_drafted": None, "spec_accepted": None, "prefix_queries": self.queried, "prefix_hits": self.hits}
+
+    def reset_prefix_cache(self) -> None:
+        self.blocks.clear()
+
+    def shutdown(self) -> None:
+        self.waiting.clear()
+        self.running.clear()
+
+    # -- what a request gets ----------------------------------------------------------------------------
+
+    def answer(self, request_id: str, prompt: list[int], max_tokens: int, sampling: SamplingConfig,
+               adapter: str | None) -> _Request:
+        """The request's whole answer, decided when it is added: a pure function of the request."""
+        seed = xxhash.xxh3_64_intdigest(json.dumps(
+            [self.tier.model, adapter, prompt, max_tokens, sampling.temperature, sampling.top_p, sampling.seed,
+             sampling.json_schema], separators=(",", ":")).encode())
+        if sampling.json_schema is not None:
+            text = json.dumps(instance(sampling.json_schema, seed), separators=(",", ":"))
+            ids = self.tokenizer.encode(text, add_special_tokens=False)
+            wanted = len(ids)
+        else:
+            wanted = self.fake.output_tokens or max_tokens
+            ids = self.tokenizer.encode(words(seed, min(wanted, max_tokens) + 8), add_special_tokens=False)
+            while len(ids) < min(wanted, max_tokens):  # a tokenizer that merges words: draw more of them
+                seed = xxhash.xxh3_64_intdigest(str(seed).encode())
+                ids += self.tokenizer.encode(" " + words(seed, max_tokens), add_special_tokens=False)
+        ids = ids[:min(wanted, max_tokens)]
+        low, high = self.fake.mean_logprob
+        logprob = low + (high - low) * ((seed >> 11) / 2 ** 53)
+        return _Request(request_id, list(prompt), ids, "length" if wanted >= max_tokens else "stop", logprob)
+
+    def prefill(self, prompt: list[int]) -> int:
+        """Prompt tokens already in the prefix cache (whole blocks, as vLLM counts them); caches the rest."""
+        if not self.tier.vllm.enable_prefix_caching:
+            return 0
+        size, cached, hit = self.fake.prefix_block_tokens, 0, True
+        h = 0
+        for end in range(size, len(prompt) + 1, size):
+            h = xxhash.xxh3_64_intdigest(json.dumps(prompt[end - size:end]).encode(), seed=h)
+            if hit and h in self.blocks:
+                cached = end
+            else:
+                hit = False
+                self.blocks.add(h)
+        self.queried += len(prompt)
+        self.hits += cached
+        return cached
+
+    def completion(self, r: _Request) -> Completion:
+        return Completion(text=self.tokenizer.decode(r.token_ids, skip_special_tokens=True),
+                          prompt_tokens=len(r.prompt), cached_prompt_tokens=r.cached, output_tokens=len(r.token_ids),
+                          finish_reason=r.finish_reason, token_ids=tuple(r.token_ids),
+                          mean_logprob=r.mean_logprob if r.token_ids else None)
+
+
+def words(seed: int, n: int) -> str:
+    """`n` words drawn from `seed`: the same seed, the same words."""
+    out, x = [], seed or 1
+    for _ in range(n):
+        x = (x * 6364136223846793005 + 1442695040888963407) % 2 ** 64  # a 64-bit LCG: cheap, portable, fixed
+        out.append(WORDS[(x >> 33) % len(WORDS)])
+    return " ".join(out)
+
+
+def instance(schema: dict, seed: int):
+    """A minimal value that validates against `schema` (the common keywords): required properties only,
+    strings of a few words, numbers at their minimum, the first enum value."""
+    if "const" in schema:
+        return schema["const"]
+    if schema.get("enum"):
+        return schema["enum"][0]
+    kind = schema.get("type", "object")
+    kind = kind[0] if isinstance(kind, list) else kind
+    if kind == "object":
+        props = schema.get("properties", {})
+        return {k: instance(props.get(k, {}), seed + i) for i, k in enumerate(schema.get("required", []))}
+    if kind == "array":
+        return [instance(schema.get("items", {}), seed + i) for i in range(schema.get("minItems", 0))]
+    if kind in ("integer", "number"):
+        low = schema.get("minimum", 0)
+        return math.ceil(low) if kind == "integer" else low
+    if kind == "boolean":
+        return False
+    if kind == "null":
+        return None
+    n = max(3, math.ceil(schema.get("minLength", 0) / 4))
+    text = words(seed, n)
+    return text[:schema["maxLength"]] if "maxLength" in schema else text
