@@ -33,7 +33,6 @@ from pipeline.config_env import (  # noqa: F401  (re-exported: part of the confi
     url_credentials,
 )
 from pipeline.config_tiers import (  # noqa: F401  (re-exported: part of the config's interface)
-    FakeEngineArgs,
     Section,
     SpeculativeConfig,
     TenantConfig,

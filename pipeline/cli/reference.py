@@ -8,14 +8,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from pipeline.config import (
-    FakeEngineArgs,
-    SpeculativeConfig,
-    TenantConfig,
-    TierConfig,
-    TokenmillConfig,
-    VllmArgs,
-)
+from pipeline.config import SpeculativeConfig, TenantConfig, TierConfig, TokenmillConfig, VllmArgs
+from pipeline.config_tiers import FakeEngineArgs
 
 
 def _type_name(annotation: Any) -> str:
