@@ -7,11 +7,12 @@ export TOKENMILL_HOME ?= $(CURDIR)/.tokenmill
 MODELS := $(TOKENMILL_HOME)/models
 STAMP  := $(VENV)/.installed
 
-.PHONY: install models demo test fuzz bench eval clean help
+.PHONY: install models demo test test-fast fuzz bench eval clean help
 
 help:
 	@echo "make demo   set up .venv, build the tiny models, write a sample corpus, run a job"
-	@echo "make test   run the whole test suite (real vLLM on the CPU)"
+	@echo "make test   run the whole test suite: unit, integration, system and the real vLLM engine on the CPU"
+	@echo "make test-fast  the inner loop: every level but the real engine (tests/engine/)"
 	@echo "make fuzz   fuzz the reader with hostile input files (FUZZ_EXAMPLES per property, 4 properties)"
 	@echo "make eval   build the hold-out set (data/holdout.jsonl) and run tokenmill eval on configs/local.yaml"
 	@echo "make bench  run the benchmarks (engine, pipeline overhead, reuse quality, cost levers, prefix cache, quality, GPU utilisation, levers, planning scale), one JSON line each"
@@ -52,14 +53,18 @@ demo: models
 	$(VENV)/bin/tokenmill samples data/sample
 	$(VENV)/bin/tokenmill run --config configs/local.yaml --input data/sample --output data/output
 
+# The levels (docs/testing.md): tests/unit, tests/integration, tests/system, tests/engine (the real vLLM engine).
 test: install
 	$(PY) -m pytest -q --durations=25 tests
 
-# The long run of tests/test_fuzz_reader.py (the suite runs a bounded, deterministic one): random
+test-fast: install
+	$(PY) -m pytest -q --durations=10 -m "not engine" tests
+
+# The long run of tests/unit/test_fuzz_reader.py (the suite runs a bounded, deterministic one): random
 # seeds, FUZZ_EXAMPLES examples for each of its 4 properties, with Hypothesis' statistics.
 FUZZ_EXAMPLES ?= 2500
 fuzz: install
-	TOKENMILL_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest -q tests/test_fuzz_reader.py --hypothesis-show-statistics
+	TOKENMILL_FUZZ_EXAMPLES=$(FUZZ_EXAMPLES) $(PY) -m pytest -q tests/unit/test_fuzz_reader.py --hypothesis-show-statistics
 
 # Benchmarks print one JSON line each (figures + machine); they are not tests. Run after `make demo`.
 bench: models

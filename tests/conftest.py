@@ -1,7 +1,12 @@
 """Shared fixtures: a throwaway $TOKENMILL_HOME with the tiny models, and configs pointing at tmp folders.
 
+Levels (docs/testing.md): each folder under tests/ is a level and its marker, set here from the path:
+unit/ (functions in process), integration/ (whole jobs and stores on the fake engine, real PostgreSQL, Redis,
+S3 server), system/ (a real Airflow deployment, Chromium, processes killed mid-drain), engine/ (the real vLLM
+engine: its contract and a few whole jobs). Only engine/ may start vLLM: elsewhere it fails the test.
+
 The real vLLM engine is created once per test session: the engine pool caches one engine per
-tier configuration per process, and every engine test uses the same tiny-model tier.
+tier configuration per process, and the engine tests use the same tiny-model tiers.
 """
 
 from __future__ import annotations
@@ -101,6 +106,33 @@ def sample_corpus(tmp_path) -> tuple[Path, dict]:
 
     root = tmp_path / "input"
     return root, write_sample_corpus(root, documents=40)
+
+
+LEVELS = ("unit", "integration", "system", "engine")
+
+
+def pytest_collection_modifyitems(config, items):
+    """Each test gets its folder's level as a marker (`-m "not engine"` is the fast suite)."""
+    for item in items:
+        level = Path(str(item.path)).relative_to(REPO / "tests").parts[0]
+        if level not in LEVELS:
+            raise pytest.UsageError(f"{item.nodeid}: tests live in one of tests/{{{','.join(LEVELS)}}}/")
+        item.add_marker(getattr(pytest.mark, level))
+
+
+@pytest.fixture(autouse=True)
+def _vllm_only_in_engine_tests(request, monkeypatch):
+    """Outside tests/engine/ a tier configured for vLLM fails the test instead of starting an engine: the fast
+    suite stays fast, and the `engine` marker stays true."""
+    if request.node.get_closest_marker("engine"):
+        return
+    from pipeline.generate.engine import ENGINES
+
+    def refuse(tier, adapters=None):
+        raise AssertionError(f"{request.node.nodeid} started vLLM ({tier.model}): use the fake engine "
+                             "(make_config's default) or move the test to tests/engine/")
+
+    monkeypatch.setitem(ENGINES, "vllm", refuse)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -311,6 +343,15 @@ def static_embedder(tokenmill_home) -> Path:
     if not (path / "model.safetensors").exists():
         build_static_embedder(path)
     return path
+
+
+@pytest.fixture(scope="session")
+def demo_adapters(tiny_models, tmp_path_factory) -> dict[str, str]:
+    """Two demo LoRA adapters (acme, globex) on the tiny small model, built once (pipeline/dev/adapters.py)."""
+    from pipeline.dev.adapters import build_demo_adapter
+
+    root = tmp_path_factory.mktemp("adapters")
+    return {name: str(build_demo_adapter(tiny_models / "tiny-small", root / name, name)) for name in ("acme", "globex")}
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)

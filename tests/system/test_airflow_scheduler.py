@@ -22,10 +22,10 @@ import pytest
 
 from pipeline.dev.samples import write_sample_corpus
 from tests.airflow_deploy import AirflowDeployment, airflow_database, engine_lock, fault_hook_env, write_faults
-from tests.conftest import REPO, TINY_CONFIG, read_kind
-from tests.test_faults import assert_exactly_once
+from tests.conftest import FAKE_ENGINE, REPO, TINY_CONFIG, read_kind
+from tests.jobs import assert_exactly_once
 
-pytestmark = [pytest.mark.engine, pytest.mark.airflow_deploy]
+pytestmark = pytest.mark.airflow_deploy
 
 DAG_ID = "nightly_summarization"
 RUN_DATE = "2026-11-29"
@@ -51,6 +51,7 @@ def airflow(tmp_path, tiny_models, static_embedder, postgres_admin_url):
         "TOKENMILL_RUN__TIER_WORKERS": json.dumps(TIER_WORKERS),
         "TOKENMILL_RUN__RETRIES": "0",  # a failure fails its task at once
         "TOKENMILL_RUN__PROGRESS": "log",
+        **FAKE_ENGINE,  # Airflow is what is tested here; the tier workers drain the fake engine
         **fault_hook_env(tmp_path / "hook", tmp_path / "faults.json"),
     }
     with engine_lock(), airflow_database(postgres_admin_url) as db:

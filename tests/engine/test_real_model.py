@@ -19,7 +19,7 @@ from typer.testing import CliRunner
 
 from tests.conftest import REPO, read_kind
 
-pytestmark = [pytest.mark.engine, pytest.mark.real_model]
+pytestmark = pytest.mark.real_model
 LOCAL = REPO / "configs" / "local.yaml"
 WORD = re.compile(r"[a-z]{3,}")
 

@@ -11,7 +11,6 @@ from pydantic import ValidationError
 
 from pipeline import JobError, run_job
 from pipeline.config import ConfigError, SpeculativeConfig, TierConfig, VllmArgs, load_config
-from pipeline.dev.samples import write_sample_corpus
 from pipeline.generate.levers import (
     LeverError,
     check_levers,
@@ -25,7 +24,6 @@ from pipeline.job.estimate import estimate_job
 from pipeline.job.manifest import engine_time
 from pipeline.output.report import engine_section
 from tests.conftest import TINY_CONFIG
-from tests.test_faults import assert_exactly_once
 
 AVX512 = lambda: {"fpu", "avx2", "avx512f"}  # noqa: E731
 NO_AVX512 = lambda: {"fpu", "avx2"}  # noqa: E731
@@ -221,15 +219,3 @@ def test_session_counters_reach_the_engine_figures_and_the_report():
     assert 'id="engine-levers"' in page and "ngram ×4" in page and "50.0%" in page
 
 
-@pytest.mark.engine
-def test_speculative_decoding_telemetry_reaches_the_manifest(make_config, tmp_path):
-    corpus = write_sample_corpus(tmp_path / "input", documents=6)
-    config = make_config(tiers__small__vllm__speculative_config=NGRAM)
-    manifest = run_job(config, job_id="spec", release_engines=True).manifest
-    e = manifest["engines"]["small"]
-    assert e["levers"]["speculative"] == {"method": "ngram", "num_speculative_tokens": 4}
-    assert e["levers"]["quantization"] == "none" and e["levers"]["kv_cache_dtype"] == "auto"
-    assert e["spec_drafted"] > 0 and 0 <= e["spec_accepted"] <= e["spec_drafted"]
-    assert 0.0 <= e["spec_acceptance"] <= 1.0
-    assert e["prefix_queries"] > 0 and 0.0 <= e["prefix_cache_hit_rate"] <= 1.0
-    assert_exactly_once(tmp_path / "output", "spec", corpus, tmp_path / "state.db")

@@ -15,8 +15,6 @@ from pipeline.stores.catalog import StateStore
 from pipeline.stores.storage import list_files, resolve
 from tests.conftest import S3_SECRET
 
-pytestmark = pytest.mark.engine
-
 
 def upload_corpus(s3_client, tmp_path, bucket: str, prefix: str, documents: int = 30) -> dict:
     counts = write_sample_corpus(tmp_path / "corpus", documents=documents)
@@ -234,7 +232,7 @@ def test_credentials_in_a_storage_uri_are_refused_without_showing_them(uri, tmp_
 
     from pipeline.cli import app
     from pipeline.stores.storage import StorageError
-    from tests.test_config import PASSWORD, assert_hidden
+    from tests.unit.test_config import PASSWORD, assert_hidden
 
     uri = uri.format(PASSWORD)
     with pytest.raises(StorageError, match="credentials in a URI are not supported") as e:

@@ -35,7 +35,6 @@ def chromium():
     return CHROMIUM
 
 
-@pytest.mark.engine
 def test_report_renders_offline_with_every_chart_drawn(make_config, sample_corpus, tmp_path, chromium):
     config = make_config()
     run_job(config, job_id="report")

@@ -186,7 +186,7 @@ def test_cache_forget_of_an_unreachable_store_is_one_line(tmp_path, monkeypatch)
 
 def test_unreachable_redis_warning_shows_no_part_of_the_password(caplog):
     from tests.conftest import free_port
-    from tests.test_config import PASSWORD, assert_hidden
+    from tests.unit.test_config import PASSWORD, assert_hidden
 
     for password in (PASSWORD, "Xq7/Zk9", "Xq7#Zk9", "Xq7?Zk9", "Xq7@Zk9:Wm3%Pp5"):
         caplog.clear()
@@ -198,7 +198,7 @@ def test_unreachable_redis_warning_shows_no_part_of_the_password(caplog):
 
 
 def test_redis_password_may_hold_any_character(redis_server, caplog):
-    from tests.test_config import PASSWORD, assert_hidden
+    from tests.unit.test_config import PASSWORD, assert_hidden
 
     redis_server.client().config_set("requirepass", PASSWORD)
     url = f"redis://:{PASSWORD}@127.0.0.1:{redis_server.port}/0"

@@ -20,14 +20,6 @@ from tests.conftest import read_kind
 TIERS = {"small": TierConfig(model="m-small", price_per_gpu_hour=1.0)}
 
 
-@pytest.fixture(scope="session")
-def demo_adapters(tiny_models, tmp_path_factory):
-    from pipeline.dev.adapters import build_demo_adapter
-
-    root = tmp_path_factory.mktemp("adapters")
-    return {name: str(build_demo_adapter(tiny_models / "tiny-small", root / name, name)) for name in ("acme", "globex")}
-
-
 def tenants(demo_adapters, *names, **extra):
     """Config overrides giving each named tenant its demo adapter."""
     return {**{f"tenants__{n}__adapter": demo_adapters[n] for n in names}, **extra}
@@ -115,47 +107,6 @@ def test_config_places_each_tenants_adapter_on_its_tier(make_config, demo_adapte
         make_config(**tenants(demo_adapters, "acme", tenants__acme__adapter_tier="huge"))
 
 
-def run_to_end(engine, requests, sampling):
-    """Add every (request id, token ids, adapter) at once, step until all finish: their output token ids."""
-    for rid, ids, adapter in requests:
-        engine.add(rid, ids, 24, sampling, **({"adapter": adapter} if adapter else {}))
-    done = {}
-    while len(done) < len(requests):
-        for p in engine.step():
-            if p.completion is not None:
-                done[p.request_id] = p.completion.token_ids
-    return done
-
-
-@pytest.mark.engine
-def test_a_mixed_batch_gives_each_request_what_it_gets_alone(make_config, demo_adapters):
-    """vLLM 0.32's CPU LoRA ops give base requests in a mixed batch the last slot's adapter unless one slot
-    is left free (adapters.lora_kwargs). Each request of a batch mixing base and two adapters must get
-    exactly the tokens it gets alone."""
-    config = make_config(**tenants(demo_adapters, "acme", "globex"))
-    pool = EnginePool(config.tiers, adapters=config.tier_adapters())
-    tok = pool.tokenizer("small")
-    texts = ["The quarterly report shows revenue grew in the north region.", "Minutes of the board meeting on safety.",
-             "A short note about the new office coffee machine.", "Release notes: fixed a crash when saving files."]
-    ids = tok(texts, add_special_tokens=False)["input_ids"]
-    adapters = [None, demo_adapters["acme"], demo_adapters["globex"]]
-    requests = [(f"{i}-{j}", ids[i], adapter) for i in range(len(texts)) for j, adapter in enumerate(adapters)]
-    engine = pool.engine("small")
-    from pipeline.generate.worker import batch_size
-
-    assert batch_size(engine, None) == config.tiers["small"].vllm.max_num_seqs  # read from vLLM's scheduler, as set
-    mixed = run_to_end(engine, requests, config.sampling)
-    alone = {}
-    for request in requests:
-        alone.update(run_to_end(engine, [(request[0] + "-alone", request[1], request[2])], config.sampling))
-    for rid, _, _ in requests:
-        assert mixed[rid] == alone[rid + "-alone"], f"request {rid} got other tokens in the mixed batch"
-    # The adapters do something: each changes the output of at least one text.
-    for j in (1, 2):
-        assert any(mixed[f"{i}-{j}"] != mixed[f"{i}-0"] for i in range(len(texts))), f"adapter {j} changed nothing"
-
-
-@pytest.mark.engine
 def test_each_tenant_is_served_its_own_adapter_and_never_anothers_output(make_config, demo_adapters, tmp_path):
     """Three tenants share a dedup scope and send the same documents: with adapters for two of them, each
     tenant pays for its own outputs (none reused across adapters), the ledger names the adapter, and a

@@ -19,7 +19,7 @@ from pipeline.dev.holdout import (
     normalise,
 )
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 BUILD = ("import sys; from pathlib import Path; from pipeline.dev.holdout import build_holdout; "
          "build_holdout(Path(sys.argv[1]), documents=40, variants=32)")
 

@@ -5,7 +5,7 @@ import pyarrow as pa
 from pipeline.config import DedupConfig, PromptConfig, SamplingConfig, TierConfig
 from pipeline.dedup.cluster import add_content_hashes
 from pipeline.keys import add_item_keys, content_hash, derived_key, item_key, key_bytes, tenant_scope
-from tests.test_dedup_route import mark_duplicates
+from tests.unit.test_dedup_route import mark_duplicates
 
 TIERS = {"small": TierConfig(model="m", price_per_gpu_hour=1.0)}
 

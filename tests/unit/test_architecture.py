@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "pipeline"
 CHECKED_TREES = ("pipeline", "benchmarks", "tests", "dags")  # for rule 2
 

@@ -10,9 +10,7 @@ import pytest
 from pipeline import JobError, run_job
 from pipeline.stores.catalog import StateStore
 from tests.conftest import FAKE_ENGINE, ONE_TIER, REPO, TINY_CONFIG, read_kind
-from tests.test_faults import assert_exactly_once
-
-pytestmark = pytest.mark.engine
+from tests.jobs import assert_exactly_once
 
 
 def items_paid(config, job_id):

@@ -15,7 +15,7 @@ from pipeline.job import faults
 from pipeline.stores.catalog import StateStore
 from pipeline.stores.units import UnitQueue
 from tests.conftest import read_kind
-from tests.test_faults import assert_exactly_once
+from tests.jobs import assert_exactly_once
 
 
 def held_gpu_seconds(db, job_id: str) -> float:
@@ -24,7 +24,6 @@ def held_gpu_seconds(db, job_id: str) -> float:
                          "where job_id=?", (job_id,)).fetchone()[0]
 
 
-@pytest.mark.engine
 def test_one_process_runs_tier_workers_fed_from_every_partition(make_config, tmp_path):
     corpus = write_sample_corpus(tmp_path / "input", documents=48)
     config = make_config(routing=True, input__records_per_partition=6)

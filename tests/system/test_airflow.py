@@ -1,4 +1,5 @@
-"""The nightly DAG under real Airflow 3: DagBag, and dag.test() on the real engine, failure and re-run."""
+"""The nightly DAG under real Airflow 3: DagBag, and dag.test() (on the fake engine: Airflow is what is tested
+here), failure and re-run."""
 
 import json
 import os
@@ -9,10 +10,9 @@ import pytest
 
 from pipeline.dev.samples import write_sample_corpus
 from pipeline.stores.catalog import StateStore
-from tests.conftest import ONE_TIER, REPO, TINY_CONFIG, read_kind
-from tests.test_faults import assert_exactly_once
+from tests.conftest import FAKE_ENGINE, ONE_TIER, REPO, TINY_CONFIG, read_kind
+from tests.jobs import assert_exactly_once
 
-pytestmark = pytest.mark.engine
 DAG_ID = "nightly_summarization"
 
 
@@ -54,8 +54,6 @@ def test_dagbag_has_one_gpu_task_per_tier_worker_on_its_own_queue_and_pool(dag):
     assert dag.get_task("cluster").queue == "default"
 
 
-
-
 def test_dag_runs_end_to_end_then_a_failed_partition_reruns_alone(dag, tmp_path, monkeypatch):
     import pendulum
 
@@ -64,7 +62,7 @@ def test_dag_runs_end_to_end_then_a_failed_partition_reruns_alone(dag, tmp_path,
     counts = write_sample_corpus(tmp_path / "input", documents=20)
     monkeypatch.setenv("TOKENMILL_STATE__URL", f"sqlite:///{tmp_path}/state.db")
     monkeypatch.setenv("TOKENMILL_CACHE__PATH", str(tmp_path / "cache"))
-    for name, value in ONE_TIER.items():  # one tier here; routing is tested in test_routing.py
+    for name, value in {**ONE_TIER, **FAKE_ENGINE}.items():  # one tier here; routing is tested in test_routing.py
         monkeypatch.setenv(name, value)
     conf = {"config": str(TINY_CONFIG), "input_uri": str(tmp_path / "input"), "output_uri": str(tmp_path / "output")}
     day = pendulum.datetime(2026, 11, 29, tz="UTC")

