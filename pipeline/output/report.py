@@ -245,6 +245,8 @@ def _model_name(model: str | None) -> str:
     """A model as the table shows it: a local checkpoint by its folder's name (the manifest has the path)."""
     if not model:
         return "-"
+    if model.startswith("fake-engine:"):  # TierConfig.generator: fake-engine:<model>:<its settings>
+        return f"fake engine ({_model_name(model.removeprefix('fake-engine:').split(':{')[0])})"
     return Path(model).name if model.startswith(("/", ".", "~")) else model
 
 
