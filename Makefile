@@ -7,12 +7,13 @@ export TOKENMILL_HOME ?= $(CURDIR)/.tokenmill
 MODELS := $(TOKENMILL_HOME)/models
 STAMP  := $(VENV)/.installed
 
-.PHONY: install models demo test test-fast fuzz bench eval clean help
+.PHONY: install models demo test test-fast test-repeat fuzz bench eval clean help
 
 help:
 	@echo "make demo   set up .venv, build the tiny models, write a sample corpus, run a job"
 	@echo "make test   run the whole test suite: unit, integration, system and the real vLLM engine on the CPU"
 	@echo "make test-fast  the inner loop: every level but the real engine (tests/engine/)"
+	@echo "make test-repeat  the tests of processes, kills, leases and threads, 20 times each"
 	@echo "make fuzz   fuzz the reader with hostile input files (FUZZ_EXAMPLES per property, 4 properties)"
 	@echo "make eval   build the hold-out set (data/holdout.jsonl) and run tokenmill eval on configs/local.yaml"
 	@echo "make bench  run the benchmarks (engine, pipeline overhead, reuse quality, cost levers, prefix cache, quality, GPU utilisation, levers, planning scale), one JSON line each"
@@ -59,6 +60,14 @@ test: install
 
 test-fast: install
 	$(PY) -m pytest -q --durations=10 -m "not engine" tests
+
+# The tests of processes, kills, leases and threads, REPEAT times each in one session (flakes show here first).
+REPEAT ?= 20
+CONCURRENCY_TESTS := tests/integration/test_catalog_races.py tests/integration/test_state.py \
+	tests/integration/test_tier_workers.py tests/integration/test_plan.py tests/integration/test_commit_job.py \
+	tests/integration/test_cache_job.py tests/system/test_faults.py tests/unit/test_levers_bench.py
+test-repeat: install
+	$(PY) -m pytest -q --count=$(REPEAT) $(CONCURRENCY_TESTS)
 
 # The long run of tests/unit/test_fuzz_reader.py (the suite runs a bounded, deterministic one): random
 # seeds, FUZZ_EXAMPLES examples for each of its 4 properties, with Hypothesis' statistics.

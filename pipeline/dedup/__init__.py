@@ -8,5 +8,5 @@
   index.py     the near/semantic cache index: segment format, building a partition's segment, loading
 
 Layer: may import pipeline.ingest, pipeline.stores and the base (item keys come from pipeline.keys);
-never pipeline.route or a later stage. tests/test_architecture.py enforces this.
+never pipeline.route or a later stage. tests/unit/test_architecture.py enforces this.
 """

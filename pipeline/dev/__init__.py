@@ -5,5 +5,5 @@
   labels.py      a synthetic labelled set for the learned router
 
 Layer: may import pipeline.job and every layer below it; only pipeline.cli may import it.
-tests/test_architecture.py enforces this.
+tests/unit/test_architecture.py enforces this.
 """

@@ -11,5 +11,5 @@
   shadow.py    shadow verification: the measured false-hit rate of near/semantic reuse
 
 Layer: may import pipeline.route, pipeline.dedup, pipeline.ingest, pipeline.stores and the base;
-never pipeline.output or pipeline.job. tests/test_architecture.py enforces this.
+never pipeline.output or pipeline.job. tests/unit/test_architecture.py enforces this.
 """

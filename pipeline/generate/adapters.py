@@ -24,7 +24,7 @@ def lora_kwargs(adapters: list[str]) -> dict:
     One slot more than adapters: in a batch that mixes requests with and without an adapter, vLLM
     0.32's CPU LoRA ops give the base requests the adapter in the last slot (index -1; upstream
     vllm-project/vllm#48421, #49656). With that slot never filled, base requests get no adapter
-    (tests/test_adapters.py compares each request of a mixed batch with the same request alone)."""
+    (tests/engine/test_lora.py compares each request of a mixed batch with the same request alone)."""
     rank = next(r for r in LORA_RANKS if r >= max(adapter_rank(path) for path in adapters))
     return {"enable_lora": True, "max_loras": len(adapters) + 1, "max_lora_rank": rank,
             "max_cpu_loras": len(adapters) + 1}

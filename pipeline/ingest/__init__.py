@@ -6,5 +6,5 @@ records and quarantine rows with a reason code.
   validate.py  the checks, in a fixed order; quarantine rows (schema.QUARANTINE)
 
 Layer: may import pipeline.stores and the base (pipeline.config, schema, keys); never a later stage.
-tests/test_architecture.py enforces this.
+tests/unit/test_architecture.py enforces this.
 """

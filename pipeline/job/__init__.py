@@ -19,5 +19,5 @@
 
 Layer: may import every stage (output, generate, route, dedup, ingest), pipeline.stores and the base;
 never pipeline.dev or pipeline.cli. The facade pipeline/__init__.py re-exports its public names.
-tests/test_architecture.py enforces this.
+tests/unit/test_architecture.py enforces this.
 """

@@ -7,7 +7,7 @@ drops); `run_stages` runs them in order and checks every contract as it goes (co
 so the check costs nothing next to the stages). Planning (plan.py, for staging and the pre-flight
 estimate alike) runs them up to sketch per input file and cluster per shard of scopes;
 `staged_input` runs them all in memory over a whole input (evaluation sets, tests), with the same
-result (tests/test_plan.py).
+result (tests/integration/test_plan.py).
 
 Side outputs that are not columns of the record table (every raw record, quarantine rows, skipped
 files, dedup statistics) are kept on the `StageContext` the stages share.

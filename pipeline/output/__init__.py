@@ -7,5 +7,5 @@
   telemetry.py  engine efficiency (MFU, MBU) for the manifest
 
 Layer: may import pipeline.generate and every layer below it, down to the base; never pipeline.job,
-pipeline.dev or pipeline.cli. tests/test_architecture.py enforces this.
+pipeline.dev or pipeline.cli. tests/unit/test_architecture.py enforces this.
 """

@@ -4,5 +4,5 @@
   router.py    the learned router: cheap text features, logistic regression, calibrated on labels
 
 Layer: may import pipeline.dedup, pipeline.ingest, pipeline.stores and the base; never
-pipeline.generate or a later stage. tests/test_architecture.py enforces this.
+pipeline.generate or a later stage. tests/unit/test_architecture.py enforces this.
 """

@@ -8,5 +8,5 @@
                near/semantic index segments as opaque blobs (pipeline/dedup/index.py owns their format)
 
 Layer: may import pipeline.config, pipeline.schema and pipeline.keys (the base) only; every stage
-and pipeline.job may import it. tests/test_architecture.py enforces this.
+and pipeline.job may import it. tests/unit/test_architecture.py enforces this.
 """

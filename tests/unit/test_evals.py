@@ -1,6 +1,6 @@
 """The eval's offline parts, without an engine: policy scoring, escalation reasons, reuse false hits,
 the hold-out reader and the in-place config edit. The end-to-end eval on the real model is in
-tests/test_real_model.py."""
+tests/engine/test_real_model.py."""
 
 from __future__ import annotations
 
