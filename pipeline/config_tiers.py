@@ -82,11 +82,11 @@ class TierConfig(Section):
     @property
     def generator(self) -> str:
         """What makes this tier's outputs, as keys, ledgers and manifests name it: the model, or for the fake
-        engine `fake-engine:<model>:<its settings>`, so that a dry run's outputs are never reused by (or priced
-        as) the model's own."""
+        engine `fake-engine:<model>:<the settings that shape its answers and their cost>`, so that a dry run's
+        outputs are never reused by, nor priced as, the model's own (`stall_after` only freezes a test's worker)."""
         if self.engine == "vllm":
             return self.model
-        return f"fake-engine:{self.model}:{self.fake.model_dump_json(exclude={'step_seconds', 'stall_after'})}"
+        return f"fake-engine:{self.model}:{self.fake.model_dump_json(exclude={'stall_after'})}"
 
 
 class TenantConfig(Section):

@@ -122,11 +122,14 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(autouse=True)
 def _vllm_only_in_engine_tests(request, monkeypatch):
-    """Outside tests/engine/ a tier configured for vLLM fails the test instead of starting an engine: the fast
-    suite stays fast, and the `engine` marker stays true."""
+    """Fake engines start each test as new. Outside tests/engine/ a tier configured for vLLM fails the test
+    instead of starting an engine: the fast suite stays fast, and the `engine` marker stays true."""
+    from pipeline.generate.engine import ENGINES
+    from pipeline.generate.fake_engine import FakeEngine
+
+    FakeEngine.reset_all()  # no test sees another's prefix cache, counters or stall
     if request.node.get_closest_marker("engine"):
         return
-    from pipeline.generate.engine import ENGINES
 
     def refuse(tier, adapters=None):
         raise AssertionError(f"{request.node.nodeid} started vLLM ({tier.model}): use the fake engine "

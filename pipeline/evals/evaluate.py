@@ -150,7 +150,7 @@ def run_eval(config: TokenmillConfig, holdout: Path, target: float = 0.95, pool:
         "holdout": {"path": str(holdout), "records": staged.raw.num_rows, "quarantined": staged.quarantine.num_rows,
                     "documents": len(originals), "variants": len(ids) - len(originals),
                     "shadow_regenerated": min(len(reused), shadows)},
-        "baseline_tier": large, "models": {t: config.tiers[t].model for t in by_price},
+        "baseline_tier": large, "models": {t: config.tiers[t].generator for t in by_price},
         "tiers": {t: tier_section(runs[t], base, originals, agreement[t]) for t in by_price},
         "routing": routing(config, text, scored, runs[small], base, agreement[small], target, ruled),
         "reuse": reuse_quality(records, labels, base),

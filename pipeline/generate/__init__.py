@@ -1,7 +1,9 @@
 """generate: turn what records still need into engine requests, run them on tier workers, follow up.
 
   requests.py  build engine requests: render, tokenise, fit the context, order, cut into engine calls
-  engine.py    the vLLM engine pool, one engine per tier per process; its streaming add/step interface
+  engine.py    the engine pool, one engine per tier per process (vLLM, or the fake one: `engine: fake`)
+  engine_api.py  what every engine speaks: the Engine protocol, Completion, Progressed, errors, tokenizer
+  fake_engine.py the deterministic fake engine (tests of logic, overhead benchmarks, dry runs)
   lookup.py    item lookup: this job's paid items (catalog), then exact hits in the cache
   reuse.py     what each record gets: a paid output, a cached one, or a generation unit
   waves.py     a partition's generation waves, with their follow-ups (followup.py: escalation, map-reduce

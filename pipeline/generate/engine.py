@@ -28,6 +28,7 @@ from pipeline.generate.engine_api import (
     EngineDeadError,
     EngineStartError,
     Progressed,
+    StreamingEngine,
     load_tokenizer,
 )
 from pipeline.generate.fake_engine import FakeEngine
@@ -153,7 +154,7 @@ def _completion(o) -> Completion:
 
 
 class BatchStepper:
-    """The streaming interface over an engine that only has `generate` (test fakes, zero-cost engines):
+    """The streaming interface over an engine that only has `generate` (test doubles that fail on purpose):
     each step runs everything added since the last one as one call."""
 
     def __init__(self, engine: Engine):
@@ -174,7 +175,7 @@ class BatchStepper:
                 for q, r in zip(queued, results)]
 
 
-def stepper(engine: Engine):
+def stepper(engine: Engine) -> StreamingEngine:
     """The engine's streaming interface: its own `add`/`step`, else one call per step."""
     return engine if hasattr(engine, "step") and hasattr(engine, "add") else BatchStepper(engine)
 

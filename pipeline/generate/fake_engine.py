@@ -26,11 +26,14 @@ it relies on:
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import time
+import weakref
 from collections import deque
 from dataclasses import dataclass
+from pathlib import Path
 
 import xxhash
 
@@ -52,6 +55,7 @@ class _Request:
     token_ids: list[int]     # everything it will generate (a pure function of the request)
     finish_reason: str
     mean_logprob: float
+    adapter: str | None
     cached: int = 0          # prompt tokens found in the prefix cache at its prefill
     done: int = 0            # output tokens generated so far
 
@@ -59,38 +63,55 @@ class _Request:
 class FakeEngine:
     """A deterministic stand-in for VllmEngine (see the module's docstring for what it keeps)."""
 
+    _live: weakref.WeakSet[FakeEngine] = weakref.WeakSet()
+
     def __init__(self, tier: TierConfig, adapters: list[str] | None = None):
         try:
             self.tokenizer = load_tokenizer(tier.model)
         except Exception as e:
             raise EngineStartError(f"fake engine: cannot load the tokenizer of {tier.model}: {e}") from e
         self.tier, self.fake = tier, tier.fake
+        # The model by its folder's name: the same answers wherever the folder lies (a test session's tmp).
+        self.model_name = Path(tier.model).expanduser().name or tier.model
         self.adapters = set(adapters or [])
         self.max_num_seqs = tier.vllm.max_num_seqs or 256
-        self.waiting: deque[_Request] = deque()
-        self.running: list[_Request] = []
-        self.blocks: set[int] = set()  # hashes of prompt prefixes (whole blocks) computed so far
-        self.finished = 0
-        self.queried = self.hits = 0
+        self.caching = tier.vllm.enable_prefix_caching is not False  # vLLM's default is on
+        self.ids = itertools.count()
+        self.shutdown()
+        FakeEngine._live.add(self)
+
+    @classmethod
+    def reset_all(cls) -> None:
+        """Every fake engine of this process as new: empty queues and prefix cache, counters at zero (a test
+        suite calls this between tests, so that no test sees another's cache or stall)."""
+        for engine in list(cls._live):
+            engine.shutdown()
 
     # -- the streaming interface (the tier worker's) -------------------------------------------------
 
     def add(self, request_id: str, prompt: list[int], max_tokens: int, sampling: SamplingConfig,
             adapter: str | None = None) -> None:
+        self.check(prompt, max_tokens, adapter)
+        self.waiting.append(self.answer(request_id, prompt, max_tokens, sampling, adapter))
+
+    def check(self, prompt: list[int], max_tokens: int, adapter: str | None) -> None:
+        """What vLLM refuses when a request is added."""
         if adapter is not None and adapter not in self.adapters:
             raise ValueError(f"adapter {adapter} is not served by this engine (it serves {sorted(self.adapters)})")
         if not prompt:
             raise ValueError("the prompt is empty")
         if max_tokens < 1:
             raise ValueError(f"max_tokens must be at least 1, got {max_tokens}")
-        self.waiting.append(self.answer(request_id, prompt, max_tokens, sampling, adapter))
+        limit = self.tier.vllm.max_model_len
+        if limit and len(prompt) > limit:
+            raise ValueError(f"the prompt ({len(prompt)} tokens) is longer than max_model_len ({limit})")
 
     def step(self) -> list[Progressed]:
         if self.fake.step_seconds:
             time.sleep(self.fake.step_seconds)
         while self.waiting and len(self.running) < self.max_num_seqs:
             request = self.waiting.popleft()
-            request.cached = self.prefill(request.prompt)
+            request.cached = self.prefill(request.prompt, request.adapter)
             self.running.append(request)
         out, still = [], []
         stalled = self.fake.stall_after is not None and self.finished >= self.fake.stall_after
@@ -109,12 +130,19 @@ class FakeEngine:
     # -- the one-call interface (BatchStepper's and benchmarks') --------------------------------------
 
     def generate(self, prompts: list[list[int]], max_tokens: list[int], sampling: SamplingConfig) -> list[Completion]:
-        for i, (prompt, m) in enumerate(zip(prompts, max_tokens)):
-            self.add(f"generate-{i}", prompt, m, sampling)
-        done: dict[str, Completion] = {}
-        while len(done) < len(prompts):
-            done.update((p.request_id, p.completion) for p in self.step() if p.completion is not None)
-        return [done[f"generate-{i}"] for i in range(len(prompts))]
+        """One call: all requests or none (checked before any is added), like vLLM's `LLM.generate`."""
+        for prompt, m in zip(prompts, max_tokens):
+            self.check(prompt, m, None)
+        if self.fake.stall_after is not None:
+            raise RuntimeError("fake.stall_after is set: a stalled engine never finishes a generate call")
+        ids = [f"generate-{next(self.ids)}" for _ in prompts]
+        for rid, prompt, m in zip(ids, prompts, max_tokens):
+            self.add(rid, prompt, m, sampling)
+        mine, done = set(ids), {}
+        while len(done) < len(ids):
+            done.update((p.request_id, p.completion) for p in self.step()
+                        if p.completion is not None and p.request_id in mine)
+        return [done[rid] for rid in ids]
 
     def counters(self) -> dict[str, int | None]:
         """The counters VllmEngine.counters() reads from vLLM (stores/units.py SESSION_COUNTERS): no speculation."""
@@ -124,8 +152,11 @@ class FakeEngine:
         self.blocks.clear()
 
     def shutdown(self) -> None:
-        self.waiting.clear()
-        self.running.clear()
+        self.waiting: deque[_Request] = deque()
+        self.running: list[_Request] = []
+        self.blocks: set[int] = set()  # hashes of prompt prefixes (whole blocks) computed so far
+        self.finished = 0
+        self.queried = self.hits = 0
 
     # -- what a request gets ----------------------------------------------------------------------------
 
@@ -133,7 +164,7 @@ class FakeEngine:
                adapter: str | None) -> _Request:
         """The request's whole answer, decided when it is added: a pure function of the request."""
         seed = xxhash.xxh3_64_intdigest(json.dumps(
-            [self.tier.model, adapter, prompt, max_tokens, sampling.temperature, sampling.top_p, sampling.seed,
+            [self.model_name, adapter and Path(adapter).name, prompt, max_tokens, sampling.temperature, sampling.top_p, sampling.seed,
              sampling.json_schema], separators=(",", ":")).encode())
         if sampling.json_schema is not None:
             text = json.dumps(instance(sampling.json_schema, seed), separators=(",", ":"))
@@ -148,15 +179,16 @@ class FakeEngine:
         ids = ids[:min(wanted, max_tokens)]
         low, high = self.fake.mean_logprob
         logprob = low + (high - low) * ((seed >> 11) / 2 ** 53)
-        return _Request(request_id, list(prompt), ids, "length" if wanted >= max_tokens else "stop", logprob)
+        return _Request(request_id, list(prompt), ids, "length" if wanted >= max_tokens else "stop", logprob, adapter)
 
-    def prefill(self, prompt: list[int]) -> int:
-        """Prompt tokens already in the prefix cache (whole blocks, as vLLM counts them); caches the rest."""
-        if not self.tier.vllm.enable_prefix_caching:
+    def prefill(self, prompt: list[int], adapter: str | None) -> int:
+        """Prompt tokens already in the prefix cache, as vLLM counts them: whole blocks, never the block holding
+        the last prompt token (it is always computed), keyed by the adapter too. Caches the blocks it computed."""
+        if not self.caching:
             return 0
         size, cached, hit = self.fake.prefix_block_tokens, 0, True
-        h = 0
-        for end in range(size, len(prompt) + 1, size):
+        h = xxhash.xxh3_64_intdigest((adapter or "").encode())
+        for end in range(size, len(prompt), size):
             h = xxhash.xxh3_64_intdigest(json.dumps(prompt[end - size:end]).encode(), seed=h)
             if hit and h in self.blocks:
                 cached = end
@@ -183,27 +215,66 @@ def words(seed: int, n: int) -> str:
     return " ".join(out)
 
 
-def instance(schema: dict, seed: int):
-    """A minimal value that validates against `schema` (the common keywords): required properties only,
-    strings of a few words, numbers at their minimum, the first enum value."""
+def instance(schema: dict, seed: int, root: dict | None = None):
+    """A small value that validates against `schema` for the keywords schemas of summaries use: types,
+    required and `minProperties`, `$ref` to `$defs`, `anyOf`/`oneOf`/`allOf` (the first branch, merged),
+    `const`/`enum`, numeric bounds, string and array lengths. Not `pattern` or `format`: such a schema
+    gives outputs that fail validation, quarantined as `invalid_output` as a model's would be."""
+    root = schema if root is None else root
+    if "$ref" in schema:
+        target = root
+        for part in schema["$ref"].removeprefix("#/").split("/"):
+            target = target[part] if part else target
+        return instance({**target, **{k: v for k, v in schema.items() if k != "$ref"}}, seed, root)
+    for key in ("anyOf", "oneOf"):
+        if schema.get(key):
+            rest = {k: v for k, v in schema.items() if k != key}
+            return instance({**rest, **schema[key][0]}, seed, root)
+    if schema.get("allOf"):
+        merged = {k: v for k, v in schema.items() if k != "allOf"}
+        for part in schema["allOf"]:
+            merged = {**merged, **part}
+        return instance(merged, seed, root)
     if "const" in schema:
         return schema["const"]
     if schema.get("enum"):
         return schema["enum"][0]
-    kind = schema.get("type", "object")
-    kind = kind[0] if isinstance(kind, list) else kind
+    kind = schema.get("type", "object" if "properties" in schema else "string")
+    kind = next((k for k in kind if k != "null"), "null") if isinstance(kind, list) else kind
     if kind == "object":
         props = schema.get("properties", {})
-        return {k: instance(props.get(k, {}), seed + i) for i, k in enumerate(schema.get("required", []))}
+        names = list(schema.get("required", []))
+        names += [k for k in props if k not in names][:max(0, schema.get("minProperties", 0) - len(names))]
+        return {k: instance(props.get(k, {}), seed + i, root) for i, k in enumerate(names)}
     if kind == "array":
-        return [instance(schema.get("items", {}), seed + i) for i in range(schema.get("minItems", 0))]
+        return [instance(schema.get("items", {}), seed + i, root) for i in range(schema.get("minItems", 0))]
     if kind in ("integer", "number"):
-        low = schema.get("minimum", 0)
-        return math.ceil(low) if kind == "integer" else low
+        return _number(schema, kind == "integer")
     if kind == "boolean":
         return False
     if kind == "null":
         return None
     n = max(3, math.ceil(schema.get("minLength", 0) / 4))
     text = words(seed, n)
+    while len(text) < schema.get("minLength", 0):
+        text += " " + words(seed + len(text), n)
     return text[:schema["maxLength"]] if "maxLength" in schema else text
+
+
+def _number(schema: dict, integer: bool):
+    """The smallest value the bounds allow (0 when they allow it)."""
+    low = max((v for v in (schema.get("minimum"), schema.get("exclusiveMinimum")) if v is not None), default=None)
+    high = min((v for v in (schema.get("maximum"), schema.get("exclusiveMaximum")) if v is not None), default=None)
+    value = 0 if (low is None or low <= 0) and (high is None or high >= 0) else (low if low is not None else high)
+    if integer:
+        value = math.ceil(value) if low is not None and value == low else math.floor(value)
+        if "exclusiveMinimum" in schema and value <= schema["exclusiveMinimum"]:
+            value = math.floor(schema["exclusiveMinimum"]) + 1
+        if "exclusiveMaximum" in schema and value >= schema["exclusiveMaximum"]:
+            value = math.ceil(schema["exclusiveMaximum"]) - 1
+    else:
+        if "exclusiveMinimum" in schema and value <= schema["exclusiveMinimum"]:
+            value = schema["exclusiveMinimum"] + 1
+        if "exclusiveMaximum" in schema and value >= schema["exclusiveMaximum"]:
+            value = schema["exclusiveMaximum"] - 1
+    return value

@@ -23,10 +23,16 @@ TEXTS = ["The quarterly report states that revenue grew while costs fell in ever
 
 @pytest.fixture(scope="module")
 def engines(make_config_module):
-    """(the real vLLM engine, a fake one) for the same tier, and that tier's tokenizer."""
+    """{"vllm": the real engine, "fake": a fake one} for the same tier, and that tier's tokenizer."""
     real_config, fake_config = make_config_module(engine="vllm"), make_config_module(engine="fake")
     pool = EnginePool(real_config.tiers)
-    return pool.engine("small"), FakeEngine(fake_config.tiers["small"]), pool.tokenizer("small")
+    return {"vllm": pool.engine("small"), "fake": FakeEngine(fake_config.tiers["small"])}, pool.tokenizer("small")
+
+
+@pytest.fixture(params=["vllm", "fake"])
+def engine(request, engines):
+    """Each engine in turn, with the tier's tokenizer."""
+    return engines[0][request.param], engines[1]
 
 
 def drain(engine, requests, sampling):
@@ -42,10 +48,8 @@ def drain(engine, requests, sampling):
     return seen, done
 
 
-@pytest.mark.parametrize("which", ["vllm", "fake"])
-def test_token_counts_finish_reasons_and_progress(engines, which):
-    engine = engines[0] if which == "vllm" else engines[1]
-    tokenizer = engines[2]
+def test_token_counts_finish_reasons_and_progress(engine):
+    engine, tokenizer = engine
     prompts = [tokenizer.encode(t) for t in TEXTS]
     requests = [(f"r{i}", p, m) for i, (p, m) in enumerate(zip(prompts, [5, 12, 20]))]
     seen, done = drain(engine, requests, SamplingConfig(max_tokens=20))
@@ -63,19 +67,17 @@ def test_token_counts_finish_reasons_and_progress(engines, which):
         assert sum(1 for p in seen if p.request_id == rid and p.completion is not None) == 1
 
 
-@pytest.mark.parametrize("which", ["vllm", "fake"])
-def test_one_request_alone_at_temperature_zero_is_deterministic(engines, which):
-    engine = engines[0] if which == "vllm" else engines[1]
-    prompt = engines[2].encode(TEXTS[1])
+def test_one_request_alone_at_temperature_zero_is_deterministic(engine):
+    engine, tokenizer = engine
+    prompt = tokenizer.encode(TEXTS[1])
     first = drain(engine, [("a", prompt, 16)], SamplingConfig(max_tokens=16))[1]["a"]
     again = drain(engine, [("b", prompt, 16)], SamplingConfig(max_tokens=16))[1]["b"]
     assert first.token_ids == again.token_ids and first.text == again.text
 
 
-@pytest.mark.parametrize("which", ["vllm", "fake"])
-def test_a_repeated_prompt_is_served_from_the_prefix_cache_and_counted(engines, which):
-    engine = engines[0] if which == "vllm" else engines[1]
-    prompt = engines[2].encode(" ".join(TEXTS * 12))  # well over vLLM's CPU block of 128 tokens
+def test_a_repeated_prompt_is_served_from_the_prefix_cache_and_counted(engine):
+    engine, tokenizer = engine
+    prompt = tokenizer.encode(" ".join(TEXTS * 12))  # well over vLLM's CPU block of 128 tokens
     before = engine.counters()
     first = drain(engine, [("p1", prompt, 4)], SamplingConfig(max_tokens=4))[1]["p1"]
     second = drain(engine, [("p2", prompt, 4)], SamplingConfig(max_tokens=4))[1]["p2"]
@@ -88,20 +90,40 @@ def test_a_repeated_prompt_is_served_from_the_prefix_cache_and_counted(engines, 
     assert after["spec_drafted"] is None and after["spec_accepted"] is None  # no speculation configured
 
 
-@pytest.mark.parametrize("which", ["vllm", "fake"])
-def test_generate_returns_one_completion_per_prompt_in_order(engines, which):
-    engine = engines[0] if which == "vllm" else engines[1]
-    prompts = [engines[2].encode(t) for t in TEXTS]
+def test_generate_returns_one_completion_per_prompt_in_order(engine):
+    engine, tokenizer = engine
+    prompts = [tokenizer.encode(t) for t in TEXTS]
     out = engine.generate(prompts, [3, 6, 9], SamplingConfig(max_tokens=9))
     assert [c.prompt_tokens for c in out] == [len(p) for p in prompts]
     assert [c.output_tokens for c in out] == [3, 6, 9]
 
 
-@pytest.mark.parametrize("engine", ["vllm", "fake"])
-def test_a_model_folder_that_cannot_load_is_an_engine_start_error(make_config_module, tmp_path, engine):
+@pytest.mark.parametrize("kind", ["vllm", "fake"])
+def test_a_model_folder_that_cannot_load_is_an_engine_start_error(make_config_module, tmp_path, kind):
     (tmp_path / "broken").mkdir()
     (tmp_path / "broken" / "config.json").write_text("{not json")
-    config = make_config_module(engine=engine, tiers__small__model=str(tmp_path / "broken"))
+    config = make_config_module(engine=kind, tiers__small__model=str(tmp_path / "broken"))
     with pytest.raises(EngineStartError, match="tier small") as e:
         EnginePool(config.tiers).engine("small")
     assert str(tmp_path / "broken") in str(e.value)
+
+
+def test_both_engines_count_the_same_prompt_cached_tokens_and_counters(engines):
+    """Side by side on cold caches: prompts that share a prefix of whole blocks, one exactly a block multiple
+    long (its last block is always computed), one a strict prefix of another. The fake's counts must be
+    vLLM's, request by request, and so must the counters' deltas."""
+    by_kind, tokenizer = engines
+    shared = tokenizer.encode(" ".join(TEXTS * 12))[:300]
+    prompts = [shared, shared[:256], shared + tokenizer.encode(" Then the board met."), shared[:130]]
+    seen = {}
+    for kind, engine in by_kind.items():
+        engine.reset_prefix_cache()
+        before = engine.counters()
+        cached = [drain(engine, [(f"{kind}-{i}", p, 2)], SamplingConfig(max_tokens=2))[1][f"{kind}-{i}"]
+                  .cached_prompt_tokens for i, p in enumerate(prompts)]
+        after = engine.counters()
+        seen[kind] = cached, {k: after[k] - before[k] for k in ("prefix_queries", "prefix_hits")}
+    assert seen["fake"] == seen["vllm"], seen
+    # From cold: nothing; a 256-token prefix hits one block (its second holds the last token); a longer
+    # prompt over the same 300 hits both; 130 tokens hit one.
+    assert seen["vllm"][0] == [0, 128, 256, 128]

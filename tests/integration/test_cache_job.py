@@ -1,4 +1,4 @@
-"""Reuse on the real engine: across jobs through the cache (local and Redis), near duplicates, tenant
+"""Reuse in whole jobs (fake engine): across jobs through the cache (local and Redis), near duplicates, tenant
 isolation, shadow verification, and a cache store that goes away."""
 
 import json

@@ -1,4 +1,4 @@
-"""Commits on the real engine: a stale worker is fenced out, and record ids round-trip byte for byte."""
+"""Commits of whole jobs (fake engine): a stale worker is fenced out, and record ids round-trip byte for byte."""
 
 import json
 import os

@@ -1,4 +1,4 @@
-"""Two tiers: rules, the learned router and its calibration, escalation and map-reduce on the real engine."""
+"""Two tiers: rules, the learned router and its calibration, escalation and map-reduce (fake engine)."""
 
 import json
 import subprocess

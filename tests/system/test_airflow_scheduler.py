@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from pipeline.dev.samples import write_sample_corpus
-from tests.airflow_deploy import AirflowDeployment, airflow_database, engine_lock, fault_hook_env, write_faults
+from tests.airflow_deploy import AirflowDeployment, airflow_database, fault_hook_env, write_faults
 from tests.conftest import FAKE_ENGINE, REPO, TINY_CONFIG, read_kind
 from tests.jobs import assert_exactly_once
 
@@ -41,7 +41,7 @@ VICTIMS = {"before_generate": ("batch-a.jsonl", 0), "before_commit": ("batch-b.j
 @pytest.fixture
 def airflow(tmp_path, tiny_models, static_embedder, postgres_admin_url):
     """The deployment with this test's tokenmill settings in every task process's environment, the
-    GPU pools created and the DAG parsed and unpaused. Holds the machine's engine lock throughout."""
+    GPU pools created and the DAG parsed and unpaused. (No engine lock: its tier workers run the fake engine.)"""
     env = {
         "TOKENMILL_HOME": os.environ["TOKENMILL_HOME"],  # the tiny models (conftest)
         "TOKENMILL_CONFIG": str(TINY_CONFIG),  # the DAG's shape at parse time: tier names, run section
@@ -54,7 +54,7 @@ def airflow(tmp_path, tiny_models, static_embedder, postgres_admin_url):
         **FAKE_ENGINE,  # Airflow is what is tested here; the tier workers drain the fake engine
         **fault_hook_env(tmp_path / "hook", tmp_path / "faults.json"),
     }
-    with engine_lock(), airflow_database(postgres_admin_url) as db:
+    with airflow_database(postgres_admin_url) as db:
         af = AirflowDeployment(tmp_path / "airflow", REPO / "dags", db, env=env, drop_env=("AIRFLOW", "TOKENMILL_"))
         af.start()
         try:
