@@ -56,6 +56,7 @@ class FakeEngineArgs(Section):
     output_tokens: int | None = Field(None, ge=1, description="Tokens each answer runs to before it stops (`stop`); unset, or above a request's max_tokens: the answer runs to max_tokens (`length`), as random-weight models do.")
     mean_logprob: tuple[float, float] = Field((-2.0, -0.2), description="Range the answers' mean log-probability is drawn from (by a hash of the request): an escalation threshold inside it splits items the same way on every run.")
     step_seconds: float = Field(0.0, ge=0, description="Wall seconds each engine step takes (0: none), so engine-time arithmetic has time to share.")
+    token_seconds: float = Field(0.0, ge=0, description="Wall seconds a step takes per token it processes (uncached prompt tokens at a request's prefill, one per decoding request), on top of `step_seconds`: engine time in proportion to the work, as the ledger's token weights assume.")
     prefix_block_tokens: int = Field(16, ge=1, description="Prefix-cache block size: cached prompt tokens come in whole blocks (vLLM's CPU block is 128 tokens).")
     stall_after: int | None = Field(None, ge=0, description="Tests only: once this many requests have finished, no other ever finishes (steps go on with work in flight), a worker frozen mid-drain on purpose.")
 

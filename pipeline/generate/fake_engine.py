@@ -18,7 +18,9 @@ it relies on:
   running request by one token; the first step of a request is its prefill.
 - **Prefix cache**: with `vllm.enable_prefix_caching`, a request's cached prompt tokens are the longest run
   of whole `fake.prefix_block_tokens` blocks an earlier request already computed (as vLLM counts them).
-- **Time**: each step sleeps `fake.step_seconds` (0: none), so engine-time arithmetic has time to share.
+- **Time**: each step sleeps `fake.step_seconds` plus `fake.token_seconds` per token it processes (uncached
+  prompt tokens of the requests it admits, one per running request), so engine-time arithmetic has time to
+  share, in proportion to the work as the ledger's token weights assume (0 and 0: no time).
 - **A worker frozen mid-drain, on purpose**: with `fake.stall_after: N`, once N requests have finished no
   other request ever finishes; steps go on (and are timed) with work in flight. Tests that kill a worker
   with work in flight make that moment happen with it instead of hoping to catch one.
@@ -107,12 +109,15 @@ class FakeEngine:
             raise ValueError(f"the prompt ({len(prompt)} tokens) is longer than max_model_len ({limit})")
 
     def step(self) -> list[Progressed]:
-        if self.fake.step_seconds:
-            time.sleep(self.fake.step_seconds)
+        prefilled = 0
         while self.waiting and len(self.running) < self.max_num_seqs:
             request = self.waiting.popleft()
             request.cached = self.prefill(request.prompt, request.adapter)
+            prefilled += len(request.prompt) - request.cached
             self.running.append(request)
+        seconds = self.fake.step_seconds + self.fake.token_seconds * (prefilled + len(self.running))
+        if seconds:
+            time.sleep(seconds)
         out, still = [], []
         stalled = self.fake.stall_after is not None and self.finished >= self.fake.stall_after
         for r in self.running:
