@@ -33,6 +33,7 @@ import json
 import math
 import time
 import weakref
+from array import array
 from collections import deque
 from dataclasses import dataclass
 from pathlib import Path
@@ -119,18 +120,19 @@ class FakeEngine:
         if seconds:
             time.sleep(seconds)
         out, still = [], []
-        stalled = self.fake.stall_after is not None and self.finished >= self.fake.stall_after
         for r in self.running:
             r.done = min(r.done + 1, len(r.token_ids))
-            if r.done < len(r.token_ids) or stalled:
+            if r.done < len(r.token_ids) or self.stalled():
                 still.append(r)
                 out.append(Progressed(r.request_id, r.done, None))
-                continue
-            self.finished += 1
-            stalled = self.fake.stall_after is not None and self.finished >= self.fake.stall_after
-            out.append(Progressed(r.request_id, r.done, self.completion(r)))
+            else:
+                self.finished += 1
+                out.append(Progressed(r.request_id, r.done, self.completion(r)))
         self.running = still
         return out
+
+    def stalled(self) -> bool:
+        return self.fake.stall_after is not None and self.finished >= self.fake.stall_after
 
     # -- the one-call interface (BatchStepper's and benchmarks') --------------------------------------
 
@@ -168,9 +170,9 @@ class FakeEngine:
     def answer(self, request_id: str, prompt: list[int], max_tokens: int, sampling: SamplingConfig,
                adapter: str | None) -> _Request:
         """The request's whole answer, decided when it is added: a pure function of the request."""
-        seed = xxhash.xxh3_64_intdigest(json.dumps(
-            [self.model_name, adapter and Path(adapter).name, prompt, max_tokens, sampling.temperature, sampling.top_p, sampling.seed,
-             sampling.json_schema], separators=(",", ":")).encode())
+        request = [self.model_name, adapter and Path(adapter).name, prompt, max_tokens, sampling.temperature,
+                   sampling.top_p, sampling.seed, sampling.json_schema]
+        seed = xxhash.xxh3_64_intdigest(json.dumps(request, separators=(",", ":")).encode())
         if sampling.json_schema is not None:
             text = json.dumps(instance(sampling.json_schema, seed), separators=(",", ":"))
             ids = self.tokenizer.encode(text, add_special_tokens=False)
@@ -194,7 +196,7 @@ class FakeEngine:
         size, cached, hit = self.fake.prefix_block_tokens, 0, True
         h = xxhash.xxh3_64_intdigest((adapter or "").encode())
         for end in range(size, len(prompt), size):
-            h = xxhash.xxh3_64_intdigest(json.dumps(prompt[end - size:end]).encode(), seed=h)
+            h = xxhash.xxh3_64_intdigest(array("q", prompt[end - size:end]).tobytes(), seed=h)
             if hit and h in self.blocks:
                 cached = end
             else:
@@ -267,19 +269,12 @@ def instance(schema: dict, seed: int, root: dict | None = None):
 
 
 def _number(schema: dict, integer: bool):
-    """The smallest value the bounds allow (0 when they allow it)."""
-    low = max((v for v in (schema.get("minimum"), schema.get("exclusiveMinimum")) if v is not None), default=None)
-    high = min((v for v in (schema.get("maximum"), schema.get("exclusiveMaximum")) if v is not None), default=None)
-    value = 0 if (low is None or low <= 0) and (high is None or high >= 0) else (low if low is not None else high)
-    if integer:
-        value = math.ceil(value) if low is not None and value == low else math.floor(value)
-        if "exclusiveMinimum" in schema and value <= schema["exclusiveMinimum"]:
-            value = math.floor(schema["exclusiveMinimum"]) + 1
-        if "exclusiveMaximum" in schema and value >= schema["exclusiveMaximum"]:
-            value = math.ceil(schema["exclusiveMaximum"]) - 1
-    else:
-        if "exclusiveMinimum" in schema and value <= schema["exclusiveMinimum"]:
-            value = schema["exclusiveMinimum"] + 1
-        if "exclusiveMaximum" in schema and value >= schema["exclusiveMaximum"]:
-            value = schema["exclusiveMaximum"] - 1
-    return value
+    """A value the bounds allow: 0 when they allow it, else the bound nearest to it (an exclusive bound
+    moved inwards by one)."""
+    exclusive_low, exclusive_high = schema.get("exclusiveMinimum"), schema.get("exclusiveMaximum")
+    lows = [v for v in (schema.get("minimum"), None if exclusive_low is None else exclusive_low + 1) if v is not None]
+    highs = [v for v in (schema.get("maximum"), None if exclusive_high is None else exclusive_high - 1) if v is not None]
+    value = max(lows) if lows and max(lows) > 0 else min(highs) if highs and min(highs) < 0 else 0
+    if not integer:
+        return value
+    return math.ceil(value) if value >= 0 else math.floor(value)
