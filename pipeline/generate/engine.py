@@ -14,6 +14,7 @@ import json
 import logging
 import os
 import time
+import weakref
 from collections.abc import Callable
 from pathlib import Path
 
@@ -195,7 +196,9 @@ def _model_path_problem(model: str) -> str | None:
 
 
 _ENGINES: dict[str, Engine] = {}  # process-wide: one engine per distinct tier configuration
-STARTUP_SECONDS: dict[int, float] = {}  # id(engine) -> seconds its start took (an engine session's start-up)
+# engine -> seconds its start took (an engine session's start-up). Weak keys: an engine stopped and collected
+# takes its entry along, so a later engine at the same address never inherits it.
+STARTUP_SECONDS: weakref.WeakKeyDictionary[Engine, float] = weakref.WeakKeyDictionary()
 
 
 def shutdown_engines() -> None:
@@ -301,7 +304,7 @@ class EnginePool:
                 _ENGINES[key] = factory(tier, adapters) if adapters else factory(tier)
             except EngineStartError as e:
                 raise EngineStartError(f"tier {name}: {e}") from None
-            STARTUP_SECONDS[id(_ENGINES[key])] = time.perf_counter() - started
+            STARTUP_SECONDS[_ENGINES[key]] = time.perf_counter() - started
             log.info("tier %s: engine for %s ready in %.1f s", name, tier.model, time.perf_counter() - started)
         return _ENGINES[key]
 

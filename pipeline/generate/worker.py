@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import secrets
 import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -41,7 +42,8 @@ log = logging.getLogger(__name__)
 # engine time no ledger can carry. Measured-but-unstored work before that write is billed as `lost`.
 SESSION_BEAT_SECONDS = 2.0
 
-_FREE_SINCE: dict[int, float] = {}  # id(engine) -> when its last session closed (idle since then is the next one's)
+# engine -> when its last session closed (idle since then is the next one's); weak keys, as STARTUP_SECONDS.
+_FREE_SINCE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def batch_size(engine, configured: int | None) -> int:
@@ -132,8 +134,8 @@ class TierWorker:
         if engine is None:
             engine = self.pool.engine(self.tier)
             report.started = True
-        report.startup_seconds = STARTUP_SECONDS.pop(id(engine), 0.0)
-        report.idle_seconds = time.perf_counter() - _FREE_SINCE.pop(id(engine)) if id(engine) in _FREE_SINCE else 0.0
+        report.startup_seconds = STARTUP_SECONDS.pop(engine, 0.0)
+        report.idle_seconds = time.perf_counter() - _FREE_SINCE.pop(engine) if engine in _FREE_SINCE else 0.0
         steps, counted = stepper(engine), read_counters(engine)  # counters: this session's share, at its close
         self.batch = batch_size(engine, tier.vllm.max_num_seqs)
         report.session_id = self.session_id = sid = f"{self.worker}/{self.tier}/{secrets.token_hex(4)}"
@@ -172,7 +174,7 @@ class TierWorker:
             self.pool.shutdown(self.tier)
             report.idle_seconds += time.perf_counter() - t  # held until its memory is free again
         else:
-            _FREE_SINCE[id(engine)] = time.perf_counter()
+            _FREE_SINCE[engine] = time.perf_counter()
         self.queue.beat_session(sid, report.busy_seconds, report.idle_seconds, self.recorded, closed=True,
                                 counters=counted)
         log.info("tier %s worker %s: %d units, %d requests; engine held %.1f s (start-up %.1f, busy %.1f, idle %.1f)",
