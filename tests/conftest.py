@@ -122,14 +122,15 @@ def pytest_collection_modifyitems(config, items):
 
 @pytest.fixture(autouse=True)
 def _vllm_only_in_engine_tests(request, monkeypatch):
-    """Fake engines start each test as new. Outside tests/engine/ a tier configured for vLLM fails the test
-    instead of starting an engine: the fast suite stays fast, and the `engine` marker stays true."""
-    from pipeline.generate.engine import ENGINES
-    from pipeline.generate.fake_engine import FakeEngine
-
-    FakeEngine.reset_all()  # no test sees another's prefix cache, counters or stall
+    """Outside tests/engine/ each test starts with no engine in the process (those there are fake ones, or
+    vLLM engines the engine tests no longer need), so no test sees another's prefix cache or counters; and a
+    tier configured for vLLM fails the test instead of starting one: the fast suite stays fast, and the
+    `engine` marker stays true."""
     if request.node.get_closest_marker("engine"):
         return
+    from pipeline.generate.engine import ENGINES, shutdown_engines
+
+    shutdown_engines()
 
     def refuse(tier, adapters=None):
         raise AssertionError(f"{request.node.nodeid} started vLLM ({tier.model}): use the fake engine "

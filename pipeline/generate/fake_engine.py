@@ -32,7 +32,6 @@ import itertools
 import json
 import math
 import time
-import weakref
 from array import array
 from collections import deque
 from dataclasses import dataclass
@@ -66,8 +65,6 @@ class _Request:
 class FakeEngine:
     """A deterministic stand-in for VllmEngine (see the module's docstring for what it keeps)."""
 
-    _live: weakref.WeakSet[FakeEngine] = weakref.WeakSet()
-
     def __init__(self, tier: TierConfig, adapters: list[str] | None = None):
         try:
             self.tokenizer = load_tokenizer(tier.model)
@@ -80,15 +77,10 @@ class FakeEngine:
         self.max_num_seqs = tier.vllm.max_num_seqs or 256
         self.caching = tier.vllm.enable_prefix_caching is not False  # vLLM's default is on
         self.ids = itertools.count()
-        self.shutdown()
-        FakeEngine._live.add(self)
-
-    @classmethod
-    def reset_all(cls) -> None:
-        """Every fake engine of this process as new: empty queues and prefix cache, counters at zero (a test
-        suite calls this between tests, so that no test sees another's cache or stall)."""
-        for engine in list(cls._live):
-            engine.shutdown()
+        self.waiting: deque[_Request] = deque()
+        self.running: list[_Request] = []
+        self.blocks: set[int] = set()  # hashes of prompt prefixes (whole blocks) computed so far
+        self.finished = self.queried = self.hits = 0
 
     # -- the streaming interface (the tier worker's) -------------------------------------------------
 
@@ -159,11 +151,8 @@ class FakeEngine:
         self.blocks.clear()
 
     def shutdown(self) -> None:
-        self.waiting: deque[_Request] = deque()
-        self.running: list[_Request] = []
-        self.blocks: set[int] = set()  # hashes of prompt prefixes (whole blocks) computed so far
-        self.finished = 0
-        self.queried = self.hits = 0
+        self.waiting.clear()
+        self.running.clear()
 
     # -- what a request gets ----------------------------------------------------------------------------
 
