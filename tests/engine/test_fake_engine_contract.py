@@ -15,6 +15,7 @@ from pipeline.generate.engine import EnginePool
 from pipeline.generate.engine_api import EngineStartError
 from pipeline.generate.fake_engine import FakeEngine
 from pipeline.stores.units import SESSION_COUNTERS
+from tests.engines import drain
 
 TEXTS = ["The quarterly report states that revenue grew while costs fell in every region.",
          "Customers asked for faster delivery of orders; the board approved a new budget.",
@@ -33,19 +34,6 @@ def engines(make_config_module):
 def engine(request, engines):
     """Each engine in turn, with the tier's tokenizer."""
     return engines[0][request.param], engines[1]
-
-
-def drain(engine, requests, sampling):
-    """Run (id, prompt, max_tokens) through add/step; every Progressed, in order, and the completions."""
-    for rid, prompt, max_tokens in requests:
-        engine.add(rid, prompt, max_tokens, sampling)
-    seen, done = [], {}
-    while len(done) < len(requests):
-        for p in engine.step():
-            seen.append(p)
-            if p.completion is not None:
-                done[p.request_id] = p.completion
-    return seen, done
 
 
 def test_token_counts_finish_reasons_and_progress(engine):

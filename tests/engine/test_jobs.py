@@ -3,7 +3,7 @@ check what only the real engine can show. Everything else about jobs runs on the
 (tests/integration), whose answers are held to the real engine's in test_fake_engine_contract.py.
 
 - a job over both tiers (routing, escalation, map-reduce of a long document) accounts for every record and
-  every GPU-second, as tests/integration/test_job.py checks on the fake engine;
+  every GPU-second, as tests/integration/test_job.py checks on the fake engine (tests/jobs.py);
 - JSON-schema outputs through vLLM's guided decoding: valid JSON, one retry, then quarantine;
 - speculative decoding (ngram) measured by vLLM's own counters, into the manifest.
 """
@@ -14,20 +14,16 @@ from functools import partial
 import pyarrow.compute as pc
 from jsonschema import Draft202012Validator
 
-import tests.integration.test_job as job_tests
 from pipeline import run_job
 from pipeline.dev.samples import write_sample_corpus
 from tests.conftest import read_kind
-from tests.jobs import assert_exactly_once
-
-SCHEMA = {"type": "object", "properties": {"summary": {"type": "string", "maxLength": 40}},
-          "required": ["summary"], "additionalProperties": False}
-NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
+from tests.jobs import assert_exactly_once, check_a_two_tier_job
+from tests.unit.test_levers import NGRAM
+from tests.unit.test_structured import SCHEMA
 
 
 def test_a_job_on_the_real_engine_accounts_for_every_record_and_every_gpu_second(make_config, sample_corpus, tmp_path):
-    job_tests.test_job_accounts_for_every_record_and_every_gpu_second(partial(make_config, engine="vllm"),
-                                                                       sample_corpus, tmp_path)
+    check_a_two_tier_job(partial(make_config, engine="vllm"), sample_corpus, tmp_path)
 
 
 def test_a_job_with_a_json_schema_serves_valid_json_retries_once_and_quarantines_the_rest(make_config, tmp_path):

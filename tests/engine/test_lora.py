@@ -6,19 +6,14 @@ pipeline/generate/adapters.py lora_kwargs). Keys and tenant isolation are tested
 from __future__ import annotations
 
 from pipeline.generate.engine import EnginePool
+from tests.engines import drain
 from tests.integration.test_adapters import tenants
 
 
 def run_to_end(engine, requests, sampling):
-    """Add every (request id, token ids, adapter) at once, step until all finish: their output token ids."""
-    for rid, ids, adapter in requests:
-        engine.add(rid, ids, 24, sampling, **({"adapter": adapter} if adapter else {}))
-    done = {}
-    while len(done) < len(requests):
-        for p in engine.step():
-            if p.completion is not None:
-                done[p.request_id] = p.completion.token_ids
-    return done
+    """Every (request id, token ids, adapter) at once, 24 tokens each: their output token ids."""
+    done = drain(engine, [(rid, ids, 24, adapter) for rid, ids, adapter in requests], sampling)[1]
+    return {rid: c.token_ids for rid, c in done.items()}
 
 
 def test_a_mixed_batch_gives_each_request_what_it_gets_alone(make_config, demo_adapters):

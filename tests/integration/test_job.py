@@ -5,83 +5,18 @@ import json
 import os
 import subprocess
 import sys
-from pathlib import Path
 
-import pyarrow.compute as pc
 import pytest
 
 from pipeline import JobError, run_job
 from pipeline.generate.fake_engine import FakeEngine
-from pipeline.schema import LEDGER, OUTPUTS, QUARANTINE
 from pipeline.stores.catalog import StateStore
 from tests.conftest import FAKE_ENGINE, REPO, TINY_CONFIG, read_kind
-
-
-def add_long_document(input_dir: Path) -> None:
-    words = "revenue growth customer order shipment " * 900  # ~4,500 tokens > 2,048 context of the large tier
-    lines = [{"id": "long-1", "text": words, "tenant": "acme"}, {"id": "long-2", "text": words + " ", "tenant": "acme"}]
-    (input_dir / "long.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+from tests.jobs import check_a_two_tier_job
 
 
 def test_job_accounts_for_every_record_and_every_gpu_second(make_config, sample_corpus, tmp_path):
-    input_dir, counts = sample_corpus
-    add_long_document(input_dir)
-    config = make_config(routing=True)  # both tiers, rules and escalation, as the demo runs
-    result = run_job(config, job_id="acct")
-    m, out_dir = result.manifest, tmp_path / "output"
-    outputs, ledger, quarantine = (read_kind(out_dir, k, "acct") for k in ("outputs", "ledger", "quarantine"))
-
-    # Nothing lost: every record read is an output row or a quarantine row, exactly once.
-    records = counts["documents"] + counts["bad_records"] + 2
-    assert m["counts"]["records"] == records == outputs.num_rows + quarantine.num_rows
-    assert outputs.num_rows == m["counts"]["outputs"] and quarantine.num_rows == m["counts"]["quarantined"]
-    assert len(set(outputs["id"].to_pylist())) == outputs.num_rows
-    assert outputs.schema.equals(OUTPUTS) and ledger.schema.equals(LEDGER) and quarantine.schema.equals(QUARANTINE)
-
-    # A document over the context is summarised map-reduce style, not quarantined; its copy reuses it.
-    rows = {r["id"]: r for r in ledger.to_pylist()}
-    assert rows["long-1"]["chunks"] >= 3 and rows["long-1"]["source"] == "generated"
-    assert rows["long-1"]["route_reason"] == "rule:long-document" and rows["long-1"]["tier"] == "large"
-    assert rows["long-2"]["source"] == "duplicate_in_job" and rows["long-2"]["chunks"] >= 3
-    assert "too_long" not in m["counts"]["by_reason"]
-
-    # Duplicates reuse the representative's summary and cost nothing.
-    by_id = {r["id"]: r for r in outputs.to_pylist()}
-    dups = [r for r in by_id.values() if r["source"] == "duplicate_in_job"]
-    assert dups and m["counts"]["by_source"]["duplicate_in_job"] == len(dups)
-    for d in dups:
-        rep = by_id[d["source_id"]]
-        assert rep["source"] == "generated" and rep["summary"] == d["summary"] and rep["tenant"] == d["tenant"]
-    generated = [r for r in by_id.values() if r["source"] == "generated"]
-    assert all(r["prompt_tokens"] > 0 and r["output_tokens"] > 0 for r in generated)
-    assert {r["finish_reason"] for r in generated} <= {"length", "stop"}
-    assert {r["template_version"] for r in by_id.values()} == {"summarize-v1"}
-
-    # The ledger: one row per output; GPU-seconds add up to the engines' seconds × GPUs; money follows.
-    assert sorted(ledger["id"].to_pylist()) == sorted(by_id)
-    engine_gpu_seconds = sum(e["gpu_seconds"] for e in m["engines"].values())
-    assert engine_gpu_seconds > 0
-    assert pc.sum(ledger["gpu_seconds"]).as_py() == pytest.approx(engine_gpu_seconds, rel=1e-9)
-    for row in ledger.to_pylist():
-        if not row["escalated"]:  # escalated rows carry the blended price of their two attempts
-            assert row["price_per_gpu_hour"] == config.tiers[row["tier"]].price_per_gpu_hour
-        assert row["cost_usd"] == pytest.approx(row["gpu_seconds"] * row["price_per_gpu_hour"] / 3600, rel=1e-9,
-                                                abs=1e-15)
-        if row["source"] == "duplicate_in_job":
-            assert row["cost_usd"] == 0 and row["baseline_cost_usd"] > 0
-    assert m["cost"]["saved_usd"] == pytest.approx(m["cost"]["baseline_cost_usd"] - m["cost"]["cost_usd"])
-    assert m["cost"]["saved_usd"] > 0
-
-    # Files were written atomically: no temporary names left behind, one file per partition and kind,
-    # each named by its partition's commit record.
-    assert not [p for p in out_dir.rglob("*") if p.name.startswith(".tmp-")]
-    records = [json.loads(f.read_text()) for f in (out_dir / "_commits" / "job=acct").glob("partition=*.json")]
-    assert len(records) == len(m["partitions"])
-    for kind in ("outputs", "ledger", "quarantine"):
-        files = sorted(str(p.relative_to(out_dir)) for p in (out_dir / kind / "job=acct").glob("partition=*/*.parquet"))
-        assert files == sorted(r["files"][kind] for r in records)
-    assert (out_dir / "jobs" / "acct" / "manifest.json").exists()
-    assert [(j.job_id, j.status) for j in StateStore(config.state.url).jobs()] == [("acct", "succeeded")]
+    check_a_two_tier_job(make_config, sample_corpus, tmp_path)
 
 
 def test_rerun_of_a_job_id_replaces_rows_and_is_deterministic(make_config, sample_corpus, tmp_path):
