@@ -255,10 +255,10 @@ class EnginePool:
     def _key(self, name: str) -> str:
         # Adapters by content: an adapter retrained in place gets an engine that loads the new weights.
         adapters = [(path, adapter_digest(path)) for path in self.adapters.get(name, [])]
-        return json.dumps([self.factory_of(name).__qualname__, self.tiers[name].model_dump(mode="json"), adapters],
+        return json.dumps([self._factory_of(name).__qualname__, self.tiers[name].model_dump(mode="json"), adapters],
                           sort_keys=True)
 
-    def factory_of(self, name: str) -> Callable[..., Engine]:
+    def _factory_of(self, name: str) -> Callable[..., Engine]:
         return self.factory or ENGINES[self.tiers[name].engine]
 
     def reset_prefix_caches(self) -> None:
@@ -300,7 +300,7 @@ class EnginePool:
                 atexit.register(shutdown_engines)
             try:
                 adapters = self.adapters.get(name)
-                factory = self.factory_of(name)
+                factory = self._factory_of(name)
                 _ENGINES[key] = factory(tier, adapters) if adapters else factory(tier)
             except EngineStartError as e:
                 raise EngineStartError(f"tier {name}: {e}") from None

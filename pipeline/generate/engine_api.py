@@ -51,6 +51,7 @@ class StreamingEngine(Engine, Protocol):
 
     def step(self) -> list[Progressed]: ...
 
+
 @dataclass(frozen=True)
 class Progressed:
     request_id: str
