@@ -27,9 +27,7 @@ def held_gpu_seconds(db, job_id: str) -> float:
 def test_one_process_runs_tier_workers_fed_from_every_partition(make_config, tmp_path):
     corpus = write_sample_corpus(tmp_path / "input", documents=48)
     config = make_config(routing=True, input__records_per_partition=6)
-    pool = EnginePool(config.tiers)
-    for tier in config.tiers:  # engines an earlier test left running: this job starts its own
-        pool.shutdown(tier)
+    pool = EnginePool(config.tiers)  # no engine left by an earlier test (conftest): this job starts its own
     seen = []
 
     def fail_one(point, job_id, partition):

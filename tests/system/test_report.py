@@ -36,13 +36,8 @@ def chromium():
 
 
 def test_report_renders_offline_with_every_chart_drawn(make_config, sample_corpus, tmp_path, chromium):
-    from pipeline.generate.engine import EnginePool
-
     config = make_config()
-    pool = EnginePool(config.tiers)
-    for tier in config.tiers:  # an engine an earlier test left running: this job starts (and pays for) its own
-        pool.shutdown(tier)
-    run_job(config, job_id="report", pool=pool)
+    run_job(config, job_id="report")  # no engine left running by an earlier test (conftest): it pays for its start
     page = build_report(config.output.uri, "report")
     assert "http://" not in page and "https://" not in page  # nothing fetched from a network
     assert 'id="unfaithful-by-tier"' in page and "No eval result" in page
