@@ -156,7 +156,10 @@ def test_unreachable_state_database_is_one_clear_line(tiny_models, tmp_path, sam
     assert last.startswith("error: job failed: state database") and "unreachable" in last and "hunter2" not in r.stderr
 
 
-def test_job_on_postgresql(make_config, sample_corpus, postgres_url, tmp_path):
+def test_job_on_postgresql(make_config, sample_corpus, fresh_postgres_url, tmp_path):
+    # A database of its own: the session's is shared by every catalog test, and a repeated run of this one
+    # (make test-repeat) would find its job id there already, bound to another output.
+    postgres_url = fresh_postgres_url
     config = make_config(state__url=postgres_url)
     m = run_job(config, job_id="pg").manifest
     assert m["status"] == "succeeded"
@@ -165,7 +168,7 @@ def test_job_on_postgresql(make_config, sample_corpus, postgres_url, tmp_path):
     assert [(j.job_id, j.status) for j in StateStore(postgres_url).jobs() if j.job_id == "pg"] == [("pg", "succeeded")]
 
 
-def test_state_database_outage_mid_job_leaves_no_partition_running_forever(make_config, tmp_path, postgres_url,
+def test_state_database_outage_mid_job_leaves_no_partition_running_forever(make_config, tmp_path, fresh_postgres_url,
                                                                           monkeypatch):
     """A real outage: the catalog's PostgreSQL connection is cut after the first paid engine call."""
     from sqlalchemy import text
@@ -173,6 +176,7 @@ def test_state_database_outage_mid_job_leaves_no_partition_running_forever(make_
 
     from tests.tcpproxy import CuttableTcpProxy
 
+    postgres_url = fresh_postgres_url  # its own database, as test_job_on_postgresql's
     url = make_url(postgres_url)
     proxy = CuttableTcpProxy(url.host, url.port or 5432)
     proxied = url.set(host="127.0.0.1", port=proxy.port).render_as_string(hide_password=False)
