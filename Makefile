@@ -55,11 +55,14 @@ demo: models
 	$(VENV)/bin/tokenmill run --config configs/local.yaml --input data/sample --output data/output
 
 # The levels (docs/testing.md): tests/unit, tests/integration, tests/system, tests/engine (the real vLLM engine).
+# Two xdist workers (WORKERS=1: one process); the engine tests keep to one of them (tests/conftest.py).
+WORKERS ?= 2
+XDIST   := -n $(WORKERS) --dist loadgroup
 test: install
-	$(PY) -m pytest -q --durations=25 tests
+	$(PY) -m pytest -q $(XDIST) --durations=25 tests
 
 test-fast: install
-	$(PY) -m pytest -q --durations=10 -m "not engine" tests
+	$(PY) -m pytest -q $(XDIST) --durations=10 -m "not engine" tests
 
 # The tests of processes, kills, leases and threads, REPEAT times each in one session (flakes show here first).
 REPEAT ?= 20
@@ -67,7 +70,7 @@ CONCURRENCY_TESTS := tests/integration/test_catalog_races.py tests/integration/t
 	tests/integration/test_tier_workers.py tests/integration/test_plan.py tests/integration/test_commit_job.py \
 	tests/integration/test_cache_job.py tests/system/test_faults.py tests/unit/test_levers_bench.py
 test-repeat: install
-	$(PY) -m pytest -q --count=$(REPEAT) $(CONCURRENCY_TESTS)
+	$(PY) -m pytest -q $(XDIST) --count=$(REPEAT) $(CONCURRENCY_TESTS)
 
 # The long run of tests/unit/test_fuzz_reader.py (the suite runs a bounded, deterministic one): random
 # seeds, FUZZ_EXAMPLES examples for each of its 4 properties, with Hypothesis' statistics.
@@ -96,4 +99,4 @@ eval: models data/holdout.jsonl
 	$(VENV)/bin/tokenmill eval --config configs/local.yaml --holdout data/holdout.jsonl
 
 clean:
-	rm -rf $(VENV) $(TOKENMILL_HOME) data
+	rm -rf $(VENV) $(TOKENMILL_HOME) data .pytest_cache

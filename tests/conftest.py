@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -43,14 +44,59 @@ def tokenmill_home(tmp_path_factory) -> Path:
     return home
 
 
+# The models the tests build (tiny checkpoints, the static embedder, demo adapters) take about a minute of
+# CPU; they are built once per machine and reused by every session and xdist worker, each under a folder
+# named by a hash of its builder's source and the libraries that write it (so a change to either builds
+# anew, and a reused folder is exactly what a build would write). TOKENMILL_TEST_MODELS moves the folder.
+MODEL_CACHE = Path(os.environ.get("TOKENMILL_TEST_MODELS", REPO / ".pytest_cache" / "tokenmill-models"))
+MODEL_LIBRARIES = ("torch", "transformers", "tokenizers", "safetensors", "model2vec", "peft")
+
+
+def built_once(name: str, build, *sources: Path) -> Path:
+    """The folder `build(folder)` fills, from MODEL_CACHE if a build of these sources is there. Workers
+    building at once wait on a lock; a build is renamed into place only when complete."""
+    import hashlib
+    import shutil
+    from importlib.metadata import PackageNotFoundError, version
+
+    from filelock import FileLock
+
+    digest = hashlib.sha256()
+    for source in sources:
+        digest.update(source.read_bytes())
+    for library in MODEL_LIBRARIES:
+        try:
+            digest.update(f"{library}=={version(library)}".encode())
+        except PackageNotFoundError:
+            digest.update(f"{library} absent".encode())
+    folder = MODEL_CACHE / f"{name}-{digest.hexdigest()[:16]}"
+    MODEL_CACHE.mkdir(parents=True, exist_ok=True)
+    with FileLock(f"{folder}.lock"):
+        if not folder.exists():
+            partial = folder.with_name(f"{folder.name}.partial")
+            shutil.rmtree(partial, ignore_errors=True)
+            build(partial)
+            partial.rename(folder)
+    return folder
+
+
+def _linked(home: Path, name: str, folder: Path) -> Path:
+    """`folder` as $TOKENMILL_HOME/models/<name>, where configs name models (a link: nothing copied)."""
+    link = home / "models" / name
+    link.parent.mkdir(parents=True, exist_ok=True)
+    if not link.is_symlink():
+        link.symlink_to(folder, target_is_directory=True)
+    return link
+
+
 @pytest.fixture(scope="session")
 def tiny_models(tokenmill_home) -> Path:
-    from pipeline.dev.tiny_model import build_tiny_model
+    from pipeline.dev import tiny_model
 
-    models = tokenmill_home / "models"
-    build_tiny_model(models / "tiny-small", "small")
-    build_tiny_model(models / "tiny-large", "large")
-    return models
+    for size in ("small", "large"):
+        folder = built_once(f"tiny-{size}", partial(tiny_model.build_tiny_model, size=size), Path(tiny_model.__file__))
+        _linked(tokenmill_home, f"tiny-{size}", folder)
+    return tokenmill_home / "models"
 
 
 # The local config routes across two tiers and escalates; tests not about routing run on one tier.
@@ -112,12 +158,16 @@ LEVELS = ("unit", "integration", "system", "engine")
 
 
 def pytest_collection_modifyitems(config, items):
-    """Each test gets its folder's level as a marker (`-m "not engine"` is the fast suite)."""
+    """Each test gets its folder's level as a marker (`-m "not engine"` is the fast suite). Under xdist
+    (`--dist loadgroup`) the engine tests share one worker: never two vLLM engines at once on 2 cores, and
+    each engine is started once for the tests that use it."""
     for item in items:
         level = Path(str(item.path)).relative_to(REPO / "tests").parts[0]
         if level not in LEVELS:
             raise pytest.UsageError(f"{item.nodeid}: tests live in one of tests/{{{','.join(LEVELS)}}}/")
         item.add_marker(getattr(pytest.mark, level))
+        if level == "engine":
+            item.add_marker(pytest.mark.xdist_group("engine"))
 
 
 @pytest.fixture(autouse=True)
@@ -341,21 +391,22 @@ def redis_server(redis_binary, tmp_path):
 @pytest.fixture(scope="session")
 def static_embedder(tokenmill_home) -> Path:
     """The static embedding model, distilled offline from the bundled all-MiniLM-L6-v2 (about 20 s, once)."""
-    from pipeline.dedup.embed import build_static_embedder
+    from pipeline.dedup import embed
 
-    path = tokenmill_home / "models" / "static-minilm"
-    if not (path / "model.safetensors").exists():
-        build_static_embedder(path)
-    return path
+    folder = built_once("static-minilm", embed.build_static_embedder, Path(embed.__file__))
+    return _linked(tokenmill_home, "static-minilm", folder)
 
 
 @pytest.fixture(scope="session")
-def demo_adapters(tiny_models, tmp_path_factory) -> dict[str, str]:
-    """Two demo LoRA adapters (acme, globex) on the tiny small model, built once (pipeline/dev/adapters.py)."""
-    from pipeline.dev.adapters import build_demo_adapter
+def demo_adapters(tiny_models) -> dict[str, str]:
+    """Two demo LoRA adapters (acme, globex) on the tiny small model (pipeline/dev/adapters.py). Built on
+    the tiny model's cached folder, the path their adapter_config.json names, so that it outlives the session."""
+    from pipeline.dev import adapters, tiny_model
 
-    root = tmp_path_factory.mktemp("adapters")
-    return {name: str(build_demo_adapter(tiny_models / "tiny-small", root / name, name)) for name in ("acme", "globex")}
+    base = (tiny_models / "tiny-small").resolve()
+    sources = (Path(adapters.__file__), Path(tiny_model.__file__))
+    return {name: str(built_once(f"adapter-{name}", partial(adapters.build_demo_adapter, base, name=name), *sources))
+            for name in ("acme", "globex")}
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)
