@@ -216,11 +216,14 @@ class AirflowDeployment:
     USER = "tokenmill-test"
 
     def __init__(self, home: Path, dags_folder: Path, sql_alchemy_conn: str, env: dict[str, str] | None = None,
-                 parallelism: int = 8, python: str = sys.executable, drop_env: tuple[str, ...] = ("AIRFLOW",)):
+                 parallelism: int = 8, python: str = sys.executable, drop_env: tuple[str, ...] = ("AIRFLOW",),
+                 preload: tuple[str, ...] = ()):
         """env: added to the services' environment (and so to every task process's); drop_env: prefixes
-        of this process's variables the services do not inherit (pass `env` the ones to keep)."""
+        of this process's variables the services do not inherit (pass `env` the ones to keep); preload:
+        modules the scheduler imports at start, so that the task processes it forks have them (each
+        would otherwise import them again: seconds of CPU per task)."""
         self.home, self.dags_folder, self.conn = Path(home), Path(dags_folder), sql_alchemy_conn
-        self.drop_env = drop_env
+        self.drop_env, self.preload = drop_env, preload
         self.extra_env, self.parallelism, self.python = dict(env or {}), parallelism, python
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
@@ -287,6 +290,7 @@ class AirflowDeployment:
         scheduler and dag-processor healthy. On any failure the services are stopped again."""
         self.home.mkdir(parents=True, exist_ok=True)
         (self.home / "passwords.json").write_text(json.dumps({self.USER: self.password}))
+        self._write_preload()
         try:
             self.airflow("db", "migrate")
             env = self.environ()
@@ -303,6 +307,20 @@ class AirflowDeployment:
         except BaseException:
             self.stop()
             raise
+
+    def _write_preload(self) -> None:
+        """airflow_local_settings.py, which every Airflow process imports from $AIRFLOW_HOME/config at
+        start: in the scheduler it imports `preload`. The LocalExecutor's workers are forked from the
+        scheduler and fork each task process, which so inherits the modules (a deployment's usual tuning)."""
+        if not self.preload:
+            return
+        config = self.home / "config"
+        config.mkdir(exist_ok=True)
+        (config / "airflow_local_settings.py").write_text(
+            "# Written by tests/airflow_deploy.py: modules the scheduler's forked task processes inherit.\n"
+            "import importlib\nimport sys\n\n"
+            f"if 'scheduler' in sys.argv[1:2]:\n    for name in {list(self.preload)!r}:\n"
+            "        importlib.import_module(name)\n")
 
     def wait_healthy(self, timeout: float = 240) -> dict:
         deadline, health = time.monotonic() + timeout, None

@@ -35,6 +35,9 @@ RECORDS_PER_PARTITION = 5  # the corpus's seven files become 11 partitions
 TIER_WORKERS = {"small": 2, "large": 1}  # drain tasks per tier; each tier's pool has one slot (one GPU)
 # The failing partitions (input file, chunk) and where: in prepare, before its lookups and requests;
 # in commit, with outputs assembled and nothing written.
+# What every task process imports (the DAG's module, the fake engine's tokenizer class): the scheduler
+# imports them once and its task processes inherit them, instead of paying seconds each.
+PRELOAD = ("pipeline.job.orchestrate", "pipeline.generate.fake_engine", "transformers.tokenization_utils_tokenizers")
 VICTIMS = {"before_generate": ("batch-a.jsonl", 0), "before_commit": ("batch-b.jsonl.gz", 0)}
 
 
@@ -55,7 +58,8 @@ def airflow(tmp_path, tiny_models, static_embedder, postgres_admin_url):
         **fault_hook_env(tmp_path / "hook", tmp_path / "faults.json"),
     }
     with airflow_database(postgres_admin_url) as db:
-        af = AirflowDeployment(tmp_path / "airflow", REPO / "dags", db, env=env, drop_env=("AIRFLOW", "TOKENMILL_"))
+        af = AirflowDeployment(tmp_path / "airflow", REPO / "dags", db, env=env, drop_env=("AIRFLOW", "TOKENMILL_"),
+                               preload=PRELOAD)
         af.start()
         try:
             for tier in TIER_WORKERS:
