@@ -151,8 +151,9 @@ def test_workers_starting_together_on_a_fresh_catalog_all_get_it(backend, tmp_pa
     once (separate interpreters would be staggered by their imports) and cost no import each."""
     import multiprocessing
 
-    import pipeline.stores.catalog  # noqa: F401 (imported before the fork: the children have it)
     from sqlalchemy import create_engine
+
+    import pipeline.stores.catalog  # noqa: F401 (imported before the fork: the children have it)
 
     url = f"sqlite:///{tmp_path}/fresh.db" if backend == "sqlite" else request.getfixturevalue("fresh_postgres_url")
     create_engine(url).dispose()  # imports the database driver before the fork too (connects nowhere)
