@@ -57,7 +57,7 @@ demo: models
 # The levels (docs/testing.md): tests/unit, tests/integration, tests/system, tests/engine (the real vLLM engine).
 # Two xdist workers (WORKERS=1: one process); the engine tests keep to one of them (tests/conftest.py).
 WORKERS ?= 2
-XDIST   := -n $(WORKERS) --dist loadgroup
+XDIST   := -n $(WORKERS)
 test: install
 	$(PY) -m pytest -q $(XDIST) --durations=25 tests
 

@@ -159,16 +159,26 @@ LEVELS = ("unit", "integration", "system", "engine")
 
 
 def pytest_collection_modifyitems(config, items):
-    """Each test gets its folder's level as a marker (`-m "not engine"` is the fast suite). Under xdist
-    (`--dist loadgroup`) the engine tests share one worker: never two vLLM engines at once on 2 cores, and
-    each engine is started once for the tests that use it."""
+    """Each test gets its folder's level as a marker (`-m "not engine"` is the fast suite)."""
     for item in items:
         level = Path(str(item.path)).relative_to(REPO / "tests").parts[0]
         if level not in LEVELS:
             raise pytest.UsageError(f"{item.nodeid}: tests live in one of tests/{{{','.join(LEVELS)}}}/")
         item.add_marker(getattr(pytest.mark, level))
-        if level == "engine":
-            item.add_marker(pytest.mark.xdist_group("engine"))
+
+
+def pytest_xdist_make_scheduler(config, log):
+    """Under xdist, every engine test on one worker: never two vLLM engines at once on 2 cores, and each
+    engine started once for the tests that use it; any other test goes to whichever worker is free.
+    (A scope per test, one scope for tests/engine/. xdist's own `xdist_group` marker does not group
+    under pytest 9: its worker renames node ids, which pytest 9 no longer lets it.)"""
+    from xdist.scheduler import LoadScopeScheduling
+
+    class EngineOnOneWorker(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return "engine" if nodeid.startswith("tests/engine/") else nodeid
+
+    return EngineOnOneWorker(config, log)
 
 
 @pytest.fixture(autouse=True)
