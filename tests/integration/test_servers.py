@@ -80,16 +80,3 @@ def test_the_run_ends_with_one_line_naming_what_was_skipped(tmp_path, source, li
     assert run.returncode == 0, run.stdout + run.stderr
     assert lines[-2] == line, run.stdout  # just before pytest's own "1 passed in 0.01s"
 
-
-def test_under_xdist_every_engine_test_goes_to_one_worker(pytestconfig, monkeypatch):
-    """The suite's scheduler (tests/conftest.py) puts tests/engine/ in one scope, so one worker runs
-    them all, one engine at a time; every other test is a scope of its own, free to go to either worker."""
-    from tests.conftest import pytest_xdist_make_scheduler
-
-    monkeypatch.setattr(pytestconfig.option, "tx", ["popen", "popen"], raising=False)  # as `-n 2` gives
-    scheduler = pytest_xdist_make_scheduler(pytestconfig, log=None)
-    engine = {"tests/engine/test_lora.py::test_a[vllm]", "tests/engine/test_jobs.py::test_b", "tests/engine/x.py::C::d"}
-    others = ["tests/unit/test_keys.py::test_a", "tests/unit/test_keys.py::test_b", "tests/system/test_faults.py::t[1]"]
-    assert {scheduler._split_scope(n) for n in engine} == {"engine"}
-    assert len({scheduler._split_scope(n) for n in others}) == len(others)
-    assert "engine" not in {scheduler._split_scope(n) for n in others}

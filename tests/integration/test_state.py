@@ -160,11 +160,17 @@ def test_workers_starting_together_on_a_fresh_catalog_all_get_it(backend, tmp_pa
     fork = multiprocessing.get_context("fork")
     barrier = fork.Barrier(6)
     procs = [fork.Process(target=_open_the_catalog, args=(url, barrier)) for _ in range(6)]
-    for p in procs:
-        p.start()
-    for p in procs:
-        p.join(120)
-    assert [p.exitcode for p in procs] == [0] * 6  # a failing child's traceback is in the captured stderr
+    try:
+        for p in procs:
+            p.start()
+        for p in procs:
+            p.join(120)
+        assert [p.exitcode for p in procs] == [0] * 6  # a failing child's traceback is in the captured stderr
+    finally:
+        for p in procs:  # a child that hung: gone, with its database connection
+            if p.is_alive():
+                p.kill()
+                p.join()
 
 
 def test_catalog_items_table_stores_every_field_of_the_item_type():
