@@ -40,7 +40,7 @@ class VllmArgs(Section):
     kv_cache_dtype: str | None = Field(None, description="e.g. `fp8` to halve KV-cache memory (GPUs; CPUs with AVX-512 or AMX and a head size divisible by 32).")
     quantization: str | None = Field(None, description="Online method, e.g. `fp8` (GPU only); unset for a pre-quantised checkpoint (vLLM reads its method from config.json).")
     tensor_parallel_size: int | None = Field(None, ge=1, description="GPUs one engine spans.")
-    dtype: str | None = Field(None, description="Weights dtype; `float32` on CPUs (auto picks bf16, slower there).")
+    dtype: str | None = Field(None, description="Weights dtype. Unset on a CPU: `float32` (auto picks bf16, slower there), or `bfloat16` for INT8 (W8A8) weights on a CPU with AMX, the only dtype vLLM's AMX INT8 kernel takes.")
     enforce_eager: bool | None = Field(None, description="Skip CUDA graphs / torch.compile (faster start, CPU default).")
     seed: int | None = Field(0, description="Engine seed.")
     speculative_config: SpeculativeConfig | None = Field(None, description="Speculative decoding, e.g. `{method: ngram, num_speculative_tokens: 4, prompt_lookup_max: 4, prompt_lookup_min: 2}`.")

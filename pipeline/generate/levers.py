@@ -124,6 +124,22 @@ def cpu_flags() -> set[str]:
     return set(line.partition(":")[2].split())
 
 
+def int8_on_amx(ckpt: Checkpoint | None, flags: Callable[[], set[str]]) -> bool:
+    """INT8 weights (W8A8) on a CPU with AMX: vLLM 0.32 picks its AMX kernel (int8_scaled_mm_with_quant) for
+    them whatever the activations' dtype, and that kernel takes bfloat16 or float16 only: in float32 the
+    engine starts, then dies at its first step (seen on a 2-core Xeon with amx_tile)."""
+    return (ckpt is not None and ckpt.weight_bits == 8 and not ckpt.fp8 and ckpt.scheme == "W8A8"
+            and "amx_tile" in flags())
+
+
+def cpu_dtype(tier: TierConfig, flags: Callable[[], set[str]] = cpu_flags) -> str:
+    """The dtype of a CPU tier's engine: vllm.dtype when set; else float32 (vLLM's auto picks bfloat16,
+    slower on CPUs without AMX), except INT8 weights on a CPU with AMX, which run in bfloat16 only."""
+    if tier.vllm.dtype:
+        return tier.vllm.dtype
+    return "bfloat16" if int8_on_amx(read_checkpoint(tier.model), flags) else "float32"
+
+
 def speculative(v: VllmArgs) -> dict[str, Any] | None:
     """The tier's speculative config as vLLM gets it: the typed field, else one passed through `extra`."""
     if v.speculative_config is not None:
@@ -172,7 +188,10 @@ def _quantization_problems(at: str, tier: TierConfig, ckpt: Checkpoint | None,
                         f"{tier.model}: remove vllm.quantization (vLLM reads the checkpoint's method itself)")
     if tier.device != "cpu":
         return problems
-    dtype = tier.vllm.dtype or "float32"  # the engine's CPU default
+    dtype = cpu_dtype(tier, flags)
+    if dtype in ("float32", "float", "fp32") and int8_on_amx(ckpt, flags):
+        problems.append(f"{at}: {ckpt.label} weights run on a CPU with AMX in bfloat16 only (vLLM's AMX INT8 "
+                        "kernel takes no float32 activations): set vllm.dtype: bfloat16, or leave it unset")
     if ckpt is not None and ckpt.weight_bits == 4 and ckpt.method in FOUR_BIT_METHODS:
         if dtype in ("float32", "float", "fp32"):
             problems.append(f"{at}: {ckpt.label} weights run on the CPU in bfloat16 only (vLLM's cpu_gemm_wna16 "
@@ -256,7 +275,7 @@ def lever_summary(tier: TierConfig) -> dict[str, Any]:
         quantization = "none" if ckpt is not None else None
     spec = speculative(v)
     return {"quantization": quantization,
-            "dtype": v.dtype or ("float32" if tier.device == "cpu" else "auto"),
+            "dtype": cpu_dtype(tier) if tier.device == "cpu" else v.dtype or "auto",
             "kv_cache_dtype": v.kv_cache_dtype or "auto",
             "prefix_caching": True if v.enable_prefix_caching is None else v.enable_prefix_caching,
             "max_num_seqs": v.max_num_seqs, "max_num_batched_tokens": v.max_num_batched_tokens,

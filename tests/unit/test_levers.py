@@ -15,6 +15,7 @@ from pipeline.generate.levers import (
     LeverError,
     check_levers,
     counter_delta,
+    cpu_dtype,
     engine_counters,
     lever_problems,
     lever_summary,
@@ -87,6 +88,18 @@ def test_four_bit_weights_on_a_cpu_without_avx512_are_refused(tmp_path):
     one(lever_problems("t", tier(path, dtype="bfloat16"), NO_AVX512), "only with AVX-512", "W8A8")
     assert lever_problems("t", tier(path, device="gpu", dtype="bfloat16"), NO_AVX512) == []
     assert lever_problems("t", tier(model(tmp_path, "w8", W8A8)), NO_AVX512) == []
+
+
+def test_int8_weights_on_a_cpu_with_amx_run_in_bfloat16(tmp_path):
+    """vLLM's AMX INT8 kernel takes bfloat16 activations only: in float32 the engine died at its first step."""
+    amx = lambda: {"avx512f", "amx_tile"}  # noqa: E731
+    w8, w4 = model(tmp_path, "w8", W8A8), model(tmp_path, "w4", W4A16)
+    assert cpu_dtype(tier(w8), amx) == "bfloat16" and cpu_dtype(tier(w8), AVX512) == "float32"
+    assert cpu_dtype(tier(w4), amx) == "float32" and cpu_dtype(tier(model(tmp_path, "plain")), amx) == "float32"
+    assert cpu_dtype(tier(w8, dtype="float16"), amx) == "float16"
+    assert lever_problems("t", tier(w8), amx) == []
+    one(lever_problems("t", tier(w8, dtype="float32"), amx), "bfloat16 only", "AMX")
+    assert lever_problems("t", tier(w8, dtype="float32"), AVX512) == []
 
 
 def test_online_fp8_on_the_cpu_is_refused(tmp_path):
