@@ -51,25 +51,30 @@ TIMES = ("startup_seconds", "busy_seconds", "idle_seconds", "held_seconds")
 def run_step(step: dict) -> dict:
     """What one orchestrator task does, on the job the environment's TOKENMILL_* settings name."""
     from pipeline.config import load_config
-    from pipeline.job.lifecycle import Job
+    from pipeline.job.commit import commit_partition
+    from pipeline.job.context import JobContext
+    from pipeline.job.drain import drain_tier
+    from pipeline.job.manifest import refresh_manifest
+    from pipeline.job.prepare import prepare
+    from pipeline.job.staging import plan
 
-    job = Job.open(load_config(CONFIG), step["job_id"])
+    job = JobContext.open(load_config(CONFIG), step["job_id"])
     kind = step["kind"]
     if kind == "stage":
-        job.ensure_staged()
+        plan(job)
         return {"partitions": [p.partition for p in job.state.partitions(job.job_id)], "tiers": job.drain_order()}
     if kind == "partition":  # shape (a): one partition on its own, every tier
-        prepared = job.prepare_partition(step["partition"])
-        drains = [job.drain_tier(tier) for tier in job.drain_order()]
-        return {"prepared": prepared, "drains": drains, "commit": job.run_partition(step["partition"])}
+        prepared = prepare(job, step["partition"])
+        drains = [drain_tier(job, tier) for tier in job.drain_order()]
+        return {"prepared": prepared, "drains": drains, "commit": commit_partition(job, step["partition"])}
     if kind == "prepare":  # shape (b), CPU: every partition's wave 0
-        return {"prepared": [job.prepare_partition(p) for p in step["partitions"]]}
+        return {"prepared": [prepare(job, p) for p in step["partitions"]]}
     if kind == "drain":  # shape (b), one tier worker
-        return {"drains": [job.drain_tier(step["tier"])]}
+        return {"drains": [drain_tier(job, step["tier"])]}
     if kind == "commit":
-        return {"commits": [job.run_partition(p) for p in step["partitions"]]}
+        return {"commits": [commit_partition(job, p) for p in step["partitions"]]}
     if kind == "finish":
-        manifest = job.write_manifest()
+        manifest = refresh_manifest(job)
         return {"manifest": {k: manifest[k] for k in ("status", "counts", "cost", "engines", "routing")},
                 "ledger": ledger_sums(job.config.output.uri, job.job_id)}
     raise ValueError(f"unknown step {kind!r}")

@@ -86,8 +86,8 @@ def child(input_dir: str, workers: int, tmp: str, shard_rows: int) -> None:
     go to `<tmp>/decisions.parquet`, for the parent to compare runs."""
     from pipeline.config import load_config
     from pipeline.job.plan import plan_job
-    from pipeline.job.staging import StagingArea
     from pipeline.stores import storage
+    from pipeline.stores.staging import StagingArea
 
     config = load_config(ROOT / "configs" / "tiny.yaml", environ={
         "TOKENMILL_INPUT__URI": input_dir, "TOKENMILL_OUTPUT__URI": f"{tmp}/out",

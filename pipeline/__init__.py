@@ -6,15 +6,18 @@ The public facade: what the CLI, the Airflow DAG, benchmarks and tests use.
     estimate = estimate_job(config)              # pre-flight: what the job would generate and cost
     result = run_job(config)                     # run (or continue) a job to its last partition
 
-`Job` is the job itself (stage the input, prepare and run partitions, write the manifest) for
-orchestrators that run a job's steps as separate tasks; `JobError` carries a one-line reason.
+`Job` runs a job's four steps (plan, prepare, drain, commit) in order over its `JobContext`;
+orchestrators call the same steps as separate tasks (pipeline/job/orchestrate.py). `JobError`
+carries a one-line reason.
 Everything else lives in the stage folders (ingest, dedup, route, generate, output) and the
 stores beside them; docs/architecture.md maps them.
 """
 
 from pipeline.config import ConfigError, TokenmillConfig, load_config
+from pipeline.job.context import JobContext
 from pipeline.job.estimate import estimate_job
 from pipeline.job.lifecycle import Job, JobError, JobResult, run_job
 
-__all__ = ["ConfigError", "TokenmillConfig", "load_config", "estimate_job", "run_job", "Job", "JobError", "JobResult"]
+__all__ = ["ConfigError", "TokenmillConfig", "load_config", "estimate_job", "run_job", "Job", "JobContext", "JobError",
+           "JobResult"]
 __version__ = "0.1.0"

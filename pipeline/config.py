@@ -10,8 +10,6 @@ the DAG needs no secret.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import os
 import re
@@ -310,23 +308,6 @@ class TokenmillConfig(Section):
         """The baseline tier: the one with the highest price per hour of its engine."""
         prices = self.tier_prices
         return max(prices, key=prices.get)
-
-    def fingerprint(self) -> str:
-        """Hash of everything that changes outputs or costs (not where they are read from or written to)."""
-        data = self.model_dump(mode="json", exclude={"input": {"uri"}, "output": {"uri"}, "run": True, "state": True,
-                                                     "storage": True, "budget": True, "cache": True,
-                                                     "planning": True})
-        if any(t.adapter for t in self.tenants.values()):  # an adapter retrained in place changes outputs too
-            from pipeline.keys import adapter_digest
-
-            def digest(path: str) -> str:
-                try:
-                    return adapter_digest(path)
-                except OSError:  # not on this host: the checks before any work say so where it matters
-                    return "unreadable"
-
-            data["adapter_digests"] = {n: digest(t.adapter) for n, t in self.tenants.items() if t.adapter}
-        return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def _read_yaml(path: str | Path | None) -> dict:

@@ -14,6 +14,7 @@ separator: a separator can occur inside a tenant name or a text, and then two di
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import re
 import unicodedata
@@ -23,7 +24,7 @@ from pathlib import Path
 import pyarrow as pa
 import xxhash
 
-from pipeline.config import PromptConfig, SamplingConfig
+from pipeline.config import PromptConfig, SamplingConfig, TokenmillConfig
 
 _ASCII_SPACE = "\t\n\r\x0b\x0c\x1c\x1d\x1e\x1f"
 
@@ -105,6 +106,23 @@ def adapter_digest(folder: str | None) -> str | None:
         raise FileNotFoundError(f"LoRA adapter {folder}: no adapter_config.json and adapter_model.safetensors there "
                                 "(build a demo one: tokenmill models adapter)")
     return _digest(str(path), tuple((f.name, f.stat().st_mtime_ns, f.stat().st_size) for f in files if f.exists()))
+
+
+def config_fingerprint(config: TokenmillConfig) -> str:
+    """Hash of everything in `config` that changes outputs or costs (not where they are read from or
+    written to), adapters' contents included: an adapter retrained in place changes outputs too."""
+    data = config.model_dump(mode="json", exclude={"input": {"uri"}, "output": {"uri"}, "run": True, "state": True,
+                                                   "storage": True, "budget": True, "cache": True, "planning": True})
+
+    def digest(path: str) -> str:
+        try:
+            return adapter_digest(path)
+        except OSError:  # not on this host: the checks before any work say so where it matters
+            return "unreadable"
+
+    if any(t.adapter for t in config.tenants.values()):
+        data["adapter_digests"] = {n: digest(t.adapter) for n, t in config.tenants.items() if t.adapter}
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def derived_key(key: str, kind: str, detail: str | int) -> str:

@@ -18,8 +18,8 @@ import logging
 import secrets
 import time
 import weakref
-from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 import pyarrow as pa
@@ -94,11 +94,36 @@ class WorkerReport:
         return self.startup_seconds + self.busy_seconds + self.idle_seconds
 
 
+class JobSide(Protocol):
+    """What a tier worker needs from the job it drains, for its tier (the job's drain step implements it)."""
+
+    cache_status: str  # recorded on every item: off | bypassed | miss
+
+    def requests(self, unit: WorkUnit) -> list[dict]:
+        """The unit's requests still to run (prompt_token_ids, max_tokens, unit)."""
+
+    def unit_done(self, unit: WorkUnit) -> None:
+        """Every request of the unit is in: derive its partition's next wave."""
+
+    def unit_failed(self, unit: WorkUnit, error: str) -> None:
+        """The unit cannot run (its requests unreadable): its partition fails, the others go on."""
+
+    def more_may_come(self) -> bool:
+        """Whether units of this tier can still arrive (escalations from the other tiers' units)."""
+
+    def admit(self, rows: list[dict]) -> bool:
+        """Budget admission of one unit's requests; False defers the unit."""
+
+    def store(self, items: dict[str, dict], failed: dict[str, Failure]) -> None:
+        """Keep what finished: items by key (paid, priced) and the requests given up on."""
+
+    def cache_put(self, by_scope: dict[str, dict]) -> None:
+        """Offer the new items to the reuse cache, by dedup scope."""
+
+
 @dataclass
 class TierWorker:
-    """Drains one tier's units of one job. The job layer supplies what needs it: reading a unit's
-    requests, what to do when a unit is done (derive the partition's next wave), whether work can
-    still arrive, where items go (`store`) and budget admission."""
+    """Drains one tier's units of one job; `job` supplies what needs the job (JobSide)."""
 
     config: TokenmillConfig
     tier: str
@@ -106,14 +131,7 @@ class TierWorker:
     queue: UnitQueue
     pool: EnginePool
     worker: str
-    load: Callable[[WorkUnit], list[dict]]
-    on_unit_done: Callable[[WorkUnit], None]
-    more_may_come: Callable[[], bool]
-    on_unit_failed: Callable[[WorkUnit, str], None]
-    store: Callable[[dict[str, dict], dict[str, Failure]], None]  # (items by key, failures by key)
-    admit: Callable[[list[dict]], bool] = lambda rows: True
-    cache_put: Callable[[dict[str, dict]], None] = lambda by_scope: None
-    cache_status: str = "off"
+    job: JobSide
     release: bool = False  # shut the engine down at the end (its process will not reuse it)
     flight: dict[str, InFlight] = field(default_factory=dict)
     remaining: dict[str, int] = field(default_factory=dict)  # unit id -> requests not finished
@@ -127,7 +145,7 @@ class TierWorker:
         lease, poll = c.state.lease_seconds, c.state.wait_seconds
         # The engine starts only once there is a unit to run: a tier waiting for escalations holds no GPU.
         while not self.claimable():
-            if not self.more_may_come():
+            if not self.job.more_may_come():
                 return report  # nothing for this tier: no engine start, no session
             time.sleep(poll)
         engine = self.pool.running(self.tier)
@@ -151,7 +169,7 @@ class TierWorker:
             busy = bool(self.flight)
             progressed = steps.step() if busy else []
             if not busy:
-                if not self.more_may_come() and not self.claimable():
+                if not self.job.more_may_come() and not self.claimable():
                     break
                 time.sleep(poll)
             t = time.perf_counter()
@@ -197,12 +215,12 @@ class TierWorker:
 
     def start(self, unit: WorkUnit, steps, sid: str, report: WorkerReport) -> None:
         try:
-            rows = self.load(unit)
+            rows = self.job.requests(unit)
         except Exception as e:  # e.g. its staged requests unreadable: that partition fails, the others go on
-            self.on_unit_failed(unit, f"{type(e).__name__}: {e}")
+            self.job.unit_failed(unit, f"{type(e).__name__}: {e}")
             self.queue.finish(self.job_id, unit)
             return
-        if rows and not self.admit(rows):
+        if rows and not self.job.admit(rows):
             self.queue.finish(self.job_id, unit, "deferred")
             log.warning("tier %s: unit %s deferred at a budget cap", self.tier, unit.unit_id)
             return
@@ -222,7 +240,7 @@ class TierWorker:
             self.flight[rid] = InFlight(unit, row)
             self.remaining[unit.unit_id] += 1
         if failed:
-            self.store({}, failed)
+            self.job.store({}, failed)
         if not self.remaining[unit.unit_id]:
             self.done(unit)
 
@@ -269,7 +287,7 @@ class TierWorker:
                           "finish_reason": c.finish_reason, "mean_logprob": c.mean_logprob,
                           "id": record_id(unit), "tenant": unit["tenant"], "partition": f.unit.partition,
                           "gpu_seconds": float(g), "baseline_gpu_seconds": float(b), "created_at": created,
-                          "cache_status": self.cache_status, "session_id": f.unit.session_id,
+                          "cache_status": self.job.cache_status, "session_id": f.unit.session_id,
                           # checked once, here, where the output meets the text it summarises
                           "unfaithful_terms": len(unfaithful_terms(c.text, unit.get("document", unit["text"]))),
                           **({"chunks": unit["chunks"]} if unit.get("chunks") else {})}
@@ -281,8 +299,8 @@ class TierWorker:
         # Renewed before every store, so that a worker killed at any point leaves figures that add up: what it
         # measured but did not store is lost work, never more than it held (pricing.session_shares).
         self.queue.beat_session(self.session_id, self.report.busy_seconds, self.report.idle_seconds, self.recorded)
-        self.store(items, failed)
-        self.cache_put(by_scope)
+        self.job.store(items, failed)
+        self.job.cache_put(by_scope)
         for _, f in done:
             self.remaining[f.unit.unit_id] -= 1
             if self.remaining[f.unit.unit_id] == 0:
@@ -292,7 +310,7 @@ class TierWorker:
         del self.remaining[unit.unit_id]
         # The next wave first, then the unit: a worker of the tier it feeds that sees no unfinished unit here
         # has seen that wave enqueued.
-        self.on_unit_done(unit)
+        self.job.unit_done(unit)
         if not self.queue.finish(self.job_id, unit):
             log.warning("tier %s: unit %s was taken over by another worker; its items are stored, not committed here",
                         self.tier, unit.unit_id)

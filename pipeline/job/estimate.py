@@ -165,8 +165,8 @@ def planned_demand(config: TokenmillConfig, pool, rates: dict[str, TierRate],
     from pipeline.generate.reuse import generation_units
     from pipeline.generate.waves import WavePlanner, unit_requests
     from pipeline.job.plan import plan_job
-    from pipeline.job.staging import StagingArea
     from pipeline.stores import storage
+    from pipeline.stores.staging import StagingArea
 
     config = config.model_copy(update={
         "input": config.input.model_copy(update={"uri": input_uri or config.input.uri}),

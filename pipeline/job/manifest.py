@@ -14,8 +14,10 @@ import pyarrow.compute as pc
 from pipeline.config import TokenmillConfig, redact_url
 from pipeline.generate.levers import lever_summary, ratio
 from pipeline.generate.shadow import summarise_verification
+from pipeline.job.context import JobContext
+from pipeline.output.commit import publish, published_commit
 from pipeline.output.telemetry import decode_steps, efficiency
-from pipeline.output.write import count_by
+from pipeline.output.write import count_by, write_manifest
 from pipeline.stores.catalog import aware, now
 from pipeline.stores.units import SESSION_COUNTERS
 
@@ -182,3 +184,29 @@ def build_manifest(config: TokenmillConfig, job_id: str, job, parts: list, parti
                        for p in parts},
         **({"staging": staging} if staging else {}),
     }
+
+
+def current_manifest(ctx: JobContext, partial: bool) -> dict:
+    """The manifest over what the catalog holds now (`partial` while any partition has not committed)."""
+    job = ctx.state.job(ctx.job_id)
+    counts = json.loads(job.counts or "{}")
+    staging = counts.get("staging") or counts.get("plan", {})  # "plan": jobs staged before 0.1 named it so
+    return build_manifest(ctx.config, ctx.job_id, job, ctx.state.partitions(ctx.job_id), partial, staging,
+                          ctx.queue.sessions(ctx.job_id))
+
+
+def refresh_manifest(ctx: JobContext) -> dict:
+    """Write and return the manifest over whatever has committed (partial while any partition has not).
+
+    First publishes the commit of any partition whose commit record is missing or names another
+    commit than the catalog's (its worker died between the catalog's commit and the record, or an
+    older commit's late record overwrote it), so readers see what the catalog committed.
+    """
+    parts = ctx.state.partitions(ctx.job_id)
+    for p in parts:
+        commit = json.loads(p.counts or "{}").get("commit") if p.status == "succeeded" else None
+        if commit and published_commit(ctx.out, ctx.job_id, p.partition) != commit["id"]:
+            publish(ctx.out, ctx.job_id, p.partition, commit["id"], commit["files"])
+    manifest = current_manifest(ctx, partial=any(p.status != "succeeded" for p in parts))
+    write_manifest(ctx.out, ctx.job_id, manifest)
+    return manifest

@@ -13,16 +13,19 @@ from pathlib import Path
 
 from pipeline.config import TokenmillConfig, load_config
 from pipeline.job import staging
+from pipeline.job.commit import commit_partition
+from pipeline.job.context import JOB_ID, JobContext
+from pipeline.job.drain import drain_tier
 from pipeline.job.errors import JobError
-from pipeline.job.lifecycle import JOB_ID, Job
+from pipeline.job.manifest import refresh_manifest
+from pipeline.job.prepare import check_budget, prepare
 from pipeline.job.progress import Progress
-from pipeline.job.staging import keyed_shards, staged_from_shards
 
 
 def job_id_for(prefix: str, run_date: str) -> str:
     """One job per scheduled date: `<prefix>-<YYYY-MM-DD>`, so a backfill gives each date its own job."""
     job_id = re.sub(r"[^A-Za-z0-9._-]", "-", f"{prefix}-{run_date}")
-    if not JOB_ID.match(job_id):
+    if not JOB_ID.fullmatch(job_id):
         raise JobError(f"job id {job_id!r} is not valid")
     return job_id
 
@@ -43,58 +46,58 @@ def job_from_params(params: dict, dag_id: str, logical_date: str) -> tuple[Token
     return config, job_id_for(dag_id, run_date)
 
 
-def _job(config: TokenmillConfig, job_id: str) -> Job:
-    return Job.open(config, job_id, progress=Progress("log", config.run.log_every_seconds))
+def _context(config: TokenmillConfig, job_id: str) -> JobContext:
+    return JobContext.open(config, job_id, progress=Progress("log", config.run.log_every_seconds))
 
 
 def planned_shards(config: TokenmillConfig, job_id: str) -> list[int]:
     """Planning's first step (claim the staging, key every input file): the shards left to cluster."""
-    job = _job(config, job_id)
-    job.check_engines(list(config.tiers))
-    return keyed_shards(job)
+    ctx = _context(config, job_id)
+    ctx.check_engines(list(config.tiers))
+    return staging.keyed_shards(ctx)
 
 
 def clustered_shard(config: TokenmillConfig, job_id: str, shard: int) -> dict:
     """One shard's dedup (a CPU task per shard); its figures."""
-    return staging.clustered_shard(_job(config, job_id), shard)
+    return staging.clustered_shard(_context(config, job_id), shard)
 
 
 def staged_partitions(config: TokenmillConfig, job_id: str) -> list[str]:
     """Stage the job once (from the clustered shards, or all of planning when no shard task ran; later
     calls return the same partitions) and check the budget before GPU work."""
-    job = _job(config, job_id)
-    staged_from_shards(job)
-    job.ensure_staged()
-    partitions = job.state.partitions(job_id)
+    ctx = _context(config, job_id)
+    staging.staged_from_shards(ctx)
+    staging.plan(ctx)
+    partitions = ctx.state.partitions(job_id)
     todo = [p.partition for p in partitions if p.status != "succeeded"]
     if config.budget.active and todo:
-        job.check_budget(todo)
+        check_budget(ctx, todo)
     return [p.partition for p in partitions]
 
 
 def prepared_partition(config: TokenmillConfig, job_id: str, partition: str) -> dict:
     """CPU side of a partition: paid-item lookup, prompts rendered and tokenised, enqueued as work units."""
-    job = _job(config, job_id)
+    ctx = _context(config, job_id)
     try:
-        return job.prepare_partition(partition)
+        return prepare(ctx, partition)
     except Exception as e:
-        job.generation.fail(partition, f"prepare: {type(e).__name__}: {e}")
+        ctx.waves.fail(partition, f"prepare: {type(e).__name__}: {e}")
         raise
 
 
 def drained_tier(config: TokenmillConfig, job_id: str, tier: str) -> dict:
     """GPU side: one tier worker, draining its tier's units of every partition; returns its engine time."""
-    return _job(config, job_id).drain_tier(tier)
+    return drain_tier(_context(config, job_id), tier)
 
 
 def committed_partition(config: TokenmillConfig, job_id: str, partition: str) -> dict:
     """CPU side after the GPU: commit the generated partition, return its counts. Raises if it fails."""
-    return _job(config, job_id).run_partition(partition)
+    return commit_partition(_context(config, job_id), partition)
 
 
 def job_manifest(config: TokenmillConfig, job_id: str) -> dict:
     """Write and return the manifest over whatever has committed; never raises for failed partitions."""
-    return _job(config, job_id).write_manifest()
+    return refresh_manifest(_context(config, job_id))
 
 
 def job_outcome(manifest: dict) -> str:

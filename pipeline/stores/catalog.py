@@ -75,7 +75,7 @@ class Partition(Base):
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     counts: Mapped[str | None] = mapped_column(Text, nullable=True)  # JSON
-    wave: Mapped[int] = mapped_column(Integer, default=0)  # its work units' wave (pipeline/job/generation.py)
+    wave: Mapped[int] = mapped_column(Integer, default=0)  # its work units' wave (pipeline/generate/partition_waves.py)
     generation: Mapped[str | None] = mapped_column(String(16), nullable=True)  # generating | generated | failed
 
 
@@ -255,6 +255,10 @@ class StateStore:
     def partitions(self, job_id: str) -> list[Partition]:
         with self.session() as s:
             return list(s.scalars(select(Partition).where(Partition.job_id == job_id).order_by(Partition.partition)))
+
+    def partition(self, job_id: str, partition: str) -> Partition | None:
+        with self.session() as s:
+            return s.get(Partition, (job_id, partition))
 
     def claim(self, job_id: str, partition: str, worker: str, lease_seconds: float, force: bool = False) -> int | None:
         """Atomically take a partition: one conditional UPDATE. Returns the claim's epoch (the fencing

@@ -14,9 +14,9 @@ from datetime import timedelta
 
 import pytest
 
-from pipeline.job.lifecycle import worker_is_gone
 from pipeline.stores import catalog
 from pipeline.stores.catalog import ItemsRefused, StateStore, aware
+from pipeline.stores.units import worker_is_gone
 
 
 @pytest.fixture
@@ -162,14 +162,15 @@ def test_a_holder_that_is_gone_is_released_and_a_live_one_is_not(store, job):
 def test_a_rerun_takes_over_from_a_gone_holder_at_once_and_names_the_live_ones(state_url, tmp_path, caplog):
     """After `kill -9` a rerun waited out the dead worker's whole lease (300 s) saying nothing."""
     from pipeline.config import load_config
+    from pipeline.job.commit import commit_partition, take_over_gone_holders, utc
+    from pipeline.job.context import JobContext
     from pipeline.job.errors import JobError
-    from pipeline.job.lifecycle import Job, utc
     from tests.conftest import ONE_TIER, TINY_CONFIG
 
     config = load_config(TINY_CONFIG, environ={  # no engine runs here: no models needed; default lease, 300 s
         "TOKENMILL_HOME": str(tmp_path), "TOKENMILL_INPUT__URI": str(tmp_path / "in"),
         "TOKENMILL_OUTPUT__URI": str(tmp_path / "out"), "TOKENMILL_STATE__URL": state_url, **ONE_TIER})
-    job = Job.open(config, f"held-{uuid.uuid4().hex[:6]}")
+    job = JobContext.open(config, f"held-{uuid.uuid4().hex[:6]}")
     state, host = job.state, socket.gethostname()
     assert state.claim_staging(job.job_id, "fp", "in", "out")
     state.add_partitions(job.job_id, {p: {"file": p, "records": 1} for p in ("p1", "p2", "p3")})
@@ -180,9 +181,10 @@ def test_a_rerun_takes_over_from_a_gone_holder_at_once_and_names_the_live_ones(s
         holders = {"p1": f"{host}:{dead.pid}", "p2": f"{host}:{live.pid}", "p3": f"other-host:{live.pid}"}
         for p, holder in holders.items():
             assert state.claim(job.job_id, p, holder, lease_seconds=300)
-        with caplog.at_level(logging.INFO, logger="pipeline.job.lifecycle"):
-            assert job.take_over_gone_holders(state.partitions(job.job_id))  # something to claim again at once
-            assert not job.take_over_gone_holders(state.partitions(job.job_id))  # nothing more
+        announced: set[tuple] = set()
+        with caplog.at_level(logging.INFO, logger="pipeline.job.commit"):
+            assert take_over_gone_holders(job, state.partitions(job.job_id), announced)  # claim again at once
+            assert not take_over_gone_holders(job, state.partitions(job.job_id), announced)  # nothing more
         assert state.claim(job.job_id, "p1", job.worker, 300)
         text = caplog.text
         assert f"partition p1: its holder {holders['p1']} is gone" in text
@@ -191,7 +193,7 @@ def test_a_rerun_takes_over_from_a_gone_holder_at_once_and_names_the_live_ones(s
             assert f"partition {p} waits: held by worker {holders[p]}" in text and f"lease ends at {expiry}" in text
             assert text.count(f"partition {p} waits") == 1  # said once per holder and lease, not every second
         with pytest.raises(JobError, match=f"held by worker {holders['p2']} until its lease ends at 20"):
-            job.run_partition("p2")
+            commit_partition(job, "p2")
     finally:
         live.kill()
         live.wait()

@@ -16,8 +16,9 @@ import pytest
 from pipeline.dedup.split import shards_of
 from pipeline.job.plan import plan_job
 from pipeline.job.stages import STAGED_COLUMNS, staged_input
-from pipeline.job.staging import StagingArea
+from pipeline.keys import config_fingerprint
 from pipeline.stores import storage
+from pipeline.stores.staging import StagingArea
 
 
 @pytest.fixture
@@ -95,7 +96,7 @@ def test_planning_as_orchestrator_tasks_stages_what_one_process_stages(config, t
     """The DAG's steps (plan, cluster per shard in any order, stage) give the partitions plan_job gives;
     run again once staged, each returns at once."""
     from pipeline.job import orchestrate
-    from pipeline.job.lifecycle import Job
+    from pipeline.job.context import JobContext
 
     config.planning.workers = 2
     shards = orchestrate.planned_shards(config, "tasks")
@@ -108,7 +109,7 @@ def test_planning_as_orchestrator_tasks_stages_what_one_process_stages(config, t
     one, q1, plan1 = staged(config, 1, tmp_path, "one")
     assert sorted(partitions) == sorted(plan1.partitions)
     assert reused == plan1.dedup.as_dict()["reused"] and reused
-    area = Job.open(config, "tasks").staging
+    area = JobContext.open(config, "tasks").staging
     tasks = pa.concat_tables([area.read(p, "records") for p in partitions])
     assert not differences(ordered(tasks), ordered(one))
     assert orchestrate.planned_shards(config, "tasks") == [] and orchestrate.clustered_shard(config, "tasks", 0) == {}
@@ -150,11 +151,11 @@ def test_stage_waits_for_a_planning_in_progress_instead_of_failing_it(config):
     import threading
 
     from pipeline.job import orchestrate
-    from pipeline.job.lifecycle import Job
+    from pipeline.job.context import JobContext
     from pipeline.job.staging import stage_input, staging_step
 
-    job = Job.open(config, "busy")
-    assert job.state.claim_staging("busy", config.fingerprint(), config.input.uri, config.output.uri)  # planning
+    job = JobContext.open(config, "busy")
+    assert job.state.claim_staging("busy", config_fingerprint(config), config.input.uri, config.output.uri)  # planning
     staged = []
     stage = threading.Thread(target=lambda: staged.append(orchestrate.staged_partitions(config, "busy")))
     stage.start()
@@ -182,12 +183,12 @@ def test_a_staging_step_renews_its_lease_while_it_runs(config):
     staging over; once it stops renewing (its worker died), one may."""
     import time
 
-    from pipeline.job.lifecycle import Job
+    from pipeline.job.context import JobContext
     from pipeline.job.staging import staging_step
 
     config.state.lease_seconds = 1.0
-    job = Job.open(config, "lease")
-    assert job.state.claim_staging("lease", config.fingerprint(), config.input.uri, config.output.uri)
+    job = JobContext.open(config, "lease")
+    assert job.state.claim_staging("lease", config_fingerprint(config), config.input.uri, config.output.uri)
     with staging_step(job):
         time.sleep(2.5)  # well past the lease
         assert not job.state.reclaim_staging("lease", config.state.lease_seconds)

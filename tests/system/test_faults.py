@@ -59,7 +59,7 @@ def test_tier_worker_killed_mid_drain_rerun_takes_over_without_paying_twice(make
     assert not (tmp_path / "output" / "outputs" / "job=killed").exists()
 
     config = make_config()  # the same recipe (the stall is not part of what an output is): nothing paid twice
-    with caplog.at_level("WARNING", logger="pipeline.job.generation"):
+    with caplog.at_level("WARNING", logger="pipeline.job.drain"):
         m = run_job(config, job_id="killed").manifest  # its holder is provably gone: taken over at once
     assert m["status"] == "succeeded"
     assert f"its holder {socket.gethostname()}:{proc.pid} is gone" in caplog.text

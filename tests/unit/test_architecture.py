@@ -14,6 +14,7 @@
    (`monkeypatch.setattr(module, "_x", ...)`, `mock.patch("pipeline.x._y")`).
 3. dags/ and benchmarks/ are held to rule 2 only (they may use any public module).
 4. Size: no function in pipeline/ over MAX_FUNCTION_LINES lines (a module is as big as its concept).
+5. No import circles in pipeline/ (every import counts, as in rule 1).
 
 Each failure names the file, the line and the rule it breaks.
 """
@@ -168,6 +169,62 @@ def test_imports_follow_the_layers():
     assert not problems, "layer rule broken (docs/architecture.md):\n" + "\n".join(problems)
 
 
+def import_graph() -> dict[str, set[str]]:
+    """pipeline/'s modules -> the modules of pipeline/ each imports (anywhere in it, TYPE_CHECKING too)."""
+    modules = dict(pipeline_modules())
+    known = set(modules.values())
+    return {m: {i.target for i in imports(parse(p), m, p.name == "__init__.py") if i.target in known and i.target != m}
+            for p, m in modules.items()}
+
+
+def circles(graph: dict[str, set[str]]) -> list[list[str]]:
+    """The import circles of `graph`: its strongly connected components of more than one module (Tarjan)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(m: str) -> None:
+        index[m] = low[m] = len(index)
+        stack.append(m)
+        for t in sorted(graph.get(m, ())):
+            if t not in index:
+                visit(t)
+                low[m] = min(low[m], low[t])
+            elif t in stack:
+                low[m] = min(low[m], index[t])
+        if low[m] == index[m]:
+            component = []
+            while True:
+                t = stack.pop()
+                component.append(t)
+                if t == m:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for m in sorted(graph):
+        if m not in index:
+            visit(m)
+    return found
+
+
+def test_no_import_circles():
+    """A circle makes its modules one: none can be read, tested or moved without the others."""
+    found = circles(import_graph())
+    assert not found, "import circles in pipeline/:\n" + "\n".join(" <-> ".join(c) for c in found)
+
+
+def test_architecture_doc_names_only_modules_that_exist():
+    """docs/architecture.md maps the code: a module it names that was moved or deleted makes it false."""
+    doc = (REPO / "docs" / "architecture.md").read_text(encoding="utf-8")
+    names = set(re.findall(r"`([\w/]+\.py)`", doc))
+    ours = {rel(p) for p in python_files("pipeline", "tests")}
+    missing = sorted(n for n in names if not (n in ours or f"pipeline/{n}" in ours
+                                               or ("/" not in n and any(o.endswith("/" + n) for o in ours))))
+    assert not missing, "docs/architecture.md names modules that do not exist: " + ", ".join(missing)
+
+
 # -- rule 2: no reach-ins -------------------------------------------------------------------------
 
 def private(name: str) -> bool:
@@ -319,6 +376,11 @@ def test_layer_check_catches(source, module, broken):
 ])
 def test_reach_in_check_catches(source, broken):
     assert bool(_reach(source)) == broken
+
+
+def test_circle_check_catches():
+    assert circles({"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}}) == [["a", "b", "c"]]
+    assert circles({"a": {"b"}, "b": set(), "c": {"a", "b"}}) == []
 
 
 def test_size_check_catches():

@@ -6,6 +6,7 @@ import pytest
 import yaml
 
 from pipeline.config import ConfigError, TokenmillConfig, apply_env_overrides, load_config, load_run_section
+from pipeline.keys import config_fingerprint
 from tests.conftest import REPO, TINY_CONFIG
 
 
@@ -70,7 +71,7 @@ def test_fingerprint_ignores_locations_but_not_prompt(tmp_path):
     a = load_config(TINY_CONFIG, environ={"TOKENMILL_HOME": str(tmp_path)})
     b = load_config(TINY_CONFIG, environ={"TOKENMILL_HOME": str(tmp_path), "TOKENMILL_OUTPUT__URI": "/elsewhere"})
     c = load_config(TINY_CONFIG, environ={"TOKENMILL_HOME": str(tmp_path), "TOKENMILL_PROMPT__SYSTEM": "Be terse."})
-    assert a.fingerprint() == b.fingerprint() != c.fingerprint()
+    assert config_fingerprint(a) == config_fingerprint(b) != config_fingerprint(c)
 
 
 def test_config_show_prints_effective_config(tmp_path):

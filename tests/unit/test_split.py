@@ -15,8 +15,8 @@ from pipeline.dedup import minhash, split
 from pipeline.dedup.minhash import band_hashes, bands_for, signatures
 from pipeline.dev.samples import synthetic_document
 from pipeline.job.plan import plan_job
-from pipeline.job.staging import StagingArea
 from pipeline.stores import storage
+from pipeline.stores.staging import StagingArea
 
 
 def test_components_join_rows_sharing_any_band_and_nothing_else():

@@ -1,0 +1,80 @@
+"""What the engines' held time comes to, per partition: the shares a commit writes into its ledger.
+
+Every second an engine session held is start-up, busy or idle (worker.py). A commit waits until the
+job's live sessions have closed (their figures are final), then shares each session's start-up and idle
+time over the items it generated (pricing.session_shares), and charges the partition what no output
+carries: its failed attempts and its part of the work lost with dead workers.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from pipeline.config import TokenmillConfig
+from pipeline.generate.pricing import session_shares
+from pipeline.stores.catalog import StateStore
+from pipeline.stores.units import UnitQueue, worker_is_gone
+
+log = logging.getLogger(__name__)
+
+
+class EngineTime:
+    def __init__(self, config: TokenmillConfig, job_id: str, state: StateStore, queue: UnitQueue):
+        self.config, self.job_id, self.state, self.queue = config, job_id, state, queue
+
+    def stale(self):
+        """A session is stale (its worker died) when it is still open and its renewal is over a lease old, or
+        its worker is provably gone."""
+        lease, t = self.config.state.lease_seconds, self.state.db_now()
+        return lambda s: s.status != "closed" and ((t - s.heartbeat_at).total_seconds() > lease
+                                                   or worker_is_gone(s.worker))
+
+    def wait_for_engines(self, still_held) -> None:
+        """Wait while another worker's engine session of this job is open: the start-up and idle time a
+        commit shares into its ledger must be final. `still_held()`: False once this commit's claim is lost."""
+        announced = False
+        while still_held():
+            stale = self.stale()
+            live = [s for s in self.queue.sessions(self.job_id) if s.status != "closed" and not stale(s)]
+            if not live:
+                return
+            if not announced:
+                log.info("commit waits for %d engine sessions of this job to close (%s)", len(live),
+                         ", ".join(s.session_id for s in live))
+                announced = True
+            time.sleep(self.config.state.wait_seconds)
+
+    def shares(self) -> dict:
+        """Per engine session of this job: how its held GPU-seconds are shared (pricing.session_shares)."""
+        return session_shares(self.queue.sessions(self.job_id), self.queue.recorded_by_session(self.job_id),
+                              self.stale())
+
+    def charges(self, partition: str, shares: dict) -> list[dict]:
+        """This partition's GPU time no output carries: its failed attempts, with their overhead share, and
+        its share of the work lost with dead workers (pro rata to the requests of units taken over from them)."""
+        out = [{**ch, "busy_gpu_seconds": ch["gpu_seconds"],
+                "overhead_gpu_seconds": ch["gpu_seconds"] * shares[ch["session_id"]].overhead_ratio
+                if ch["session_id"] in shares else 0.0}
+               for ch in self.queue.charges(self.job_id, partition)]
+        units = self.queue.units(self.job_id)
+        for sid, share in shares.items():
+            if share.lost <= 0:
+                continue
+            # Whose work died with it: units taken over from it, else its own, else (it claimed none) every unit.
+            touched = [u for u in units if u.lost_session == sid] or [u for u in units if u.session_id == sid] or units
+            total = sum(u.requests for u in touched)
+            mine = sum(u.requests for u in touched if u.partition == partition)
+            if total and mine:
+                out.append({"partition": partition, "session_id": sid, "kind": "lost", "id": None, "tenant": None,
+                            "tier": next(s.tier for s in self.queue.sessions(self.job_id) if s.session_id == sid),
+                            "busy_gpu_seconds": share.lost * mine / total,
+                            "overhead_gpu_seconds": 0.0})
+        return out
+
+    @staticmethod
+    def overhead_ratio(shares: dict):
+        def ratio(item: dict) -> float:
+            share = shares.get(item.get("session_id"))
+            return share.overhead_ratio if share is not None else 0.0
+        return ratio

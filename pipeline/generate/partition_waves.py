@@ -1,0 +1,156 @@
+"""Each partition's generation as waves of work units in the catalog: the state machine the steps drive.
+
+  start[p]:    prepared requests -> wave 0 units (per tier, keys deduplicated across partitions)
+  advance[p]:  when a wave's keys are all in, derive the next wave (waves.py) and enqueue it, on
+               whatever tier; when one derives nothing, the partition is generated
+  fail[p]:     its units withdrawn, the other partitions go on
+
+A partition's wave state lives in the staging area, its wave number and generation status
+(generating | generated | failed) in its catalog row. Deriving a wave is idempotent (deterministic
+unit ids, ON CONFLICT inserts, a compare-and-set on the wave), so two workers racing to derive the
+same wave enqueue it once.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+
+import pyarrow as pa
+from sqlalchemy import update
+from sqlalchemy.exc import OperationalError
+
+from pipeline.config import TokenmillConfig
+from pipeline.generate.engine import EnginePool
+from pipeline.generate.engine_api import EngineDeadError
+from pipeline.generate.lookup import ItemLookup
+from pipeline.generate.waves import WavePlanner, WaveState, partition_keys
+from pipeline.stores import storage
+from pipeline.stores.catalog import Partition, StateError, StateStore
+from pipeline.stores.staging import StagingArea
+from pipeline.stores.units import UNFINISHED, UnitQueue, WorkUnit
+
+log = logging.getLogger(__name__)
+
+
+class PartitionWaves:
+    def __init__(self, config: TokenmillConfig, job_id: str, state: StateStore, queue: UnitQueue,
+                 staging: StagingArea, lookup: ItemLookup, pool: EnginePool):
+        self.config, self.job_id, self.state, self.queue = config, job_id, state, queue
+        self.staging, self.lookup, self.pool = staging, lookup, pool
+
+    def planner(self, partition: str) -> WavePlanner:
+        return WavePlanner(self.config, self.pool, self.lookup, partition)
+
+    def start(self, partition: str, units: pa.Table, requests: pa.Table, too_long: pa.Table) -> int:
+        """Wave 0 of a partition (preparing it again starts over: units no worker holds are withdrawn).
+        Returns how many requests it enqueued (keys other partitions already enqueued are theirs)."""
+        self.queue.withdraw(self.job_id, partition)
+        state, rows = self.planner(partition).first(units, requests, too_long)
+        self.set_generation(partition, 0, "generating")
+        enqueued = self.enqueue(partition, state, rows)
+        self.advance(partition)  # nothing to wait for (all paid, all too long): generated at once
+        return enqueued
+
+    def enqueue(self, partition: str, state: WaveState, rows: list[dict]) -> int:
+        by_tier: dict[str, list[dict]] = {}
+        for r in rows:
+            by_tier.setdefault(r["tier"], []).append(r)
+        for tier, tier_rows in by_tier.items():
+            self.staging.write_wave(partition, state.wave, tier, pa.table({
+                "item_key": [r["unit"]["item_key"] for r in tier_rows],
+                "prompt_token_ids": pa.array([r["prompt_token_ids"] for r in tier_rows], pa.list_(pa.int32())),
+                "max_tokens": pa.array([r["max_tokens"] for r in tier_rows], pa.int64()),
+                "unit": [json.dumps(r["unit"], sort_keys=True) for r in tier_rows]}))
+        self.staging.write_wave_state(partition, state.wave, state.dumps())
+        owned = self.queue.enqueue(self.job_id, partition, state.wave,
+                                   {t: [r["unit"]["item_key"] for r in rs] for t, rs in by_tier.items()})
+        return sum(len(keys) for keys in owned.values())
+
+    def state_of(self, partition: str, wave: int) -> WaveState:
+        return WaveState.loads(self.staging.wave_state(partition, wave))
+
+    def requests(self, unit: WorkUnit) -> list[dict]:
+        """A unit's requests still owned and pending (a unit taken over from a dead worker: what it left)."""
+        table = self.staging.wave(unit.partition, unit.wave, unit.tier)
+        owned = self.queue.owned_keys(self.job_id, unit.unit_id)
+        return [{**r, "unit": json.loads(r["unit"])} for r in table.to_pylist() if r["item_key"] in owned]
+
+    def advance(self, partition: str) -> None:
+        """Derive and enqueue the partition's next waves while the current one is in; mark it generated
+        when one derives nothing. A no-op while it waits, or when it is not generating."""
+        for _ in range(10):
+            p = self.state.partition(self.job_id, partition)
+            if p is None or p.generation != "generating":
+                return
+            state = self.state_of(partition, p.wave)
+            keys = self.queue.key_states(self.job_id, state.waiting)
+            missing = [k for k in state.waiting if k not in keys]
+            if missing:  # the partition that owned them was prepared again or failed: this one enqueues them
+                self.enqueue_again(partition, state.wave, set(missing))
+                return
+            if any(keys[k].state not in ("done", "failed") for k in state.waiting):
+                return  # still generating (here, or in the partition that enqueued the key first)
+            records = self.staging.records(partition)
+            items = self.lookup.stored(partition_keys(records, state))
+            failures = {k: (v.reason, v.detail) for k, v in keys.items() if v.state == "failed" and k not in items}
+            rows = self.planner(partition).next(state, records, items, failures)
+            if rows is None:
+                self.staging.write_wave_state(partition, state.wave, state.dumps())
+                self.set_generation(partition, p.wave, "generated", expect=(p.wave, "generating"))
+                return
+            self.enqueue(partition, state, rows)
+            if not self.set_generation(partition, state.wave, "generating", expect=(p.wave, "generating")):
+                return  # another worker derived this wave first (the same wave: its units are the same)
+
+    def still_generating(self, partition: str) -> bool:
+        """True while the partition's generation can still move: after deriving what it can, it is generating
+        and the job has units pending or leased (its own, or the other partitions' it waits for)."""
+        self.safely(self.advance, partition)
+        p = self.state.partition(self.job_id, partition)
+        depth = self.queue.depth(self.job_id)
+        return p.generation == "generating" and any(d.get(s) for d in depth.values() for s in UNFINISHED)
+
+    def enqueue_again(self, partition: str, wave: int, keys: set[str]) -> None:
+        """Enqueue keys this partition's wave waits for that no unit owns any more (its staged requests hold
+        every key it asked for, owned or not)."""
+        for tier in self.config.tiers:
+            try:
+                staged = self.staging.wave(partition, wave, tier)
+            except storage.StorageError:
+                continue
+            mine = [k for k in staged["item_key"].to_pylist() if k in keys]
+            if mine:
+                self.queue.enqueue(self.job_id, partition, wave, {tier: mine})
+
+    def set_generation(self, partition: str, wave: int, status: str, expect: tuple[int, str] | None = None) -> bool:
+        where = [Partition.job_id == self.job_id, Partition.partition == partition]
+        if expect is not None:
+            where += [Partition.wave == expect[0], Partition.generation == expect[1]]
+        with self.state.session() as s, s.begin():
+            return s.execute(update(Partition).where(*where).values(wave=wave, generation=status)).rowcount == 1
+
+    def fail(self, partition: str, error: str) -> None:
+        """A partition whose generation could not go on: its units are withdrawn, the others go on."""
+        self.queue.withdraw(self.job_id, partition)
+        self.set_generation(partition, 0, "failed")
+        with self.state.session() as s, s.begin():
+            s.execute(update(Partition).where(Partition.job_id == self.job_id, Partition.partition == partition,
+                                              Partition.status != "running")
+                      .values(status="failed", last_error=error[:2000]))
+
+    def sweep(self) -> None:
+        """Advance every generating partition that can be (one waiting on another partition's keys)."""
+        for p in self.state.partitions(self.job_id):
+            if p.generation == "generating":
+                self.safely(self.advance, p.partition)
+
+    def safely(self, step, partition: str) -> None:
+        """`step(partition)`, failing that partition alone on an error of its own."""
+        try:
+            step(partition)
+        except (OperationalError, StateError, EngineDeadError):
+            raise  # every partition would fail the same way
+        except Exception as e:  # this partition's generation cannot go on; the others can
+            log.error("partition %s: generation failed: %s", partition, e)
+            self.fail(partition, f"generation: {type(e).__name__}: {e}")

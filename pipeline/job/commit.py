@@ -1,0 +1,259 @@
+"""The commit step: one generated partition's CPU work after the GPU, committed whole or not at all.
+
+  commit[p]:  claim (fencing token) -> heartbeat -> wait for the job's engine sessions to close ->
+              assemble outputs, ledger with every engine-second shared in, quarantine -> check the
+              accounting -> write -> commit in the catalog (fenced) -> publish the commit record
+
+The partition is committed (status `succeeded` with its counts) only after its files are written
+and only while this worker still holds its lease. A budget cap defers it; any other error fails it
+alone (its paid items stay in the catalog, so the next attempt pays nothing again), except errors
+that would fail every partition (the engine or the catalog gone), which stop the job. A partition
+still generating is not this step's to finish: `commit_ready` says so, and the caller drains.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from datetime import datetime, timezone
+
+import pyarrow as pa
+from sqlalchemy.exc import OperationalError
+
+from pipeline.dedup.index import generated_segments
+from pipeline.generate.engine_api import EngineDeadError, EngineStartError
+from pipeline.generate.followup import related_keys
+from pipeline.generate.reuse import cache_value, needed_keys
+from pipeline.generate.shadow import verify_shadows
+from pipeline.generate.waves import partition_keys
+from pipeline.job import faults
+from pipeline.job.context import JobContext
+from pipeline.job.drain import release_gone
+from pipeline.job.errors import JobError
+from pipeline.job.manifest import partition_counts
+from pipeline.output.commit import discard, new_commit_id, publish, write_files
+from pipeline.output.write import assemble_results, charge_rows
+from pipeline.stores import storage
+from pipeline.stores.catalog import Heartbeat, StateError, aware, now
+from pipeline.stores.units import worker_is_gone
+
+log = logging.getLogger(__name__)
+RUNNABLE = ("pending", "failed", "running", "deferred")  # partition statuses a run tries
+
+
+class BudgetReached(RuntimeError):
+    """Work units of a partition were not run at a budget cap; it is deferred, not failed."""
+
+
+class LeaseLost(RuntimeError):
+    """This worker's claim on a partition was taken over; what it made is not committed."""
+
+
+JOB_FATAL = (EngineDeadError, EngineStartError, StateError, OperationalError)  # no point trying further partitions
+
+
+def utc(t: datetime | None) -> str:
+    return "never" if t is None else f"{aware(t).astimezone(timezone.utc):%Y-%m-%d %H:%M:%S} UTC"
+
+
+class PartitionCommit:
+    """One claim on a partition, run to its end state."""
+
+    def __init__(self, ctx: JobContext, partition: str):
+        self.ctx, self.partition = ctx, partition
+        self.config, self.state, self.job_id = ctx.config, ctx.state, ctx.job_id
+        self.epoch: int | None = None  # the claim's fencing token
+
+    def claim(self, force: bool = False) -> bool:
+        self.epoch = self.state.claim(self.job_id, self.partition, self.ctx.worker, self.config.state.lease_seconds,
+                                      force=force)
+        return self.epoch is not None
+
+    def finish(self, status: str, **fields) -> bool:
+        """Set this claim's end state; False when the claim was fenced out (another worker took over)."""
+        return self.state.finish_partition(self.job_id, self.partition, self.ctx.worker, self.epoch, status, **fields)
+
+    def run(self) -> None:
+        """Run the claimed partition to its end state: succeeded, deferred or failed."""
+        partition = self.partition
+        try:
+            with Heartbeat(self.state, self.job_id, partition, self.ctx.worker, self.config.state.lease_seconds,
+                           self.epoch) as beat:
+                self.generate_and_commit(beat)
+        except BudgetReached as e:
+            log.warning("partition %s deferred: %s", partition, e)
+            self.finish("deferred", error=str(e))
+            return
+        except Exception as e:
+            reason = str(e) if isinstance(e, (storage.StorageError, StateError)) else f"{type(e).__name__}: {e}"
+            log.error("partition %s failed: %s", partition, reason)
+            try:
+                self.finish("failed", error=reason[:2000])
+            except Exception:
+                pass  # the lease expires and the partition is claimable again
+            if isinstance(e, OperationalError):
+                raise
+            if isinstance(e, JOB_FATAL):
+                raise JobError(f"partition {partition}: {reason}".splitlines()[0]) from e
+            return
+
+    def generate_and_commit(self, beat: Heartbeat) -> None:
+        """Commit a generated partition: its generation must be over (a wave derived nothing)."""
+        ctx, partition, started = self.ctx, self.partition, time.perf_counter()
+        ctx.waves.advance(partition)  # the last wave may have come in through another partition's unit
+        p = ctx.partition(partition)
+        if p.generation != "generated":
+            units = ctx.queue.units(self.job_id, partition)
+            # Its own units, or those of another partition it waits on: any unit of the job a cap held back.
+            deferred = [u for u in ctx.queue.units(self.job_id) if u.status == "deferred"]
+            if deferred:
+                raise BudgetReached(f"budget reached before {len(deferred)} work units of this job "
+                                    f"({sum(u.requests for u in deferred)} requests) could run: {ctx.budget.reason or 'a cap'}; "
+                                    "what was generated is kept and not paid again")
+            waiting = [u for u in units if u.status in ("pending", "leased")]
+            raise JobError(f"partition {partition} is not generated yet ({p.generation or 'not prepared'}; "
+                           f"{len(waiting)} work units unfinished): run its tier workers, then commit again"
+                           if p.generation != "failed" else f"partition {partition}: {p.last_error}")
+        ctx.engine_time.wait_for_engines(lambda: not beat.lost)
+        records = ctx.staging.records(partition)
+        quarantine = ctx.staging.quarantine(partition)
+        state = ctx.waves.state_of(partition, p.wave)
+        items = ctx.lookup.stored(partition_keys(records, state))
+        failed = {k: tuple(v) for k, v in state.failed.items()}
+        self.commit(beat, records, quarantine, items, failed, state.shareable, started)
+
+    def cache_full_costs(self, records: pa.Table, items: dict[str, dict], ratio) -> None:
+        """Cache this partition's generations again at what the ledger says they cost, start-up and
+        idle share included (the worker cached them at their busy cost, before that share was known):
+        a later job reusing one records it as saved."""
+        scope_of = dict(zip(records["id"].to_pylist(), records["scope"].to_pylist()))
+        by_scope: dict[str, dict] = {}
+        for key, item in items.items():
+            if item.get("origin") is None and item.get("partition") == self.partition and item["id"] in scope_of \
+                    and ratio(item) > 0 and item["tier"] in self.config.tiers:
+                usd = item["gpu_seconds"] * (1 + ratio(item)) * self.config.tiers[item["tier"]].price_per_gpu_hour / 3600
+                by_scope.setdefault(scope_of[item["id"]], {})[key] = cache_value(item, self.job_id, usd)
+        for scope, values in by_scope.items():
+            self.ctx.cache.put_many(scope, values)
+
+    def commit(self, beat: Heartbeat, records: pa.Table, quarantine: pa.Table, items: dict[str, dict],
+               failed: dict[str, tuple[str, str, str]], shareable: int, started: float) -> None:
+        """Assemble the partition's rows, check that every record is accounted for, write the files,
+        commit in the catalog (fenced by the claim's epoch), then publish the commit (output/commit.py)."""
+        c, ctx, partition = self.config, self.ctx, self.partition
+        items |= ctx.lookup.stored([k for k in related_keys(needed_keys(records), items, c) if k not in items])
+        shares = ctx.engine_time.shares()
+        ratio = ctx.engine_time.overhead_ratio(shares)
+        outputs, ledger, late_quarantine = assemble_results(records, items, failed, c, self.job_id, now(), ratio)
+        ledger = pa.concat_tables([ledger, charge_rows(ctx.engine_time.charges(partition, shares), c, self.job_id,
+                                                       now())])
+        quarantine = pa.concat_tables([quarantine, late_quarantine])
+        expected = ctx.partition(partition).records
+        if outputs.num_rows + quarantine.num_rows != expected:  # the invariant every row depends on
+            raise JobError(f"partition {partition}: accounting mismatch: {outputs.num_rows} outputs + "
+                           f"{quarantine.num_rows} quarantined != {expected} records; nothing was committed")
+        faults.checkpoint("before_commit", self.job_id, partition)
+        if beat.lost:
+            raise LeaseLost(f"partition {partition}: lease lost to another worker; not committing")
+        commit = new_commit_id(self.epoch)
+        files = write_files(ctx.out, self.job_id, partition, {"outputs": outputs, "ledger": ledger,
+                                                              "quarantine": quarantine}, c.output.compression, commit)
+        if ctx.cache_on:
+            for scope, recipe, blob in generated_segments(records, items, c.dedup.boilerplate_patterns):
+                ctx.cache.put_segment(scope, recipe, f"{self.job_id}/{partition}", blob)
+            self.cache_full_costs(records, items, ratio)
+        verification = verify_shadows(records, items, ctx.lookup.reference_outputs(records, items),
+                                      c.dedup.shadow_min_f1)
+        counts = partition_counts(outputs, ledger, quarantine, items, c)
+        counts["tokens"]["shareable_prompt_tokens"] = shareable
+        counts = {**counts, "verification": verification, "seconds": round(time.perf_counter() - started, 3),
+                  "commit": {"id": commit, "files": files}}
+        if not self.finish("succeeded", counts=counts):
+            discard(ctx.out, files)
+            raise LeaseLost(f"partition {partition}: lease lost to another worker (claim epoch {self.epoch} "
+                            f"superseded); its commit was fenced out and wrote nothing visible")
+        try:
+            faults.checkpoint("before_publish", self.job_id, partition)
+            publish(ctx.out, self.job_id, partition, commit, files)
+            ctx.progress.advance(done=outputs.num_rows, quarantined=quarantine.num_rows)
+        except Exception as e:  # committed in the catalog: never downgrade it; the record follows
+            log.warning("partition %s committed, but its commit record could not be written yet (%s); "
+                        "the job's next manifest write publishes it", partition, e)
+
+
+def commit_ready(ctx: JobContext, forced: list[str], tried: set[str], announced: set[tuple]) -> bool:
+    """Commit every partition left that is generated, waiting for (or taking over from) other workers
+    holding one. True when partitions wait on work units this process can run now (a dead worker's, or
+    escalations): drain, then call again with the same `tried` and `announced`. False when none is left.
+
+    `tried`: partitions this run has committed or given up on; `announced`: holders already said to be
+    waited for (partition, holder, lease end)."""
+    while True:
+        todo = [p for p in ctx.state.partitions(ctx.job_id) if p.partition not in tried
+                and (p.status in RUNNABLE or p.partition in forced)]
+        if not todo:
+            return False
+        claimed_any, generating = False, []
+        for p in todo:
+            if p.generation == "failed":  # failed before the GPU (its prepare): it says why; prepare it again
+                tried.add(p.partition)
+                continue
+            if p.generation == "generating" and ctx.waves.still_generating(p.partition):
+                generating.append(p)
+                continue
+            run = PartitionCommit(ctx, p.partition)
+            if run.claim(force=p.partition in forced):
+                claimed_any = True
+                tried.add(p.partition)
+                run.run()
+        if claimed_any:
+            continue
+        if generating and (release_gone(ctx) or ctx.queue.claimable(ctx.job_id)):
+            return True
+        if all(p.status != "running" for p in todo) and not generating:
+            return False  # only failed partitions this run already tried, or none left
+        if not take_over_gone_holders(ctx, todo, announced):
+            time.sleep(ctx.config.state.wait_seconds)  # others hold them; their leases tell
+
+
+def take_over_gone_holders(ctx: JobContext, held: list, announced: set[tuple]) -> bool:
+    """Release the claims of holders provably gone (True: claim again at once); say who holds the rest.
+
+    After a crash a rerun would otherwise wait out the dead worker's whole lease with nothing on screen."""
+    released = False
+    for p in held:
+        if p.status != "running":
+            continue
+        if worker_is_gone(p.worker) and ctx.state.release_gone_holder(ctx.job_id, p.partition, p.worker):
+            log.warning("partition %s: its holder %s is gone (no such process on this host); taking it over "
+                        "now instead of at %s", p.partition, p.worker, utc(p.lease_expires_at))
+            released = True
+        elif (p.partition, p.worker, p.lease_expires_at) not in announced:
+            announced.add((p.partition, p.worker, p.lease_expires_at))
+            # Info, not a warning: waiting is normal with several workers; said again as the lease moves.
+            log.info("partition %s waits: held by worker %s (last heartbeat %s) until its lease ends at %s "
+                     "(database clock), unless it finishes first", p.partition, p.worker,
+                     utc(p.heartbeat_at), utc(p.lease_expires_at))
+    return released
+
+
+def commit_partition(ctx: JobContext, partition: str) -> dict:
+    """Commit one generated partition (an orchestrator's task): a no-op when it is already committed."""
+    p = ctx.partition(partition)
+    if p is None:
+        raise JobError(f"job {ctx.job_id} has no partition {partition}")
+    if p.generation == "failed" and p.status != "succeeded":
+        raise JobError(f"partition {partition}: {p.last_error}")
+    if p.status != "succeeded":
+        run = PartitionCommit(ctx, partition)
+        if not run.claim() and not (worker_is_gone(p.worker)
+                                    and ctx.state.release_gone_holder(ctx.job_id, partition, p.worker)
+                                    and run.claim()):
+            raise JobError(f"partition {partition} is held by worker {p.worker} until its lease ends at "
+                           f"{utc(p.lease_expires_at)} (database clock); retry later")
+        run.run()
+    p = ctx.partition(partition)
+    if p.status != "succeeded":
+        raise JobError(f"partition {partition}: {p.status}: {p.last_error}", budget=p.status == "deferred")
+    return {"partition": partition, "status": p.status, "attempts": p.attempts, **json.loads(p.counts or "{}")}

@@ -1,0 +1,121 @@
+"""The job context: what every step of a job receives, built once per process and job.
+
+A step (plan, prepare, drain, commit) takes the context and never a `Job`; a step changes the
+catalog, the staging area and the output, never the context. Its parts the steps share (the cache
+connection, the item lookup, the work-unit queue, the budget guard) open on first use, so a step
+that does not need the cache never connects to it.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+import secrets
+from dataclasses import dataclass
+from datetime import datetime, timezone
+
+from pipeline.config import TokenmillConfig
+from pipeline.generate.adapters import adapter_problems
+from pipeline.generate.engine import EnginePool
+from pipeline.generate.engine_time import EngineTime
+from pipeline.generate.levers import config_lever_problems
+from pipeline.generate.lookup import ItemLookup
+from pipeline.generate.partition_waves import PartitionWaves
+from pipeline.job.budget import BudgetGuard
+from pipeline.job.errors import JobError
+from pipeline.job.progress import Progress
+from pipeline.stores import storage
+from pipeline.stores.cache import ResilientStore, open_store
+from pipeline.stores.catalog import Partition, StateStore, default_worker
+from pipeline.stores.staging import StagingArea
+from pipeline.stores.units import UnitQueue
+
+JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
+
+
+def check_job_id(job_id: str) -> None:
+    if not JOB_ID.fullmatch(job_id):
+        raise JobError(f"job id {job_id!r} must be 1-128 characters of letters, digits, '.', '_' or '-'")
+
+
+def new_job_id() -> str:
+    return f"job-{datetime.now(timezone.utc):%Y%m%dT%H%M%SZ}-{secrets.token_hex(3)}"
+
+
+@dataclass(frozen=True)
+class JobContext:
+    config: TokenmillConfig
+    job_id: str
+    state: StateStore
+    pool: EnginePool
+    progress: Progress
+    worker: str
+
+    @classmethod
+    def open(cls, config: TokenmillConfig, job_id: str, pool: EnginePool | None = None,
+             progress: Progress | None = None, worker: str | None = None) -> JobContext:
+        """The job `job_id` on the configured catalog, with defaults for what is not given."""
+        check_job_id(job_id)
+        pool = pool or EnginePool(config.tiers, adapters=config.tier_adapters())
+        if pool.adapters != config.tier_adapters():
+            raise JobError(f"the engine pool serves adapters {pool.adapters}, the config's tenants need "
+                           f"{config.tier_adapters()}: build it as EnginePool(config.tiers, adapters=config.tier_adapters())")
+        return cls(config, job_id, StateStore(config.state.url), pool, progress or Progress("off"),
+                   worker or default_worker())
+
+    # functools.cached_property writes the instance's __dict__ directly, so it works on a frozen dataclass.
+    @functools.cached_property
+    def out(self) -> storage.Location:
+        return storage.resolve(self.config.output.uri, self.config.storage)
+
+    @functools.cached_property
+    def staging(self) -> StagingArea:
+        return StagingArea(self.out, self.job_id)
+
+    @functools.cached_property
+    def cache(self) -> ResilientStore:
+        return open_store(self.config.cache)
+
+    @functools.cached_property
+    def lookup(self) -> ItemLookup:
+        return ItemLookup(self.state, self.cache, self.job_id, self.config.cache.enabled)
+
+    @functools.cached_property
+    def queue(self) -> UnitQueue:
+        return UnitQueue(self.state)
+
+    @functools.cached_property
+    def waves(self) -> PartitionWaves:
+        return PartitionWaves(self.config, self.job_id, self.state, self.queue, self.staging, self.lookup, self.pool)
+
+    @functools.cached_property
+    def engine_time(self) -> EngineTime:
+        return EngineTime(self.config, self.job_id, self.state, self.queue)
+
+    @functools.cached_property
+    def budget(self) -> BudgetGuard:
+        """What this process has spent, per tenant, against the caps (shared by its drains)."""
+        return BudgetGuard(self.config, self.state, self.job_id)
+
+    @property
+    def cache_on(self) -> bool:
+        return self.config.cache.enabled and not self.cache.bypassed
+
+    def cache_status(self) -> str:
+        return "off" if not self.config.cache.enabled else "bypassed" if self.cache.bypassed else "miss"
+
+    def partition(self, partition: str) -> Partition | None:
+        return self.state.partition(self.job_id, partition)
+
+    def check_engines(self, tiers: list[str]) -> None:
+        """Before any work on `tiers` (an engine refusing them costs minutes): their levers and their tenants'
+        adapters, checked on this host; one JobError naming every problem and its fix."""
+        problems = (config_lever_problems({t: self.config.tiers[t] for t in tiers})
+                    + adapter_problems(self.config, tiers))
+        if problems:
+            raise JobError("engines that cannot run: " + "; ".join(problems))
+
+    def drain_order(self) -> list[str]:
+        """Tiers in the order one process drains them: the escalation tier last, since others feed it."""
+        last = self.config.escalation_tier
+        return sorted(self.config.tiers, key=lambda t: (t == last, t))

@@ -1,0 +1,115 @@
+"""The drain step: one tier worker runs its tier's work units of every partition of a job.
+
+  drain[tier]:  claim units of the tier -> engine (generate/worker.py) -> items stored in the catalog,
+                priced against the budget, offered to the cache -> each finished unit advances its
+                partition's waves (the next wave may be on another tier)
+
+`TierDrain` is the job's side of the tier worker (worker.JobSide). A drain ends when its tier has no
+unit left and none can still come; it never commits (the commit step does, once a partition is generated).
+"""
+
+from __future__ import annotations
+
+import logging
+
+import pyarrow as pa
+
+from pipeline.generate.worker import Failure, TierWorker, WorkerReport
+from pipeline.job.context import JobContext
+from pipeline.job.errors import JobError
+from pipeline.stores.catalog import ItemsRefused
+from pipeline.stores.units import UNFINISHED, WorkUnit
+
+log = logging.getLogger(__name__)
+
+
+class TierDrain:
+    """What the tier worker of `tier` needs from the job (worker.JobSide), over the job's context."""
+
+    def __init__(self, ctx: JobContext, tier: str):
+        self.ctx, self.tier = ctx, tier
+        self.cache_status = ctx.cache_status()
+        self.cache_on = ctx.cache_on
+
+    def requests(self, unit: WorkUnit) -> list[dict]:
+        return self.ctx.waves.requests(unit)
+
+    def unit_done(self, unit: WorkUnit) -> None:
+        self.ctx.waves.safely(self.ctx.waves.advance, unit.partition)
+
+    def unit_failed(self, unit: WorkUnit, error: str) -> None:
+        self.ctx.waves.fail(unit.partition, f"generation: {error}")
+
+    def more_may_come(self) -> bool:
+        """Units of this tier can still come from the units of the tiers that escalate into it (chunks,
+        reduces and retries stay on their own tier)."""
+        c = self.ctx.config
+        feeders = {t for t in c.tiers if t != self.tier} if self.tier == c.escalation_tier else set()
+        self.ctx.waves.sweep()
+        depth = self.ctx.queue.depth(self.ctx.job_id)
+        return any(depth.get(t, {}).get(s) for t in feeders for s in UNFINISHED)
+
+    def admit(self, rows: list[dict]) -> bool:
+        batch = pa.table({"id": [r["unit"]["id"] for r in rows], "tier": [self.tier] * len(rows),
+                          "prompt_token_ids": [r["prompt_token_ids"] for r in rows],
+                          "max_tokens": [r["max_tokens"] for r in rows]})
+        return self.ctx.budget.admit(batch, {r["unit"]["id"]: r["unit"]["tenant"] for r in rows})
+
+    def store(self, items: dict[str, dict], failed: dict[str, Failure]) -> None:
+        ctx = self.ctx
+        if items:
+            try:
+                ctx.state.store_items(ctx.job_id, items)
+            except ItemsRefused as e:  # the others are stored (paid, kept); the refused ones fail their partitions
+                for key in e.refused:
+                    ctx.waves.fail(items[key]["partition"], f"ItemsRefused: {e}")
+                failed = failed | {k: Failure("engine_error", e.refused[k], None, {}) for k in e.refused}
+                items = {k: v for k, v in items.items() if k not in e.refused}
+        ctx.queue.add_charges(ctx.job_id, [
+            {"charge_id": f"{f.unit.unit_id}/{f.unit.epoch}/{key}", "partition": f.unit.partition,
+             "session_id": f.unit.session_id, "kind": "failed_attempt",
+             "id": f.request_unit.get("record_id", f.request_unit["id"]),
+             "tenant": f.request_unit["tenant"], "tier": f.unit.tier, "gpu_seconds": f.gpu_seconds}
+            for key, f in failed.items() if f.gpu_seconds > 0 and f.unit is not None])
+        states = {k: ("done", None, None) for k in items}
+        states |= {k: ("failed", f.reason, f.detail) for k, f in failed.items()}
+        ctx.queue.set_keys(ctx.job_id, states)
+        spent = ctx.budget.spent  # what the budget guard admits the next units against
+        usd = {k: i["gpu_seconds"] * ctx.config.tiers[i["tier"]].price_per_gpu_hour / 3600 for k, i in items.items()}
+        for key, item in items.items():
+            spent[item["tenant"]] = spent.get(item["tenant"], 0.0) + usd[key]
+        ctx.progress.advance(usd=sum(usd.values()))
+
+    def cache_put(self, by_scope: dict[str, dict]) -> None:
+        if self.cache_on:
+            for scope, values in by_scope.items():
+                self.ctx.cache.put_many(scope, values)
+
+
+def release_gone(ctx: JobContext) -> bool:
+    """Make the units of provably gone workers claimable now; True when there were any."""
+    gone = ctx.queue.release_gone(ctx.job_id)
+    for unit in gone:
+        log.warning("work unit %s: its holder %s is gone (no such process on this host); taking it over now "
+                    "instead of when its lease ends", unit.unit_id, unit.worker)
+    return bool(gone)
+
+
+def drain(ctx: JobContext, tier: str, release: bool = False) -> WorkerReport:
+    """Run one tier worker for this job until its tier has no unit left or to come; `release`: shut the
+    tier's engine down at the end (this process will not use it again)."""
+    release_gone(ctx)
+    return TierWorker(ctx.config, tier, ctx.job_id, ctx.queue, ctx.pool, ctx.worker, TierDrain(ctx, tier),
+                      release).drain()
+
+
+def drain_tier(ctx: JobContext, tier: str) -> dict:
+    """One tier worker as an orchestrator's GPU task: check the tier's engine on this host, drain, free the
+    engine; what the engine's time went to."""
+    if tier not in ctx.config.tiers:
+        raise JobError(f"no tier {tier!r} in the config (tiers: {', '.join(ctx.config.tiers)})")
+    ctx.check_engines([tier])
+    report = drain(ctx, tier, release=True)
+    return {"tier": tier, "session": report.session_id, "units": report.units, "requests": report.requests,
+            "engine_started": report.started, "startup_seconds": round(report.startup_seconds, 3),
+            "busy_seconds": round(report.busy_seconds, 3), "idle_seconds": round(report.idle_seconds, 3)}

@@ -1,0 +1,61 @@
+"""The prepare step: one partition's CPU work ahead of the GPU.
+
+  prepare[p]:  staged records -> look up paid and cached items -> render and tokenise the rest
+               -> wave 0 work units in the catalog (generate/partition_waves.py)
+
+Preparing a partition again starts its generation over (units no worker holds are withdrawn) and pays
+for nothing twice: what was generated is in the catalog, and the lookup finds it.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from sqlalchemy.exc import OperationalError
+
+from pipeline.generate.engine_api import EngineStartError
+from pipeline.generate.waves import unit_requests
+from pipeline.job import faults
+from pipeline.job.context import JobContext
+from pipeline.stores import storage
+from pipeline.stores.catalog import StateError
+
+log = logging.getLogger(__name__)
+
+
+def unpaid_requests(ctx: JobContext, partition: str, records) -> tuple:
+    """(records resolved, items at hand by key, generation units, their engine requests, too_long)."""
+    records, items, units = ctx.lookup.unpaid(partition, records)
+    requests, too_long = unit_requests(units, ctx.config, ctx.pool)
+    return records, items, units, requests, too_long
+
+
+def prepare(ctx: JobContext, partition: str) -> dict:
+    """Look up paid and cached items, render and tokenise the rest, enqueue wave 0; what it found."""
+    records = ctx.staging.records(partition)
+    faults.checkpoint("before_generate", ctx.job_id, partition)
+    _, items, units, requests, too_long = unpaid_requests(ctx, partition, records)
+    enqueued = ctx.waves.start(partition, units, requests, too_long)
+    return {"partition": partition, "records": records.num_rows, "already_paid": len(items),
+            "to_generate": requests.num_rows, "enqueued": enqueued, "too_long": too_long.num_rows}
+
+
+def prepare_or_fail(ctx: JobContext, partition: str) -> None:
+    """`prepare`, failing that partition alone on an error of its own (it says why; a rerun prepares it again)."""
+    try:
+        prepare(ctx, partition)
+    except (EngineStartError, StateError, OperationalError):
+        raise  # every partition would fail the same way
+    except Exception as e:
+        reason = str(e) if isinstance(e, storage.StorageError) else f"{type(e).__name__}: {e}"
+        log.error("partition %s failed in prepare: %s", partition, reason)
+        ctx.waves.fail(partition, f"prepare: {reason}")
+
+
+def check_budget(ctx: JobContext, partitions: list[str]) -> None:
+    """Refuse to start when spent + the estimate of what is left would cross a cap (before any GPU work)."""
+    def unpaid():
+        for partition in partitions:
+            _, _, units, requests, _ = unpaid_requests(ctx, partition, ctx.staging.records(partition))
+            yield units, requests
+    ctx.budget.check_start(unpaid())
