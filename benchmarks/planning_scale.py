@@ -1,5 +1,5 @@
 """Planning at scale: documents/s and peak memory of a job's planning (read, validate, exact / near /
-semantic dedup, route, stage; pipeline/job/plan.py) by corpus size and number of planning processes.
+semantic dedup, route, stage; pipeline/plan/streamed.py) by corpus size and number of planning processes.
 
 No engine: planning ends before the first GPU request. Each run is its own process, so its peak RSS
 (getrusage: the planning process, and the largest of its pool workers) is its own. The corpus is
@@ -85,7 +85,7 @@ def child(input_dir: str, workers: int, tmp: str, shard_rows: int) -> None:
     """One planning run, in this process: print its figures as one JSON line; its staged reuse decisions
     go to `<tmp>/decisions.parquet`, for the parent to compare runs."""
     from pipeline.config import load_config
-    from pipeline.job.plan import plan_job
+    from pipeline.plan.streamed import plan_job
     from pipeline.stores import storage
     from pipeline.stores.staging import StagingArea
 

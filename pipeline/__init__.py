@@ -15,8 +15,8 @@ stores beside them; docs/architecture.md maps them.
 
 from pipeline.config import ConfigError, TokenmillConfig, load_config
 from pipeline.job.context import JobContext
-from pipeline.job.estimate import estimate_job
 from pipeline.job.lifecycle import Job, JobError, JobResult, run_job
+from pipeline.plan.estimate import estimate_job
 
 __all__ = ["ConfigError", "TokenmillConfig", "load_config", "estimate_job", "run_job", "Job", "JobContext", "JobError",
            "JobResult"]

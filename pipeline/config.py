@@ -103,7 +103,7 @@ class DedupConfig(Section):
 
 
 class PlanningConfig(Section):
-    """How the job's planning (read, validate, dedup, route, stage; pipeline/job/plan.py) uses the CPU."""
+    """How the job's planning (read, validate, dedup, route, stage; pipeline/plan/streamed.py) uses the CPU."""
     workers: int | None = Field(None, ge=1, le=256, description="Processes that plan the job, one core each: input files are keyed in parallel and dedup runs per shard of tenant scopes. Unset: one per 32 MB of input, at most one per core this process may use. Outputs are the same for any number; memory is per process (docs/data-engineer.md).")
     shard_rows: int = Field(200_000, ge=1, description="Records per dedup shard, about (a shard's memory grows with its records, about 7 KB each). A larger tenant scope is cut into parts of whole near-duplicate components, which can miss semantic matches across parts (docs/data-engineer.md).")
 

@@ -2,7 +2,7 @@
 
 Stages add columns as data flows one way: ingest (read, validate) -> dedup (content hashes) -> route
 -> item keys -> dedup (clustering) at staging; then, per partition, generate (lookups, requests,
-engine) -> output (rows, ledger, quarantine). pipeline/job/stages.py declares each stage's columns.
+engine) -> output (rows, ledger, quarantine). pipeline/plan/stages.py declares each stage's columns.
 """
 
 from __future__ import annotations

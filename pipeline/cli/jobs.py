@@ -193,7 +193,7 @@ def estimate(config: Path = ConfigOption, input: Optional[str] = InputOption,
              format: str = typer.Option("table", "--format", help="table or json")) -> None:
     """Pre-flight estimate: records, duplicates, share per tier, tokens and dollars, before any GPU work."""
     from pipeline.generate.engine_api import EngineStartError
-    from pipeline.job.estimate import budget_problems
+    from pipeline.plan.estimate import budget_problems
     from pipeline.stores.storage import StorageError
 
     cfg = load(config, input__uri=input)

@@ -22,12 +22,12 @@ def _router_tiers(cfg) -> tuple[str, str]:
 
 
 def _cost_per_item(cfg, tier: str, texts: list[str]) -> float:
-    """Rough USD per item on a tier: the pre-flight estimate (job/estimate.py) of a prompt of the labels'
+    """Rough USD per item on a tier: the pre-flight estimate (plan/estimate.py) of a prompt of the labels'
     mean length (≈ chars/4 tokens) at the tier's configured default rate."""
     import pyarrow as pa
 
-    from pipeline.job.estimate import estimate_usd
-    from pipeline.job.rates import tier_rates
+    from pipeline.plan.estimate import estimate_usd
+    from pipeline.plan.rates import tier_rates
 
     prompt = sum(len(x) for x in texts) / max(len(texts), 1) / 4
     return estimate_usd(pa.array([tier]), pa.array([prompt]), cfg, tier_rates(cfg))[0]

@@ -135,7 +135,7 @@ def cluster_records(records: pa.Table, config: DedupConfig, embedder: Embedder |
     output), never a lower one. Without it, only the same tier. `adapters`: per row, the digest of the
     LoRA adapter it runs with; a record only reuses outputs made with its own (none: the base model).
 
-    In memory, for a table that fits: a job's planning (pipeline/job/plan.py) runs the same steps,
+    In memory, for a table that fits: a job's planning (pipeline/plan/streamed.py) runs the same steps,
     `sketch_records` per file and `reuse_plan` per shard of scopes, with texts read back on demand."""
     sketched = records
     if "signature" not in records.column_names:

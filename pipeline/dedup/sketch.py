@@ -3,7 +3,7 @@
   signature   MinHash over word shingles (minhash.py), for near duplicates and the cache index
   embedding   a static embedding (embed.py), float16, for semantic neighbours
 
-Per record, so a job sketches its input file by file (in parallel, pipeline/job/plan.py) and
+Per record, so a job sketches its input file by file (in parallel, pipeline/plan/streamed.py) and
 clustering keeps only these columns in memory, never the texts.
 """
 

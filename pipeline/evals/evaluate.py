@@ -18,7 +18,7 @@ from pipeline.evals.runs import TierRun, tier_run
 from pipeline.generate.engine import EnginePool
 from pipeline.generate.quality import rouge_l
 from pipeline.generate.shadow import wilson_interval
-from pipeline.job.stages import staged_input
+from pipeline.plan.stages import staged_input
 from pipeline.route.router import Labels, Router, RouterError, calibration_curve, train_router
 
 

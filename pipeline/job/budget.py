@@ -14,9 +14,9 @@ from collections.abc import Iterable
 import pyarrow as pa
 
 from pipeline.config import TokenmillConfig
-from pipeline.job.errors import JobError
-from pipeline.job.estimate import budget_problems, with_estimates
-from pipeline.job.rates import tier_rates
+from pipeline.errors import JobError
+from pipeline.plan.estimate import budget_problems, with_estimates
+from pipeline.plan.rates import tier_rates
 from pipeline.stores.catalog import StateStore
 
 

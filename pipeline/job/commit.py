@@ -22,6 +22,7 @@ import pyarrow as pa
 from sqlalchemy.exc import OperationalError
 
 from pipeline.dedup.index import generated_segments
+from pipeline.errors import JobError
 from pipeline.generate.engine_api import EngineDeadError, EngineStartError
 from pipeline.generate.followup import related_keys
 from pipeline.generate.reuse import cache_value, needed_keys
@@ -30,7 +31,6 @@ from pipeline.generate.waves import partition_keys
 from pipeline.job import faults
 from pipeline.job.context import JobContext
 from pipeline.job.drain import release_gone
-from pipeline.job.errors import JobError
 from pipeline.job.manifest import partition_counts
 from pipeline.output.commit import discard, new_commit_id, publish, write_files
 from pipeline.output.write import assemble_results, charge_rows

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from datetime import datetime, timezone
 
 from pipeline.config import TokenmillConfig
+from pipeline.errors import JobError
 from pipeline.generate.adapters import adapter_problems
 from pipeline.generate.engine import EnginePool
 from pipeline.generate.engine_time import EngineTime
@@ -22,7 +23,6 @@ from pipeline.generate.levers import config_lever_problems
 from pipeline.generate.lookup import ItemLookup
 from pipeline.generate.partition_waves import PartitionWaves
 from pipeline.job.budget import BudgetGuard
-from pipeline.job.errors import JobError
 from pipeline.job.progress import Progress
 from pipeline.stores import storage
 from pipeline.stores.cache import ResilientStore, open_store

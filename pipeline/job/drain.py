@@ -14,9 +14,9 @@ import logging
 
 import pyarrow as pa
 
+from pipeline.errors import JobError
 from pipeline.generate.worker import Failure, TierWorker, WorkerReport
 from pipeline.job.context import JobContext
-from pipeline.job.errors import JobError
 from pipeline.stores.catalog import ItemsRefused
 from pipeline.stores.units import UNFINISHED, WorkUnit
 

@@ -23,11 +23,11 @@ from sqlalchemy.exc import OperationalError
 
 from pipeline.config import TokenmillConfig
 from pipeline.config_env import scrub
+from pipeline.errors import JobError
 from pipeline.generate.engine import EnginePool
 from pipeline.job.commit import commit_ready
 from pipeline.job.context import JobContext, new_job_id
 from pipeline.job.drain import drain
-from pipeline.job.errors import JobError
 from pipeline.job.manifest import refresh_manifest
 from pipeline.job.prepare import check_budget, prepare_or_fail
 from pipeline.job.progress import Progress

@@ -12,11 +12,11 @@ import re
 from pathlib import Path
 
 from pipeline.config import TokenmillConfig, load_config
+from pipeline.errors import JobError
 from pipeline.job import staging
 from pipeline.job.commit import commit_partition
 from pipeline.job.context import JOB_ID, JobContext
 from pipeline.job.drain import drain_tier
-from pipeline.job.errors import JobError
 from pipeline.job.manifest import refresh_manifest
 from pipeline.job.prepare import check_budget, prepare
 from pipeline.job.progress import Progress

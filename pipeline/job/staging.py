@@ -15,11 +15,13 @@ import threading
 import time
 from contextlib import contextmanager
 
+from pipeline.errors import JobError
 from pipeline.ingest.read import input_files
 from pipeline.job.context import JobContext
-from pipeline.job.errors import JobError
 from pipeline.job.manifest import current_manifest
-from pipeline.job.plan import (
+from pipeline.keys import config_fingerprint
+from pipeline.output.write import write_manifest
+from pipeline.plan.streamed import (
     Plan,
     clustered_plan,
     plan_job,
@@ -29,8 +31,6 @@ from pipeline.job.plan import (
     planning_pool,
     planning_workers,
 )
-from pipeline.keys import config_fingerprint
-from pipeline.output.write import write_manifest
 from pipeline.stores import storage
 
 log = logging.getLogger(__name__)

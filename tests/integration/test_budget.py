@@ -128,8 +128,8 @@ def test_plan_estimates_then_learns_from_ledgers(make_config, sample_corpus, tin
 
 
 def test_price_demand_adds_escalations_and_each_engines_start_up(make_config):
-    from pipeline.job.estimate import Demand, price_demand
-    from pipeline.job.rates import Measured, Range, TierRate
+    from pipeline.plan.estimate import Demand, price_demand
+    from pipeline.plan.rates import Measured, Range, TierRate
 
     config = make_config(routing=True)  # small escalates to large
 
@@ -167,8 +167,8 @@ def test_a_tier_whose_history_is_only_long_documents_is_priced_not_crashed(make_
     back to the configured range, and its throughput is still the measured one."""
     import pyarrow as pa
 
-    from pipeline.job.estimate import estimate_usd
-    from pipeline.job.rates import Range, rates_from_history
+    from pipeline.plan.estimate import estimate_usd
+    from pipeline.plan.rates import Range, rates_from_history
 
     config = make_config()
     model = config.tiers["small"].generator

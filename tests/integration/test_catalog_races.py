@@ -162,9 +162,9 @@ def test_a_holder_that_is_gone_is_released_and_a_live_one_is_not(store, job):
 def test_a_rerun_takes_over_from_a_gone_holder_at_once_and_names_the_live_ones(state_url, tmp_path, caplog):
     """After `kill -9` a rerun waited out the dead worker's whole lease (300 s) saying nothing."""
     from pipeline.config import load_config
+    from pipeline.errors import JobError
     from pipeline.job.commit import commit_partition, take_over_gone_holders, utc
     from pipeline.job.context import JobContext
-    from pipeline.job.errors import JobError
     from tests.conftest import ONE_TIER, TINY_CONFIG
 
     config = load_config(TINY_CONFIG, environ={  # no engine runs here: no models needed; default lease, 300 s

@@ -1,4 +1,4 @@
-"""Streamed, sharded planning (pipeline/job/plan.py): the staged partitions are the same as the
+"""Streamed, sharded planning (pipeline/plan/streamed.py): the staged partitions are the same as the
 in-memory stages give, for any number of planning processes, and nothing is lost on the way.
 
 No engine: planning is CPU only. The sample corpus has three tenants (three dedup scopes), near
@@ -14,9 +14,9 @@ import pyarrow.compute as pc
 import pytest
 
 from pipeline.dedup.split import shards_of
-from pipeline.job.plan import plan_job
-from pipeline.job.stages import STAGED_COLUMNS, staged_input
 from pipeline.keys import config_fingerprint
+from pipeline.plan.stages import STAGED_COLUMNS, staged_input
+from pipeline.plan.streamed import plan_job
 from pipeline.stores import storage
 from pipeline.stores.staging import StagingArea
 
@@ -131,8 +131,8 @@ def test_stage_refuses_shards_of_an_earlier_planning(config, tmp_path):
     """Reproducer: the input keyed again (as a reclaimed staging does) and its shards not clustered again:
     the shards' decisions belong to the earlier planning (its input may have changed since), and are not
     applied."""
-    from pipeline.job.errors import JobError
-    from pipeline.job.plan import plan_keyed, plan_shard, plan_staged
+    from pipeline.errors import JobError
+    from pipeline.plan.streamed import plan_keyed, plan_shard, plan_staged
 
     area = StagingArea(storage.resolve(str(tmp_path / "stale")), "stale")
     first = plan_keyed(config, "stale", area, workers=2)

@@ -3,10 +3,10 @@
 1. Layers (docs/architecture.md): a module may import its own folder and the layers below it,
    never one above. Every import counts: module level, inside functions, under TYPE_CHECKING,
    and `importlib.import_module("pipeline....")` with a literal name.
-       pipeline.cli > pipeline.evals > pipeline.dev > pipeline.job > pipeline.output > pipeline.generate
+       pipeline.cli > pipeline.evals > pipeline.dev > pipeline.job > pipeline.plan > pipeline.output > pipeline.generate
        > pipeline.route > pipeline.dedup > pipeline.ingest > pipeline.stores
-       > base: pipeline.config, pipeline.schema, pipeline.keys (schema imports nothing of ours)
-   The facade pipeline/__init__.py imports pipeline.config and pipeline.job only; pipeline.cli may
+       > base: pipeline.config, pipeline.schema, pipeline.keys, pipeline.errors (schema and errors import nothing of ours)
+   The facade pipeline/__init__.py imports pipeline.config, pipeline.job and pipeline.plan only; pipeline.cli may
    use it (as the DAG does); every other module inside pipeline/ imports submodules by their full
    path, never through the facade.
 2. No reach-ins: no file in pipeline/, benchmarks/, tests/ or dags/ imports a `_private` name from
@@ -32,15 +32,16 @@ REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "pipeline"
 CHECKED_TREES = ("pipeline", "benchmarks", "tests", "dags")  # for rule 2
 
-LAYERS = ("pipeline.cli", "pipeline.evals", "pipeline.dev", "pipeline.job", "pipeline.output", "pipeline.generate",
-          "pipeline.route", "pipeline.dedup", "pipeline.ingest", "pipeline.stores", "base")
+LAYERS = ("pipeline.cli", "pipeline.evals", "pipeline.dev", "pipeline.job", "pipeline.plan", "pipeline.output",
+          "pipeline.generate", "pipeline.route", "pipeline.dedup", "pipeline.ingest", "pipeline.stores", "base")
 BASE = {"pipeline.config": {"pipeline.schema", "pipeline.keys", "pipeline.config_env", "pipeline.config_tiers"},
         "pipeline.config_env": set(),   # base module -> base modules it may import
         "pipeline.config_tiers": set(),
+        "pipeline.errors": set(),
         "pipeline.keys": {"pipeline.config", "pipeline.schema"},
         "pipeline.schema": set()}
 FACADE = "pipeline"
-FACADE_MAY_IMPORT = ("pipeline.config", "pipeline.job")
+FACADE_MAY_IMPORT = ("pipeline.config", "pipeline.job", "pipeline.plan")
 FACADE_USER_INSIDE = "pipeline.cli"  # the one folder of pipeline/ that may use the facade (like the DAG)
 MAX_FUNCTION_LINES = 80
 

@@ -21,9 +21,9 @@ from pipeline.generate.levers import (
     lever_summary,
     read_checkpoint,
 )
-from pipeline.job.estimate import estimate_job
 from pipeline.job.manifest import engine_time
 from pipeline.output.report import engine_section
+from pipeline.plan.estimate import estimate_job
 from tests.conftest import TINY_CONFIG
 
 AVX512 = lambda: {"fpu", "avx2", "avx512f"}  # noqa: E731

@@ -14,7 +14,7 @@ import pytest
 from pipeline.dedup import minhash, split
 from pipeline.dedup.minhash import band_hashes, bands_for, signatures
 from pipeline.dev.samples import synthetic_document
-from pipeline.job.plan import plan_job
+from pipeline.plan.streamed import plan_job
 from pipeline.stores import storage
 from pipeline.stores.staging import StagingArea
 

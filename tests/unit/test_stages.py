@@ -1,4 +1,4 @@
-"""Stage contracts (pipeline/job/stages.py): each staging stage needs and adds the columns it declares.
+"""Stage contracts (pipeline/plan/stages.py): each staging stage needs and adds the columns it declares.
 
 Runs the stages on the sample corpus (no engine: staging is CPU only) and checks every declaration
 against the tables that actually flow, including that a stage fed only its declared `needs` still
@@ -10,7 +10,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from pipeline.job.stages import (
+from pipeline.plan.stages import (
     STAGED_COLUMNS,
     STAGES,
     Stage,

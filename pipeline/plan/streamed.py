@@ -43,11 +43,11 @@ import pyarrow.compute as pc
 from pipeline.config import TokenmillConfig
 from pipeline.dedup.cluster import DedupStats
 from pipeline.dedup.split import shards_of
+from pipeline.errors import JobError
 from pipeline.ingest.read import input_files, read_file
 from pipeline.ingest.validate import duplicate_rows, quarantine_rows
-from pipeline.job.errors import JobError
-from pipeline.job.shards import ROW, SHARD_COLUMNS, cluster_shard, cut_scopes
-from pipeline.job.stages import STAGED_COLUMNS, STAGES, StageContext, run_stages
+from pipeline.plan.shards import ROW, SHARD_COLUMNS, cluster_shard, cut_scopes
+from pipeline.plan.stages import STAGED_COLUMNS, STAGES, StageContext, run_stages
 from pipeline.stores import storage
 
 log = logging.getLogger(__name__)

@@ -22,8 +22,8 @@ from pipeline.config import TokenmillConfig
 from pipeline.dedup import minhash, split
 from pipeline.dedup.cluster import DedupStats, reuse_columns, reuse_plan
 from pipeline.dedup.sketch import embedding_matrix, signature_matrix
-from pipeline.job.stages import row_adapters
 from pipeline.keys import clean_text, compile_boilerplate
+from pipeline.plan.stages import row_adapters
 
 log = logging.getLogger(__name__)
 ROW = "_row"                            # a keyed record's position in its partition

@@ -16,7 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline.config import TokenmillConfig
-from pipeline.job.rates import ZERO, Range, TierRate, tier_rates
+from pipeline.plan.rates import ZERO, Range, TierRate, tier_rates
 
 log = logging.getLogger(__name__)
 
@@ -164,7 +164,7 @@ def planned_demand(config: TokenmillConfig, pool, rates: dict[str, TierRate],
 
     from pipeline.generate.reuse import generation_units
     from pipeline.generate.waves import WavePlanner, unit_requests
-    from pipeline.job.plan import plan_job
+    from pipeline.plan.streamed import plan_job
     from pipeline.stores import storage
     from pipeline.stores.staging import StagingArea
 
