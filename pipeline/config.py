@@ -10,7 +10,6 @@ the DAG needs no secret.
 
 from __future__ import annotations
 
-import logging
 import os
 import re
 from pathlib import Path
@@ -25,8 +24,8 @@ from pipeline.config_env import (  # noqa: F401  (re-exported: part of the confi
     apply_env_overrides,
     expand,
     expand_defaults,
-    plan_env_alias,
     redact_url,
+    renamed_overrides,
     tokenmill_home,
     url_credentials,
 )
@@ -37,8 +36,6 @@ from pipeline.config_tiers import (  # noqa: F401  (re-exported: part of the con
     TierConfig,
     VllmArgs,
 )
-
-log = logging.getLogger(__name__)
 
 
 def no_credentials(uri: str | None) -> str | None:
@@ -256,13 +253,10 @@ class TokenmillConfig(Section):
 
     @model_validator(mode="before")
     @classmethod
-    def plan_is_requests(cls, data: Any) -> Any:
-        """`plan:` (and TOKENMILL_PLAN__*) is the deprecated name of `requests:`."""
+    def no_plan_section(cls, data: Any) -> Any:
+        """`plan:` was the name of `requests:` until 0.1 (a plan is planning's, one word one meaning)."""
         if isinstance(data, dict) and "plan" in data:
-            if "requests" in data:
-                raise ValueError("give `requests:` only; `plan:` is its deprecated name")
-            log.warning("config section `plan:` is deprecated: rename it `requests:` (TOKENMILL_PLAN__* -> TOKENMILL_REQUESTS__*)")
-            data = {("requests" if k == "plan" else k): v for k, v in data.items()}
+            raise ValueError("config section `plan:` is now `requests:` (the same fields): rename it")
         return data
 
     @model_validator(mode="after")
@@ -333,10 +327,13 @@ def _config_error(path: str | Path | None, e: ValidationError, where: str = "") 
 
 def load_config(path: str | Path | None, environ: dict[str, str] | None = None, **overrides: Any) -> TokenmillConfig:
     """Load YAML, apply environment overrides, expand ${VAR}s, validate, then expand the defaults. Raises ConfigError."""
-    environ = plan_env_alias(dict(os.environ if environ is None else environ))
+    environ = dict(os.environ if environ is None else environ)
+    renamed = renamed_overrides(environ)
+    if renamed:
+        raise ConfigError(renamed)
     raw = _read_yaml(path)
     try:
-        raw = TokenmillConfig.plan_is_requests(raw)
+        raw = TokenmillConfig.no_plan_section(raw)
     except ValueError as e:
         raise ConfigError(f"{path}: {e}") from None
     raw = apply_env_overrides(raw, environ)

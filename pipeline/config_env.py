@@ -8,7 +8,6 @@ and every module that shows a URL (CLI, logs, errors, manifests) can redact it t
 from __future__ import annotations
 
 import json
-import logging
 import os
 import re
 from pathlib import Path
@@ -19,7 +18,6 @@ from pydantic import BaseModel
 
 ENV_PREFIX = "TOKENMILL_"
 DEFAULT_HOME = "./.tokenmill"
-log = logging.getLogger("pipeline.config")
 
 
 class ConfigError(ValueError):
@@ -95,16 +93,15 @@ def apply_env_overrides(raw: dict, environ: dict[str, str]) -> dict:
     return raw
 
 
-def plan_env_alias(environ: dict[str, str]) -> dict[str, str]:
-    """TOKENMILL_PLAN__* is the deprecated name of TOKENMILL_REQUESTS__*; renamed before the overrides apply,
-    so that they merge with a YAML `requests:` section."""
+def renamed_overrides(environ: dict[str, str]) -> str | None:
+    """What to rename, when an override still uses a section's old name (TOKENMILL_PLAN__*, `requests:`
+    until 0.1); None when none does."""
     old = f"{ENV_PREFIX}PLAN__"
-    for name in sorted(n for n in environ if n.startswith(old)):
-        new = f"{ENV_PREFIX}REQUESTS__{name[len(old):]}"
-        log.warning("environment override %s is deprecated: use %s", name, new)
-        environ.setdefault(new, environ[name])
-        del environ[name]
-    return environ
+    names = sorted(n for n in environ if n.startswith(old))
+    if not names:
+        return None
+    return "environment overrides of section `plan` are now of `requests`: rename " + ", ".join(
+        f"{n} to {ENV_PREFIX}REQUESTS__{n[len(old):]}" for n in names)
 
 
 # -- secrets out ---------------------------------------------------------------------------------------

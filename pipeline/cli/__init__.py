@@ -2,7 +2,7 @@
 
 common.py holds the typer app, its groups and the shared helpers; each module below registers the
 commands of one concern on import:
-  jobs.py     run, rerun, estimate (and its deprecated alias plan), status, jobs list
+  jobs.py     run, rerun, estimate (its old name plan refused, naming it), status, jobs list
   ledger.py   ledger summary, ledger sql, report
   router.py   router train, router eval, router example-labels
   setup.py    config show/docs, models tiny/embedder, samples

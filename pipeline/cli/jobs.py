@@ -209,12 +209,11 @@ def estimate(config: Path = ConfigOption, input: Optional[str] = InputOption,
     console.print(est["note"])
 
 
-@app.command("plan", hidden=True)
-def plan(config: Path = ConfigOption, input: Optional[str] = InputOption,
-         format: str = typer.Option("table", "--format", help="table or json")) -> None:
-    """Deprecated alias of `tokenmill estimate` (the pre-flight estimate)."""
-    typer.echo("note: `tokenmill plan` is deprecated, use `tokenmill estimate` (same options and output)", err=True)
-    estimate(config, input, format)
+@app.command("plan", hidden=True, context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def plan() -> None:
+    """`tokenmill estimate`'s name until 0.1: refused, naming the new one."""
+    typer.echo("error: `tokenmill plan` is now `tokenmill estimate` (the same options and output)", err=True)
+    raise typer.Exit(2)
 
 
 UNIT_STATUSES = ("pending", "leased", "done", "deferred")

@@ -61,8 +61,8 @@ def reference_markdown() -> str:
             section("tenants.<name>", TenantConfig, "A mapping of tenant name to its own settings (optional; a tenant "
                     "not listed has none). See docs/data-engineer.md, one adapter per tenant.")
         elif name == "requests":
-            section(name, model, "Building engine requests. Formerly `plan:` (and `TOKENMILL_PLAN__*`), still accepted "
-                                 "with a deprecation warning.")
+            section(name, model, "Building engine requests. Named `plan:` (and `TOKENMILL_PLAN__*`) until 0.1: "
+                                 "the old name is refused with an error naming the new one.")
         elif isinstance(model, type) and issubclass(model, BaseModel):
             section(name, model)
     from pipeline.schema import REASONS

@@ -190,7 +190,7 @@ def current_manifest(ctx: JobContext, partial: bool) -> dict:
     """The manifest over what the catalog holds now (`partial` while any partition has not committed)."""
     job = ctx.state.job(ctx.job_id)
     counts = json.loads(job.counts or "{}")
-    staging = counts.get("staging") or counts.get("plan", {})  # "plan": jobs staged before 0.1 named it so
+    staging = counts.get("staging", {})
     return build_manifest(ctx.config, ctx.job_id, job, ctx.state.partitions(ctx.job_id), partial, staging,
                           ctx.queue.sessions(ctx.job_id))
 

@@ -207,7 +207,7 @@ def test_confident_outputs_stay_on_the_small_tier(make_config, tmp_path):
 
 def test_long_documents_are_quarantined_when_chunking_is_off(make_config, tmp_path):
     write(tmp_path / "input" / "a.jsonl", docs(1, words=3000))
-    m = run_job(make_config(plan__long_documents="quarantine"), job_id="q").manifest
+    m = run_job(make_config(requests__long_documents="quarantine"), job_id="q").manifest
     assert m["counts"]["by_reason"] == {"too_long": 1}
 
 

@@ -136,33 +136,19 @@ def test_explicit_values_are_expanded_once(tmp_path):
     assert cfg.state.url == "postgresql://u:p${x}@db/t"  # a secret's own `${` is not expanded again
 
 
-def test_plan_section_is_a_deprecated_alias_of_requests(tmp_path, caplog):
+def test_the_old_plan_section_is_refused_naming_requests(tmp_path):
+    """`plan:` was the name of `requests:` until 0.1: refused with the new name, in YAML and in the environment."""
     path = tmp_path / "c.yaml"
     path.write_text(MINIMAL + "plan: {items_per_engine_call: 7}\n")
-    with caplog.at_level("WARNING", logger="pipeline.config"):
-        cfg = load_config(path, environ={"TOKENMILL_HOME": str(tmp_path)})
-    assert cfg.requests.items_per_engine_call == 7
-    assert "deprecated" in caplog.text and "requests" in caplog.text
-
-
-def test_plan_env_override_merges_with_requests_section(tmp_path, caplog):
-    path = tmp_path / "c.yaml"
+    with pytest.raises(ConfigError, match=r"`plan:` is now `requests:`"):
+        load_config(path, environ={"TOKENMILL_HOME": str(tmp_path)})
+    with pytest.raises(ValueError, match=r"`plan:` is now `requests:`"):
+        TokenmillConfig.model_validate(yaml.safe_load(path.read_text()))
     path.write_text(MINIMAL + "requests: {items_per_engine_call: 7}\n")
-    with caplog.at_level("WARNING", logger="pipeline.config"):
-        cfg = load_config(path, environ={"TOKENMILL_HOME": str(tmp_path), "TOKENMILL_PLAN__PREFIX_ORDERING": "false"})
-    assert (cfg.requests.items_per_engine_call, cfg.requests.prefix_ordering) == (7, False)
-    assert "TOKENMILL_REQUESTS__PREFIX_ORDERING" in caplog.text
+    with pytest.raises(ConfigError, match="rename TOKENMILL_PLAN__PREFIX_ORDERING to TOKENMILL_REQUESTS__PREFIX_ORDERING"):
+        load_config(path, environ={"TOKENMILL_HOME": str(tmp_path), "TOKENMILL_PLAN__PREFIX_ORDERING": "false"})
     cfg = load_config(path, environ={"TOKENMILL_HOME": str(tmp_path), "TOKENMILL_REQUESTS__ITEMS_PER_ENGINE_CALL": "3"})
     assert cfg.requests.items_per_engine_call == 3
-
-
-def test_plan_and_requests_together_is_an_error(tmp_path):
-    path = tmp_path / "c.yaml"
-    path.write_text(MINIMAL + "plan: {items_per_engine_call: 7}\nrequests: {items_per_engine_call: 8}\n")
-    with pytest.raises(ConfigError, match="deprecated"):
-        load_config(path, environ={})
-    with pytest.raises(ValueError, match="deprecated"):
-        TokenmillConfig.model_validate(yaml.safe_load(path.read_text()))
 
 
 def test_load_run_section_reads_run_alone_with_env_overrides(tmp_path):
