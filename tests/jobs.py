@@ -16,6 +16,7 @@ import pytest
 
 from pipeline import run_job
 from pipeline.schema import LEDGER, OUTPUTS, QUARANTINE
+from pipeline.stores import storage
 from pipeline.stores.catalog import StateStore
 from tests.conftest import FAKE_ENGINE, ONE_TIER, REPO, read_kind
 
@@ -146,7 +147,7 @@ def check_a_two_tier_job(make_config, sample_corpus, tmp_path) -> None:
 
     # Files were written atomically: no temporary names left behind, one file per partition and kind,
     # each named by its partition's commit record.
-    assert not [p for p in out_dir.rglob("*") if p.name.startswith(".tmp-")]
+    assert not [p for p in out_dir.rglob("*") if storage.temporary_target(p.name)]
     records = [json.loads(f.read_text()) for f in (out_dir / "_commits" / "job=acct").glob("partition=*.json")]
     assert len(records) == len(m["partitions"])
     for kind in ("outputs", "ledger", "quarantine"):

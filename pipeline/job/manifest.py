@@ -15,7 +15,7 @@ from pipeline.config import TokenmillConfig, redact_url
 from pipeline.generate.levers import lever_summary, ratio
 from pipeline.generate.shadow import summarise_verification
 from pipeline.job.context import JobContext
-from pipeline.output.commit import publish, published_commit
+from pipeline.output.commit import publish, published_commit, sweep
 from pipeline.output.telemetry import decode_steps, efficiency
 from pipeline.output.write import count_by, write_manifest
 from pipeline.stores.catalog import aware, now
@@ -200,13 +200,18 @@ def refresh_manifest(ctx: JobContext) -> dict:
 
     First publishes the commit of any partition whose commit record is missing or names another
     commit than the catalog's (its worker died between the catalog's commit and the record, or an
-    older commit's late record overwrote it), so readers see what the catalog committed.
+    older commit's late record overwrote it), so readers see what the catalog committed; then sweeps
+    the files of older commits and of killed writes (output/commit.py, `sweep`).
     """
     parts = ctx.state.partitions(ctx.job_id)
+    committed = {}
     for p in parts:
         commit = json.loads(p.counts or "{}").get("commit") if p.status == "succeeded" else None
         if commit and published_commit(ctx.out, ctx.job_id, p.partition) != commit["id"]:
             publish(ctx.out, ctx.job_id, p.partition, commit["id"], commit["files"])
+        if commit:
+            committed[p.partition] = commit["id"]
+    sweep(ctx.out, ctx.job_id, committed)  # what kills left behind, so that globbing the folders is exact
     manifest = current_manifest(ctx, partial=any(p.status != "succeeded" for p in parts))
     write_manifest(ctx.out, ctx.job_id, manifest)
     return manifest

@@ -7,8 +7,10 @@ reads. The commit point is one object, written atomically and last:
     _commits/job=<job>/partition=<p>.json    {"commit": ..., "files": {kind: path under the root}}
 
 Readers (the ledger views, `tokenmill ledger sql`, the report, the estimate's rates) read exactly the
-files that commit records name. After a record is published, files of the partition that it does not
-name (earlier attempts, a crashed one) are deleted. Only the claim holding the partition's latest
+files that commit records name. Every file is written under a temporary name that no glob of
+`*.parquet` or `*.json` matches (`.<name>.tmp-<uuid>`), then renamed. After a record is published,
+and again at every manifest write (every run and rerun), `sweep` deletes the partition's files of
+older commits and what killed writes left. Only the claim holding the partition's latest
 epoch publishes: the state catalog fences the commit first (catalog.finish_partition), so a worker
 whose lease was taken over writes nothing visible.
 
@@ -90,18 +92,36 @@ def publish(root: storage.Location, job_id: str, partition: str, commit: str, fi
         return False
     record = {"job_id": job_id, "partition": partition, "commit": commit, "files": files}
     storage.write_bytes_atomic(root, commit_path(root, job_id, partition), json.dumps(record).encode())
-    for name in files.values():
-        keep = root.join(name)
-        folder = keep.rsplit("/", 1)[0]
-        for info in root.fs.get_file_info(pafs.FileSelector(folder, allow_not_found=True)):
-            if info.type == pafs.FileType.File and info.path != keep and _older(info.path, epoch_of(commit)):
-                _delete(root, info.path)
+    sweep(root, job_id, {partition: commit})
     return True
 
 
-def _older(path: str, epoch: int) -> bool:
-    """A partition file of an older commit (or an older version's part-0); never a temporary file."""
-    name = path.rsplit("/", 1)[1]
+def sweep(root: storage.Location, job_id: str, committed: dict[str, str]) -> int:
+    """Delete what no reader should see of the job's partitions committed as `committed` (partition ->
+    commit): files of older commits (a kill between a commit record and its clean-up leaves them), and
+    what killed writes left (temporary files of older commits, temporary commit records). Files of newer
+    commits (a forced rerun in flight) are kept. One listing per kind and one of the commit records, so
+    every commit and every manifest write can afford it. Returns how many files it deleted."""
+    deleted = 0
+    for kind in KINDS:
+        folder = root.join(kind, f"job={job_id}")
+        for info in root.fs.get_file_info(pafs.FileSelector(folder, recursive=True, allow_not_found=True)):
+            partition = info.path.rsplit("/", 2)[-2].removeprefix("partition=")
+            if info.type == pafs.FileType.File and partition in committed \
+                    and _older(info.base_name, epoch_of(committed[partition])):
+                deleted += _delete(root, info.path)
+    folder = root.join(COMMITS, f"job={job_id}")
+    for info in root.fs.get_file_info(pafs.FileSelector(folder, allow_not_found=True)):
+        target = storage.temporary_target(info.base_name)
+        if target is not None and target.removeprefix("partition=").removesuffix(".json") in committed:
+            deleted += _delete(root, info.path)
+    return deleted
+
+
+def _older(name: str, epoch: int) -> bool:
+    """A partition file of an older commit (or an older version's part-0), or a temporary one a killed
+    write of an older commit left; never a file of this commit or a newer one."""
+    name = storage.temporary_target(name) or name
     if name == LEGACY_FILE:
         return True
     if not (name.startswith("part-") and name.endswith(".parquet")):
@@ -126,13 +146,15 @@ def discard(root: storage.Location, files: dict[str, str]) -> None:
         _delete(root, root.join(name))
 
 
-def _delete(root: storage.Location, path: str) -> None:
+def _delete(root: storage.Location, path: str) -> int:
     try:
         root.fs.delete_file(path)
+        return 1
     except FileNotFoundError:
-        pass
-    except OSError as e:  # a leftover is invisible to readers; the next commit of the partition retries
+        return 0
+    except OSError as e:  # a leftover is invisible to readers; the next sweep of the partition retries
         log.warning("could not delete %s: %s", root.uri(path), e)
+        return 0
 
 
 def committed_files(root: storage.Location) -> dict[str, list[str]]:
@@ -144,7 +166,8 @@ def committed_files(root: storage.Location) -> dict[str, list[str]]:
     named: dict[str, list[str]] = {kind: [] for kind in KINDS}
     jobs_with_records = set()
     for info in root.fs.get_file_info(pafs.FileSelector(root.join(COMMITS), recursive=True, allow_not_found=True)):
-        if info.type == pafs.FileType.File and info.path.endswith(".json"):
+        # A record is written whole under its own name; a dot-file is a temporary one a kill left.
+        if info.type == pafs.FileType.File and info.path.endswith(".json") and not info.base_name.startswith("."):
             record = json.loads(storage.read_bytes(root, info.path))
             jobs_with_records.add(record["job_id"])
             for kind in KINDS:

@@ -16,6 +16,7 @@ import functools
 import io
 import logging
 import os
+import re
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -199,7 +200,8 @@ def write_bytes_atomic(root: Location, path: str, data: bytes) -> None:
     if root.scheme:
         return _put_object(root, path, data)
     parent, name = path.rsplit("/", 1)
-    tmp = f"{parent}/.tmp-{uuid.uuid4().hex}-{name}"
+    # Not ending in the real name's extension: a glob of `*.parquet` or `*.json` never reads a half-written file.
+    tmp = f"{parent}/.{name}.tmp-{uuid.uuid4().hex}"
     try:
         root.fs.create_dir(parent, recursive=True)
         try:
@@ -258,6 +260,16 @@ def _fsync_dir(path: str) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+_TEMPORARY = re.compile(r"^\.(?:tmp-[0-9a-f]{32}-(?P<old>.+)|(?P<new>.+)\.tmp-[0-9a-f]{32})$")
+
+
+def temporary_target(name: str) -> str | None:
+    """The name a temporary file of `write_bytes_atomic` was to be renamed to (one a killed write left,
+    in this version's naming or the older `.tmp-<uuid>-<name>`), or None when `name` is not one."""
+    m = _TEMPORARY.match(name)
+    return None if m is None else m["old"] or m["new"]
 
 
 def write_parquet_atomic(root: Location, path: str, table: pa.Table, compression: str) -> None:

@@ -173,5 +173,6 @@ def test_local_writes_are_fsynced_file_then_folder(tmp_path, monkeypatch):
     monkeypatch.setattr(os, "fsync", spy)
     root = storage.resolve(str(tmp_path))
     storage.write_bytes_atomic(root, root.join("d", "f.json"), b"x")
-    assert len(synced) == 2 and ".tmp-" in synced[0] and synced[0].endswith("f.json")  # the data, before its rename
+    # The data, before its rename, under a name no glob of `*.json` reads: (the name it becomes).tmp-(uuid)
+    assert len(synced) == 2 and storage.temporary_target(synced[0].rsplit("/", 1)[1]) == "f.json"
     assert synced[1] == str(tmp_path / "d")  # then the folder, so the rename itself survives a power cut

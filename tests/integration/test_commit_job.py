@@ -13,7 +13,7 @@ from pipeline import run_job
 from pipeline.dev.samples import write_sample_corpus
 from pipeline.output.ledger import connect
 from pipeline.stores.catalog import StateStore
-from tests.conftest import REPO, TINY_CONFIG
+from tests.conftest import REPO, TINY_CONFIG, read_kind
 from tests.jobs import cli_env
 
 PAUSED_WORKER = """
@@ -118,3 +118,36 @@ def test_a_commit_record_lost_after_the_catalog_commit_is_published_by_the_job(m
     quarantined = con.execute("SELECT count(*) FROM quarantine").fetchone()[0]
     assert outputs + quarantined == sample_corpus[1]["documents"] + sample_corpus[1]["bad_records"]
 
+
+
+def test_leftovers_of_killed_writes_are_never_read_and_a_rerun_sweeps_them(make_config, sample_corpus, tmp_path):
+    """Reproducers (red-team round): a kill while a commit record or a part file was written left a
+    `.tmp-<uuid>-<name>` file that ended in `.json` / `.parquet`; a killed `rerun --partition` left the
+    older commit's files. The ledger readers counted the partition twice (a partial temp record made them
+    raise), DuckDB's glob of the folders read 48 rows for 40, and later reruns never cleaned up."""
+    import duckdb
+
+    config = make_config()
+    first = run_job(config, job_id="leftover")
+    out = tmp_path / "output"
+    records = sorted((out / "_commits" / "job=leftover").glob("partition=*.json"))
+    record = json.loads(records[0].read_text())
+    ledger_file = out / record["files"]["ledger"]
+    older = "000000-0123456789ab"  # a commit of an earlier claim (epochs grow with each claim)
+    # What the kills left, as the versions before this fix named them, and a partial record as this one does.
+    (records[0].parent / f".tmp-{'a' * 32}-{records[0].name}").write_text(records[0].read_text())
+    (records[0].parent / f".tmp-{'b' * 32}-{records[0].name}").write_text('{"job_id": "leftover", "fil')
+    (records[0].parent / f".{records[0].name}.tmp-{'c' * 32}").write_text('{"job_id": "leftover", "fil')
+    (ledger_file.parent / f".tmp-{'d' * 32}-part-{older}.parquet").write_bytes(ledger_file.read_bytes())
+    (ledger_file.parent / f"part-{older}.parquet").write_bytes(ledger_file.read_bytes())  # superseded commit
+
+    con = connect(str(out))  # readers that honour commits: each partition once, no error
+    assert con.execute("SELECT count(*) FROM ledger WHERE kind = 'output'").fetchone()[0] == \
+        first.manifest["counts"]["outputs"]
+
+    again = run_job(config, job_id="leftover")  # nothing to do, but the rerun sweeps what kills left
+    assert again.manifest["cost"]["cost_usd"] == first.manifest["cost"]["cost_usd"]
+    left = sorted(p.name for p in out.rglob("*") if p.is_file() and (".tmp-" in p.name or older in p.name))
+    assert left == []
+    glob = duckdb.sql(f"SELECT count(*) FROM read_parquet('{out}/ledger/**/*.parquet')").fetchall()[0][0]
+    assert glob == read_kind(out, "ledger", "leftover").num_rows
