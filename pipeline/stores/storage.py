@@ -262,13 +262,13 @@ def _fsync_dir(path: str) -> None:
         os.close(fd)
 
 
-_TEMPORARY = re.compile(r"^\.(?:tmp-[0-9a-f]{32}-(?P<old>.+)|(?P<new>.+)\.tmp-[0-9a-f]{32})$")
+_TEMPORARY = re.compile(r"\.(?:tmp-[0-9a-f]{32}-(?P<old>.+)|(?P<new>.+)\.tmp-[0-9a-f]{32})")
 
 
 def temporary_target(name: str) -> str | None:
     """The name a temporary file of `write_bytes_atomic` was to be renamed to (one a killed write left,
     in this version's naming or the older `.tmp-<uuid>-<name>`), or None when `name` is not one."""
-    m = _TEMPORARY.match(name)
+    m = _TEMPORARY.fullmatch(name)
     return None if m is None else m["old"] or m["new"]
 
 

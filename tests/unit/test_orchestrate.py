@@ -23,3 +23,20 @@ def test_outcome_fails_when_a_partition_did_not_commit():
     assert job_outcome({"partitions": {"p1": {"status": "succeeded"}}}) == "succeeded"
     with pytest.raises(JobError, match="1 of 2 partitions not committed: p2 failed"):
         job_outcome({"partitions": {"p1": {"status": "succeeded"}, "p2": {"status": "failed"}}})
+
+
+@pytest.mark.parametrize("job_id", ["nl\n", "a\nb", "", "-lead", "x" * 129, "sp ace", "job=x"])
+def test_a_job_id_is_checked_whole(job_id):
+    """Reproducer (red team): `$` matched before a final newline, so `nl\\n` was accepted and made `job=nl\\n`
+    folders that `rerun --job-id nl` could not find."""
+    from pipeline.job.context import check_job_id
+
+    with pytest.raises(JobError, match="must be 1-128 characters"):
+        check_job_id(job_id)
+
+
+def test_valid_job_ids_pass():
+    from pipeline.job.context import check_job_id, new_job_id
+
+    for job_id in ("a", "nightly_summarization-2026-11-01", "x" * 128, new_job_id()):
+        check_job_id(job_id)
