@@ -390,9 +390,9 @@ def read_records(uri: str, config: InputConfig, storage_config: StorageConfig | 
 
 def input_files(root: storage.Location) -> tuple[list[tuple[str, str, int]], list[str]]:
     """(relative, full path, bytes) of the input files under `root`, in job order, and a note per file
-    skipped for its extension."""
+    skipped (for its extension, or not read at all: storage.list_files)."""
     files, notes = [], []
-    for relative_path, path, size in storage.list_files(root):
+    for relative_path, path, size in storage.list_files(root, notes):
         if input_format(relative_path) is None:
             notes.append(f"{relative_path}: skipped, not .jsonl, .jsonl.gz, .parquet, .txt or .md")
         else:

@@ -17,6 +17,7 @@ import io
 import logging
 import os
 import re
+import stat
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -132,16 +133,19 @@ def _error(root: Location, path: str, e: Exception) -> StorageError:
     return StorageError(f"{root.uri(path)}: {message}")
 
 
-def list_files(root: Location) -> list[tuple[str, str, int]]:
-    """(path relative to root, full path, size) of every file under root, sorted by path."""
+def list_files(root: Location, skipped: list[str] | None = None) -> list[tuple[str, str, int]]:
+    """(path relative to root, full path, size) of every regular file under root, sorted by path. What is
+    not read (links out of the root, FIFOs and devices, folders that cannot be listed) is logged and, as
+    one `<relative path>: <why>` line each, appended to `skipped`."""
+    skipped = [] if skipped is None else skipped
     try:
         info = root.fs.get_file_info(root.path)
         if info.type == pafs.FileType.NotFound:
             raise StorageError(f"input not found: {root.uri(root.path)}")
+        if not root.scheme:
+            return _local_files(root.path, skipped)
         if info.type == pafs.FileType.File:
             return [(os.path.basename(root.path), root.path, info.size)]
-        if not root.scheme:
-            return _local_files(root.path)
         entries = root.fs.get_file_info(pafs.FileSelector(root.path, recursive=True))
     except OSError as e:
         raise _error(root, root.path, e) from None
@@ -149,32 +153,58 @@ def list_files(root: Location) -> list[tuple[str, str, int]]:
     return sorted((e.path[len(prefix):], e.path, e.size) for e in entries if e.type == pafs.FileType.File)
 
 
-def _local_files(top: str) -> list[tuple[str, str, int]]:
-    """Files under a local root. Symbolic links are hostile input: a link whose target is missing or
-    lies outside the root is skipped with a warning naming it (an input folder must not read, say,
-    /etc), and a linked folder is not followed (its files would be read twice, or from outside)."""
+def _local_files(top: str, skipped: list[str]) -> list[tuple[str, str, int]]:
+    """Files under a local root (or the root itself, a file). Only regular files are inputs: a FIFO named
+    like one would block its reader forever, a device would be read without bound. Symbolic links are
+    hostile input: a link whose target is missing or lies outside the root is skipped (an input folder
+    must not read, say, /etc), and a linked folder is not followed (its files would be read twice, or
+    from outside)."""
+    if not os.path.isdir(top):
+        name = os.path.basename(top)
+        mode = os.stat(top).st_mode
+        if not stat.S_ISREG(mode):
+            raise StorageError(f"input {top} is not a regular file or a folder ({_kind(mode)})")
+        return [(name, top, os.path.getsize(top))]
     real_top, out = os.path.realpath(top), []
-    for folder, subfolders, names in os.walk(top, followlinks=False):
+
+    def skip(path: str, why: str) -> None:
+        log.warning("input: skipped %s: %s", path, why)
+        skipped.append(f"{os.path.relpath(path, top)}: skipped, {why}")
+
+    def unlistable(e: OSError) -> None:
+        skip(e.filename or top, f"a folder that cannot be listed ({e.strerror or e}); its files are not read")
+
+    for folder, subfolders, names in os.walk(top, followlinks=False, onerror=unlistable):
         for name in sorted(subfolders):
             if os.path.islink(os.path.join(folder, name)):
-                log.warning("input: skipped %s: a linked folder is not followed", os.path.join(folder, name))
+                skip(os.path.join(folder, name), "a linked folder is not followed")
         for name in sorted(names):
             path = os.path.join(folder, name)
             try:
                 path.encode("utf-8")
             except UnicodeEncodeError:  # a name that is not UTF-8: no record could say where it came from
                 log.warning("input: skipped %r: its name is not valid UTF-8; rename it to read it", path)
+                skipped.append(f"{os.path.relpath(path, top)!r}: skipped, its name is not valid UTF-8")
                 continue
             if os.path.islink(path):
                 target = os.path.realpath(path)
                 if not os.path.exists(target):
-                    log.warning("input: skipped %s: a link to %s, which does not exist", path, os.readlink(path))
+                    skip(path, f"a link to {os.readlink(path)}, which does not exist")
                     continue
                 if os.path.commonpath([real_top, target]) != real_top or not os.path.isfile(target):
-                    log.warning("input: skipped %s: a link to %s, outside the input folder", path, target)
+                    skip(path, f"a link to {target}, outside the input folder")
                     continue
+            mode = os.stat(path).st_mode
+            if not stat.S_ISREG(mode):
+                skip(path, f"not a regular file ({_kind(mode)}); only regular files are read")
+                continue
             out.append((os.path.relpath(path, top).replace(os.sep, "/"), path, os.path.getsize(path)))
     return sorted(out)
+
+
+def _kind(mode: int) -> str:
+    return ("a FIFO" if stat.S_ISFIFO(mode) else "a character device" if stat.S_ISCHR(mode)
+            else "a block device" if stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode) else "not a file")
 
 
 def read_bytes(root: Location, path: str) -> bytes:

@@ -148,6 +148,31 @@ def test_a_file_whose_name_is_not_utf8_is_skipped_with_a_warning(tmp_path, caplo
 
 
 
+def test_only_regular_files_are_inputs_and_an_unlistable_folder_is_named(tmp_path, monkeypatch, caplog):
+    """Reproducers (red team): a FIFO named like an input file (`b.jsonl`) made `estimate` and `run` block
+    forever; a folder that could not be listed was dropped without a word (os.walk without onerror)."""
+    top = tmp_path / "in"
+    (top / "locked").mkdir(parents=True)
+    (top / "a.jsonl").write_text('{"id": "a", "text": "x"}\n')
+    (top / "locked" / "c.jsonl").write_text('{"id": "c", "text": "z"}\n')
+    os.mkfifo(top / "b.jsonl")
+    real_scandir = os.scandir
+
+    def scandir(path="."):  # as a folder without read permission does for a user other than root
+        if os.fspath(path).endswith("locked"):
+            raise PermissionError(13, "Permission denied", os.fspath(path))
+        return real_scandir(path)
+
+    monkeypatch.setattr(os, "scandir", scandir)
+    skipped: list[str] = []
+    with caplog.at_level(logging.WARNING, logger="pipeline.stores.storage"):
+        listed = [rel for rel, _, _ in storage.list_files(storage.resolve(str(top)), skipped)]
+    assert listed == ["a.jsonl"]
+    assert [n.split(":")[0] for n in skipped] == ["b.jsonl", "locked"]
+    assert "not a regular file" in skipped[0] and "cannot be listed" in skipped[1] and "Permission denied" in skipped[1]
+    assert "b.jsonl" in caplog.text and "locked" in caplog.text
+
+
 def test_a_late_publish_of_an_older_commit_keeps_the_newer_one(tmp_path):
     """Worker A committed (epoch 1) and stalled before its record; a forced rerun committed epoch 2
     and published; A's record then arrives late. It must neither replace nor delete epoch 2."""

@@ -117,3 +117,23 @@ def test_manifest_reports_efficiency_against_the_gpu_limits(make_config, sample_
     assert 0 < e["efficiency"]["mfu"] < 1 and e["decode_steps_estimate"] >= 48
     unnamed = run_job(make_config(), job_id="eff-cpu").manifest["engines"]
     assert all(v["efficiency"]["mfu"] is None for v in unnamed.values()) or unnamed == {}
+
+
+def test_a_fifo_named_like_an_input_file_is_skipped_not_waited_on(make_config, tmp_path):
+    """Reproducer (red team): a FIFO called `b.jsonl` blocked `run` forever, the job left `staging`."""
+    import threading
+
+    root = tmp_path / "fifo-in"
+    root.mkdir()
+    (root / "a.jsonl").write_text('{"id": "a", "text": "A short note about the harbour."}\n')
+    os.mkfifo(root / "b.jsonl")
+    done = []
+    job = threading.Thread(target=lambda: done.append(run_job(make_config(root), job_id="fifo")), daemon=True)
+    job.start()
+    job.join(timeout=120)  # a guard against the hang the bug was, never the thing measured
+    if job.is_alive():  # release the blocked reader (a writer's open unblocks it) before failing
+        os.close(os.open(root / "b.jsonl", os.O_WRONLY | os.O_NONBLOCK))
+    assert done, "the job blocked on the FIFO"
+    m = done[0].manifest
+    assert m["status"] == "succeeded" and m["counts"]["outputs"] == 1
+    assert any(s.startswith("b.jsonl: skipped, not a regular file (a FIFO)") for s in m["staging"]["skipped_files"])
