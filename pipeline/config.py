@@ -304,12 +304,24 @@ class TokenmillConfig(Section):
         return max(prices, key=prices.get)
 
 
+class _NoAliases(yaml.SafeLoader):
+    """YAML without aliases: `*name` shares one node many times over, so 400 bytes can stand for a tree of
+    a billion leaves that `${VAR}` expansion would walk. A config has no need of them."""
+
+    def compose_node(self, parent, index):
+        if self.check_event(yaml.AliasEvent):
+            mark = self.peek_event().start_mark
+            raise yaml.YAMLError(f"YAML aliases (*name) are not allowed in a tokenmill config (line {mark.line + 1}, "
+                                 f"column {mark.column + 1}): write the value out")
+        return super().compose_node(parent, index)
+
+
 def _read_yaml(path: str | Path | None) -> dict:
     if path is None:
         return {}
     p = Path(path)
     try:
-        raw = yaml.safe_load(p.read_text(encoding="utf-8")) or {}
+        raw = yaml.load(p.read_text(encoding="utf-8"), Loader=_NoAliases) or {}  # noqa: S506 (a SafeLoader)
     except FileNotFoundError:
         raise ConfigError(f"config file not found: {p}") from None
     except yaml.YAMLError as e:

@@ -253,3 +253,21 @@ def test_state_database_errors_hide_the_password(password, tmp_path):
         app, ["jobs", "list", "--config", str(TINY_CONFIG)])
     assert r.exit_code == 2 and r.stderr.startswith("error: state database")
     assert_hidden(r.output)
+
+
+def test_yaml_aliases_are_refused_before_anything_expands(tmp_path):
+    """Reproducer (red team): a 400-byte alias bomb kept every command busy for over a minute (`${VAR}`
+    expansion walked the expanded tree), and one under `run:` would hang the DAG's parse."""
+    from pipeline.config import load_run_section, load_tier_workers
+
+    small = tmp_path / "alias.yaml"
+    small.write_text(MINIMAL + "requests: &r {items_per_engine_call: 7}\nbudget: *r\n")
+    with pytest.raises(ConfigError, match="YAML aliases"):
+        load_config(small, environ={"TOKENMILL_HOME": str(tmp_path)})
+    bomb = tmp_path / "bomb.yaml"
+    levels = ["a0: &a0 [x, x, x, x, x, x, x, x, x, x]"]
+    levels += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 9)]
+    bomb.write_text("run:\n  tier_workers: {small: 1}\n  bomb:\n" + "".join(f"    {line}\n" for line in levels))
+    for load in (load_config, load_run_section, load_tier_workers):
+        with pytest.raises(ConfigError, match="YAML aliases"):
+            load(bomb, environ={"TOKENMILL_HOME": str(tmp_path)})
