@@ -98,6 +98,16 @@ class DedupConfig(Section):
     shadow_min_f1: float = Field(0.5, ge=0, le=1, description="Token F1 between the reused and the generated output below which a shadow-verified reuse counts as a false hit.")
     shared_tenants: list[str] = Field(default_factory=list, description="Tenants that may reuse each other's outputs (e.g. public documents); every other tenant only reuses its own.")
 
+    @field_validator("boilerplate_patterns")
+    @classmethod
+    def _patterns_compile(cls, patterns: list[str]) -> list[str]:
+        for i, p in enumerate(patterns):
+            try:
+                re.compile(p, re.MULTILINE)
+            except re.error as e:
+                raise ValueError(f"pattern {i} {p!r} is not a regular expression: {e}") from None
+        return patterns
+
 
 class PlanningConfig(Section):
     """How the job's planning (read, validate, dedup, route, stage; pipeline/plan/streamed.py) uses the CPU."""
@@ -207,7 +217,7 @@ class BudgetConfig(Section):
     engine calls once spent + the call's estimate would cross a cap, and defers the partitions left."""
 
     max_job_usd: float | None = Field(None, ge=0, description="Cap on one job's generation cost; unset: no cap.")
-    max_tenant_usd: dict[str, float] = Field(default_factory=dict, description="Cap per tenant within one job, e.g. `{acme: 20.0}`.")
+    max_tenant_usd: dict[str, Annotated[float, Field(ge=0)]] = Field(default_factory=dict, description="Cap per tenant within one job, e.g. `{acme: 20.0}`.")
     default_tenant_usd: float | None = Field(None, ge=0, description="Cap for every tenant not named in `max_tenant_usd`; unset: none.")
 
     def tenant_cap(self, tenant: str) -> float | None:
@@ -220,8 +230,8 @@ class BudgetConfig(Section):
 
 class StateConfig(Section):
     url: str = Field("sqlite:///${TOKENMILL_HOME}/state.db", description="SQLAlchemy URL of the job-state catalog (SQLite locally, PostgreSQL in production, e.g. `postgresql+psycopg://user@host/db`; put the password in the environment, not here).")
-    lease_seconds: float = Field(300.0, gt=0, description="A claimed partition is held this long without a heartbeat; a worker that dies loses it after this and another may take over.")
-    wait_seconds: float = Field(1.0, gt=0, description="How often a worker looks again at partitions other workers hold.")
+    lease_seconds: float = Field(300.0, gt=0, le=7 * 86400, description="A claimed partition is held this long without a heartbeat; a worker that dies loses it after this and another may take over.")
+    wait_seconds: float = Field(1.0, gt=0, le=3600, description="How often a worker looks again at partitions other workers hold.")
 
 
 class RunConfig(Section):

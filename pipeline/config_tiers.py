@@ -14,9 +14,10 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 
 class Section(BaseModel):
-    """Every config model: an unknown field is an error, not a silent default."""
+    """Every config model: an unknown field is an error, not a silent default; no number is infinite or NaN
+    (an infinite lease or temperature would fail a job hours in, not at load)."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
 
 
 class SpeculativeConfig(Section):

@@ -1,3 +1,4 @@
+import re
 import subprocess
 import sys
 from urllib.parse import quote
@@ -271,3 +272,20 @@ def test_yaml_aliases_are_refused_before_anything_expands(tmp_path):
     for load in (load_config, load_run_section, load_tier_workers):
         with pytest.raises(ConfigError, match="YAML aliases"):
             load(bomb, environ={"TOKENMILL_HOME": str(tmp_path)})
+
+
+@pytest.mark.parametrize("section, value, field", [
+    ("dedup", {"boilerplate_patterns": ["^(From|To:.*$"]}, "dedup.boilerplate_patterns"),
+    ("state", {"lease_seconds": ".inf"}, "state.lease_seconds"),
+    ("state", {"lease_seconds": 1e300}, "state.lease_seconds"),
+    ("budget", {"max_tenant_usd": {"acme": -1.0}}, "budget.max_tenant_usd.acme"),
+    ("budget", {"max_job_usd": ".nan"}, "budget.max_job_usd"),
+    ("sampling", {"temperature": ".inf"}, "sampling.temperature"),
+])
+def test_values_that_would_fail_late_are_refused_at_load_naming_the_field(tmp_path, section, value, field):
+    """Reproducers (red team): a bad boilerplate regex gave a traceback in `estimate`, an infinite lease an
+    OverflowError after generation; a negative tenant cap and an infinite temperature were accepted."""
+    path = tmp_path / "c.yaml"
+    path.write_text(MINIMAL + yaml.safe_dump({section: value}).replace("'.inf'", ".inf").replace("'.nan'", ".nan"))
+    with pytest.raises(ConfigError, match=re.escape(field)):
+        load_config(path, environ={"TOKENMILL_HOME": str(tmp_path)})
