@@ -10,6 +10,7 @@ from typing import Optional
 
 import typer
 from rich.table import Table
+from rich.text import Text
 
 from pipeline import JobError, estimate_job, run_job
 from pipeline.cli.common import ConfigOption, app, console, fail, jobs_app, load, state_store, when
@@ -124,8 +125,8 @@ def _run(cfg, job_id: Optional[str], partitions: list[str] | None, json_summary:
         console.print(summary_table(result.manifest))
         for e in examples(cfg, result.job_id):
             summary = " ".join(e["summary"].split())
-            console.print(f"[bold]{e['id']}[/bold] ({e['tier']}{', escalated' if e['escalated'] else ''}): "
-                          f"{summary[:300]}{'…' if len(summary) > 300 else ''}", highlight=False)
+            console.print(Text.assemble((e["id"], "bold"), f" ({e['tier']}{', escalated' if e['escalated'] else ''}): "
+                                        f"{summary[:300]}{'…' if len(summary) > 300 else ''}"))
         console.print(f"outputs, ledger and quarantine under {cfg.output.uri}; manifest: jobs/{result.job_id}/manifest.json")
 
 

@@ -37,17 +37,16 @@ def print_table(table, format: str, title: str | None = None) -> None:
         text = buf.getvalue().decode()
         typer.echo(text if text.endswith("\n") else text + "\n", nl=False)
         return
-    rows = table.to_pylist()
     if format == "json":
-        typer.echo(json.dumps([{k: _plain(v) for k, v in r.items()} for r in rows], indent=2))
+        typer.echo(json.dumps([{k: _plain(v) for k, v in r.items()} for r in table.to_pylist()], indent=2))
         return
     if format != "table":
         fail(f"--format must be table, csv or json, not {format}")
     out = Table(title=title)
-    for name in table.column_names:
-        out.add_column(name, justify="left" if table.schema.field(name).type in ("string",) else "right")
-    for r in rows:
-        out.add_row(*("-" if v is None else f"{v:.6f}" if isinstance(v, (float, Decimal)) else str(v) for v in r.values()))
+    for field in table.schema:  # by position: a result may repeat a column name
+        out.add_column(field.name, justify="left" if field.type in ("string",) else "right")
+    for r in zip(*(column.to_pylist() for column in table.columns)):
+        out.add_row(*("-" if v is None else f"{v:.6f}" if isinstance(v, (float, Decimal)) else str(v) for v in r))
     console.print(out)
 
 

@@ -115,6 +115,22 @@ def query(con: duckdb.DuckDBPyConnection, sql: str) -> pa.Table:
         raise LedgerError("ledger sql answers queries only (SELECT, WITH, DESCRIBE, SUMMARIZE, …)")
     try:
         result = con.sql(sql)
-        return result.to_arrow_table() if result is not None else pa.table({})
+        table = result.to_arrow_table() if result is not None else pa.table({})
     except duckdb.Error as e:
         raise LedgerError(str(e).splitlines()[0]) from None
+    return table.rename_columns(distinct_names(table.column_names))
+
+
+def distinct_names(names: list[str]) -> list[str]:
+    """Column names made distinct (`a`, `a_2`, `a_3`): a join or `SELECT 1 a, 2 a` repeats one, and a row
+    of a result is a mapping of names."""
+    seen: set[str] = set()
+    out = []
+    for name in names:
+        new, n = name, 1
+        while new in seen:
+            n += 1
+            new = f"{name}_{n}"
+        seen.add(new)
+        out.append(new)
+    return out

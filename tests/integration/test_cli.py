@@ -30,3 +30,38 @@ def test_estimate_counts_every_record_and_the_old_name_plan_is_refused(tiny_mode
     assert json.loads(estimate.stdout)["records"] == sample_corpus[1]["documents"] + sample_corpus[1]["bad_records"]
     assert plan.exit_code == 2 and not plan.stdout
     assert plan.stderr.strip() == "error: `tokenmill plan` is now `tokenmill estimate` (the same options and output)"
+
+
+def test_console_markup_in_data_is_printed_as_text(tiny_models, tmp_path, monkeypatch):
+    """Reproducers (red team): an id, tenant or file name holding rich markup (`[/x]`) made `tokenmill run`
+    print a traceback and exit 1 after the job committed (cron ran it again), and `ledger summary`, `status`
+    crashed the same way; `[link=…]` drew a terminal hyperlink. `ledger sql` with two columns of one
+    name raised a KeyError."""
+    from tests.conftest import FAKE_ENGINE
+
+    root = tmp_path / "in"
+    root.mkdir()
+    (root / "[bold]notes[red].jsonl").write_text(
+        '{"id": "[/x]", "tenant": "[link=http://evil.example]acme", "text": "The harbour opens at nine."}\n'
+        '{"id": "b[/]", "text": "The ferry leaves at noon from the north pier."}\n')
+    env = {**ONE_TIER, **FAKE_ENGINE, "TOKENMILL_HOME": str(tiny_models.parent), "TOKENMILL_RUN__PROGRESS": "off",
+           "TOKENMILL_STATE__URL": f"sqlite:///{tmp_path}/s.db", "TOKENMILL_CACHE__PATH": str(tmp_path / "cache")}
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    out = tmp_path / "out"
+    runner = CliRunner()
+    run = runner.invoke(app, ["run", "--config", str(TINY_CONFIG), "--input", str(root), "--output", str(out),
+                              "--job-id", "markup"])
+    assert run.exit_code == 0, run.output
+    assert "[/x] (small)" in run.stdout and "\x1b]8;" not in run.stdout  # the id as written, no hyperlink
+    for args in (["status", "--config", str(TINY_CONFIG), "--job-id", "markup"],
+                 ["ledger", "summary", "--output", str(out), "--by", "tenant"]):
+        shown = runner.invoke(app, args)
+        assert shown.exit_code == 0, shown.output
+        assert "\x1b]8;" not in shown.stdout
+    assert "[link=http://evil" in shown.stdout  # the tenant as text (a narrow cell may cut it short)
+    both = runner.invoke(app, ["ledger", "sql", "SELECT 1 AS a, 2 AS a", "--output", str(out), "--format", "json"])
+    assert both.exit_code == 0, both.output
+    assert json.loads(both.stdout) == [{"a": 1, "a_2": 2}]
+    table = runner.invoke(app, ["ledger", "sql", "SELECT 1 AS a, 2 AS a", "--output", str(out)])
+    assert table.exit_code == 0 and "a_2" in table.stdout
