@@ -108,20 +108,30 @@ def adapter_digest(folder: str | None) -> str | None:
     return _digest(str(path), tuple((f.name, f.stat().st_mtime_ns, f.stat().st_size) for f in files if f.exists()))
 
 
-def config_fingerprint(config: TokenmillConfig) -> str:
-    """Hash of everything in `config` that changes outputs or costs (not where they are read from or
-    written to), adapters' contents included: an adapter retrained in place changes outputs too."""
-    data = config.model_dump(mode="json", exclude={"input": {"uri"}, "output": {"uri"}, "run": True, "state": True,
-                                                   "storage": True, "budget": True, "cache": True, "planning": True})
-
+def _adapter_digests(config: TokenmillConfig) -> dict[str, str]:
     def digest(path: str) -> str:
         try:
             return adapter_digest(path)
         except OSError:  # not on this host: the checks before any work say so where it matters
             return "unreadable"
 
+    return {n: digest(t.adapter) for n, t in config.tenants.items() if t.adapter}
+
+
+def config_fingerprint(config: TokenmillConfig) -> str:
+    """Hash of everything in `config` that changes outputs or costs (not where they are read from or
+    written to), adapters' contents included: an adapter retrained in place changes outputs too."""
+    data = config.model_dump(mode="json", exclude={"input": {"uri"}, "output": {"uri"}, "run": True, "state": True,
+                                                   "storage": True, "budget": True, "cache": True, "planning": True})
     if any(t.adapter for t in config.tenants.values()):
-        data["adapter_digests"] = {n: digest(t.adapter) for n, t in config.tenants.items() if t.adapter}
+        data["adapter_digests"] = _adapter_digests(config)
+    return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def isolation_fingerprint(config: TokenmillConfig) -> str:
+    """Hash of what decides which tenants may share an output: `dedup.shared_tenants` and the tenants'
+    adapters (a tenant with one keeps its own scope). Planning's scopes and reuse decisions depend on it."""
+    data = {"shared_tenants": sorted(config.dedup.shared_tenants), "adapters": _adapter_digests(config)}
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
 
 

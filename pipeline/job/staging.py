@@ -10,6 +10,7 @@ clustered_shard, staged_from_shards), all behind the same claim.
 
 from __future__ import annotations
 
+import json
 import logging
 import threading
 import time
@@ -19,7 +20,7 @@ from pipeline.errors import JobError
 from pipeline.ingest.read import input_files
 from pipeline.job.context import JobContext
 from pipeline.job.manifest import current_manifest
-from pipeline.keys import config_fingerprint
+from pipeline.keys import config_fingerprint, isolation_fingerprint
 from pipeline.output.write import write_manifest
 from pipeline.plan.streamed import (
     Plan,
@@ -60,6 +61,11 @@ def ensure_staged(ctx: JobContext, stage=None):
         time.sleep(c.state.wait_seconds)  # another worker is staging it now
     if row.output_uri != c.output.uri:
         raise JobError(f"job {ctx.job_id} writes to {row.output_uri}, not {c.output.uri}; use that output")
+    planned = json.loads(row.counts or "{}").get("staging", {}).get("isolation")
+    if planned is not None and planned != isolation_fingerprint(c):
+        raise JobError(f"job {ctx.job_id} was planned under other tenant isolation settings (dedup.shared_tenants or "
+                       "tenants' adapters) than this config's: its reuse decisions could give a tenant outputs it may "
+                       "no longer see. Restore those settings to continue it, or run the input as a new job id")
     if row.config_fingerprint != config_fingerprint(c):
         log.warning("job %s: config changed since it was staged; items whose request changed are generated again",
                     ctx.job_id)
@@ -105,7 +111,8 @@ def register_plan(ctx: JobContext, planned: Plan, seconds: float) -> None:
     ctx.state.set_job(ctx.job_id, status="staged", counts={"records": planned.records, "staging": {
         "records": planned.records, "partitions": len(planned.partitions), "skipped_files": planned.skipped,
         "dedup": planned.dedup.as_dict(), "shards": planned.shards, "cut_scopes": {s: len(r) for s, r in planned.cut.items()},
-        "step_seconds": {k: round(v, 3) for k, v in planned.seconds.items()}, "seconds": round(seconds, 3)}})
+        "step_seconds": {k: round(v, 3) for k, v in planned.seconds.items()}, "seconds": round(seconds, 3),
+        "isolation": isolation_fingerprint(ctx.config)}})
     write_manifest(ctx.out, ctx.job_id, current_manifest(ctx, partial=True))
 
 

@@ -172,3 +172,21 @@ def test_semantic_paraphrases_are_reused_in_the_job_and_from_the_cache(make_conf
     assert out2["para-2"]["source"] == "cache_semantic" and out2["para-2"]["summary"] == out["orig"]["summary"]
     assert out2["para-other-number"]["source"] == "generated"
     assert out2["para-other-tenant"]["source"] == "generated", "never another tenant's output"
+
+
+def test_a_job_is_not_continued_under_other_tenant_isolation(make_config, tmp_path):
+    """Reproducer (red team): a tenant taken out of dedup.shared_tenants between staging and a rerun still
+    received the other tenant's output (`duplicate_in_job`): the scopes decided at staging were kept."""
+    from pipeline import JobError
+
+    same = docs("a", n=2)
+    write_jsonl(tmp_path / "input" / "a.jsonl", [dict(d, tenant="public-1") for d in same]
+                + [dict(d, id="b" + d["id"], tenant="public-2") for d in same])
+    shared = {"dedup__shared_tenants": ["public-1", "public-2"]}
+    first = run_job(make_config(**shared), job_id="iso").manifest
+    assert first["counts"]["by_source"] == {"generated": 2, "duplicate_in_job": 2}
+    assert run_job(make_config(**shared), job_id="iso").manifest["status"] == "succeeded"  # same settings: fine
+    with pytest.raises(JobError, match="dedup.shared_tenants"):
+        run_job(make_config(), job_id="iso", partitions=[next(iter(first["partitions"]))])  # a forced rerun too
+    with pytest.raises(JobError, match="new job id"):
+        run_job(make_config(), job_id="iso")
