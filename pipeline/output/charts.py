@@ -1,12 +1,15 @@
 """Inline SVG charts for the HTML report: horizontal bars and a waterfall, labels drawn whole.
 
-No script and no font from the network: the report is one self-contained file.
+No script and no font from the network: the report is one self-contained file. Every fragment is
+markupsafe's Markup, built with `Markup(template).format(...)`: a label from the data is escaped by
+construction, whatever it holds.
 """
 
 from __future__ import annotations
 
-import html
 import re
+
+from markupsafe import Markup
 
 WIDTH, BAR_H, GAP, LABEL_W = 640, 22, 8, 170
 PLOT_W = WIDTH - LABEL_W  # bars and their value labels; the label column widens to fit its longest label
@@ -45,24 +48,26 @@ def _layout(labels: list[str]) -> tuple[float, list[tuple[float, float, list[str
     return width, rows, y
 
 
-def _label(x: float, top: float, h: float, label: str, lines: list[str]) -> str:
+def _label(x: float, top: float, h: float, label: str, lines: list[str]) -> Markup:
     if len(lines) == 1:
-        return f'<text x="{x:.1f}" y="{top + (h - BAR_H) / 2 + BAR_H * 0.7:.1f}" text-anchor="end">{html.escape(label)}</text>'
+        return Markup('<text x="{:.1f}" y="{:.1f}" text-anchor="end">{}</text>').format(
+            x, top + (h - BAR_H) / 2 + BAR_H * 0.7, label)
     first = top + h / 2 + 4 - (len(lines) - 1) * LINE_H / 2
-    spans = "".join(f'<tspan x="{x:.1f}" dy="{0 if i == 0 else LINE_H}">{html.escape(line)}</tspan>'
-                    for i, line in enumerate(lines))
-    return f'<text x="{x:.1f}" y="{first:.1f}" text-anchor="end"><title>{html.escape(label)}</title>{spans}</text>'
+    spans = Markup("").join(Markup('<tspan x="{:.1f}" dy="{}">{}</tspan>').format(x, 0 if i == 0 else LINE_H, line)
+                            for i, line in enumerate(lines))
+    return Markup('<text x="{:.1f}" y="{:.1f}" text-anchor="end"><title>{}</title>{}</text>').format(x, first, label, spans)
 
 
-def _svg(chart_id: str, title: str, width: float, height: float, parts: list[str]) -> str:
-    return (f'<section><h2>{html.escape(title)}</h2><svg class="chart" id="{chart_id}" width="{width:.0f}" '
-            f'height="{height:.0f}" role="img" aria-label="{html.escape(title)}">{"".join(parts)}</svg></section>')
+def _svg(chart_id: str, title: str, width: float, height: float, parts: list[Markup]) -> Markup:
+    return Markup('<section><h2>{}</h2><svg class="chart" id="{}" width="{:.0f}" height="{:.0f}" role="img" '
+                  'aria-label="{}">{}</svg></section>').format(title, chart_id, width, height, title,
+                                                               Markup("").join(parts))
 
 
-def bar_chart(chart_id: str, title: str, rows: list[tuple[str, float]], fmt=fmt_usd) -> str:
+def bar_chart(chart_id: str, title: str, rows: list[tuple[str, float]], fmt=fmt_usd) -> Markup:
     """Horizontal bars, one per (label, value); labels whole, on more lines when long."""
     if not rows:
-        return f'<section><h2>{html.escape(title)}</h2><p class="empty">no data</p></section>'
+        return Markup('<section><h2>{}</h2><p class="empty">no data</p></section>').format(title)
     top = max(v for _, v in rows) or 1.0
     label_w, layout, height = _layout([str(label) for label, _ in rows])
     bars = []
@@ -71,12 +76,13 @@ def bar_chart(chart_id: str, title: str, rows: list[tuple[str, float]], fmt=fmt_
         bar_y = y + (h - BAR_H) / 2
         bars.append(
             _label(label_w - 6, y, h, str(label), lines)
-            + f'<rect class="bar" x="{label_w:.1f}" y="{bar_y:.1f}" width="{w:.1f}" height="{BAR_H}" fill="{COLORS["bar"]}"/>'
-            f'<text x="{label_w + w + 6:.1f}" y="{bar_y + BAR_H * 0.7:.1f}">{html.escape(fmt(value))}</text>')
+            + Markup('<rect class="bar" x="{:.1f}" y="{:.1f}" width="{:.1f}" height="{}" fill="{}"/>'
+                     '<text x="{:.1f}" y="{:.1f}">{}</text>').format(
+                label_w, bar_y, w, BAR_H, COLORS["bar"], label_w + w + 6, bar_y + BAR_H * 0.7, fmt(value)))
     return _svg(chart_id, title, label_w + PLOT_W, height, bars)
 
 
-def waterfall(chart_id: str, title: str, baseline: float, steps: list[tuple[str, float]], paid: float) -> str:
+def waterfall(chart_id: str, title: str, baseline: float, steps: list[tuple[str, float]], paid: float) -> Markup:
     """Baseline, then each step as a change of level, then what was paid.
 
     A step's value is signed: below zero a saving (a bar going down, "− label"), above zero a cost
@@ -99,7 +105,8 @@ def waterfall(chart_id: str, title: str, baseline: float, steps: list[tuple[str,
         bar_y = y + (h - BAR_H) / 2
         parts.append(
             _label(label_w - 6, y, h, label, lines)
-            + f'<rect class="bar" x="{label_w + start * scale:.1f}" y="{bar_y:.1f}" width="{w:.1f}" height="{BAR_H}" '
-            f'fill="{color}" data-value="{signed:.9f}"/>'
-            f'<text x="{label_w + start * scale + w + 6:.1f}" y="{bar_y + BAR_H * 0.7:.1f}">{html.escape(text)}</text>')
+            + Markup('<rect class="bar" x="{:.1f}" y="{:.1f}" width="{:.1f}" height="{}" fill="{}" data-value="{:.9f}"/>'
+                     '<text x="{:.1f}" y="{:.1f}">{}</text>').format(
+                label_w + start * scale, bar_y, w, BAR_H, color, signed, label_w + start * scale + w + 6,
+                bar_y + BAR_H * 0.7, text))
     return _svg(chart_id, title, label_w + PLOT_W, height, parts)

@@ -8,18 +8,23 @@ throughput, reuse by kind, the slowest partitions (labels drawn whole: the label
 quality: outputs flagged unfaithful per tier, escalations by reason, shadow verification's
 false-reuse rate and, when given, the headline of the latest `tokenmill eval`. Figures come from
 the job's ledger (DuckDB), its manifest and the eval's eval.json (read as plain JSON: the evals
-layer sits above this one).
+layer sits above this one, and a crafted file may hold anything: its numbers are formatted only when
+they are numbers).
+
+Every fragment of the page is markupsafe's Markup, built with `Markup(template).format(...)` or
+joined with `Markup("").join`: a value from the data, the manifest or eval.json is escaped by
+construction, never call by call.
 """
 
 from __future__ import annotations
 
-import html
 import json
 from datetime import datetime, timezone
 from decimal import Decimal
 from pathlib import Path
 
 import duckdb
+from markupsafe import Markup
 
 from pipeline.output.charts import bar_chart, fmt_usd, waterfall
 from pipeline.output.ledger import MONEY
@@ -126,24 +131,42 @@ def _false_reuse_line(v: dict) -> str:
     if not v.get("checked"):
         return ("False-reuse rate: no near or semantic reuse was shadow-verified in this job "
                 "(dedup.shadow_rate; the manifest's reuse.verification).")
-    low, high = v["ci95"]
-    return (f"False-reuse rate (shadow verification, token F1 below {v.get('min_f1')}): {v['false_hit_rate']:.1%} "
-            f"of {v['checked']} verified reuses (95% CI {low:.1%}-{high:.1%}); per kind and samples in the "
+    low, high = _pair(v.get("ci95"))
+    return (f"False-reuse rate (shadow verification, token F1 below {v.get('min_f1')}): {_pct(v.get('false_hit_rate'))} "
+            f"of {v['checked']} verified reuses (95% CI {_pct(low)}-{_pct(high)}); per kind and samples in the "
             "manifest's reuse.verification.")
 
 
-def _table(table_id: str, head: list[str], rows: list[list[str]]) -> str:
-    cells = "".join(f"<th>{html.escape(h)}</th>" for h in head)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in r) + "</tr>" for r in rows)
-    return f'<table class="quality" id="{table_id}"><thead><tr>{cells}</tr></thead><tbody>{body}</tbody></table>'
+def _table(table_id: str, head: list[str], rows: list[list[str]]) -> Markup:
+    cells = Markup("").join(Markup("<th>{}</th>").format(h) for h in head)
+    body = Markup("").join(Markup("<tr>{}</tr>").format(Markup("").join(Markup("<td>{}</td>").format(c) for c in r))
+                           for r in rows)
+    return Markup('<table class="quality" id="{}"><thead><tr>{}</tr></thead><tbody>{}</tbody></table>').format(
+        table_id, cells, body)
+
+
+def _number(v, spec: str) -> str:
+    """`v` formatted as `spec` when it is a number; "-" when absent, "?" when it is anything else (a
+    crafted or damaged eval.json)."""
+    if v is None:
+        return "-"
+    return format(v, spec) if isinstance(v, (int, float)) and not isinstance(v, bool) else "?"
 
 
 def _pct(v) -> str:
-    return "-" if v is None else f"{v:.1%}"
+    return _number(v, ".1%")
 
 
-def _note(text: str) -> str:
-    return f'<p class="note">{html.escape(text)}</p>'
+def _pair(v) -> tuple:
+    return tuple(v) if isinstance(v, list) and len(v) == 2 else (None, None)
+
+
+def _dict(v) -> dict:
+    return v if isinstance(v, dict) else {}
+
+
+def _note(text: str) -> Markup:
+    return Markup('<p class="note">{}</p>').format(text)
 
 
 def job_quality(con: duckdb.DuckDBPyConnection, job_id: str) -> tuple[list[list[str]], list[list[str]]]:
@@ -174,54 +197,56 @@ def load_eval(path: Path) -> dict:
 
 
 def _policy_line(routing: dict, baseline_tier: str) -> str:
-    chosen, target = routing.get("chosen"), routing.get("target_quality")
+    chosen, target = _dict(routing.get("chosen")), routing.get("target_quality")
     if not chosen:
         return f"Chosen policy: none keeps {_pct(target)} of all-{baseline_tier} quality (the config was left as it was)."
     if chosen.get("all_large"):
-        return (f"Chosen policy (target {_pct(target)}): everything on {baseline_tier}, ${chosen['cost_per_1k_usd']:.5f} "
-                "per 1k documents: no cheaper mix of tiers kept the target quality.")
-    settings = [f"router below {chosen['router_threshold']:.2f} to the large tier" if chosen.get("router_threshold") is not None
-                else "no router",
+        return (f"Chosen policy (target {_pct(target)}): everything on {baseline_tier}, "
+                f"${_number(chosen.get('cost_per_1k_usd'), '.5f')} per 1k documents: no cheaper mix of tiers kept the "
+                "target quality.")
+    settings = [f"router below {_number(chosen['router_threshold'], '.2f')} to the large tier"
+                if chosen.get("router_threshold") is not None else "no router",
                 "mean log-probability signal off" if chosen.get("min_mean_logprob") is None
-                else f"escalate below mean log-probability {chosen['min_mean_logprob']:.3f}",
+                else f"escalate below mean log-probability {_number(chosen['min_mean_logprob'], '.3f')}",
                 f"truncation {'on' if chosen.get('on_truncation') else 'off'}",
                 f"unfaithful {'on' if chosen.get('on_unfaithful') else 'off'}"]
-    all_large = (routing.get("all_large") or {}).get("cost_per_1k_usd")
-    against = f" (all-{baseline_tier} ${all_large:.5f})" if all_large is not None else ""
+    all_large = _dict(routing.get("all_large")).get("cost_per_1k_usd")
+    against = f" (all-{baseline_tier} ${_number(all_large, '.5f')})" if all_large is not None else ""
     return (f"Chosen policy (target {_pct(target)}, scored on {routing.get('test_documents', '?')} test documents): "
-            f"quality kept {_pct(chosen['quality_kept'])}, {_pct(chosen['small_share'])} kept on the small tier, "
-            f"{_pct(chosen.get('escalated_share'))} escalated, ${chosen['cost_per_1k_usd']:.5f} per 1k documents{against}; "
-            + ", ".join(settings) + ".")
+            f"quality kept {_pct(chosen.get('quality_kept'))}, {_pct(chosen.get('small_share'))} kept on the small tier, "
+            f"{_pct(chosen.get('escalated_share'))} escalated, ${_number(chosen.get('cost_per_1k_usd'), '.5f')} per 1k "
+            f"documents{against}; " + ", ".join(settings) + ".")
 
 
-def eval_headline(result: dict, job_models: dict[str, str | None]) -> str:
+def eval_headline(result: dict, job_models: dict[str, str | None]) -> Markup:
     """The latest eval's tiers table, chosen policy and reuse false hits; a note when it measured other models."""
-    base = result.get("baseline_tier", "?")
-    models = result.get("models", {})
-    rows = [[tier, models.get(tier, "-"), "-" if s.get("rouge_l_vs_baseline") is None else f"{s['rouge_l_vs_baseline']:.3f}",
-             f"{_pct(s.get('unfaithful_rate'))} ({' - '.join(_pct(v) for v in s.get('unfaithful_ci95') or [None, None])})",
-             "-" if s.get("cost_per_1k_usd") is None else f"${s['cost_per_1k_usd']:.5f}"]
-            for tier, s in result["tiers"].items()]
-    holdout = result.get("holdout", {})
-    parts = [f"<h3>Latest eval: {html.escape(result['eval_file'])} (written {result['eval_written']}, "
-             f"{holdout.get('documents', '?')} hold-out documents)</h3>",
+    base = str(result.get("baseline_tier", "?"))
+    models = _dict(result.get("models"))
+    rows = [[tier, models.get(tier, "-"), _number(s.get("rouge_l_vs_baseline"), ".3f"),
+             f"{_pct(s.get('unfaithful_rate'))} ({' - '.join(_pct(v) for v in _pair(s.get('unfaithful_ci95')))})",
+             "-" if s.get("cost_per_1k_usd") is None else f"${_number(s['cost_per_1k_usd'], '.5f')}"]
+            for tier, s in ((t, _dict(v)) for t, v in result["tiers"].items())]
+    holdout = _dict(result.get("holdout"))
+    parts = [Markup("<h3>Latest eval: {} (written {}, {} hold-out documents)</h3>").format(
+                 result["eval_file"], result["eval_written"], holdout.get("documents", "?")),
              _table("eval-tiers", ["tier", "model", f"ROUGE-L vs {base}", "unfaithful (95% CI)", "$/1k docs"], rows),
-             _note(_policy_line(result.get("routing") or {}, base))]
-    total = (result.get("reuse") or {}).get("total") or {}
+             _note(_policy_line(_dict(result.get("routing")), base))]
+    total = _dict(_dict(result.get("reuse")).get("total"))
     if total.get("reused"):
-        low, high = total["ci95"]
-        parts.append(_note(f"Near and semantic reuse on the hold-out set: {total['false_hits']} false hits in "
-                           f"{total['reused']} reuses ({_pct(total['false_hit_rate'])}, 95% CI {low:.1%}-{high:.1%})."))
-    stale = sorted(t for t, m in models.items() if t in job_models and job_models[t] not in (None, m))
+        low, high = _pair(total.get("ci95"))
+        parts.append(_note(f"Near and semantic reuse on the hold-out set: {total.get('false_hits')} false hits in "
+                           f"{total['reused']} reuses ({_pct(total.get('false_hit_rate'))}, 95% CI "
+                           f"{_pct(low)}-{_pct(high)})."))
+    stale = sorted(str(t) for t, m in models.items() if t in job_models and job_models[t] not in (None, m))
     if stale:
         parts.append(_note(f"This job ran other models than the eval measured on {', '.join(stale)}: "
                            "run `tokenmill eval` again before trusting these figures."))
-    return "".join(parts)
+    return Markup("").join(parts)
 
 
-def quality_section(con: duckdb.DuckDBPyConnection, job_id: str, manifest: dict, eval_result: dict | None) -> str:
+def quality_section(con: duckdb.DuckDBPyConnection, job_id: str, manifest: dict, eval_result: dict | None) -> Markup:
     by_tier, reasons = job_quality(con, job_id)
-    parts = ["<h2>Quality</h2>",
+    parts = [Markup("<h2>Quality</h2>"),
              _table("unfaithful-by-tier", ["tier", "served outputs", "flagged unfaithful", "escalated to this tier"], by_tier),
              _note("Flagged unfaithful: the served output states numbers, dates or capitalised names its document "
                    "does not contain (ledger column `unfaithful`; on the escalation tier it is flagged, not escalated)."),
@@ -234,7 +259,7 @@ def quality_section(con: duckdb.DuckDBPyConnection, job_id: str, manifest: dict,
     else:
         parts.append(_note("No eval result: run `tokenmill eval` (docs/data-engineer.md) and pass its eval.json "
                            "with --eval."))
-    return f'<section id="quality">{"".join(parts)}</section>'
+    return Markup('<section id="quality">{}</section>').format(Markup("").join(parts))
 
 
 def _num(v, fmt: str = "{:,.1f}") -> str:
@@ -250,7 +275,7 @@ def _model_name(model: str | None) -> str:
     return Path(model).name if model.startswith(("/", ".", "~")) else model
 
 
-def _levers_table(engines: dict) -> str:
+def _levers_table(engines: dict) -> Markup:
     """Per tier: the levers it ran with and what vLLM's own counters say they did."""
     def spec(lv: dict) -> str:
         sp = lv.get("speculative")
@@ -264,7 +289,7 @@ def _levers_table(engines: dict) -> str:
                                     "drafts accepted", "prefix-cache hits"], rows)
 
 
-def engine_section(manifest: dict) -> str:
+def engine_section(manifest: dict) -> Markup:
     """Per tier, from the manifest's `engines`: engine starts, start-up, busy and idle seconds, held time
     and utilisation (busy ÷ held), next to throughput; then the job's GPU-seconds by what they bought."""
     engines = manifest.get("engines", {})
@@ -273,7 +298,7 @@ def engine_section(manifest: dict) -> str:
              _num(e.get("held_seconds")), _num(e.get("held_gpu_seconds")), _pct(e.get("utilisation")),
              _num(e.get("output_tokens_per_second"), "{:,.0f}"), _num(e.get("failed_attempts", 0), "{}")]
             for tier, e in engines.items()]
-    parts = ["<h2>Engine utilisation, per tier</h2>",
+    parts = [Markup("<h2>Engine utilisation, per tier</h2>"),
              _table("engine-utilisation", ["tier", "model", "workers", "engine starts", "start-up s", "busy s", "idle s",
                                            "held s", "held GPU-s", "utilisation", "output tok/s", "failed attempts"], rows)
              if rows else _note("No engine ran for this job (every output reused, or nothing to generate).")]
@@ -286,7 +311,7 @@ def engine_section(manifest: dict) -> str:
                            f"{c['gpu_seconds']:,.1f} GPU-seconds, all its engines were held × their GPUs; "
                            f"{c.get('overhead_gpu_seconds', 0.0):,.1f} of them start-up and idle shared into its rows"
                            + (f"; by what they bought: {kinds}." if kinds else ".")))
-    return f'<section id="engines">{"".join(parts)}</section>'
+    return Markup('<section id="engines">{}</section>').format(Markup("").join(parts))
 
 
 def build_report(output_uri: str, job_id: str, storage_config=None, eval_result: dict | None = None) -> str:
@@ -313,29 +338,29 @@ def build_report(output_uri: str, job_id: str, storage_config=None, eval_result:
         bar_chart("cost-by-tenant", "Cost by tenant", tenants),
         bar_chart("cost-by-tier", "Cost by tier", tiers),
         waterfall("savings", "From baseline to paid: savings down, costs added up", baseline, steps, cost)
-        + "".join(_note(n) for n in notes),
+        + Markup("").join(_note(n) for n in notes),
         engine_section(manifest),
         bar_chart("tokens-per-second", "Output tokens per second, per tier",
                   [(t, e["output_tokens_per_second"] or 0.0) for t, e in engines.items()], fmt=lambda v: f"{v:,.0f} tok/s")
-        + "".join(f'<p class="note">{html.escape(t)}: {html.escape(_efficiency_line(e.get("efficiency") or {}))}</p>'
-                  for t, e in engines.items()),
+        + Markup("").join(_note(f"{t}: {_efficiency_line(e.get('efficiency') or {})}") for t, e in engines.items()),
         bar_chart("reuse", "Reuse rate by kind (share of output rows)", reuse, fmt=lambda v: f"{v:.1%}")
-        + f'<p class="note">{html.escape(_false_reuse_line(manifest.get("reuse", {}).get("verification") or {}))}</p>',
+        + _note(_false_reuse_line(manifest.get("reuse", {}).get("verification") or {})),
         bar_chart("slowest-partitions", "Slowest partitions (wall seconds)", slow, fmt=lambda v: f"{v:.2f} s"),
         quality_section(con, job_id, manifest, eval_result),
     ]
     quarantined = ", ".join(f"{k} {v}" for k, v in counts["by_reason"].items()) or "none"
-    head = (f"<h1>tokenmill cost report: job {html.escape(job_id)}</h1>"
-            f'<p class="facts">{counts["records"]} records · {counts["outputs"]} outputs · '
-            f'{counts["quarantined"]} quarantined ({html.escape(quarantined)}) · paid {fmt_usd(cost)} · '
-            f'baseline {fmt_usd(baseline)} · saved {fmt_usd(baseline - cost)}</p>')
+    head = Markup('<h1>tokenmill cost report: job {}</h1><p class="facts">{}</p>').format(
+        job_id, f'{counts["records"]} records · {counts["outputs"]} outputs · {counts["quarantined"]} quarantined '
+                f'({quarantined}) · paid {fmt_usd(cost)} · baseline {fmt_usd(baseline)} · saved {fmt_usd(baseline - cost)}')
     # The one script marks each chart with how many bars it drew, so a headless browser can check.
-    check = ("<script>document.querySelectorAll('svg.chart').forEach(s=>{const b=[...s.querySelectorAll('rect.bar')]"
+    check = Markup("<script>document.querySelectorAll('svg.chart').forEach(s=>{const b=[...s.querySelectorAll('rect.bar')]"
              ".filter(r=>r.getBBox().width>0&&r.getBBox().height>0);s.setAttribute('data-drawn',b.length)});</script>")
-    style = ("body{font:14px system-ui,sans-serif;margin:2em;color:#222}svg text{font-size:12px;fill:#222}"
+    style = Markup("body{font:14px system-ui,sans-serif;margin:2em;color:#222}svg text{font-size:12px;fill:#222}"
              "section{margin:1.5em 0}h2{font-size:16px}h3{font-size:14px}.note,.facts,.empty{color:#555}"
              "table.quality{border-collapse:collapse;margin:.5em 0}table.quality td,table.quality th"
              "{border-bottom:1px solid #ddd;padding:3px 10px;text-align:right}table.quality td{white-space:nowrap}table.quality td:first-child"
              "{text-align:left}")
-    return (f"<!doctype html><html><head><meta charset='utf-8'><title>tokenmill report {html.escape(job_id)}</title>"
-            f"<style>{style}</style></head><body>{head}{''.join(sections)}{check}</body></html>")
+    page = Markup("<!doctype html><html><head><meta charset='utf-8'><title>tokenmill report {}</title>"
+                  "<style>{}</style></head><body>{}{}{}</body></html>").format(
+        job_id, style, head, Markup("").join(sections), check)
+    return str(page)

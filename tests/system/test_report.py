@@ -186,3 +186,29 @@ def test_report_command_reads_the_latest_eval_or_refuses_a_bad_one(tmp_path, mon
     assert bad.exit_code != 0 and "eval result" in bad.output and "bad.json" in bad.output
     missing = runner.invoke(app, [*args, "--eval", str(tmp_path / "none.json")])
     assert missing.exit_code != 0 and "none.json" in missing.output
+
+
+def _strings_everywhere(value, payload: str):
+    """Every string of an eval.json, and every number, replaced by `payload`: what a crafted file can hold."""
+    if isinstance(value, dict):
+        return {k: _strings_everywhere(v, payload) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_strings_everywhere(v, payload) for v in value]
+    return payload if isinstance(value, (str, int, float)) and not isinstance(value, bool) else value
+
+
+def test_a_crafted_eval_json_cannot_run_script_or_crash_the_report(tmp_path):
+    """Reproducers (red team): `holdout.documents` from eval.json went into an <h3> unescaped, so a crafted
+    eval.json ran script when the report was opened; values formatted with `:.2f` crashed on a string."""
+    out = write_job(tmp_path / "out", "x")
+    payload = "<script>alert(1)</script><img src=x onerror=alert(2)>"
+    crafted = {**EVAL, "holdout": {"documents": payload}, "models": {"small": payload, "large": payload},
+               "baseline_tier": payload}
+    for result in (crafted, {**_strings_everywhere(EVAL, payload), "tiers": _strings_everywhere(EVAL["tiers"], payload)},
+                   {**EVAL, "tiers": {payload: {"rouge_l_vs_baseline": "0.4", "cost_per_1k_usd": [1]}}}):
+        eval_file = tmp_path / "eval.json"
+        eval_file.write_text(json.dumps(result))
+        page = build_report(out, "x", eval_result=load_eval(eval_file))
+        assert "<script>alert" not in page and "<img" not in page
+        assert "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+    assert page.count("<script>") == 1  # the report's own bar check, nothing else
