@@ -70,6 +70,11 @@ class SessionShare:
     lost: float            # GPU-seconds of work lost with a dead worker (its last renewal's figures)
 
 
+# Busy seconds measured minus those recorded, below which nothing was lost: the recorded figure is a sum of
+# shared float intervals, so a session that stored everything can differ from its busy time by ~1e-16.
+LOST_EPSILON_SECONDS = 1e-6
+
+
 def session_shares(sessions: list, recorded: dict[str, float], stale: Callable[[object], bool]) -> dict[str, SessionShare]:
     """Per session: start-up and idle shared among what it recorded, pro rata to busy share (the way
     OpenCost shares a node's idle cost among its workloads). A session that stopped renewing without
@@ -79,7 +84,8 @@ def session_shares(sessions: list, recorded: dict[str, float], stale: Callable[[
     for s in sessions:
         held = (s.startup_seconds + s.busy_seconds + s.idle_seconds) * s.gpus
         done = recorded.get(s.session_id, 0.0)
-        lost = max(s.busy_seconds - s.recorded_seconds, 0.0) * s.gpus if stale(s) else 0.0
+        unstored = s.busy_seconds - s.recorded_seconds
+        lost = unstored * s.gpus if stale(s) and unstored > LOST_EPSILON_SECONDS else 0.0
         if done <= 0:
             out[s.session_id] = SessionShare(held, 0.0, held)
         else:

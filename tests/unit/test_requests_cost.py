@@ -98,3 +98,25 @@ def test_decode_steps_estimate():
     assert decode_steps(0, 10, 64) == 0
     assert decode_steps(64, 47.2, 64) == 48
     assert decode_steps(65, 10, 64) == 20
+
+
+def test_lost_work_is_only_what_a_dead_worker_measured_and_never_stored():
+    """Reproducer (red team): a SIGKILL and a rerun left 23 ledger rows of kind `lost` carrying about 1e-16
+    GPU-seconds each: float residue of busy - recorded presented to analysts as lost work."""
+    from types import SimpleNamespace
+
+    from pipeline.generate.pricing import LOST_EPSILON_SECONDS, session_shares
+
+    def session(sid, busy, recorded):
+        return SimpleNamespace(session_id=sid, startup_seconds=2.0, busy_seconds=busy, idle_seconds=1.0, gpus=2,
+                               recorded_seconds=recorded)
+
+    recorded = 0.1 + 0.2 + 0.3  # 0.6000000000000001: the sum of a session's shared busy intervals
+    sessions = [session("residue", 0.6, recorded - 3e-16), session("killed", 1.1, recorded), session("idle", 0.5, 0.0)]
+    shares = session_shares(sessions, {"residue": recorded, "killed": recorded}, stale=lambda s: True)
+    assert shares["residue"].lost == 0.0 and LOST_EPSILON_SECONDS > 1e-12
+    assert shares["killed"].lost == pytest.approx((1.1 - recorded) * 2, abs=1e-12)  # its measured, unstored busy time
+    assert shares["idle"].lost == shares["idle"].held  # recorded nothing: all it held
+    for s in ("residue", "killed"):  # whatever is not lost is shared over what was recorded: the ledger adds up
+        share = shares[s]
+        assert recorded * (1 + share.overhead_ratio) + share.lost == pytest.approx(share.held, rel=1e-12)
