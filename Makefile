@@ -7,13 +7,14 @@ export TOKENMILL_HOME ?= $(CURDIR)/.tokenmill
 MODELS := $(TOKENMILL_HOME)/models
 STAMP  := $(VENV)/.installed
 
-.PHONY: install models demo test test-fast test-repeat fuzz bench eval clean help
+.PHONY: install models demo test test-fast test-repeat chaos fuzz bench eval clean help
 
 help:
 	@echo "make demo   set up .venv, build the tiny models, write a sample corpus, run a job"
 	@echo "make test   run the whole test suite: unit, integration, system and the real vLLM engine on the CPU"
 	@echo "make test-fast  the inner loop: every level but the real engine (tests/engine/)"
 	@echo "make test-repeat  the tests of processes, kills, leases and threads, 20 times each"
+	@echo "make chaos  kill a job at CHAOS_KILLS random moments (and at every fault point), rerun each time, check every promise"
 	@echo "make fuzz   fuzz the reader with hostile input files (FUZZ_EXAMPLES per property, 4 properties)"
 	@echo "make eval   build the hold-out set (data/holdout.jsonl) and run tokenmill eval on configs/local.yaml"
 	@echo "make bench  run the benchmarks (engine, pipeline overhead, reuse quality, cost levers, prefix cache, quality, GPU utilisation, levers, planning scale), one JSON line each"
@@ -71,6 +72,13 @@ CONCURRENCY_TESTS := tests/integration/test_catalog_races.py tests/integration/t
 	tests/integration/test_cache_job.py tests/system/test_faults.py tests/unit/test_levers_bench.py
 test-repeat: install
 	$(PY) -m pytest -q $(XDIST) --count=$(REPEAT) $(CONCURRENCY_TESTS)
+
+# The long chaos run: tests/system/test_chaos.py with CHAOS_KILLS random SIGKILLs (the suite runs 5) and a
+# fresh seed, printed so that a failure replays: TOKENMILL_CHAOS_SEED=<seed> make chaos.
+CHAOS_KILLS ?= 20
+chaos: install
+	TOKENMILL_CHAOS_KILLS=$(CHAOS_KILLS) TOKENMILL_CHAOS_SEED=$${TOKENMILL_CHAOS_SEED:-$$(date +%s)} \
+		$(PY) -m pytest -q -s tests/system/test_chaos.py
 
 # The long run of tests/unit/test_fuzz_reader.py (the suite runs a bounded, deterministic one): random
 # seeds, FUZZ_EXAMPLES examples for each of its 4 properties, with Hypothesis' statistics.

@@ -7,7 +7,8 @@
     with faults.inject(lose_worker):
         run_job(config)            # that partition fails as if its worker had; the others commit
 
-Points, in the order a partition run meets them:
+Points, in the order a job meets them (`partition` is "" at the job's own points):
+  before_register   planning is done and staged; its partitions are not registered, the job is `staging`
   before_generate   the staged records are read; no lookup, engine call or write has happened
   before_commit     outputs, ledger and quarantine are assembled; nothing is written yet
   before_publish    committed in the catalog; the commit record readers honour is not written yet
@@ -21,7 +22,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 Injector = Callable[[str, str, str], None]  # (point, job_id, partition)
-POINTS = ("before_generate", "before_commit", "before_publish")
+POINTS = ("before_register", "before_generate", "before_commit", "before_publish")
 _injectors: list[Injector] = []
 
 
@@ -36,7 +37,7 @@ def inject(injector: Injector) -> Iterator[None]:
 
 
 def checkpoint(point: str, job_id: str, partition: str) -> None:
-    """Called by the partition run at each point; a no-op unless an injector is active."""
+    """Called by the job at each point; a no-op unless an injector is active."""
     assert point in POINTS, point
     for injector in list(_injectors):
         injector(point, job_id, partition)

@@ -18,6 +18,7 @@ from contextlib import contextmanager
 
 from pipeline.errors import JobError
 from pipeline.ingest.read import input_files
+from pipeline.job import faults
 from pipeline.job.context import JobContext
 from pipeline.job.manifest import current_manifest
 from pipeline.keys import config_fingerprint, isolation_fingerprint
@@ -107,6 +108,7 @@ def stage_input(ctx: JobContext) -> None:
 
 def register_plan(ctx: JobContext, planned: Plan, seconds: float) -> None:
     """Register the planned partitions and mark the job staged."""
+    faults.checkpoint("before_register", ctx.job_id, "")
     ctx.state.add_partitions(ctx.job_id, planned.partitions)
     ctx.state.set_job(ctx.job_id, status="staged", counts={"records": planned.records, "staging": {
         "records": planned.records, "partitions": len(planned.partitions), "skipped_files": planned.skipped,
