@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import logging
 import time
-from datetime import datetime, timezone
 
 import pyarrow as pa
 from sqlalchemy.exc import OperationalError
@@ -35,7 +34,7 @@ from pipeline.job.manifest import partition_counts
 from pipeline.output.commit import discard, new_commit_id, publish, write_files
 from pipeline.output.write import assemble_results, charge_rows
 from pipeline.stores import storage
-from pipeline.stores.catalog import Heartbeat, StateError, aware, now
+from pipeline.stores.catalog import Heartbeat, StateError, now, utc
 from pipeline.stores.units import worker_is_gone
 
 log = logging.getLogger(__name__)
@@ -51,10 +50,6 @@ class LeaseLost(RuntimeError):
 
 
 JOB_FATAL = (EngineDeadError, EngineStartError, StateError, OperationalError)  # no point trying further partitions
-
-
-def utc(t: datetime | None) -> str:
-    return "never" if t is None else f"{aware(t).astimezone(timezone.utc):%Y-%m-%d %H:%M:%S} UTC"
 
 
 class PartitionCommit:

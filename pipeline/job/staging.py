@@ -15,6 +15,7 @@ import logging
 import threading
 import time
 from contextlib import contextmanager
+from datetime import timedelta
 
 from pipeline.errors import JobError
 from pipeline.ingest.read import input_files
@@ -34,6 +35,8 @@ from pipeline.plan.streamed import (
     planning_workers,
 )
 from pipeline.stores import storage
+from pipeline.stores.catalog import utc
+from pipeline.stores.units import worker_is_gone
 
 log = logging.getLogger(__name__)
 
@@ -45,21 +48,35 @@ def plan(ctx: JobContext) -> None:
 
 
 def ensure_staged(ctx: JobContext, stage=None):
-    """Stage the job unless it is staged already (or wait while another worker stages it).
+    """Stage the job unless it is staged already (or wait while another worker stages it, saying who and
+    until when; a planner provably gone is taken over at once).
 
-    `stage(ctx)` does the staging (default: all of planning, `stage_input`); its result is returned,
-    or None when the job was staged already."""
+    `stage(ctx, epoch)` does the staging under the planning claim `epoch` (default: all of planning,
+    `stage_input`); its result is returned, or None when the job was staged already."""
     stage = stage or stage_input
     c = ctx.config
-    if ctx.state.claim_staging(ctx.job_id, config_fingerprint(c), c.input.uri, c.output.uri):
-        return stage(ctx)
+    epoch = ctx.state.claim_staging(ctx.job_id, config_fingerprint(c), c.input.uri, c.output.uri, ctx.worker)
+    if epoch:
+        return stage(ctx, epoch)
+    announced = None
     while True:
         row = ctx.state.job(ctx.job_id)
         if row.status not in ("staging", "staging_failed"):
             break
-        if ctx.state.reclaim_staging(ctx.job_id, c.state.lease_seconds):
-            return stage(ctx)  # the last staging failed or its worker died
-        time.sleep(c.state.wait_seconds)  # another worker is staging it now
+        gone = row.planner if row.status == "staging" and row.planner and worker_is_gone(row.planner) else None
+        epoch = ctx.state.reclaim_staging(ctx.job_id, c.state.lease_seconds, ctx.worker, gone_planner=gone)
+        if epoch:  # the last staging failed, its planner's lease ran out, or its planner is gone
+            if gone:
+                log.warning("job %s: its planner %s is gone (no such process on this host); planning it again now "
+                            "instead of when its lease ends", ctx.job_id, gone)
+            return stage(ctx, epoch)
+        if announced != (row.planner, row.planning_epoch):
+            announced = (row.planner, row.planning_epoch)
+            renewed = row.planning_renewed_at
+            ends = None if renewed is None else renewed + timedelta(seconds=c.state.lease_seconds)
+            log.info("job %s waits: planned by worker %s (last renewal %s) until its lease ends at %s (database "
+                     "clock), unless it finishes first", ctx.job_id, row.planner, utc(renewed), utc(ends))
+        time.sleep(c.state.wait_seconds)
     if row.output_uri != c.output.uri:
         raise JobError(f"job {ctx.job_id} writes to {row.output_uri}, not {c.output.uri}; use that output")
     planned = json.loads(row.counts or "{}").get("staging", {}).get("isolation")
@@ -74,16 +91,20 @@ def ensure_staged(ctx: JobContext, stage=None):
 
 
 @contextmanager
-def staging_step(ctx: JobContext):
-    """A staging step renews the staging's lease while it runs (planning a large job outlasts one), and
-    one that fails marks the staging failed, so that a rerun takes it over at once (a staging still in
-    progress only: a job another worker finished staging stays staged)."""
+def staging_step(ctx: JobContext, epoch: int):
+    """A staging step of the planning claim `epoch` renews the staging's lease while it runs (planning a
+    large job outlasts one), and one that fails marks the staging failed, so that a rerun takes it over at
+    once. Both are fenced by the epoch: a step of a planner that was taken over changes nothing (a job
+    another worker is planning, or finished staging, stays so)."""
     done = threading.Event()
 
     def renew():
         while not done.wait(ctx.config.state.lease_seconds / 3):
             try:
-                ctx.state.renew_staging(ctx.job_id)
+                if not ctx.state.renew_staging(ctx.job_id, epoch):
+                    log.warning("job %s: planning claim %d was taken over by another worker (or the staging "
+                                "ended); what this step plans is not registered", ctx.job_id, epoch)
+                    return
             except Exception as e:  # a catalog blip: the next beat tries again; the lease has room for it
                 log.warning("job %s: could not renew the staging lease: %s", ctx.job_id, e)
 
@@ -92,67 +113,75 @@ def staging_step(ctx: JobContext):
     try:
         yield
     except Exception as e:
-        ctx.state.set_job(ctx.job_id, only_from="staging", status="staging_failed", error=str(e)[:2000])
+        ctx.state.fail_staging(ctx.job_id, epoch, str(e))
         raise
     finally:
         done.set()
         beat.join()
 
 
-def stage_input(ctx: JobContext) -> None:
-    """Plan the job (plan.py: streamed by file, sharded by scope) into the staging area; register partitions."""
+def stage_input(ctx: JobContext, epoch: int) -> None:
+    """Plan the job (plan/streamed.py: streamed by file, sharded by scope) into the staging area; register
+    its partitions."""
     started = time.perf_counter()
-    with staging_step(ctx):
-        register_plan(ctx, plan_job(ctx.config, ctx.job_id, ctx.staging, cache=ctx.cache), time.perf_counter() - started)
+    with staging_step(ctx, epoch):
+        register_plan(ctx, epoch, plan_job(ctx.config, ctx.job_id, ctx.staging, cache=ctx.cache),
+                      time.perf_counter() - started)
 
 
-def register_plan(ctx: JobContext, planned: Plan, seconds: float) -> None:
-    """Register the planned partitions and mark the job staged."""
+def register_plan(ctx: JobContext, epoch: int, planned: Plan, seconds: float) -> None:
+    """Register the planned partitions and mark the job staged, in one transaction fenced by the claim."""
     faults.checkpoint("before_register", ctx.job_id, "")
-    ctx.state.add_partitions(ctx.job_id, planned.partitions)
-    ctx.state.set_job(ctx.job_id, status="staged", counts={"records": planned.records, "staging": {
+    counts = {"records": planned.records, "staging": {
         "records": planned.records, "partitions": len(planned.partitions), "skipped_files": planned.skipped,
         "dedup": planned.dedup.as_dict(), "shards": planned.shards, "cut_scopes": {s: len(r) for s, r in planned.cut.items()},
         "step_seconds": {k: round(v, 3) for k, v in planned.seconds.items()}, "seconds": round(seconds, 3),
-        "isolation": isolation_fingerprint(ctx.config)}})
+        "isolation": isolation_fingerprint(ctx.config)}}
+    if not ctx.state.register_partitions(ctx.job_id, epoch, planned.partitions, counts):
+        raise JobError(f"job {ctx.job_id}: its planning was taken over by another worker (claim {epoch} superseded); "
+                       "this planning registered nothing")
     write_manifest(ctx.out, ctx.job_id, current_manifest(ctx, partial=True))
 
 
 # -- planning as an orchestrator's tasks: keyed once, one task per shard, staged once -----------------
 def keyed_shards(ctx: JobContext) -> list[int]:
-    """Claim the job's staging and key its input (plan.py step 1): the shards to cluster, [] when staged."""
-    def keyed(ctx: JobContext) -> list[int]:
+    """Claim the job's staging and key its input (plan/streamed.py step 1): the shards to cluster, [] when staged."""
+    def keyed(ctx: JobContext, epoch: int) -> list[int]:
         c = ctx.config
         files, _ = input_files(storage.resolve(c.input.uri, c.storage))
         workers = planning_workers(c, sum(size for _, _, size in files))
-        with staging_step(ctx), planning_pool(workers) as pool:
+        with staging_step(ctx, epoch), planning_pool(workers) as pool:
             return list(range(plan_keyed(c, ctx.job_id, ctx.staging, workers, pool).shards))
     return ensure_staged(ctx, keyed) or []
 
 
-def _planning(ctx: JobContext) -> bool:
-    """The job's staging has begun and is not done (a planning step of an orchestrator may run)."""
+def _planning_epoch(ctx: JobContext) -> int | None:
+    """The planning claim's epoch while the job's staging has begun and is not done (a planning task of an
+    orchestrator may run under it), else None."""
     row = ctx.state.job(ctx.job_id)
-    return row is not None and row.status in ("staging", "staging_failed")
+    return row.planning_epoch if row is not None and row.status in ("staging", "staging_failed") else None
 
 
 def clustered_shard(ctx: JobContext, shard: int) -> dict:
-    """Cluster one shard (plan.py step 2); its dedup figures. Nothing to do once the job is staged."""
-    if not _planning(ctx):
+    """Cluster one shard (plan/streamed.py step 2); its dedup figures. Nothing to do once the job is staged."""
+    epoch = _planning_epoch(ctx)
+    if epoch is None:
         return {}
-    with staging_step(ctx):
+    with staging_step(ctx, epoch):
         return plan_shard(ctx.config, ctx.job_id, ctx.staging, shard, ctx.cache).as_dict()
 
 
 def staged_from_shards(ctx: JobContext) -> None:
-    """Stage every partition from the clustered shards and register them (plan.py step 3), once.
+    """Stage every partition from the clustered shards and register them (plan/streamed.py step 3), once.
 
     Only a plan whose every shard is clustered is staged here. Anything else (staged already, not begun,
     or another worker planning it whole right now) is left to `ensure_staged`, which waits for that
     worker or takes a dead one's staging over: a stage step never fails someone else's planning."""
-    planned = clustered_plan(ctx.staging) if _planning(ctx) else None
+    epoch = _planning_epoch(ctx)
+    planned = clustered_plan(ctx.staging) if epoch is not None else None
     if planned is None:
         return
     started = time.perf_counter()
-    with staging_step(ctx), planning_pool(planning_workers(ctx.config, 0)) as pool:  # in this process unless set
-        register_plan(ctx, plan_staged(ctx.config, ctx.job_id, ctx.staging, pool, planned), time.perf_counter() - started)
+    with staging_step(ctx, epoch), planning_pool(planning_workers(ctx.config, 0)) as pool:  # in this process unless set
+        register_plan(ctx, epoch, plan_staged(ctx.config, ctx.job_id, ctx.staging, pool, planned),
+                      time.perf_counter() - started)

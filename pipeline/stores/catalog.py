@@ -54,6 +54,11 @@ class Job(Base):
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     counts: Mapped[str | None] = mapped_column(Text, nullable=True)  # JSON
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # Planning's lease: who plans the job, the claim's fencing epoch (every claim increments it; renewals,
+    # failure marks and the registration of partitions must present it), and its last renewal.
+    planner: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    planning_epoch: Mapped[int] = mapped_column(Integer, default=0)
+    planning_renewed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
 
 
 class Partition(Base):
@@ -120,6 +125,11 @@ def now() -> datetime:
 def aware(value: datetime | None) -> datetime | None:
     """SQLite hands back naive datetimes; everything here is UTC."""
     return value.replace(tzinfo=timezone.utc) if value is not None and value.tzinfo is None else value
+
+
+def utc(t: datetime | None) -> str:
+    """A catalog time as logs say it: `2026-12-03 14:05:09 UTC`, or `never`."""
+    return "never" if t is None else f"{aware(t).astimezone(timezone.utc):%Y-%m-%d %H:%M:%S} UTC"
 
 
 def default_worker() -> str:
@@ -203,29 +213,61 @@ class StateStore:
             return aware(s.execute(select(func.now())).scalar_one()).astimezone(timezone.utc)
 
     # -- jobs ---------------------------------------------------------------------------------
-    def claim_staging(self, job_id: str, fingerprint: str, input_uri: str, output_uri: str) -> bool:
-        """True when this process must stage the job (it is new); see reclaim_staging for a staging that died."""
+    def claim_staging(self, job_id: str, fingerprint: str, input_uri: str, output_uri: str,
+                      worker: str | None = None) -> int | None:
+        """The planning claim's epoch (1) when this process must stage the job (it is new), else None; see
+        reclaim_staging for a staging that died."""
         with self.session() as s:
             try:
                 with s.begin():
-                    s.add(Job(job_id=job_id, status="staging", config_fingerprint=fingerprint,
-                              input_uri=input_uri, output_uri=output_uri, created_at=self.db_now()))
-                return True
+                    t = self.db_now()
+                    s.add(Job(job_id=job_id, status="staging", config_fingerprint=fingerprint, input_uri=input_uri,
+                              output_uri=output_uri, created_at=t, planner=worker or default_worker(),
+                              planning_epoch=1, planning_renewed_at=t))
+                return 1
             except IntegrityError:
-                return False
+                return None
 
-    def reclaim_staging(self, job_id: str, lease_seconds: float) -> bool:
-        """Take over staging a job whose staging failed, or was last renewed over `lease_seconds` ago (by
-        the database's clock) and so was abandoned."""
+    def reclaim_staging(self, job_id: str, lease_seconds: float, worker: str | None = None,
+                        gone_planner: str | None = None) -> int | None:
+        """Take over staging a job whose staging failed, was last renewed over `lease_seconds` ago (by the
+        database's clock) and so was abandoned, or whose planner is `gone_planner` (provably dead). The new
+        claim's epoch, or None when the staging is not to be taken over."""
         t = self.db_now()
+        abandoned = (Job.status == "staging") & (Job.planning_renewed_at < t - timedelta(seconds=lease_seconds))
+        if gone_planner is not None:
+            abandoned = abandoned | ((Job.status == "staging") & (Job.planner == gone_planner))
         with self.session() as s, s.begin():
-            return s.execute(update(Job).where(Job.job_id == job_id, (Job.status == "staging_failed") | (
-                (Job.status == "staging") & (Job.created_at < t - timedelta(seconds=lease_seconds)))).values(
-                status="staging", created_at=t, error=None)).rowcount == 1
+            row = s.execute(update(Job).where(Job.job_id == job_id, (Job.status == "staging_failed") | abandoned)
+                            .values(status="staging", planning_renewed_at=t, error=None, planner=worker or default_worker(),
+                                    planning_epoch=Job.planning_epoch + 1)
+                            .returning(Job.planning_epoch)).first()
+            return None if row is None else row[0]
 
-    def renew_staging(self, job_id: str) -> None:  # the staging is alive: its lease counts again from now
+    def renew_staging(self, job_id: str, epoch: int) -> bool:
+        """The staging is alive: its lease counts again from now. False when the claim `epoch` was taken over."""
         with self.session() as s, s.begin():
-            s.execute(update(Job).where(Job.job_id == job_id, Job.status == "staging").values(created_at=self.db_now()))
+            return s.execute(update(Job).where(Job.job_id == job_id, Job.status == "staging",
+                                               Job.planning_epoch == epoch)
+                             .values(planning_renewed_at=self.db_now())).rowcount == 1
+
+    def fail_staging(self, job_id: str, epoch: int, error: str) -> bool:
+        """Mark the staging of claim `epoch` failed (a rerun takes it over at once); False when fenced out."""
+        with self.session() as s, s.begin():
+            return s.execute(update(Job).where(Job.job_id == job_id, Job.status == "staging",
+                                               Job.planning_epoch == epoch)
+                             .values(status="staging_failed", error=error[:2000])).rowcount == 1
+
+    def register_partitions(self, job_id: str, epoch: int, partitions: dict[str, dict], counts: dict) -> bool:
+        """Planning's end, in one transaction fenced by its claim: add the partitions, mark the job staged.
+        False (and nothing written) when another planner took the staging over."""
+        with self.session() as s, s.begin():
+            staged = s.execute(update(Job).where(Job.job_id == job_id, Job.status == "staging",
+                                                 Job.planning_epoch == epoch)
+                               .values(status="staged", counts=json.dumps(counts))).rowcount == 1
+            if staged:
+                self._add_partitions(s, job_id, partitions)
+            return staged
 
     def job(self, job_id: str) -> Job | None:
         with self.session() as s:
@@ -246,11 +288,15 @@ class StateStore:
     def add_partitions(self, job_id: str, partitions: dict[str, dict]) -> None:
         """Register partitions as pending; ones already registered (staging again) keep their state."""
         with self.session() as s, s.begin():
-            known = set(s.scalars(select(Partition.partition).where(Partition.job_id == job_id)))
-            for name, p in partitions.items():
-                if name not in known:
-                    s.add(Partition(job_id=job_id, partition=name, file=p["file"], records=p["records"],
-                                    status="pending", attempts=0))
+            self._add_partitions(s, job_id, partitions)
+
+    @staticmethod
+    def _add_partitions(s: Session, job_id: str, partitions: dict[str, dict]) -> None:
+        known = set(s.scalars(select(Partition.partition).where(Partition.job_id == job_id)))
+        for name, p in partitions.items():
+            if name not in known:
+                s.add(Partition(job_id=job_id, partition=name, file=p["file"], records=p["records"],
+                                status="pending", attempts=0))
 
     def partitions(self, job_id: str) -> list[Partition]:
         with self.session() as s:

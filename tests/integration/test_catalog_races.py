@@ -163,8 +163,9 @@ def test_a_rerun_takes_over_from_a_gone_holder_at_once_and_names_the_live_ones(s
     """After `kill -9` a rerun waited out the dead worker's whole lease (300 s) saying nothing."""
     from pipeline.config import load_config
     from pipeline.errors import JobError
-    from pipeline.job.commit import commit_partition, take_over_gone_holders, utc
+    from pipeline.job.commit import commit_partition, take_over_gone_holders
     from pipeline.job.context import JobContext
+    from pipeline.stores.catalog import utc
     from tests.conftest import ONE_TIER, TINY_CONFIG
 
     config = load_config(TINY_CONFIG, environ={  # no engine runs here: no models needed; default lease, 300 s
@@ -197,3 +198,27 @@ def test_a_rerun_takes_over_from_a_gone_holder_at_once_and_names_the_live_ones(s
     finally:
         live.kill()
         live.wait()
+
+
+def test_the_planning_lease_is_fenced_and_a_gone_planner_is_taken_over_at_once(store):
+    """From the red-team round: the planning lease had no owner token (a retried planning task of an earlier
+    attempt could still renew, fail or register the staging while another worker planned it again), and a
+    dead planner was waited out for its whole lease (300 s) without a word."""
+    job_id = f"pl-{uuid.uuid4().hex[:6]}"
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    gone = f"{socket.gethostname()}:{dead.pid}"
+    assert store.claim_staging(job_id, "fp", "in", "out", worker=gone) == 1
+    assert store.reclaim_staging(job_id, lease_seconds=300, worker="w2") is None  # its lease has not run out
+    assert store.reclaim_staging(job_id, lease_seconds=300, worker="w2", gone_planner="someone-else") is None
+    assert store.reclaim_staging(job_id, lease_seconds=300, worker="w2", gone_planner=gone) == 2  # at once
+    row = store.job(job_id)
+    assert (row.status, row.planner, row.planning_epoch) == ("staging", "w2", 2)
+    # The replaced planner (epoch 1) changes nothing any more.
+    assert not store.renew_staging(job_id, 1) and not store.fail_staging(job_id, 1, "late failure")
+    assert not store.register_partitions(job_id, 1, {"p1": {"file": "a", "records": 1}}, {"records": 1})
+    assert store.job(job_id).status == "staging" and store.partitions(job_id) == []
+    assert store.renew_staging(job_id, 2)
+    assert store.register_partitions(job_id, 2, {"p1": {"file": "a", "records": 1}}, {"records": 1})
+    assert store.job(job_id).status == "staged" and [p.partition for p in store.partitions(job_id)] == ["p1"]
+    assert not store.fail_staging(job_id, 2, "a late step after staging")  # a staged job stays staged

@@ -162,10 +162,10 @@ def test_stage_waits_for_a_planning_in_progress_instead_of_failing_it(config):
     stage.join(timeout=2 * config.state.wait_seconds + 1)
     assert stage.is_alive() and job.state.job("busy").status == "staging"  # waiting, the staging untouched
     assert not job.state.reclaim_staging("busy", config.state.lease_seconds)
-    stage_input(job)  # the planning worker finishes
+    stage_input(job, 1)  # the planning worker finishes (its claim: epoch 1)
     stage.join(timeout=60)
     assert not stage.is_alive() and staged and staged[0] == [p.partition for p in job.state.partitions("busy")]
-    with pytest.raises(RuntimeError), staging_step(job):
+    with pytest.raises(RuntimeError), staging_step(job, 1):
         raise RuntimeError("a late step of an earlier attempt fails")
     assert job.state.job("busy").status == "staged"
 
@@ -188,8 +188,8 @@ def test_a_staging_step_renews_its_lease_while_it_runs(config):
 
     config.state.lease_seconds = 1.0
     job = JobContext.open(config, "lease")
-    assert job.state.claim_staging("lease", config_fingerprint(config), config.input.uri, config.output.uri)
-    with staging_step(job):
+    epoch = job.state.claim_staging("lease", config_fingerprint(config), config.input.uri, config.output.uri)
+    with staging_step(job, epoch):
         time.sleep(2.5)  # well past the lease
         assert not job.state.reclaim_staging("lease", config.state.lease_seconds)
     time.sleep(1.5)

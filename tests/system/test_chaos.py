@@ -44,9 +44,8 @@ def test_random_kills_and_reruns_keep_every_promise(tiny_models, tmp_path):
     print(f"chaos seed {SEED}, {KILLS} random kills (replay: TOKENMILL_CHAOS_SEED={SEED} TOKENMILL_CHAOS_KILLS={KILLS})")
     rng = random.Random(SEED)
     counts = write_sample_corpus(tmp_path / "input", documents=240)
-    # Short leases: a dead planner's staging is taken over after 3 s, not 300 (a dead partition holder or
-    # tier worker on this host is taken over at once). The fake engine's step time keeps the drain long
-    # enough for random kills to land in it too.
+    # A dead planner, partition holder or tier worker on this host is taken over at once; short leases bound
+    # the rest. The fake engine's step time keeps the drain long enough for random kills to land in it too.
     env = cli_env(tiny_models, tmp_path, run__progress="off", input__records_per_partition=12,
                   state__lease_seconds=3, state__wait_seconds=0.2, tiers__small__fake__step_seconds=0.002)
     for point in ("before_register", "before_generate", "before_commit", "before_publish"):

@@ -218,3 +218,28 @@ def test_state_database_outage_mid_job_leaves_no_partition_running_forever(make_
                               "from engine_sessions where job_id='dbdown'")).scalar()
     assert sum(ledger["gpu_seconds"].to_pylist()) == pytest.approx(held, rel=1e-6)
     proxy.close()
+
+
+def test_a_killed_planner_is_taken_over_at_once_and_named(make_config, sample_corpus, tiny_models, tmp_path, caplog):
+    """Reproducer (red team): after a SIGKILL during planning, `tokenmill rerun` waited the whole staging
+    lease (300 s) and printed nothing; a dead partition holder, by contrast, was taken over at once."""
+    import threading
+
+    from tests.system.test_chaos import KILLED_AT
+
+    env = cli_env(tiny_models, tmp_path, input__uri=str(sample_corpus[0]))  # the default lease: 300 s
+    killed = subprocess.run([sys.executable, "-c", KILLED_AT, "before_register", str(TINY_CONFIG), "planner"],
+                            env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
+    assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
+    db = tmp_path / "state.db"
+    assert scalar(db, "select status from jobs where job_id='planner'") == "staging"
+    done = []
+    with caplog.at_level("INFO", logger="pipeline.job.staging"):
+        rerun = threading.Thread(target=lambda: done.append(run_job(make_config(), job_id="planner")), daemon=True)
+        rerun.start()
+        rerun.join(timeout=120)  # a guard against the 300 s wait the bug was; nothing here is timed
+    assert done and done[0].manifest["status"] == "succeeded", "the rerun waited out the dead planner's lease"
+    planner = scalar(db, "select planner from jobs where job_id='planner'")  # the rerun's process, now
+    assert planner == f"{socket.gethostname()}:{os.getpid()}" and "its planner" in caplog.text
+    assert "is gone (no such process on this host); planning it again now" in caplog.text
+    assert scalar(db, "select planning_epoch from jobs where job_id='planner'") == 2
