@@ -9,6 +9,7 @@ that does not need the cache never connects to it.
 from __future__ import annotations
 
 import functools
+import json
 import re
 import secrets
 from dataclasses import dataclass
@@ -24,6 +25,7 @@ from pipeline.generate.lookup import ItemLookup
 from pipeline.generate.partition_waves import PartitionWaves
 from pipeline.job.budget import BudgetGuard
 from pipeline.job.progress import Progress
+from pipeline.keys import isolation_fingerprint
 from pipeline.stores import storage
 from pipeline.stores.cache import ResilientStore, open_store
 from pipeline.stores.catalog import Partition, StateStore, default_worker
@@ -114,6 +116,20 @@ class JobContext:
                     + adapter_problems(self.config, tiers))
         if problems:
             raise JobError("engines that cannot run: " + "; ".join(problems))
+
+    def check_isolation(self) -> None:
+        """Refuse to go on with a job planned under other tenant isolation than this config's: planning
+        decided which tenants share outputs and keyed items by their adapters' digests, so another
+        `dedup.shared_tenants`, or an adapter retrained since (say between the DAG's stage and drain
+        tasks), could serve a tenant an output it may not see, or store new weights' outputs under the
+        old adapter's keys. Jobs planned before the hash was recorded are not checked."""
+        row = self.state.job(self.job_id)
+        planned = json.loads(row.counts or "{}").get("staging", {}).get("isolation") if row is not None else None
+        if planned is not None and planned != isolation_fingerprint(self.config):
+            raise JobError(f"job {self.job_id} was planned under other tenant isolation settings (dedup.shared_tenants, "
+                           "or a tenant's adapter, retrained or moved since) than this config's: its reuse decisions "
+                           "and item keys could give a tenant outputs it may no longer see. Restore those settings "
+                           "to continue it, or run the input as a new job id")
 
     def drain_order(self) -> list[str]:
         """Tiers in the order one process drains them: the escalation tier last, since others feed it."""

@@ -109,6 +109,7 @@ def drain_tier(ctx: JobContext, tier: str) -> dict:
     if tier not in ctx.config.tiers:
         raise JobError(f"no tier {tier!r} in the config (tiers: {', '.join(ctx.config.tiers)})")
     ctx.check_engines([tier])
+    ctx.check_isolation()  # an adapter retrained since the stage task: its outputs would get the old keys
     report = drain(ctx, tier, release=True)
     return {"tier": tier, "session": report.session_id, "units": report.units, "requests": report.requests,
             "engine_started": report.started, "startup_seconds": round(report.startup_seconds, 3),

@@ -78,6 +78,7 @@ def staged_partitions(config: TokenmillConfig, job_id: str) -> list[str]:
 def prepared_partition(config: TokenmillConfig, job_id: str, partition: str) -> dict:
     """CPU side of a partition: paid-item lookup, prompts rendered and tokenised, enqueued as work units."""
     ctx = _context(config, job_id)
+    ctx.check_isolation()
     try:
         return prepare(ctx, partition)
     except Exception as e:

@@ -10,7 +10,6 @@ clustered_shard, staged_from_shards), all behind the same claim.
 
 from __future__ import annotations
 
-import json
 import logging
 import threading
 import time
@@ -79,11 +78,7 @@ def ensure_staged(ctx: JobContext, stage=None):
         time.sleep(c.state.wait_seconds)
     if row.output_uri != c.output.uri:
         raise JobError(f"job {ctx.job_id} writes to {row.output_uri}, not {c.output.uri}; use that output")
-    planned = json.loads(row.counts or "{}").get("staging", {}).get("isolation")
-    if planned is not None and planned != isolation_fingerprint(c):
-        raise JobError(f"job {ctx.job_id} was planned under other tenant isolation settings (dedup.shared_tenants or "
-                       "tenants' adapters) than this config's: its reuse decisions could give a tenant outputs it may "
-                       "no longer see. Restore those settings to continue it, or run the input as a new job id")
+    ctx.check_isolation()
     if row.config_fingerprint != config_fingerprint(c):
         log.warning("job %s: config changed since it was staged; items whose request changed are generated again",
                     ctx.job_id)

@@ -152,3 +152,27 @@ def test_a_pool_without_the_tenants_adapters_is_refused(make_config, demo_adapte
     config = make_config(**tenants(demo_adapters, "acme"))
     with pytest.raises(JobError, match=r"adapters=config.tier_adapters\(\)"):
         run_job(config, job_id="nopool", pool=EnginePool(config.tiers))
+
+
+def test_an_adapter_retrained_after_staging_is_refused_before_it_serves(make_config, demo_adapters, tmp_path):
+    """From the red-team round: an adapter retrained between the DAG's stage and drain tasks was served under
+    the item keys made with the staged digest, so outputs of the new weights were stored as the old one's."""
+    import shutil
+
+    from pipeline import JobError
+    from pipeline.job import orchestrate
+
+    adapter = tmp_path / "acme-adapter"
+    shutil.copytree(demo_adapters["acme"], adapter)
+    (tmp_path / "input").mkdir()
+    (tmp_path / "input" / "a.jsonl").write_text(json.dumps({"id": "a", "tenant": "acme", "text": "The ferry runs."}) + "\n")
+    config = make_config(tenants__acme__adapter=str(adapter))
+    partitions = orchestrate.staged_partitions(config, "retrained")
+    settings = json.loads((adapter / "adapter_config.json").read_text())
+    (adapter / "adapter_config.json").write_text(json.dumps({**settings, "revision": "retrained"}))  # in place
+    with pytest.raises(JobError, match="retrained or moved since"):
+        orchestrate.prepared_partition(config, "retrained", partitions[0])
+    with pytest.raises(JobError, match="retrained or moved since"):
+        orchestrate.drained_tier(config, "retrained", "small")
+    with pytest.raises(JobError, match="retrained or moved since"):
+        run_job(config, job_id="retrained")
