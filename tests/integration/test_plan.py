@@ -185,12 +185,23 @@ def test_a_staging_step_renews_its_lease_while_it_runs(config):
 
     from pipeline.job.context import JobContext
     from pipeline.job.staging import staging_step
+    from pipeline.stores.catalog import aware
 
-    config.state.lease_seconds = 1.0
+    def wait_until(condition):  # on the database's clock; the limit only guards against a hang
+        deadline = time.monotonic() + 60
+        while not condition():
+            assert time.monotonic() < deadline
+            time.sleep(0.05)
+
+    lease = config.state.lease_seconds = 3.0
     job = JobContext.open(config, "lease")
     epoch = job.state.claim_staging("lease", config_fingerprint(config), config.input.uri, config.output.uri)
-    with staging_step(job, epoch):
-        time.sleep(2.5)  # well past the lease
-        assert not job.state.reclaim_staging("lease", config.state.lease_seconds)
-    time.sleep(1.5)
-    assert job.state.reclaim_staging("lease", config.state.lease_seconds)
+    claimed = aware(job.state.job("lease").planning_renewed_at)
+    with staging_step(job, epoch):  # renews every lease / 3
+        # Past the claim's own lease end, with a renewal since: the step's beats keep it.
+        wait_until(lambda: (job.state.db_now() - claimed).total_seconds() > lease
+                   and (aware(job.state.job("lease").planning_renewed_at) - claimed).total_seconds() > lease / 2)
+        assert not job.state.reclaim_staging("lease", lease)
+    renewed = aware(job.state.job("lease").planning_renewed_at)  # the step ended: no beat moves it again
+    wait_until(lambda: (job.state.db_now() - renewed).total_seconds() > lease)
+    assert job.state.reclaim_staging("lease", lease)

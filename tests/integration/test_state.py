@@ -38,11 +38,27 @@ def test_claim_is_exclusive_under_contention(store, job):
     assert p1.status == "running" and p1.worker == wins[0] and p1.attempts == 1
 
 
+def lease_end(store, job_id, partition):
+    from pipeline.stores.catalog import aware
+
+    return aware(next(p for p in store.partitions(job_id) if p.partition == partition).lease_expires_at)
+
+
+def run_out(store, job_id, partition) -> None:
+    """Wait until the partition's lease has ended on the database's clock (the moment is made to happen by a
+    short lease; the limit only guards against a hang)."""
+    end, deadline = lease_end(store, job_id, partition), time.monotonic() + 60
+    while store.db_now() <= end:
+        assert time.monotonic() < deadline, "the database's clock never passed the lease's end"
+        time.sleep(0.05)
+
+
 def test_a_dead_workers_lease_expires_and_another_takes_over(store, job):
-    dead = store.claim(job, "p1", "dead", lease_seconds=0.5)
+    dead = store.claim(job, "p1", "dead", lease_seconds=60)
     assert dead == 1
-    assert store.claim(job, "p1", "alive", lease_seconds=30) is None  # still leased
-    time.sleep(0.7)  # the dead worker never heartbeats
+    assert store.claim(job, "p1", "alive", lease_seconds=30) is None  # still leased (for a minute)
+    assert store.heartbeat(job, "p1", "dead", 0.2, dead)  # its last beat: the lease now ends in 0.2 s
+    run_out(store, job, "p1")  # then the worker dies: no beat moves it again
     assert store.claim(job, "p1", "alive", lease_seconds=30) == 2  # a new epoch fences the old claim out
     assert not store.heartbeat(job, "p1", "dead", 30, dead)  # the old owner lost it and learns so
     # A late commit from the old owner is refused, and says so...
@@ -51,23 +67,22 @@ def test_a_dead_workers_lease_expires_and_another_takes_over(store, job):
     assert p1.status == "running" and p1.worker == "alive" and p1.attempts == 2  # ...changes nothing
 
 
-def lease_end(store, job_id, partition):
-    from pipeline.stores.catalog import aware
-
-    return aware(next(p for p in store.partitions(job_id) if p.partition == partition).lease_expires_at)
-
-
 def test_heartbeat_keeps_the_lease_and_without_it_the_lease_expires(store, job):
-    epoch = store.claim(job, "p1", "w", lease_seconds=0.6)
+    """Each beat sets the lease's end to the database's now + the lease, whenever it lands: bracketed by the
+    database's clock read before and after it, so no timing window is assumed (a loaded machine only widens
+    the bracket)."""
+    epoch = store.claim(job, "p1", "w", lease_seconds=60)
     first = lease_end(store, job, "p1")
     for _ in range(3):
-        time.sleep(0.3)
-        assert store.heartbeat(job, "p1", "w", 0.6, epoch)
-        assert not store.claim(job, "p1", "other", lease_seconds=30)  # 0.9 s in: past the first lease
-    extended = lease_end(store, job, "p1")
-    assert (extended - first).total_seconds() >= 0.8  # each beat moved the end: now + lease, on the database's clock
-    assert 0.3 < (extended - store.db_now()).total_seconds() <= 0.6
-    time.sleep(0.8)  # no beat: the lease runs out
+        before = store.db_now()
+        assert store.heartbeat(job, "p1", "w", 60, epoch)
+        after = store.db_now()
+        end = lease_end(store, job, "p1")
+        assert before.timestamp() + 60 <= end.timestamp() + 1e-3 and end.timestamp() <= after.timestamp() + 60 + 1e-3
+        assert not store.claim(job, "p1", "other", lease_seconds=30)  # held: the lease has not ended
+    assert lease_end(store, job, "p1") >= first
+    assert store.heartbeat(job, "p1", "w", 0.2, epoch)  # a last beat, then none: the lease runs out
+    run_out(store, job, "p1")
     assert store.claim(job, "p1", "other", lease_seconds=30) == epoch + 1
     assert not store.heartbeat(job, "p1", "w", 0.6, epoch)  # the old holder's beat no longer extends anything
 
@@ -79,16 +94,18 @@ def test_a_heartbeat_that_finds_its_lease_taken_sets_lost(store, job):
     from pipeline.stores.catalog import Heartbeat, Partition
 
     epoch = store.claim(job, "p1", "w", lease_seconds=1.5)  # a beat every 0.5 s
+    claimed_end = lease_end(store, job, "p1")
     with Heartbeat(store, job, "p1", "w", 1.5, epoch) as beat:
-        time.sleep(0.8)
-        assert not beat.lost and lease_end(store, job, "p1") > store.db_now()  # a beat landed
-        time.sleep(0.2)
+        deadline = time.monotonic() + 30  # a guard against a hang: the beat is waited for, not timed
+        while lease_end(store, job, "p1") <= claimed_end and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not beat.lost and lease_end(store, job, "p1") > claimed_end  # a beat landed
         # Another worker takes it over between two beats, as a claim after this worker stalled past its
         # lease would (one UPDATE: a beat landing between an expiry and a claim would extend the lease).
         with store.session() as s, s.begin():
             s.execute(update(Partition).where(Partition.job_id == job, Partition.partition == "p1")
                       .values(worker="other", epoch=Partition.epoch + 1))
-        deadline = time.monotonic() + 3
+        deadline = time.monotonic() + 30
         while not beat.lost and time.monotonic() < deadline:
             time.sleep(0.05)
         assert beat.lost
@@ -106,7 +123,7 @@ def test_succeeded_partitions_are_claimed_only_when_forced(store, job):
 def test_the_same_worker_name_is_fenced_by_its_epoch(store, job):
     """A restarted worker may reuse a name (host:pid); the epoch still tells its claims apart."""
     first = store.claim(job, "p1", "w", lease_seconds=0.3)
-    time.sleep(0.5)
+    run_out(store, job, "p1")
     second = store.claim(job, "p1", "w", lease_seconds=30)
     assert second == first + 1
     assert not store.finish_partition(job, "p1", "w", first, "failed", error="stale")
