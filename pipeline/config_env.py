@@ -94,8 +94,8 @@ def apply_env_overrides(raw: dict, environ: dict[str, str]) -> dict:
 
 
 def renamed_overrides(environ: dict[str, str]) -> str | None:
-    """What to rename, when an override still uses a section's old name (TOKENMILL_PLAN__*, `requests:`
-    until 0.1); None when none does."""
+    """What to rename, when an override still uses a section's old name (TOKENMILL_PLAN__*: the section
+    `requests:` was `plan:` until 0.1); None when none does."""
     old = f"{ENV_PREFIX}PLAN__"
     names = sorted(n for n in environ if n.startswith(old))
     if not names:

@@ -55,7 +55,7 @@ class VllmEngine:
             kwargs.update(lora_kwargs(adapters))
         if tier.device == "cpu":
             os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(tier.cpu_kvcache_space_gib)
-            kwargs["dtype"] = cpu_dtype(tier)         # float32 unless set (or INT8 weights on AMX: bfloat16)
+            kwargs.setdefault("dtype", cpu_dtype(tier))  # float32 unless set (INT8 weights on AMX: bfloat16)
             kwargs.setdefault("enforce_eager", True)  # torch.compile warm-up costs a minute, gains nothing here
         # JSON-schema outputs (sampling.json_schema) without free whitespace: compact JSON is fewer
         # tokens, and a weak model cannot pad its way to max_tokens with indentation. Engine-wide in vLLM.

@@ -139,7 +139,7 @@ class PartitionWaves:
                                               Partition.status != "running")
                       .values(status="failed", last_error=error[:2000]))
 
-    def sweep(self) -> None:
+    def advance_all(self) -> None:
         """Advance every generating partition that can be (one waiting on another partition's keys)."""
         for p in self.state.partitions(self.job_id):
             if p.generation == "generating":

@@ -1,7 +1,8 @@
 """The job context: what every step of a job receives, built once per process and job.
 
 A step (plan, prepare, drain, commit) takes the context and never a `Job`; a step changes the
-catalog, the staging area and the output, never the context. Its parts the steps share (the cache
+catalog, the staging area and the output, and replaces no part of the context (the budget guard's
+running spend is the one figure the drains add to). Its parts the steps share (the cache
 connection, the item lookup, the work-unit queue, the budget guard) open on first use, so a step
 that does not need the cache never connects to it.
 """

@@ -45,7 +45,7 @@ class TierDrain:
         reduces and retries stay on their own tier)."""
         c = self.ctx.config
         feeders = {t for t in c.tiers if t != self.tier} if self.tier == c.escalation_tier else set()
-        self.ctx.waves.sweep()
+        self.ctx.waves.advance_all()
         depth = self.ctx.queue.depth(self.ctx.job_id)
         return any(depth.get(t, {}).get(s) for t in feeders for s in UNFINISHED)
 

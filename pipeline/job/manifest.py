@@ -15,7 +15,7 @@ from pipeline.config import TokenmillConfig, redact_url
 from pipeline.generate.levers import lever_summary, ratio
 from pipeline.generate.shadow import summarise_verification
 from pipeline.job.context import JobContext
-from pipeline.output.commit import publish, published_commit, sweep
+from pipeline.output.commit import publish, published_commit, sweep_leftovers
 from pipeline.output.telemetry import decode_steps, efficiency
 from pipeline.output.write import count_by, write_manifest
 from pipeline.stores.catalog import aware, now
@@ -190,7 +190,9 @@ def current_manifest(ctx: JobContext, partial: bool) -> dict:
     """The manifest over what the catalog holds now (`partial` while any partition has not committed)."""
     job = ctx.state.job(ctx.job_id)
     counts = json.loads(job.counts or "{}")
-    staging = counts.get("staging", {})
+    # Jobs staged before 0.1 stored these figures as "plan": read, so that a rerun's manifest keeps them
+    # (and stores them as "staging" from then on). Data a job wrote, not a name a user types.
+    staging = counts.get("staging") or counts.get("plan", {})
     return build_manifest(ctx.config, ctx.job_id, job, ctx.state.partitions(ctx.job_id), partial, staging,
                           ctx.queue.sessions(ctx.job_id))
 
@@ -201,7 +203,7 @@ def refresh_manifest(ctx: JobContext) -> dict:
     First publishes the commit of any partition whose commit record is missing or names another
     commit than the catalog's (its worker died between the catalog's commit and the record, or an
     older commit's late record overwrote it), so readers see what the catalog committed; then sweeps
-    the files of older commits and of killed writes (output/commit.py, `sweep`).
+    the files of older commits and of killed writes (output/commit.py, `sweep_leftovers`).
     """
     parts = ctx.state.partitions(ctx.job_id)
     committed = {}
@@ -211,7 +213,7 @@ def refresh_manifest(ctx: JobContext) -> dict:
             publish(ctx.out, ctx.job_id, p.partition, commit["id"], commit["files"])
         if commit:
             committed[p.partition] = commit["id"]
-    sweep(ctx.out, ctx.job_id, committed)  # what kills left behind, so that globbing the folders is exact
+    sweep_leftovers(ctx.out, ctx.job_id, committed)  # what kills left behind, so that globbing the folders is exact
     manifest = current_manifest(ctx, partial=any(p.status != "succeeded" for p in parts))
     write_manifest(ctx.out, ctx.job_id, manifest)
     return manifest

@@ -1,11 +1,13 @@
 """The plan step: the CPU stages over the whole input, once per job, into the staging area.
 
-  plan:  claim the job's planning -> plan.py (read, validate, key, route, sketch, cluster; streamed
-         by file, sharded by dedup scope) -> the partitions registered in the catalog, job `staged`
+  plan:  claim the job's planning -> pipeline/plan/ (read, validate, key, route, sketch, cluster;
+         streamed by file, sharded by dedup scope) -> the partitions registered in the catalog, job `staged`
 
 A worker that finds the job being planned waits for it (or takes over a planner that died); a job
-planned already is not planned again. An orchestrator runs planning as several tasks (keyed_shards,
-clustered_shard, staged_from_shards), all behind the same claim.
+planned already is not planned again. Planning's lease is fenced by its claim's epoch
+(jobs.planning_epoch). An orchestrator runs planning as several tasks: keyed_shards claims it,
+clustered_shard and staged_from_shards work under the claim current when they start (a task of a
+planning taken over since renews, fails and registers nothing), each renewing as its own process.
 """
 
 from __future__ import annotations
@@ -38,6 +40,10 @@ from pipeline.stores.catalog import utc
 from pipeline.stores.units import worker_is_gone
 
 log = logging.getLogger(__name__)
+# A gone planner (its host:pid process no longer exists) is replaced once it has not renewed for a third of
+# the lease, at most this long: an orchestrator's planning tasks each renew as their own process.
+GONE_GRACE_SECONDS = 15.0
+
 
 def plan(ctx: JobContext) -> None:
     """The plan step: check every tier's engine on this host (each drain checks its own again, where GPU
@@ -63,7 +69,8 @@ def ensure_staged(ctx: JobContext, stage=None):
         if row.status not in ("staging", "staging_failed"):
             break
         gone = row.planner if row.status == "staging" and row.planner and worker_is_gone(row.planner) else None
-        epoch = ctx.state.reclaim_staging(ctx.job_id, c.state.lease_seconds, ctx.worker, gone_planner=gone)
+        epoch = ctx.state.reclaim_staging(ctx.job_id, c.state.lease_seconds, ctx.worker, gone_planner=gone,
+                                          grace_seconds=min(c.state.lease_seconds / 3, GONE_GRACE_SECONDS))
         if epoch:  # the last staging failed, its planner's lease ran out, or its planner is gone
             if gone:
                 log.warning("job %s: its planner %s is gone (no such process on this host); planning it again now "
@@ -96,9 +103,11 @@ def staging_step(ctx: JobContext, epoch: int):
     def renew():
         while not done.wait(ctx.config.state.lease_seconds / 3):
             try:
-                if not ctx.state.renew_staging(ctx.job_id, epoch):
-                    log.warning("job %s: planning claim %d was taken over by another worker (or the staging "
-                                "ended); what this step plans is not registered", ctx.job_id, epoch)
+                if not ctx.state.renew_staging(ctx.job_id, epoch, ctx.worker):
+                    row = ctx.state.job(ctx.job_id)
+                    if row is not None and row.status == "staging" and row.planning_epoch != epoch:
+                        log.warning("job %s: planning claim %d was taken over by another worker (claim %d); what "
+                                    "this step plans is not registered", ctx.job_id, epoch, row.planning_epoch)
                     return
             except Exception as e:  # a catalog blip: the next beat tries again; the lease has room for it
                 log.warning("job %s: could not renew the staging lease: %s", ctx.job_id, e)
@@ -133,6 +142,10 @@ def register_plan(ctx: JobContext, epoch: int, planned: Plan, seconds: float) ->
         "step_seconds": {k: round(v, 3) for k, v in planned.seconds.items()}, "seconds": round(seconds, 3),
         "isolation": isolation_fingerprint(ctx.config)}}
     if not ctx.state.register_partitions(ctx.job_id, epoch, planned.partitions, counts):
+        row = ctx.state.job(ctx.job_id)
+        if row is not None and row.status not in ("staging", "staging_failed"):
+            log.info("job %s: staged meanwhile by another worker; its partitions stand", ctx.job_id)
+            return
         raise JobError(f"job {ctx.job_id}: its planning was taken over by another worker (claim {epoch} superseded); "
                        "this planning registered nothing")
     write_manifest(ctx.out, ctx.job_id, current_manifest(ctx, partial=True))
@@ -172,10 +185,17 @@ def staged_from_shards(ctx: JobContext) -> None:
     Only a plan whose every shard is clustered is staged here. Anything else (staged already, not begun,
     or another worker planning it whole right now) is left to `ensure_staged`, which waits for that
     worker or takes a dead one's staging over: a stage step never fails someone else's planning."""
-    epoch = _planning_epoch(ctx)
-    planned = clustered_plan(ctx.staging) if epoch is not None else None
+    row = ctx.state.job(ctx.job_id)
+    if row is None or row.status not in ("staging", "staging_failed"):
+        return
+    planned = clustered_plan(ctx.staging)
     if planned is None:
         return
+    epoch = row.planning_epoch
+    if row.status == "staging_failed":  # a shard task failed, and its retry clustered the shard: take over
+        epoch = ctx.state.reclaim_staging(ctx.job_id, ctx.config.state.lease_seconds, ctx.worker)
+        if epoch is None:
+            return  # another worker took it over first: ensure_staged waits for it
     started = time.perf_counter()
     with staging_step(ctx, epoch), planning_pool(planning_workers(ctx.config, 0)) as pool:  # in this process unless set
         register_plan(ctx, epoch, plan_staged(ctx.config, ctx.job_id, ctx.staging, pool, planned),

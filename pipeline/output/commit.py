@@ -9,8 +9,8 @@ reads. The commit point is one object, written atomically and last:
 Readers (the ledger views, `tokenmill ledger sql`, the report, the estimate's rates) read exactly the
 files that commit records name. Every file is written under a temporary name that no glob of
 `*.parquet` or `*.json` matches (`.<name>.tmp-<uuid>`), then renamed. After a record is published,
-and again at every manifest write (every run and rerun), `sweep` deletes the partition's files of
-older commits and what killed writes left. Only the claim holding the partition's latest
+and again at every manifest write (every run and rerun), `sweep_leftovers` deletes the partition's
+files of older commits and what killed writes left. Only the claim holding the partition's latest
 epoch publishes: the state catalog fences the commit first (catalog.finish_partition), so a worker
 whose lease was taken over writes nothing visible.
 
@@ -28,6 +28,7 @@ from __future__ import annotations
 import json
 import logging
 import uuid
+from datetime import datetime, timedelta, timezone
 
 import pyarrow as pa
 import pyarrow.fs as pafs
@@ -40,6 +41,7 @@ KINDS = ("outputs", "ledger", "quarantine")
 SCHEMAS = {"outputs": OUTPUTS, "ledger": LEDGER, "quarantine": QUARANTINE}
 COMMITS = "_commits"
 LEGACY_FILE = "part-0.parquet"  # what versions before commit records wrote, one rename at a time
+TEMPORARY_RECORD_SECONDS = 600  # a temporary commit record this old is a killed write's, not one in flight
 
 
 def new_commit_id(epoch: int) -> str:
@@ -92,28 +94,35 @@ def publish(root: storage.Location, job_id: str, partition: str, commit: str, fi
         return False
     record = {"job_id": job_id, "partition": partition, "commit": commit, "files": files}
     storage.write_bytes_atomic(root, commit_path(root, job_id, partition), json.dumps(record).encode())
-    sweep(root, job_id, {partition: commit})
+    sweep_leftovers(root, job_id, {partition: commit}, whole_job=False)
     return True
 
 
-def sweep(root: storage.Location, job_id: str, committed: dict[str, str]) -> int:
+def sweep_leftovers(root: storage.Location, job_id: str, committed: dict[str, str], whole_job: bool = True) -> int:
     """Delete what no reader should see of the job's partitions committed as `committed` (partition ->
-    commit): files of older commits (a kill between a commit record and its clean-up leaves them), and
-    what killed writes left (temporary files of older commits, temporary commit records). Files of newer
-    commits (a forced rerun in flight) are kept. One listing per kind and one of the commit records, so
-    every commit and every manifest write can afford it. Returns how many files it deleted."""
+    commit): files of older commits (a kill between a commit record and its clean-up leaves them) and
+    temporary files a killed write of an older commit left. Files of newer commits (a forced rerun in
+    flight) are kept. `whole_job` (every manifest write): one recursive listing per kind, and temporary
+    commit records of those partitions older than TEMPORARY_RECORD_SECONDS (a younger one may be another
+    worker's publish in flight); otherwise (a publish) only the committed partitions' own folders are
+    listed. Returns how many files it deleted."""
     deleted = 0
     for kind in KINDS:
-        folder = root.join(kind, f"job={job_id}")
-        for info in root.fs.get_file_info(pafs.FileSelector(folder, recursive=True, allow_not_found=True)):
-            partition = info.path.rsplit("/", 2)[-2].removeprefix("partition=")
-            if info.type == pafs.FileType.File and partition in committed \
-                    and _older(info.base_name, epoch_of(committed[partition])):
-                deleted += _delete(root, info.path)
-    folder = root.join(COMMITS, f"job={job_id}")
-    for info in root.fs.get_file_info(pafs.FileSelector(folder, allow_not_found=True)):
+        folders = ([root.join(kind, f"job={job_id}")] if whole_job
+                   else [root.join(kind, f"job={job_id}", f"partition={p}") for p in committed])
+        for folder in folders:
+            for info in root.fs.get_file_info(pafs.FileSelector(folder, recursive=True, allow_not_found=True)):
+                partition = info.path.rsplit("/", 2)[-2].removeprefix("partition=")
+                if info.type == pafs.FileType.File and partition in committed \
+                        and _older(info.base_name, epoch_of(committed[partition])):
+                    deleted += _delete(root, info.path)
+    if not whole_job:
+        return deleted
+    old = datetime.now(timezone.utc) - timedelta(seconds=TEMPORARY_RECORD_SECONDS)
+    for info in root.fs.get_file_info(pafs.FileSelector(root.join(COMMITS, f"job={job_id}"), allow_not_found=True)):
         target = storage.temporary_target(info.base_name)
-        if target is not None and target.removeprefix("partition=").removesuffix(".json") in committed:
+        if target is not None and target.removeprefix("partition=").removesuffix(".json") in committed \
+                and info.mtime is not None and info.mtime.astimezone(timezone.utc) < old:
             deleted += _delete(root, info.path)
     return deleted
 

@@ -229,27 +229,33 @@ class StateStore:
                 return None
 
     def reclaim_staging(self, job_id: str, lease_seconds: float, worker: str | None = None,
-                        gone_planner: str | None = None) -> int | None:
+                        gone_planner: str | None = None, grace_seconds: float = 0.0) -> int | None:
         """Take over staging a job whose staging failed, was last renewed over `lease_seconds` ago (by the
-        database's clock) and so was abandoned, or whose planner is `gone_planner` (provably dead). The new
-        claim's epoch, or None when the staging is not to be taken over."""
+        database's clock) and so was abandoned, or whose planner is `gone_planner` (provably dead) and has not
+        renewed for `grace_seconds` (an orchestrator's planning tasks each renew as their own process: the
+        task that last renewed may have ended while the next one starts). The new claim's epoch, or None
+        when the staging is not to be taken over."""
         t = self.db_now()
         abandoned = (Job.status == "staging") & (Job.planning_renewed_at < t - timedelta(seconds=lease_seconds))
         if gone_planner is not None:
-            abandoned = abandoned | ((Job.status == "staging") & (Job.planner == gone_planner))
+            abandoned = abandoned | ((Job.status == "staging") & (Job.planner == gone_planner)
+                                     & (Job.planning_renewed_at < t - timedelta(seconds=grace_seconds)))
         with self.session() as s, s.begin():
             row = s.execute(update(Job).where(Job.job_id == job_id, (Job.status == "staging_failed") | abandoned)
                             .values(status="staging", planning_renewed_at=t, error=None, planner=worker or default_worker(),
                                     planning_epoch=Job.planning_epoch + 1)
-                            .returning(Job.planning_epoch)).first()
+                            .returning(Job.planning_epoch)
+                            .execution_options(synchronize_session=False)).first()
             return None if row is None else row[0]
 
-    def renew_staging(self, job_id: str, epoch: int) -> bool:
-        """The staging is alive: its lease counts again from now. False when the claim `epoch` was taken over."""
+    def renew_staging(self, job_id: str, epoch: int, worker: str | None = None) -> bool:
+        """The staging is alive: its lease counts again from now, held by `worker` (the renewing process).
+        False when the claim `epoch` was taken over, or the staging is no longer in progress."""
         with self.session() as s, s.begin():
             return s.execute(update(Job).where(Job.job_id == job_id, Job.status == "staging",
                                                Job.planning_epoch == epoch)
-                             .values(planning_renewed_at=self.db_now())).rowcount == 1
+                             .values(planning_renewed_at=self.db_now(), planner=worker or default_worker())
+                             ).rowcount == 1
 
     def fail_staging(self, job_id: str, epoch: int, error: str) -> bool:
         """Mark the staging of claim `epoch` failed (a rerun takes it over at once); False when fenced out."""
@@ -273,12 +279,11 @@ class StateStore:
         with self.session() as s:
             return s.get(Job, job_id)
 
-    def set_job(self, job_id: str, only_from: str | None = None, **values) -> None:
-        """`only_from`: change the job only while its status is that one (a fenced transition)."""
+    def set_job(self, job_id: str, **values) -> None:
         if "counts" in values and values["counts"] is not None:
             values["counts"] = json.dumps(values["counts"])
         with self.session() as s, s.begin():
-            s.execute(update(Job).where(Job.job_id == job_id, *([Job.status == only_from] if only_from else [])).values(**values))
+            s.execute(update(Job).where(Job.job_id == job_id).values(**values))
 
     def jobs(self) -> list[Job]:
         with self.session() as s:

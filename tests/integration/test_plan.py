@@ -205,3 +205,32 @@ def test_a_staging_step_renews_its_lease_while_it_runs(config):
     renewed = aware(job.state.job("lease").planning_renewed_at)  # the step ended: no beat moves it again
     wait_until(lambda: (job.state.db_now() - renewed).total_seconds() > lease)
     assert job.state.reclaim_staging("lease", lease)
+
+
+def test_a_shard_task_that_failed_once_is_retried_and_the_job_is_staged(config, monkeypatch):
+    """Review finding: a failed shard task marks the staging failed; Airflow retries it, and the stage task must
+    then take the staging over and register it, not refuse it as "taken over" forever."""
+    from pipeline.job import orchestrate, staging
+    from pipeline.stores.catalog import StateStore
+
+    config.planning.workers = 2
+    shards = orchestrate.planned_shards(config, "retried")
+    assert len(shards) == 2
+    real, calls = staging.plan_shard, []
+
+    def lost_once(*args, **kwargs):
+        calls.append(args)
+        if len(calls) == 1:
+            raise OSError("shard worker lost")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(staging, "plan_shard", lost_once)
+    with pytest.raises(OSError):
+        orchestrate.clustered_shard(config, "retried", shards[0])
+    state = StateStore(config.state.url)
+    assert state.job("retried").status == "staging_failed"
+    for shard in shards:  # the retry, and the other shard's task
+        orchestrate.clustered_shard(config, "retried", shard)
+    partitions = orchestrate.staged_partitions(config, "retried")
+    assert partitions and state.job("retried").status == "staged"
+    assert orchestrate.staged_partitions(config, "retried") == partitions  # and again: the same, at once

@@ -227,7 +227,9 @@ def test_a_killed_planner_is_taken_over_at_once_and_named(make_config, sample_co
 
     from tests.system.test_chaos import KILLED_AT
 
-    env = cli_env(tiny_models, tmp_path, input__uri=str(sample_corpus[0]))  # the default lease: 300 s
+    # A lease of 15 s: the gone planner is replaced after a third of it (5 s of silence), by the path that
+    # says so, not when the lease ends (the default lease, 300 s, was waited out in silence).
+    env = cli_env(tiny_models, tmp_path, input__uri=str(sample_corpus[0]), state__lease_seconds=15)
     killed = subprocess.run([sys.executable, "-c", KILLED_AT, "before_register", str(TINY_CONFIG), "planner"],
                             env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
@@ -235,7 +237,8 @@ def test_a_killed_planner_is_taken_over_at_once_and_named(make_config, sample_co
     assert scalar(db, "select status from jobs where job_id='planner'") == "staging"
     done = []
     with caplog.at_level("INFO", logger="pipeline.job.staging"):
-        rerun = threading.Thread(target=lambda: done.append(run_job(make_config(), job_id="planner")), daemon=True)
+        rerun = threading.Thread(target=lambda: done.append(run_job(make_config(state__lease_seconds=15),
+                                                                    job_id="planner")), daemon=True)
         rerun.start()
         rerun.join(timeout=120)  # a guard against the 300 s wait the bug was; nothing here is timed
     assert done and done[0].manifest["status"] == "succeeded", "the rerun waited out the dead planner's lease"
