@@ -145,7 +145,7 @@ def _table(table_id: str, head: list[str], rows: list[list[str]]) -> Markup:
         table_id, cells, body)
 
 
-def _number(v, spec: str) -> str:
+def _num(v, spec: str = ",.1f") -> str:
     """`v` formatted as `spec` when it is a number; "-" when absent, "?" when it is anything else (a
     crafted or damaged eval.json)."""
     if v is None:
@@ -154,7 +154,7 @@ def _number(v, spec: str) -> str:
 
 
 def _pct(v) -> str:
-    return _number(v, ".1%")
+    return _num(v, ".1%")
 
 
 def _pair(v) -> tuple:
@@ -202,19 +202,19 @@ def _policy_line(routing: dict, baseline_tier: str) -> str:
         return f"Chosen policy: none keeps {_pct(target)} of all-{baseline_tier} quality (the config was left as it was)."
     if chosen.get("all_large"):
         return (f"Chosen policy (target {_pct(target)}): everything on {baseline_tier}, "
-                f"${_number(chosen.get('cost_per_1k_usd'), '.5f')} per 1k documents: no cheaper mix of tiers kept the "
+                f"${_num(chosen.get('cost_per_1k_usd'), '.5f')} per 1k documents: no cheaper mix of tiers kept the "
                 "target quality.")
-    settings = [f"router below {_number(chosen['router_threshold'], '.2f')} to the large tier"
+    settings = [f"router below {_num(chosen['router_threshold'], '.2f')} to the large tier"
                 if chosen.get("router_threshold") is not None else "no router",
                 "mean log-probability signal off" if chosen.get("min_mean_logprob") is None
-                else f"escalate below mean log-probability {_number(chosen['min_mean_logprob'], '.3f')}",
+                else f"escalate below mean log-probability {_num(chosen['min_mean_logprob'], '.3f')}",
                 f"truncation {'on' if chosen.get('on_truncation') else 'off'}",
                 f"unfaithful {'on' if chosen.get('on_unfaithful') else 'off'}"]
     all_large = _dict(routing.get("all_large")).get("cost_per_1k_usd")
-    against = f" (all-{baseline_tier} ${_number(all_large, '.5f')})" if all_large is not None else ""
+    against = f" (all-{baseline_tier} ${_num(all_large, '.5f')})" if all_large is not None else ""
     return (f"Chosen policy (target {_pct(target)}, scored on {routing.get('test_documents', '?')} test documents): "
             f"quality kept {_pct(chosen.get('quality_kept'))}, {_pct(chosen.get('small_share'))} kept on the small tier, "
-            f"{_pct(chosen.get('escalated_share'))} escalated, ${_number(chosen.get('cost_per_1k_usd'), '.5f')} per 1k "
+            f"{_pct(chosen.get('escalated_share'))} escalated, ${_num(chosen.get('cost_per_1k_usd'), '.5f')} per 1k "
             f"documents{against}; " + ", ".join(settings) + ".")
 
 
@@ -222,9 +222,9 @@ def eval_headline(result: dict, job_models: dict[str, str | None]) -> Markup:
     """The latest eval's tiers table, chosen policy and reuse false hits; a note when it measured other models."""
     base = str(result.get("baseline_tier", "?"))
     models = _dict(result.get("models"))
-    rows = [[tier, models.get(tier, "-"), _number(s.get("rouge_l_vs_baseline"), ".3f"),
+    rows = [[tier, models.get(tier, "-"), _num(s.get("rouge_l_vs_baseline"), ".3f"),
              f"{_pct(s.get('unfaithful_rate'))} ({' - '.join(_pct(v) for v in _pair(s.get('unfaithful_ci95')))})",
-             "-" if s.get("cost_per_1k_usd") is None else f"${_number(s['cost_per_1k_usd'], '.5f')}"]
+             "-" if s.get("cost_per_1k_usd") is None else f"${_num(s['cost_per_1k_usd'], '.5f')}"]
             for tier, s in ((t, _dict(v)) for t, v in result["tiers"].items())]
     holdout = _dict(result.get("holdout"))
     parts = [Markup("<h3>Latest eval: {} (written {}, {} hold-out documents)</h3>").format(
@@ -262,10 +262,6 @@ def quality_section(con: duckdb.DuckDBPyConnection, job_id: str, manifest: dict,
     return Markup('<section id="quality">{}</section>').format(Markup("").join(parts))
 
 
-def _num(v, fmt: str = "{:,.1f}") -> str:
-    return "-" if v is None else fmt.format(v)
-
-
 def _model_name(model: str | None) -> str:
     """A model as the table shows it: a local checkpoint by its folder's name (the manifest has the path)."""
     if not model:
@@ -293,10 +289,10 @@ def engine_section(manifest: dict) -> Markup:
     """Per tier, from the manifest's `engines`: engine starts, start-up, busy and idle seconds, held time
     and utilisation (busy ÷ held), next to throughput; then the job's GPU-seconds by what they bought."""
     engines = manifest.get("engines", {})
-    rows = [[tier, _model_name(e.get("model")), _num(e.get("workers"), "{}"), _num(e.get("starts"), "{}"),
+    rows = [[tier, _model_name(e.get("model")), _num(e.get("workers"), ""), _num(e.get("starts"), ""),
              _num(e.get("startup_seconds")), _num(e.get("busy_seconds")), _num(e.get("idle_seconds")),
              _num(e.get("held_seconds")), _num(e.get("held_gpu_seconds")), _pct(e.get("utilisation")),
-             _num(e.get("output_tokens_per_second"), "{:,.0f}"), _num(e.get("failed_attempts", 0), "{}")]
+             _num(e.get("output_tokens_per_second"), ",.0f"), _num(e.get("failed_attempts", 0), "")]
             for tier, e in engines.items()]
     parts = [Markup("<h2>Engine utilisation, per tier</h2>"),
              _table("engine-utilisation", ["tier", "model", "workers", "engine starts", "start-up s", "busy s", "idle s",
