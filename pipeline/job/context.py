@@ -100,12 +100,13 @@ class JobContext:
         """What this process has spent, per tenant, against the caps (shared by its drains)."""
         return BudgetGuard(self.config, self.state, self.job_id)
 
+    def cache_status(self) -> str:
+        """What the cache is to this job's new items: off (config), bypassed (unreachable) or miss (in use)."""
+        return "off" if not self.config.cache.enabled else "bypassed" if self.cache.bypassed else "miss"
+
     @property
     def cache_on(self) -> bool:
-        return self.config.cache.enabled and not self.cache.bypassed
-
-    def cache_status(self) -> str:
-        return "off" if not self.config.cache.enabled else "bypassed" if self.cache.bypassed else "miss"
+        return self.cache_status() == "miss"
 
     def partition(self, partition: str) -> Partition | None:
         return self.state.partition(self.job_id, partition)
