@@ -111,8 +111,8 @@ class JobSide(Protocol):
     def more_may_come(self) -> bool:
         """Whether units of this tier can still arrive (escalations from the other tiers' units)."""
 
-    def admit(self, rows: list[dict]) -> bool:
-        """Budget admission of one unit's requests; False defers the unit."""
+    def admit(self, unit: WorkUnit, rows: list[dict]) -> bool:
+        """Budget admission of one unit's requests (reserved under its claim); False defers the unit."""
 
     def store(self, items: dict[str, dict], failed: dict[str, Failure]) -> None:
         """Keep what finished: items by key (paid, priced) and the requests given up on."""
@@ -220,7 +220,7 @@ class TierWorker:
             self.job.unit_failed(unit, f"{type(e).__name__}: {e}")
             self.queue.finish(self.job_id, unit)
             return
-        if rows and not self.job.admit(rows):
+        if rows and not self.job.admit(unit, rows):
             self.queue.finish(self.job_id, unit, "deferred")
             log.warning("tier %s: unit %s deferred at a budget cap", self.tier, unit.unit_id)
             return

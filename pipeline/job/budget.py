@@ -2,9 +2,10 @@
 
 Before any GPU work, what the job has spent plus the estimate of what is left must stay under every
 cap (job and per tenant), or the job is refused. While it runs, an engine call is admitted only if
-spent + that call's estimate stays under; otherwise its partition is deferred (nothing lost, nothing
-paid twice: a rerun with a higher cap goes on where it stopped). `spent` is shared with the call
-recorders, which add what each call cost.
+what the job has spent and reserved, plus that call's estimate, stays under; otherwise its partition is
+deferred (nothing lost, nothing paid twice: a rerun with a higher cap goes on where it stopped).
+Spent and reserved amounts live in the catalog (UnitQueue.reserve), so a cap is one amount for the job,
+however many workers, drain tasks and reruns spend it.
 """
 
 from __future__ import annotations
@@ -12,19 +13,21 @@ from __future__ import annotations
 from collections.abc import Iterable
 
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from pipeline.config import TokenmillConfig
 from pipeline.errors import JobError
-from pipeline.plan.estimate import budget_problems, with_estimates
+from pipeline.plan.estimate import budget_problems, estimate_usd, with_estimates
 from pipeline.plan.rates import tier_rates
 from pipeline.stores.catalog import StateStore
+from pipeline.stores.units import UnitQueue, WorkUnit
 
 
 class BudgetGuard:
-    def __init__(self, config: TokenmillConfig, state: StateStore, job_id: str):
-        self.config, self.state, self.job_id = config, state, job_id
-        self.spent: dict[str, float] = {}  # USD paid so far in this job, per tenant
-        self.reason = ""                   # why the last call was refused
+    def __init__(self, config: TokenmillConfig, state: StateStore, queue: UnitQueue, job_id: str):
+        self.config, self.state, self.queue, self.job_id = config, state, queue, job_id
+        self.prices = {n: t.price_per_gpu_hour for n, t in config.tiers.items()}
+        self.reason = ""  # why the last call was refused
         self._rates = None
 
     @property
@@ -36,12 +39,19 @@ class BudgetGuard:
             self._rates = tier_rates(self.config, self.config.output.uri)
         return self._rates
 
-    def admit(self, batch: pa.Table, tenant_of: dict[str, str]) -> bool:
-        """Budget admission of one engine call: spent so far + its estimate must stay under every cap."""
+    def problems(self, tenant_usd: dict[str, float]) -> list[str]:
+        return budget_problems(self.config, sum(tenant_usd.values()), tenant_usd)
+
+    def admit(self, unit: WorkUnit, batch: pa.Table) -> bool:
+        """Budget admission of one unit's engine calls (`batch`: item_key, tenant, tier, prompt_token_ids):
+        reserve their estimate, with their expected escalations, if the job's spent and reserved USD plus
+        it crosses no cap."""
         if not self.active:
             return True
-        planned = with_estimates(self.spent, batch, tenant_of, self.config, self.rates())
-        problems = budget_problems(self.config, sum(planned.values()), planned)
+        usd = estimate_usd(batch["tier"], pc.list_value_length(batch["prompt_token_ids"]), self.config,
+                           self.rates(), True)
+        requests = list(zip(batch["item_key"].to_pylist(), batch["tenant"].to_pylist(), usd))
+        problems = self.queue.reserve(self.job_id, unit, requests, self.prices, self.problems)
         if problems:
             self.reason = "; ".join(problems)
         return not problems
@@ -52,12 +62,11 @@ class BudgetGuard:
         `unpaid`: (units, requests) of every partition still to run, before any GPU work.
         """
         c = self.config
-        self.spent = self.state.spent_by_tenant(self.job_id, {n: t.price_per_gpu_hour for n, t in c.tiers.items()})
-        planned = dict(self.spent)
+        planned = self.queue.spent(self.job_id, self.prices)
         for units, requests in unpaid:
             tenant_of = dict(zip(units["id"].to_pylist(), units["tenant"].to_pylist()))
             planned = with_estimates(planned, requests, tenant_of, c, self.rates())
-        problems = budget_problems(c, sum(planned.values()), planned)
+        problems = self.problems(planned)
         if problems:
             reason = (f"refused before any GPU work: estimated {'; '.join(problems)} "
                       f"({', '.join(sorted({r.method for r in self.rates().values()}))})")

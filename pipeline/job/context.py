@@ -97,8 +97,8 @@ class JobContext:
 
     @functools.cached_property
     def budget(self) -> BudgetGuard:
-        """What this process has spent, per tenant, against the caps (shared by its drains)."""
-        return BudgetGuard(self.config, self.state, self.job_id)
+        """Admission of engine calls against the job's caps, from what every worker spent and reserved."""
+        return BudgetGuard(self.config, self.state, self.queue, self.job_id)
 
     def cache_status(self) -> str:
         """What the cache is to this job's new items: off (config), bypassed (unreachable) or miss (in use)."""

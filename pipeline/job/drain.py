@@ -49,11 +49,10 @@ class TierDrain:
         depth = self.ctx.queue.depth(self.ctx.job_id)
         return any(depth.get(t, {}).get(s) for t in feeders for s in UNFINISHED)
 
-    def admit(self, rows: list[dict]) -> bool:
-        batch = pa.table({"id": [r["unit"]["id"] for r in rows], "tier": [self.tier] * len(rows),
-                          "prompt_token_ids": [r["prompt_token_ids"] for r in rows],
-                          "max_tokens": [r["max_tokens"] for r in rows]})
-        return self.ctx.budget.admit(batch, {r["unit"]["id"]: r["unit"]["tenant"] for r in rows})
+    def admit(self, unit: WorkUnit, rows: list[dict]) -> bool:
+        return self.ctx.budget.admit(unit, pa.table({
+            "item_key": [r["unit"]["item_key"] for r in rows], "tenant": [r["unit"]["tenant"] for r in rows],
+            "tier": [self.tier] * len(rows), "prompt_token_ids": [r["prompt_token_ids"] for r in rows]}))
 
     def store(self, items: dict[str, dict], failed: dict[str, Failure]) -> None:
         ctx = self.ctx
@@ -74,11 +73,8 @@ class TierDrain:
         states = {k: ("done", None, None) for k in items}
         states |= {k: ("failed", f.reason, f.detail) for k, f in failed.items()}
         ctx.queue.set_keys(ctx.job_id, states)
-        spent = ctx.budget.spent  # what the budget guard admits the next units against
-        usd = {k: i["gpu_seconds"] * ctx.config.tiers[i["tier"]].price_per_gpu_hour / 3600 for k, i in items.items()}
-        for key, item in items.items():
-            spent[item["tenant"]] = spent.get(item["tenant"], 0.0) + usd[key]
-        ctx.progress.advance(usd=sum(usd.values()))
+        ctx.progress.advance(usd=sum(i["gpu_seconds"] * ctx.config.tiers[i["tier"]].price_per_gpu_hour / 3600
+                                     for i in items.values()))
 
     def cache_put(self, by_scope: dict[str, dict]) -> None:
         if self.cache_on:

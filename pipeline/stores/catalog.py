@@ -367,18 +367,6 @@ class StateStore:
                     out[item.pop("item_key")] = item
         return out
 
-    def spent_by_tenant(self, job_id: str, prices: dict[str, float]) -> dict[str, float]:
-        """USD this job has paid for generations so far, per tenant (`prices`: tier -> USD per GPU-hour)."""
-        from sqlalchemy import func
-
-        with self.session() as s:
-            rows = s.execute(select(Item.tenant, Item.tier, func.sum(Item.gpu_seconds))
-                             .where(Item.job_id == job_id).group_by(Item.tenant, Item.tier)).all()
-        spent: dict[str, float] = {}
-        for tenant, tier, seconds in rows:
-            spent[tenant] = spent.get(tenant, 0.0) + (seconds or 0.0) * prices.get(tier, 0.0) / 3600
-        return spent
-
     def store_items(self, job_id: str, items: dict[str, dict]) -> None:
         """Record paid-for generations; a key stored by another worker first keeps its first value.
 

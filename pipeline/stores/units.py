@@ -16,19 +16,25 @@ An engine session is one engine's time on one job, from its start (or the end of
 session: idle between jobs is the next job's) to its close: start-up, busy and idle seconds,
 renewed like a lease. `charges` hold GPU time that no item carries (failed attempts, work lost with
 a dead worker), so that a job's ledger adds up to every GPU-second its engines were held.
+
+Budget caps are one amount per job, whichever workers spend it: an engine call is admitted only by a
+reservation of its estimated cost (`reserve`), made one at a time per job under the job row's lock, that
+counts against the caps until its item is stored (then its measured cost counts instead) or its unit's
+lease is gone (a dead worker's reservation frees itself when its units become claimable again).
 """
 
 from __future__ import annotations
 
 import os
 import socket
+from collections.abc import Callable
 from datetime import datetime, timedelta
 
 from sqlalchemy import BigInteger, DateTime, Float, Integer, String, Text, delete, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Mapped, mapped_column
 
-from pipeline.stores.catalog import Base, StateStore, aware
+from pipeline.stores.catalog import Base, Item, Job, StateStore, aware
 
 IN_CHUNK = 900  # values bound in one IN (...): under SQLite's oldest limit of 999 parameters
 
@@ -113,6 +119,19 @@ class Charge(Base):
     tenant: Mapped[str | None] = mapped_column(String(200), nullable=True)
     tier: Mapped[str] = mapped_column(String(100))
     gpu_seconds: Mapped[float] = mapped_column(Float)
+
+
+class Reservation(Base):
+    """The estimated USD of one admitted request, held against the job's caps while its unit's claim is live."""
+
+    __tablename__ = "budget_reservations"
+
+    job_id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    unit_id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    epoch: Mapped[int] = mapped_column(Integer, primary_key=True)  # the claim it was made under
+    item_key: Mapped[str] = mapped_column(String(64), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(200))
+    usd: Mapped[float] = mapped_column(Float)
 
 
 def worker_is_gone(worker: str | None) -> bool:
@@ -263,7 +282,51 @@ class UnitQueue:
                 WorkUnit.job_id == job_id, WorkUnit.unit_id == unit.unit_id, WorkUnit.epoch == unit.epoch,
                 WorkUnit.status == "leased").values(status=status, finished_at=self.state.db_now(),
                                                     lease_expires_at=None))
+            s.execute(delete(Reservation).where(Reservation.job_id == job_id, Reservation.unit_id == unit.unit_id,
+                                                Reservation.epoch == unit.epoch))
             return result.rowcount == 1
+
+    # -- the budget -----------------------------------------------------------------------------
+    def spent(self, job_id: str, prices: dict[str, float], s=None) -> dict[str, float]:
+        """USD per tenant this job has spent or reserved: its stored items priced by their tier's USD per
+        GPU-hour (`prices`), plus live reservations for items not stored yet."""
+        if s is None:
+            with self.session() as s:
+                return self.spent(job_id, prices, s)
+        out: dict[str, float] = {}
+        for tenant, tier, seconds in s.execute(
+                select(Item.tenant, Item.tier, func.sum(Item.gpu_seconds))
+                .where(Item.job_id == job_id).group_by(Item.tenant, Item.tier)):
+            out[tenant] = out.get(tenant, 0.0) + (seconds or 0.0) * prices.get(tier, 0.0) / 3600
+        t = self.state.db_now()
+        stored = select(Item.item_key).where(Item.job_id == job_id, Item.item_key == Reservation.item_key).exists()
+        for tenant, usd in s.execute(
+                select(Reservation.tenant, func.sum(Reservation.usd))
+                .join(WorkUnit, (WorkUnit.job_id == Reservation.job_id) & (WorkUnit.unit_id == Reservation.unit_id)
+                      & (WorkUnit.epoch == Reservation.epoch))
+                .where(Reservation.job_id == job_id, WorkUnit.status == "leased", WorkUnit.lease_expires_at > t, ~stored)
+                .group_by(Reservation.tenant)):
+            out[tenant] = out.get(tenant, 0.0) + (usd or 0.0)
+        return out
+
+    def reserve(self, job_id: str, unit: WorkUnit, requests: list[tuple[str, str, float]], prices: dict[str, float],
+                problems: Callable[[dict[str, float]], list[str]]) -> list[str]:
+        """Reserve `requests` ((item key, tenant, estimated USD)) for `unit`'s claim if what the job has spent
+        and reserved plus them crosses no cap (`problems`: the caps crossed by a total per tenant); else
+        reserve nothing and return the caps crossed. One admission per job at a time: the transaction
+        first writes the job's row, which PostgreSQL locks and SQLite serialises (a write lock), so two
+        workers never both see the room that only one of them may take."""
+        with self.session() as s, s.begin():
+            s.execute(update(Job).where(Job.job_id == job_id).values(status=Job.status))
+            planned = self.spent(job_id, prices, s)
+            for _, tenant, usd in requests:
+                planned[tenant] = planned.get(tenant, 0.0) + usd
+            found = problems(planned)
+            if not found:
+                s.execute(self._insert(Reservation).on_conflict_do_nothing(), [
+                    {"job_id": job_id, "unit_id": unit.unit_id, "epoch": unit.epoch, "item_key": key,
+                     "tenant": tenant, "usd": usd} for key, tenant, usd in requests])
+            return found
 
     def set_keys(self, job_id: str, states: dict[str, tuple[str, str | None, str | None]]) -> None:
         """key -> (state, reason, detail), in one transaction: one statement per state and IN_CHUNK keys, not

@@ -223,3 +223,89 @@ def test_estimate_from_one_job_holds_the_next_corpus_escalations_included(make_c
     # not asserted here: wall-clock noise of a fake engine's steps once put the bill 0.6% above the range.
     assert est["est_usd_low"] < est["est_usd"] < est["est_usd_high"] < 5 * est["est_usd_low"]
     assert 0.25 < est["est_usd"] / actual < 4
+
+
+def test_the_caps_are_one_amount_that_every_worker_of_the_job_reserves_from(store):
+    """Reproducer: each process admitted engine calls against its own spend, so two drain tasks (or a
+    retried one, or a second `tokenmill run`) could each spend up to a cap. Now a reservation in the
+    catalog holds each admitted call's estimate until its item is stored or its claim is gone."""
+    import threading
+    import uuid
+
+    from pipeline.stores.catalog import now
+    from pipeline.stores.units import UnitQueue
+
+    job = f"b-{uuid.uuid4().hex[:6]}"
+    assert store.claim_staging(job, "fp", "in", "out")
+    prices = {"small": 3600.0}  # USD per GPU-hour: 1 GPU-second costs $1
+
+    def over(planned):  # a job cap of $1
+        return [f"job ${sum(planned.values()):.2f} > $1"] if sum(planned.values()) > 1.0 + 1e-9 else []
+
+    def worker():  # each worker its own connection pool, as its own process would have
+        return UnitQueue(StateStore(store.engine.url.render_as_string(hide_password=False)))
+
+    a_queue, b_queue = worker(), worker()
+    a_queue.enqueue(job, "p1", 0, {"small": ["k1"]})
+    a_queue.enqueue(job, "p2", 0, {"small": ["k2"]})
+    a = a_queue.claim(job, "small", "a", "sa", lease_seconds=60)
+    b = b_queue.claim(job, "small", "b", "sb", lease_seconds=60)
+    assert a_queue.reserve(job, a, [("k1", "acme", 0.6)], prices, over) == []
+    assert b_queue.reserve(job, b, [("k2", "acme", 0.6)], prices, over) == ["job $1.20 > $1"]
+    assert b_queue.spent(job, prices) == {"acme": pytest.approx(0.6)}
+
+    # k1 is stored: its measured cost ($0.10) counts instead of its reservation, and there is room for k2.
+    item = {"id": "r1", "tenant": "acme", "partition": "p1", "tier": "small", "model": "m", "summary": "s",
+            "prompt_tokens": 3, "cached_prompt_tokens": 0, "output_tokens": 2, "finish_reason": "stop",
+            "gpu_seconds": 0.1, "baseline_gpu_seconds": 0.1, "created_at": now()}
+    store.store_items(job, {"k1": item})
+    assert b_queue.spent(job, prices) == {"acme": pytest.approx(0.1)}
+    assert b_queue.reserve(job, b, [("k2", "acme", 0.6)], prices, over) == []
+    assert a_queue.finish(job, a)  # a's unit ends: its reservation goes with it (the item's cost stays)
+    assert a_queue.spent(job, prices) == {"acme": pytest.approx(0.7)}
+    # b dies: once its claim has run out, what it reserved is free again (its unit is claimable).
+    b_queue.renew(job, "sb", lease_seconds=-5)
+    assert a_queue.spent(job, prices) == {"acme": pytest.approx(0.1)}
+
+    # Eight workers at once, $0.30 each, against the $0.90 of room left: exactly three are admitted.
+    keys = [f"c{i}" for i in range(8)]
+    for i, key in enumerate(keys):
+        a_queue.enqueue(job, f"q{i}", 0, {"large": [key]})
+    queues = [worker() for _ in range(8)]
+    units = [q.claim(job, "large", f"w{i}", f"s{i}", lease_seconds=60) for i, q in enumerate(queues)]
+    admitted, barrier = [], threading.Barrier(8)
+
+    def admit(i):
+        barrier.wait()
+        if not queues[i].reserve(job, units[i], [(keys[i], "acme", 0.3)], prices, over):
+            admitted.append(i)
+
+    threads = [threading.Thread(target=admit, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(admitted) == 3
+    assert a_queue.spent(job, prices) == {"acme": pytest.approx(1.0)}
+
+
+def test_a_second_drain_task_admits_against_what_the_first_spent(make_config, sample_corpus, tmp_path):
+    """Reproducer: under the DAG each drain task is its own process; the budget guard started from zero
+    spend in each, so the other tier's drain task ran its units past the cap the first had reached."""
+    from pipeline.job import orchestrate
+
+    config = make_config(routing=True, budget__max_job_usd=1e-9, requests__items_per_engine_call=4,
+                         tiers__small__default_tokens_per_gpu_second=1e12,
+                         tiers__large__default_tokens_per_gpu_second=1e12)
+    for partition in orchestrate.staged_partitions(config, "dag"):
+        orchestrate.prepared_partition(config, "dag", partition)
+
+    def units(status):
+        with sqlite3.connect(tmp_path / "state.db") as c:
+            return dict(c.execute("select tier, count(*) from work_units where job_id='dag' and status=? "
+                                  "group by tier", (status,)).fetchall())
+
+    assert units("pending")["large"] > 0  # the compliance rule routes some records to the large tier
+    assert orchestrate.drained_tier(config, "dag", "small")["units"] == 1  # its real cost crosses the cap
+    assert orchestrate.drained_tier(config, "dag", "large")["units"] == 0  # a fresh process, the same cap
+    assert units("done") == {"small": 1} and "large" in units("deferred")
