@@ -57,20 +57,26 @@ class EngineTime:
                 "overhead_gpu_seconds": ch["gpu_seconds"] * shares[ch["session_id"]].overhead_ratio
                 if ch["session_id"] in shares else 0.0}
                for ch in self.queue.charges(self.job_id, partition)]
-        units = self.queue.units(self.job_id)
         for sid, share in shares.items():
             if share.lost <= 0:
                 continue
-            # Whose work died with it: units taken over from it, else its own, else (it claimed none) every unit.
-            touched = [u for u in units if u.lost_session == sid] or [u for u in units if u.session_id == sid] or units
-            total = sum(u.requests for u in touched)
-            mine = sum(u.requests for u in touched if u.partition == partition)
+            weights = self.lost_weights(sid)
+            total, mine = sum(weights.values()), weights.get(partition, 0)
             if total and mine:
                 out.append({"partition": partition, "session_id": sid, "kind": "lost", "id": None, "tenant": None,
                             "tier": next(s.tier for s in self.queue.sessions(self.job_id) if s.session_id == sid),
                             "busy_gpu_seconds": share.lost * mine / total,
                             "overhead_gpu_seconds": 0.0})
         return out
+
+    def lost_weights(self, session_id: str) -> dict[str, int]:
+        """Per partition, its part of the work a dead session lost: the requests of the claims it did not
+        finish, else (it claimed nothing) the records of every partition. Both are fixed once the session
+        is dead, so every partition's commit shares the same whole, however the units change hands after."""
+        weights: dict[str, int] = {}
+        for claim in self.queue.unfinished_claims(self.job_id, session_id):
+            weights[claim.partition] = weights.get(claim.partition, 0) + claim.requests
+        return weights or {p.partition: p.records for p in self.state.partitions(self.job_id)}
 
     @staticmethod
     def overhead_ratio(shares: dict):

@@ -59,7 +59,6 @@ class WorkUnit(Base):
     status: Mapped[str] = mapped_column(String(16))  # pending | leased | done | deferred
     worker: Mapped[str | None] = mapped_column(String(200), nullable=True)
     session_id: Mapped[str | None] = mapped_column(String(200), nullable=True)  # the engine session holding it
-    lost_session: Mapped[str | None] = mapped_column(String(200), nullable=True)  # a session it was taken from
     epoch: Mapped[int] = mapped_column(Integer, default=0)
     lease_expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
@@ -119,6 +118,21 @@ class Charge(Base):
     tenant: Mapped[str | None] = mapped_column(String(200), nullable=True)
     tier: Mapped[str] = mapped_column(String(100))
     gpu_seconds: Mapped[float] = mapped_column(Float)
+
+
+class UnitClaim(Base):
+    """One claim of a work unit (its epoch), by an engine session: kept for good, so that the work a dead
+    session lost is charged to the units it claimed and did not finish, however often they change hands."""
+
+    __tablename__ = "unit_claims"
+
+    job_id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    unit_id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    epoch: Mapped[int] = mapped_column(Integer, primary_key=True)
+    session_id: Mapped[str] = mapped_column(String(200))
+    partition: Mapped[str] = mapped_column(String(64))
+    requests: Mapped[int] = mapped_column(Integer)
+    finished: Mapped[int] = mapped_column(Integer, default=0)  # 1 once its session finished the unit (done, deferred)
 
 
 class Reservation(Base):
@@ -189,13 +203,16 @@ class UnitQueue:
                 mine = self._owned(s, job_id, uid)
                 owned[uid] = mine
                 if mine:  # a unit that ran before (its failed keys are enqueued again) is pending again
+                    # A unit withdrawn and enqueued again goes on from its last claim's epoch: epochs never repeat.
+                    epoch = s.scalar(select(func.max(UnitClaim.epoch)).where(UnitClaim.job_id == job_id,
+                                                                             UnitClaim.unit_id == uid)) or 0
                     insert = self._insert(WorkUnit)
                     s.execute(insert.on_conflict_do_update(
                         index_elements=["job_id", "unit_id"],
                         set_={"status": "pending", "requests": len(mine), "finished_at": None, "lease_expires_at": None},
                         where=WorkUnit.status.in_(("done", "deferred"))),
                         [{"job_id": job_id, "unit_id": uid, "partition": partition, "tier": tier, "wave": wave,
-                          "requests": len(mine), "status": "pending", "epoch": 0, "created_at": t}])
+                          "requests": len(mine), "status": "pending", "epoch": epoch, "created_at": t}])
         return owned
 
     @staticmethod
@@ -222,7 +239,7 @@ class UnitQueue:
     # -- claim, renew, finish -------------------------------------------------------------------
     def claim(self, job_id: str, tier: str, worker: str, session_id: str, lease_seconds: float) -> WorkUnit | None:
         """Lease the oldest claimable unit of `tier`: pending, or leased with an expired lease (its
-        worker is gone: the unit remembers the session it was lost from)."""
+        worker is gone); the claim is kept in `unit_claims`."""
         t = self.state.db_now()
         claimable = ((WorkUnit.status == "pending")
                      | ((WorkUnit.status == "leased") & (WorkUnit.lease_expires_at < t)))
@@ -234,14 +251,15 @@ class UnitQueue:
             unit = s.scalars(pick).first()
             if unit is None:
                 return None
-            lost = unit.session_id if unit.status == "leased" else unit.lost_session
             result = s.execute(update(WorkUnit).where(
                 WorkUnit.job_id == job_id, WorkUnit.unit_id == unit.unit_id, WorkUnit.epoch == unit.epoch, claimable)
-                .values(status="leased", worker=worker, session_id=session_id, lost_session=lost,
+                .values(status="leased", worker=worker, session_id=session_id,
                         epoch=WorkUnit.epoch + 1, lease_expires_at=t + timedelta(seconds=lease_seconds))
                 .execution_options(synchronize_session=False))
             if result.rowcount != 1:
                 return None  # another worker's conditional UPDATE won (SQLite)
+            s.add(UnitClaim(job_id=job_id, unit_id=unit.unit_id, epoch=unit.epoch + 1, session_id=session_id,
+                            partition=unit.partition, requests=unit.requests))
             s.expire(unit)
             s.refresh(unit)
             s.expunge(unit)
@@ -282,9 +300,13 @@ class UnitQueue:
                 WorkUnit.job_id == job_id, WorkUnit.unit_id == unit.unit_id, WorkUnit.epoch == unit.epoch,
                 WorkUnit.status == "leased").values(status=status, finished_at=self.state.db_now(),
                                                     lease_expires_at=None))
+            if result.rowcount != 1:
+                return False
+            s.execute(update(UnitClaim).where(UnitClaim.job_id == job_id, UnitClaim.unit_id == unit.unit_id,
+                                              UnitClaim.epoch == unit.epoch).values(finished=1))
             s.execute(delete(Reservation).where(Reservation.job_id == job_id, Reservation.unit_id == unit.unit_id,
                                                 Reservation.epoch == unit.epoch))
-            return result.rowcount == 1
+            return True
 
     # -- the budget -----------------------------------------------------------------------------
     def spent(self, job_id: str, prices: dict[str, float], s=None) -> dict[str, float]:
@@ -418,6 +440,14 @@ class UnitQueue:
             with self.session() as s, s.begin():
                 s.execute(self._insert(Charge).on_conflict_do_nothing(index_elements=["job_id", "charge_id"]),
                           [{"job_id": job_id, **r} for r in rows])
+
+    def unfinished_claims(self, job_id: str, session_id: str) -> list[UnitClaim]:
+        """The claims `session_id` made and did not finish (its unit taken over, or still leased to it)."""
+        with self.session() as s:
+            rows = list(s.scalars(select(UnitClaim).where(UnitClaim.job_id == job_id, UnitClaim.session_id == session_id,
+                                                         UnitClaim.finished == 0)))
+            s.expunge_all()
+            return rows
 
     def charges(self, job_id: str, partition: str) -> list[dict]:
         with self.session() as s:

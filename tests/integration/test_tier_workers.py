@@ -4,16 +4,18 @@ nothing twice. Plus the work-unit queue on SQLite and PostgreSQL: leases, takeov
 
 import sqlite3
 import uuid
+from datetime import timedelta
 
 import pyarrow.compute as pc
 import pytest
+from sqlalchemy import update
 
 from pipeline import run_job
 from pipeline.dev.samples import write_sample_corpus
 from pipeline.generate.engine import EnginePool
 from pipeline.job import faults
 from pipeline.stores.catalog import StateStore
-from pipeline.stores.units import UnitQueue
+from pipeline.stores.units import EngineSession, UnitQueue, WorkUnit
 from tests.conftest import read_kind
 from tests.jobs import assert_exactly_once
 
@@ -82,7 +84,8 @@ def test_unit_queue_leases_and_takeover(tmp_path, postgres_url):
         # w1's lease runs out (it died): w3 takes the unit over and the unit remembers whose it was.
         q.renew(job, "s1", lease_seconds=-5)
         taken = q.claim(job, "small", "w3", "s3", lease_seconds=60)
-        assert taken.unit_id == a.unit_id and taken.lost_session == "s1"
+        assert taken.unit_id == a.unit_id
+        assert [c.unit_id for c in q.unfinished_claims(job, "s1")] == [a.unit_id]  # the claim s1 lost
         assert not q.finish(job, a), "the dead worker's late finish is fenced out"
         assert q.finish(job, taken)
         q.set_keys(job, {"k1": ("done", None, None), "k2": ("failed", "engine_error", "boom")})
@@ -99,6 +102,12 @@ def test_unit_queue_leases_and_takeover(tmp_path, postgres_url):
         q.enqueue(job, "p4", 0, {"large": ["k9"]})
         q.withdraw(job, "p3")
         assert q.enqueue(job, "p4", 0, {"large": ["k9"]}) == {"p4/0/large": ["k9"]}
+        # Deferred, withdrawn and enqueued again (a rerun under a higher cap): a new claim, never an old epoch.
+        deferred = q.claim(job, "large", "w5", "s5", lease_seconds=60)
+        assert q.finish(job, deferred, "deferred") and q.withdraw(job, "p4") == 1
+        q.enqueue(job, "p4", 0, {"large": ["k9"]})
+        again = q.claim(job, "large", "w6", "s6", lease_seconds=60)
+        assert again.unit_id == deferred.unit_id and again.epoch == deferred.epoch + 1
 
 
 class SlowFailingEngine:
@@ -156,3 +165,43 @@ def test_a_tier_without_max_num_seqs_fills_to_the_engines_default(make_config, t
     m = run_job(config, job_id="unset", pool=EnginePool(config.tiers, factory=SlowFailingEngine)).manifest
     assert m["status"] == "succeeded" and m["counts"]["outputs"] == 5
     assert batch_size(SlowFailingEngine(None), None) == 256 and batch_size(SlowFailingEngine(None), 8) == 8
+
+
+def test_work_lost_with_dead_sessions_is_charged_once_whatever_the_order_of_takeovers(make_config, tmp_path):
+    """Reproducer: a unit remembered only the last session it was taken from, and a dead session's lost work
+    was shared over the units taken from it *so far*: a partition committing before the dead session's
+    other unit was taken over was charged all of it, and the other partition, after a second takeover
+    of the first unit, all of it again."""
+    from pipeline.generate.engine_time import EngineTime
+
+    config = make_config(state__lease_seconds=30)
+    state = StateStore(config.state.url)
+    q, job = UnitQueue(state), "lost"
+    state.claim_staging(job, "fp", "in", "out")
+    q.enqueue(job, "p1", 0, {"small": ["k1"]})
+    q.enqueue(job, "p2", 0, {"small": ["k2"]})
+    q.open_session("s1", job, "small", "dead-host:1", 1, True, 0.0, 0.0)
+    assert {q.claim(job, "small", "dead-host:1", "s1", 30).unit_id for _ in range(2)} == {"p1/0/small", "p2/0/small"}
+    q.beat_session("s1", busy=10.0, idle=0.0, recorded=0.0)  # 10 busy seconds, nothing stored: then it died
+    times = EngineTime(config, job, state, q)
+
+    def lost_rows(partition):
+        shares = times.shares()
+        return {r["session_id"]: r["busy_gpu_seconds"] for r in times.charges(partition, shares) if r["kind"] == "lost"}
+
+    def take_over(unit_id, sid):
+        with state.session() as s, s.begin():  # this unit's lease has run out (the other's not yet)
+            s.execute(update(WorkUnit).where(WorkUnit.job_id == job, WorkUnit.unit_id == unit_id)
+                      .values(lease_expires_at=state.db_now() - timedelta(seconds=1)))
+        q.open_session(sid, job, "small", f"w-{sid}", 1, False, 0.0, 0.0)
+        assert q.claim(job, "small", f"w-{sid}", sid, 30).unit_id == unit_id
+
+    with state.session() as s, s.begin():  # s1's renewal is over a lease old: it is stale, its work lost
+        s.execute(update(EngineSession).where(EngineSession.session_id == "s1")
+                  .values(heartbeat_at=state.db_now() - timedelta(seconds=60)))
+    take_over("p1/0/small", "s2")
+    charged = {"p1": lost_rows("p1")}  # p1 commits now: p2's unit is still s1's
+    take_over("p2/0/small", "s3")
+    take_over("p1/0/small", "s4")  # a second takeover of p1's unit
+    charged["p2"] = lost_rows("p2")
+    assert charged == {"p1": {"s1": pytest.approx(5.0)}, "p2": {"s1": pytest.approx(5.0)}}

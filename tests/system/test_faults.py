@@ -63,7 +63,8 @@ def test_tier_worker_killed_mid_drain_rerun_takes_over_without_paying_twice(make
         m = run_job(config, job_id="killed").manifest  # its holder is provably gone: taken over at once
     assert m["status"] == "succeeded"
     assert f"its holder {socket.gethostname()}:{proc.pid} is gone" in caplog.text
-    assert scalar(db, "select count(*) from work_units where job_id='killed' and lost_session is not null") >= 1
+    assert scalar(db, "select count(*) from unit_claims c join work_units u using (job_id, unit_id) "
+                      "where c.job_id='killed' and c.finished = 0 and c.epoch < u.epoch") >= 1  # taken over
     # Finished long before the dead worker's leases would have ended (both on the database's clock).
     assert scalar(db, "select max(finished_at) from work_units where job_id='killed'") < lease_end
     outputs = assert_exactly_once(tmp_path / "output", "killed", {"ids": [d["id"] for d in docs], "bad_records": 0}, db)
