@@ -194,12 +194,17 @@ def estimate(config: Path = ConfigOption, input: Optional[str] = InputOption,
              format: str = typer.Option("table", "--format", help="table or json")) -> None:
     """Pre-flight estimate: records, duplicates, share per tier, tokens and dollars, before any GPU work."""
     from pipeline.generate.engine_api import EngineStartError
+    from pipeline.job.progress import Progress
     from pipeline.plan.estimate import budget_problems
     from pipeline.stores.storage import StorageError
 
     cfg = load(config, input__uri=input)
     try:
-        est = estimate_job(cfg)
+        progress = Progress(cfg.run.progress, cfg.run.log_every_seconds)
+        try:
+            est = estimate_job(cfg, report=progress.planning)
+        finally:
+            progress.finish()
     except (StorageError, EngineStartError) as e:
         fail(str(e))
     est["budget_problems"] = budget_problems(cfg, est["est_usd"], est["tenants"]) if cfg.budget.active else []

@@ -1,6 +1,7 @@
 """Progress of a running job: a live bar on a terminal, periodic plain log lines elsewhere (Airflow, cron).
 
-A log line says items done, reused, quarantined, dollars so far, seconds elapsed and items per second;
+While the job plans (before any item exists) a line says the planning step and how many of its inputs are
+done. Then a log line says items done, reused, quarantined, dollars so far, seconds elapsed and items per second;
 the engines' utilisation per tier is in the job summary `tokenmill run` prints at the end."""
 
 from __future__ import annotations
@@ -10,6 +11,9 @@ import sys
 import time
 
 log = logging.getLogger("tokenmill.progress")
+
+
+PLANNING_UNITS = {"keyed": "input files", "clustered": "shards", "staged": "partitions"}
 
 
 class Progress:
@@ -28,7 +32,9 @@ class Progress:
     def start(self, total: int) -> None:
         self.total = total
         self._started = time.monotonic()
-        if self.mode == "bar":
+        if self._bar is not None:  # planning's bar: the same bar goes on with the items
+            self._bar.update(self._task, completed=0, total=total, status="")
+        elif self.mode == "bar":
             from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
             from rich.progress import Progress as Bar
             self._bar = Bar(TextColumn("[bold]tokenmill"), BarColumn(), MofNCompleteColumn(),
@@ -36,6 +42,21 @@ class Progress:
             self._bar.start()
             self._task = self._bar.add_task("job", total=total, status="")
         self._show(force=True)
+
+    def planning(self, step: str, done: int, total: int) -> None:
+        """Planning's progress, before any item exists: `done` of `total` inputs of `step` (keyed: files;
+        clustered: shards; staged: partitions). A log line at most every `log_every_seconds`, and one at
+        each step's end; a terminal's bar shows the step."""
+        if self.mode == "bar":
+            if self._bar is None:
+                self.start(0)
+            self._bar.update(self._task, completed=done, total=total or None, status=f"planning: {step}")
+        elif self.mode == "log":
+            t = time.monotonic()
+            if done == total or t - self._last_log >= self.every:
+                self._last_log = t
+                log.info("planning: %s %d/%d %s; %.0f s elapsed", step, done, total, PLANNING_UNITS.get(step, ""),
+                         t - self._started)
 
     def advance(self, done: int = 0, reused: int = 0, quarantined: int = 0, usd: float = 0.0) -> None:
         self.done += done + quarantined
@@ -60,5 +81,5 @@ class Progress:
     def finish(self) -> None:
         if self._bar is not None:
             self._bar.stop()
-        elif self.mode == "log":
+        elif self.mode == "log" and self.total:  # (a progress that only planned, e.g. the estimate's, has no items)
             self._show(force=True)

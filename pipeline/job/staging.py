@@ -129,8 +129,8 @@ def stage_input(ctx: JobContext, epoch: int) -> None:
     its partitions."""
     started = time.perf_counter()
     with staging_step(ctx, epoch):
-        register_plan(ctx, epoch, plan_job(ctx.config, ctx.job_id, ctx.staging, cache=ctx.cache),
-                      time.perf_counter() - started)
+        planned = plan_job(ctx.config, ctx.job_id, ctx.staging, cache=ctx.cache, report=ctx.progress.planning)
+        register_plan(ctx, epoch, planned, time.perf_counter() - started)
 
 
 def register_plan(ctx: JobContext, epoch: int, planned: Plan, seconds: float) -> None:
@@ -159,7 +159,8 @@ def keyed_shards(ctx: JobContext) -> list[int]:
         files, _ = input_files(storage.resolve(c.input.uri, c.storage))
         workers = planning_workers(c, sum(size for _, _, size in files))
         with staging_step(ctx, epoch), planning_pool(workers) as pool:
-            return list(range(plan_keyed(c, ctx.job_id, ctx.staging, workers, pool).shards))
+            return list(range(plan_keyed(c, ctx.job_id, ctx.staging, workers, pool,
+                                               report=ctx.progress.planning).shards))
     return ensure_staged(ctx, keyed) or []
 
 
@@ -198,5 +199,5 @@ def staged_from_shards(ctx: JobContext) -> None:
             return  # another worker took it over first: ensure_staged waits for it
     started = time.perf_counter()
     with staging_step(ctx, epoch), planning_pool(planning_workers(ctx.config, 0)) as pool:  # in this process unless set
-        register_plan(ctx, epoch, plan_staged(ctx.config, ctx.job_id, ctx.staging, pool, planned),
+        register_plan(ctx, epoch, plan_staged(ctx.config, ctx.job_id, ctx.staging, pool, planned, ctx.progress.planning),
                       time.perf_counter() - started)

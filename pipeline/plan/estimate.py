@@ -137,12 +137,12 @@ def with_estimates(totals: dict[str, float], requests: pa.Table, tenant_of: dict
     return out
 
 
-def estimate_job(config: TokenmillConfig, pool=None, input_uri: str | None = None) -> dict:
+def estimate_job(config: TokenmillConfig, pool=None, input_uri: str | None = None, report=None) -> dict:
     """The pre-flight estimate, on the run's own path up to the GPU: the job's planning (read, validate,
     dedup, route; `plan_job`, into a scratch staging area) and each partition's first wave as `prepare`
     builds it (requests rendered and tokenised, documents too long for the context cut into chunks, a
     reduce per chunked document), priced with what earlier ledgers measured. `pool`: an EnginePool (its
-    tokenizers are used; no engine starts)."""
+    tokenizers are used; no engine starts); `report`: planning's progress (Progress.planning)."""
     from pipeline.generate.adapters import adapter_problems
     from pipeline.generate.levers import check_levers
     check_levers(config.tiers, also=adapter_problems(config))  # LeverError (an EngineStartError), before any work
@@ -150,12 +150,12 @@ def estimate_job(config: TokenmillConfig, pool=None, input_uri: str | None = Non
         from pipeline.generate.engine import EnginePool
         pool = EnginePool(config.tiers)
     rates = tier_rates(config, config.output.uri)
-    demand, counts = planned_demand(config, pool, rates, input_uri)
+    demand, counts = planned_demand(config, pool, rates, input_uri, report)
     return {**counts, **price_demand(demand, config, rates), "note": NOTE}
 
 
 def planned_demand(config: TokenmillConfig, pool, rates: dict[str, TierRate],
-                   input_uri: str | None = None) -> tuple[Demand, dict]:
+                   input_uri: str | None = None, report=None) -> tuple[Demand, dict]:
     """What the job would send to the engines, as a Demand, and the counts the estimate prints.
 
     Earlier jobs' cache is not searched (the planning runs with the cache off): what it holds is
@@ -175,7 +175,7 @@ def planned_demand(config: TokenmillConfig, pool, rates: dict[str, TierRate],
     counts = {"records": 0, "quarantined": 0, "duplicates": 0, "to_generate": 0, "requests": 0, "long_documents": 0}
     with tempfile.TemporaryDirectory(prefix="tokenmill-estimate-") as scratch:
         area = StagingArea(storage.resolve(scratch), "preflight")
-        plan = plan_job(config, "preflight", area)
+        plan = plan_job(config, "preflight", area, report=report)
         counts.update(records=plan.records, quarantined=plan.quarantined, skipped_files=plan.skipped)
         for partition in plan.partitions:
             records = area.read(partition, "records")

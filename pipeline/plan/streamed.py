@@ -31,6 +31,7 @@ import logging
 import os
 import time
 import uuid
+from collections.abc import Callable
 from concurrent.futures import Executor, ProcessPoolExecutor
 from concurrent.futures.process import BrokenProcessPool
 from contextlib import contextmanager
@@ -104,37 +105,50 @@ def planning_pool(workers: int):
         yield pool
 
 
-def _map(pool: Executor | None, fn, *iterables) -> list:
-    if pool is None:
-        return list(map(fn, *iterables))
+# What planning reports as it goes (Progress.planning): step, inputs done, inputs in all.
+Report = Callable[[str, int, int], None]
+
+
+def _map(pool: Executor | None, fn, *iterables, step: str = "", report: Report | None = None) -> list:
+    args = list(zip(*iterables))
+    if not args:
+        return []
+    out: list = []
     try:
-        return list(pool.map(fn, *iterables))
+        for result in (map if pool is None else pool.map)(fn, *zip(*args)):
+            out.append(result)
+            if report is not None:
+                report(step, len(out), len(args))
+        return out
     except BrokenProcessPool as e:
         raise JobError(f"a planning process died ({e}): out of memory (lower planning.workers), or a script "
                        "that starts a job at import time (the pool starts its processes by importing the "
                        "main module: put the call under `if __name__ == \"__main__\":`)") from None
 
 
-def plan_job(config: TokenmillConfig, job_id: str, staging, cache=None, workers: int | None = None) -> Plan:
+def plan_job(config: TokenmillConfig, job_id: str, staging, cache=None, workers: int | None = None,
+             report: Report | None = None) -> Plan:
     """Plan the job into `staging` (a StagingArea): each partition's `records` (STAGED_COLUMNS) and
     `quarantine`. `cache`: a ResilientStore whose near/semantic index is searched (None: each shard opens
     its own from `config.cache`, when it is enabled). The three steps, in this process and its pool;
-    an orchestrator may run them as tasks of their own (`plan_keyed`, `plan_shard` per shard, `plan_staged`)."""
+    an orchestrator may run them as tasks of their own (`plan_keyed`, `plan_shard` per shard, `plan_staged`).
+    `report`: told after each input of each step (Progress.planning)."""
     listed = input_files(storage.resolve(config.input.uri, config.storage))
     workers = workers or planning_workers(config, sum(size for _, _, size in listed[0]))
     with planning_pool(workers) as pool:
-        plan = plan_keyed(config, job_id, staging, workers, pool, listed)
+        plan = plan_keyed(config, job_id, staging, workers, pool, listed, report)
         started = time.perf_counter()
         n = plan.shards
-        _map(pool, plan_shard, [config] * n, [job_id] * n, [staging] * n, range(n), [cache if pool is None else None] * n)
+        _map(pool, plan_shard, [config] * n, [job_id] * n, [staging] * n, range(n), [cache if pool is None else None] * n,
+             step="clustered", report=report)
         clustered = time.perf_counter() - started
-        plan = plan_staged(config, job_id, staging, pool)
+        plan = plan_staged(config, job_id, staging, pool, report=report)
         plan.seconds["cluster"] = clustered
         return plan
 
 
 def plan_keyed(config: TokenmillConfig, job_id: str, staging, workers: int, pool: Executor | None = None,
-               listed: tuple[list, list[str]] | None = None) -> Plan:
+               listed: tuple[list, list[str]] | None = None, report: Report | None = None) -> Plan:
     """Step 1: key every input file, find ids repeated across files, cut the scopes into shards; the plan
     so far is saved in the staging area (`plan.json`) for the other steps."""
     plan = Plan()
@@ -142,7 +156,8 @@ def plan_keyed(config: TokenmillConfig, job_id: str, staging, workers: int, pool
     for note in plan.skipped:
         log.warning("input file %s", note)
     started = time.perf_counter()
-    keyed = _map(pool, key_file, [config] * len(files), [job_id] * len(files), [staging] * len(files), files)
+    keyed = _map(pool, key_file, [config] * len(files), [job_id] * len(files), [staging] * len(files), files,
+                 step="keyed", report=report)
     plan.seconds["keyed"] = time.perf_counter() - started
 
     started = time.perf_counter()
@@ -203,7 +218,7 @@ def clustered_plan(staging) -> Plan | None:
 
 
 def plan_staged(config: TokenmillConfig, job_id: str, staging, pool: Executor | None = None,
-                plan: Plan | None = None) -> Plan:
+                plan: Plan | None = None, report: Report | None = None) -> Plan:
     """Step 3, once every shard is clustered: each partition's staged records and quarantine rows.
     `plan`: what `clustered_plan` returned, when the caller has it already."""
     plan = plan or clustered_plan(staging)
@@ -213,7 +228,7 @@ def plan_staged(config: TokenmillConfig, job_id: str, staging, pool: Executor | 
     started = time.perf_counter()
     parts = list(plan.partitions)
     _map(pool, stage_partition, [config] * len(parts), [job_id] * len(parts), [staging] * len(parts), parts,
-         [plan.shards] * len(parts), [plan.duplicates.get(p, []) for p in parts])
+         [plan.shards] * len(parts), [plan.duplicates.get(p, []) for p in parts], step="staged", report=report)
     plan.seconds["staged"] = time.perf_counter() - started
     return plan
 

@@ -234,3 +234,28 @@ def test_a_shard_task_that_failed_once_is_retried_and_the_job_is_staged(config, 
     partitions = orchestrate.staged_partitions(config, "retried")
     assert partitions and state.job("retried").status == "staged"
     assert orchestrate.staged_partitions(config, "retried") == partitions  # and again: the same, at once
+
+
+def test_a_job_of_many_small_files_says_how_planning_goes(make_config, tmp_path, caplog):
+    """Reproducer (issue 31, item 13): planning printed nothing until its last file was keyed, so a job of
+    20,000 one-record files looked stuck. Now every planning step says how far it is, before any item exists."""
+    import re
+
+    from pipeline import run_job
+    from pipeline.job.progress import Progress
+
+    files = 30
+    folder = tmp_path / "input"
+    folder.mkdir()
+    for i in range(files):
+        (folder / f"doc-{i:03d}.jsonl").write_text(json.dumps({"id": f"d{i}", "text": f"Document {i} about topic {i}."}) + "\n")
+    progress = Progress("log", log_every_seconds=0)  # every step's every input: a line
+    with caplog.at_level("INFO", logger="tokenmill.progress"):
+        run_job(make_config(folder), job_id="many", progress=progress)
+    planning = [r.getMessage() for r in caplog.records if r.getMessage().startswith("planning: ")]
+    keyed = [int(m.group(1)) for line in planning if (m := re.match(r"planning: keyed (\d+)/30 input files; ", line))]
+    assert keyed == list(range(1, files + 1))
+    assert any(re.match(r"planning: clustered (\d+)/\1 shards; \d+ s elapsed", line) for line in planning)
+    assert any(re.match(rf"planning: staged {files}/{files} partitions; \d+ s elapsed", line) for line in planning)
+    first_item_line = next(i for i, r in enumerate(caplog.records) if r.getMessage().startswith("progress: "))
+    assert all(caplog.records.index(r) < first_item_line for r in caplog.records if r.getMessage().startswith("planning: "))
