@@ -41,6 +41,7 @@ ITEM = pa.schema([
     ("partition", pa.string()),
     ("tier", pa.string()),
     ("model", pa.string()),
+    ("adapter_digest", pa.string()),  # content digest of the LoRA adapter it was made with (keys.adapter_digest)
     ("summary", pa.string()),
     ("prompt_tokens", pa.int64()),
     ("cached_prompt_tokens", pa.int64()),
@@ -60,7 +61,7 @@ ITEM = pa.schema([
     ("session_id", pa.string()),     # the engine session that generated it (its start-up and idle share)
 ])
 # What the cache keeps of a generated item (plus the job that paid and what it cost).
-CACHED_FIELDS = ("id", *GENERATION_FIELDS, "baseline_gpu_seconds", "chunks", "unfaithful_terms")
+CACHED_FIELDS = ("id", *GENERATION_FIELDS, "adapter_digest", "baseline_gpu_seconds", "chunks", "unfaithful_terms")
 
 OUTPUTS = pa.schema([
     ("id", pa.string()),
@@ -88,6 +89,7 @@ LEDGER = pa.schema([
     ("tier", pa.string()),
     ("model", pa.string()),
     ("adapter", pa.string()),       # the tenant's LoRA adapter folder the output was made with (null: the base model)
+    ("adapter_digest", pa.string()),  # that adapter's content digest when the output was made: which training
     ("route_reason", pa.string()),  # why this tier: rule:<name> | router:<p> | default
     ("escalated", pa.bool_()),      # regenerated on the escalation tier after a low-confidence first attempt
     ("escalation_reason", pa.string()),  # why the first attempt was not kept: low_logprob | truncated | empty | unfaithful

@@ -32,6 +32,7 @@ from pipeline.generate.levers import counter_delta, read_counters
 from pipeline.generate.pricing import baseline_gpu_seconds, token_weight
 from pipeline.generate.quality import unfaithful_terms
 from pipeline.generate.reuse import cache_value
+from pipeline.keys import adapter_digest
 from pipeline.stores.catalog import now
 from pipeline.stores.units import UnitQueue, WorkUnit
 
@@ -269,7 +270,7 @@ class TierWorker:
         """Price and store the requests that finished in one step; finish the units they complete."""
         if not finished:
             return
-        items, failed, by_scope, created = {}, {}, {}, now()
+        items, failed, by_scope, digests, created = {}, {}, {}, {}, now()
         done = [(p, self.flight.pop(p.request_id)) for p in finished if p.request_id in self.flight]
         ok = [(p, f) for p, f in done if p.completion is not None]
         gpu = np.array([f.seconds * gpus for _, f in ok])
@@ -282,7 +283,10 @@ class TierWorker:
         for (p, f), g, b in zip(ok, gpu, base):
             unit, c = f.row["unit"], p.completion
             key = unit["item_key"]
-            items[key] = {"tier": self.tier, "model": model, "summary": c.text, "prompt_tokens": c.prompt_tokens,
+            if unit["tenant"] not in digests:  # read once per step: the adapter the engine serves now
+                digests[unit["tenant"]] = adapter_digest(self.config.adapter(unit["tenant"], self.tier))
+            items[key] = {"tier": self.tier, "model": model, "adapter_digest": digests[unit["tenant"]],
+                          "summary": c.text, "prompt_tokens": c.prompt_tokens,
                           "cached_prompt_tokens": c.cached_prompt_tokens, "output_tokens": c.output_tokens,
                           "finish_reason": c.finish_reason, "mean_logprob": c.mean_logprob,
                           "id": record_id(unit), "tenant": unit["tenant"], "partition": f.unit.partition,

@@ -21,6 +21,7 @@ import pyarrow.compute as pc
 
 from pipeline.config import TokenmillConfig
 from pipeline.ingest.validate import quarantine_rows
+from pipeline.keys import adapter_digest
 from pipeline.schema import LEDGER, OUTPUTS
 from pipeline.stores import storage
 
@@ -95,7 +96,7 @@ def assemble_results(records: pa.Table, items: dict[str, dict], failed: dict[str
         values = {
             "partition": row["partition"], "id": row["id"], "tenant": row["tenant"], "summary": item["summary"],
             "tier": item["tier"], "model": item["model"], "adapter": config.adapter(row["tenant"], item["tier"]),
-            "source": source, "source_id": source_id, "similarity": similarity,
+            "adapter_digest": item.get("adapter_digest"), "source": source, "source_id": source_id, "similarity": similarity,
             "prompt_tokens": sum(p["prompt_tokens"] for p in fresh) if generated else 0,
             "cached_prompt_tokens": sum(p["cached_prompt_tokens"] for p in fresh) if generated else 0,
             "output_tokens": sum(p["output_tokens"] for p in fresh) if generated else 0,
@@ -133,6 +134,7 @@ def charge_rows(charges: list[dict], config: TokenmillConfig, job_id: str, creat
         rows.append({"job_id": job_id, "partition": ch["partition"], "id": ch.get("id"), "tenant": ch.get("tenant"),
                      "tier": ch["tier"], "model": tier.generator if tier else None, "kind": ch["kind"],
                      "adapter": config.adapter(ch.get("tenant"), ch["tier"]),
+                     "adapter_digest": adapter_digest(config.adapter(ch.get("tenant"), ch["tier"])),
                      "escalated": False, "attempts": 1 if ch["kind"] == "failed_attempt" else 0, "chunks": 0,
                      "prompt_tokens": 0, "cached_prompt_tokens": 0, "output_tokens": 0,
                      "gpu_seconds": gpu, "busy_gpu_seconds": ch["busy_gpu_seconds"],

@@ -96,6 +96,7 @@ class Item(Base):
     partition: Mapped[str] = mapped_column(String(64))
     tier: Mapped[str] = mapped_column(String(100))
     model: Mapped[str] = mapped_column(Text)
+    adapter_digest: Mapped[str | None] = mapped_column(String(64), nullable=True)  # the LoRA adapter it was made with
     summary: Mapped[str] = mapped_column(Text)
     prompt_tokens: Mapped[int] = mapped_column(Integer)
     cached_prompt_tokens: Mapped[int] = mapped_column(Integer)

@@ -109,8 +109,10 @@ def test_config_places_each_tenants_adapter_on_its_tier(make_config, demo_adapte
 
 def test_each_tenant_is_served_its_own_adapter_and_never_anothers_output(make_config, demo_adapters, tmp_path):
     """Three tenants share a dedup scope and send the same documents: with adapters for two of them, each
-    tenant pays for its own outputs (none reused across adapters), the ledger names the adapter, and a
-    rerun pays nothing."""
+    tenant pays for its own outputs (none reused across adapters), the ledger names the adapter and the
+    digest of the weights that made each output (also when reused from the cache), and a rerun pays nothing."""
+    from pipeline.keys import adapter_digest
+
     (tmp_path / "input").mkdir()
     texts = ["The quarterly report shows revenue grew in the north region and costs fell.",
              "Minutes of the board meeting: the safety review passed and hiring resumes in May."]
@@ -121,14 +123,17 @@ def test_each_tenant_is_served_its_own_adapter_and_never_anothers_output(make_co
     assert m["status"] == "succeeded"
     ledger = {r["id"]: r for r in read_kind(tmp_path / "output", "ledger", "tenants").to_pylist() if r["id"]}
     assert all(ledger[r["id"]]["source"] == "generated" for r in rows), "an output crossed adapters"
+    digests = {t: adapter_digest(demo_adapters[t]) for t in ("acme", "globex")}
     for r in rows:
         assert ledger[r["id"]]["adapter"] == {"acme": demo_adapters["acme"], "globex": demo_adapters["globex"]}.get(r["tenant"])
+        assert ledger[r["id"]]["adapter_digest"] == digests.get(r["tenant"])
     outputs = {r["id"]: r["summary"] for r in read_kind(tmp_path / "output", "outputs", "tenants").to_pylist()}
     assert any(outputs[f"acme-{i}"] != outputs[f"initech-{i}"] for i in range(len(texts)))  # the adapter ran
     again = run_job(config, job_id="tenants-again").manifest
     assert again["status"] == "succeeded"
     reused = read_kind(tmp_path / "output", "ledger", "tenants-again").to_pylist()
     assert sum(r["cost_usd"] for r in reused if r["kind"] == "output") == 0  # every tenant's own output, reused
+    assert {r["id"]: r["adapter_digest"] for r in reused if r["id"]} == {r["id"]: digests.get(r["tenant"]) for r in rows}
 
 
 def test_an_adapter_that_cannot_be_served_stops_the_job_before_any_work(make_config, tiny_models, tmp_path):
