@@ -41,5 +41,8 @@ def test_invalid_outputs_are_retried_first_then_valid_ones_escalate(make_config)
     out = final_output("k", {"k": unsure, esc: large_bad}, config)
     assert out.item is unsure and not out.escalated and len(out.paid) == 2, "an invalid escalation keeps the valid first output"
     assert out.attempts == 2, "and is still a paid attempt"
+    cached = {**large_bad, "summary": '{"summary":"from the cache"}', "origin": "cache"}
+    out = final_output("k", {"k": unsure, esc: cached}, config)
+    assert out.escalated and len(out.paid) == 2 and out.attempts == 1, "an escalation the cache served is not paid here"
 
 
