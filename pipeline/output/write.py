@@ -88,9 +88,9 @@ def assemble_results(records: pa.Table, items: dict[str, dict], failed: dict[str
         busy = sum(p["gpu_seconds"] for p in fresh) if generated else 0.0
         overhead = sum(p["gpu_seconds"] * overhead_ratio(p) for p in fresh) if generated else 0.0
         cost = sum(usd(p) for p in fresh) if generated else 0.0
-        price = config.tiers[item["tier"]].price_per_gpu_hour if item["tier"] in config.tiers else 0.0
-        if busy > 0 and len({p["tier"] for p in fresh}) > 1:
-            price = cost * 3600.0 / (busy + overhead)  # attempts on two tiers: the blended price keeps cost = gpu × price
+        tiers = {p["tier"] for p in fresh} or {item["tier"]}  # paid for here (an escalation may be the cache's)
+        price = (cost * 3600.0 / (busy + overhead) if len(tiers) > 1 and busy > 0  # two tiers: blended, cost = gpu × price
+                 else config.tiers[tiers.pop()].price_per_gpu_hour if tiers <= config.tiers.keys() else 0.0)
         baseline = (item["baseline_gpu_seconds"] if outcome.escalated else sum(p["baseline_gpu_seconds"] for p in paid)) \
             * (1 + overhead_ratio(first))
         values = {

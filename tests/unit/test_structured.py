@@ -46,3 +46,30 @@ def test_invalid_outputs_are_retried_first_then_valid_ones_escalate(make_config)
     assert out.escalated and len(out.paid) == 2 and out.attempts == 1, "an escalation the cache served is not paid here"
 
 
+
+
+def test_a_record_whose_escalation_the_cache_served_pays_its_first_attempt_at_its_price(make_config):
+    """Reproducer: the ledger row of a record generated here on the small tier whose escalation came from the
+    reuse cache priced the small tier's GPU-seconds at the large tier's price (cost ≠ GPU-seconds × price)."""
+    from datetime import datetime, timezone
+
+    import pyarrow as pa
+
+    from pipeline.output.write import assemble_results
+
+    config = make_config(routing=True, route__escalation__min_mean_logprob=-3.0)
+    now = datetime.now(timezone.utc)
+    first = {"id": "r1", "tenant": "t", "tier": "small", "model": "m", "summary": "unsure", "mean_logprob": -5.0,
+             "finish_reason": "stop", "prompt_tokens": 10, "cached_prompt_tokens": 0, "output_tokens": 5,
+             "gpu_seconds": 2.0, "baseline_gpu_seconds": 4.0, "created_at": now}
+    cached = {**first, "tier": "large", "summary": "sure", "mean_logprob": -1.0, "gpu_seconds": 0.0,
+              "origin": "cache", "source_job": "earlier", "source_id": "r0", "saved_usd": 0.5}
+    records = pa.table({"id": ["r1"], "tenant": ["t"], "partition": ["p"], "reuse": pa.nulls(1, pa.string()),
+                        "similarity": pa.nulls(1, pa.float64()), "shadow": [False], "route_reason": ["default"],
+                        "item_key": ["k"], "gen_key": ["k"], "text": ["a document"], "scope": ["t=t"], "tier": ["small"], "file": ["f.jsonl"],
+                        "line": [1]})
+    outputs, ledger, _ = assemble_results(records, {"k": first, escalation_key("k", "large"): cached}, {}, config, "j", now)
+    (row,) = ledger.to_pylist()
+    assert outputs["summary"].to_pylist() == ["sure"] and row["escalated"] and row["attempts"] == 1
+    small = config.tiers["small"].price_per_gpu_hour
+    assert row["price_per_gpu_hour"] == small and row["cost_usd"] == pytest.approx(2.0 * small / 3600)
