@@ -5,16 +5,19 @@
                whatever tier; when one derives nothing, the partition is generated
   fail[p]:     its units withdrawn, the other partitions go on
 
-A partition's wave state lives in the staging area, its wave number and generation status
-(generating | generated | failed) in its catalog row. Deriving a wave is idempotent (deterministic
-unit ids, ON CONFLICT inserts, a compare-and-set on the wave), so two workers racing to derive the
-same wave enqueue it once.
+A partition's wave state lives in the staging area, its wave number, the token of the derivation
+that stands and its generation status (generating | generated | failed) in its catalog row. Workers
+racing to derive the same wave may derive different ones (one found a follow-up in the reuse cache,
+the other did not): each writes its files under a token of its own, one compare-and-set in the
+catalog takes one token with the wave, and only its taker enqueues the wave's keys.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import secrets
+from collections.abc import Callable
 
 import pyarrow as pa
 from sqlalchemy import update
@@ -35,46 +38,64 @@ log = logging.getLogger(__name__)
 
 class PartitionWaves:
     def __init__(self, config: TokenmillConfig, job_id: str, state: StateStore, queue: UnitQueue,
-                 staging: StagingArea, lookup: ItemLookup, pool: EnginePool):
+                 staging: StagingArea, lookup: ItemLookup, pool: EnginePool,
+                 written: Callable[[str], None] = lambda partition: None):
         self.config, self.job_id, self.state, self.queue = config, job_id, state, queue
         self.staging, self.lookup, self.pool = staging, lookup, pool
+        self.written = written  # called with a derived wave's files written, before the catalog takes it
 
     def planner(self, partition: str) -> WavePlanner:
         return WavePlanner(self.config, self.pool, self.lookup, partition)
 
     def start(self, partition: str, units: pa.Table, requests: pa.Table, too_long: pa.Table) -> int:
-        """Wave 0 of a partition (preparing it again starts over: units no worker holds are withdrawn).
-        Returns how many requests it enqueued (keys other partitions already enqueued are theirs)."""
+        """Wave 0 of a partition (preparing it again starts over: units no worker holds are withdrawn, and
+        of two prepares at once the later one's wave stands). Returns how many requests it enqueued (keys
+        other partitions already enqueued are theirs)."""
         self.queue.withdraw(self.job_id, partition)
         state, rows = self.planner(partition).first(units, requests, too_long)
-        self.set_generation(partition, 0, "generating")
-        enqueued = self.enqueue(partition, state, rows)
+        token = self.write(partition, state, rows)
+        self.set_generation(partition, 0, "generating", token)
+        enqueued = self.enqueue(partition, state.wave, rows)
         self.advance(partition)  # nothing to wait for (all paid, all too long): generated at once
         return enqueued
 
-    def enqueue(self, partition: str, state: WaveState, rows: list[dict]) -> int:
-        by_tier: dict[str, list[dict]] = {}
-        for r in rows:
-            by_tier.setdefault(r["tier"], []).append(r)
-        for tier, tier_rows in by_tier.items():
-            self.staging.write_wave(partition, state.wave, tier, pa.table({
+    def write(self, partition: str, state: WaveState, rows: list[dict]) -> str:
+        """Write a derived wave's files (its requests per tier, its state) under a new token: nothing reads
+        them until the catalog takes the token."""
+        token = secrets.token_hex(8)
+        for tier, tier_rows in by_tier(rows).items():
+            self.staging.write_wave(partition, state.wave, token, tier, pa.table({
                 "item_key": [r["unit"]["item_key"] for r in tier_rows],
                 "prompt_token_ids": pa.array([r["prompt_token_ids"] for r in tier_rows], pa.list_(pa.int32())),
                 "max_tokens": pa.array([r["max_tokens"] for r in tier_rows], pa.int64()),
                 "unit": [json.dumps(r["unit"], sort_keys=True) for r in tier_rows]}))
-        self.staging.write_wave_state(partition, state.wave, state.dumps())
-        owned = self.queue.enqueue(self.job_id, partition, state.wave,
-                                   {t: [r["unit"]["item_key"] for r in rs] for t, rs in by_tier.items()})
+        self.staging.write_wave_state(partition, state.wave, token, state.dumps())
+        self.written(partition)
+        return token
+
+    def enqueue(self, partition: str, wave: int, rows: list[dict]) -> int:
+        owned = self.queue.enqueue(self.job_id, partition, wave,
+                                   {t: [r["unit"]["item_key"] for r in rs] for t, rs in by_tier(rows).items()})
         return sum(len(keys) for keys in owned.values())
 
-    def state_of(self, partition: str, wave: int) -> WaveState:
-        return WaveState.loads(self.staging.wave_state(partition, wave))
+    def state_of(self, p: Partition) -> WaveState:
+        """The partition's wave state: its current wave's, as the derivation the catalog took wrote it."""
+        return WaveState.loads(self.staging.wave_state(p.partition, p.wave, p.wave_token))
 
     def requests(self, unit: WorkUnit) -> list[dict]:
-        """A unit's requests still owned and pending (a unit taken over from a dead worker: what it left)."""
-        table = self.staging.wave(unit.partition, unit.wave, unit.tier)
+        """A unit's requests still owned and pending (a unit taken over from a dead worker: what it left).
+        Keys it owns that its partition's current wave does not wait for (enqueued by a prepare that a later
+        prepare of the partition superseded) are released, failed as `superseded`, for whoever needs them."""
+        p = self.state.partition(self.job_id, unit.partition)
         owned = self.queue.owned_keys(self.job_id, unit.unit_id)
-        return [{**r, "unit": json.loads(r["unit"])} for r in table.to_pylist() if r["item_key"] in owned]
+        waiting = set(self.state_of(p).waiting) if p is not None and p.wave == unit.wave else set()
+        stray = owned - waiting
+        if stray:
+            self.queue.set_keys(self.job_id, dict.fromkeys(stray, ("failed", "superseded", "not in its partition's wave")))
+        if not owned & waiting:
+            return []
+        table = self.staging.wave(unit.partition, unit.wave, p.wave_token, unit.tier)
+        return [{**r, "unit": json.loads(r["unit"])} for r in table.to_pylist() if r["item_key"] in owned & waiting]
 
     def advance(self, partition: str) -> None:
         """Derive and enqueue the partition's next waves while the current one is in; mark it generated
@@ -83,11 +104,11 @@ class PartitionWaves:
             p = self.state.partition(self.job_id, partition)
             if p is None or p.generation != "generating":
                 return
-            state = self.state_of(partition, p.wave)
+            state = self.state_of(p)
             keys = self.queue.key_states(self.job_id, state.waiting)
             missing = [k for k in state.waiting if k not in keys]
             if missing:  # the partition that owned them was prepared again or failed: this one enqueues them
-                self.enqueue_again(partition, state.wave, set(missing))
+                self.enqueue_again(p, set(missing))
                 return
             if any(keys[k].state not in ("done", "failed") for k in state.waiting):
                 return  # still generating (here, or in the partition that enqueued the key first)
@@ -95,13 +116,13 @@ class PartitionWaves:
             items = self.lookup.stored(partition_keys(records, state))
             failures = {k: (v.reason, v.detail) for k, v in keys.items() if v.state == "failed" and k not in items}
             rows = self.planner(partition).next(state, records, items, failures)
+            token = self.write(partition, state, rows or [])
+            if not self.set_generation(partition, state.wave, "generating" if rows else "generated", token,
+                                       expect=(p.wave, p.wave_token)):
+                return  # another worker's derivation of this wave was taken first: its files are the wave
             if rows is None:
-                self.staging.write_wave_state(partition, state.wave, state.dumps())
-                self.set_generation(partition, p.wave, "generated", expect=(p.wave, "generating"))
                 return
-            self.enqueue(partition, state, rows)
-            if not self.set_generation(partition, state.wave, "generating", expect=(p.wave, "generating")):
-                return  # another worker derived this wave first (the same wave: its units are the same)
+            self.enqueue(partition, state.wave, rows)
 
     def still_generating(self, partition: str) -> bool:
         """True while the partition's generation can still move: after deriving what it can, it is generating
@@ -111,24 +132,30 @@ class PartitionWaves:
         depth = self.queue.depth(self.job_id)
         return p.generation == "generating" and any(d.get(s) for d in depth.values() for s in UNFINISHED)
 
-    def enqueue_again(self, partition: str, wave: int, keys: set[str]) -> None:
+    def enqueue_again(self, p: Partition, keys: set[str]) -> None:
         """Enqueue keys this partition's wave waits for that no unit owns any more (its staged requests hold
         every key it asked for, owned or not)."""
         for tier in self.config.tiers:
             try:
-                staged = self.staging.wave(partition, wave, tier)
+                staged = self.staging.wave(p.partition, p.wave, p.wave_token, tier)
             except storage.StorageError:
                 continue
             mine = [k for k in staged["item_key"].to_pylist() if k in keys]
             if mine:
-                self.queue.enqueue(self.job_id, partition, wave, {tier: mine})
+                self.queue.enqueue(self.job_id, p.partition, p.wave, {tier: mine})
 
-    def set_generation(self, partition: str, wave: int, status: str, expect: tuple[int, str] | None = None) -> bool:
+    def set_generation(self, partition: str, wave: int, status: str, token: str | None = None,
+                       expect: tuple[int, str | None] | None = None) -> bool:
+        """Set the partition's wave, its generation status and (given) the token of the derivation that
+        stands; with `expect`, only while it is still generating (wave, token) (a compare-and-set)."""
         where = [Partition.job_id == self.job_id, Partition.partition == partition]
         if expect is not None:
-            where += [Partition.wave == expect[0], Partition.generation == expect[1]]
+            wave_was, token_was = expect
+            where += [Partition.wave == wave_was, Partition.generation == "generating",
+                      Partition.wave_token == token_was if token_was is not None else Partition.wave_token.is_(None)]
+        values = {"wave": wave, "generation": status} | ({"wave_token": token} if token is not None else {})
         with self.state.session() as s, s.begin():
-            return s.execute(update(Partition).where(*where).values(wave=wave, generation=status)).rowcount == 1
+            return s.execute(update(Partition).where(*where).values(**values)).rowcount == 1
 
     def fail(self, partition: str, error: str) -> None:
         """A partition whose generation could not go on: its units are withdrawn, the others go on."""
@@ -154,3 +181,10 @@ class PartitionWaves:
         except Exception as e:  # this partition's generation cannot go on; the others can
             log.error("partition %s: generation failed: %s", partition, e)
             self.fail(partition, f"generation: {type(e).__name__}: {e}")
+
+
+def by_tier(rows: list[dict]) -> dict[str, list[dict]]:
+    out: dict[str, list[dict]] = {}
+    for r in rows:
+        out.setdefault(r["tier"], []).append(r)
+    return out

@@ -113,7 +113,7 @@ class PartitionCommit:
         ctx.engine_time.wait_for_engines(lambda: not beat.lost)
         records = ctx.staging.records(partition)
         quarantine = ctx.staging.quarantine(partition)
-        state = ctx.waves.state_of(partition, p.wave)
+        state = ctx.waves.state_of(p)
         items = ctx.lookup.stored(partition_keys(records, state))
         failed = {k: tuple(v) for k, v in state.failed.items()}
         self.commit(beat, records, quarantine, items, failed, state.shareable, started)

@@ -24,6 +24,7 @@ from pipeline.generate.engine_time import EngineTime
 from pipeline.generate.levers import config_lever_problems
 from pipeline.generate.lookup import ItemLookup
 from pipeline.generate.partition_waves import PartitionWaves
+from pipeline.job import faults
 from pipeline.job.budget import BudgetGuard
 from pipeline.job.progress import Progress
 from pipeline.keys import isolation_fingerprint
@@ -89,7 +90,8 @@ class JobContext:
 
     @functools.cached_property
     def waves(self) -> PartitionWaves:
-        return PartitionWaves(self.config, self.job_id, self.state, self.queue, self.staging, self.lookup, self.pool)
+        return PartitionWaves(self.config, self.job_id, self.state, self.queue, self.staging, self.lookup, self.pool,
+                              lambda partition: faults.checkpoint("wave_written", self.job_id, partition))
 
     @functools.cached_property
     def engine_time(self) -> EngineTime:

@@ -10,6 +10,8 @@
 Points, in the order a job meets them (`partition` is "" at the job's own points):
   before_register   planning is done and staged; its partitions are not registered, the job is `staging`
   before_generate   the staged records are read; no lookup, engine call or write has happened
+  wave_written      a partition's wave (its first, or the next) is derived and its files written; the
+                    catalog has not taken it, and its keys are not enqueued
   before_commit     outputs, ledger and quarantine are assembled; nothing is written yet
   before_publish    committed in the catalog; the commit record readers honour is not written yet
 An injector that raises fails the partition at that point, exactly as a real fault would there.
@@ -22,7 +24,7 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 
 Injector = Callable[[str, str, str], None]  # (point, job_id, partition)
-POINTS = ("before_register", "before_generate", "before_commit", "before_publish")
+POINTS = ("before_register", "before_generate", "wave_written", "before_commit", "before_publish")
 _injectors: list[Injector] = []
 
 

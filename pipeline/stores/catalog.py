@@ -81,6 +81,7 @@ class Partition(Base):
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     counts: Mapped[str | None] = mapped_column(Text, nullable=True)  # JSON
     wave: Mapped[int] = mapped_column(Integer, default=0)  # its work units' wave (pipeline/generate/partition_waves.py)
+    wave_token: Mapped[str | None] = mapped_column(String(32), nullable=True)  # whose derivation of it stands
     generation: Mapped[str | None] = mapped_column(String(16), nullable=True)  # generating | generated | failed
 
 

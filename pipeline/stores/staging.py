@@ -4,8 +4,12 @@
   _staging/job=<job>/partition=<p>/records.parquet       the partition's staged records (plan's output)
                                    quarantine.parquet    the rows planning quarantined
                                    keyed, sketch, split, reuse-<shard>, quarantine-read   planning's scratch
-                                   wave-<n>-<tier>.parquet  wave n's engine requests for one tier
-                                   wave-state-<n>.parquet   the partition's wave state after wave n
+                                   wave-<n>-<token>-<tier>.parquet  wave n's engine requests for one tier
+                                   wave-state-<n>-<token>.parquet   the partition's wave state after wave n
+
+A wave's files are named by the token of the derivation that wrote them: workers racing to derive the
+same wave each write their own, and the one whose token the catalog took (Partition.wave_token) is the
+wave; the others' are never read. (No token: files of a job staged before tokens, read by their old names.)
 
 Every file is written atomically (a reader sees the old file or the new one, never half of one).
 """
@@ -48,15 +52,19 @@ class StagingArea:
         return self.read(partition, "quarantine")
 
     # -- the generation's waves ------------------------------------------------------------------------
-    def write_wave(self, partition: str, wave: int, tier: str, requests: pa.Table) -> None:
-        self.write(partition, f"wave-{wave}-{tier}", requests)
+    @staticmethod
+    def _wave(name: str, wave: int, token: str | None) -> str:
+        return f"{name}-{wave}-{token}" if token else f"{name}-{wave}"
 
-    def wave(self, partition: str, wave: int, tier: str) -> pa.Table:
+    def write_wave(self, partition: str, wave: int, token: str, tier: str, requests: pa.Table) -> None:
+        self.write(partition, f"{self._wave('wave', wave, token)}-{tier}", requests)
+
+    def wave(self, partition: str, wave: int, token: str | None, tier: str) -> pa.Table:
         """Wave `wave`'s requests of `tier` (StorageError when the wave sent none to that tier)."""
-        return self.read(partition, f"wave-{wave}-{tier}")
+        return self.read(partition, f"{self._wave('wave', wave, token)}-{tier}")
 
-    def write_wave_state(self, partition: str, wave: int, state: str) -> None:
-        self.write(partition, f"wave-state-{wave}", pa.table({"state": [state]}))
+    def write_wave_state(self, partition: str, wave: int, token: str, state: str) -> None:
+        self.write(partition, self._wave("wave-state", wave, token), pa.table({"state": [state]}))
 
-    def wave_state(self, partition: str, wave: int) -> str:
-        return self.read(partition, f"wave-state-{wave}")["state"][0].as_py()
+    def wave_state(self, partition: str, wave: int, token: str | None) -> str:
+        return self.read(partition, self._wave("wave-state", wave, token))["state"][0].as_py()

@@ -205,3 +205,38 @@ def test_work_lost_with_dead_sessions_is_charged_once_whatever_the_order_of_take
     take_over("p1/0/small", "s4")  # a second takeover of p1's unit
     charged["p2"] = lost_rows("p2")
     assert charged == {"p1": {"s1": pytest.approx(5.0)}, "p2": {"s1": pytest.approx(5.0)}}
+
+
+def test_workers_deriving_one_wave_at_once_enqueue_only_the_wave_that_stands(make_config, sample_corpus, tmp_path):
+    """Reproducer (issue 31): two workers derive a partition's next wave at once, one before the reuse cache
+    has its escalations (so they are to run), the other after (cache hits, stored: nothing to run). Both
+    wrote the same file names and both enqueued their keys, so the large tier ran escalations the job already
+    had: paid for nothing. Now each derivation writes files of its own, the catalog takes one, and only its
+    taker enqueues."""
+    from pipeline.job.context import JobContext
+
+    config = make_config(routing=True, route__escalation__min_mean_logprob=0.0, route__rules=[], dedup__near=False)
+    written: dict[str, int] = {}
+    raced: list[str] = []
+
+    def race(point, job_id, partition):
+        if point != "wave_written" or job_id != "race":
+            return
+        written[partition] = written.get(partition, 0) + 1
+        generated = UnitQueue(StateStore(config.state.url)).units("race", partition)  # (not the all-bad partition)
+        if written[partition] == 2 and generated and not raced:  # wave 1 derived (escalations to run), not yet taken
+            raced.append(partition)
+            run_job(config, job_id="warm")  # another job caches every escalation meanwhile
+            JobContext.open(config, "race").waves.advance(partition)  # a second worker derives the wave: cache hits
+
+    with faults.inject(race):
+        m = run_job(config, job_id="race").manifest
+    assert m["status"] == "succeeded" and raced
+    with sqlite3.connect(tmp_path / "state.db") as c:
+        followups = c.execute("select count(*) from work_units where job_id='race' and partition=? and wave > 0",
+                              raced).fetchone()[0]
+        origins = {o for (o,) in c.execute("select origin from items where job_id='race' and partition=? and tier='large'",
+                                           raced)}
+    assert followups == 0, "the losing derivation's escalations were enqueued"
+    assert origins == {"cache"}  # the partition's escalations are the cache's, none paid again
+    assert_exactly_once(tmp_path / "output", "race", sample_corpus[1], tmp_path / "state.db")
