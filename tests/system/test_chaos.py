@@ -18,6 +18,7 @@ import sys
 import duckdb
 
 from pipeline.dev.samples import write_sample_corpus
+from pipeline.job import faults
 from pipeline.stores import storage
 from tests.conftest import REPO, TINY_CONFIG, read_kind
 from tests.jobs import assert_exactly_once, cli_env, start_cli
@@ -48,7 +49,7 @@ def test_random_kills_and_reruns_keep_every_promise(tiny_models, tmp_path):
     # the rest. The fake engine's step time keeps the drain long enough for random kills to land in it too.
     env = cli_env(tiny_models, tmp_path, run__progress="off", input__records_per_partition=12,
                   state__lease_seconds=3, state__wait_seconds=0.2, tiers__small__fake__step_seconds=0.002)
-    for point in ("before_register", "before_generate", "before_commit", "before_publish"):
+    for point in faults.POINTS:
         killed = subprocess.run([sys.executable, "-c", KILLED_AT, point, str(TINY_CONFIG), "chaos"], env=env, cwd=REPO,
                                 capture_output=True, text=True, timeout=600)
         assert killed.returncode == -signal.SIGKILL, f"{point}: {killed.stderr[-2000:]}"
