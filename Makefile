@@ -62,8 +62,11 @@ XDIST   := -n $(WORKERS)
 test: install
 	$(PY) -m pytest -q $(XDIST) --durations=25 tests
 
+# Without the engine the suite waits as much as it computes (servers, subprocesses, Airflow's scheduler):
+# four workers on two cores keep both busy (measured: 4 min 8 s against 5 min 4 s with two).
+FAST_WORKERS ?= 4
 test-fast: install
-	$(PY) -m pytest -q $(XDIST) --durations=10 -m "not engine" tests
+	$(PY) -m pytest -q -n $(FAST_WORKERS) --durations=10 -m "not engine" tests
 
 # The tests of processes, kills, leases and threads, REPEAT times each in one session (flakes show here first).
 REPEAT ?= 20
