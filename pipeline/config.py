@@ -187,6 +187,19 @@ class EscalationConfig(Section):
     min_mean_logprob: float | None = Field(-2.5, description="Outputs whose mean token log-probability (from vLLM) is below this are escalated; null: this signal is off (`tokenmill eval` picks it).")
     on_truncation: bool = Field(True, description="Also escalate outputs cut off by `max_tokens` (finish reason `length`).")
     on_unfaithful: bool = Field(False, description="Also escalate outputs that state numbers, dates or capitalised names their document does not contain (on the escalation tier itself they are flagged: ledger column `unfaithful`).")
+    on_degenerate: bool = Field(True, description="Also escalate outputs that fail the `degenerate` check (a repetition loop: `checks.degenerate_below`).")
+    on_copied: bool = Field(True, description="Also escalate outputs that fail the `copied` check (the document given back: `checks.copied_above`).")
+
+
+class ChecksConfig(Section):
+    """Output checks: the summaries a user would throw away, flagged per item (ledger columns `degenerate`,
+    `copied`) and escalated when `route.escalation` is on. Defaults measured on this project's outputs
+    (docs/data-engineer.md#output-checks)."""
+
+    degenerate_below: float = Field(0.30, gt=0, le=1, description="An output whose zlib-compressed size is under this share of its size is `degenerate` (a repetition loop); 341 standard-library docstrings of summary length compress to 0.31 at the least, 0.60 at the median.")
+    min_chars: int = Field(80, ge=1, description="Shorter outputs are never `degenerate` (short text compresses badly either way).")
+    copied_above: float = Field(0.80, ge=0, le=1, description="An output with more than this share of its 6-word runs found verbatim in its document is `copied` (the text given back, not summarised).")
+    min_words: int = Field(12, ge=6, description="Shorter outputs are never `copied` (a short summary may quote a title).")
 
 
 class RouteConfig(Section):
@@ -252,6 +265,7 @@ class TokenmillConfig(Section):
     cache: CacheConfig = Field(default_factory=CacheConfig)
     prompt: PromptConfig = Field(default_factory=PromptConfig)
     sampling: SamplingConfig = Field(default_factory=SamplingConfig)
+    checks: ChecksConfig = Field(default_factory=ChecksConfig)
     tiers: dict[str, TierConfig]
     route: RouteConfig
     requests: RequestsConfig = Field(default_factory=RequestsConfig)

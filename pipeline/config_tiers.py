@@ -59,6 +59,7 @@ class FakeEngineArgs(Section):
     step_seconds: float = Field(0.0, ge=0, description="Wall seconds each engine step takes (0: none), so engine-time arithmetic has time to share.")
     token_seconds: float = Field(0.0, ge=0, description="Wall seconds a step takes per token it processes (uncached prompt tokens at a request's prefill, one per decoding request), on top of `step_seconds`: engine time in proportion to the work, as the ledger's token weights assume.")
     prefix_block_tokens: int = Field(16, ge=1, description="Prefix-cache block size: cached prompt tokens come in whole blocks (vLLM's CPU block is 128 tokens).")
+    loop_share: float = Field(0.0, ge=0, le=1, description="Share of answers (chosen by a hash of the request) that are a repetition loop, one word over and over to max_tokens, as small models fail: for tests and dry runs of the output checks.")
     stall_after: int | None = Field(None, ge=0, description="Tests only: once this many requests have finished, no other ever finishes (steps go on with work in flight), a worker frozen mid-drain on purpose.")
 
     @model_validator(mode="after")

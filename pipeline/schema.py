@@ -58,10 +58,13 @@ ITEM = pa.schema([
     ("mean_logprob", pa.float64()),  # the confidence signal
     ("chunks", pa.int64()),          # map-reduce: chunk summaries reduced
     ("unfaithful_terms", pa.int64()),  # numbers, dates and names the summary states that its document lacks
+    ("compression_ratio", pa.float64()),  # zlib size / size of the summary: low for a loop (quality.py)
+    ("copied_share", pa.float64()),   # share of its 6-word runs found verbatim in its document
     ("session_id", pa.string()),     # the engine session that generated it (its start-up and idle share)
 ])
 # What the cache keeps of a generated item (plus the job that paid and what it cost).
-CACHED_FIELDS = ("id", *GENERATION_FIELDS, "adapter_digest", "baseline_gpu_seconds", "chunks", "unfaithful_terms")
+CACHED_FIELDS = ("id", *GENERATION_FIELDS, "adapter_digest", "baseline_gpu_seconds", "chunks", "unfaithful_terms",
+                 "compression_ratio", "copied_share")
 
 OUTPUTS = pa.schema([
     ("id", pa.string()),
@@ -92,8 +95,10 @@ LEDGER = pa.schema([
     ("adapter_digest", pa.string()),  # that adapter's content digest when the output was made: which training
     ("route_reason", pa.string()),  # why this tier: rule:<name> | router:<p> | default
     ("escalated", pa.bool_()),      # regenerated on the escalation tier after a low-confidence first attempt
-    ("escalation_reason", pa.string()),  # why the first attempt was not kept: low_logprob | truncated | empty | unfaithful
+    ("escalation_reason", pa.string()),  # why the first attempt was not kept: empty | degenerate | copied | unfaithful | truncated | low_logprob
     ("unfaithful", pa.bool_()),     # the served output states numbers, dates or names its document lacks (flagged)
+    ("degenerate", pa.bool_()),     # the served output is a repetition loop (checks.degenerate_below); null: not measured
+    ("copied", pa.bool_()),         # the served output gives its document back (checks.copied_above); null: not measured
     ("attempts", pa.int64()),       # generations paid for this row (1, +1 schema retry, +1 escalation; 0 when reused)
     ("chunks", pa.int64()),         # map-reduce: chunk summaries of a long document (0: not chunked)
     ("source", pa.string()),        # as in outputs

@@ -70,6 +70,8 @@ def summary_table(manifest: dict) -> Table:
         ("  escalated by", ", ".join(f"{k} {v}" for k, v in routing.get("escalated_by", {}).items()) or "-"),
         ("unfaithful outputs", ", ".join(f"{k} {v}" for k, v in manifest.get("unfaithful", {}).get("outputs", {}).items())
          or "none"),
+        *((f"{check} outputs", ", ".join(f"{k} {v}" for k, v in by_tier.items()) or "none")
+          for check, by_tier in manifest.get("checks", {}).items()),
         ("prompt tokens (cached)", f"{t['prompt_tokens']} ({t['cached_prompt_tokens']})"),
         ("prefix cache", _prefix_line(manifest.get("prefix_cache", {}))),
         ("output tokens", t["output_tokens"]),

@@ -166,6 +166,9 @@ class FakeEngine:
             text = json.dumps(instance(sampling.json_schema, seed), separators=(",", ":"))
             ids = self.tokenizer.encode(text, add_special_tokens=False)
             wanted = len(ids)
+        elif (seed >> 20) % 10_000 < self.fake.loop_share * 10_000:  # a loop runs to max_tokens
+            wanted = max_tokens
+            ids = self.tokenizer.encode(" ".join([WORDS[seed % len(WORDS)]] * (max_tokens + 8)), add_special_tokens=False)
         else:
             wanted = self.fake.output_tokens or max_tokens
             ids = self.tokenizer.encode(words(seed, min(wanted, max_tokens) + 8), add_special_tokens=False)

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from pipeline.config import TokenmillConfig
+from pipeline.generate.quality import failed_checks
 from pipeline.generate.requests import render_messages
 from pipeline.keys import adapter_digest, chunk_keys, escalation_key, retry_key
 
@@ -55,12 +56,17 @@ def output_problem(item: dict, config: TokenmillConfig) -> str | None:
 
 def escalation_reason(item: dict, config: TokenmillConfig) -> str | None:
     """Why a smaller tier's output is generated again on the escalation tier (None: it is kept).
-    The first reason that holds, in this order: empty, unfaithful, truncated, low_logprob."""
+    The first reason that holds, in this order: empty, degenerate, copied, unfaithful, truncated, low_logprob."""
     e, to = config.route.escalation, config.escalation_tier
     if to is None or item["tier"] == to or item.get("chunks"):
         return None
     if not (item.get("summary") or "").strip():  # an output check no log-probability catches
         return "empty"
+    failed = failed_checks(item, config.checks)
+    if e.on_degenerate and "degenerate" in failed:
+        return "degenerate"
+    if e.on_copied and "copied" in failed:
+        return "copied"
     if e.on_unfaithful and (item.get("unfaithful_terms") or 0) > 0:
         return "unfaithful"
     if e.on_truncation and item["finish_reason"] == "length":

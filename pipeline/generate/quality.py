@@ -1,4 +1,5 @@
-"""Output quality without a reference model: ROUGE-L against a reference, and unfaithful terms.
+"""Output quality without a reference model: ROUGE-L against a reference, unfaithful terms, and the
+output checks (a degenerate loop, a copied document).
 
 `rouge_l` scores a summary against a reference summary (the large tier's, or a hold-out label):
 the evals and the router's labels use it. `unfaithful_terms` lists what a summary states that its
@@ -12,6 +13,7 @@ It is regular expressions and set look-ups only, fast enough to run on every out
 from __future__ import annotations
 
 import re
+import zlib
 from functools import lru_cache
 
 from pipeline.dedup.guards import NUMBER
@@ -209,3 +211,40 @@ def unfaithful_terms(summary: str, document: str) -> list[str]:
         if not all(doc.has_word(w) for w in run):
             flagged.add(name)
     return sorted(flagged)
+
+
+# -- output checks: summaries a user would throw away --------------------------------------------------
+# Measured on every output where it is recorded (the measures are stored with the item; config's `checks`
+# thresholds turn them into flags, so a threshold can change without generating anything again).
+_SHINGLE = 6  # words: a verbatim run this long is copied text, not a paraphrase
+
+
+def compression_ratio(summary: str) -> float:
+    """zlib-compressed bytes / raw bytes of the output: a repetition loop (a word, a sub-word piece or a
+    sentence over and over) compresses to a small fraction; prose does not (about 0.5-0.8 at summary length)."""
+    raw = summary.encode()
+    return len(zlib.compress(raw, 9)) / len(raw) if raw else 1.0
+
+
+def copied_share(summary: str, document: str) -> float:
+    """Share of the output's 6-word runs found verbatim in its document (1.0: every one, a copy of the text)."""
+    words = _DOC_TOKEN.findall(summary.lower())
+    runs = {tuple(words[i:i + _SHINGLE]) for i in range(len(words) - _SHINGLE + 1)}
+    if not runs:
+        return 0.0
+    doc = _DOC_TOKEN.findall(document.lower())
+    found = {tuple(doc[i:i + _SHINGLE]) for i in range(len(doc) - _SHINGLE + 1)}
+    return len(runs & found) / len(runs)
+
+
+def failed_checks(item: dict, checks) -> list[str]:
+    """Names of the output checks `item` fails (`checks`: config.ChecksConfig): `degenerate` (a loop) and
+    `copied` (its document, or most of it, given back). An item recorded before the checks has no measures
+    and fails none."""
+    summary, failed = item.get("summary") or "", []
+    ratio, share = item.get("compression_ratio"), item.get("copied_share")
+    if ratio is not None and len(summary) >= checks.min_chars and ratio < checks.degenerate_below:
+        failed.append("degenerate")
+    if share is not None and len(summary.split()) >= checks.min_words and share > checks.copied_above:
+        failed.append("copied")
+    return failed

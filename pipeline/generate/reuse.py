@@ -78,7 +78,8 @@ def cached_items(hits: dict[str, dict], lookers: dict[str, dict], partition: str
         "gpu_seconds": 0.0, "baseline_gpu_seconds": value["baseline_gpu_seconds"], "created_at": created_at,
         "origin": "cache", "source_job": value["job_id"], "source_id": value["id"], "saved_usd": value["cost_usd"],
         "cache_status": "hit", "chunks": value.get("chunks"), "unfaithful_terms": value.get("unfaithful_terms"),
-        "adapter_digest": value.get("adapter_digest"),
+        "adapter_digest": value.get("adapter_digest"), "compression_ratio": value.get("compression_ratio"),
+        "copied_share": value.get("copied_share"),
     } for key, value in hits.items()}
 
 

@@ -30,7 +30,7 @@ from pipeline.generate.engine_api import Progressed
 from pipeline.generate.followup import record_id
 from pipeline.generate.levers import counter_delta, read_counters
 from pipeline.generate.pricing import baseline_gpu_seconds, token_weight
-from pipeline.generate.quality import unfaithful_terms
+from pipeline.generate.quality import compression_ratio, copied_share, unfaithful_terms
 from pipeline.generate.reuse import cache_value
 from pipeline.keys import adapter_digest
 from pipeline.stores.catalog import now
@@ -294,6 +294,8 @@ class TierWorker:
                           "cache_status": self.job.cache_status, "session_id": f.unit.session_id,
                           # checked once, here, where the output meets the text it summarises
                           "unfaithful_terms": len(unfaithful_terms(c.text, unit.get("document", unit["text"]))),
+                          "compression_ratio": compression_ratio(c.text),
+                          "copied_share": copied_share(c.text, unit.get("document", unit["text"])),
                           **({"chunks": unit["chunks"]} if unit.get("chunks") else {})}
             by_scope.setdefault(unit["scope"], {})[key] = cache_value(items[key], self.job_id, float(g) * price / 3600)
         for p, f in done:

@@ -68,6 +68,9 @@ def partition_counts(outputs: pa.Table, ledger: pa.Table, quarantine: pa.Table, 
         # Served outputs that state numbers, dates or names their documents lack (on the largest tier, or
         # left unescalated): what a reader should check first.
         "unfaithful": {"outputs": count_by(ledger.filter(pc.fill_null(ledger["unfaithful"], False)), "tier")},
+        # Served outputs that failed an output check (docs/data-engineer.md#output-checks), per tier.
+        "checks": {check: count_by(ledger.filter(pc.fill_null(ledger[check], False)), "tier")
+                   for check in ("degenerate", "copied")},
     }
 
 
@@ -166,6 +169,7 @@ def build_manifest(config: TokenmillConfig, job_id: str, job, parts: list, parti
         "prefix_cache": prefix_cache(totals.get("tokens", {})),
         "routing": totals.get("routing", {}),
         "unfaithful": {"outputs": dict(sorted(totals.get("unfaithful", {}).get("outputs", {}).items()))},
+        "checks": {check: dict(sorted(totals.get("checks", {}).get(check, {}).items())) for check in ("degenerate", "copied")},
         "cost": {"cost_usd": cost, "baseline_cost_usd": baseline, "saved_usd": baseline - cost,
                  "gpu_seconds": totals.get("gpu_seconds", 0.0),
                  "overhead_gpu_seconds": totals.get("overhead_gpu_seconds", 0.0),

@@ -20,6 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline.config import TokenmillConfig
+from pipeline.generate.quality import failed_checks
 from pipeline.ingest.validate import quarantine_rows
 from pipeline.keys import adapter_digest
 from pipeline.schema import LEDGER, OUTPUTS
@@ -39,6 +40,13 @@ def record_source(row: dict, item: dict) -> tuple[str, str | None, str | None, f
     if from_cache:
         return "cache_exact", item["source_id"], item["source_job"], 1.0
     return "duplicate_in_job", item["id"], None, 1.0
+
+
+def check_flags(item: dict, config: TokenmillConfig) -> dict[str, bool | None]:
+    """The ledger's output-check columns for the served item (null: recorded before the checks)."""
+    failed = failed_checks(item, config.checks)
+    return {"degenerate": None if item.get("compression_ratio") is None else "degenerate" in failed,
+            "copied": None if item.get("copied_share") is None else "copied" in failed}
 
 
 def assemble_results(records: pa.Table, items: dict[str, dict], failed: dict[str, tuple[str, str, str]],
@@ -104,7 +112,7 @@ def assemble_results(records: pa.Table, items: dict[str, dict], failed: dict[str
             "job_id": job_id, "created_at": created_at,
             "route_reason": row["route_reason"], "escalated": outcome.escalated,
             "escalation_reason": outcome.escalation_reason, "unfaithful": None if item.get("unfaithful_terms") is None else item["unfaithful_terms"] > 0,
-            "attempts": outcome.attempts if generated else 0, "chunks": first.get("chunks") or 0,
+            "attempts": outcome.attempts if generated else 0, "chunks": first.get("chunks") or 0, **check_flags(item, config),
             "source_job": source_job or (None if generated else job_id),
             "cache_status": first.get("cache_status") if generated or first.get("origin") == "cache" else None,
             "gpu_seconds": busy + overhead, "busy_gpu_seconds": busy, "overhead_gpu_seconds": overhead,

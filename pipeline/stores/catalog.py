@@ -114,6 +114,8 @@ class Item(Base):
     mean_logprob: Mapped[float | None] = mapped_column(Float, nullable=True)  # the confidence signal
     chunks: Mapped[int | None] = mapped_column(Integer, nullable=True)  # map-reduce: chunk summaries reduced
     unfaithful_terms: Mapped[int | None] = mapped_column(Integer, nullable=True)  # the faithfulness signal
+    compression_ratio: Mapped[float | None] = mapped_column(Float, nullable=True)  # the `degenerate` check's measure
+    copied_share: Mapped[float | None] = mapped_column(Float, nullable=True)  # the `copied` check's measure
     session_id: Mapped[str | None] = mapped_column(String(200), nullable=True)  # engine session (units.py)
 
 

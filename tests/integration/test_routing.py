@@ -242,3 +242,33 @@ def test_which_outputs_escalate(make_config):
     assert not needs_escalation({**item, "tier": "large", "mean_logprob": -9.0}, config), "already on the top tier"
     assert not needs_escalation({**item, "chunks": 3, "mean_logprob": -9.0}, config), "map-reduce outputs stay"
     assert not needs_escalation({**item, "mean_logprob": -9.0}, make_config()), "escalation off"
+
+
+@pytest.mark.parametrize("escalate", [True, False])
+def test_loops_are_flagged_alike_in_catalog_ledger_and_manifest_and_escalate_when_asked(make_config, tmp_path, escalate):
+    """Issue 28: a small tier that loops on some documents. Its loops are `degenerate` in the catalog (the
+    measure), then either escalated (reason `degenerate`, the large tier's output served) or, escalation of
+    loops off, served and flagged in the ledger and the manifest: the same count everywhere."""
+    import sqlite3
+
+    from pipeline.generate.quality import failed_checks
+
+    write(tmp_path / "input" / "a.jsonl", [{**d, "text": f"{d['text']} Topic {i} of {i * 7}."} for i, d in enumerate(docs(24))])
+    config = make_config(routing=True, route__rules=[], dedup__near=False, dedup__semantic=False,
+                         route__escalation__min_mean_logprob=None, route__escalation__on_degenerate=escalate,
+                         tiers__small__fake__loop_share=0.5)
+    m = run_job(config, job_id="loops").manifest
+    with sqlite3.connect(tmp_path / "state.db") as c:
+        c.row_factory = sqlite3.Row
+        small = [dict(r) for r in c.execute("select * from items where job_id='loops' and tier='small'")]
+    loops = {r["id"] for r in small if failed_checks(r, config.checks) == ["degenerate"]}
+    assert 0 < len(loops) < len(small) == 24  # about half loop, by a hash of the request
+    ledger = {r["id"]: r for r in read_kind(tmp_path / "output", "ledger", "loops").to_pylist()}
+    if escalate:
+        assert {i for i, r in ledger.items() if r["escalation_reason"] == "degenerate"} == loops
+        assert all(ledger[i]["tier"] == "large" and not ledger[i]["degenerate"] for i in loops)
+        assert m["routing"]["escalated_by"] == {"degenerate": len(loops)} and m["checks"]["degenerate"] == {}
+    else:
+        assert {i for i, r in ledger.items() if r["degenerate"]} == loops and not m["routing"]["escalated"]
+        assert m["checks"]["degenerate"] == {"small": len(loops)}
+    assert all(r["copied"] is False for r in ledger.values()) and m["checks"]["copied"] == {}

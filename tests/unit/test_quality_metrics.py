@@ -108,3 +108,49 @@ def test_the_structure_rules_still_catch_invented_facts():
 def test_rouge_l_scores_any_script():
     assert rouge_l("Привет мир, как дела", "Привет мир, как дела") == 1.0
     assert 0 < rouge_l("Привет мир", "Привет мир, как дела") < 1
+
+
+DOC = ("The Python Debugger Pdb. To use the debugger, import pdb and call pdb.set_trace() where you want to stop. "
+       "At the prompt, type n to run the next line, s to step into a function, c to continue until the next "
+       "breakpoint, p to print the value of an expression and q to quit. Breakpoints can be set on any line "
+       "with b followed by the line number, and listed with b alone.")
+
+
+@pytest.mark.parametrize("loop", [
+    "AUTH_" * 60,                                                               # a sub-word piece over and over
+    "the the " * 40,                                                            # one word
+    "The debugger stops at breakpoints. " * 6,                                  # one sentence
+    "Pdb lets you step through code. " + "step into, step over, " * 12,        # a good start, then a loop
+])
+def test_repetition_loops_are_degenerate(loop):
+    from pipeline.config import ChecksConfig
+    from pipeline.generate.quality import compression_ratio, failed_checks
+
+    assert failed_checks({"summary": loop, "compression_ratio": compression_ratio(loop)}, ChecksConfig()) == ["degenerate"]
+
+
+@pytest.mark.parametrize("copy", [
+    DOC,                                                                        # given back whole
+    "Here is a summary of the document. " + DOC[:300],                          # a prefix sentence, then the text
+])
+def test_the_document_given_back_is_copied(copy):
+    from pipeline.config import ChecksConfig
+    from pipeline.generate.quality import compression_ratio, copied_share, failed_checks
+
+    item = {"summary": copy, "compression_ratio": compression_ratio(copy), "copied_share": copied_share(copy, DOC)}
+    assert failed_checks(item, ChecksConfig()) == ["copied"]
+
+
+@pytest.mark.parametrize("good", [
+    "The document explains how to use pdb, Python's debugger: stopping with set_trace, stepping through lines "
+    "and into functions, printing expressions, and setting and listing breakpoints.",
+    "A short guide to the Python debugger's commands.",                         # short: never flagged
+    "Pdb guide: import pdb and call pdb.set_trace() where you want to stop, then step, print and continue.",
+])
+def test_a_good_summary_passes_every_check(good):
+    from pipeline.config import ChecksConfig
+    from pipeline.generate.quality import compression_ratio, copied_share, failed_checks
+
+    item = {"summary": good, "compression_ratio": compression_ratio(good), "copied_share": copied_share(good, DOC)}
+    assert failed_checks(item, ChecksConfig()) == []
+    assert failed_checks({"summary": "x" * 500}, ChecksConfig()) == [], "an item recorded before the checks: none"
