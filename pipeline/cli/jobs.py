@@ -202,7 +202,8 @@ def estimate(config: Path = ConfigOption, input: Optional[str] = InputOption,
 
     cfg = load(config, input__uri=input)
     try:
-        progress = Progress(cfg.run.progress, cfg.run.log_every_seconds)
+        # (a bar draws on stdout: with --format json, log lines on stderr keep stdout the JSON alone)
+        progress = Progress("log" if format == "json" else cfg.run.progress, cfg.run.log_every_seconds)
         try:
             est = estimate_job(cfg, report=progress.planning)
         finally:

@@ -52,7 +52,7 @@ class EngineTime:
 
     def charges(self, partition: str, shares: dict) -> list[dict]:
         """This partition's GPU time no output carries: its failed attempts, with their overhead share, and
-        its share of the work lost with dead workers (pro rata to the requests of units taken over from them)."""
+        its share of the work lost with dead workers (pro rata to the requests of the claims they did not finish)."""
         out = [{**ch, "busy_gpu_seconds": ch["gpu_seconds"],
                 "overhead_gpu_seconds": ch["gpu_seconds"] * shares[ch["session_id"]].overhead_ratio
                 if ch["session_id"] in shares else 0.0}
@@ -71,7 +71,7 @@ class EngineTime:
 
     def lost_weights(self, session_id: str) -> dict[str, int]:
         """Per partition, its part of the work a dead session lost: the requests of the claims it did not
-        finish, else (it claimed nothing) the records of every partition. Both are fixed once the session
+        finish, else (it claimed nothing, or finished every claim) the records of every partition. Both are fixed once the session
         is dead, so every partition's commit shares the same whole, however the units change hands after."""
         weights: dict[str, int] = {}
         for claim in self.queue.unfinished_claims(self.job_id, session_id):

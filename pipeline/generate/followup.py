@@ -97,8 +97,8 @@ class Outcome:
     def attempts(self) -> int:
         """Generations of the document paid for here (chunks aside): a failed escalation counts too, a retry
         or an escalation the reuse cache served does not (it cost this job nothing)."""
-        chunks = self.paid[1:1 + self.chunks]  # final_output puts them right after the first attempt
-        return sum(1 for p in self.paid if p.get("origin") is None and not any(p is c for c in chunks))
+        attempts = [self.paid[0], *self.paid[1 + self.chunks:]]  # final_output puts chunks right after the first
+        return sum(1 for p in attempts if p.get("origin") is None)
 
 
 def escalated_key(key: str, item: dict, config: TokenmillConfig) -> str:

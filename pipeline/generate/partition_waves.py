@@ -84,18 +84,23 @@ class PartitionWaves:
 
     def requests(self, unit: WorkUnit) -> list[dict]:
         """A unit's requests still owned and pending (a unit taken over from a dead worker: what it left).
-        Keys it owns that its partition's current wave does not wait for (enqueued by a prepare that a later
-        prepare of the partition superseded) are released, failed as `superseded`, for whoever needs them."""
+
+        Keys it owns that its partition's current wave does not request (enqueued by a prepare that a later
+        prepare superseded, or by a wave of a partition that failed since) are given up: their rows are
+        deleted, so a partition waiting on one finds it unowned and enqueues it itself. Keys whose item is
+        stored already (by a derivation that lost its race after storing cache hits) are done, not run."""
         p = self.state.partition(self.job_id, unit.partition)
         owned = self.queue.owned_keys(self.job_id, unit.unit_id)
-        waiting = set(self.state_of(p).waiting) if p is not None and p.wave == unit.wave else set()
-        stray = owned - waiting
-        if stray:
-            self.queue.set_keys(self.job_id, dict.fromkeys(stray, ("failed", "superseded", "not in its partition's wave")))
-        if not owned & waiting:
-            return []
-        table = self.staging.wave(unit.partition, unit.wave, p.wave_token, unit.tier)
-        return [{**r, "unit": json.loads(r["unit"])} for r in table.to_pylist() if r["item_key"] in owned & waiting]
+        if p is None or p.generation != "generating" or p.wave != unit.wave:
+            rows = []
+        else:  # (a missing file is a fault of the staging area: the unit fails its partition)
+            table = self.staging.wave(unit.partition, unit.wave, p.wave_token, unit.tier)
+            rows = [{**r, "unit": json.loads(r["unit"])} for r in table.to_pylist() if r["item_key"] in owned]
+        self.queue.give_up(self.job_id, unit.unit_id, owned - {r["item_key"] for r in rows})
+        stored = self.lookup.stored([r["item_key"] for r in rows])
+        if stored:
+            self.queue.set_keys(self.job_id, dict.fromkeys(stored, ("done", None, None)))
+        return [r for r in rows if r["item_key"] not in stored]
 
     def advance(self, partition: str) -> None:
         """Derive and enqueue the partition's next waves while the current one is in; mark it generated
@@ -117,7 +122,7 @@ class PartitionWaves:
             failures = {k: (v.reason, v.detail) for k, v in keys.items() if v.state == "failed" and k not in items}
             rows = self.planner(partition).next(state, records, items, failures)
             token = self.write(partition, state, rows or [])
-            if not self.set_generation(partition, state.wave, "generating" if rows else "generated", token,
+            if not self.set_generation(partition, state.wave, "generated" if rows is None else "generating", token,
                                        expect=(p.wave, p.wave_token)):
                 return  # another worker's derivation of this wave was taken first: its files are the wave
             if rows is None:

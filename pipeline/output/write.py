@@ -42,6 +42,17 @@ def record_source(row: dict, item: dict) -> tuple[str, str | None, str | None, f
     return "duplicate_in_job", item["id"], None, 1.0
 
 
+def paid_price(config: TokenmillConfig, fresh: list[dict], served: dict, cost: float, gpu_seconds: float) -> float:
+    """USD per GPU-hour of a row: the tier's of what this job paid for (an escalation the cache served is not
+    paid here; nothing paid: the served output's tier); attempts on two tiers: the blended price, which keeps
+    cost = GPU-seconds × price."""
+    tiers = {p["tier"] for p in fresh}
+    if len(tiers) > 1 and gpu_seconds > 0:
+        return cost * 3600.0 / gpu_seconds
+    tier = next(iter(tiers)) if tiers else served["tier"]
+    return config.tiers[tier].price_per_gpu_hour if tier in config.tiers else 0.0
+
+
 def check_flags(item: dict, config: TokenmillConfig) -> dict[str, bool | None]:
     """The ledger's output-check columns for the served item (null: recorded before the checks)."""
     failed = failed_checks(item, config.checks)
@@ -96,9 +107,7 @@ def assemble_results(records: pa.Table, items: dict[str, dict], failed: dict[str
         busy = sum(p["gpu_seconds"] for p in fresh) if generated else 0.0
         overhead = sum(p["gpu_seconds"] * overhead_ratio(p) for p in fresh) if generated else 0.0
         cost = sum(usd(p) for p in fresh) if generated else 0.0
-        tiers = {p["tier"] for p in fresh} or {item["tier"]}  # paid for here (an escalation may be the cache's)
-        price = (cost * 3600.0 / (busy + overhead) if len(tiers) > 1 and busy > 0  # two tiers: blended, cost = gpu × price
-                 else config.tiers[tiers.pop()].price_per_gpu_hour if tiers <= config.tiers.keys() else 0.0)
+        price = paid_price(config, fresh, item, cost, busy + overhead)
         baseline = (item["baseline_gpu_seconds"] if outcome.escalated else sum(p["baseline_gpu_seconds"] for p in paid)) \
             * (1 + overhead_ratio(first))
         values = {

@@ -110,15 +110,14 @@ Report = Callable[[str, int, int], None]
 
 
 def _map(pool: Executor | None, fn, *iterables, step: str = "", report: Report | None = None) -> list:
-    args = list(zip(*iterables))
-    if not args:
-        return []
+    columns = [list(values) for values in iterables]
+    total = min(map(len, columns), default=0)
     out: list = []
     try:
-        for result in (map if pool is None else pool.map)(fn, *zip(*args)):
+        for result in (map if pool is None else pool.map)(fn, *columns):
             out.append(result)
             if report is not None:
-                report(step, len(out), len(args))
+                report(step, len(out), total)
         return out
     except BrokenProcessPool as e:
         raise JobError(f"a planning process died ({e}): out of memory (lower planning.workers), or a script "

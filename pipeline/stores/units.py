@@ -220,6 +220,13 @@ class UnitQueue:
         return list(s.scalars(select(UnitKey.item_key).where(UnitKey.job_id == job_id, UnitKey.unit_id == uid,
                                                              UnitKey.state == "pending")))
 
+    def give_up(self, job_id: str, uid: str, keys: set[str]) -> None:
+        """Delete `uid`'s pending rows of `keys`: no unit owns them any more (whoever waits on one enqueues it)."""
+        with self.session() as s, s.begin():
+            for chunk in in_chunks(list(keys)):
+                s.execute(delete(UnitKey).where(UnitKey.job_id == job_id, UnitKey.unit_id == uid,
+                                                UnitKey.state == "pending", UnitKey.item_key.in_(chunk)))
+
     def owned_keys(self, job_id: str, uid: str) -> set[str]:
         with self.session() as s:
             return set(self._owned(s, job_id, uid))
@@ -310,16 +317,17 @@ class UnitQueue:
 
     # -- the budget -----------------------------------------------------------------------------
     def spent(self, job_id: str, prices: dict[str, float], s=None) -> dict[str, float]:
-        """USD per tenant this job has spent or reserved: its stored items priced by their tier's USD per
-        GPU-hour (`prices`), plus live reservations for items not stored yet."""
+        """USD per tenant this job has spent or reserved: its stored items and failed attempts priced by their
+        tier's USD per GPU-hour (`prices`), plus live reservations for items not stored yet."""
         if s is None:
             with self.session() as s:
                 return self.spent(job_id, prices, s)
         out: dict[str, float] = {}
-        for tenant, tier, seconds in s.execute(
-                select(Item.tenant, Item.tier, func.sum(Item.gpu_seconds))
-                .where(Item.job_id == job_id).group_by(Item.tenant, Item.tier)):
-            out[tenant] = out.get(tenant, 0.0) + (seconds or 0.0) * prices.get(tier, 0.0) / 3600
+        for table in (Item, Charge):
+            for tenant, tier, seconds in s.execute(
+                    select(table.tenant, table.tier, func.sum(table.gpu_seconds))
+                    .where(table.job_id == job_id).group_by(table.tenant, table.tier)):
+                out[tenant] = out.get(tenant, 0.0) + (seconds or 0.0) * prices.get(tier, 0.0) / 3600
         t = self.state.db_now()
         stored = select(Item.item_key).where(Item.job_id == job_id, Item.item_key == Reservation.item_key).exists()
         for tenant, usd in s.execute(

@@ -266,8 +266,12 @@ def test_the_caps_are_one_amount_that_every_worker_of_the_job_reserves_from(stor
     # b dies: once its claim has run out, what it reserved is free again (its unit is claimable).
     b_queue.renew(job, "sb", lease_seconds=-5)
     assert a_queue.spent(job, prices) == {"acme": pytest.approx(0.1)}
+    # A failed attempt stores no item, but its GPU time was paid: it counts.
+    a_queue.add_charges(job, [{"charge_id": "c1", "partition": "p2", "session_id": "sb", "kind": "failed_attempt",
+                               "id": "r2", "tenant": "acme", "tier": "small", "gpu_seconds": 0.05}])
+    assert a_queue.spent(job, prices) == {"acme": pytest.approx(0.15)}
 
-    # Eight workers at once, $0.30 each, against the $0.90 of room left: exactly three are admitted.
+    # Eight workers at once, $0.28 each, against the $0.85 of room left: exactly three are admitted.
     keys = [f"c{i}" for i in range(8)]
     for i, key in enumerate(keys):
         a_queue.enqueue(job, f"q{i}", 0, {"large": [key]})
@@ -277,7 +281,7 @@ def test_the_caps_are_one_amount_that_every_worker_of_the_job_reserves_from(stor
 
     def admit(i):
         barrier.wait()
-        if not queues[i].reserve(job, units[i], [(keys[i], "acme", 0.3)], prices, over):
+        if not queues[i].reserve(job, units[i], [(keys[i], "acme", 0.28)], prices, over):
             admitted.append(i)
 
     threads = [threading.Thread(target=admit, args=(i,)) for i in range(8)]
@@ -286,7 +290,7 @@ def test_the_caps_are_one_amount_that_every_worker_of_the_job_reserves_from(stor
     for t in threads:
         t.join()
     assert len(admitted) == 3
-    assert a_queue.spent(job, prices) == {"acme": pytest.approx(1.0)}
+    assert a_queue.spent(job, prices) == {"acme": pytest.approx(0.99)}
 
 
 def test_a_second_drain_task_admits_against_what_the_first_spent(make_config, sample_corpus, tmp_path):
