@@ -240,3 +240,40 @@ def test_workers_deriving_one_wave_at_once_enqueue_only_the_wave_that_stands(mak
     assert followups == 0, "the losing derivation's escalations were enqueued"
     assert origins == {"cache"}  # the partition's escalations are the cache's, none paid again
     assert_exactly_once(tmp_path / "output", "race", sample_corpus[1], tmp_path / "state.db")
+
+
+def test_a_derivation_that_lost_after_storing_cache_hits_costs_nothing_again(make_config, sample_corpus, tmp_path):
+    """The other order (review of issue 31's fix): the worker that found the escalations in the cache stores
+    them, then loses the race to one that could not reach the cache and enqueued them to run. Stored keys
+    are done when their unit starts, not generated and paid a second time."""
+    from pipeline.job.context import JobContext
+
+    config = make_config(routing=True, route__escalation__min_mean_logprob=0.0, route__rules=[], dedup__near=False)
+    no_cache = make_config(routing=True, route__escalation__min_mean_logprob=0.0, route__rules=[], dedup__near=False,
+                           cache__enabled=False)
+    written: dict[str, int] = {}
+    raced: list[str] = []
+
+    def race(point, job_id, partition):
+        if point != "wave_written" or job_id != "race":
+            return
+        written[partition] = written.get(partition, 0) + 1
+        if written[partition] == 1 and not written.get("warm"):
+            written["warm"] = 1
+            run_job(config, job_id="warm")  # before the race's drain: every escalation is in the cache
+        generated = UnitQueue(StateStore(config.state.url)).units("race", partition)
+        if written[partition] == 2 and generated and not raced:  # hits stored, nothing to run: not taken yet
+            raced.append(partition)
+            JobContext.open(no_cache, "race").waves.advance(partition)  # a worker without the cache wins
+
+    with faults.inject(race):
+        m = run_job(config, job_id="race").manifest
+    assert m["status"] == "succeeded" and raced
+    with sqlite3.connect(tmp_path / "state.db") as c:
+        units = c.execute("select count(*) from work_units where job_id='race' and partition=? and wave = 1",
+                          raced).fetchone()[0]
+        busy = c.execute("select coalesce(sum(busy_seconds), 0) from engine_sessions where job_id='race' "
+                         "and tier='large'").fetchone()[0]
+    assert units > 0, "the winner's escalations were enqueued"
+    assert busy == 0, "and found stored: none generated again (a second generation is not stored, only paid)"
+    assert_exactly_once(tmp_path / "output", "race", sample_corpus[1], tmp_path / "state.db")
