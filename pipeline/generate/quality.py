@@ -220,10 +220,13 @@ _SHINGLE = 6  # words: a verbatim run this long is copied text, not a paraphrase
 
 
 def compression_ratio(summary: str) -> float:
-    """zlib-compressed bytes / raw bytes of the output: a repetition loop (a word, a sub-word piece or a
-    sentence over and over) compresses to a small fraction; prose does not (about 0.5-0.8 at summary length)."""
-    raw = summary.encode()
-    return len(zlib.compress(raw, 9)) / len(raw) if raw else 1.0
+    """zlib-compressed bytes / raw bytes of the output, or of its second half if that is lower: a repetition
+    loop (a word, a sub-word piece or a sentence over and over) compresses to a small fraction, and one that
+    starts mid-way runs to the end (into max_tokens); prose does not (about 0.4-0.8 at summary length)."""
+    def ratio(text: str) -> float:
+        raw = text.encode()
+        return len(zlib.compress(raw, 9)) / len(raw) if raw else 1.0
+    return min(ratio(summary), ratio(summary[len(summary) // 2:]))
 
 
 def copied_share(summary: str, document: str) -> float:
