@@ -81,7 +81,10 @@ def assert_exactly_once(output, job_id, corpus, state_db):
     with sqlite3.connect(state_db, timeout=30) as c:
         held = c.execute("select sum((startup_seconds + busy_seconds + idle_seconds) * gpus) from engine_sessions "
                          f"where job_id='{job_id}'").fetchone()[0] or 0.0
-    assert sum(full_ledger["gpu_seconds"].to_pylist()) == pytest.approx(held, rel=1e-6, abs=1e-9)
+    by_kind: dict[str, float] = {}
+    for r in full_ledger.to_pylist():
+        by_kind[r["kind"]] = by_kind.get(r["kind"], 0.0) + r["gpu_seconds"]
+    assert sum(by_kind.values()) == pytest.approx(held, rel=1e-6, abs=1e-9), f"ledger {by_kind} against held {held}"
     for r in full_ledger.to_pylist():
         assert r["gpu_seconds"] == pytest.approx(r["busy_gpu_seconds"] + r["overhead_gpu_seconds"], abs=1e-12)
         assert r["cost_usd"] == pytest.approx(r["gpu_seconds"] * r["price_per_gpu_hour"] / 3600, rel=1e-9, abs=1e-15)
