@@ -51,32 +51,37 @@ class EngineTime:
                               self.stale())
 
     def charges(self, partition: str, shares: dict) -> list[dict]:
-        """This partition's GPU time no output carries: its failed attempts, with their overhead share, and
-        its share of the work lost with dead workers (pro rata to the requests of the claims they did not finish)."""
+        """This partition's GPU time no output carries: its failed attempts, with their overhead share; its
+        share of the work lost with dead workers (pro rata to the requests of the claims they did not
+        finish); and, whole, the lost time of a session with no such claim that no partition carries yet
+        (it generated nothing: another worker took its units first, or it died before its first)."""
+        tiers = {s.session_id: s.tier for s in self.queue.sessions(self.job_id)}
+        weights = {sid: self.lost_weights(sid) for sid, share in shares.items() if share.lost > 0}
+        # One charge row per such session, taken by the first partition that commits after it ended: every
+        # other commit finds it taken (a share over every partition missed those committed before it began).
+        self.queue.add_charges(self.job_id, [
+            {"charge_id": f"{sid}/unused", "partition": partition, "session_id": sid, "kind": "lost", "id": None,
+             "tenant": None, "tier": tiers[sid], "gpu_seconds": shares[sid].lost} for sid, w in weights.items() if not w])
         out = [{**ch, "busy_gpu_seconds": ch["gpu_seconds"],
                 "overhead_gpu_seconds": ch["gpu_seconds"] * shares[ch["session_id"]].overhead_ratio
-                if ch["session_id"] in shares else 0.0}
+                if ch["session_id"] in shares and ch["kind"] != "lost" else 0.0}
                for ch in self.queue.charges(self.job_id, partition)]
-        for sid, share in shares.items():
-            if share.lost <= 0:
-                continue
-            weights = self.lost_weights(sid)
-            total, mine = sum(weights.values()), weights.get(partition, 0)
+        for sid, w in weights.items():
+            total, mine = sum(w.values()), w.get(partition, 0)
             if total and mine:
                 out.append({"partition": partition, "session_id": sid, "kind": "lost", "id": None, "tenant": None,
-                            "tier": next(s.tier for s in self.queue.sessions(self.job_id) if s.session_id == sid),
-                            "busy_gpu_seconds": share.lost * mine / total,
+                            "tier": tiers[sid], "busy_gpu_seconds": shares[sid].lost * mine / total,
                             "overhead_gpu_seconds": 0.0})
         return out
 
     def lost_weights(self, session_id: str) -> dict[str, int]:
         """Per partition, its part of the work a dead session lost: the requests of the claims it did not
-        finish, else (it claimed nothing, or finished every claim) the records of every partition. Both are fixed once the session
-        is dead, so every partition's commit shares the same whole, however the units change hands after."""
+        finish (empty when it has none). Fixed once the session is dead, so every partition's commit shares
+        the same whole, however the units change hands after."""
         weights: dict[str, int] = {}
         for claim in self.queue.unfinished_claims(self.job_id, session_id):
             weights[claim.partition] = weights.get(claim.partition, 0) + claim.requests
-        return weights or {p.partition: p.records for p in self.state.partitions(self.job_id)}
+        return weights
 
     @staticmethod
     def overhead_ratio(shares: dict):

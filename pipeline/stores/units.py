@@ -113,7 +113,7 @@ class Charge(Base):
     charge_id: Mapped[str] = mapped_column(String(300), primary_key=True)
     partition: Mapped[str] = mapped_column(String(64))
     session_id: Mapped[str] = mapped_column(String(200))
-    kind: Mapped[str] = mapped_column(String(16))  # failed_attempt
+    kind: Mapped[str] = mapped_column(String(16))  # failed_attempt | lost (a session that generated nothing: engine_time.py)
     id: Mapped[str | None] = mapped_column(Text, nullable=True)  # the record it was for
     tenant: Mapped[str | None] = mapped_column(String(200), nullable=True)
     tier: Mapped[str] = mapped_column(String(100))
@@ -323,10 +323,10 @@ class UnitQueue:
             with self.session() as s:
                 return self.spent(job_id, prices, s)
         out: dict[str, float] = {}
-        for table in (Item, Charge):
+        for table, paid in ((Item, Item.job_id == job_id), (Charge, Charge.kind == "failed_attempt")):
             for tenant, tier, seconds in s.execute(
                     select(table.tenant, table.tier, func.sum(table.gpu_seconds))
-                    .where(table.job_id == job_id).group_by(table.tenant, table.tier)):
+                    .where(table.job_id == job_id, paid).group_by(table.tenant, table.tier)):
                 out[tenant] = out.get(tenant, 0.0) + (seconds or 0.0) * prices.get(tier, 0.0) / 3600
         t = self.state.db_now()
         stored = select(Item.item_key).where(Item.job_id == job_id, Item.item_key == Reservation.item_key).exists()

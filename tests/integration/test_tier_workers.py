@@ -277,3 +277,28 @@ def test_a_derivation_that_lost_after_storing_cache_hits_costs_nothing_again(mak
     assert units > 0, "the winner's escalations were enqueued"
     assert busy == 0, "and found stored: none generated again (a second generation is not stored, only paid)"
     assert_exactly_once(tmp_path / "output", "race", sample_corpus[1], tmp_path / "state.db")
+
+
+def test_a_session_that_generated_nothing_is_charged_once_whole(make_config, tmp_path):
+    """Reproducer (a flake of the two-workers test, seen once in CI): the second worker started its engine for
+    a unit the first then took. Its session stored nothing, so its held time was shared over every partition,
+    and the partitions that had committed before it began never carried their part: ledger < held. Now the
+    first partition that commits after it ended takes it whole, once."""
+    from pipeline.generate.engine_time import EngineTime
+
+    config = make_config()
+    state = StateStore(config.state.url)
+    q, job = UnitQueue(state), "unused"
+    state.claim_staging(job, "fp", "in", "out")
+    state.add_partitions(job, {"p1": {"file": "a", "records": 3}, "p2": {"file": "b", "records": 3}})
+    times = EngineTime(config, job, state, q)
+
+    def unused_rows(partition):
+        return [r for r in times.charges(partition, times.shares()) if r["kind"] == "lost"]
+
+    assert unused_rows("p1") == []  # p1 commits before the second worker's engine started
+    q.open_session("late", job, "small", "w2", 1, True, startup_seconds=0.4, idle_seconds=0.0)
+    q.beat_session("late", busy=0.0, idle=0.1, recorded=0.0, closed=True)  # it found no unit left
+    rows = unused_rows("p2")
+    assert [(r["session_id"], r["busy_gpu_seconds"]) for r in rows] == [("late", pytest.approx(0.5))]
+    assert unused_rows("p1") == [] and len(unused_rows("p2")) == 1  # a commit again: still once, in p2
