@@ -207,6 +207,33 @@ def test_work_lost_with_dead_sessions_is_charged_once_whatever_the_order_of_take
     assert charged == {"p1": {"s1": pytest.approx(5.0)}, "p2": {"s1": pytest.approx(5.0)}}
 
 
+ESCALATE_ALL = dict(routing=True, route__escalation__min_mean_logprob=0.0, route__rules=[], dedup__near=False)
+
+
+def race_at_wave_one(config, second, first=None) -> tuple[dict, list[str]]:
+    """Run job `race`; at the first partition (with work) whose wave 1 is derived and written but not yet taken
+    by the catalog, call `second(partition)`: another worker deriving the same wave. `first()` runs once, when
+    the job's first wave 0 is written (before its drain). Returns the manifest and [the raced partition]."""
+    written: dict[str, int] = {}
+    raced: list[str] = []
+
+    def race(point, job_id, partition):
+        if point != "wave_written" or job_id != "race":
+            return
+        written[partition] = written.get(partition, 0) + 1
+        if first is not None and not written.get("first"):
+            written["first"] = 1
+            first()
+        generated = UnitQueue(StateStore(config.state.url)).units("race", partition)  # (not the all-bad partition)
+        if written[partition] == 2 and generated and not raced:
+            raced.append(partition)
+            second(partition)
+
+    with faults.inject(race):
+        m = run_job(config, job_id="race").manifest
+    return m, raced
+
+
 def test_workers_deriving_one_wave_at_once_enqueue_only_the_wave_that_stands(make_config, sample_corpus, tmp_path):
     """Reproducer (issue 31): two workers derive a partition's next wave at once, one before the reuse cache
     has its escalations (so they are to run), the other after (cache hits, stored: nothing to run). Both
@@ -215,22 +242,13 @@ def test_workers_deriving_one_wave_at_once_enqueue_only_the_wave_that_stands(mak
     taker enqueues."""
     from pipeline.job.context import JobContext
 
-    config = make_config(routing=True, route__escalation__min_mean_logprob=0.0, route__rules=[], dedup__near=False)
-    written: dict[str, int] = {}
-    raced: list[str] = []
+    config = make_config(**ESCALATE_ALL)
 
-    def race(point, job_id, partition):
-        if point != "wave_written" or job_id != "race":
-            return
-        written[partition] = written.get(partition, 0) + 1
-        generated = UnitQueue(StateStore(config.state.url)).units("race", partition)  # (not the all-bad partition)
-        if written[partition] == 2 and generated and not raced:  # wave 1 derived (escalations to run), not yet taken
-            raced.append(partition)
-            run_job(config, job_id="warm")  # another job caches every escalation meanwhile
-            JobContext.open(config, "race").waves.advance(partition)  # a second worker derives the wave: cache hits
+    def second(partition):
+        run_job(config, job_id="warm")  # another job caches every escalation meanwhile
+        JobContext.open(config, "race").waves.advance(partition)  # a second worker derives the wave: cache hits
 
-    with faults.inject(race):
-        m = run_job(config, job_id="race").manifest
+    m, raced = race_at_wave_one(config, second)
     assert m["status"] == "succeeded" and raced
     with sqlite3.connect(tmp_path / "state.db") as c:
         followups = c.execute("select count(*) from work_units where job_id='race' and partition=? and wave > 0",
@@ -248,26 +266,9 @@ def test_a_derivation_that_lost_after_storing_cache_hits_costs_nothing_again(mak
     are done when their unit starts, not generated and paid a second time."""
     from pipeline.job.context import JobContext
 
-    config = make_config(routing=True, route__escalation__min_mean_logprob=0.0, route__rules=[], dedup__near=False)
-    no_cache = make_config(routing=True, route__escalation__min_mean_logprob=0.0, route__rules=[], dedup__near=False,
-                           cache__enabled=False)
-    written: dict[str, int] = {}
-    raced: list[str] = []
-
-    def race(point, job_id, partition):
-        if point != "wave_written" or job_id != "race":
-            return
-        written[partition] = written.get(partition, 0) + 1
-        if written[partition] == 1 and not written.get("warm"):
-            written["warm"] = 1
-            run_job(config, job_id="warm")  # before the race's drain: every escalation is in the cache
-        generated = UnitQueue(StateStore(config.state.url)).units("race", partition)
-        if written[partition] == 2 and generated and not raced:  # hits stored, nothing to run: not taken yet
-            raced.append(partition)
-            JobContext.open(no_cache, "race").waves.advance(partition)  # a worker without the cache wins
-
-    with faults.inject(race):
-        m = run_job(config, job_id="race").manifest
+    config, no_cache = make_config(**ESCALATE_ALL), make_config(**ESCALATE_ALL, cache__enabled=False)
+    m, raced = race_at_wave_one(config, lambda partition: JobContext.open(no_cache, "race").waves.advance(partition),
+                                first=lambda: run_job(config, job_id="warm"))  # every escalation cached first
     assert m["status"] == "succeeded" and raced
     with sqlite3.connect(tmp_path / "state.db") as c:
         units = c.execute("select count(*) from work_units where job_id='race' and partition=? and wave = 1",
