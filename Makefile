@@ -76,11 +76,13 @@ CONCURRENCY_TESTS := tests/integration/test_catalog_races.py tests/integration/t
 test-repeat: install
 	$(PY) -m pytest -q $(XDIST) --count=$(REPEAT) $(CONCURRENCY_TESTS)
 
-# The long chaos run: tests/system/test_chaos.py with CHAOS_KILLS random SIGKILLs (the suite runs 5) and a
-# fresh seed, printed so that a failure replays: TOKENMILL_CHAOS_SEED=<seed> make chaos.
+# The long chaos run: tests/system/test_chaos.py with CHAOS_KILLS random SIGKILLs over CHAOS_DOCUMENTS
+# documents (the suite: 5 over 120) and a fresh seed, printed so that a failure replays:
+# TOKENMILL_CHAOS_SEED=<seed> make chaos.
 CHAOS_KILLS ?= 20
+CHAOS_DOCUMENTS ?= 240
 chaos: install
-	TOKENMILL_CHAOS_KILLS=$(CHAOS_KILLS) TOKENMILL_CHAOS_SEED=$${TOKENMILL_CHAOS_SEED:-$$(date +%s)} \
+	TOKENMILL_CHAOS_KILLS=$(CHAOS_KILLS) TOKENMILL_CHAOS_DOCUMENTS=$(CHAOS_DOCUMENTS) TOKENMILL_CHAOS_SEED=$${TOKENMILL_CHAOS_SEED:-$$(date +%s)} \
 		$(PY) -m pytest -q -s tests/system/test_chaos.py
 
 # The long run of tests/unit/test_fuzz_reader.py (the suite runs a bounded, deterministic one): random

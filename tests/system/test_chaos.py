@@ -5,8 +5,8 @@ Whatever moment a kill lands on, the promises hold at the end: every record exac
 quarantine, no id twice, no item charged twice, the ledger's GPU-seconds equal to what the engines were
 held × their GPUs, readers that honour commits and a plain glob of the folders see the same rows, and no
 temporary file is left. The random moments come from a printed seed, so a failure can be replayed:
-TOKENMILL_CHAOS_SEED=<seed> TOKENMILL_CHAOS_KILLS=<n> pytest tests/system/test_chaos.py (`make chaos`
-runs 20 random kills with a fresh seed).
+TOKENMILL_CHAOS_SEED=<seed> TOKENMILL_CHAOS_KILLS=<n> TOKENMILL_CHAOS_DOCUMENTS=<n> pytest tests/system/test_chaos.py
+(the suite: 5 kills over 120 documents; `make chaos`: 20 kills over 240, with a fresh seed).
 """
 
 import os
@@ -24,6 +24,8 @@ from tests.conftest import REPO, TINY_CONFIG, read_kind
 from tests.jobs import assert_exactly_once, cli_env, start_cli
 
 KILLS = int(os.environ.get("TOKENMILL_CHAOS_KILLS", "5"))
+# 120 documents (10 partitions) in the suite; `make chaos` runs 240 (20 partitions).
+DOCUMENTS = int(os.environ.get("TOKENMILL_CHAOS_DOCUMENTS", "120"))
 SEED = int(os.environ.get("TOKENMILL_CHAOS_SEED", "2026"))
 
 # A run that kills itself at one fault point (pipeline/job/faults.py), the first time it meets it.
@@ -42,9 +44,10 @@ with faults.inject(die):
 
 
 def test_random_kills_and_reruns_keep_every_promise(tiny_models, tmp_path):
-    print(f"chaos seed {SEED}, {KILLS} random kills (replay: TOKENMILL_CHAOS_SEED={SEED} TOKENMILL_CHAOS_KILLS={KILLS})")
+    print(f"chaos seed {SEED}, {KILLS} random kills over {DOCUMENTS} documents (replay: TOKENMILL_CHAOS_SEED={SEED} "
+          f"TOKENMILL_CHAOS_KILLS={KILLS} TOKENMILL_CHAOS_DOCUMENTS={DOCUMENTS})")
     rng = random.Random(SEED)
-    counts = write_sample_corpus(tmp_path / "input", documents=240)
+    counts = write_sample_corpus(tmp_path / "input", documents=DOCUMENTS)
     # A dead planner, partition holder or tier worker on this host is taken over at once; short leases bound
     # the rest. The fake engine's step time keeps the drain long enough for random kills to land in it too.
     env = cli_env(tiny_models, tmp_path, run__progress="off", input__records_per_partition=12,
