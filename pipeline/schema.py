@@ -60,11 +60,12 @@ ITEM = pa.schema([
     ("unfaithful_terms", pa.int64()),  # numbers, dates and names the summary states that its document lacks
     ("compression_ratio", pa.float64()),  # zlib size / size of the summary: low for a loop (quality.py)
     ("copied_share", pa.float64()),   # share of its 6-word runs found verbatim in its document
+    ("topic_overlap", pa.float64()),  # share of its topic words its document holds too: low when off topic
     ("session_id", pa.string()),     # the engine session that generated it (its start-up and idle share)
 ])
 # What the cache keeps of a generated item (plus the job that paid and what it cost).
 CACHED_FIELDS = ("id", *GENERATION_FIELDS, "adapter_digest", "baseline_gpu_seconds", "chunks", "unfaithful_terms",
-                 "compression_ratio", "copied_share")
+                 "compression_ratio", "copied_share", "topic_overlap")
 
 OUTPUTS = pa.schema([
     ("id", pa.string()),
@@ -95,10 +96,12 @@ LEDGER = pa.schema([
     ("adapter_digest", pa.string()),  # that adapter's content digest when the output was made: which training
     ("route_reason", pa.string()),  # why this tier: rule:<name> | router:<p> | default
     ("escalated", pa.bool_()),      # regenerated on the escalation tier after a low-confidence first attempt
-    ("escalation_reason", pa.string()),  # why the first attempt was not kept: empty | degenerate | copied | unfaithful | truncated | low_logprob
+    ("escalation_reason", pa.string()),  # why the first attempt was not kept: empty | degenerate | copied | off_topic | unfaithful | truncated | low_logprob
     ("unfaithful", pa.bool_()),     # the served output states numbers, dates or names its document lacks (flagged)
     ("degenerate", pa.bool_()),     # the served output is a repetition loop (checks.degenerate_below); null: not measured
     ("copied", pa.bool_()),         # the served output gives its document back (checks.copied_above); null: not measured
+    ("off_topic", pa.bool_()),      # the served output is about something else (checks.off_topic_below); null: not measured
+    ("acceptable", pa.bool_()),     # served, and no check failed (degenerate, copied, off_topic, unfaithful, truncated)
     ("attempts", pa.int64()),       # generations paid for this row (1, +1 schema retry, +1 escalation; 0 when reused)
     ("chunks", pa.int64()),         # map-reduce: chunk summaries of a long document (0: not chunked)
     ("source", pa.string()),        # as in outputs
@@ -117,7 +120,7 @@ LEDGER = pa.schema([
     ("baseline_cost_usd", pa.float64()),  # same item, no dedup and no cache, on the largest tier
     ("saved_cost_usd", pa.float64()),     # reused items: what the generation they reuse cost; else 0
     ("quarantined", pa.bool_()),    # paid, but the output broke sampling.json_schema: no output row, a quarantine row
-    ("kind", pa.string()),          # output | invalid_output | failed_attempt | lost: what the GPU time bought
+    ("kind", pa.string()),          # output | invalid_output (quarantined: schema or a check) | failed_attempt | lost: what the GPU time bought
     ("created_at", pa.timestamp("us", tz="UTC")),
 ])
 
@@ -153,4 +156,7 @@ REASONS = {
     "too_long": "the prompt does not fit the tier's context length",
     "engine_error": "the engine failed on this item even when run alone",
     "invalid_output": "the output broke sampling.json_schema, also after one retry (its cost is in the ledger)",
+    "degenerate": "the served output is a repetition loop, also after escalation, and checks.quarantine lists `degenerate` (its cost is in the ledger)",
+    "copied": "the served output gives its document back, also after escalation, and checks.quarantine lists `copied` (its cost is in the ledger)",
+    "off_topic": "the served output is about something else than its document, also after escalation, and checks.quarantine lists `off_topic` (its cost is in the ledger)",
 }

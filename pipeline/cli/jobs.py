@@ -50,6 +50,15 @@ def _engine_rows(manifest: dict) -> list[tuple[str, str]]:
     return [(f"tier {tier}", engine_line(e)) for tier, e in manifest["engines"].items()]
 
 
+def _acceptable_line(manifest: dict) -> str:
+    """Served outputs that failed no check, and what the job paid per such summary."""
+    acceptable, outputs = sum(manifest.get("acceptable", {}).values()), manifest["counts"]["outputs"]
+    if not outputs:
+        return "-"
+    per = f", ${manifest['cost']['cost_usd'] / acceptable:.6f} per acceptable summary" if acceptable else ""
+    return f"{acceptable} of {outputs} ({acceptable / outputs:.0%}){per}"
+
+
 def summary_table(manifest: dict) -> Table:
     """A job manifest as the table `tokenmill run` prints."""
     c, t, m = manifest["counts"], manifest["tokens"], manifest["cost"]
@@ -70,8 +79,9 @@ def summary_table(manifest: dict) -> Table:
         ("  escalated by", ", ".join(f"{k} {v}" for k, v in routing.get("escalated_by", {}).items()) or "-"),
         ("unfaithful outputs", ", ".join(f"{k} {v}" for k, v in manifest.get("unfaithful", {}).get("outputs", {}).items())
          or "none"),
-        *((f"{check} outputs", ", ".join(f"{k} {v}" for k, v in by_tier.items()) or "none")
+        *((f"{check.replace('_', ' ')} outputs", ", ".join(f"{k} {v}" for k, v in by_tier.items()) or "none")
           for check, by_tier in manifest.get("checks", {}).items()),
+        ("acceptable outputs", _acceptable_line(manifest)),
         ("prompt tokens (cached)", f"{t['prompt_tokens']} ({t['cached_prompt_tokens']})"),
         ("prefix cache", _prefix_line(manifest.get("prefix_cache", {}))),
         ("output tokens", t["output_tokens"]),
@@ -92,16 +102,31 @@ def summary_table(manifest: dict) -> Table:
     return table
 
 
+# What an example shows, in the order examples are chosen: a summary a user would keep, then one caught by
+# each output check (docs/data-engineer.md#output-checks), then any other.
+SHOWS = ("acceptable", "degenerate", "copied", "off_topic", "unfaithful", "truncated", "other")
+
+
 def examples(cfg, job_id: str, n: int = 3) -> list[dict]:
-    """A few generated outputs of the job, one per tier first, for a reader to judge them by eye."""
+    """A few generated outputs of the job for a reader to judge by eye, chosen to show the checks at work:
+    the first acceptable one, then the first caught by each check, then the next of each; n rows read."""
     from pipeline.output.ledger import connect
 
-    # The first of each tier, then the next ones in id order: n rows read, whatever the job's size.
+    shows = "CASE " + " ".join(f"WHEN l.{c} THEN '{c}'" for c in SHOWS if c not in ("truncated", "other")) + \
+        " WHEN o.finish_reason = 'length' THEN 'truncated' ELSE 'other' END"
+    rank = "CASE shows " + " ".join(f"WHEN '{c}' THEN {i}" for i, c in enumerate(SHOWS)) + " END"
     rows = connect(cfg.output.uri, cfg.storage).execute(
-        "SELECT o.id, o.tier, o.summary, l.escalated FROM outputs o JOIN ledger l USING (job_id, id) "
-        "WHERE o.job_id = ? AND o.source = 'generated' "
-        "ORDER BY row_number() OVER (PARTITION BY o.tier ORDER BY o.id), o.id LIMIT ?", [job_id, n]).fetchall()
-    return [{"id": r[0], "tier": r[1], "summary": r[2], "escalated": r[3]} for r in rows]
+        f"SELECT id, tier, summary, escalated, shows FROM (SELECT o.id, o.tier, o.summary, l.escalated, {shows} AS shows "
+        "FROM outputs o JOIN ledger l USING (job_id, id) WHERE o.job_id = ? AND o.source = 'generated') "
+        f"ORDER BY row_number() OVER (PARTITION BY shows ORDER BY id), {rank}, id LIMIT ?", [job_id, n]).fetchall()
+    return [{"id": r[0], "tier": r[1], "summary": r[2], "escalated": r[3], "shows": r[4]} for r in rows]
+
+
+def _example_line(e: dict) -> Text:
+    summary = " ".join(e["summary"].split())
+    verdict = {"acceptable": "acceptable", "other": None}.get(e["shows"], f"flagged {e['shows'].replace('_', ' ')}")
+    about = ", ".join(x for x in (e["tier"], "escalated" if e["escalated"] else None, verdict) if x)
+    return Text.assemble((e["id"], "bold"), f" ({about}): {summary[:300]}{'…' if len(summary) > 300 else ''}")
 
 
 def _run(cfg, job_id: Optional[str], partitions: list[str] | None, json_summary: bool) -> None:
@@ -126,9 +151,7 @@ def _run(cfg, job_id: Optional[str], partitions: list[str] | None, json_summary:
     else:
         console.print(summary_table(result.manifest))
         for e in examples(cfg, result.job_id):
-            summary = " ".join(e["summary"].split())
-            console.print(Text.assemble((e["id"], "bold"), f" ({e['tier']}{', escalated' if e['escalated'] else ''}): "
-                                        f"{summary[:300]}{'…' if len(summary) > 300 else ''}"))
+            console.print(_example_line(e))
         console.print(f"outputs, ledger and quarantine under {cfg.output.uri}; manifest: jobs/{result.job_id}/manifest.json")
 
 

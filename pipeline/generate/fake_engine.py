@@ -6,9 +6,10 @@ user dry-running a config on a laptop all use this one). It speaks the vLLM engi
 it relies on:
 
 - **Outputs are a pure function of the request**: the prompt's token ids, `max_tokens`, the sampling
-  parameters, the adapter and the tier's model. Words drawn from a hash of those, tokenised with the
-  tier's real tokenizer, so token counts are the ones the ledger would see. Batch composition, order and
-  timing never change an output (unlike random-weight models, whose outputs drift with the batch).
+  parameters, the adapter and the tier's model. Words drawn from a hash of those (function words and
+  the prompt's own words, so that an answer is on its document's topic), tokenised with the tier's real
+  tokenizer, so token counts are the ones the ledger would see. Batch composition, order and timing
+  never change an output (unlike random-weight models, whose outputs drift with the batch).
 - **Lengths and finish reasons**: each answer runs to `fake.output_tokens` and stops (`stop`), or to
   `max_tokens` when that is smaller or unset (`length`). With `sampling.json_schema`, the answer is a
   minimal JSON instance of the schema (cut off, and so invalid, when `max_tokens` is too small).
@@ -31,6 +32,7 @@ from __future__ import annotations
 import itertools
 import json
 import math
+import re
 import time
 from array import array
 from collections import deque
@@ -48,6 +50,10 @@ WORDS = ("the", "report", "states", "that", "revenue", "grew", "in", "quarter", 
          "customers", "asked", "for", "faster", "delivery", "of", "orders", "a", "new", "policy", "covers",
          "data", "retention", "by", "region", "board", "approved", "budget", "summary", "notes", "risk",
          "remains", "low", "high", "market", "share", "rose", "product", "launch", "was", "delayed")
+
+FILLER = ("the", "and", "of", "in", "to", "a", "for", "with", "by", "on", "is", "was", "that", "as", "its", "from",
+          "at", "or", "an", "this")
+_TOPIC = re.compile(r"[^\W\d_]{4,}")
 
 
 @dataclass
@@ -170,15 +176,22 @@ class FakeEngine:
             wanted = max_tokens
             ids = self.tokenizer.encode(" ".join([WORDS[seed % len(WORDS)]] * (max_tokens + 8)), add_special_tokens=False)
         else:
-            wanted = self.fake.output_tokens or max_tokens
-            ids = self.tokenizer.encode(words(seed, min(wanted, max_tokens) + 8), add_special_tokens=False)
+            wanted, vocabulary = self.fake.output_tokens or max_tokens, self.vocabulary(prompt)
+            ids = self.tokenizer.encode(words(seed, min(wanted, max_tokens) + 8, vocabulary), add_special_tokens=False)
             while len(ids) < min(wanted, max_tokens):  # a tokenizer that merges words: draw more of them
                 seed = xxhash.xxh3_64_intdigest(str(seed).encode())
-                ids += self.tokenizer.encode(" " + words(seed, max_tokens), add_special_tokens=False)
+                ids += self.tokenizer.encode(" " + words(seed, max_tokens, vocabulary), add_special_tokens=False)
         ids = ids[:min(wanted, max_tokens)]
         low, high = self.fake.mean_logprob
         logprob = low + (high - low) * ((seed >> 11) / 2 ** 53)
         return _Request(request_id, list(prompt), ids, "length" if wanted >= max_tokens else "stop", logprob, adapter)
+
+    def vocabulary(self, prompt: list[int]) -> tuple[str, ...]:
+        """What an answer is drawn from: function words and up to len(WORDS) of the prompt's own words (4 letters
+        or more, spread over their sorted list). So an answer talks about its document, as a summary does, and
+        passes the `off_topic` check; its words come in random order, so it neither loops nor copies."""
+        found = sorted(set(_TOPIC.findall(self.tokenizer.decode(prompt).lower())))
+        return FILLER + tuple(found[::max(1, math.ceil(len(found) / len(WORDS)))])
 
     def prefill(self, prompt: list[int], adapter: str | None) -> int:
         """Prompt tokens already in the prefix cache, as vLLM counts them: whole blocks, never the block holding
@@ -205,12 +218,12 @@ class FakeEngine:
                           mean_logprob=r.mean_logprob if r.token_ids else None)
 
 
-def words(seed: int, n: int) -> str:
-    """`n` words drawn from `seed`: the same seed, the same words."""
+def words(seed: int, n: int, vocabulary: tuple[str, ...] = WORDS) -> str:
+    """`n` words of `vocabulary` drawn from `seed`: the same seed, the same words."""
     out, x = [], seed or 1
     for _ in range(n):
         x = (x * 6364136223846793005 + 1442695040888963407) % 2 ** 64  # a 64-bit LCG: cheap, portable, fixed
-        out.append(WORDS[(x >> 33) % len(WORDS)])
+        out.append(vocabulary[(x >> 33) % len(vocabulary)])
     return " ".join(out)
 
 

@@ -56,7 +56,8 @@ def output_problem(item: dict, config: TokenmillConfig) -> str | None:
 
 def escalation_reason(item: dict, config: TokenmillConfig) -> str | None:
     """Why a smaller tier's output is generated again on the escalation tier (None: it is kept).
-    The first reason that holds, in this order: empty, degenerate, copied, unfaithful, truncated, low_logprob."""
+    The first reason that holds, in this order: empty, degenerate, copied, off_topic, unfaithful, truncated,
+    low_logprob."""
     e, to = config.route.escalation, config.escalation_tier
     if to is None or item["tier"] == to or item.get("chunks"):
         return None
@@ -67,6 +68,8 @@ def escalation_reason(item: dict, config: TokenmillConfig) -> str | None:
         return "degenerate"
     if e.on_copied and "copied" in failed:
         return "copied"
+    if e.on_off_topic and "off_topic" in failed:
+        return "off_topic"
     if e.on_unfaithful and (item.get("unfaithful_terms") or 0) > 0:
         return "unfaithful"
     if e.on_truncation and item["finish_reason"] == "length":
@@ -83,7 +86,8 @@ def needs_escalation(item: dict, config: TokenmillConfig) -> bool:
 @dataclass
 class Outcome:
     """What a record with item key K ends with: the output it gets (`item`), every item paid to make
-    it, and how it got there. `problem` is set when the output still breaks the JSON schema."""
+    it, and how it got there. `problem` is set when the output still breaks the JSON schema; `rejected`
+    names the output check (`checks.quarantine`) the final output still fails: both quarantine the record."""
 
     item: dict | None
     paid: list[dict] = field(default_factory=list)
@@ -91,7 +95,18 @@ class Outcome:
     escalation_reason: str | None = None  # why the escalated attempt replaced the first one
     retried: bool = False
     problem: str | None = None
+    rejected: str | None = None
     chunks: int = 0  # chunk summaries among `paid`
+
+    @property
+    def refusal(self) -> tuple[str, str] | None:
+        """(quarantine reason, detail) when the record is quarantined although it has an output, else None."""
+        if self.problem:
+            return "invalid_output", self.problem
+        if self.rejected:
+            after = f" after escalation to {self.item['tier']}" if self.escalated else ""
+            return self.rejected, f"the output fails the {self.rejected} check{after} (checks.quarantine)"
+        return None
 
     @property
     def attempts(self) -> int:
@@ -112,7 +127,7 @@ def final_output(key: str, items: dict[str, dict], config: TokenmillConfig) -> O
 
     An escalation that failed (its tier could not take the prompt, or the engine failed) or whose
     output breaks the schema leaves the earlier output in place: the record is still served, and
-    pays for what ran.
+    pays for what ran, unless that output fails a check listed in `checks.quarantine`.
     """
     item = items.get(key)
     if item is None:
@@ -131,6 +146,8 @@ def final_output(key: str, items: dict[str, dict], config: TokenmillConfig) -> O
             out.paid.append(second)
             if output_problem(second, config) is None:
                 out.item, out.escalated, out.escalation_reason = second, True, reason
+    if out.problem is None and config.checks.quarantine:
+        out.rejected = next((c for c in failed_checks(out.item, config.checks) if c in config.checks.quarantine), None)
     return out
 
 

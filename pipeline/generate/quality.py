@@ -1,5 +1,5 @@
 """Output quality without a reference model: ROUGE-L against a reference, unfaithful terms, and the
-output checks (a degenerate loop, a copied document).
+output checks (a degenerate loop, a copied document, a summary off its document's topic).
 
 `rouge_l` scores a summary against a reference summary (the large tier's, or a hold-out label):
 the evals and the router's labels use it. `unfaithful_terms` lists what a summary states that its
@@ -240,14 +240,59 @@ def copied_share(summary: str, document: str) -> float:
     return len(runs & found) / len(runs)
 
 
+# Words that say what a text is, not what it is about: a summary's framing, never its topic.
+_FRAMING = set("""
+summary summarise summarize summarised summarized detailed details detail information overview report
+reports article content contents discussion describe described describing explain explained explaining
+provide provided providing include included including cover covered covering outline outlined
+highlight highlights highlighted focus focuses focused present presents presented aims various several
+important different specific related based following given well also like make makes made help helps plus
+""".split())
+_LETTERS = re.compile(r"[^\W\d_]{4,}")
+_STEM = 6  # letters kept of a stemmed word
+
+
+def _stem(word: str) -> str:
+    """A lemma without a lemmatiser: an ending off ("stepping", "steps" -> "step", "debugger" -> "debug"),
+    then the first 6 letters ("compression" -> "compre"), so that a form of a document's word counts as it."""
+    for ending in ("ing", "ers", "ed", "er", "es", "s"):
+        if word.endswith(ending) and len(word) - len(ending) >= 4:
+            word = word[:-len(ending)]
+            if word[-1] == word[-2] and word[-1] not in "aeiouls":  # stepp -> step, but fall, pass
+                word = word[:-1]
+            break
+    return word[:_STEM]
+
+
+def _topic_words(text: str) -> set[str]:
+    """A text's topic words: content words of 4 letters or more, neither common nor framing, stemmed."""
+    return {_stem(w) for w in _LETTERS.findall(text.lower()) if w not in _COMMON and w not in _FRAMING}
+
+
+def topic_overlap(summary: str, document: str) -> float:
+    """Share of the summary's topic words that its document holds too (1.0 when it has none: nothing to
+    be off). A summary of the document talks about the document's things; one that invents a topic ("a
+    report on renewable energy" for a licence text) shares almost none of them."""
+    words = _topic_words(summary)
+    return len(words & _topic_words(document)) / len(words) if words else 1.0
+
+
+# The output checks, in the order they are reported, and the item field each is measured by (stored with
+# the item; null on an item recorded before the check existed, which then neither fails nor passes it).
+MEASURES = {"degenerate": "compression_ratio", "copied": "copied_share", "off_topic": "topic_overlap"}
+CHECKS = tuple(MEASURES)
+
+
 def failed_checks(item: dict, checks) -> list[str]:
-    """Names of the output checks `item` fails (`checks`: config.ChecksConfig): `degenerate` (a loop) and
-    `copied` (its document, or most of it, given back). An item recorded before the checks has no measures
-    and fails none."""
+    """Names of the output checks `item` fails (`checks`: config.ChecksConfig): `degenerate` (a loop),
+    `copied` (its document, or most of it, given back) and `off_topic` (about something else). An item
+    recorded before a check has no measure for it and does not fail it."""
     summary, failed = item.get("summary") or "", []
-    ratio, share = item.get("compression_ratio"), item.get("copied_share")
+    ratio, share, overlap = item.get("compression_ratio"), item.get("copied_share"), item.get("topic_overlap")
     if ratio is not None and len(summary) >= checks.min_chars and ratio < checks.degenerate_below:
         failed.append("degenerate")
     if share is not None and len(summary.split()) >= checks.min_words and share > checks.copied_above:
         failed.append("copied")
+    if overlap is not None and len(_topic_words(summary)) >= checks.min_topic_words and overlap < checks.off_topic_below:
+        failed.append("off_topic")
     return failed

@@ -79,7 +79,7 @@ def cached_items(hits: dict[str, dict], lookers: dict[str, dict], partition: str
         "origin": "cache", "source_job": value["job_id"], "source_id": value["id"], "saved_usd": value["cost_usd"],
         "cache_status": "hit", "chunks": value.get("chunks"), "unfaithful_terms": value.get("unfaithful_terms"),
         "adapter_digest": value.get("adapter_digest"), "compression_ratio": value.get("compression_ratio"),
-        "copied_share": value.get("copied_share"),
+        "copied_share": value.get("copied_share"), "topic_overlap": value.get("topic_overlap"),
     } for key, value in hits.items()}
 
 

@@ -30,7 +30,7 @@ from pipeline.generate.engine_api import Progressed
 from pipeline.generate.followup import record_id
 from pipeline.generate.levers import counter_delta, read_counters
 from pipeline.generate.pricing import baseline_gpu_seconds, token_weight
-from pipeline.generate.quality import compression_ratio, copied_share, unfaithful_terms
+from pipeline.generate.quality import compression_ratio, copied_share, topic_overlap, unfaithful_terms
 from pipeline.generate.reuse import cache_value
 from pipeline.keys import adapter_digest
 from pipeline.stores.catalog import now
@@ -282,7 +282,7 @@ class TierWorker:
         model, price = self.config.tiers[self.tier].generator, self.config.tiers[self.tier].price_per_gpu_hour
         for (p, f), g, b in zip(ok, gpu, base):
             unit, c = f.row["unit"], p.completion
-            key = unit["item_key"]
+            key, document = unit["item_key"], unit.get("document", unit["text"])
             if unit["tenant"] not in digests:  # read once per step: the adapter the engine serves now
                 digests[unit["tenant"]] = adapter_digest(self.config.adapter(unit["tenant"], self.tier))
             items[key] = {"tier": self.tier, "model": model, "adapter_digest": digests[unit["tenant"]],
@@ -293,9 +293,9 @@ class TierWorker:
                           "gpu_seconds": float(g), "baseline_gpu_seconds": float(b), "created_at": created,
                           "cache_status": self.job.cache_status, "session_id": f.unit.session_id,
                           # checked once, here, where the output meets the text it summarises
-                          "unfaithful_terms": len(unfaithful_terms(c.text, unit.get("document", unit["text"]))),
-                          "compression_ratio": compression_ratio(c.text),
-                          "copied_share": copied_share(c.text, unit.get("document", unit["text"])),
+                          "unfaithful_terms": len(unfaithful_terms(c.text, document)),
+                          "compression_ratio": compression_ratio(c.text), "copied_share": copied_share(c.text, document),
+                          "topic_overlap": topic_overlap(c.text, document),
                           **({"chunks": unit["chunks"]} if unit.get("chunks") else {})}
             by_scope.setdefault(unit["scope"], {})[key] = cache_value(items[key], self.job_id, float(g) * price / 3600)
         for p, f in done:

@@ -13,6 +13,7 @@ import pyarrow.compute as pc
 
 from pipeline.config import TokenmillConfig, redact_url
 from pipeline.generate.levers import lever_summary, ratio
+from pipeline.generate.quality import CHECKS
 from pipeline.generate.shadow import summarise_verification
 from pipeline.job.context import JobContext
 from pipeline.output.commit import publish, published_commit, sweep_leftovers
@@ -70,7 +71,9 @@ def partition_counts(outputs: pa.Table, ledger: pa.Table, quarantine: pa.Table, 
         "unfaithful": {"outputs": count_by(ledger.filter(pc.fill_null(ledger["unfaithful"], False)), "tier")},
         # Served outputs that failed an output check (docs/data-engineer.md#output-checks), per tier.
         "checks": {check: count_by(ledger.filter(pc.fill_null(ledger[check], False)), "tier")
-                   for check in ("degenerate", "copied")},
+                   for check in CHECKS},
+        # Served outputs no check failed (ledger column `acceptable`), per tier: what a buyer pays for.
+        "acceptable": count_by(ledger.filter(pc.fill_null(ledger["acceptable"], False)), "tier"),
     }
 
 
@@ -169,7 +172,8 @@ def build_manifest(config: TokenmillConfig, job_id: str, job, parts: list, parti
         "prefix_cache": prefix_cache(totals.get("tokens", {})),
         "routing": totals.get("routing", {}),
         "unfaithful": {"outputs": dict(sorted(totals.get("unfaithful", {}).get("outputs", {}).items()))},
-        "checks": {check: dict(sorted(totals.get("checks", {}).get(check, {}).items())) for check in ("degenerate", "copied")},
+        "checks": {check: dict(sorted(totals.get("checks", {}).get(check, {}).items())) for check in CHECKS},
+        "acceptable": dict(sorted(totals.get("acceptable", {}).items())),
         "cost": {"cost_usd": cost, "baseline_cost_usd": baseline, "saved_usd": baseline - cost,
                  "gpu_seconds": totals.get("gpu_seconds", 0.0),
                  "overhead_gpu_seconds": totals.get("overhead_gpu_seconds", 0.0),

@@ -25,6 +25,7 @@ GROUP_KEYS = {
     "partition": "partition", "day": "CAST(created_at AS DATE)",
 }
 MONEY = "CAST({col} AS DECIMAL(38, 18))"
+DOCUMENT = "coalesce(kind, 'output') IN ('output', 'invalid_output')"
 MEASURES = {
     "items": "count(*)",
     "prompt_tokens": "CAST(sum(prompt_tokens) AS BIGINT)",
@@ -37,6 +38,14 @@ MEASURES = {
     "reused_items": "count(*) FILTER (WHERE source <> 'generated')",
     "quarantined_items": "count(*) FILTER (WHERE quarantined)",  # paid, output invalid (json_schema)
     "reuse_saved_usd": f"coalesce(sum({MONEY.format(col='saved_cost_usd')}), 0)",
+    # What a buyer of summaries pays for: documents that got an output (served or quarantined after it was
+    # paid), those of them no output check failed (ledger column `acceptable`), and the cost of each, every
+    # charge of the group (failed attempts, lost work) included.
+    "documents": f"count(*) FILTER (WHERE {DOCUMENT})",
+    "acceptable": "count(*) FILTER (WHERE acceptable)",
+    "acceptable_share": f"count(*) FILTER (WHERE acceptable) / nullif(count(*) FILTER (WHERE {DOCUMENT}), 0)",
+    "cost_per_document_usd": f"sum({MONEY.format(col='cost_usd')}) / nullif(count(*) FILTER (WHERE {DOCUMENT}), 0)",
+    "cost_per_acceptable_usd": f"sum({MONEY.format(col='cost_usd')}) / nullif(count(*) FILTER (WHERE acceptable), 0)",
 }
 
 

@@ -5,7 +5,8 @@ to what was paid (savings going down, engine start-up and idle, escalation and f
 engine utilisation per tier (starts, start-up, busy and idle seconds, busy ÷ held) and the levers
 each tier ran with (quantisation, KV-cache dtype, speculative acceptance, prefix-cache hits), engine
 throughput, reuse by kind, the slowest partitions (labels drawn whole: the label column widens), and
-quality: outputs flagged unfaithful per tier, escalations by reason, shadow verification's
+quality: the output checks per tier (degenerate, copied, off topic, unfaithful, acceptable, cost per
+acceptable document), escalations by reason, shadow verification's
 false-reuse rate and, when given, the headline of the latest `tokenmill eval`. Figures come from
 the job's ledger (DuckDB), its manifest and the eval's eval.json (read as plain JSON: the evals
 layer sits above this one, and a crafted file may hold anything: its numbers are formatted only when
@@ -169,16 +170,27 @@ def _note(text: str) -> Markup:
     return Markup('<p class="note">{}</p>').format(text)
 
 
-def job_quality(con: duckdb.DuckDBPyConnection, job_id: str) -> tuple[list[list[str]], list[list[str]]]:
-    """Per tier: served outputs, those flagged unfaithful, those escalated; and escalations by reason.
+FLAGS = ("degenerate", "copied", "off_topic", "unfaithful", "acceptable")  # ledger columns, per tier
 
-    Ledger files written before the faithfulness columns existed read as NULL there (the views carry
-    today's schema): their rows count as "not recorded", never as faithful or unexplained.
+
+def job_quality(con: duckdb.DuckDBPyConnection, job_id: str) -> tuple[list[list[str]], list[list[str]]]:
+    """Per tier: served outputs, those failing each output check, those acceptable (no check failed), the cost
+    per document and per acceptable document, those escalated; and escalations by reason.
+
+    Ledger files written before a check's column existed read as NULL there (the views carry today's schema):
+    their rows count as "not recorded", never as passing or unexplained.
     """
-    tiers = _rows(con, "SELECT tier, count(*), count(unfaithful), count(*) FILTER (WHERE unfaithful), "
-                       "count(*) FILTER (WHERE escalated) FROM ledger WHERE job_id = ? GROUP BY 1 ORDER BY 1", [job_id])
-    by_tier = [[tier, n, f"{flagged} ({flagged / recorded:.1%})" if recorded else "not recorded", escalated]
-               for tier, n, recorded, flagged, escalated in tiers]
+    flags = ", ".join(f"count({f}), count(*) FILTER (WHERE {f})" for f in FLAGS)
+    tiers = _rows(con, f"SELECT tier, count(*), {flags}, sum(cost_usd), count(*) FILTER (WHERE escalated) FROM ledger "
+                       "WHERE job_id = ? AND coalesce(kind, 'output') IN ('output', 'invalid_output') GROUP BY 1 ORDER BY 1",
+                  [job_id])
+    by_tier = []
+    for tier, n, *counts, cost, escalated in tiers:
+        cells = [f"{flagged} ({flagged / recorded:.1%})" if recorded else "not recorded"
+                 for recorded, flagged in zip(counts[::2], counts[1::2])]
+        acceptable = counts[-1] if counts[-2] else None
+        by_tier.append([tier, n, *cells, f"${_num(cost / n, '.6f')}" if n else "-",
+                        f"${_num(cost / acceptable, '.6f')}" if acceptable else "-", escalated])
     reasons = _rows(con, "SELECT coalesce(escalation_reason, 'not recorded'), count(*) AS n FROM ledger "
                          "WHERE job_id = ? AND escalated GROUP BY 1 ORDER BY n DESC, 1", [job_id])
     return by_tier, [[reason, n] for reason, n in reasons]
@@ -247,9 +259,13 @@ def eval_headline(result: dict, job_models: dict[str, str | None]) -> Markup:
 def quality_section(con: duckdb.DuckDBPyConnection, job_id: str, manifest: dict, eval_result: dict | None) -> Markup:
     by_tier, reasons = job_quality(con, job_id)
     parts = [Markup("<h2>Quality</h2>"),
-             _table("unfaithful-by-tier", ["tier", "served outputs", "flagged unfaithful", "escalated to this tier"], by_tier),
-             _note("Flagged unfaithful: the served output states numbers, dates or capitalised names its document "
-                   "does not contain (ledger column `unfaithful`; on the escalation tier it is flagged, not escalated)."),
+             _table("checks-by-tier", ["tier", "outputs", "degenerate", "copied", "off topic", "unfaithful", "acceptable",
+                                       "$ per document", "$ per acceptable", "escalated to this tier"], by_tier),
+             _note("Output checks (docs/data-engineer.md#output-checks), per served output: degenerate (a repetition "
+                   "loop), copied (its document given back), off topic (about something else), unfaithful (numbers, "
+                   "dates or capitalised names its document does not contain). Acceptable: no check failed and not "
+                   "cut off by max_tokens; what a buyer of summaries pays for. Outputs quarantined by `checks.quarantine` "
+                   "count here, as paid and not acceptable."),
              _table("escalations", ["escalation reason", "outputs"], reasons) if reasons
              else _note("No output was escalated in this job."),
              _note(_false_reuse_line(manifest.get("reuse", {}).get("verification") or {}))]

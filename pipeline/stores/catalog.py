@@ -116,6 +116,7 @@ class Item(Base):
     unfaithful_terms: Mapped[int | None] = mapped_column(Integer, nullable=True)  # the faithfulness signal
     compression_ratio: Mapped[float | None] = mapped_column(Float, nullable=True)  # the `degenerate` check's measure
     copied_share: Mapped[float | None] = mapped_column(Float, nullable=True)  # the `copied` check's measure
+    topic_overlap: Mapped[float | None] = mapped_column(Float, nullable=True)  # the `off_topic` check's measure
     session_id: Mapped[str | None] = mapped_column(String(200), nullable=True)  # engine session (units.py)
 
 

@@ -33,7 +33,8 @@ def fake_job(root: storage.Location, job_id: str, day: datetime, rows: int, seed
                            "model": "m", "source": rng.choice(["generated", "duplicate_in_job"]),
                            "prompt_tokens": rng.randint(10, 900), "cached_prompt_tokens": 0,
                            "output_tokens": rng.randint(1, 200), "gpu_seconds": gpu, "price_per_gpu_hour": price,
-                           "cost_usd": gpu * price / 3600, "baseline_cost_usd": gpu * 7.0 / 3600, "created_at": day})
+                           "cost_usd": gpu * price / 3600, "baseline_cost_usd": gpu * 7.0 / 3600, "created_at": day,
+                           "kind": "output", "acceptable": rng.random() < 0.7})
         outputs = [{"partition": part, **{k: r.get(k) for k in OUTPUTS.names}, "summary": "s", "finish_reason": "length",
                     "template_version": "v1"} for r in ledger]
         commit = new_commit_id(1)
@@ -74,6 +75,31 @@ def test_summary_by_tenant_equals_pyarrow_to_the_cent(output_root):
         assert float(row["cost_usd"]) == pytest.approx(want[tenant]["cost_usd_sum"], rel=1e-12)
         assert float(row["saved_usd"]) == pytest.approx(want[tenant]["baseline_cost_usd_sum"] - want[tenant]["cost_usd_sum"],
                                                         rel=1e-9)
+
+
+def test_cost_per_acceptable_document_counts_every_charge_over_the_acceptable_documents(output_root):
+    """Issue 28: what a buyer of summaries pays for. Per tier: documents (outputs, not charge rows), the acceptable
+    ones (no output check failed), and the group's whole cost over each, lost work included."""
+    root = storage.resolve(str(output_root))
+    lost = {"job_id": "job-0", "partition": "lost", "tier": "small", "model": "m", "kind": "lost", "cost_usd": 0.01,
+            "gpu_seconds": 10.0, "created_at": datetime(2026, 11, 20, tzinfo=timezone.utc)}
+    commit = new_commit_id(1)
+    empty = {kind: pa.schema([("partition", pa.string()), *schema]).empty_table()
+             for kind, schema in (("outputs", OUTPUTS), ("quarantine", QUARANTINE))}
+    publish(root, "job-0", "lost", commit, write_files(root, "job-0", "lost", {
+        "ledger": pa.Table.from_pylist([lost], schema=LEDGER), **empty}, "zstd", commit))
+    table = ds.dataset(output_root / "ledger", format="parquet").to_table().to_pylist()
+    got = {r["tier"]: r for r in summary(connect(str(output_root)), ["tier"]).to_pylist()}
+    for tier, row in got.items():
+        rows = [r for r in table if r["tier"] == tier]
+        documents = [r for r in rows if r["kind"] == "output"]
+        acceptable = [r for r in documents if r["acceptable"]]
+        cost = sum(r["cost_usd"] for r in rows)
+        assert row["documents"] == len(documents) == row["items"] - (tier == "small") == len(rows) - (tier == "small")
+        assert row["acceptable"] == len(acceptable) and 0 < len(acceptable) < len(documents)
+        assert row["acceptable_share"] == pytest.approx(len(acceptable) / len(documents))
+        assert float(row["cost_per_document_usd"]) == pytest.approx(cost / len(documents), rel=1e-9)
+        assert float(row["cost_per_acceptable_usd"]) == pytest.approx(cost / len(acceptable), rel=1e-9)
 
 
 def test_filters_by_job_and_day(output_root):

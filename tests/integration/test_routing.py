@@ -256,7 +256,7 @@ def test_loops_are_flagged_alike_in_catalog_ledger_and_manifest_and_escalate_whe
     write(tmp_path / "input" / "a.jsonl", [{**d, "text": f"{d['text']} Topic {i} of {i * 7}."} for i, d in enumerate(docs(24))])
     config = make_config(routing=True, route__rules=[], dedup__near=False, dedup__semantic=False,
                          route__escalation__min_mean_logprob=None, route__escalation__on_degenerate=escalate,
-                         tiers__small__fake__loop_share=0.5)
+                         tiers__small__fake__loop_share=0.5, tiers__small__fake__output_tokens=24)
     m = run_job(config, job_id="loops").manifest
     with sqlite3.connect(tmp_path / "state.db") as c:
         c.row_factory = sqlite3.Row
@@ -271,4 +271,43 @@ def test_loops_are_flagged_alike_in_catalog_ledger_and_manifest_and_escalate_whe
     else:
         assert {i for i, r in ledger.items() if r["degenerate"]} == loops and not m["routing"]["escalated"]
         assert m["checks"]["degenerate"] == {"small": len(loops)}
+        # The examples `tokenmill run` prints show the checks at work: a summary to keep, then a flagged one.
+        from pipeline.cli.jobs import examples
+
+        shown = examples(config, "loops")
+        assert [e["shows"] for e in shown[:2]] == ["acceptable", "degenerate"] and shown[1]["id"] in loops
     assert all(r["copied"] is False for r in ledger.values()) and m["checks"]["copied"] == {}
+
+
+def test_outputs_still_failing_a_check_after_escalation_are_quarantined_with_its_name(make_config, tmp_path):
+    """Issue 28: with `checks.quarantine: [degenerate]`, a record whose small-tier output loops is escalated;
+    where the large tier loops too, the record is quarantined with reason `degenerate` and both paid attempts
+    stay in the ledger (kind invalid_output); every other record is served. Nothing lost, nothing free."""
+    import sqlite3
+
+    from pipeline.generate.quality import failed_checks
+
+    write(tmp_path / "input" / "a.jsonl", [{**d, "text": f"{d['text']} Topic {i} of {i * 7}."} for i, d in enumerate(docs(40))])
+    config = make_config(routing=True, route__rules=[], dedup__near=False, dedup__semantic=False,
+                         route__escalation__min_mean_logprob=None, checks__quarantine=["degenerate"],
+                         tiers__small__fake__loop_share=0.5, tiers__large__fake__loop_share=0.5,
+                         tiers__small__fake__output_tokens=24, tiers__large__fake__output_tokens=24)  # loops aside, they stop
+    m = run_job(config, job_id="rejects").manifest
+    with sqlite3.connect(tmp_path / "state.db") as c:
+        c.row_factory = sqlite3.Row
+        items = [dict(r) for r in c.execute("select * from items where job_id='rejects'")]
+    loops = {tier: {r["id"] for r in items if r["tier"] == tier and failed_checks(r, config.checks)} for tier in ("small", "large")}
+    both = loops["small"] & loops["large"]
+    assert both and loops["small"] - both, loops  # some loop on both tiers, some are saved by escalation
+    output = tmp_path / "output"
+    quarantine = {r["id"]: r for r in read_kind(output, "quarantine", "rejects").to_pylist()}
+    outputs = {r["id"] for r in read_kind(output, "outputs", "rejects").to_pylist()}
+    rejected = {i for i, r in quarantine.items() if r["reason"] == "degenerate"}
+    assert rejected == both and not rejected & outputs
+    assert all("after escalation to large" in quarantine[i]["detail"] for i in rejected)
+    ledger = {r["id"]: r for r in read_kind(output, "ledger", "rejects").to_pylist()}
+    assert all(ledger[i]["kind"] == "invalid_output" and ledger[i]["quarantined"] and ledger[i]["attempts"] == 2
+               and ledger[i]["cost_usd"] > 0 for i in rejected)
+    assert not any(ledger[i]["degenerate"] or ledger[i]["acceptable"] is None for i in outputs)  # served: passes
+    assert sum(m["acceptable"].values()) == sum(1 for r in ledger.values() if r["acceptable"]) > 0
+    assert m["counts"]["quarantined"] == len(quarantine) and len(outputs) + len(quarantine) == m["counts"]["records"]

@@ -40,7 +40,7 @@ def test_report_renders_offline_with_every_chart_drawn(make_config, sample_corpu
     run_job(config, job_id="report")  # no engine left running by an earlier test (conftest): it pays for its start
     page = build_report(config.output.uri, "report")
     assert "http://" not in page and "https://" not in page  # nothing fetched from a network
-    assert 'id="unfaithful-by-tier"' in page and "No eval result" in page
+    assert 'id="checks-by-tier"' in page and "No eval result" in page
     assert 'id="engine-utilisation"' in page and "+ engine start-up and idle" in page  # the engine's start was paid
     assert all(float(v) < 0 for v in re.findall(r'>− [^<]*</text><rect [^>]*data-value="([\d.-]+)"', page))
     html_file = tmp_path / "report.html"
@@ -87,16 +87,21 @@ EVAL = {
 
 
 def ledger_rows(job_id: str) -> list[dict]:
-    """Six served outputs: on small, two unfaithful; on large, two escalated (unfaithful, truncated), one flagged."""
+    """Six served outputs: on small, two unfaithful (one a loop too); on large, two escalated (unfaithful,
+    truncated), one flagged; and a charge row (lost work), which is no document."""
     rows = []
     for i, (tier, unfaithful, reason) in enumerate([("small", True, None), ("small", True, None), ("small", False, None),
                                                     ("large", False, "unfaithful"), ("large", True, "truncated"),
                                                     ("large", False, None)]):
+        checks = {"degenerate": i == 0, "copied": False, "off_topic": False}
         rows.append({"job_id": job_id, "partition": "p0", "id": f"d{i}", "tenant": "acme", "tier": tier, "model": f"m-{tier}",
-                     "source": "generated", "escalated": reason is not None, "escalation_reason": reason,
+                     "source": "generated", "escalated": reason is not None, "escalation_reason": reason, "kind": "output",
+                     **checks, "acceptable": not (unfaithful or any(checks.values())),
                      "unfaithful": unfaithful, "prompt_tokens": 100, "cached_prompt_tokens": 0, "output_tokens": 20,
                      "gpu_seconds": 1.0, "price_per_gpu_hour": 3.6, "cost_usd": 0.001, "baseline_cost_usd": 0.002,
                      "created_at": datetime(2026, 11, 30, tzinfo=timezone.utc)})
+    rows.append({**rows[0], "id": None, "kind": "lost", "escalated": False, "unfaithful": None, "degenerate": None,
+                 "copied": None, "off_topic": None, "acceptable": None, "gpu_seconds": 0.5, "cost_usd": 0.0005})
     return rows
 
 
@@ -122,7 +127,8 @@ def write_job(out, job_id: str, old_ledger: bool = False) -> str:
                         "zstd", commit)
     if old_ledger:
         path = part_path(root, "ledger", job_id, "p0", commit)
-        pq.write_table(ledger.drop_columns(["escalation_reason", "unfaithful"]), path)
+        pq.write_table(ledger.drop_columns(["escalation_reason", "unfaithful", "degenerate", "copied", "off_topic",
+                                            "acceptable"]), path)
         files["ledger"] = relative(root, path)
     publish(root, job_id, "p0", commit, files)
     write_manifest(root, job_id, {"small": "m-w4a16", "large": "m-f32"})
@@ -139,7 +145,9 @@ def test_quality_section_counts_unfaithful_and_escalations_and_shows_the_eval(tm
     eval_file = tmp_path / "eval.json"
     eval_file.write_text(json.dumps(EVAL))
     page = build_report(write_job(tmp_path / "out", "q"), "q", eval_result=load_eval(eval_file))
-    assert cells(page, "unfaithful-by-tier") == [["large", "3", "1 (33.3%)", "2"], ["small", "3", "2 (66.7%)", "0"]]
+    assert cells(page, "checks-by-tier") == [
+        ["large", "3", "0 (0.0%)", "0 (0.0%)", "0 (0.0%)", "1 (33.3%)", "2 (66.7%)", "$0.001000", "$0.001500", "2"],
+        ["small", "3", "1 (33.3%)", "0 (0.0%)", "0 (0.0%)", "2 (66.7%)", "1 (33.3%)", "$0.001000", "$0.003000", "0"]]
     assert cells(page, "escalations") == [["truncated", "1"], ["unfaithful", "1"]]
     assert cells(page, "eval-tiers") == [["small", "m-w4a16", "0.412", "12.0% (9.0% - 16.0%)", "$0.01234"],
                                          ["large", "m-f32", "1.000", "5.0% (3.0% - 8.0%)", "$0.05678"]]
@@ -158,7 +166,9 @@ def test_quality_section_renders_an_old_ledger_and_a_stale_or_failed_eval(tmp_pa
     eval_file = tmp_path / "eval.json"
     eval_file.write_text(json.dumps(stale))
     page = build_report(out, "old", eval_result=load_eval(eval_file))
-    assert cells(page, "unfaithful-by-tier") == [["large", "3", "not recorded", "2"], ["small", "3", "not recorded", "0"]]
+    old = ["not recorded"] * 5
+    assert cells(page, "checks-by-tier") == [["large", "3", *old, "$0.001000", "-", "2"],
+                                             ["small", "3", *old, "$0.001000", "-", "0"]]
     assert cells(page, "escalations") == [["not recorded", "2"]]
     assert "none keeps 95.0% of all-large quality" in page
 

@@ -149,8 +149,40 @@ def test_the_document_given_back_is_copied(copy):
 ])
 def test_a_good_summary_passes_every_check(good):
     from pipeline.config import ChecksConfig
-    from pipeline.generate.quality import compression_ratio, copied_share, failed_checks
+    from pipeline.generate.quality import compression_ratio, copied_share, failed_checks, topic_overlap
 
-    item = {"summary": good, "compression_ratio": compression_ratio(good), "copied_share": copied_share(good, DOC)}
+    item = {"summary": good, "compression_ratio": compression_ratio(good), "copied_share": copied_share(good, DOC),
+            "topic_overlap": topic_overlap(good, DOC)}
     assert failed_checks(item, ChecksConfig()) == []
     assert failed_checks({"summary": "x" * 500}, ChecksConfig()) == [], "an item recorded before the checks: none"
+
+
+def test_a_fluent_summary_of_another_topic_is_off_topic():
+    """The demo's Perl licence summarised as a report on renewable energy: fluent, neither looped nor copied."""
+    from pipeline.config import ChecksConfig
+    from pipeline.generate.quality import compression_ratio, copied_share, failed_checks, topic_overlap
+
+    invented = ("This is a detailed report on the implementation of a new technology in the field of renewable "
+                "energy, covering solar panels, wind turbines and the storage of electricity in batteries.")
+    item = {"summary": invented, "compression_ratio": compression_ratio(invented),
+            "copied_share": copied_share(invented, DOC), "topic_overlap": topic_overlap(invented, DOC)}
+    assert item["topic_overlap"] == 0.0 and failed_checks(item, ChecksConfig()) == ["off_topic"]
+
+
+@pytest.mark.parametrize("summary, overlap", [
+    ("Pdb: debugging Python programs, stepping and breakpoints.", 1.0),   # inflections count: debugger/debugging
+    ("The guide covers the Python debugger and its breakpoints, plus unrelated gardening advice.", 3 / 7),
+    ("It is a text.", 1.0),                                               # no topic word: nothing to be off
+])
+def test_topic_overlap_compares_topic_words_not_framing(summary, overlap):
+    from pipeline.generate.quality import topic_overlap
+
+    assert topic_overlap(summary, DOC) == pytest.approx(overlap, abs=0.01)
+
+
+def test_a_short_summary_is_never_off_topic():
+    from pipeline.config import ChecksConfig
+    from pipeline.generate.quality import failed_checks, topic_overlap
+
+    short = "Solar panel notes."
+    assert failed_checks({"summary": short, "topic_overlap": topic_overlap(short, DOC)}, ChecksConfig()) == []
