@@ -42,12 +42,29 @@ def print_table(table, format: str, title: str | None = None) -> None:
         return
     if format != "table":
         fail(f"--format must be table, csv or json, not {format}")
+    from rich.measure import Measurement
+
+    def cell(v) -> str:
+        return "-" if v is None else f"{v:.6f}" if isinstance(v, (float, Decimal)) else str(v)
+
+    rows = list(zip(*(column.to_pylist() for column in table.columns)))
     out = Table(title=title)
     for field in table.schema:  # by position: a result may repeat a column name
         out.add_column(field.name, justify="left" if field.type in ("string",) else "right")
-    for r in zip(*(column.to_pylist() for column in table.columns)):
-        out.add_row(*("-" if v is None else f"{v:.6f}" if isinstance(v, (float, Decimal)) else str(v) for v in r))
-    console.print(out)
+    for r in rows:
+        out.add_row(*map(cell, r))
+    if Measurement.get(console, console.options.update(max_width=10_000), out).maximum <= console.width:
+        console.print(out)
+        return
+    # Too wide for the terminal (or a log's 80 columns): one block per row, a column per line, as psql's \x does,
+    # rather than cells squeezed to a few letters each.
+    for i, r in enumerate(rows, 1):
+        block = Table(title=f"{title or 'result'}: row {i} of {len(rows)}", show_header=False)
+        block.add_column(justify="left")
+        block.add_column(justify="right")
+        for field, v in zip(table.schema, r):
+            block.add_row(field.name, cell(v))
+        console.print(block)
 
 
 def _storage_config(config: Optional[Path]):
