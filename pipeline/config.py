@@ -139,12 +139,23 @@ class PromptConfig(Section):
         return self
 
 
+# The sampling knobs against loops and their neutral values (left out of item keys while neutral).
+LOOP_KNOBS = {"repetition_penalty": 1.0, "frequency_penalty": 0.0, "presence_penalty": 0.0, "min_tokens": 0, "stop": []}
+
+
 class SamplingConfig(Section):
     max_tokens: int = Field(128, gt=0, description="Most output tokens per summary (capped by what the context leaves).")
     temperature: float = Field(0.0, ge=0.0, description="0 is greedy: the reproducible choice for nightly batch work.")
     top_p: float = Field(1.0, gt=0.0, le=1.0, description="Nucleus sampling mass.")
     seed: int | None = Field(0, description="Per-request sampling seed (used when temperature > 0).")
     json_schema: dict[str, Any] | None = Field(None, description="JSON schema every summary must follow, enforced by vLLM's guided decoding (compact JSON, no free whitespace). An output that still fails validation (cut off by max_tokens) is retried once with twice the token budget, then quarantined as `invalid_output`. Part of the item key: changing it regenerates.")
+    # Against loops (vLLM's own names and meanings). Each is part of the item key only when it is set away from
+    # its neutral value, so that keys made before these knobs existed stay valid.
+    repetition_penalty: float = Field(1.0, gt=0.0, description="Above 1 makes tokens already in the prompt or output less likely (vLLM's `repetition_penalty`): the usual cure for a small model's loops; 1: off. Part of the item key when not 1.")
+    frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0, description="Penalises a token by how often it already appears in the output (vLLM's `frequency_penalty`); 0: off.")
+    presence_penalty: float = Field(0.0, ge=-2.0, le=2.0, description="Penalises a token that already appears in the output (vLLM's `presence_penalty`); 0: off.")
+    min_tokens: int = Field(0, ge=0, description="Output tokens generated before an end of sequence may stop it (vLLM's `min_tokens`); 0: off.")
+    stop: list[str] = Field(default_factory=list, description="Strings that end the output where they appear, not included (vLLM's `stop`), e.g. a blank line after a one-paragraph summary.")
 
     @model_validator(mode="after")
     def _schema_is_valid(self) -> "SamplingConfig":
@@ -156,6 +167,10 @@ class SamplingConfig(Section):
             except SchemaError as e:
                 raise ValueError(f"json_schema is not a valid JSON schema: {e.message}") from None
         return self
+
+    def keyed(self) -> dict[str, Any]:
+        """The parameters that decide an output, as item keys take them: the loop knobs only when set."""
+        return {k: v for k, v in self.model_dump(mode="json").items() if LOOP_KNOBS.get(k, object()) != v}
 
 
 class RouteRule(Section):

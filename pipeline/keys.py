@@ -79,7 +79,7 @@ def recipe_hash(model: str, prompt: PromptConfig, sampling: SamplingConfig, adap
 
     JSON is an unambiguous encoding of the parts already (strings quoted and escaped). Without an
     adapter the parts are what they were before adapters existed, so those keys did not change."""
-    parts = [model, prompt.template_version, prompt.system, prompt.user, sampling.model_dump(mode="json")]
+    parts = [model, prompt.template_version, prompt.system, prompt.user, sampling.keyed()]
     return xxhash.xxh3_64_hexdigest(json.dumps(parts + ([adapter_digest] if adapter_digest else []),
                                                sort_keys=True).encode())
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import logging
-import sys
 from pathlib import Path
 from typing import Optional
 
@@ -14,15 +13,28 @@ from rich.text import Text
 
 from pipeline import JobError, estimate_job, run_job
 from pipeline.cli.common import ConfigOption, app, console, fail, jobs_app, load, state_store, when
+from pipeline.cli.liblog import library_output
 from pipeline.config_env import redact_url
 
 InputOption = typer.Option(None, "--input", help="Input folder or URI (overrides input.uri).")
+VerboseOption = typer.Option(False, "--verbose", "-v", help="Print the engines' and libraries' messages (vLLM, torch, transformers) here too, instead of only to the log file under $TOKENMILL_HOME/logs.")
 
 
-def _prefix_line(p: dict) -> str:
+def _prefix_line(manifest: dict) -> str:
+    """The prefix cache's hit share next to what sharing allows, and why when nothing was hit."""
+    p = manifest.get("prefix_cache", {})
     if not p or p.get("hit_ratio") is None:
         return "-"
-    return f"{p['hit_ratio']:.1%} of prompt tokens cached; sharing allows {p['shareable_ratio']:.1%}"
+    line = f"{p['hit_ratio']:.1%} of prompt tokens cached; sharing allows {p['shareable_ratio']:.1%}"
+    if p["hit_ratio"] > 0 or not p["shareable_ratio"]:
+        return line
+    engines = manifest.get("engines", {})
+    if engines and not any(e.get("levers", {}).get("prefix_caching", True) for e in engines.values()):
+        return f"{line} (prefix caching is off: tiers.<name>.vllm.enable_prefix_caching)"
+    requests = manifest["counts"]["by_source"].get("generated", 0)
+    shared = manifest["tokens"].get("shareable_prompt_tokens", 0) / requests if requests else 0
+    return (f"{line} (about {shared:.0f} tokens shared per prompt; vLLM caches whole blocks, 128 tokens on a CPU, "
+            "16 on a GPU: a shared prefix shorter than a block is never hit)")
 
 
 def engine_line(e: dict) -> str:
@@ -83,7 +95,7 @@ def summary_table(manifest: dict) -> Table:
           for check, by_tier in manifest.get("checks", {}).items()),
         ("acceptable outputs", _acceptable_line(manifest)),
         ("prompt tokens (cached)", f"{t['prompt_tokens']} ({t['cached_prompt_tokens']})"),
-        ("prefix cache", _prefix_line(manifest.get("prefix_cache", {}))),
+        ("prefix cache", _prefix_line(manifest)),
         ("output tokens", t["output_tokens"]),
         ("GPU-seconds", f"{m['gpu_seconds']:.3f}" + (f" ({m['overhead_gpu_seconds']:.3f} engine start-up and idle)"
                                                      if m.get("overhead_gpu_seconds") else "")),
@@ -108,8 +120,8 @@ SHOWS = ("acceptable", "degenerate", "copied", "off_topic", "unfaithful", "trunc
 
 
 def examples(cfg, job_id: str, n: int = 3) -> list[dict]:
-    """A few generated outputs of the job for a reader to judge by eye, chosen to show the checks at work:
-    the first acceptable one, then the first caught by each check, then the next of each; n rows read."""
+    """A few outputs of the job (generated or reused) for a reader to judge by eye, chosen to show the checks at
+    work: the first acceptable one, then the first caught by each check, then the next of each; n rows read."""
     from pipeline.output.ledger import connect
 
     shows = "CASE " + " ".join(f"WHEN l.{c} THEN '{c}'" for c in SHOWS if c not in ("truncated", "other")) + \
@@ -117,7 +129,7 @@ def examples(cfg, job_id: str, n: int = 3) -> list[dict]:
     rank = "CASE shows " + " ".join(f"WHEN '{c}' THEN {i}" for i, c in enumerate(SHOWS)) + " END"
     rows = connect(cfg.output.uri, cfg.storage).execute(
         f"SELECT id, tier, summary, escalated, shows FROM (SELECT o.id, o.tier, o.summary, l.escalated, {shows} AS shows "
-        "FROM outputs o JOIN ledger l USING (job_id, id) WHERE o.job_id = ? AND o.source = 'generated') "
+        "FROM outputs o JOIN ledger l USING (job_id, id) WHERE o.job_id = ?) "
         f"ORDER BY row_number() OVER (PARTITION BY shows ORDER BY id), {rank}, id LIMIT ?", [job_id, n]).fetchall()
     return [{"id": r[0], "tier": r[1], "summary": r[2], "escalated": r[3], "shows": r[4]} for r in rows]
 
@@ -129,23 +141,26 @@ def _example_line(e: dict) -> Text:
     return Text.assemble((e["id"], "bold"), f" ({about}): {summary[:300]}{'…' if len(summary) > 300 else ''}")
 
 
-def _run(cfg, job_id: Optional[str], partitions: list[str] | None, json_summary: bool) -> None:
+def _run(cfg, job_id: Optional[str], partitions: list[str] | None, json_summary: bool, verbose: bool) -> None:
+    from pipeline.config import tokenmill_home
     from pipeline.generate.engine import shutdown_engines
     from pipeline.job.progress import Progress
 
-    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s", stream=sys.stderr)
-    for noisy in ("vllm", "transformers", "httpx", "alembic"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
-    try:
-        # release_engines: each tier's engine is shut down when its drain ends (this process ends after the
-        # job), so its memory is free for the next tier and every second it was held is in the ledger.
-        result = run_job(cfg, job_id=job_id, partitions=partitions, release_engines=True,
-                         progress=Progress(cfg.run.progress, cfg.run.log_every_seconds))
-    except JobError as e:
-        # Exit 3: stopped by a budget cap (refused, or partitions deferred); 2: any other failure.
-        fail(f"job {'stopped' if e.budget else 'failed'}: {e}", code=3 if e.budget else 2)
-    finally:
-        shutdown_engines()
+    with library_output(tokenmill_home(), verbose) as log_file:
+        for noisy in ("vllm", "transformers", "httpx", "alembic"):
+            logging.getLogger(noisy).setLevel(logging.WARNING)
+        if log_file is not None:
+            logging.getLogger("tokenmill.run").info("engine and library messages (vLLM, torch): %s (-v: here)", log_file)
+        try:
+            # release_engines: each tier's engine is shut down when its drain ends (this process ends after the
+            # job), so its memory is free for the next tier and every second it was held is in the ledger.
+            result = run_job(cfg, job_id=job_id, partitions=partitions, release_engines=True,
+                             progress=Progress(cfg.run.progress, cfg.run.log_every_seconds))
+        except JobError as e:
+            # Exit 3: stopped by a budget cap (refused, or partitions deferred); 2: any other failure.
+            fail(f"job {'stopped' if e.budget else 'failed'}: {e}", code=3 if e.budget else 2)
+        finally:
+            shutdown_engines()
     if json_summary:
         typer.echo(json.dumps(result.manifest, indent=2))
     else:
@@ -159,16 +174,18 @@ def _run(cfg, job_id: Optional[str], partitions: list[str] | None, json_summary:
 def run(config: Path = ConfigOption, input: Optional[str] = InputOption,
         output: Optional[str] = typer.Option(None, "--output", help="Output root (overrides output.uri)."),
         job_id: Optional[str] = typer.Option(None, "--job-id", help="Job id (default: job-<UTC time>-<random>). An existing id continues that job."),
-        json_summary: bool = typer.Option(False, "--json", help="Print the manifest as JSON instead of a table.")) -> None:
+        json_summary: bool = typer.Option(False, "--json", help="Print the manifest as JSON instead of a table."),
+        verbose: bool = VerboseOption) -> None:
     """Run a summarisation job end to end. Exit 0 when every partition committed (quarantined records included)."""
-    _run(load(config, input__uri=input, output__uri=output), job_id, None, json_summary)
+    _run(load(config, input__uri=input, output__uri=output), job_id, None, json_summary, verbose)
 
 
 @app.command("rerun")
 def rerun(config: Path = ConfigOption,
           job_id: str = typer.Option(..., "--job-id", help="The job to continue."),
           partition: Optional[list[str]] = typer.Option(None, "--partition", help="Run these partitions again even if they succeeded (repeatable)."),
-          json_summary: bool = typer.Option(False, "--json", help="Print the manifest as JSON.")) -> None:
+          json_summary: bool = typer.Option(False, "--json", help="Print the manifest as JSON."),
+          verbose: bool = VerboseOption) -> None:
     """Re-run a job's failed and unfinished partitions (or the named ones). Committed work is never paid twice."""
     cfg = load(config)
     state = state_store(cfg)
@@ -177,7 +194,7 @@ def rerun(config: Path = ConfigOption,
         fail(f"no job {job_id} in {state.safe_url(cfg.state.url)}")
     # A rerun reads and writes where the job was staged, whatever the config file says now.
     cfg = load(config, input__uri=job.input_uri, output__uri=job.output_uri)
-    _run(cfg, job_id, partition or [], json_summary)
+    _run(cfg, job_id, partition or [], json_summary, verbose)
 
 
 def _usd_range(e: dict) -> str:

@@ -145,7 +145,10 @@ def _params(max_tokens: int, sampling: SamplingConfig):
         structured = StructuredOutputsParams(json=sampling.json_schema)  # one per request: vLLM records its backend on it
     # logprobs=0: only the sampled token's log-probability, enough for the mean (escalation's signal).
     return SamplingParams(max_tokens=max_tokens, temperature=sampling.temperature, top_p=sampling.top_p,
-                          seed=sampling.seed, logprobs=0, structured_outputs=structured)
+                          seed=sampling.seed, logprobs=0, structured_outputs=structured,
+                          repetition_penalty=sampling.repetition_penalty, frequency_penalty=sampling.frequency_penalty,
+                          presence_penalty=sampling.presence_penalty, min_tokens=sampling.min_tokens,
+                          stop=sampling.stop or None)
 
 
 def _completion(o) -> Completion:

@@ -41,7 +41,7 @@ from pathlib import Path
 
 import xxhash
 
-from pipeline.config import SamplingConfig, TierConfig
+from pipeline.config import LOOP_KNOBS, SamplingConfig, TierConfig
 from pipeline.generate.engine_api import Completion, EngineStartError, Progressed, load_tokenizer
 
 # Words the fake answers with: common English, so the tier's tokenizer splits them as it would real text.
@@ -165,8 +165,9 @@ class FakeEngine:
     def answer(self, request_id: str, prompt: list[int], max_tokens: int, sampling: SamplingConfig,
                adapter: str | None) -> _Request:
         """The request's whole answer, decided when it is added: a pure function of the request."""
+        knobs = {k: v for k, v in sampling.keyed().items() if k in LOOP_KNOBS}  # set loop knobs change the answer
         request = [self.model_name, adapter and Path(adapter).name, prompt, max_tokens, sampling.temperature,
-                   sampling.top_p, sampling.seed, sampling.json_schema]
+                   sampling.top_p, sampling.seed, sampling.json_schema, *([knobs] if knobs else [])]
         seed = xxhash.xxh3_64_intdigest(json.dumps(request, separators=(",", ":")).encode())
         if sampling.json_schema is not None:
             text = json.dumps(instance(sampling.json_schema, seed), separators=(",", ":"))

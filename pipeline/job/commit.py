@@ -171,7 +171,7 @@ class PartitionCommit:
         try:
             faults.checkpoint("before_publish", self.job_id, partition)
             publish(ctx.out, self.job_id, partition, commit, files)
-            ctx.progress.advance(done=outputs.num_rows, quarantined=quarantine.num_rows)
+            ctx.progress.advance(done=outputs.num_rows, quarantined=quarantine.num_rows, partition=partition)
         except Exception as e:  # committed in the catalog: never downgrade it; the record follows
             log.warning("partition %s committed, but its commit record could not be written yet (%s); "
                         "the job's next manifest write publishes it", partition, e)

@@ -137,3 +137,22 @@ def test_a_fifo_named_like_an_input_file_is_skipped_not_waited_on(make_config, t
     m = done[0].manifest
     assert m["status"] == "succeeded" and m["counts"]["outputs"] == 1
     assert any(s.startswith("b.jsonl: skipped, not a regular file (a FIFO)") for s in m["staging"]["skipped_files"])
+
+
+def test_progress_counts_items_as_they_are_stored_before_any_partition_commits(make_config, sample_corpus):
+    """Issue 28: the demo said "0/70 items done" for four minutes, items counting only at commit. At the first
+    commit point (nothing committed yet, every generation of the job stored) the progress already counts them."""
+    from pipeline.job import faults
+    from pipeline.job.progress import Progress
+
+    progress, seen = Progress("off"), []
+
+    def watch(point, job_id, partition):
+        if point == "before_commit" and not seen:
+            seen.append((progress.shown, progress.done))
+
+    with faults.inject(watch):
+        run_job(make_config(), job_id="progress", progress=progress)
+    shown, committed = seen[0]
+    assert committed == 0 and shown > 0
+    assert progress.shown == progress.done == progress.total  # and at the end, every record committed

@@ -260,6 +260,37 @@ def test_headless_progress_lines_say_elapsed_seconds_and_rate(caplog):
         progress.advance(done=4, reused=1, usd=0.5)  # within the interval: no line
         progress.finish()
     lines = [r.getMessage() for r in caplog.records]
-    assert len(lines) == 2 and lines[0].startswith("progress: 0/10 items done, reused 0, quarantined 0, $0.000000; ")
-    assert re.fullmatch(r"progress: 4/10 items done, reused 1, quarantined 0, \$0\.500000; \d+ s elapsed, [\d.]+ items/s",
-                        lines[1])
+    assert len(lines) == 2 and lines[0].startswith("progress: 0/10 done, 0 committed, 0 reused, 0 quarantined, $0.000000; ")
+    assert re.fullmatch(r"progress: 4/10 done, 4 committed, 1 reused, 0 quarantined, \$0\.500000; \d+ s, "
+                        r"[\d.]+ items/s(, \d+ s left)?", lines[1])
+
+
+def test_items_count_as_done_when_stored_not_when_their_partition_commits():
+    """Issue 28: a partition commits after all its waves, so counting at commit said "0/70 done" for minutes."""
+    from pipeline.job.progress import Progress
+
+    progress = Progress("off")
+    progress.start(10)
+    progress.advance(usd=0.1, stored={"p0": 3, "p1": 2})
+    assert (progress.shown, progress.done) == (5, 0)
+    progress.advance(stored={"p0": 4})  # retries, escalations and chunks are generations too
+    progress.advance(done=3, quarantined=1, partition="p0")  # its 4 records replace its 7 stored generations
+    assert (progress.shown, progress.done) == (6, 4)
+    progress.advance(stored={"p1": 20})
+    assert progress.shown == 10  # never past the total
+
+
+@pytest.mark.parametrize("prefix, tokens, caching, says", [
+    ({"hit_ratio": 0.12, "shareable_ratio": 0.2}, 2000, True, "12.0% of prompt tokens cached; sharing allows 20.0%"),
+    ({"hit_ratio": 0.0, "shareable_ratio": 0.046}, 1850, True, "(about 37 tokens shared per prompt; vLLM caches whole "
+                                                                 "blocks, 128 tokens on a CPU, 16 on a GPU"),
+    ({"hit_ratio": 0.0, "shareable_ratio": 0.2}, 2000, False, "(prefix caching is off: tiers.<name>.vllm.enable_prefix_caching)"),
+])
+def test_a_prefix_cache_that_hit_nothing_says_why(prefix, tokens, caching, says):
+    """Issue 28: "0.0% cached; sharing allows 4.7%" with no hint why (the demo's shared prefix is shorter than a block)."""
+    from pipeline.cli.jobs import _prefix_line
+
+    m = {"prefix_cache": prefix, "tokens": {"shareable_prompt_tokens": tokens}, "counts": {"by_source": {"generated": 50}},
+         "engines": {"large": {"levers": {"prefix_caching": caching}}}}
+    assert says in _prefix_line(m)
+    assert ("(" in _prefix_line(m)) == (prefix["hit_ratio"] == 0)

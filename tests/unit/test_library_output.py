@@ -1,0 +1,43 @@
+"""Where `tokenmill run` sends library output (pipeline/cli/liblog.py): tokenmill's own lines to the terminal, the
+engines' and libraries' messages to a log file, whichever way they are written."""
+
+import logging
+import os
+import subprocess
+import sys
+import warnings
+
+from pipeline.cli.liblog import library_output
+
+# A child process writing to its inherited descriptors, as vLLM's engine core and torch's C++ code do.
+CHILD = "import os, sys; os.write(2, b'engine core: C++ warning\\n'); print('engine core: on stdout', flush=True)"
+
+
+def test_library_messages_go_to_the_file_and_tokenmill_lines_to_the_terminal(tmp_path, capfd):
+    with library_output(tmp_path, verbose=False) as path:
+        logging.getLogger("tokenmill.progress").info("progress: 3/10 items done")
+        logging.getLogger("vllm.engine").warning("Passing raw prompts is deprecated")
+        warnings.warn("torch.distributed.reduce_op is deprecated", FutureWarning, stacklevel=1)
+        os.write(2, b"W1203 triton.py:53] Triton not available\n")
+        subprocess.run([sys.executable, "-c", CHILD], check=True)
+        print("the job summary", flush=True)
+    terminal = capfd.readouterr()
+    logged = path.read_text()
+    assert path.parent == tmp_path / "logs" and path.name.startswith("run-")
+    assert "progress: 3/10 items done" in terminal.err and "the job summary" in terminal.out
+    for line in ("Passing raw prompts is deprecated", "reduce_op is deprecated", "Triton not available",
+                 "engine core: C++ warning", "engine core: on stdout"):
+        assert line in logged and line not in terminal.err + terminal.out, line
+    assert "progress: 3/10" not in logged
+    # Afterwards the descriptors are the terminal's again.
+    os.write(2, b"after the block\n")
+    assert "after the block" in capfd.readouterr().err
+
+
+def test_verbose_keeps_everything_on_the_terminal(tmp_path, capfd):
+    with library_output(tmp_path, verbose=True) as path:
+        logging.getLogger("vllm.engine").warning("Passing raw prompts is deprecated")
+        os.write(2, b"Triton not available\n")
+    err = capfd.readouterr().err
+    assert path is None and "Passing raw prompts" in err and "Triton not available" in err
+    assert not (tmp_path / "logs").exists()
