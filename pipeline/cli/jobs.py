@@ -15,12 +15,13 @@ from pipeline import JobError, estimate_job, run_job
 from pipeline.cli.common import ConfigOption, app, console, fail, jobs_app, load, state_store, when
 from pipeline.cli.liblog import library_output
 from pipeline.config_env import redact_url
+from pipeline.generate.quality import CHECKS
 
 InputOption = typer.Option(None, "--input", help="Input folder or URI (overrides input.uri).")
 VerboseOption = typer.Option(False, "--verbose", "-v", help="Print the engines' and libraries' messages (vLLM, torch, transformers) here too, instead of only to the log file under $TOKENMILL_HOME/logs.")
 
 
-def _prefix_line(manifest: dict) -> str:
+def prefix_line(manifest: dict) -> str:
     """The prefix cache's hit share next to what sharing allows, and why when nothing was hit."""
     p = manifest.get("prefix_cache", {})
     if not p or p.get("hit_ratio") is None:
@@ -95,7 +96,7 @@ def summary_table(manifest: dict) -> Table:
           for check, by_tier in manifest.get("checks", {}).items()),
         ("acceptable outputs", _acceptable_line(manifest)),
         ("prompt tokens (cached)", f"{t['prompt_tokens']} ({t['cached_prompt_tokens']})"),
-        ("prefix cache", _prefix_line(manifest)),
+        ("prefix cache", prefix_line(manifest)),
         ("output tokens", t["output_tokens"]),
         ("GPU-seconds", f"{m['gpu_seconds']:.3f}" + (f" ({m['overhead_gpu_seconds']:.3f} engine start-up and idle)"
                                                      if m.get("overhead_gpu_seconds") else "")),
@@ -116,7 +117,7 @@ def summary_table(manifest: dict) -> Table:
 
 # What an example shows, in the order examples are chosen: a summary a user would keep, then one caught by
 # each output check (docs/data-engineer.md#output-checks), then any other.
-SHOWS = ("acceptable", "degenerate", "copied", "off_topic", "unfaithful", "truncated", "other")
+SHOWS = ("acceptable", *CHECKS, "unfaithful", "truncated", "other")
 
 
 def examples(cfg, job_id: str, n: int = 3) -> list[dict]:
@@ -129,7 +130,7 @@ def examples(cfg, job_id: str, n: int = 3) -> list[dict]:
     rank = "CASE shows " + " ".join(f"WHEN '{c}' THEN {i}" for i, c in enumerate(SHOWS)) + " END"
     rows = connect(cfg.output.uri, cfg.storage).execute(
         f"SELECT id, tier, summary, escalated, shows FROM (SELECT o.id, o.tier, o.summary, l.escalated, {shows} AS shows "
-        "FROM outputs o JOIN ledger l USING (job_id, id) WHERE o.job_id = ?) "
+        "FROM outputs o JOIN ledger l USING (job_id, id) WHERE o.job_id = ? AND l.kind = 'output') "
         f"ORDER BY row_number() OVER (PARTITION BY shows ORDER BY id), {rank}, id LIMIT ?", [job_id, n]).fetchall()
     return [{"id": r[0], "tier": r[1], "summary": r[2], "escalated": r[3], "shows": r[4]} for r in rows]
 

@@ -56,7 +56,7 @@ def print_table(table, format: str, title: str | None = None) -> None:
     if Measurement.get(console, console.options.update(max_width=10_000), out).maximum <= console.width:
         console.print(out)
         return
-    # Too wide for the terminal (or a log's 80 columns): one block per row, a column per line, as psql's \x does,
+    # Too wide for the terminal (or a log's 100 columns): one block per row, a column per line, as psql's \x does,
     # rather than cells squeezed to a few letters each.
     for i, r in enumerate(rows, 1):
         block = Table(title=f"{title or 'result'}: row {i} of {len(rows)}", show_header=False)

@@ -23,66 +23,93 @@ OWN = ("tokenmill", "pipeline")  # the loggers whose lines a user of `tokenmill 
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 
 
-def _terminal_stream(stream, fd: int, saved: int):
-    """The stream tokenmill's output keeps: a new one on the saved descriptor when `stream` is the process's own
-    (its descriptor is about to go to the file), else `stream` (e.g. a test runner's buffer) as it is."""
+@contextlib.contextmanager
+def library_output(home: Path, verbose: bool) -> Iterator[Path | None]:
+    """Within the block, library output goes to `<home>/logs/run-<UTC time>-<pid>.log` (yielded; None with
+    `verbose`, or when that file cannot be written: everything on the terminal, as before). Logging is set up
+    here either way, and every change (descriptors, streams, handlers, environment) is undone on the way out,
+    whatever ends the block."""
+    root = logging.getLogger()
+    with contextlib.ExitStack() as undo:
+        handlers, level = root.handlers[:], root.level  # given back after the block (a test runs many jobs)
+        undo.callback(_set_handlers, root, handlers, level)
+        opened = None if verbose else _open_log(home)
+        if opened is None:
+            _set_handlers(root, [logging.StreamHandler(sys.stderr)], logging.INFO, FORMAT)
+            yield None
+            return
+        log_fd, path = opened
+        for stream in (sys.stdout, sys.stderr):
+            stream.flush()
+        for fd in (1, 2):
+            saved = os.dup(fd)
+            undo.callback(os.close, saved)
+            undo.callback(os.dup2, saved, fd)
+        # The streams keep the terminal: new ones on copies of descriptors 1 and 2, taken before these go to the file.
+        streams = sys.stdout, sys.stderr
+        sys.stdout, sys.stderr = _terminal_stream(sys.stdout, 1), _terminal_stream(sys.stderr, 2)
+        undo.callback(_restore_streams, streams)
+        for fd in (1, 2):
+            os.dup2(log_fd, fd)
+        os.close(log_fd)
+        undo.callback(_set_env, "VLLM_CONFIGURE_LOGGING", os.environ.get("VLLM_CONFIGURE_LOGGING"))
+        os.environ["VLLM_CONFIGURE_LOGGING"] = "0"
+        terminal = logging.StreamHandler(sys.stderr)
+        terminal.addFilter(lambda record: record.name.startswith(OWN))
+        terminal.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))  # < 120 wide
+        library = logging.FileHandler(path, encoding="utf-8")
+        undo.callback(library.close)
+        library.addFilter(lambda record: not record.name.startswith(OWN))
+        _set_handlers(root, [terminal, library], logging.INFO, FORMAT)
+        logging.captureWarnings(True)
+        undo.callback(logging.captureWarnings, False)
+        yield path
+
+
+def _open_log(home: Path) -> tuple[int, Path] | None:
+    """An open descriptor on a new log file under `home`/logs, or None (and a warning) when it cannot be made."""
+    path = home / "logs" / f"run-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{os.getpid()}.log"
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), path
+    except OSError as e:
+        print(f"warning: cannot write {path} ({e.strerror or e}); engine and library messages stay here",
+              file=sys.stderr)
+        return None
+
+
+def _terminal_stream(stream, fd: int):
+    """The stream tokenmill's output keeps: a new one on a copy of descriptor `fd` when `stream` is the process's
+    own (that descriptor is about to go to the file), else `stream` (e.g. a test runner's buffer) as it is."""
     try:
         if stream.fileno() == fd:
-            return open(saved, "w", buffering=1, encoding=getattr(stream, "encoding", None) or "utf-8",
-                        errors="backslashreplace", closefd=False)
+            return open(os.dup(fd), "w", buffering=1, encoding=getattr(stream, "encoding", None) or "utf-8",
+                        errors="backslashreplace")
     except (AttributeError, OSError, ValueError):
         pass
     return stream
 
 
-@contextlib.contextmanager
-def library_output(home: Path, verbose: bool) -> Iterator[Path | None]:
-    """Within the block, library output goes to `<home>/logs/run-<UTC time>-<pid>.log` (yielded; None with
-    `verbose`: everything on the terminal, as before). Logging is configured here either way."""
-    root = logging.getLogger()
-    handlers, level = root.handlers[:], root.level  # given back after the block (a test runs many jobs)
-    if verbose:
-        logging.basicConfig(level=logging.INFO, format=FORMAT, stream=sys.stderr, force=True)
-        try:
-            yield None
-        finally:
-            root.handlers[:] = handlers
-            root.setLevel(level)
-        return
-    path = home / "logs" / f"run-{time.strftime('%Y%m%dT%H%M%SZ', time.gmtime())}-{os.getpid()}.log"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    for stream in (sys.stdout, sys.stderr):
-        stream.flush()
-    saved = {fd: os.dup(fd) for fd in (1, 2)}
-    streams = sys.stdout, sys.stderr
-    sys.stdout, sys.stderr = _terminal_stream(sys.stdout, 1, saved[1]), _terminal_stream(sys.stderr, 2, saved[2])
-    log_fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
-    for fd in (1, 2):
-        os.dup2(log_fd, fd)
-    os.close(log_fd)
-    previous = os.environ.get("VLLM_CONFIGURE_LOGGING")
-    os.environ["VLLM_CONFIGURE_LOGGING"] = "0"
-    terminal = logging.StreamHandler(sys.stderr)
-    terminal.addFilter(lambda record: record.name.startswith(OWN))
-    terminal.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))  # lines < 120 wide
-    library = logging.FileHandler(path, encoding="utf-8")
-    library.addFilter(lambda record: not record.name.startswith(OWN))
-    logging.basicConfig(level=logging.INFO, format=FORMAT, handlers=[terminal, library], force=True)
-    logging.captureWarnings(True)
-    try:
-        yield path
-    finally:
-        logging.captureWarnings(False)
-        root.handlers[:] = handlers
-        root.setLevel(level)
-        for stream in (sys.stdout, sys.stderr):
-            stream.flush()
-        library.close()
-        for fd in (1, 2):
-            os.dup2(saved[fd], fd)
-            os.close(saved[fd])
-        sys.stdout, sys.stderr = streams
-        if previous is None:
-            os.environ.pop("VLLM_CONFIGURE_LOGGING", None)
-        else:
-            os.environ["VLLM_CONFIGURE_LOGGING"] = previous
+def _restore_streams(streams: tuple) -> None:
+    """Flush and close the terminal streams made for the block, and put the process's own back."""
+    for new, old in zip((sys.stdout, sys.stderr), streams):
+        new.flush()
+        if new is not old:
+            new.close()
+    sys.stdout, sys.stderr = streams
+
+
+def _set_env(name: str, value: str | None) -> None:
+    if value is None:
+        os.environ.pop(name, None)
+    else:
+        os.environ[name] = value
+
+
+def _set_handlers(root: logging.Logger, handlers: list, level: int, fmt: str | None = None) -> None:
+    """The root logger's handlers, replaced without closing the old ones (they are put back afterwards)."""
+    for handler in handlers:
+        if fmt is not None and handler.formatter is None:
+            handler.setFormatter(logging.Formatter(fmt))
+    root.handlers[:] = handlers
+    root.setLevel(level)

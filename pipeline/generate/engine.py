@@ -147,7 +147,8 @@ def _params(max_tokens: int, sampling: SamplingConfig):
     return SamplingParams(max_tokens=max_tokens, temperature=sampling.temperature, top_p=sampling.top_p,
                           seed=sampling.seed, logprobs=0, structured_outputs=structured,
                           repetition_penalty=sampling.repetition_penalty, frequency_penalty=sampling.frequency_penalty,
-                          presence_penalty=sampling.presence_penalty, min_tokens=sampling.min_tokens,
+                          presence_penalty=sampling.presence_penalty,
+                          min_tokens=min(sampling.min_tokens, max_tokens),  # vLLM refuses more than max_tokens
                           stop=sampling.stop or None)
 
 

@@ -248,7 +248,9 @@ provide provided providing include included including cover covered covering out
 highlight highlights highlighted focus focuses focused present presents presented aims various several
 important different specific related based following given well also like make makes made help helps plus
 """.split())
-_LETTERS = re.compile(r"[^\W\d_]{4,}")
+# Words of scripts that separate words with spaces (Latin, Greek, Cyrillic): a text in another script (Chinese,
+# Japanese, Thai) has no topic words here, so the check does not judge it rather than judge it wrong.
+_LETTERS = re.compile(r"[A-Za-z\u00C0-\u024F\u0370-\u03FF\u0400-\u04FF]{4,}")
 _STEM = 6  # letters kept of a stemmed word
 
 

@@ -30,6 +30,7 @@ def partition_counts(outputs: pa.Table, ledger: pa.Table, quarantine: pa.Table, 
         return float(pc.sum(table[col]).as_py() or 0) if table.num_rows else 0.0
 
     engines: dict[str, dict] = {}
+    served = ledger.filter(pc.equal(ledger["kind"], "output")) if ledger.num_rows else ledger
     partition = outputs["partition"][0].as_py() if outputs.num_rows else None
     for item in items.values():  # what this partition's generations asked of each tier's engine
         if item.get("origin") is not None or item.get("partition") != partition or item["tier"] not in config.tiers:
@@ -69,11 +70,11 @@ def partition_counts(outputs: pa.Table, ledger: pa.Table, quarantine: pa.Table, 
         # Served outputs that state numbers, dates or names their documents lack (on the largest tier, or
         # left unescalated): what a reader should check first.
         "unfaithful": {"outputs": count_by(ledger.filter(pc.fill_null(ledger["unfaithful"], False)), "tier")},
-        # Served outputs that failed an output check (docs/data-engineer.md#output-checks), per tier.
-        "checks": {check: count_by(ledger.filter(pc.fill_null(ledger[check], False)), "tier")
-                   for check in CHECKS},
+        # Served outputs that failed an output check (docs/data-engineer.md#output-checks), per tier (a record
+        # quarantined by `checks.quarantine` is counted by its quarantine reason instead).
+        "checks": {check: count_by(served.filter(pc.fill_null(served[check], False)), "tier") for check in CHECKS},
         # Served outputs no check failed (ledger column `acceptable`), per tier: what a buyer pays for.
-        "acceptable": count_by(ledger.filter(pc.fill_null(ledger["acceptable"], False)), "tier"),
+        "acceptable": count_by(served.filter(pc.fill_null(served["acceptable"], False)), "tier"),
     }
 
 

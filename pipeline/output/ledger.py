@@ -25,7 +25,8 @@ GROUP_KEYS = {
     "partition": "partition", "day": "CAST(created_at AS DATE)",
 }
 MONEY = "CAST({col} AS DECIMAL(38, 18))"
-DOCUMENT = "coalesce(kind, 'output') IN ('output', 'invalid_output')"
+DOCUMENT = "coalesce(kind, 'output') IN ('output', 'invalid_output')"  # a row for a record that got an output
+UNJUDGED = f"count(*) FILTER (WHERE {DOCUMENT} AND acceptable IS NULL) > 0"
 MEASURES = {
     "items": "count(*)",
     "prompt_tokens": "CAST(sum(prompt_tokens) AS BIGINT)",
@@ -36,16 +37,20 @@ MEASURES = {
     "baseline_cost_usd": f"sum({MONEY.format(col='baseline_cost_usd')})",
     "saved_usd": f"sum({MONEY.format(col='baseline_cost_usd')}) - sum({MONEY.format(col='cost_usd')})",
     "reused_items": "count(*) FILTER (WHERE source <> 'generated')",
-    "quarantined_items": "count(*) FILTER (WHERE quarantined)",  # paid, output invalid (json_schema)
+    "quarantined_items": "count(*) FILTER (WHERE quarantined)",  # paid, then quarantined (json_schema, checks)
     "reuse_saved_usd": f"coalesce(sum({MONEY.format(col='saved_cost_usd')}), 0)",
     # What a buyer of summaries pays for: documents that got an output (served or quarantined after it was
     # paid), those of them no output check failed (ledger column `acceptable`), and the cost of each, every
     # charge of the group (failed attempts, lost work) included.
     "documents": f"count(*) FILTER (WHERE {DOCUMENT})",
     "acceptable": "count(*) FILTER (WHERE acceptable)",
-    "acceptable_share": f"count(*) FILTER (WHERE acceptable) / nullif(count(*) FILTER (WHERE {DOCUMENT}), 0)",
+    # Shares and costs per acceptable document are null for a group holding documents whose `acceptable` is null
+    # (ledgers written before the column): counting those as not acceptable would skew both.
+    "acceptable_share": f"CASE WHEN {UNJUDGED} THEN NULL ELSE count(*) FILTER (WHERE acceptable) / "
+                        f"nullif(count(*) FILTER (WHERE {DOCUMENT}), 0) END",
     "cost_per_document_usd": f"sum({MONEY.format(col='cost_usd')}) / nullif(count(*) FILTER (WHERE {DOCUMENT}), 0)",
-    "cost_per_acceptable_usd": f"sum({MONEY.format(col='cost_usd')}) / nullif(count(*) FILTER (WHERE acceptable), 0)",
+    "cost_per_acceptable_usd": f"CASE WHEN {UNJUDGED} THEN NULL ELSE sum({MONEY.format(col='cost_usd')}) / "
+                               "nullif(count(*) FILTER (WHERE acceptable), 0) END",
 }
 
 

@@ -27,8 +27,9 @@ from pathlib import Path
 import duckdb
 from markupsafe import Markup
 
+from pipeline.generate.quality import CHECKS
 from pipeline.output.charts import bar_chart, fmt_usd, waterfall
-from pipeline.output.ledger import MONEY
+from pipeline.output.ledger import DOCUMENT, MONEY
 from pipeline.stores import storage
 
 
@@ -170,20 +171,21 @@ def _note(text: str) -> Markup:
     return Markup('<p class="note">{}</p>').format(text)
 
 
-FLAGS = ("degenerate", "copied", "off_topic", "unfaithful", "acceptable")  # ledger columns, per tier
+FLAGS = (*CHECKS, "unfaithful", "acceptable")  # ledger columns, per tier
 
 
 def job_quality(con: duckdb.DuckDBPyConnection, job_id: str) -> tuple[list[list[str]], list[list[str]]]:
-    """Per tier: served outputs, those failing each output check, those acceptable (no check failed), the cost
-    per document and per acceptable document, those escalated; and escalations by reason.
+    """Per tier: documents (outputs served or quarantined after they were paid), those failing each output check,
+    those acceptable (no check failed), the tier's whole cost (failed attempts and lost work included, as
+    `ledger summary` counts it) per document and per acceptable document, those escalated; and escalations by
+    reason.
 
     Ledger files written before a check's column existed read as NULL there (the views carry today's schema):
     their rows count as "not recorded", never as passing or unexplained.
     """
-    flags = ", ".join(f"count({f}), count(*) FILTER (WHERE {f})" for f in FLAGS)
-    tiers = _rows(con, f"SELECT tier, count(*), {flags}, sum(cost_usd), count(*) FILTER (WHERE escalated) FROM ledger "
-                       "WHERE job_id = ? AND coalesce(kind, 'output') IN ('output', 'invalid_output') GROUP BY 1 ORDER BY 1",
-                  [job_id])
+    flags = ", ".join(f"count({f}), count(*) FILTER (WHERE {f})" for f in FLAGS)  # charge rows: null in each
+    tiers = _rows(con, f"SELECT tier, count(*) FILTER (WHERE {DOCUMENT}), {flags}, sum(cost_usd), "
+                       "count(*) FILTER (WHERE escalated) FROM ledger WHERE job_id = ? GROUP BY 1 ORDER BY 1", [job_id])
     by_tier = []
     for tier, n, *counts, cost, escalated in tiers:
         cells = [f"{flagged} ({flagged / recorded:.1%})" if recorded else "not recorded"

@@ -147,7 +147,8 @@ def test_quality_section_counts_unfaithful_and_escalations_and_shows_the_eval(tm
     page = build_report(write_job(tmp_path / "out", "q"), "q", eval_result=load_eval(eval_file))
     assert cells(page, "checks-by-tier") == [
         ["large", "3", "0 (0.0%)", "0 (0.0%)", "0 (0.0%)", "1 (33.3%)", "2 (66.7%)", "$0.001000", "$0.001500", "2"],
-        ["small", "3", "1 (33.3%)", "0 (0.0%)", "0 (0.0%)", "2 (66.7%)", "1 (33.3%)", "$0.001000", "$0.003000", "0"]]
+        ["small", "3", "1 (33.3%)", "0 (0.0%)", "0 (0.0%)", "2 (66.7%)", "1 (33.3%)", "$0.001167", "$0.003500", "0"]]
+    # (the small tier's lost work, $0.0005, is in its cost per document as `ledger summary` counts it)
     assert cells(page, "escalations") == [["truncated", "1"], ["unfaithful", "1"]]
     assert cells(page, "eval-tiers") == [["small", "m-w4a16", "0.412", "12.0% (9.0% - 16.0%)", "$0.01234"],
                                          ["large", "m-f32", "1.000", "5.0% (3.0% - 8.0%)", "$0.05678"]]
@@ -168,7 +169,7 @@ def test_quality_section_renders_an_old_ledger_and_a_stale_or_failed_eval(tmp_pa
     page = build_report(out, "old", eval_result=load_eval(eval_file))
     old = ["not recorded"] * 5
     assert cells(page, "checks-by-tier") == [["large", "3", *old, "$0.001000", "-", "2"],
-                                             ["small", "3", *old, "$0.001000", "-", "0"]]
+                                             ["small", "3", *old, "$0.001167", "-", "0"]]
     assert cells(page, "escalations") == [["not recorded", "2"]]
     assert "none keeps 95.0% of all-large quality" in page
 

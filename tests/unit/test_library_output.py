@@ -41,3 +41,25 @@ def test_verbose_keeps_everything_on_the_terminal(tmp_path, capfd):
     err = capfd.readouterr().err
     assert path is None and "Passing raw prompts" in err and "Triton not available" in err
     assert not (tmp_path / "logs").exists()
+
+
+# A process of its own, its descriptors 1 and 2 pipes as under cron or Airflow: the terminal streams are new ones on
+# copies of those descriptors (under pytest's capture the streams are not descriptors 1 and 2).
+OWN_PROCESS = """
+import logging, os, sys
+from pathlib import Path
+from pipeline.cli.liblog import library_output
+with library_output(Path(sys.argv[1]), verbose=False) as path:
+    logging.getLogger("tokenmill.progress").info("progress: ours")
+    print("the job summary")
+    os.write(1, b"engine core on fd 1\\n")
+    os.write(2, b"engine core on fd 2\\n")
+print("after", path.read_text().count("engine core"))
+"""
+
+
+def test_in_a_process_of_its_own_the_terminal_keeps_tokenmill_and_the_file_the_rest(tmp_path):
+    done = subprocess.run([sys.executable, "-c", OWN_PROCESS, str(tmp_path)], capture_output=True, text=True,
+                          timeout=60, check=True)
+    assert "progress: ours" in done.stderr and "engine core" not in done.stderr
+    assert done.stdout.splitlines() == ["the job summary", "after 2"]

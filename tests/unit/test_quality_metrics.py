@@ -186,3 +186,15 @@ def test_a_short_summary_is_never_off_topic():
 
     short = "Solar panel notes."
     assert failed_checks({"summary": short, "topic_overlap": topic_overlap(short, DOC)}, ChecksConfig()) == []
+
+
+def test_a_summary_in_a_script_without_spaces_is_not_judged_off_topic():
+    """Review finding: a Chinese clause read as one long "word", so a faithful Chinese summary measured 0.0. The check
+    reads scripts that separate words with spaces; another script has no topic words, and is never flagged."""
+    from pipeline.config import ChecksConfig
+    from pipeline.generate.quality import failed_checks, topic_overlap
+
+    doc = "调试器可以在断点处停止程序，逐行执行代码，并打印表达式的值。使用 pdb 模块可以设置断点。"
+    summary = "本文介绍了如何使用调试器设置断点、逐行执行代码以及打印表达式的值，帮助开发者定位程序中的错误。"
+    assert topic_overlap(summary, doc) == 1.0
+    assert failed_checks({"summary": summary, "topic_overlap": topic_overlap(summary, doc)}, ChecksConfig()) == []

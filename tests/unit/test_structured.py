@@ -73,3 +73,38 @@ def test_a_record_whose_escalation_the_cache_served_pays_its_first_attempt_at_it
     assert outputs["summary"].to_pylist() == ["sure"] and row["escalated"] and row["attempts"] == 1
     small = config.tiers["small"].price_per_gpu_hour
     assert row["price_per_gpu_hour"] == small and row["cost_usd"] == pytest.approx(2.0 * small / 3600)
+
+
+@pytest.mark.parametrize("quarantine", [[], ["degenerate"]])
+def test_an_escalation_generated_here_for_a_record_the_cache_served_first_is_paid_by_that_record(make_config, quarantine):
+    """Review finding: a record whose first attempt was a cache hit and whose escalation ran in this job got a ledger
+    row costing nothing (and, quarantined by a check, no row at all): the escalation's GPU time was in no row."""
+    from datetime import datetime, timezone
+
+    import pyarrow as pa
+
+    from pipeline.generate.quality import compression_ratio
+    from pipeline.output.write import assemble_results
+
+    config = make_config(routing=True, route__escalation__min_mean_logprob=-3.0, checks__quarantine=quarantine)
+    now = datetime.now(timezone.utc)
+    first = {"id": "r0", "tenant": "t", "tier": "small", "model": "m", "summary": "unsure", "mean_logprob": -5.0,
+             "finish_reason": "stop", "prompt_tokens": 10, "cached_prompt_tokens": 0, "output_tokens": 5,
+             "gpu_seconds": 0.0, "baseline_gpu_seconds": 4.0, "created_at": now, "origin": "cache",
+             "source_job": "earlier", "source_id": "r0", "saved_usd": 0.25}
+    loop = "again " * 40
+    escalation = {**first, "id": "r1", "tier": "large", "summary": loop, "compression_ratio": compression_ratio(loop),
+                  "mean_logprob": -1.0, "gpu_seconds": 2.0, "origin": None, "saved_usd": None}
+    records = pa.table({"id": ["r1"], "tenant": ["t"], "partition": ["p"], "reuse": pa.nulls(1, pa.string()),
+                        "similarity": pa.nulls(1, pa.float64()), "shadow": [False], "route_reason": ["default"],
+                        "item_key": ["k"], "gen_key": ["k"], "text": ["a document"], "scope": ["t=t"], "tier": ["small"],
+                        "file": ["f.jsonl"], "line": [1]})
+    outputs, ledger, quarantined = assemble_results(records, {"k": first, escalation_key("k", "large"): escalation}, {},
+                                                    config, "j", now)
+    (row,) = ledger.to_pylist()
+    large = config.tiers["large"].price_per_gpu_hour
+    assert row["cost_usd"] == pytest.approx(2.0 * large / 3600) and row["attempts"] == 1 and row["escalated"]
+    assert row["saved_cost_usd"] == pytest.approx(0.25)  # what the cache saved, not the escalation paid here
+    assert row["degenerate"] and not row["acceptable"]
+    assert (outputs.num_rows, quarantined.num_rows) == ((0, 1) if quarantine else (1, 0))
+    assert row["quarantined"] == bool(quarantine)

@@ -288,9 +288,9 @@ def test_items_count_as_done_when_stored_not_when_their_partition_commits():
 ])
 def test_a_prefix_cache_that_hit_nothing_says_why(prefix, tokens, caching, says):
     """Issue 28: "0.0% cached; sharing allows 4.7%" with no hint why (the demo's shared prefix is shorter than a block)."""
-    from pipeline.cli.jobs import _prefix_line
+    from pipeline.cli.jobs import prefix_line
 
     m = {"prefix_cache": prefix, "tokens": {"shareable_prompt_tokens": tokens}, "counts": {"by_source": {"generated": 50}},
          "engines": {"large": {"levers": {"prefix_caching": caching}}}}
-    assert says in _prefix_line(m)
-    assert ("(" in _prefix_line(m)) == (prefix["hit_ratio"] == 0)
+    assert says in prefix_line(m)
+    assert ("(" in prefix_line(m)) == (prefix["hit_ratio"] == 0)
