@@ -361,8 +361,9 @@ def _read_rows(rows: _Rows, root: storage.Location, relative_path: str, path: st
             _read_parquet(rows, data)
         else:
             _read_text(rows, data)
-    except (OSError, EOFError, zlib.error, pa.ArrowException) as e:
-        # Records parsed before the failure are kept; the rest of the file is one quarantine row.
+    except (OSError, EOFError, zlib.error, pa.ArrowException, UnicodeDecodeError) as e:
+        # Records parsed before the failure are kept; the rest of the file is one quarantine row. (A Parquet
+        # footer naming a column in bytes that are not UTF-8 fails as UnicodeDecodeError.)
         what = f"{type(e).__name__}: {e}"
         rows.add(len(rows), None, error="unreadable_file", detail=what[:1000], raw=what)
     if not len(rows):  # e.g. an empty .gz, which is not even a gzip file: say so rather than read nothing

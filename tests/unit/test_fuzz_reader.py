@@ -209,7 +209,7 @@ def _expected_rows(name: str, data: bytes) -> tuple[int, bool]:
         try:
             parquet = pq.ParquetFile(pa.BufferReader(data))
             return parquet.read(columns=[c for c in FIELDS if c in parquet.schema_arrow.names]).num_rows, False
-        except (pa.ArrowException, OSError):
+        except (pa.ArrowException, OSError, UnicodeDecodeError):  # a column named in bytes that are not UTF-8
             return 0, True
     if name.endswith(".gz"):
         text, whole = _decompressed(data)

@@ -292,3 +292,16 @@ def test_unsupported_scheme_is_a_clear_error():
 
     with pytest.raises(StorageError, match="gs:// scheme is not supported"):
         resolve("gs://bucket/x")
+
+
+def test_a_parquet_column_name_that_is_not_utf8_is_one_unreadable_file_row(tmp_path):
+    """Reproducer (the reader's fuzz test, seen once when it ran after the report tests): a Parquet file whose
+    footer names a column in bytes that are not UTF-8 raised UnicodeDecodeError out of the reader."""
+    import io
+
+    buf = io.BytesIO()
+    pq.write_table(pa.table({"id": ["a"], "text": ["hello"], "tenant": ["t"]}), buf)
+    (tmp_path / "f.parquet").write_bytes(buf.getvalue().replace(b"\x06tenant", b"\x06\xf4enant", 1))
+    _, valid, quarantine, _ = run(tmp_path)
+    assert valid.num_rows == 0 and reasons(quarantine) == ["unreadable_file"]
+    assert "UnicodeDecodeError" in quarantine["detail"][0].as_py()
