@@ -209,8 +209,8 @@ class EscalationConfig(Section):
 
 class ChecksConfig(Section):
     """Output checks: the summaries a user would throw away, flagged per item (ledger columns `degenerate`,
-    `copied`, `off_topic`), escalated when `route.escalation` is on, and quarantined if listed in `quarantine`. Defaults measured on this project's outputs
-    (docs/data-engineer.md#output-checks)."""
+    `copied`, `off_topic`), escalated when `route.escalation` is on, and quarantined if listed in `quarantine`.
+    Defaults measured on this project's outputs (docs/data-engineer.md#output-checks)."""
 
     degenerate_below: float = Field(0.30, gt=0, le=1, description="An output whose zlib-compressed size (of the whole, or of its second half if lower) is under this share of its size is `degenerate` (a repetition loop); 339 standard-library docstrings of summary length measure 0.31 at the least, 0.60 at the median.")
     min_chars: int = Field(80, ge=1, description="Shorter outputs are never `degenerate` (short text compresses badly either way).")

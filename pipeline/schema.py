@@ -156,7 +156,7 @@ REASONS = {
     "too_long": "the prompt does not fit the tier's context length",
     "engine_error": "the engine failed on this item even when run alone",
     "invalid_output": "the output broke sampling.json_schema, also after one retry (its cost is in the ledger)",
-    "degenerate": "the served output is a repetition loop, also after escalation, and checks.quarantine lists `degenerate` (its cost is in the ledger)",
-    "copied": "the served output gives its document back, also after escalation, and checks.quarantine lists `copied` (its cost is in the ledger)",
-    "off_topic": "the served output is about something else than its document, also after escalation, and checks.quarantine lists `off_topic` (its cost is in the ledger)",
+    **{check: f"the served output {what}, also after escalation, and checks.quarantine lists `{check}` (its cost is in "
+              "the ledger)" for check, what in (("degenerate", "is a repetition loop"), ("copied", "gives its document back"),
+                                                 ("off_topic", "is about something else than its document"))},
 }

@@ -30,7 +30,8 @@ app.add_typer(config_app, name="config")
 app.add_typer(cache_app, name="cache")
 
 # Off a terminal (pipes, Airflow logs, CI) 100 columns, which a log viewer shows without scrolling: tables wrap
-# their cells to fit, and a result too wide even so is printed a row at a time (print_table). No markup, emoji codes or highlighting: ids, tenants and file names are data, and `[/x]` in one crashed the
+# their cells to fit, and a result too wide even so is printed a row at a time (print_table).
+# No markup, emoji codes or highlighting: ids, tenants and file names are data, and `[/x]` in one crashed the
 # command after its job had committed. Styling is given as rich Text objects, never parsed from strings.
 console = Console(width=None if sys.stdout.isatty() else 100, markup=False, emoji=False, highlight=False)
 ConfigOption = typer.Option(..., "--config", "-c", help="YAML config file (e.g. configs/local.yaml).")

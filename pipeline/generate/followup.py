@@ -63,13 +63,9 @@ def escalation_reason(item: dict, config: TokenmillConfig) -> str | None:
         return None
     if not (item.get("summary") or "").strip():  # an output check no log-probability catches
         return "empty"
-    failed = failed_checks(item, config.checks)
-    if e.on_degenerate and "degenerate" in failed:
-        return "degenerate"
-    if e.on_copied and "copied" in failed:
-        return "copied"
-    if e.on_off_topic and "off_topic" in failed:
-        return "off_topic"
+    failed = failed_checks(item, config.checks)  # in CHECKS' order
+    if reason := next((check for check in failed if getattr(e, f"on_{check}")), None):
+        return reason
     if e.on_unfaithful and (item.get("unfaithful_terms") or 0) > 0:
         return "unfaithful"
     if e.on_truncation and item["finish_reason"] == "length":

@@ -11,6 +11,7 @@ unit left and none can still come; it never commits (the commit step does, once 
 from __future__ import annotations
 
 import logging
+from collections import Counter
 
 import pyarrow as pa
 
@@ -73,11 +74,8 @@ class TierDrain:
         states = {k: ("done", None, None) for k in items}
         states |= {k: ("failed", f.reason, f.detail) for k, f in failed.items()}
         ctx.queue.set_keys(ctx.job_id, states)
-        stored: dict[str, int] = {}
-        for item in items.values():
-            stored[item["partition"]] = stored.get(item["partition"], 0) + 1
         ctx.progress.advance(usd=sum(i["gpu_seconds"] * ctx.config.tiers[i["tier"]].price_per_gpu_hour / 3600
-                                     for i in items.values()), stored=stored)
+                                     for i in items.values()), stored=Counter(i["partition"] for i in items.values()))
 
     def cache_put(self, by_scope: dict[str, dict]) -> None:
         if self.cache_on:

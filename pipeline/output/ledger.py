@@ -26,6 +26,8 @@ GROUP_KEYS = {
 }
 MONEY = "CAST({col} AS DECIMAL(38, 18))"
 DOCUMENT = "coalesce(kind, 'output') IN ('output', 'invalid_output')"  # a row for a record that got an output
+COST = f"sum({MONEY.format(col='cost_usd')})"
+DOCUMENTS, ACCEPTABLE = f"count(*) FILTER (WHERE {DOCUMENT})", "count(*) FILTER (WHERE acceptable)"
 UNJUDGED = f"count(*) FILTER (WHERE {DOCUMENT} AND acceptable IS NULL) > 0"
 MEASURES = {
     "items": "count(*)",
@@ -33,24 +35,22 @@ MEASURES = {
     "cached_prompt_tokens": "CAST(sum(cached_prompt_tokens) AS BIGINT)",
     "output_tokens": "CAST(sum(output_tokens) AS BIGINT)",
     "gpu_seconds": "sum(gpu_seconds)",
-    "cost_usd": f"sum({MONEY.format(col='cost_usd')})",
+    "cost_usd": COST,
     "baseline_cost_usd": f"sum({MONEY.format(col='baseline_cost_usd')})",
-    "saved_usd": f"sum({MONEY.format(col='baseline_cost_usd')}) - sum({MONEY.format(col='cost_usd')})",
+    "saved_usd": f"sum({MONEY.format(col='baseline_cost_usd')}) - {COST}",
     "reused_items": "count(*) FILTER (WHERE source <> 'generated')",
     "quarantined_items": "count(*) FILTER (WHERE quarantined)",  # paid, then quarantined (json_schema, checks)
     "reuse_saved_usd": f"coalesce(sum({MONEY.format(col='saved_cost_usd')}), 0)",
     # What a buyer of summaries pays for: documents that got an output (served or quarantined after it was
     # paid), those of them no output check failed (ledger column `acceptable`), and the cost of each, every
     # charge of the group (failed attempts, lost work) included.
-    "documents": f"count(*) FILTER (WHERE {DOCUMENT})",
-    "acceptable": "count(*) FILTER (WHERE acceptable)",
+    "documents": DOCUMENTS,
+    "acceptable": ACCEPTABLE,
     # Shares and costs per acceptable document are null for a group holding documents whose `acceptable` is null
     # (ledgers written before the column): counting those as not acceptable would skew both.
-    "acceptable_share": f"CASE WHEN {UNJUDGED} THEN NULL ELSE count(*) FILTER (WHERE acceptable) / "
-                        f"nullif(count(*) FILTER (WHERE {DOCUMENT}), 0) END",
-    "cost_per_document_usd": f"sum({MONEY.format(col='cost_usd')}) / nullif(count(*) FILTER (WHERE {DOCUMENT}), 0)",
-    "cost_per_acceptable_usd": f"CASE WHEN {UNJUDGED} THEN NULL ELSE sum({MONEY.format(col='cost_usd')}) / "
-                               "nullif(count(*) FILTER (WHERE acceptable), 0) END",
+    "acceptable_share": f"CASE WHEN {UNJUDGED} THEN NULL ELSE {ACCEPTABLE} / nullif({DOCUMENTS}, 0) END",
+    "cost_per_document_usd": f"{COST} / nullif({DOCUMENTS}, 0)",
+    "cost_per_acceptable_usd": f"CASE WHEN {UNJUDGED} THEN NULL ELSE {COST} / nullif({ACCEPTABLE}, 0) END",
 }
 
 

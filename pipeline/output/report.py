@@ -29,7 +29,7 @@ from markupsafe import Markup
 
 from pipeline.generate.quality import CHECKS
 from pipeline.output.charts import bar_chart, fmt_usd, waterfall
-from pipeline.output.ledger import DOCUMENT, MONEY
+from pipeline.output.ledger import DOCUMENTS, MONEY, summary
 from pipeline.stores import storage
 
 
@@ -184,15 +184,19 @@ def job_quality(con: duckdb.DuckDBPyConnection, job_id: str) -> tuple[list[list[
     their rows count as "not recorded", never as passing or unexplained.
     """
     flags = ", ".join(f"count({f}), count(*) FILTER (WHERE {f})" for f in FLAGS)  # charge rows: null in each
-    tiers = _rows(con, f"SELECT tier, count(*) FILTER (WHERE {DOCUMENT}), {flags}, sum(cost_usd), "
-                       "count(*) FILTER (WHERE escalated) FROM ledger WHERE job_id = ? GROUP BY 1 ORDER BY 1", [job_id])
+    tiers = _rows(con, f"SELECT tier, {DOCUMENTS}, {flags}, count(*) FILTER (WHERE escalated) FROM ledger "
+                       "WHERE job_id = ? GROUP BY 1 ORDER BY 1", [job_id])
+    costs = {r["tier"]: r for r in summary(con, ["tier"], job_id).to_pylist()}  # as `ledger summary` says them
+
+    def usd(v) -> str:
+        return "-" if v is None else f"${float(v):.6f}"
+
     by_tier = []
-    for tier, n, *counts, cost, escalated in tiers:
+    for tier, n, *counts, escalated in tiers:
         cells = [f"{flagged} ({flagged / recorded:.1%})" if recorded else "not recorded"
                  for recorded, flagged in zip(counts[::2], counts[1::2])]
-        acceptable = counts[-1] if counts[-2] else None
-        by_tier.append([tier, n, *cells, f"${_num(cost / n, '.6f')}" if n else "-",
-                        f"${_num(cost / acceptable, '.6f')}" if acceptable else "-", escalated])
+        by_tier.append([tier, n, *cells, usd(costs[tier]["cost_per_document_usd"]),
+                        usd(costs[tier]["cost_per_acceptable_usd"]), escalated])
     reasons = _rows(con, "SELECT coalesce(escalation_reason, 'not recorded'), count(*) AS n FROM ledger "
                          "WHERE job_id = ? AND escalated GROUP BY 1 ORDER BY n DESC, 1", [job_id])
     return by_tier, [[reason, n] for reason, n in reasons]

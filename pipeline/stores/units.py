@@ -30,7 +30,7 @@ import socket
 from collections.abc import Callable
 from datetime import datetime, timedelta
 
-from sqlalchemy import BigInteger, DateTime, Float, Integer, String, Text, delete, func, select, update
+from sqlalchemy import BigInteger, DateTime, Float, Integer, String, Text, delete, func, select, true, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Mapped, mapped_column
 
@@ -323,7 +323,7 @@ class UnitQueue:
             with self.session() as s:
                 return self.spent(job_id, prices, s)
         out: dict[str, float] = {}
-        for table, paid in ((Item, Item.job_id == job_id), (Charge, Charge.kind == "failed_attempt")):
+        for table, paid in ((Item, true()), (Charge, Charge.kind == "failed_attempt")):  # (not lost work: no tenant)
             for tenant, tier, seconds in s.execute(
                     select(table.tenant, table.tier, func.sum(table.gpu_seconds))
                     .where(table.job_id == job_id, paid).group_by(table.tenant, table.tier)):
