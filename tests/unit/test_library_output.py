@@ -14,9 +14,11 @@ CHILD = "import os, sys; os.write(2, b'engine core: C++ warning\\n'); print('eng
 
 
 def test_library_messages_go_to_the_file_and_tokenmill_lines_to_the_terminal(tmp_path, capfd):
+    # A library logger that propagates (vLLM's, once vllm is imported in the process, has its own handler on the
+    # stream it found then, whose descriptor goes to the file: the fd lines below stand for it).
     with library_output(tmp_path, verbose=False) as path:
         logging.getLogger("tokenmill.progress").info("progress: 3/10 items done")
-        logging.getLogger("vllm.engine").warning("Passing raw prompts is deprecated")
+        logging.getLogger("somelib.engine").warning("Passing raw prompts is deprecated")
         warnings.warn("torch.distributed.reduce_op is deprecated", FutureWarning, stacklevel=1)
         os.write(2, b"W1203 triton.py:53] Triton not available\n")
         subprocess.run([sys.executable, "-c", CHILD], check=True)
@@ -36,7 +38,7 @@ def test_library_messages_go_to_the_file_and_tokenmill_lines_to_the_terminal(tmp
 
 def test_verbose_keeps_everything_on_the_terminal(tmp_path, capfd):
     with library_output(tmp_path, verbose=True) as path:
-        logging.getLogger("vllm.engine").warning("Passing raw prompts is deprecated")
+        logging.getLogger("somelib.engine").warning("Passing raw prompts is deprecated")
         os.write(2, b"Triton not available\n")
     err = capfd.readouterr().err
     assert path is None and "Passing raw prompts" in err and "Triton not available" in err
