@@ -163,9 +163,10 @@ def test_only_regular_files_are_inputs_and_an_unlistable_folder_is_named(tmp_pat
             raise PermissionError(13, "Permission denied", os.fspath(path))
         return real_scandir(path)
 
-    monkeypatch.setattr(os, "scandir", scandir)
     skipped: list[str] = []
-    with caplog.at_level(logging.WARNING, logger="pipeline.stores.storage"):
+    # Undone before tmp_path's removal, which scans folders by descriptor.
+    with monkeypatch.context() as m, caplog.at_level(logging.WARNING, logger="pipeline.stores.storage"):
+        m.setattr(os, "scandir", scandir)
         listed = [rel for rel, _, _ in storage.list_files(storage.resolve(str(top)), skipped)]
     assert listed == ["a.jsonl"]
     assert [n.split(":")[0] for n in skipped] == ["b.jsonl", "locked"]
