@@ -12,6 +12,10 @@ commands of one concern on import:
 May import everything in pipeline (the top layer); nothing imports it.
 """
 
+import atexit
+import os
+import sys
+
 from pipeline.cli import cache, evals, jobs, ledger, router, setup  # noqa: F401  (registers the commands)
 from pipeline.cli.common import app
 from pipeline.cli.jobs import summary_table
@@ -20,7 +24,27 @@ __all__ = ["app", "main", "summary_table"]
 
 
 def main() -> None:
-    app()
+    """Run the command, then leave through `os._exit` once Python's exit hooks have run (the engines'
+    shutdown among them) and the streams are flushed. Interpreter finalization is skipped on purpose:
+    there, the native thread pools of Arrow and DuckDB can abort a process whose work is done and
+    reported (`terminate called without an active exception`, exit -6; apache/arrow#34314), and a
+    scheduler would take that job for a failure. Seen here once: `tokenmill estimate` printed its
+    whole answer, then died so."""
+    try:
+        app()
+        code: int | str | None = 0
+    except SystemExit as e:
+        code = e.code
+    if isinstance(code, str):  # sys.exit("message"): printed, exit 1, as Python does
+        print(code, file=sys.stderr)
+        code = 1
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe (`tokenmill ... | head`) or stream
+            pass
+    os._exit(code or 0)
 
 
 if __name__ == "__main__":

@@ -1,12 +1,15 @@
 """The `tokenmill` command's wiring: every verb registered, `estimate`, and its old name `plan` refused."""
 
 import json
+import subprocess
+import sys
 
+import pytest
 import typer
 from typer.testing import CliRunner
 
 from pipeline.cli import app
-from tests.conftest import ONE_TIER, TINY_CONFIG
+from tests.conftest import ONE_TIER, REPO, TINY_CONFIG
 
 
 def test_every_verb_is_registered_and_the_old_name_plan_is_hidden():
@@ -65,3 +68,22 @@ def test_console_markup_in_data_is_printed_as_text(tiny_models, tmp_path, monkey
     assert json.loads(both.stdout) == [{"a": 1, "a_2": 2}]
     table = runner.invoke(app, ["ledger", "sql", "SELECT 1 AS a, 2 AS a", "--output", str(out)])
     assert table.exit_code == 0 and "a_2" in table.stdout
+
+
+@pytest.mark.parametrize(("argv", "code"), [(["--help"], 0), (["no-such-verb"], 2)])
+def test_the_command_exits_with_its_code_after_the_exit_hooks_and_skips_finalization(argv, code):
+    """Reproducer: `tokenmill estimate` printed its whole answer, then a native thread pool aborted the
+    interpreter's finalization (`terminate called without an active exception`, exit -6). main() runs the
+    exit hooks (the engines' shutdown is one), then leaves without finalizing: an object that would only be
+    collected by finalization is never collected."""
+    script = ("import atexit, sys\n"
+              "class Finalized:\n"
+              "    def __del__(self): print('finalized', flush=True)\n"
+              "KEPT = Finalized()\n"
+              "atexit.register(lambda: print('exit hook ran', flush=True))\n"
+              f"sys.argv = ['tokenmill', *{argv!r}]\n"
+              "from pipeline.cli import main\n"
+              "main()\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=REPO)
+    assert done.returncode == code, done.stderr[-1500:]
+    assert "exit hook ran" in done.stdout and "finalized" not in done.stdout
