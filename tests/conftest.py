@@ -11,9 +11,9 @@ tier configuration per process, and the engine tests use the same tiny-model tie
 
 from __future__ import annotations
 
+import functools
 import json
 import os
-from functools import partial
 from pathlib import Path
 
 import pytest
@@ -102,7 +102,7 @@ def tiny_models(tokenmill_home) -> Path:
     from pipeline.dev import tiny_model
 
     for size in ("small", "large"):
-        folder = built_once(f"tiny-{size}", partial(tiny_model.build_tiny_model, size=size))
+        folder = built_once(f"tiny-{size}", functools.partial(tiny_model.build_tiny_model, size=size))
         linked(tokenmill_home, f"tiny-{size}", folder)
     return tokenmill_home / "models"
 
@@ -174,22 +174,56 @@ def pytest_collection_modifyitems(config, items):
         item.add_marker(getattr(pytest.mark, level))
 
 
+# The order in which xdist hands work out: the longest first, so that the last minutes are not one worker
+# alone in an Airflow deployment while the others idle (the engine tests are one scope of minutes).
+LEVEL_ORDER = ("tests/engine/", "tests/system/", "tests/integration/", "tests/unit/")
+
+
+@functools.cache
+def _has_module_fixture(module: str) -> bool:
+    """Whether the test module declares a module-scoped fixture (a migrated Airflow, a built hold-out set)."""
+    return 'scope="module"' in (REPO / module).read_text(encoding="utf-8")
+
+
 @pytest.hookimpl(optionalhook=True)  # xdist's hook: absent without xdist (-p no:xdist)
 def pytest_xdist_make_scheduler(config, log):
     """Under xdist, every engine test on one worker: never two vLLM engines at once on 2 cores, and each
-    engine started once for the tests that use it; any other test goes to whichever worker is free.
-    (A scope per test, one scope for tests/engine/. xdist's own `xdist_group` marker does not group
+    engine started once for the tests that use it. A module with a module-scoped fixture is one unit too
+    (on two workers it would be set up twice); any other test goes alone to whichever worker is free.
+    Levels are handed out longest first (LEVEL_ORDER). (xdist's own `xdist_group` marker does not group
     under pytest 9: its worker renames node ids, which pytest 9 no longer lets it.)"""
     from xdist.scheduler import LoadScopeScheduling
 
     if config.getvalue("dist") != "load":  # the user asked for another distribution: theirs
         return None
+    config.option.loadscopereorder = False  # xdist's own order (by tests per scope) would undo LEVEL_ORDER
 
-    class EngineOnOneWorker(LoadScopeScheduling):
+    def rank(nodeid: str) -> int:
+        return next((i for i, level in enumerate(LEVEL_ORDER) if nodeid.startswith(level)), len(LEVEL_ORDER))
+
+    class LongestFirst(LoadScopeScheduling):
+        ordered = False
+
         def _split_scope(self, nodeid: str) -> str:
-            return "engine" if nodeid.startswith("tests/engine/") else nodeid
+            if nodeid.startswith("tests/engine/"):
+                return "tests/engine/"
+            module = nodeid.split("::", 1)[0]
+            return module if _has_module_fixture(module) else nodeid
 
-    return EngineOnOneWorker(config, log)
+        def order_queue(self) -> None:
+            """The queue of scopes in LEVEL_ORDER, the collection's order within a level. (The queue, not
+            the collection: a worker runs the tests it is sent by their index in its own collection.)"""
+            ordered = sorted(self.workqueue.items(), key=lambda unit: rank(unit[0]))
+            self.workqueue.clear()
+            self.workqueue.update(ordered)
+            self.ordered = True
+
+        def _assign_work_unit(self, node) -> None:
+            if not self.ordered:  # the first unit to go out: the queue is complete
+                self.order_queue()
+            super()._assign_work_unit(node)
+
+    return LongestFirst(config, log)
 
 
 @pytest.fixture(autouse=True)
@@ -415,7 +449,7 @@ def static_embedder(tokenmill_home) -> Path:
     """The static embedding model, distilled offline from the bundled all-MiniLM-L6-v2 (about 20 s, once)."""
     from pipeline.dedup import embed
 
-    folder = built_once("static-minilm", partial(embed.build_static_embedder))
+    folder = built_once("static-minilm", functools.partial(embed.build_static_embedder))
     return linked(tokenmill_home, "static-minilm", folder)
 
 
@@ -426,7 +460,7 @@ def demo_adapters(tiny_models) -> dict[str, str]:
     from pipeline.dev import adapters
 
     base = (tiny_models / "tiny-small").resolve()  # its folder name carries the tiny model's key
-    return {name: str(built_once(f"adapter-{name}", partial(adapters.build_demo_adapter, base, name=name)))
+    return {name: str(built_once(f"adapter-{name}", functools.partial(adapters.build_demo_adapter, base, name=name)))
             for name in ("acme", "globex")}
 
 
