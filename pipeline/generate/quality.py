@@ -285,6 +285,13 @@ MEASURES = {"degenerate": "compression_ratio", "copied": "copied_share", "off_to
 CHECKS = tuple(MEASURES)
 
 
+def measure(summary: str, document: str) -> dict:
+    """What the output checks read, measured once where an output meets the text it summarises (the item's
+    fields: stored and cached with it)."""
+    return {"unfaithful_terms": len(unfaithful_terms(summary, document)), "compression_ratio": compression_ratio(summary),
+            "copied_share": copied_share(summary, document), "topic_overlap": topic_overlap(summary, document)}
+
+
 def failed_checks(item: dict, checks) -> list[str]:
     """Names of the output checks `item` fails (`checks`: config.ChecksConfig): `degenerate` (a loop),
     `copied` (its document, or most of it, given back) and `off_topic` (about something else). An item

@@ -30,7 +30,7 @@ from pipeline.generate.engine_api import Progressed
 from pipeline.generate.followup import record_id
 from pipeline.generate.levers import counter_delta, read_counters
 from pipeline.generate.pricing import baseline_gpu_seconds, token_weight
-from pipeline.generate.quality import compression_ratio, copied_share, topic_overlap, unfaithful_terms
+from pipeline.generate.quality import measure
 from pipeline.generate.reuse import cache_value
 from pipeline.keys import adapter_digest
 from pipeline.stores.catalog import now
@@ -293,9 +293,7 @@ class TierWorker:
                           "gpu_seconds": float(g), "baseline_gpu_seconds": float(b), "created_at": created,
                           "cache_status": self.job.cache_status, "session_id": f.unit.session_id,
                           # checked once, here, where the output meets the text it summarises
-                          "unfaithful_terms": len(unfaithful_terms(c.text, document)),
-                          "compression_ratio": compression_ratio(c.text), "copied_share": copied_share(c.text, document),
-                          "topic_overlap": topic_overlap(c.text, document),
+                          **measure(c.text, document),
                           **({"chunks": unit["chunks"]} if unit.get("chunks") else {})}
             by_scope.setdefault(unit["scope"], {})[key] = cache_value(items[key], self.job_id, float(g) * price / 3600)
         for p, f in done:
