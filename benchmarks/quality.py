@@ -3,7 +3,9 @@
 Tiers: configs/local.yaml's two (small = SmolLM2 W4A16 INT4, large = float32, the baseline) plus
 an INT8 tier (W8A8, priced between them), so both quantisation levers are measured against float32.
 Prints the eval's tables, then one JSON line: per tier ROUGE-L agreement, identical share,
-unfaithful rate and cost per 1,000 documents; the cheapest policy that keeps the target quality and
+unfaithful rate, each output check's rate (degenerate, copied, off topic) and the share acceptable with
+95% intervals, cost per 1,000 documents and per 1,000 acceptable summaries; the sampling knobs against
+loops (configs/local.yaml's) against none on the small tier; the cheapest policy that keeps the target quality and
 its share kept on the small tier; near and semantic reuse's false-hit rate with its 95% interval;
 and whether each of the issue's targets is met.
 
@@ -25,7 +27,7 @@ import yaml  # noqa: E402
 
 from benchmarks.common import emit  # noqa: E402
 from pipeline.cli.common import console  # noqa: E402
-from pipeline.cli.evals import policy_table, reuse_table, tiers_table  # noqa: E402
+from pipeline.cli.evals import checks_table, knobs_table, policy_table, reuse_table, tiers_table  # noqa: E402
 from pipeline.config import load_config, tokenmill_home  # noqa: E402
 from pipeline.dev.holdout import build_holdout  # noqa: E402
 from pipeline.evals.evaluate import run_eval  # noqa: E402
@@ -62,6 +64,9 @@ def main() -> None:
             shutdown_engines()
     routing, reuse = result["routing"], result["reuse"]
     console.print(tiers_table(result))
+    console.print(checks_table(result))
+    if result["loop_knobs"]:
+        console.print(knobs_table(result["loop_knobs"]))
     console.print(policy_table("routing: router threshold alone", routing["by_router_threshold"], routing["chosen"]))
     console.print(policy_table("escalation: confidence threshold, no router", routing["by_logprob_threshold"], routing["chosen"]))
     console.print(policy_table("chosen, all-small, all-large",
@@ -72,7 +77,7 @@ def main() -> None:
     chosen = routing["chosen"] or {}
     emit("quality", {
         "holdout": result["holdout"], "holdout_sources": (built or {}).get("by_source"), "models": result["models"],
-        "tiers": result["tiers"], "target_quality": args.target,
+        "tiers": result["tiers"], "loop_knobs": result["loop_knobs"], "target_quality": args.target,
         "chosen": chosen, "all_small": routing["all_small"], "all_large": routing["all_large"],
         "router": {"train_documents": routing["train_documents"], "test_documents": routing["test_documents"],
                    "note": routing["note"]},

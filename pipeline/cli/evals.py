@@ -35,6 +35,36 @@ def tiers_table(result: dict) -> Table:
     return t
 
 
+def checks_table(result: dict) -> Table:
+    """Each tier's output checks on the hold-out set, with 95% intervals, and what a kept summary costs."""
+    t = Table(title="output checks per tier: share of outputs flagged (95% CI); acceptable: none failed")
+    for col in ("tier", "degenerate", "copied", "off topic", "acceptable", "$/1k acceptable"):
+        t.add_column(col, justify="right")
+    for name, s in result["tiers"].items():
+        if "checks" not in s:  # an eval.json written before the checks
+            continue
+        t.add_row(name, *(_rate(s["checks"][c]) for c in ("degenerate", "copied", "off_topic")), _rate(s["acceptable"]),
+                  _num(s["cost_per_1k_acceptable_usd"], ".5f"))
+    return t
+
+
+def knobs_table(knobs: dict) -> Table:
+    """The sampling knobs against loops: the cheaper tier with and without them."""
+    set_ = ", ".join(f"{k}={v}" for k, v in knobs["knobs"].items())
+    t = Table(title=f"sampling knobs against loops on {knobs['tier']} ({set_}) against none")
+    for col in ("sampling", "degenerate", "acceptable", "ROUGE-L"):
+        t.add_column(col, justify="right")
+    for name in ("with", "without"):
+        s = knobs[name]
+        t.add_row("as configured" if name == "with" else "knobs neutral", _rate(s["degenerate"]), _rate(s["acceptable"]),
+                  _num(s["rouge_l_vs_baseline"], ".3f"))
+    return t
+
+
+def _rate(r: dict) -> str:
+    return "-" if r["rate"] is None else f"{r['rate']:.1%} ({r['ci95'][0]:.0%}-{r['ci95'][1]:.0%})"
+
+
 def policy_table(title: str, rows: list[dict], chosen: dict | None) -> Table:
     t = Table(title=title)
     for col in ("router <", "min logprob", "trunc", "unfaithful", "quality kept", "kept small", "escalated", "$/1k docs"):
@@ -104,6 +134,9 @@ def evaluate(config: Path = ConfigOption,
         typer.echo(json.dumps(result))
     else:
         console.print(tiers_table(result))
+        console.print(checks_table(result))
+        if result["loop_knobs"]:
+            console.print(knobs_table(result["loop_knobs"]))
         console.print(policy_table("routing: router threshold alone", routing["by_router_threshold"], chosen))
         console.print(policy_table("escalation: confidence threshold, no router", routing["by_logprob_threshold"], chosen))
         console.print(policy_table("escalation signals alone", routing["signals_alone"], chosen))

@@ -11,12 +11,12 @@ import numpy as np
 import pyarrow as pa
 import xxhash
 
-from pipeline.config import TokenmillConfig
+from pipeline.config import LOOP_KNOBS, TokenmillConfig
 from pipeline.evals.policies import NO_LOGPROB, Policy, cheapest, grid, logprob_thresholds, score
 from pipeline.evals.reuse import reuse_quality
 from pipeline.evals.runs import TierRun, tier_run
 from pipeline.generate.engine import EnginePool
-from pipeline.generate.quality import rouge_l
+from pipeline.generate.quality import CHECKS, rouge_l
 from pipeline.generate.shadow import wilson_interval
 from pipeline.plan.stages import staged_input
 from pipeline.route.router import Labels, Router, RouterError, calibration_curve, train_router
@@ -44,17 +44,53 @@ def read_labels(path: Path) -> dict[str, dict]:
     return out
 
 
-def tier_section(run: TierRun, base: TierRun, ids: list[str], agreement: dict[str, float]) -> dict:
+def rate(hits: int, n: int) -> dict:
+    """A share of `n` with its 95% Wilson interval (null when nothing was measured)."""
+    low, high = wilson_interval(hits, n)
+    return {"rate": round(hits / n, 4) if n else None, "ci95": [round(low, 4), round(high, 4)]}
+
+
+def tier_section(run: TierRun, base: TierRun, ids: list[str], agreement: dict[str, float], checks) -> dict:
+    """One tier on the hold-out set against the baseline: agreement, each output check's rate, the share
+    acceptable (no check failed) and what an acceptable summary costs."""
     done = [i for i in ids if i in run.summary and i in base.summary]
-    unfaithful = sum(bool(run.unfaithful[i]) for i in done)
-    low, high = wilson_interval(unfaithful, len(done))
+    flags = {i: run.flags(i, checks) for i in done}
+    acceptable = sum(run.acceptable(i, checks) for i in done)
+    unfaithful = rate(sum("unfaithful" in flags[i] for i in done), len(done))
+    spent = sum(run.usd[i] for i in done)
     return {"documents": len(done), "failed": len(run.failed),
             "rouge_l_vs_baseline": round(float(np.mean([agreement[i] for i in done])), 4) if done else None,
             "identical_share": round(float(np.mean([run.summary[i] == base.summary[i] for i in done])), 4) if done else None,
-            "unfaithful_rate": round(unfaithful / len(done), 4) if done else None, "unfaithful_ci95": [round(low, 4), round(high, 4)],
+            "unfaithful_rate": unfaithful["rate"], "unfaithful_ci95": unfaithful["ci95"],
             "truncated_share": round(float(np.mean([run.finish_reason[i] == "length" for i in done])), 4) if done else None,
+            "checks": {check: rate(sum(check in flags[i] for i in done), len(done)) for check in CHECKS},
+            "acceptable": rate(acceptable, len(done)),
             "mean_output_tokens": round(float(np.mean([run.output_tokens[i] for i in done])), 1) if done else None,
-            "cost_per_1k_usd": run.cost_per_1k(done), "engine_seconds": round(run.engine_seconds, 2)}
+            "cost_per_1k_usd": run.cost_per_1k(done),
+            # what the tier spent on all, per acceptable summary: the price of one a user keeps
+            "cost_per_1k_acceptable_usd": round(1000.0 * spent / acceptable, 6) if acceptable else None,
+            "engine_seconds": round(run.engine_seconds, 2)}
+
+
+def loop_knobs(config: TokenmillConfig, docs: pa.Table, small: TierRun, base: TierRun, pool: EnginePool) -> dict | None:
+    """The sampling knobs against loops (config.LOOP_KNOBS) measured: the cheaper tier again with every knob
+    neutral, next to its run as configured (the same engine; the baseline keeps its knobs). None when no
+    knob is set."""
+    knobs = {k: v for k, v in config.sampling.keyed().items() if k in LOOP_KNOBS}
+    if not knobs:
+        return None
+    neutral = config.model_copy(update={"sampling": config.sampling.model_copy(update=LOOP_KNOBS)})
+    plain = tier_run(docs, small.tier, neutral, pool)
+
+    def side(run: TierRun) -> dict:
+        done = [i for i in docs["id"].to_pylist() if i in run.summary and i in base.summary]
+        return {"documents": len(done),
+                "degenerate": rate(sum("degenerate" in run.flags(i, config.checks) for i in done), len(done)),
+                "acceptable": rate(sum(run.acceptable(i, config.checks) for i in done), len(done)),
+                "rouge_l_vs_baseline": round(float(np.mean([rouge_l(run.summary[i], base.summary[i]) for i in done])), 4)
+                if done else None}
+
+    return {"tier": small.tier, "knobs": knobs, "with": side(small), "without": side(plain)}
 
 
 def split(ids: list[str]) -> tuple[list[str], list[str]]:
@@ -151,7 +187,8 @@ def run_eval(config: TokenmillConfig, holdout: Path, target: float = 0.95, pool:
                     "documents": len(originals), "variants": len(ids) - len(originals),
                     "shadow_regenerated": min(len(reused), shadows)},
         "baseline_tier": large, "models": {t: config.tiers[t].generator for t in by_price},
-        "tiers": {t: tier_section(runs[t], base, originals, agreement[t]) for t in by_price},
+        "tiers": {t: tier_section(runs[t], base, originals, agreement[t], config.checks) for t in by_price},
+        "loop_knobs": loop_knobs(config, docs, runs[small], base, pool),
         "routing": routing(config, text, scored, runs[small], base, agreement[small], target, ruled),
         "reuse": reuse_quality(records, labels, base),
         "labels": [{"text": text[i], "quality": {small: agreement[small][i], large: 1.0}} for i in scored],

@@ -50,7 +50,7 @@ def score(policy: Policy, ids: list[str], small: TierRun, large: TierRun, agreem
             cost.append(large.usd[i])
             continue
         item = {"tier": small.tier, "summary": small.summary[i], "finish_reason": small.finish_reason[i],
-                "mean_logprob": small.mean_logprob[i], "unfaithful_terms": len(small.unfaithful[i]), "chunks": 0}
+                "mean_logprob": small.mean_logprob[i], "chunks": 0, **small.measures[i]}
         reason = escalation_reason(item, cfg)
         if reason is None:
             kept_small += 1

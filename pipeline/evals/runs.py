@@ -10,7 +10,7 @@ import pyarrow as pa
 from pipeline.config import TokenmillConfig
 from pipeline.generate.engine import EnginePool, run_inference
 from pipeline.generate.pricing import allocate_gpu_seconds
-from pipeline.generate.quality import unfaithful_terms
+from pipeline.generate.quality import failed_checks, measure
 from pipeline.generate.requests import build_requests
 
 
@@ -23,12 +23,22 @@ class TierRun:
     mean_logprob: dict[str, float | None]
     output_tokens: dict[str, int]
     usd: dict[str, float]            # the ledger's price of each output: its token-weighted share of engine time
-    unfaithful: dict[str, list[str]]  # terms each output states that its document lacks
+    measures: dict[str, dict]        # what the output checks read (quality.measure), as the job stores them
     engine_seconds: float
     failed: dict[str, str]           # id -> why no output (too long, engine error)
 
     def cost_per_1k(self, ids: list[str]) -> float:
         return 1000.0 * float(np.mean([self.usd[i] for i in ids])) if ids else 0.0
+
+    def flags(self, i: str, checks) -> list[str]:
+        """The checks output `i` fails, by name, as the job's ledger flags it (`checks`: config.checks):
+        degenerate, copied, off_topic, unfaithful, truncated. None failed and not empty: acceptable."""
+        item = {"summary": self.summary[i], **self.measures[i]}
+        return [*failed_checks(item, checks), *(["unfaithful"] if self.measures[i].get("unfaithful_terms") else []),
+                *(["truncated"] if self.finish_reason[i] == "length" else [])]
+
+    def acceptable(self, i: str, checks) -> bool:
+        return bool(self.summary[i].strip()) and not self.flags(i, checks)
 
 
 def tier_run(docs: pa.Table, tier: str, config: TokenmillConfig, pool: EnginePool) -> TierRun:
@@ -51,7 +61,7 @@ def tier_run(docs: pa.Table, tier: str, config: TokenmillConfig, pool: EnginePoo
         mean_logprob={r["id"]: r["mean_logprob"] for r in rows},
         output_tokens={r["id"]: r["output_tokens"] for r in rows},
         usd={r["id"]: float(g) * price for r, g in zip(rows, gpu)},
-        unfaithful={r["id"]: unfaithful_terms(r["summary"], text[r["id"]]) for r in rows},
+        measures={r["id"]: measure(r["summary"], text[r["id"]]) for r in rows},
         engine_seconds=float(sum(calls["seconds"].to_pylist())),
         failed=failed,
     )

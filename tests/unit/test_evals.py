@@ -19,11 +19,12 @@ from tests.conftest import REPO, TINY_CONFIG
 
 
 def run(tier: str, summaries: dict[str, str], usd: float, logprob: float = -0.5, finish: str = "stop",
-        unfaithful: dict[str, list[str]] | None = None) -> TierRun:
+        unfaithful: dict[str, int] | None = None) -> TierRun:
     ids = list(summaries)
     return TierRun(tier=tier, summary=summaries, finish_reason={i: finish for i in ids},
                    mean_logprob={i: logprob for i in ids}, output_tokens={i: 10 for i in ids},
-                   usd={i: usd for i in ids}, unfaithful=unfaithful or {i: [] for i in ids},
+                   usd={i: usd for i in ids},
+                   measures={i: {"unfaithful_terms": (unfaithful or {}).get(i, 0)} for i in ids},
                    engine_seconds=1.0, failed={})
 
 
@@ -35,7 +36,7 @@ def config(tmp_path):
 def test_policies_are_scored_from_both_tiers_outputs(config):
     ids = ["a", "b", "c", "d"]
     small = run("small", {i: f"s {i}" for i in ids}, usd=0.001,
-                unfaithful={"a": ["Acme"], "b": [], "c": [], "d": []})
+                unfaithful={"a": 1})
     small.mean_logprob.update({"b": -3.0})
     large = run("large", {i: f"l {i}" for i in ids}, usd=0.004)
     agreement = {"a": 0.2, "b": 0.4, "c": 1.0, "d": 0.9}
