@@ -30,6 +30,9 @@ def main() -> None:
     reported (`terminate called without an active exception`, exit -6; apache/arrow#34314), and a
     scheduler would take that job for a failure. Seen here once: `tokenmill estimate` printed its
     whole answer, then died so."""
+    if sys.getprofile() or sys.gettrace():  # under cProfile or a debugger: it has work to do after this returns
+        app()
+        return
     try:
         app()
         code: int | str | None = 0
