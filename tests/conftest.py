@@ -14,6 +14,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -182,7 +183,10 @@ LEVEL_ORDER = ("tests/engine/", "tests/system/", "tests/integration/", "tests/un
 @functools.cache
 def _has_module_fixture(module: str) -> bool:
     """Whether the test module declares a module-scoped fixture (a migrated Airflow, a built hold-out set)."""
-    return 'scope="module"' in (REPO / module).read_text(encoding="utf-8")
+    try:
+        return re.search(r"scope\s*=\s*['\"]module['\"]", (REPO / module).read_text(encoding="utf-8")) is not None
+    except OSError:  # not a file of this repo (another rootdir): a scope per test
+        return False
 
 
 @pytest.hookimpl(optionalhook=True)  # xdist's hook: absent without xdist (-p no:xdist)

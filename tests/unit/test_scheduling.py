@@ -14,7 +14,7 @@ def _scheduler(pytestconfig, monkeypatch):
     from tests.conftest import pytest_xdist_make_scheduler
 
     monkeypatch.setattr(pytestconfig.option, "tx", ["popen", "popen"], raising=False)  # as `-n 2` gives
-    monkeypatch.setattr(pytestconfig.option, "dist", "load")
+    monkeypatch.setattr(pytestconfig.option, "dist", "load", raising=False)
     monkeypatch.setattr(pytestconfig.option, "loadscopereorder", True, raising=False)  # xdist's default
     return pytest_xdist_make_scheduler(pytestconfig, log=None)
 
@@ -49,5 +49,5 @@ def test_the_longest_levels_go_out_first(pytestconfig, monkeypatch):
 def test_another_distribution_asked_for_is_left_to_xdist(pytestconfig, monkeypatch):
     from tests.conftest import pytest_xdist_make_scheduler
 
-    monkeypatch.setattr(pytestconfig.option, "dist", "loadfile")
+    monkeypatch.setattr(pytestconfig.option, "dist", "loadfile", raising=False)
     assert pytest_xdist_make_scheduler(pytestconfig, log=None) is None
