@@ -41,8 +41,6 @@ def checks_table(result: dict) -> Table:
     for col in ("tier", "degenerate", "copied", "off topic", "acceptable", "$/1k acceptable"):
         t.add_column(col, justify="right")
     for name, s in result["tiers"].items():
-        if "checks" not in s:  # an eval.json written before the checks
-            continue
         t.add_row(name, *(_rate(s["checks"][c]) for c in ("degenerate", "copied", "off_topic")), _rate(s["acceptable"]),
                   _num(s["cost_per_1k_acceptable_usd"], ".5f"))
     return t
@@ -62,7 +60,7 @@ def knobs_table(knobs: dict) -> Table:
 
 
 def _rate(r: dict) -> str:
-    return "-" if r["rate"] is None else f"{r['rate']:.1%} ({r['ci95'][0]:.0%}-{r['ci95'][1]:.0%})"
+    return "-" if r["rate"] is None else f"{r['rate']:.1%} ({r['ci95'][0]:.1%}-{r['ci95'][1]:.1%})"
 
 
 def policy_table(title: str, rows: list[dict], chosen: dict | None) -> Table:

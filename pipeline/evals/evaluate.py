@@ -55,7 +55,7 @@ def tier_section(run: TierRun, base: TierRun, ids: list[str], agreement: dict[st
     acceptable (no check failed) and what an acceptable summary costs."""
     done = [i for i in ids if i in run.summary and i in base.summary]
     flags = {i: run.flags(i, checks) for i in done}
-    acceptable = sum(run.acceptable(i, checks) for i in done)
+    acceptable = sum(bool(run.summary[i].strip()) and not flags[i] for i in done)  # TierRun.acceptable, flags known
     unfaithful = rate(sum("unfaithful" in flags[i] for i in done), len(done))
     spent = sum(run.usd[i] for i in done)
     return {"documents": len(done), "failed": len(run.failed),

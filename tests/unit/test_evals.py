@@ -195,3 +195,22 @@ def test_too_small_or_empty_hold_outs_are_refused_before_any_engine(config, tmp_
 def test_all_large_chosen_sets_the_default_tier():
     values = chosen_values({"all_large": True, "router_threshold": None}, "small", "large", "/r.json")
     assert values == {("route", "default_tier"): "large", ("route", "escalation", "enabled"): False, ("route", "router"): None}
+
+
+def test_policies_escalate_outputs_that_fail_a_check_as_the_job_does(config):
+    """The eval's policies see each output's check measures (quality.measure), so an output the job would
+    escalate as `degenerate` is scored as escalated: on large, paid twice."""
+    from pipeline.generate.quality import measure
+
+    doc = "The committee approved the northern office budget and the hiring of two engineers in March."
+    ids = ["loop", "fine"]
+    small = run("small", {"loop": "budget budget budget " * 20, "fine": "The committee approved the budget."}, usd=0.001)
+    small.measures.update({i: measure(small.summary[i], doc) for i in ids})
+    large = run("large", {i: f"l {i}" for i in ids}, usd=0.004)
+    plain = score(Policy(None, NO_LOGPROB, False, False), ids, small, large, {"loop": 0.1, "fine": 0.9}, None, config)
+    assert plain["escalated_by"] == {"degenerate": 1} and plain["small_share"] == 0.5
+    assert plain["quality_kept"] == pytest.approx((1.0 + 0.9) / 2, abs=1e-4)
+    off = config.model_copy(update={"route": config.route.model_copy(update={
+        "escalation": config.route.escalation.model_copy(update={"on_degenerate": False})})})
+    assert score(Policy(None, NO_LOGPROB, False, False), ids, small, large, {"loop": 0.1, "fine": 0.9}, None,
+                 off)["escalated_by"] == {}
