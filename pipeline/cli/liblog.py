@@ -15,6 +15,7 @@ import contextlib
 import logging
 import os
 import sys
+import textwrap
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -52,11 +53,20 @@ def library_output(home: Path, verbose: bool) -> Iterator[Path | None]:
         for fd in (1, 2):
             os.dup2(log_fd, fd)
         os.close(log_fd)
+        # A library that sets up a handler of its own during the job (torch does, when vLLM first imports it)
+        # takes `sys.stderr` by default: give it the file instead (the process's own stream, now on it).
+        stream_handler_init = logging.StreamHandler.__init__
+
+        def to_file(handler, stream=None):
+            stream_handler_init(handler, streams[1] if stream is None else stream)
+
+        logging.StreamHandler.__init__ = to_file
+        undo.callback(setattr, logging.StreamHandler, "__init__", stream_handler_init)
         undo.callback(_set_env, "VLLM_CONFIGURE_LOGGING", os.environ.get("VLLM_CONFIGURE_LOGGING"))
         os.environ["VLLM_CONFIGURE_LOGGING"] = "0"
         terminal = logging.StreamHandler(sys.stderr)
         terminal.addFilter(lambda record: record.name.startswith(OWN))
-        terminal.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))  # < 120 wide
+        terminal.setFormatter(Wrapped("%(asctime)s %(levelname)s %(message)s", "%H:%M:%S"))
         library = logging.FileHandler(path, encoding="utf-8")
         undo.callback(library.close)
         library.addFilter(lambda record: not record.name.startswith(OWN))
@@ -64,6 +74,18 @@ def library_output(home: Path, verbose: bool) -> Iterator[Path | None]:
         logging.captureWarnings(True)
         undo.callback(logging.captureWarnings, False)
         yield path
+
+
+class Wrapped(logging.Formatter):
+    """Lines of at most WIDTH characters, continued on indented lines: a message naming a long path stays
+    readable in a scheduler's log, as the job summary does (the console is 100 columns wide off a terminal)."""
+
+    WIDTH = 100
+
+    def format(self, record: logging.LogRecord) -> str:
+        return "\n".join(textwrap.fill(line, self.WIDTH, subsequent_indent="    ", break_long_words=True,
+                                        break_on_hyphens=False) if len(line) > self.WIDTH else line
+                         for line in super().format(record).splitlines())
 
 
 def _open_log(home: Path) -> tuple[int, Path] | None:

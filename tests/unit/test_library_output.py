@@ -53,9 +53,15 @@ from pathlib import Path
 from pipeline.cli.liblog import library_output
 with library_output(Path(sys.argv[1]), verbose=False) as path:
     logging.getLogger("tokenmill.progress").info("progress: ours")
+    logging.getLogger("tokenmill.run").warning("no embedding model at " + "/a-long-folder" * 12)
     print("the job summary")
     os.write(1, b"engine core on fd 1\\n")
     os.write(2, b"engine core on fd 2\\n")
+    # A library that sets up its own handler when first imported, during the job (torch's logging does).
+    own = logging.getLogger("somelib.compile")
+    own.propagate = False
+    own.addHandler(logging.StreamHandler())
+    own.warning("engine core: Triton not available")
 print("after", path.read_text().count("engine core"))
 """
 
@@ -64,4 +70,7 @@ def test_in_a_process_of_its_own_the_terminal_keeps_tokenmill_and_the_file_the_r
     done = subprocess.run([sys.executable, "-c", OWN_PROCESS, str(tmp_path)], capture_output=True, text=True,
                           timeout=60, check=True)
     assert "progress: ours" in done.stderr and "engine core" not in done.stderr
-    assert done.stdout.splitlines() == ["the job summary", "after 2"]
+    assert done.stdout.splitlines() == ["the job summary", "after 3"]
+    # tokenmill's own lines fit 100 columns, a long path continued on indented lines
+    assert all(len(line) <= 100 for line in done.stderr.splitlines()) and "/a-long-folder" in done.stderr
+    assert any(line.startswith("    ") for line in done.stderr.splitlines())
