@@ -66,19 +66,61 @@ def test_the_variants_are_built_offline_and_labelled(real_models):
     assert sizes["smollm2-w4a16"] < sizes["smollm2-w8a8"] < sizes["smollm2-f32"] / 2
 
 
-def test_a_job_on_real_text_gives_real_summaries_and_flags_unfaithful_ones(real_models, holdout, tmp_path):
-    from pipeline import run_job
-    from pipeline.generate.quality import unfaithful_terms
+# What a user must not see in `tokenmill run`'s output: vLLM's log lines (`INFO 12-03 10:00:00 [file.py:12]`,
+# its engine process's `(EngineCore_0 pid=…)`), torch's warnings (`[W1203 …]` from C++, `W1204 00:10:51.160000 …`
+# from its Python logging) and Python warnings.
+LIBRARY_LINE = re.compile(r"^\(?EngineCore|^(INFO|WARNING|ERROR|DEBUG) \d\d-\d\d |^\[?[IWEF]\d{4} |Warning: ")
+
+
+def test_a_job_on_real_text_gives_real_summaries_flags_each_check_alike_everywhere_and_prints_cleanly(
+        real_models, static_embedder, holdout, tmp_path):
+    """`tokenmill run` as a user runs it (a process of its own, output to a pipe as in a log) on real text: real
+    summaries; every output check flagged alike in catalog, ledger and manifest; the libraries' log lines in
+    the log file it names, none on the console; no line wider than 120 characters."""
+    import signal
+    import sqlite3
+    import subprocess
+    import sys
+
+    from pipeline.generate.engine import shutdown_engines
+    from pipeline.generate.quality import CHECKS, failed_checks, unfaithful_terms
 
     docs = [json.loads(line) for line in holdout.read_text().splitlines()][:6]
     (tmp_path / "input").mkdir()
     (tmp_path / "input" / "docs.jsonl").write_text("".join(json.dumps({"id": d["id"], "text": d["text"]}) + "\n"
                                                            for d in docs))
     # The small tier first, escalating what fails a check (configs/local.yaml sends all to large: its eval's choice).
-    config = real_config(tmp_path, TOKENMILL_ROUTE__DEFAULT_TIER="small", TOKENMILL_ROUTE__ESCALATION__ENABLED="true")
-    result = run_job(config)
-    outputs = read_kind(tmp_path / "output", "outputs", result.job_id).to_pylist()
-    ledger = {r["id"]: r for r in read_kind(tmp_path / "output", "ledger", result.job_id).to_pylist()}
+    env = {"TOKENMILL_ROUTE__DEFAULT_TIER": "small", "TOKENMILL_ROUTE__ESCALATION__ENABLED": "true"}
+    config = real_config(tmp_path, **env)
+    shutdown_engines()  # the process below starts its own: never two engines at once
+    environ = {k: v for k, v in os.environ.items() if not k.startswith("TOKENMILL_")}
+    environ.update(TOKENMILL_HOME=os.environ["TOKENMILL_HOME"], TOKENMILL_STATE__URL=config.state.url,
+                   TOKENMILL_CACHE__PATH=str(tmp_path / "cache"), **env)
+    logs_before = set((Path(os.environ["TOKENMILL_HOME"]) / "logs").glob("run-*.log"))
+    # A session of its own: on a hang, the whole group goes (the engine's process with it), not only the CLI.
+    proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "run", "--config", str(LOCAL), "--input",
+                             str(tmp_path / "input"), "--output", str(tmp_path / "output")], env=environ, cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    try:
+        out, _ = proc.communicate(timeout=900)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, _ = proc.communicate()
+        pytest.fail(f"tokenmill run hung:\n{out[-4000:]}")
+    printed = out.splitlines()
+    assert proc.returncode == 0, "\n".join(printed[-60:])
+    assert not [line for line in printed if LIBRARY_LINE.search(line)], "\n".join(printed)
+    # (this test's folders are longer than a user's: counted as their names)
+    short = [line.replace(os.environ["TOKENMILL_HOME"], "~/.tokenmill").replace(str(tmp_path), "/data") for line in printed]
+    assert not [line for line in short if len(line) > 120], "\n".join(printed)
+    assert any("acceptable outputs" in line for line in printed), "\n".join(printed)
+    (job_id,) = [p.name for p in (tmp_path / "output" / "jobs").iterdir()]
+    # The libraries' lines went to the log file the run named.
+    (log,) = set((Path(os.environ["TOKENMILL_HOME"]) / "logs").glob("run-*.log")) - logs_before
+    assert log.name in "".join(printed) and "vllm" in log.read_text().lower()
+
+    outputs = read_kind(tmp_path / "output", "outputs", job_id).to_pylist()
+    ledger = {r["id"]: r for r in read_kind(tmp_path / "output", "ledger", job_id).to_pylist()}
     assert len(outputs) == 6
     text = {d["id"]: d["text"] for d in docs}
     # Summaries of these documents: many of their words come from the document (the tiny random models'
@@ -93,21 +135,30 @@ def test_a_job_on_real_text_gives_real_summaries_and_flags_unfaithful_ones(real_
         # The ledger's flag is the faithfulness check of the served output against its own document.
         assert ledger[row["id"]]["unfaithful"] == bool(unfaithful_terms(row["summary"], text[row["id"]]))
         assert (ledger[row["id"]]["escalation_reason"] is not None) == ledger[row["id"]]["escalated"]
-    # Every generation was checked where it was made: the catalog keeps the count of its unfaithful terms.
-    import sqlite3
-
+    # Every generation was checked where it was made: the catalog keeps its measures.
     with sqlite3.connect(config.state.url.removeprefix("sqlite:///")) as db:
-        stored = db.execute("SELECT id, summary, unfaithful_terms FROM items WHERE job_id = ?", [result.job_id]).fetchall()
+        db.row_factory = sqlite3.Row
+        stored = [dict(r) for r in db.execute("SELECT * FROM items WHERE job_id = ?", [job_id])]
     assert len(stored) >= 6
-    assert all(n == len(unfaithful_terms(summary, text[id_])) for id_, summary, n in stored)
-    m = result.manifest
+    assert all(r["unfaithful_terms"] == len(unfaithful_terms(r["summary"], text[r["id"]])) for r in stored)
+    served = {r["id"]: next(s for s in stored if s["id"] == r["id"] and s["tier"] == r["tier"]
+                            and s["summary"] == r["summary"]) for r in outputs}
+    m = json.loads((tmp_path / "output" / "jobs" / job_id / "manifest.json").read_text())
     # Small-tier outputs of this model often loop into max_tokens: escalations happen, each with its reason.
     assert m["routing"]["escalated"] >= 1 and sum(m["routing"]["escalated_by"].values()) == m["routing"]["escalated"]
-    flagged: dict[str, int] = {}
-    for row in outputs:
-        if ledger[row["id"]]["unfaithful"]:
-            flagged[row["tier"]] = flagged.get(row["tier"], 0) + 1
-    assert m["unfaithful"]["outputs"] == flagged  # the manifest counts exactly the ledger's flags
+    # Each check: the ledger's flag is the check on the catalog's measures of the served output, and the
+    # manifest counts exactly the ledger's flags, per tier.
+    for check in (*CHECKS, "unfaithful", "acceptable"):
+        flagged: dict[str, int] = {}
+        for row in outputs:
+            flag = ledger[row["id"]][check]
+            if check in CHECKS:
+                assert flag == (check in failed_checks(served[row["id"]], config.checks)), (check, row["id"])
+            if flag:
+                flagged[row["tier"]] = flagged.get(row["tier"], 0) + 1
+        counted = m["unfaithful"]["outputs"] if check == "unfaithful" else \
+            m["acceptable"] if check == "acceptable" else m["checks"][check]
+        assert counted == flagged, (check, counted, flagged)
 
 
 def test_eval_scores_every_saving_and_writes_its_choice_into_the_config(real_models, holdout, tmp_path):
@@ -127,6 +178,13 @@ def test_eval_scores_every_saving_and_writes_its_choice_into_the_config(real_mod
     assert 0.0 < tiers["small"]["rouge_l_vs_baseline"] < 1.0 and tiers["small"]["identical_share"] < 1.0
     assert tiers["small"]["cost_per_1k_usd"] < tiers["large"]["cost_per_1k_usd"]
     assert report["holdout"]["documents"] == 10 and report["holdout"]["variants"] == 8
+    # Each output check's rate per tier with its interval, and the sampling knobs of configs/local.yaml
+    # measured against none on the small tier.
+    for section in tiers.values():
+        for measured in (*section["checks"].values(), section["acceptable"]):
+            assert 0.0 <= measured["ci95"][0] <= measured["rate"] <= measured["ci95"][1] <= 1.0, section
+    knobs = report["loop_knobs"]
+    assert knobs["knobs"] == {"frequency_penalty": 0.5} and knobs["with"]["documents"] == knobs["without"]["documents"] > 0
     routing = report["routing"]
     assert routing["all_large"]["quality_kept"] == 1.0
     assert routing["all_small"]["cost_per_1k_usd"] < routing["all_large"]["cost_per_1k_usd"]
