@@ -15,6 +15,7 @@ and whether each of the issue's targets is met.
 from __future__ import annotations
 
 import argparse
+import copy
 import os
 import sys
 import tempfile
@@ -39,7 +40,9 @@ REPO = Path(__file__).resolve().parents[1]
 def bench_config(folder: Path):
     """configs/local.yaml with an INT8 tier added (the file is the user's; this writes a copy)."""
     raw = yaml.safe_load((REPO / "configs" / "local.yaml").read_text())
-    int8 = {**raw["tiers"]["large"], "model": "${TOKENMILL_HOME}/models/real/smollm2-w8a8", "price_per_gpu_hour": 1.0}
+    # A deep copy: a section shared with the large tier would be written as a YAML alias, which configs refuse.
+    int8 = {**copy.deepcopy(raw["tiers"]["large"]), "model": "${TOKENMILL_HOME}/models/real/smollm2-w8a8",
+            "price_per_gpu_hour": 1.0}
     raw["tiers"] = {"small": raw["tiers"]["small"], "int8": int8, "large": raw["tiers"]["large"]}
     path = folder / "quality.yaml"
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
