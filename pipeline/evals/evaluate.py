@@ -55,7 +55,7 @@ def tier_section(run: TierRun, base: TierRun, ids: list[str], agreement: dict[st
     acceptable (no check failed) and what an acceptable summary costs."""
     done = [i for i in ids if i in run.summary and i in base.summary]
     flags = {i: run.flags(i, checks) for i in done}
-    acceptable = sum(bool(run.summary[i].strip()) and not flags[i] for i in done)  # TierRun.acceptable, flags known
+    acceptable = sum(run.acceptable(i, flags[i]) for i in done)
     unfaithful = rate(sum("unfaithful" in flags[i] for i in done), len(done))
     spent = sum(run.usd[i] for i in done)
     return {"documents": len(done), "failed": len(run.failed),
@@ -84,9 +84,10 @@ def loop_knobs(config: TokenmillConfig, docs: pa.Table, small: TierRun, base: Ti
 
     def side(run: TierRun) -> dict:
         done = [i for i in docs["id"].to_pylist() if i in run.summary and i in base.summary]
+        flags = {i: run.flags(i, config.checks) for i in done}
         return {"documents": len(done),
-                "degenerate": rate(sum("degenerate" in run.flags(i, config.checks) for i in done), len(done)),
-                "acceptable": rate(sum(run.acceptable(i, config.checks) for i in done), len(done)),
+                "degenerate": rate(sum("degenerate" in flags[i] for i in done), len(done)),
+                "acceptable": rate(sum(run.acceptable(i, flags[i]) for i in done), len(done)),
                 "rouge_l_vs_baseline": round(float(np.mean([rouge_l(run.summary[i], base.summary[i]) for i in done])), 4)
                 if done else None}
 

@@ -37,8 +37,9 @@ class TierRun:
         return [*failed_checks(item, checks), *(["unfaithful"] if self.measures[i].get("unfaithful_terms") else []),
                 *(["truncated"] if self.finish_reason[i] == "length" else [])]
 
-    def acceptable(self, i: str, checks) -> bool:
-        return bool(self.summary[i].strip()) and not self.flags(i, checks)
+    def acceptable(self, i: str, flags: list[str]) -> bool:
+        """Output `i` is one a user keeps: not empty, and `flags` (its flags()) empty."""
+        return bool(self.summary[i].strip()) and not flags
 
 
 def tier_run(docs: pa.Table, tier: str, config: TokenmillConfig, pool: EnginePool) -> TierRun:

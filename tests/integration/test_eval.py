@@ -67,4 +67,4 @@ def test_an_eval_output_is_flagged_as_the_job_flags_it(make_config):
                   engine_seconds=1.0, failed={})
     assert {i: run.flags(i, config.checks) for i in outputs} == {"loop": ["degenerate"], "copy": ["copied"], "good": [],
                                                                 "cut": ["truncated"]}
-    assert [i for i in outputs if run.acceptable(i, config.checks)] == ["good"]
+    assert [i for i in outputs if run.acceptable(i, run.flags(i, config.checks))] == ["good"]
