@@ -189,7 +189,7 @@ def job_quality(con: duckdb.DuckDBPyConnection, job_id: str) -> tuple[list[list[
     costs = {r["tier"]: r for r in summary(con, ["tier"], job_id).to_pylist()}  # as `ledger summary` says them
 
     def usd(v) -> str:
-        return "-" if v is None else f"${float(v):.6f}"
+        return "-" if v is None else fmt_usd(float(v))
 
     by_tier = []
     for tier, n, *counts, escalated in tiers:
