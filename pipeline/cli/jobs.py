@@ -269,14 +269,14 @@ def plan() -> None:
 UNIT_STATUSES = ("pending", "leased", "done", "deferred")
 
 
-def tier_workers(state, lease_seconds: float) -> list[dict]:
-    """Tier workers holding an engine now (their session renewed within a lease), with their time so far."""
+def tier_workers(state) -> list[dict]:
+    """Tier workers holding an engine now (their session's lease not run out), with their time so far."""
     from pipeline.stores.catalog import aware
     from pipeline.stores.units import UnitQueue
 
     t = state.db_now()
     out = []
-    for s in sorted(UnitQueue(state).live_sessions(stale_seconds=lease_seconds), key=lambda s: (s.job_id, s.tier, s.worker)):
+    for s in sorted(UnitQueue(state).live_sessions(), key=lambda s: (s.job_id, s.tier, s.worker)):
         held = s.held_seconds
         out.append({"job_id": s.job_id, "tier": s.tier, "worker": s.worker, "session_id": s.session_id, "gpus": s.gpus,
                     "started_engine": bool(s.started), "held_seconds": round(held, 3),
@@ -329,7 +329,7 @@ def status(config: Path = ConfigOption, job_id: str = typer.Option(..., "--job-i
     if job is None:
         fail(f"no job {job_id}")
     parts = state.partitions(job_id)
-    depth, workers = queue_depth(state, job_id), tier_workers(state, cfg.state.lease_seconds)
+    depth, workers = queue_depth(state, job_id), tier_workers(state)
     if format == "json":
         typer.echo(json.dumps({
             "job_id": job.job_id, "status": job.status, "error": job.error,

@@ -14,7 +14,8 @@ import time
 from pipeline.config import TokenmillConfig
 from pipeline.generate.pricing import session_shares
 from pipeline.stores.catalog import StateStore
-from pipeline.stores.units import UnitQueue, worker_is_gone
+from pipeline.stores.lease import worker_is_gone
+from pipeline.stores.units import UnitQueue
 
 log = logging.getLogger(__name__)
 
@@ -24,10 +25,10 @@ class EngineTime:
         self.config, self.job_id, self.state, self.queue = config, job_id, state, queue
 
     def stale(self):
-        """A session is stale (its worker died) when it is still open and its renewal is over a lease old, or
-        its worker is provably gone."""
-        lease, t = self.config.state.lease_seconds, self.state.db_now()
-        return lambda s: s.status != "closed" and ((t - s.heartbeat_at).total_seconds() > lease
+        """A session is stale (its worker died) when it is still open and its lease ran out, or its worker is
+        provably gone."""
+        t = self.state.db_now()
+        return lambda s: s.status != "closed" and (s.lease_expires_at is None or s.lease_expires_at < t
                                                    or worker_is_gone(s.worker))
 
     def wait_for_engines(self, still_held) -> None:

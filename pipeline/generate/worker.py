@@ -34,7 +34,7 @@ from pipeline.generate.quality import measure
 from pipeline.generate.reuse import cache_value
 from pipeline.keys import adapter_digest
 from pipeline.stores.catalog import now
-from pipeline.stores.units import UnitQueue, WorkUnit
+from pipeline.stores.units import WorkUnit
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +95,25 @@ class WorkerReport:
         return self.startup_seconds + self.busy_seconds + self.idle_seconds
 
 
+class UnitSource(Protocol):
+    """Where a tier worker claims its units: the catalog's queue (stores/units.UnitQueue) for a job, or
+    memory for a run with no job (generate/memory_units.py)."""
+
+    def claim(self, job_id: str, tier: str, worker: str, session_id: str, lease_seconds: float) -> WorkUnit | None: ...
+
+    def claimable(self, job_id: str, tier: str | None = None) -> int: ...
+
+    def finish(self, job_id: str, unit: WorkUnit, status: str = "done") -> bool: ...
+
+    def renew(self, job_id: str, session_id: str, lease_seconds: float) -> None: ...
+
+    def open_session(self, session_id: str, job_id: str, tier: str, worker: str, gpus: int, started: bool,
+                     startup_seconds: float, idle_seconds: float, lease_seconds: float) -> None: ...
+
+    def beat_session(self, session_id: str, busy: float, idle: float, recorded: float, closed: bool = False,
+                     counters: dict[str, int | None] | None = None, lease_seconds: float = 0.0) -> None: ...
+
+
 class JobSide(Protocol):
     """What a tier worker needs from the job it drains, for its tier (the job's drain step implements it)."""
 
@@ -129,7 +148,7 @@ class TierWorker:
     config: TokenmillConfig
     tier: str
     job_id: str
-    queue: UnitQueue
+    queue: UnitSource
     pool: EnginePool
     worker: str
     job: JobSide
@@ -159,7 +178,7 @@ class TierWorker:
         self.batch = batch_size(engine, tier.vllm.max_num_seqs)
         report.session_id = self.session_id = sid = f"{self.worker}/{self.tier}/{secrets.token_hex(4)}"
         self.queue.open_session(sid, self.job_id, self.tier, self.worker, tier.gpus, report.started,
-                                report.startup_seconds, report.idle_seconds)
+                                report.startup_seconds, report.idle_seconds, lease)
         mark = renewed = beaten = time.perf_counter()
         while True:
             while len(self.flight) < self.fill():
@@ -186,7 +205,8 @@ class TierWorker:
                 self.queue.renew(self.job_id, sid, lease)
             if t - beaten > SESSION_BEAT_SECONDS:
                 beaten = t
-                self.queue.beat_session(sid, report.busy_seconds, report.idle_seconds, self.recorded)
+                self.queue.beat_session(sid, report.busy_seconds, report.idle_seconds, self.recorded,
+                                        lease_seconds=lease)
         counted = counter_delta(counted, read_counters(engine))
         if self.release:
             t = time.perf_counter()
@@ -195,7 +215,7 @@ class TierWorker:
         else:
             _FREE_SINCE[engine] = time.perf_counter()
         self.queue.beat_session(sid, report.busy_seconds, report.idle_seconds, self.recorded, closed=True,
-                                counters=counted)
+                                counters=counted, lease_seconds=lease)
         log.info("tier %s worker %s: %d units, %d requests; engine held %.1f s (start-up %.1f, busy %.1f, idle %.1f)",
                  self.tier, self.worker, report.units, report.requests, report.held_seconds, report.startup_seconds,
                  report.busy_seconds, report.idle_seconds)
@@ -302,7 +322,8 @@ class TierWorker:
         self.recorded += sum(f.seconds for _, f in done)
         # Renewed before every store, so that a worker killed at any point leaves figures that add up: what it
         # measured but did not store is lost work, never more than it held (pricing.session_shares).
-        self.queue.beat_session(self.session_id, self.report.busy_seconds, self.report.idle_seconds, self.recorded)
+        self.queue.beat_session(self.session_id, self.report.busy_seconds, self.report.idle_seconds, self.recorded,
+                                lease_seconds=self.config.state.lease_seconds)
         self.job.store(items, failed)
         self.job.cache_put(by_scope)
         for _, f in done:

@@ -34,8 +34,8 @@ from pipeline.job.manifest import partition_counts
 from pipeline.output.commit import discard, new_commit_id, publish, write_files
 from pipeline.output.write import assemble_results, charge_rows
 from pipeline.stores import storage
-from pipeline.stores.catalog import Heartbeat, StateError, now, utc
-from pipeline.stores.units import worker_is_gone
+from pipeline.stores.catalog import StateError, now, utc
+from pipeline.stores.lease import Renewal, worker_is_gone
 
 log = logging.getLogger(__name__)
 RUNNABLE = ("pending", "failed", "running", "deferred")  # partition statuses a run tries
@@ -73,8 +73,9 @@ class PartitionCommit:
         """Run the claimed partition to its end state: succeeded, deferred or failed."""
         partition = self.partition
         try:
-            with Heartbeat(self.state, self.job_id, partition, self.ctx.worker, self.config.state.lease_seconds,
-                           self.epoch) as beat:
+            lease = self.config.state.lease_seconds
+            with Renewal(lambda: self.state.heartbeat(self.job_id, partition, self.ctx.worker, lease, self.epoch),
+                         lease, f"lease-{partition}") as beat:
                 self.generate_and_commit(beat)
         except BudgetReached as e:
             log.warning("partition %s deferred: %s", partition, e)
@@ -93,7 +94,7 @@ class PartitionCommit:
                 raise JobError(f"partition {partition}: {reason}".splitlines()[0]) from e
             return
 
-    def generate_and_commit(self, beat: Heartbeat) -> None:
+    def generate_and_commit(self, beat: Renewal) -> None:
         """Commit a generated partition: its generation must be over (a wave derived nothing)."""
         ctx, partition, started = self.ctx, self.partition, time.perf_counter()
         ctx.waves.advance(partition)  # the last wave may have come in through another partition's unit
@@ -132,7 +133,7 @@ class PartitionCommit:
         for scope, values in by_scope.items():
             self.ctx.cache.put_many(scope, values)
 
-    def commit(self, beat: Heartbeat, records: pa.Table, quarantine: pa.Table, items: dict[str, dict],
+    def commit(self, beat: Renewal, records: pa.Table, quarantine: pa.Table, items: dict[str, dict],
                failed: dict[str, tuple[str, str, str]], shareable: int, started: float) -> None:
         """Assemble the partition's rows, check that every record is accounted for, write the files,
         commit in the catalog (fenced by the claim's epoch), then publish the commit (output/commit.py)."""

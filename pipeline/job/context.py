@@ -30,7 +30,8 @@ from pipeline.job.progress import Progress
 from pipeline.keys import isolation_fingerprint
 from pipeline.stores import storage
 from pipeline.stores.cache import ResilientStore, open_store
-from pipeline.stores.catalog import Partition, StateStore, default_worker
+from pipeline.stores.catalog import Partition, StateStore
+from pipeline.stores.lease import default_worker
 from pipeline.stores.staging import StagingArea
 from pipeline.stores.units import UnitQueue
 

@@ -13,10 +13,8 @@ planning taken over since renews, fails and registers nothing), each renewing as
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from contextlib import contextmanager
-from datetime import timedelta
 
 from pipeline.errors import JobError
 from pipeline.ingest.read import input_files
@@ -37,7 +35,7 @@ from pipeline.plan.streamed import (
 )
 from pipeline.stores import storage
 from pipeline.stores.catalog import utc
-from pipeline.stores.units import worker_is_gone
+from pipeline.stores.lease import Renewal, worker_is_gone
 
 log = logging.getLogger(__name__)
 # A gone planner (its host:pid process no longer exists) is replaced once it has not renewed for a third of
@@ -60,7 +58,8 @@ def ensure_staged(ctx: JobContext, stage=None):
     `stage_input`); its result is returned, or None when the job was staged already."""
     stage = stage or stage_input
     c = ctx.config
-    epoch = ctx.state.claim_staging(ctx.job_id, config_fingerprint(c), c.input.uri, c.output.uri, ctx.worker)
+    epoch = ctx.state.claim_staging(ctx.job_id, config_fingerprint(c), c.input.uri, c.output.uri, ctx.worker,
+                                    c.state.lease_seconds)
     if epoch:
         return stage(ctx, epoch)
     announced = None
@@ -78,8 +77,7 @@ def ensure_staged(ctx: JobContext, stage=None):
             return stage(ctx, epoch)
         if announced != (row.planner, row.planning_epoch):
             announced = (row.planner, row.planning_epoch)
-            renewed = row.planning_renewed_at
-            ends = None if renewed is None else renewed + timedelta(seconds=c.state.lease_seconds)
+            renewed, ends = row.planning_renewed_at, row.planning_lease_expires_at
             log.info("job %s waits: planned by worker %s (last renewal %s) until its lease ends at %s (database "
                      "clock), unless it finishes first", ctx.job_id, row.planner, utc(renewed), utc(ends))
         time.sleep(c.state.wait_seconds)
@@ -98,30 +96,23 @@ def staging_step(ctx: JobContext, epoch: int):
     large job outlasts one), and one that fails marks the staging failed, so that a rerun takes it over at
     once. Both are fenced by the epoch: a step of a planner that was taken over changes nothing (a job
     another worker is planning, or finished staging, stays so)."""
-    done = threading.Event()
+    lease = ctx.config.state.lease_seconds
 
-    def renew():
-        while not done.wait(ctx.config.state.lease_seconds / 3):
-            try:
-                if not ctx.state.renew_staging(ctx.job_id, epoch, ctx.worker):
-                    row = ctx.state.job(ctx.job_id)
-                    if row is not None and row.status == "staging" and row.planning_epoch != epoch:
-                        log.warning("job %s: planning claim %d was taken over by another worker (claim %d); what "
-                                    "this step plans is not registered", ctx.job_id, epoch, row.planning_epoch)
-                    return
-            except Exception as e:  # a catalog blip: the next beat tries again; the lease has room for it
-                log.warning("job %s: could not renew the staging lease: %s", ctx.job_id, e)
+    def renew() -> bool:
+        if ctx.state.renew_staging(ctx.job_id, epoch, ctx.worker, lease):
+            return True
+        row = ctx.state.job(ctx.job_id)
+        if row is not None and row.status == "staging" and row.planning_epoch != epoch:
+            log.warning("job %s: planning claim %d was taken over by another worker (claim %d); what this step "
+                        "plans is not registered", ctx.job_id, epoch, row.planning_epoch)
+        return False
 
-    beat = threading.Thread(target=renew, name="staging-lease", daemon=True)
-    beat.start()
-    try:
-        yield
-    except Exception as e:
-        ctx.state.fail_staging(ctx.job_id, epoch, str(e))
-        raise
-    finally:
-        done.set()
-        beat.join()
+    with Renewal(renew, lease, f"planning-{ctx.job_id}"):
+        try:
+            yield
+        except Exception as e:
+            ctx.state.fail_staging(ctx.job_id, epoch, str(e))
+            raise
 
 
 def stage_input(ctx: JobContext, epoch: int) -> None:

@@ -5,8 +5,8 @@ upgraded by Alembic (pipeline/stores/migrations). Three rules keep reruns exact 
 
 - A partition is claimed with one conditional UPDATE (pending, failed, or running with an expired
   lease -> running, attempts + 1). Exactly one worker's UPDATE matches, on SQLite and PostgreSQL alike.
-- A claimed partition's lease is extended by a heartbeat; a worker that dies stops extending it and
-  another worker can take the partition once it expires.
+- A claimed partition's lease (stores/lease.py, the one lease of the catalog) is renewed while it runs; a
+  worker that dies stops renewing it and another worker can take the partition once it expires.
 - Every engine call's results are stored (`items`) as soon as the call returns, keyed by the request's
   content key. A rerun finds them and pays nothing again, even when the attempt that paid was killed
   before its partition committed.
@@ -16,20 +16,20 @@ from __future__ import annotations
 
 import fcntl
 import json
-import os
-import socket
-import threading
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
 from sqlalchemy import DateTime, Float, Integer, String, Text, create_engine, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Engine
-from sqlalchemy.exc import DataError, IntegrityError, OperationalError
+from sqlalchemy.exc import DataError, IntegrityError
 from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
+from pipeline.config import StateConfig
 from pipeline.schema import ITEM
+from pipeline.stores.lease import Lease, default_worker
 
+DEFAULT_LEASE_SECONDS = StateConfig.model_fields["lease_seconds"].default
 MIGRATIONS = Path(__file__).parent / "migrations"
 
 
@@ -59,6 +59,7 @@ class Job(Base):
     planner: Mapped[str | None] = mapped_column(String(200), nullable=True)
     planning_epoch: Mapped[int] = mapped_column(Integer, default=0)
     planning_renewed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
+    planning_lease_expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
 
 
 class Partition(Base):
@@ -120,6 +121,10 @@ class Item(Base):
     session_id: Mapped[str | None] = mapped_column(String(200), nullable=True)  # engine session (units.py)
 
 
+# The one lease (stores/lease.py) on planning and on partitions
+PLANNING_LEASE = Lease(Job.planner, Job.planning_lease_expires_at, Job.planning_epoch, Job.planning_renewed_at)
+PARTITION_LEASE = Lease(Partition.worker, Partition.lease_expires_at, Partition.epoch, Partition.heartbeat_at)
+
 ITEM_FIELDS = ITEM.names  # the columns after (job_id, item_key); tests check they match the table
 
 
@@ -135,10 +140,6 @@ def aware(value: datetime | None) -> datetime | None:
 def utc(t: datetime | None) -> str:
     """A catalog time as logs say it: `2026-12-03 14:05:09 UTC`, or `never`."""
     return "never" if t is None else f"{aware(t).astimezone(timezone.utc):%Y-%m-%d %H:%M:%S} UTC"
-
-
-def default_worker() -> str:
-    return f"{socket.gethostname()}:{os.getpid()}"
 
 
 # What a database raises for a value it cannot store (as opposed to being unreachable: OperationalError):
@@ -219,7 +220,7 @@ class StateStore:
 
     # -- jobs ---------------------------------------------------------------------------------
     def claim_staging(self, job_id: str, fingerprint: str, input_uri: str, output_uri: str,
-                      worker: str | None = None) -> int | None:
+                      worker: str | None = None, lease_seconds: float = DEFAULT_LEASE_SECONDS) -> int | None:
         """The planning claim's epoch (1) when this process must stage the job (it is new), else None; see
         reclaim_staging for a staging that died."""
         with self.session() as s:
@@ -227,55 +228,53 @@ class StateStore:
                 with s.begin():
                     t = self.db_now()
                     s.add(Job(job_id=job_id, status="staging", config_fingerprint=fingerprint, input_uri=input_uri,
-                              output_uri=output_uri, created_at=t, planner=worker or default_worker(),
-                              planning_epoch=1, planning_renewed_at=t))
+                              output_uri=output_uri, created_at=t,
+                              **PLANNING_LEASE.claimed(worker or default_worker(), t, lease_seconds, first=True)))
                 return 1
             except IntegrityError:
                 return None
 
     def reclaim_staging(self, job_id: str, lease_seconds: float, worker: str | None = None,
                         gone_planner: str | None = None, grace_seconds: float = 0.0) -> int | None:
-        """Take over staging a job whose staging failed, was last renewed over `lease_seconds` ago (by the
-        database's clock) and so was abandoned, or whose planner is `gone_planner` (provably dead) and has not
-        renewed for `grace_seconds` (an orchestrator's planning tasks each renew as their own process: the
-        task that last renewed may have ended while the next one starts). The new claim's epoch, or None
-        when the staging is not to be taken over."""
+        """Take over staging a job whose staging failed, whose planning lease ran out (by the database's
+        clock) and so was abandoned, or whose planner is `gone_planner` (provably dead) and has not renewed
+        for `grace_seconds` (an orchestrator's planning tasks each renew as their own process: the task
+        that last renewed may have ended while the next one starts). The new claim's epoch, or None when
+        the staging is not to be taken over."""
         t = self.db_now()
-        abandoned = (Job.status == "staging") & (Job.planning_renewed_at < t - timedelta(seconds=lease_seconds))
+        abandoned = (Job.status == "staging") & PLANNING_LEASE.expired(t)
         if gone_planner is not None:
             abandoned = abandoned | ((Job.status == "staging") & (Job.planner == gone_planner)
                                      & (Job.planning_renewed_at < t - timedelta(seconds=grace_seconds)))
         with self.session() as s, s.begin():
-            row = s.execute(update(Job).where(Job.job_id == job_id, (Job.status == "staging_failed") | abandoned)
-                            .values(status="staging", planning_renewed_at=t, error=None, planner=worker or default_worker(),
-                                    planning_epoch=Job.planning_epoch + 1)
-                            .returning(Job.planning_epoch)
-                            .execution_options(synchronize_session=False)).first()
-            return None if row is None else row[0]
+            return PLANNING_LEASE.claim(s, (Job.job_id == job_id) & ((Job.status == "staging_failed") | abandoned),
+                                        worker or default_worker(), t, lease_seconds, status="staging", error=None)
 
-    def renew_staging(self, job_id: str, epoch: int, worker: str | None = None) -> bool:
+    def renew_staging(self, job_id: str, epoch: int, worker: str | None = None,
+                      lease_seconds: float = DEFAULT_LEASE_SECONDS) -> bool:
         """The staging is alive: its lease counts again from now, held by `worker` (the renewing process).
         False when the claim `epoch` was taken over, or the staging is no longer in progress."""
         with self.session() as s, s.begin():
-            return s.execute(update(Job).where(Job.job_id == job_id, Job.status == "staging",
-                                               Job.planning_epoch == epoch)
-                             .values(planning_renewed_at=self.db_now(), planner=worker or default_worker())
-                             ).rowcount == 1
+            return PLANNING_LEASE.renew(s, self._planning(job_id, epoch), self.db_now(), lease_seconds,
+                                        planner=worker or default_worker()) == 1
+
+    @staticmethod
+    def _planning(job_id: str, epoch: int):
+        return (Job.job_id == job_id) & (Job.status == "staging") & PLANNING_LEASE.fenced(epoch)
 
     def fail_staging(self, job_id: str, epoch: int, error: str) -> bool:
         """Mark the staging of claim `epoch` failed (a rerun takes it over at once); False when fenced out."""
         with self.session() as s, s.begin():
-            return s.execute(update(Job).where(Job.job_id == job_id, Job.status == "staging",
-                                               Job.planning_epoch == epoch)
+            return s.execute(update(Job).where(self._planning(job_id, epoch))
                              .values(status="staging_failed", error=error[:2000])).rowcount == 1
 
     def register_partitions(self, job_id: str, epoch: int, partitions: dict[str, dict], counts: dict) -> bool:
         """Planning's end, in one transaction fenced by its claim: add the partitions, mark the job staged.
         False (and nothing written) when another planner took the staging over."""
         with self.session() as s, s.begin():
-            staged = s.execute(update(Job).where(Job.job_id == job_id, Job.status == "staging",
-                                                 Job.planning_epoch == epoch)
-                               .values(status="staged", counts=json.dumps(counts))).rowcount == 1
+            staged = s.execute(update(Job).where(self._planning(job_id, epoch))
+                               .values(status="staged", counts=json.dumps(counts),
+                                       **PLANNING_LEASE.ended())).rowcount == 1
             if staged:
                 self._add_partitions(s, job_id, partitions)
             return staged
@@ -320,40 +319,32 @@ class StateStore:
         """Atomically take a partition: one conditional UPDATE. Returns the claim's epoch (the fencing
         token its heartbeats and its commit must present), or None when another worker holds it."""
         t = self.db_now()  # the database's clock, not this worker's
-        claimable = (Partition.status.in_(("pending", "failed", "deferred", "succeeded") if force
-                                          else ("pending", "failed", "deferred"))
-                     | ((Partition.status == "running") & (Partition.lease_expires_at < t)))
+        free = Partition.status.in_(("pending", "failed", "deferred", "succeeded") if force
+                                    else ("pending", "failed", "deferred"))
+        claimable = free | ((Partition.status == "running") & PARTITION_LEASE.expired(t))
         with self.session() as s, s.begin():
-            result = s.execute(
-                update(Partition)
-                .where(Partition.job_id == job_id, Partition.partition == partition, claimable)
-                .values(status="running", worker=worker, attempts=Partition.attempts + 1, started_at=t,
-                        heartbeat_at=t, lease_expires_at=t + timedelta(seconds=lease_seconds), last_error=None,
-                        finished_at=None, epoch=Partition.epoch + 1)
-                .returning(Partition.epoch)
-                .execution_options(synchronize_session=False))
-            row = result.first()
-            return row[0] if row is not None else None
+            return PARTITION_LEASE.claim(
+                s, (Partition.job_id == job_id) & (Partition.partition == partition) & claimable, worker, t,
+                lease_seconds, status="running", attempts=Partition.attempts + 1, started_at=t, last_error=None,
+                finished_at=None)
+
+    def _held(self, job_id: str, partition: str, worker: str, epoch: int):
+        return (Partition.job_id == job_id) & (Partition.partition == partition) & PARTITION_LEASE.fenced(epoch, worker)
 
     def heartbeat(self, job_id: str, partition: str, worker: str, lease_seconds: float, epoch: int) -> bool:
+        """Renew the claim `epoch`'s lease; False once it was taken over (the worker must not commit)."""
         t = self.db_now()  # the database's clock, not this worker's
         with self.session() as s, s.begin():
-            result = s.execute(update(Partition)
-                               .where(Partition.job_id == job_id, Partition.partition == partition,
-                                      Partition.worker == worker, Partition.epoch == epoch,
-                                      Partition.status == "running")
-                               .values(heartbeat_at=t, lease_expires_at=t + timedelta(seconds=lease_seconds)))
-            return result.rowcount == 1
+            where = self._held(job_id, partition, worker, epoch) & (Partition.status == "running")
+            return PARTITION_LEASE.renew(s, where, t, lease_seconds) == 1
 
     def finish_partition(self, job_id: str, partition: str, worker: str, epoch: int, status: str,
                          counts: dict | None = None, error: str | None = None) -> bool:
         """Set a claimed partition's end state, fenced: False (and nothing changed) when the claim of
         `epoch` is no longer the partition's latest, i.e. another worker took it over."""
         with self.session() as s, s.begin():
-            result = s.execute(update(Partition)
-                               .where(Partition.job_id == job_id, Partition.partition == partition,
-                                      Partition.worker == worker, Partition.epoch == epoch)
-                               .values(status=status, finished_at=now(), lease_expires_at=None, last_error=error,
+            result = s.execute(update(Partition).where(self._held(job_id, partition, worker, epoch))
+                               .values(status=status, finished_at=now(), last_error=error, **PARTITION_LEASE.ended(),
                                        counts=json.dumps(counts) if counts is not None else None))
             return result.rowcount == 1
 
@@ -410,39 +401,6 @@ class StateStore:
         """End the lease of `holder`'s claim now, because its process is provably gone (worker_is_gone),
         so that the partition is claimable at once instead of after the rest of the lease. Only while
         `holder` still holds it; claim then decides, as always, which worker takes it."""
-        t = self.db_now()
         with self.session() as s, s.begin():
-            result = s.execute(update(Partition)
-                               .where(Partition.job_id == job_id, Partition.partition == partition,
-                                      Partition.worker == holder, Partition.status == "running",
-                                      Partition.lease_expires_at >= t)
-                               .values(lease_expires_at=t - timedelta(seconds=1)))
-            return result.rowcount == 1
-
-
-class Heartbeat:
-    """Extends a partition's lease every lease/3 seconds while the partition runs."""
-
-    def __init__(self, store: StateStore, job_id: str, partition: str, worker: str, lease_seconds: float,
-                 epoch: int):
-        self.args = (job_id, partition, worker, lease_seconds, epoch)
-        self.store, self.interval = store, max(lease_seconds / 3, 0.5)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True, name=f"heartbeat-{partition}")
-
-    lost = False  # set when another worker took the partition over (our lease had expired)
-
-    def _run(self) -> None:  # an unreachable database for a while is fine: the lease runs out unless a beat lands
-        while not self._stop.wait(self.interval):
-            try:
-                if not self.store.heartbeat(*self.args):
-                    self.lost = True
-                    return
-            except OperationalError:
-                pass
-
-    def __enter__(self) -> "Heartbeat":
-        return self._thread.start() or self
-
-    def __exit__(self, *exc) -> None:
-        self._stop.set(), self._thread.join()
+            where = (Partition.job_id == job_id) & (Partition.partition == partition) & (Partition.status == "running")
+            return PARTITION_LEASE.cut_gone(s, where, holder, self.db_now())

@@ -25,16 +25,15 @@ lease is gone (a dead worker's reservation frees itself when its units become cl
 
 from __future__ import annotations
 
-import os
-import socket
 from collections.abc import Callable
-from datetime import datetime, timedelta
+from datetime import datetime
 
 from sqlalchemy import BigInteger, DateTime, Float, Integer, String, Text, delete, func, select, true, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Mapped, mapped_column
 
-from pipeline.stores.catalog import Base, Item, Job, StateStore, aware
+from pipeline.stores.catalog import DEFAULT_LEASE_SECONDS, Base, Item, Job, StateStore, aware
+from pipeline.stores.lease import Lease, worker_is_gone
 
 IN_CHUNK = 900  # values bound in one IN (...): under SQLite's oldest limit of 999 parameters
 
@@ -97,6 +96,7 @@ class EngineSession(Base):
     prefix_hits: Mapped[int | None] = mapped_column(BigInteger, nullable=True)     # ... and found there
     opened_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     heartbeat_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
+    lease_expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     closed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
 
     @property
@@ -148,22 +148,10 @@ class Reservation(Base):
     usd: Mapped[float] = mapped_column(Float)
 
 
-def worker_is_gone(worker: str | None) -> bool:
-    """True only when `worker` (named `host:pid` by default_worker) provably no longer runs: it ran on
-    this host and no process has its pid. Any doubt (another host, another naming, a pid now used by
-    some other process, a process of another user) is False: its lease then has to run out.
-    Caveat: containers sharing a host name but not a pid namespace look gone to each other; the
-    commit fence (the epoch) still keeps such a wrongly released worker from committing."""
-    host, _, pid = (worker or "").rpartition(":")
-    if host != socket.gethostname() or not pid.isdigit() or int(pid) in (0, os.getpid()):
-        return False
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return True
-    except OSError:
-        return False  # e.g. PermissionError: it exists, as another user
-    return False
+# The one lease (stores/lease.py) on work units, and on engine sessions (nobody takes a session over: its
+# lease only says whether its worker still lives)
+UNIT_LEASE = Lease(WorkUnit.worker, WorkUnit.lease_expires_at, WorkUnit.epoch)
+SESSION_LEASE = Lease(EngineSession.worker, EngineSession.lease_expires_at, renewed=EngineSession.heartbeat_at)
 
 
 def unit_id(partition: str, wave: int, tier: str) -> str:
@@ -248,8 +236,7 @@ class UnitQueue:
         """Lease the oldest claimable unit of `tier`: pending, or leased with an expired lease (its
         worker is gone); the claim is kept in `unit_claims`."""
         t = self.state.db_now()
-        claimable = ((WorkUnit.status == "pending")
-                     | ((WorkUnit.status == "leased") & (WorkUnit.lease_expires_at < t)))
+        claimable = self._claimable(t)
         with self.session() as s, s.begin():
             pick = (select(WorkUnit).where(WorkUnit.job_id == job_id, WorkUnit.tier == tier, claimable)
                     .order_by(WorkUnit.wave, WorkUnit.created_at, WorkUnit.unit_id).limit(1))
@@ -258,12 +245,8 @@ class UnitQueue:
             unit = s.scalars(pick).first()
             if unit is None:
                 return None
-            result = s.execute(update(WorkUnit).where(
-                WorkUnit.job_id == job_id, WorkUnit.unit_id == unit.unit_id, WorkUnit.epoch == unit.epoch, claimable)
-                .values(status="leased", worker=worker, session_id=session_id,
-                        epoch=WorkUnit.epoch + 1, lease_expires_at=t + timedelta(seconds=lease_seconds))
-                .execution_options(synchronize_session=False))
-            if result.rowcount != 1:
+            where = self._unit(job_id, unit.unit_id) & UNIT_LEASE.fenced(unit.epoch) & claimable
+            if UNIT_LEASE.claim(s, where, worker, t, lease_seconds, status="leased", session_id=session_id) is None:
                 return None  # another worker's conditional UPDATE won (SQLite)
             s.add(UnitClaim(job_id=job_id, unit_id=unit.unit_id, epoch=unit.epoch + 1, session_id=session_id,
                             partition=unit.partition, requests=unit.requests))
@@ -279,34 +262,37 @@ class UnitQueue:
         gone = [u for u in self.units(job_id) if u.status == "leased" and worker_is_gone(u.worker)]
         with self.session() as s, s.begin():
             for u in gone:
-                s.execute(update(WorkUnit).where(WorkUnit.job_id == job_id, WorkUnit.unit_id == u.unit_id,
-                                                 WorkUnit.epoch == u.epoch, WorkUnit.status == "leased")
-                          .values(lease_expires_at=t - timedelta(seconds=1)))
+                where = self._unit(job_id, u.unit_id) & UNIT_LEASE.fenced(u.epoch) & (WorkUnit.status == "leased")
+                UNIT_LEASE.cut_gone(s, where, u.worker, t)
         return gone
+
+    @staticmethod
+    def _unit(job_id: str, uid: str):
+        return (WorkUnit.job_id == job_id) & (WorkUnit.unit_id == uid)
+
+    @staticmethod
+    def _claimable(t: datetime):
+        return (WorkUnit.status == "pending") | ((WorkUnit.status == "leased") & UNIT_LEASE.expired(t))
 
     def claimable(self, job_id: str, tier: str | None = None) -> int:
         """Units a worker could claim now (pending, or leased with an expired lease), of `tier` or any."""
         t = self.state.db_now()
         with self.session() as s:
-            q = select(func.count()).select_from(WorkUnit).where(
-                WorkUnit.job_id == job_id, (WorkUnit.status == "pending")
-                | ((WorkUnit.status == "leased") & (WorkUnit.lease_expires_at < t)))
+            q = select(func.count()).select_from(WorkUnit).where(WorkUnit.job_id == job_id, self._claimable(t))
             return int(s.execute(q if tier is None else q.where(WorkUnit.tier == tier)).scalar_one())
 
     def renew(self, job_id: str, session_id: str, lease_seconds: float) -> None:
         t = self.state.db_now()
         with self.session() as s, s.begin():
-            s.execute(update(WorkUnit).where(WorkUnit.job_id == job_id, WorkUnit.session_id == session_id,
-                                             WorkUnit.status == "leased")
-                      .values(lease_expires_at=t + timedelta(seconds=lease_seconds)))
+            UNIT_LEASE.renew(s, (WorkUnit.job_id == job_id) & (WorkUnit.session_id == session_id)
+                             & (WorkUnit.status == "leased"), t, lease_seconds)
 
     def finish(self, job_id: str, unit: WorkUnit, status: str = "done") -> bool:
         """End a leased unit, fenced by its claim's epoch (False: it was taken over; nothing changes)."""
         with self.session() as s, s.begin():
             result = s.execute(update(WorkUnit).where(
-                WorkUnit.job_id == job_id, WorkUnit.unit_id == unit.unit_id, WorkUnit.epoch == unit.epoch,
-                WorkUnit.status == "leased").values(status=status, finished_at=self.state.db_now(),
-                                                    lease_expires_at=None))
+                self._unit(job_id, unit.unit_id), UNIT_LEASE.fenced(unit.epoch), WorkUnit.status == "leased")
+                .values(status=status, finished_at=self.state.db_now(), **UNIT_LEASE.ended()))
             if result.rowcount != 1:
                 return False
             s.execute(update(UnitClaim).where(UnitClaim.job_id == job_id, UnitClaim.unit_id == unit.unit_id,
@@ -334,7 +320,7 @@ class UnitQueue:
                 select(Reservation.tenant, func.sum(Reservation.usd))
                 .join(WorkUnit, (WorkUnit.job_id == Reservation.job_id) & (WorkUnit.unit_id == Reservation.unit_id)
                       & (WorkUnit.epoch == Reservation.epoch))
-                .where(Reservation.job_id == job_id, WorkUnit.status == "leased", WorkUnit.lease_expires_at > t, ~stored)
+                .where(Reservation.job_id == job_id, WorkUnit.status == "leased", UNIT_LEASE.live(t), ~stored)
                 .group_by(Reservation.tenant)):
             out[tenant] = out.get(tenant, 0.0) + (usd or 0.0)
         return out
@@ -403,24 +389,25 @@ class UnitQueue:
 
     # -- engine sessions ------------------------------------------------------------------------
     def open_session(self, session_id: str, job_id: str, tier: str, worker: str, gpus: int, started: bool,
-                     startup_seconds: float, idle_seconds: float) -> None:
+                     startup_seconds: float, idle_seconds: float, lease_seconds: float = DEFAULT_LEASE_SECONDS) -> None:
         t = self.state.db_now()
         with self.session() as s, s.begin():
-            s.add(EngineSession(session_id=session_id, job_id=job_id, tier=tier, worker=worker, gpus=gpus,
-                                started=int(started), status="running", startup_seconds=startup_seconds,
-                                busy_seconds=0.0, idle_seconds=idle_seconds, recorded_seconds=0.0,
-                                opened_at=t, heartbeat_at=t))
+            s.add(EngineSession(session_id=session_id, job_id=job_id, tier=tier, gpus=gpus, started=int(started),
+                                status="running", startup_seconds=startup_seconds, busy_seconds=0.0,
+                                idle_seconds=idle_seconds, recorded_seconds=0.0, opened_at=t,
+                                **SESSION_LEASE.claimed(worker, t, lease_seconds)))
 
     def beat_session(self, session_id: str, busy: float, idle: float, recorded: float, closed: bool = False,
-                     counters: dict[str, int | None] | None = None) -> None:
-        """Renew a session's figures; `counters`: the engine's counts over it (SESSION_COUNTERS), at its close."""
+                     counters: dict[str, int | None] | None = None, lease_seconds: float = DEFAULT_LEASE_SECONDS) -> None:
+        """Renew a session's lease and figures; `counters`: the engine's counts over it (SESSION_COUNTERS), at
+        its close."""
         t = self.state.db_now()
-        values = {"busy_seconds": busy, "idle_seconds": idle, "recorded_seconds": recorded, "heartbeat_at": t,
+        values = {"busy_seconds": busy, "idle_seconds": idle, "recorded_seconds": recorded,
                   **{k: v for k, v in (counters or {}).items() if k in SESSION_COUNTERS}}
         if closed:
-            values.update(status="closed", closed_at=t)
+            values.update(status="closed", closed_at=t, **SESSION_LEASE.ended())
         with self.session() as s, s.begin():
-            s.execute(update(EngineSession).where(EngineSession.session_id == session_id).values(**values))
+            SESSION_LEASE.renew(s, EngineSession.session_id == session_id, t, lease_seconds, **values)
 
     def sessions(self, job_id: str) -> list[EngineSession]:
         with self.session() as s:
@@ -428,16 +415,15 @@ class UnitQueue:
                                   .order_by(EngineSession.opened_at, EngineSession.session_id)))
             for r in rows:
                 s.expunge(r)
-                r.heartbeat_at = aware(r.heartbeat_at)
+                r.heartbeat_at, r.lease_expires_at = aware(r.heartbeat_at), aware(r.lease_expires_at)
             return rows
 
-    def live_sessions(self, stale_seconds: float) -> list[EngineSession]:
-        """Sessions still running whose last renewal is under `stale_seconds` old (`tokenmill status`)."""
+    def live_sessions(self) -> list[EngineSession]:
+        """Sessions still running whose lease has not run out (`tokenmill status`)."""
         t = self.state.db_now()
         with self.session() as s:
-            rows = list(s.scalars(select(EngineSession).where(
-                EngineSession.status == "running",
-                EngineSession.heartbeat_at >= t - timedelta(seconds=stale_seconds))))
+            rows = list(s.scalars(select(EngineSession).where(EngineSession.status == "running",
+                                                              SESSION_LEASE.live(t))))
             for r in rows:
                 s.expunge(r)
             return rows

@@ -16,7 +16,7 @@ import pytest
 
 from pipeline.stores import catalog
 from pipeline.stores.catalog import ItemsRefused, StateStore, aware
-from pipeline.stores.units import worker_is_gone
+from pipeline.stores.lease import worker_is_gone
 
 
 @pytest.fixture

@@ -195,7 +195,8 @@ def test_a_staging_step_renews_its_lease_while_it_runs(config):
 
     lease = config.state.lease_seconds = 3.0
     job = JobContext.open(config, "lease")
-    epoch = job.state.claim_staging("lease", config_fingerprint(config), config.input.uri, config.output.uri)
+    epoch = job.state.claim_staging("lease", config_fingerprint(config), config.input.uri, config.output.uri,
+                                    lease_seconds=lease)
     claimed = aware(job.state.job("lease").planning_renewed_at)
     with staging_step(job, epoch):  # renews every lease / 3
         # Past the claim's own lease end, with a renewal since: the step's beats keep it.

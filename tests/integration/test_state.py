@@ -88,14 +88,15 @@ def test_heartbeat_keeps_the_lease_and_without_it_the_lease_expires(store, job):
 
 
 def test_a_heartbeat_that_finds_its_lease_taken_sets_lost(store, job):
-    """Heartbeat.lost is what keeps a worker whose lease was taken over from committing."""
+    """Renewal.lost is what keeps a worker whose lease was taken over from committing."""
     from sqlalchemy import update
 
-    from pipeline.stores.catalog import Heartbeat, Partition
+    from pipeline.stores.catalog import Partition
+    from pipeline.stores.lease import Renewal
 
     epoch = store.claim(job, "p1", "w", lease_seconds=1.5)  # a beat every 0.5 s
     claimed_end = lease_end(store, job, "p1")
-    with Heartbeat(store, job, "p1", "w", 1.5, epoch) as beat:
+    with Renewal(lambda: store.heartbeat(job, "p1", "w", 1.5, epoch), 1.5, "lease-p1") as beat:
         deadline = time.monotonic() + 30  # a guard against a hang: the beat is waited for, not timed
         while lease_end(store, job, "p1") <= claimed_end and time.monotonic() < deadline:
             time.sleep(0.05)
