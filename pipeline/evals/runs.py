@@ -8,10 +8,12 @@ import numpy as np
 import pyarrow as pa
 
 from pipeline.config import TokenmillConfig
-from pipeline.generate.engine import EnginePool, run_inference
-from pipeline.generate.pricing import allocate_gpu_seconds
-from pipeline.generate.quality import failed_checks, measure
+from pipeline.generate.engine import EnginePool
+from pipeline.generate.memory_units import generate
+from pipeline.generate.quality import MEASURES, failed_checks
 from pipeline.generate.requests import build_requests
+
+EVAL_TENANT = "eval"  # no tenant's adapter: evals measure the tier's base model
 
 
 @dataclass
@@ -43,26 +45,29 @@ class TierRun:
 
 
 def tier_run(docs: pa.Table, tier: str, config: TokenmillConfig, pool: EnginePool) -> TierRun:
-    """Generate `docs` (columns id, text) on `tier`, one request per document, no reuse and no cache."""
+    """Generate `docs` (columns id, text) on `tier`, one request per document, no reuse and no cache, through
+    the tier worker as a job generates (generate/memory_units.py): the same engine loop, pricing and checks."""
     records = pa.table({"id": docs["id"], "text": docs["text"], "tier": pa.array([tier] * docs.num_rows, pa.string()),
                         "duplicate_of": pa.nulls(docs.num_rows, pa.string())})
     requests, too_long = build_requests(records, config.prompt, config.sampling, config.requests,
                                         {tier: pool.tokenizer(tier)}, {tier: pool.context_length(tier)})
-    completions, calls, errors, _ = run_inference(requests, pool, config.sampling)
-    gpu = allocate_gpu_seconds(completions, calls, config.tiers, config.cost)
-    price = config.tiers[tier].price_per_gpu_hour / 3600.0
     text = dict(zip(docs["id"].to_pylist(), docs["text"].to_pylist()))
-    rows = completions.to_pylist()
+    rows = [{"prompt_token_ids": r["prompt_token_ids"], "max_tokens": r["max_tokens"],
+             "unit": {"item_key": r["id"], "id": r["id"], "tenant": EVAL_TENANT, "scope": "eval", "text": text[r["id"]]}}
+            for r in requests.select(["id", "prompt_token_ids", "max_tokens"]).to_pylist()]
+    done, report = generate(rows, tier, config, pool, run_id=f"eval-{tier}")
+    items = done.items
+    price = config.tiers[tier].price_per_gpu_hour / 3600.0
     failed = dict(zip(too_long["id"].to_pylist(), too_long["detail"].to_pylist()))
-    failed.update(zip(errors["id"].to_pylist(), errors["detail"].to_pylist()))
+    failed.update({key: f.detail for key, f in done.failed.items()})
     return TierRun(
         tier=tier,
-        summary={r["id"]: r["summary"] for r in rows},
-        finish_reason={r["id"]: r["finish_reason"] for r in rows},
-        mean_logprob={r["id"]: r["mean_logprob"] for r in rows},
-        output_tokens={r["id"]: r["output_tokens"] for r in rows},
-        usd={r["id"]: float(g) * price for r, g in zip(rows, gpu)},
-        measures={r["id"]: measure(r["summary"], text[r["id"]]) for r in rows},
-        engine_seconds=float(sum(calls["seconds"].to_pylist())),
+        summary={i: r["summary"] for i, r in items.items()},
+        finish_reason={i: r["finish_reason"] for i, r in items.items()},
+        mean_logprob={i: r["mean_logprob"] for i, r in items.items()},
+        output_tokens={i: r["output_tokens"] for i, r in items.items()},
+        usd={i: r["gpu_seconds"] * price for i, r in items.items()},
+        measures={i: {k: r[k] for k in ("unfaithful_terms", *MEASURES.values())} for i, r in items.items()},
+        engine_seconds=report.busy_seconds,
         failed=failed,
     )

@@ -18,9 +18,6 @@ import weakref
 from collections.abc import Callable
 from pathlib import Path
 
-import pyarrow as pa
-import pyarrow.compute as pc
-
 from pipeline.config import SamplingConfig, TierConfig
 from pipeline.generate.adapters import lora_kwargs, lora_requests
 from pipeline.generate.engine_api import (
@@ -35,15 +32,8 @@ from pipeline.generate.engine_api import (
 from pipeline.generate.fake_engine import FakeEngine
 from pipeline.generate.levers import cpu_dtype
 from pipeline.keys import adapter_digest
-from pipeline.schema import GENERATION_FIELDS, ITEM
 
 log = logging.getLogger(__name__)
-
-COMPLETIONS = pa.schema([("id", pa.string()), *(ITEM.field(f) for f in GENERATION_FIELDS), ("call", pa.int64())])
-CALLS = pa.schema([("call", pa.int64()), ("tier", pa.string()), ("seconds", pa.float64()), ("items", pa.int64()),
-                   ("failed_attempts", pa.int64())])
-ENGINE_ERRORS = pa.schema([("id", pa.string()), ("detail", pa.string())])
-
 
 class VllmEngine:
     """vLLM's offline `LLM`, fed token ids, greedy or seeded sampling, with prefix-cache accounting."""
@@ -329,47 +319,3 @@ def _generate_splitting(engine: Engine, prompts: list, max_tokens: list, samplin
         log.warning("engine call of %d items failed (%s); retrying as two halves", len(prompts), type(e).__name__)
         return (_generate_splitting(engine, prompts[:mid], max_tokens[:mid], sampling, attempts)
                 + _generate_splitting(engine, prompts[mid:], max_tokens[mid:], sampling, attempts))
-
-
-def run_inference(requests: pa.Table, pool: EnginePool, sampling: SamplingConfig,
-                  on_call_done: Callable[[dict, pa.Table], None] | None = None,
-                  admit: Callable[[pa.Table], bool] | None = None) -> tuple[pa.Table, pa.Table, pa.Table, pa.Table]:
-    """(completions, calls, engine_errors, deferred requests).
-
-    `on_call_done(call row, its completions)` follows each call. `admit(batch)` is asked before each
-    call; the first call it refuses, and every call after it, is returned unrun as deferred.
-    """
-    completions, calls, errors = [], [], {"id": [], "detail": []}
-    deferred = requests.slice(0, 0)
-    for call in sorted(set(requests["call"].to_pylist())):
-        batch = requests.filter(pc.equal(requests["call"], call))
-        if admit is not None and not admit(batch):
-            deferred = requests.filter(pc.greater_equal(requests["call"], call))
-            break
-        tier = batch["tier"][0].as_py()
-        engine = pool.engine(tier)
-        ids = batch["id"].to_pylist()
-        attempts = [0]
-        started = time.perf_counter()
-        results = _generate_splitting(engine, batch["prompt_token_ids"].to_pylist(), batch["max_tokens"].to_pylist(),
-                                      sampling, attempts)
-        seconds = time.perf_counter() - started
-        done = [(i, r) for i, r in zip(ids, results) if isinstance(r, Completion)]
-        for i, r in zip(ids, results):
-            if not isinstance(r, Completion):
-                errors["id"].append(i)
-                errors["detail"].append(r)
-        table = pa.table({
-            "id": [i for i, _ in done], "tier": [tier] * len(done), "model": [pool.tiers[tier].generator] * len(done),
-            "summary": [r.text for _, r in done], "prompt_tokens": [r.prompt_tokens for _, r in done],
-            "cached_prompt_tokens": [r.cached_prompt_tokens for _, r in done],
-            "output_tokens": [r.output_tokens for _, r in done], "finish_reason": [r.finish_reason for _, r in done],
-            "mean_logprob": [r.mean_logprob for _, r in done], "call": [call] * len(done),
-        }, schema=COMPLETIONS)
-        completions.append(table)
-        calls.append({"call": call, "tier": tier, "seconds": seconds, "items": len(done), "failed_attempts": attempts[0]})
-        if on_call_done:
-            on_call_done(calls[-1], table)
-    return (pa.concat_tables(completions) if completions else COMPLETIONS.empty_table(),
-            pa.Table.from_pylist(calls, schema=CALLS),
-            pa.table(errors, schema=ENGINE_ERRORS), deferred)

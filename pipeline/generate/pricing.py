@@ -18,30 +18,13 @@ from dataclasses import dataclass
 import numpy as np
 import pyarrow as pa
 
-from pipeline.config import CostConfig, TierConfig
+from pipeline.config import CostConfig
 
 
 def token_weight(prompt, cached, output, cost: CostConfig) -> np.ndarray:
     prompt, cached, output = (np.asarray(x, dtype=np.float64) for x in (prompt, cached, output))
     return (cost.prefill_token_weight * (prompt - cached) + cost.cached_token_weight * cached
             + cost.decode_token_weight * output)
-
-
-def allocate_gpu_seconds(completions: pa.Table, calls: pa.Table, tiers: dict[str, TierConfig],
-                         cost: CostConfig) -> np.ndarray:
-    """GPU-seconds per completion row; per call they sum to call seconds × tier GPUs."""
-    weights = token_weight(completions["prompt_tokens"], completions["cached_prompt_tokens"],
-                           completions["output_tokens"], cost)
-    call_of_row = np.asarray(completions["call"], dtype=np.int64)
-    out = np.zeros(completions.num_rows)
-    for call, tier, seconds in zip(calls["call"].to_pylist(), calls["tier"].to_pylist(), calls["seconds"].to_pylist()):
-        rows = np.nonzero(call_of_row == call)[0]
-        if len(rows) == 0:
-            continue
-        w = weights[rows]
-        share = w / w.sum() if w.sum() > 0 else np.full(len(rows), 1.0 / len(rows))
-        out[rows] = share * seconds * tiers[tier].gpus
-    return out
 
 
 def baseline_gpu_seconds(completions: pa.Table, gpu_seconds: np.ndarray, largest_tier: str,

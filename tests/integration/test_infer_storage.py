@@ -1,11 +1,10 @@
-import pyarrow as pa
 import pyarrow.fs as pafs
 import pytest
 
-from pipeline.config import SamplingConfig, TierConfig
-from pipeline.generate.engine import EnginePool, run_inference
+from pipeline.config import TierConfig, TokenmillConfig
+from pipeline.generate.engine import EnginePool
 from pipeline.generate.engine_api import Completion, EngineDeadError, EngineStartError, load_tokenizer
-from pipeline.generate.requests import REQUESTS
+from pipeline.generate.memory_units import generate
 from pipeline.stores import storage
 
 
@@ -29,26 +28,33 @@ class DeadEngine(PoisonEngine):
         raise EngineDeadError("gone")
 
 
-def requests(prompts):
-    n = len(prompts)
-    return pa.table({"id": [f"r{i}" for i in range(n)], "tier": ["t"] * n, "prompt_token_ids": prompts,
-                     "max_tokens": [4] * n, "call": [0] * n, "shareable_tokens": [0] * n}, schema=REQUESTS)
+def rows(prompts):
+    return [{"prompt_token_ids": p, "max_tokens": 4,
+             "unit": {"item_key": f"r{i}", "id": f"r{i}", "tenant": "t", "scope": "s", "text": "doc"}}
+            for i, p in enumerate(prompts)]
+
+
+def config(model):
+    return TokenmillConfig(tiers={"t": TierConfig(model=model, price_per_gpu_hour=1)}, route={"default_tier": "t"})
 
 
 def test_failed_batch_is_halved_until_the_bad_item_is_alone():
-    pool = EnginePool({"t": TierConfig(model="m-poison", price_per_gpu_hour=1)}, factory=PoisonEngine)
+    """Through the tier worker with no job (evals' path): the bad request fails alone, the others finish."""
+    c = config("m-poison")
+    pool = EnginePool(c.tiers, factory=PoisonEngine)
     PoisonEngine.calls.clear()
-    completions, calls, errors, _ = run_inference(requests([[1], [2], [666], [4], [5], [6], [7], [8]]), pool, SamplingConfig())
-    assert sorted(completions["id"].to_pylist()) == ["r0", "r1", "r3", "r4", "r5", "r6", "r7"]
-    assert errors["id"].to_pylist() == ["r2"] and "kernel failure" in errors["detail"][0].as_py()
-    assert calls["items"].to_pylist() == [7] and calls["failed_attempts"].to_pylist() == [4]
+    done, report = generate(rows([[1], [2], [666], [4], [5], [6], [7], [8]]), "t", c, pool)
+    assert sorted(done.items) == ["r0", "r1", "r3", "r4", "r5", "r6", "r7"]
+    assert list(done.failed) == ["r2"] and "kernel failure" in done.failed["r2"].detail
+    assert report.requests == 8 and all(i["gpu_seconds"] >= 0 for i in done.items.values())
     assert PoisonEngine.calls[0] == 8 and 1 in PoisonEngine.calls
 
 
 def test_dead_engine_stops_the_job():
-    pool = EnginePool({"t": TierConfig(model="m-dead", price_per_gpu_hour=1)}, factory=DeadEngine)
+    c = config("m-dead")
+    pool = EnginePool(c.tiers, factory=DeadEngine)
     with pytest.raises(EngineDeadError):
-        run_inference(requests([[1], [2]]), pool, SamplingConfig())
+        generate(rows([[1], [2]]), "t", c, pool)
 
 
 def test_missing_model_path_is_named(tmp_path):

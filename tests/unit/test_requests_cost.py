@@ -3,8 +3,8 @@ import pyarrow as pa
 import pytest
 
 from pipeline.config import CostConfig, PromptConfig, RequestsConfig, SamplingConfig, TierConfig
-from pipeline.generate.engine import COMPLETIONS, EnginePool
-from pipeline.generate.pricing import allocate_gpu_seconds, baseline_gpu_seconds
+from pipeline.generate.engine import EnginePool
+from pipeline.generate.pricing import baseline_gpu_seconds
 from pipeline.generate.requests import build_requests, render_messages, render_prompts
 
 
@@ -61,32 +61,16 @@ def test_prompt_that_does_not_fit_is_too_long_and_output_budget_is_capped(tokeni
 
 
 def completions(rows):
-    return pa.Table.from_pylist([dict(zip(["id", "tier", "prompt_tokens", "cached_prompt_tokens", "output_tokens", "call"], r),
-                                      model="m", summary="s", finish_reason="length") for r in rows], schema=COMPLETIONS)
+    return pa.Table.from_pylist([dict(zip(["id", "tier", "prompt_tokens", "cached_prompt_tokens", "output_tokens"], r))
+                                 for r in rows])
 
 
 TIERS = {"small": TierConfig(model="m", price_per_gpu_hour=1.0, gpus=1),
          "large": TierConfig(model="M", price_per_gpu_hour=1.0, gpus=4)}
 
 
-def test_gpu_seconds_are_shared_by_token_weight_and_sum_to_the_calls():
-    comp = completions([("a", "small", 100, 0, 100, 0), ("b", "small", 300, 0, 100, 0), ("c", "large", 10, 0, 10, 1)])
-    calls = pa.table({"call": [0, 1], "tier": ["small", "large"], "seconds": [2.0, 0.5]})
-    gpu = allocate_gpu_seconds(comp, calls, TIERS, CostConfig())
-    np.testing.assert_allclose(gpu, [2.0 * 200 / 600, 2.0 * 400 / 600, 0.5 * 4])
-    assert gpu.sum() == pytest.approx(2.0 * 1 + 0.5 * 4)
-
-
-def test_cached_tokens_weigh_less_and_zero_weight_shares_equally():
-    comp = completions([("a", "small", 256, 128, 0, 0), ("b", "small", 256, 0, 0, 0), ("c", "small", 0, 0, 0, 1),
-                        ("d", "small", 0, 0, 0, 1)])
-    calls = pa.table({"call": [0, 1], "tier": ["small", "small"], "seconds": [3.0, 1.0]})
-    gpu = allocate_gpu_seconds(comp, calls, TIERS, CostConfig())
-    np.testing.assert_allclose(gpu, [1.0, 2.0, 0.5, 0.5])
-
-
 def test_baseline_uses_the_largest_tier_rate_without_prefix_cache():
-    comp = completions([("a", "small", 100, 50, 50, 0), ("b", "large", 100, 0, 100, 1)])
+    comp = completions([("a", "small", 100, 50, 50), ("b", "large", 100, 0, 100)])
     gpu = np.array([1.0, 8.0])  # large: 8 GPU-s for 200 weight = 0.04 per token
     base = baseline_gpu_seconds(comp, gpu, "large", CostConfig())
     np.testing.assert_allclose(base, [150 * 0.04, 200 * 0.04])
