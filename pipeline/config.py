@@ -229,12 +229,20 @@ class RouteConfig(Section):
 
 
 class RequestsConfig(Section):
-    """Building engine requests: render, tokenise, fit the context, order and cut into engine calls."""
+    """Building engine requests: render, tokenise, fit the context, order."""
 
-    items_per_engine_call: int = Field(512, gt=0, description="Items per `LLM.generate` call of `tokenmill eval`. Jobs do not use it: their tier workers feed vLLM's engine loop continuously (2 × `max_num_seqs` requests in flight).")
+    @model_validator(mode="before")
+    @classmethod
+    def no_engine_calls(cls, data: Any) -> Any:
+        """Engine calls were `tokenmill eval`'s own path until 0.2; evals now stream through the tier worker."""
+        gone = sorted({"items_per_engine_call", "long_items_per_engine_call"} & set(data or {}))
+        if gone:
+            raise ValueError(f"requests.{gone[0]} was removed: evals stream requests through the tier worker as "
+                             "jobs do (2 x vllm.max_num_seqs in flight); delete the field")
+        return data
+
     prefix_ordering: bool = Field(True, description="Send requests sorted by their token ids, so prompts sharing a prefix (system prompt, template, few-shot examples) run back to back and hit vLLM's prefix cache. Off: input order (for comparison).")
-    long_prompt_tokens: int = Field(4096, gt=0, description="`tokenmill eval`: prompts at least this long go to the engine in their own calls of at most `long_items_per_engine_call` items. In jobs, vLLM's scheduler (`max_num_batched_tokens`) admits long prompts.")
-    long_items_per_engine_call: int = Field(32, gt=0, description="Items per engine call for long prompts (`tokenmill eval`).")
+    long_prompt_tokens: int = Field(4096, gt=0, description="Prompts at least this long go to the engine after their unit's shorter ones, so a few long prompts do not crowd a batch's KV cache (vLLM's scheduler, `max_num_batched_tokens`, admits them).")
     long_documents: Literal["chunk", "quarantine"] = Field("chunk", description="A document whose prompt exceeds the tier's context: `chunk` summarises it map-reduce style (chunk summaries, then a summary of them); `quarantine` rejects it as `too_long`.")
 
 

@@ -1,5 +1,5 @@
 """Building engine requests, the first step of the generate stage: turn representatives into engine
-requests, ordered and cut into engine calls (configured by the `requests:` section).
+requests, ordered for the engine (configured by the `requests:` section).
 
 Prompts are rendered with the tier's chat template and tokenised here, once: the engine gets token
 ids, so the lengths checked here are exactly what the engine sees. A prompt that does not fit the
@@ -21,7 +21,6 @@ REQUESTS = pa.schema([
     ("tier", pa.string()),
     ("prompt_token_ids", pa.list_(pa.int32())),
     ("max_tokens", pa.int64()),
-    ("call", pa.int64()),  # engine call index, in execution order
     ("shareable_tokens", pa.int64()),  # prompt tokens shared with its neighbour in sorted order: what prefix caching can skip
 ])
 TOO_LONG = pa.schema([("id", pa.string()), ("detail", pa.string())])
@@ -65,7 +64,6 @@ def build_requests(records: pa.Table, prompt: PromptConfig, sampling: SamplingCo
     reps = records.filter(pc.is_null(records["duplicate_of"]))
     requests: list[pa.Table] = []
     too_long_ids, too_long_detail = [], []
-    call = 0
     for tier in sorted(set(reps["tier"].to_pylist())):
         tier_reps = reps.filter(pc.equal(reps["tier"], tier))
         tok, context = tokenizers[tier], context_lengths[tier]
@@ -87,20 +85,16 @@ def build_requests(records: pa.Table, prompt: PromptConfig, sampling: SamplingCo
         shareable = {k[1]: common_prefix(ordered[i - 1][0], k[0]) if i else 0 for i, k in enumerate(ordered)}
         if config.prefix_ordering:
             kept = ordered  # shared prefixes adjacent: vLLM's prefix cache hits when they run back to back
-        # Length-aware admission: long prompts in their own, smaller calls, after the short ones.
-        normal = [k for k in kept if len(k[0]) < config.long_prompt_tokens]
-        long = [k for k in kept if len(k[0]) >= config.long_prompt_tokens]
-        for group, per_call in ((normal, config.items_per_engine_call), (long, config.long_items_per_engine_call)):
-            calls = [call + i // per_call for i in range(len(group))]
-            call += -(-len(group) // per_call)
-            requests.append(pa.table({
-                "id": [k[1] for k in group],
-                "tier": [tier] * len(group),
-                "prompt_token_ids": [k[0] for k in group],
-                "max_tokens": [min(budget[k[1]], context - len(k[0])) for k in group],
-                "call": calls,
-                "shareable_tokens": [shareable[k[1]] for k in group],
-            }, schema=REQUESTS))
+        # Length-aware admission: long prompts after the short ones.
+        group = ([k for k in kept if len(k[0]) < config.long_prompt_tokens]
+                 + [k for k in kept if len(k[0]) >= config.long_prompt_tokens])
+        requests.append(pa.table({
+            "id": [k[1] for k in group],
+            "tier": [tier] * len(group),
+            "prompt_token_ids": [k[0] for k in group],
+            "max_tokens": [min(budget[k[1]], context - len(k[0])) for k in group],
+            "shareable_tokens": [shareable[k[1]] for k in group],
+        }, schema=REQUESTS))
     table = pa.concat_tables(requests) if requests else REQUESTS.empty_table()
     return table, pa.table({"id": too_long_ids, "detail": too_long_detail}, schema=TOO_LONG)
 

@@ -40,7 +40,7 @@ def test_tenant_cap_refuses_naming_the_tenant(make_config, sample_corpus):
 def test_spending_crossing_the_cap_stops_cleanly_and_the_rest_is_deferred(make_config, sample_corpus, tmp_path):
     expected = sample_corpus[1]["documents"] + sample_corpus[1]["bad_records"]
     # A near-zero estimate lets the job start; what the engine really spends then crosses the cap.
-    config = make_config(budget__max_job_usd=1e-9, requests__items_per_engine_call=4,
+    config = make_config(budget__max_job_usd=1e-9,
                          tiers__small__default_tokens_per_gpu_second=1e12)
     with pytest.raises(JobError) as e:
         run_job(config, job_id="capped")
@@ -60,7 +60,7 @@ def test_spending_crossing_the_cap_stops_cleanly_and_the_rest_is_deferred(make_c
     assert committed + manifest["counts"]["deferred_records"] == expected  # every record accounted for
 
     # Raise the cap and run the rest: what was generated before the stop is not paid again.
-    run_job(make_config(requests__items_per_engine_call=4), job_id="capped")
+    run_job(make_config(), job_id="capped")
     assert {p.status for p in state.partitions("capped")} == {"succeeded"}
     assert_exactly_once(tmp_path / "output", "capped", sample_corpus[1], tmp_path / "state.db")
 
@@ -298,7 +298,7 @@ def test_a_second_drain_task_admits_against_what_the_first_spent(make_config, sa
     spend in each, so the other tier's drain task ran its units past the cap the first had reached."""
     from pipeline.job import orchestrate
 
-    config = make_config(routing=True, budget__max_job_usd=1e-9, requests__items_per_engine_call=4,
+    config = make_config(routing=True, budget__max_job_usd=1e-9,
                          tiers__small__default_tokens_per_gpu_second=1e12,
                          tiers__large__default_tokens_per_gpu_second=1e12)
     for partition in orchestrate.staged_partitions(config, "dag"):

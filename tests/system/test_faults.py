@@ -182,7 +182,7 @@ def test_state_database_outage_mid_job_leaves_no_partition_running_forever(make_
     proxy = CuttableTcpProxy(url.host, url.port or 5432)
     proxied = url.set(host="127.0.0.1", port=proxy.port).render_as_string(hide_password=False)
     write_sample_corpus(tmp_path / "input", documents=30)
-    config = make_config(state__url=proxied, state__lease_seconds=2, requests__items_per_engine_call=4)
+    config = make_config(state__url=proxied, state__lease_seconds=2)
     real_store = StateStore.store_items
 
     def store_then_cut(self, job_id, items):

@@ -140,16 +140,24 @@ def test_explicit_values_are_expanded_once(tmp_path):
 def test_the_old_plan_section_is_refused_naming_requests(tmp_path):
     """`plan:` was the name of `requests:` until 0.1: refused with the new name, in YAML and in the environment."""
     path = tmp_path / "c.yaml"
-    path.write_text(MINIMAL + "plan: {items_per_engine_call: 7}\n")
+    path.write_text(MINIMAL + "plan: {prefix_ordering: false}\n")
     with pytest.raises(ConfigError, match=r"`plan:` is now `requests:`"):
         load_config(path, environ={"TOKENMILL_HOME": str(tmp_path)})
     with pytest.raises(ValueError, match=r"`plan:` is now `requests:`"):
         TokenmillConfig.model_validate(yaml.safe_load(path.read_text()))
-    path.write_text(MINIMAL + "requests: {items_per_engine_call: 7}\n")
+    path.write_text(MINIMAL + "requests: {prefix_ordering: false}\n")
     with pytest.raises(ConfigError, match="rename TOKENMILL_PLAN__PREFIX_ORDERING to TOKENMILL_REQUESTS__PREFIX_ORDERING"):
         load_config(path, environ={"TOKENMILL_HOME": str(tmp_path), "TOKENMILL_PLAN__PREFIX_ORDERING": "false"})
-    cfg = load_config(path, environ={"TOKENMILL_HOME": str(tmp_path), "TOKENMILL_REQUESTS__ITEMS_PER_ENGINE_CALL": "3"})
-    assert cfg.requests.items_per_engine_call == 3
+    cfg = load_config(path, environ={"TOKENMILL_HOME": str(tmp_path), "TOKENMILL_REQUESTS__LONG_PROMPT_TOKENS": "3"})
+    assert cfg.requests.long_prompt_tokens == 3 and cfg.requests.prefix_ordering is False
+
+
+def test_removed_engine_call_fields_are_refused_by_name(tmp_path):
+    """`tokenmill eval`'s own engine calls are gone (one generation path): their fields fail, named."""
+    path = tmp_path / "c.yaml"
+    path.write_text(MINIMAL + "requests: {items_per_engine_call: 7}\n")
+    with pytest.raises(ConfigError, match=r"requests.items_per_engine_call was removed"):
+        load_config(path, environ={"TOKENMILL_HOME": str(tmp_path)})
 
 
 def test_load_run_section_reads_run_alone_with_env_overrides(tmp_path):
@@ -262,7 +270,7 @@ def test_yaml_aliases_are_refused_before_anything_expands(tmp_path):
     from pipeline.config import load_run_section, load_tier_workers
 
     small = tmp_path / "alias.yaml"
-    small.write_text(MINIMAL + "requests: &r {items_per_engine_call: 7}\nbudget: *r\n")
+    small.write_text(MINIMAL + "requests: &r {long_prompt_tokens: 7}\nbudget: *r\n")
     with pytest.raises(ConfigError, match="YAML aliases"):
         load_config(small, environ={"TOKENMILL_HOME": str(tmp_path)})
     bomb = tmp_path / "bomb.yaml"

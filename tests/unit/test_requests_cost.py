@@ -19,14 +19,13 @@ def reps(texts):
                      "duplicate_of": pa.nulls(n, pa.string())})
 
 
-def test_requests_render_chat_template_orders_and_cuts_calls(tokenizer):
+def test_requests_render_chat_template_and_order_by_prefix(tokenizer):
     texts = ["beta report " * 3, "alpha memo", "gamma " * 5, "delta"]
     requests, too_long = build_requests(reps(texts), PromptConfig(), SamplingConfig(max_tokens=16),
-                                        RequestsConfig(items_per_engine_call=3), {"small": tokenizer}, {"small": 1024})
+                                        RequestsConfig(), {"small": tokenizer}, {"small": 1024})
     assert too_long.num_rows == 0 and requests.num_rows == 4
     ids = requests["prompt_token_ids"].to_pylist()
     assert ids == sorted(ids)  # shared prefixes adjacent
-    assert requests["call"].to_pylist() == [0, 0, 0, 1]
     text = tokenizer.decode(ids[0])
     assert text.startswith("<|bos|><|system|>") and text.endswith("<|assistant|>\n")
     assert set(requests["max_tokens"].to_pylist()) == {16}
