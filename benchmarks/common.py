@@ -31,5 +31,14 @@ def machine() -> dict:
 
 
 def emit(name: str, figures: dict) -> None:
-    print(json.dumps({"benchmark": name, "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-                      "machine": machine(), **figures}), flush=True)
+    print(
+        json.dumps(
+            {
+                "benchmark": name,
+                "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+                "machine": machine(),
+                **figures,
+            }
+        ),
+        flush=True,
+    )

@@ -50,18 +50,45 @@ if __name__ == "__main__":
         docs.append({"id": f"d{len(docs)}", "tenant": "acme", "text": text})
     rng.shuffle(docs)
 
-    off = {"DEDUP__EXACT": "false", "DEDUP__NEAR": "false", "DEDUP__SEMANTIC": "false", "CACHE__ENABLED": "false",
-           "ROUTE__DEFAULT_TIER": "large", "ROUTE__RULES": "[]", "ROUTE__ESCALATION__ENABLED": "false",
-           "REQUESTS__ITEMS_PER_ENGINE_CALL": "16", "DEDUP__SHADOW_RATE": "0"}
+    off = {
+        "DEDUP__EXACT": "false",
+        "DEDUP__NEAR": "false",
+        "DEDUP__SEMANTIC": "false",
+        "CACHE__ENABLED": "false",
+        "ROUTE__DEFAULT_TIER": "large",
+        "ROUTE__RULES": "[]",
+        "ROUTE__ESCALATION__ENABLED": "false",
+        "REQUESTS__ITEMS_PER_ENGINE_CALL": "16",
+        "DEDUP__SHADOW_RATE": "0",
+    }
     rule = json.dumps([{"name": "audit", "tier": "large", "regex": "^AUDIT REVIEW"}])
     steps = [
         ("all off", off),
         ("+ reuse", {**off, "DEDUP__EXACT": "true", "DEDUP__NEAR": "true", "DEDUP__SEMANTIC": "true"}),
-        ("+ routing", {**off, "DEDUP__EXACT": "true", "DEDUP__NEAR": "true", "DEDUP__SEMANTIC": "true",
-                       "ROUTE__DEFAULT_TIER": "small", "ROUTE__RULES": rule}),
-        ("+ batching", {**off, "DEDUP__EXACT": "true", "DEDUP__NEAR": "true", "DEDUP__SEMANTIC": "true",
-                        "ROUTE__DEFAULT_TIER": "small", "ROUTE__RULES": rule, "REQUESTS__ITEMS_PER_ENGINE_CALL": "512",
-                        "CACHE__ENABLED": "true"}),
+        (
+            "+ routing",
+            {
+                **off,
+                "DEDUP__EXACT": "true",
+                "DEDUP__NEAR": "true",
+                "DEDUP__SEMANTIC": "true",
+                "ROUTE__DEFAULT_TIER": "small",
+                "ROUTE__RULES": rule,
+            },
+        ),
+        (
+            "+ batching",
+            {
+                **off,
+                "DEDUP__EXACT": "true",
+                "DEDUP__NEAR": "true",
+                "DEDUP__SEMANTIC": "true",
+                "ROUTE__DEFAULT_TIER": "small",
+                "ROUTE__RULES": rule,
+                "REQUESTS__ITEMS_PER_ENGINE_CALL": "512",
+                "CACHE__ENABLED": "true",
+            },
+        ),
     ]
     results = {}
     with tempfile.TemporaryDirectory() as tmp:
@@ -71,21 +98,33 @@ if __name__ == "__main__":
         home = {k: v for k, v in os.environ.items() if k == "TOKENMILL_HOME"}
 
         def run(name: str, env: dict, job: str, work: str) -> dict:
-            config = load_config(Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml", environ={
-                **home, "TOKENMILL_INPUT__URI": str(tmp / "in"), "TOKENMILL_OUTPUT__URI": str(tmp / work / "out"),
-                "TOKENMILL_STATE__URL": f"sqlite:///{tmp / work}/state.db", "TOKENMILL_CACHE__PATH": str(tmp / work / "cache"),
-                "TOKENMILL_RUN__PROGRESS": "off", **{f"TOKENMILL_{k}": v for k, v in env.items()}})
+            config = load_config(
+                Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml",
+                environ={
+                    **home,
+                    "TOKENMILL_INPUT__URI": str(tmp / "in"),
+                    "TOKENMILL_OUTPUT__URI": str(tmp / work / "out"),
+                    "TOKENMILL_STATE__URL": f"sqlite:///{tmp / work}/state.db",
+                    "TOKENMILL_CACHE__PATH": str(tmp / work / "cache"),
+                    "TOKENMILL_RUN__PROGRESS": "off",
+                    **{f"TOKENMILL_{k}": v for k, v in env.items()},
+                },
+            )
             (tmp / work).mkdir(exist_ok=True)
             # Engines live on across runs in this process, and so would their KV blocks: a run after
             # another over the same corpus would find its prompts already in vLLM's prefix cache.
             EnginePool(config.tiers).reset_prefix_caches()
             forget_idle_between_jobs()  # the gap since the last run is this benchmark's set-up, not the run's
             m = run_job(config, job_id=job).manifest
-            return {"cost_usd": m["cost"]["cost_usd"], "gpu_seconds": m["cost"]["gpu_seconds"],
-                    "baseline_cost_usd": m["cost"]["baseline_cost_usd"], "by_source": m["counts"]["by_source"],
-                    "by_tier": m["counts"]["by_tier"],
-                    "engine_starts": sum(e.get("starts", 0) for e in m["engines"].values()),
-                    "overhead_gpu_seconds": m["cost"]["overhead_gpu_seconds"]}
+            return {
+                "cost_usd": m["cost"]["cost_usd"],
+                "gpu_seconds": m["cost"]["gpu_seconds"],
+                "baseline_cost_usd": m["cost"]["baseline_cost_usd"],
+                "by_source": m["counts"]["by_source"],
+                "by_tier": m["counts"]["by_tier"],
+                "engine_starts": sum(e.get("starts", 0) for e in m["engines"].values()),
+                "overhead_gpu_seconds": m["cost"]["overhead_gpu_seconds"],
+            }
 
         # Warm-up, not measured: an engine's first calls on a CPU are slower (allocator, kernel caches).
         (tmp / "warm").mkdir()
@@ -96,11 +135,16 @@ if __name__ == "__main__":
             results[name] = run(name, env, f"levers-{i}", f"run{i}")
         results["next night"] = run("next night", steps[-1][1], "levers-next", f"run{len(steps) - 1}")
     first, last = results["all off"]["cost_usd"], results["+ batching"]["cost_usd"]
-    emit("cost_levers", {
-        "engine": "tiny random-weight models on the CPU (small: 1.1 M params at $0.50/h, large: 5.5 M at $2.00/h)",
-        "documents": len(docs), "runs": results,
-        "all_off_over_all_on": round(first / last, 2) if last else None,
-        "all_off_over_next_night": round(first / results["next night"]["cost_usd"], 2)
-        if results["next night"]["cost_usd"] else "next night cost $0",
-        "target": "everything on >= 10x cheaper than everything off",
-    })
+    emit(
+        "cost_levers",
+        {
+            "engine": "tiny random-weight models on the CPU (small: 1.1 M params at $0.50/h, large: 5.5 M at $2.00/h)",
+            "documents": len(docs),
+            "runs": results,
+            "all_off_over_all_on": round(first / last, 2) if last else None,
+            "all_off_over_next_night": round(first / results["next night"]["cost_usd"], 2)
+            if results["next night"]["cost_usd"]
+            else "next night cost $0",
+            "target": "everything on >= 10x cheaper than everything off",
+        },
+    )

@@ -31,8 +31,9 @@ if __name__ == "__main__":
     rng = random.Random(9)
     prompts = []
     while len(prompts) < n:
-        text = tok.apply_chat_template(render_messages(synthetic_document(rng, 12), config.prompt), tokenize=False,
-                                       add_generation_prompt=True)
+        text = tok.apply_chat_template(
+            render_messages(synthetic_document(rng, 12), config.prompt), tokenize=False, add_generation_prompt=True
+        )
         ids = tok(text, add_special_tokens=False)["input_ids"][:256]
         prompts.append(ids)
     sampling = SamplingConfig(max_tokens=new_tokens, temperature=0.0)
@@ -54,8 +55,15 @@ if __name__ == "__main__":
         ids = torch.tensor([[tok.pad_token_id] * (width - len(p)) + p for p in batch])
         mask = torch.tensor([[0] * (width - len(p)) + [1] * len(p) for p in batch])
         with torch.no_grad():
-            out = model.generate(input_ids=ids, attention_mask=mask, max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                                 do_sample=False, eos_token_id=eos, pad_token_id=tok.pad_token_id)
+            out = model.generate(
+                input_ids=ids,
+                attention_mask=mask,
+                max_new_tokens=new_tokens,
+                min_new_tokens=new_tokens,
+                do_sample=False,
+                eos_token_id=eos,
+                pad_token_id=tok.pad_token_id,
+            )
         return [row[width:].tolist() for row in out]
 
     started = time.perf_counter()
@@ -63,17 +71,23 @@ if __name__ == "__main__":
     single_s = time.perf_counter() - started
     torch.set_num_threads(max(1, __import__("os").cpu_count()))
     started = time.perf_counter()
-    batched = [row for i in range(0, n, 16) for row in hf_generate(prompts[i:i + 16])]
+    batched = [row for i in range(0, n, 16) for row in hf_generate(prompts[i : i + 16])]
     batched_s = time.perf_counter() - started
     hf_tokens = sum(len(s) for s in single)
 
     same = sum(list(c.token_ids) == s for c, s in zip(vllm_out, single))
-    emit("engine", {
-        "model": "tiny random-weight Llama (small), fp32, CPU", "prompts": n, "prompt_tokens_each": "<= 256",
-        "new_tokens": new_tokens,
-        "tokenmill_vllm_tok_s": round(vllm_tokens / vllm_s), "hf_one_at_a_time_tok_s": round(hf_tokens / single_s),
-        "hf_static_batch16_tok_s": round(sum(len(s) for s in batched) / batched_s),
-        "vllm_vs_one_at_a_time": round((vllm_tokens / vllm_s) / (hf_tokens / single_s), 1),
-        "vllm_vs_batch16": round((vllm_tokens / vllm_s) / (sum(len(s) for s in batched) / batched_s), 1),
-        "greedy_outputs_identical": f"{same}/{n} (token ids, tokenmill's vLLM path vs HF one at a time)",
-    })
+    emit(
+        "engine",
+        {
+            "model": "tiny random-weight Llama (small), fp32, CPU",
+            "prompts": n,
+            "prompt_tokens_each": "<= 256",
+            "new_tokens": new_tokens,
+            "tokenmill_vllm_tok_s": round(vllm_tokens / vllm_s),
+            "hf_one_at_a_time_tok_s": round(hf_tokens / single_s),
+            "hf_static_batch16_tok_s": round(sum(len(s) for s in batched) / batched_s),
+            "vllm_vs_one_at_a_time": round((vllm_tokens / vllm_s) / (hf_tokens / single_s), 1),
+            "vllm_vs_batch16": round((vllm_tokens / vllm_s) / (sum(len(s) for s in batched) / batched_s), 1),
+            "greedy_outputs_identical": f"{same}/{n} (token ids, tokenmill's vLLM path vs HF one at a time)",
+        },
+    )

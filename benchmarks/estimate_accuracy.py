@@ -52,7 +52,7 @@ def corpora(work: Path, history_docs: int, holdout_docs: int, variants: int) -> 
     demo_texts = [d["text"] for d in collect(60, seed=101)]  # as `tokenmill samples` (pipeline/cli/setup.py)
     write_sample_corpus(work / "demo", documents=60, texts=demo_texts)
     pool = [d for d in collect(history_docs + holdout_docs + 40, seed=0) if d["text"] not in set(demo_texts)]
-    history, held = pool[:history_docs], pool[history_docs:history_docs + holdout_docs]
+    history, held = pool[:history_docs], pool[history_docs : history_docs + holdout_docs]
     out = {"demo": work / "demo"}
     for name, docs in (("history", history), ("holdout", held + make_variants(held, variants) if variants else held)):
         (work / name).mkdir(parents=True)
@@ -66,45 +66,77 @@ def corpora(work: Path, history_docs: int, holdout_docs: int, variants: int) -> 
 def env_for(work: Path, name: str, corpus: Path, overrides: dict[str, str], output: str | None = None) -> dict:
     """The environment giving a job its input, output root, state and cache in `work` (one root and cache per job)."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("TOKENMILL_") or k == "TOKENMILL_HOME"}
-    env.update({"TOKENMILL_INPUT__URI": str(corpus), "TOKENMILL_OUTPUT__URI": output or str(work / f"out-{name}"),
-                "TOKENMILL_STATE__URL": f"sqlite:///{work}/state.db", "TOKENMILL_CACHE__PATH": str(work / f"cache-{name}"),
-                "TOKENMILL_RUN__PROGRESS": "off"})
+    env.update(
+        {
+            "TOKENMILL_INPUT__URI": str(corpus),
+            "TOKENMILL_OUTPUT__URI": output or str(work / f"out-{name}"),
+            "TOKENMILL_STATE__URL": f"sqlite:///{work}/state.db",
+            "TOKENMILL_CACHE__PATH": str(work / f"cache-{name}"),
+            "TOKENMILL_RUN__PROGRESS": "off",
+        }
+    )
     env.update({f"TOKENMILL_{k.upper()}": v for k, v in overrides.items()})
     return env
 
 
 def measured(cfg, job_id: str) -> dict:
     """From the job's ledger: generated items, their output tokens, escalations, busy and start-up/idle dollars."""
-    row = connect(cfg.output.uri, cfg.storage).execute(
-        "SELECT count(*) FILTER (WHERE source = 'generated'), sum(output_tokens), "
-        "count(*) FILTER (WHERE source = 'generated' AND escalated), "
-        "sum(coalesce(busy_gpu_seconds, 0) * price_per_gpu_hour / 3600), "
-        "sum(coalesce(overhead_gpu_seconds, 0) * price_per_gpu_hour / 3600) FROM ledger WHERE job_id = ?",
-        [job_id]).fetchone()
-    return {"generated": row[0], "output_tokens": int(row[1] or 0), "escalated": row[2],
-            "busy_usd": float(row[3] or 0), "start_up_and_idle_usd": float(row[4] or 0)}
+    row = (
+        connect(cfg.output.uri, cfg.storage)
+        .execute(
+            "SELECT count(*) FILTER (WHERE source = 'generated'), sum(output_tokens), "
+            "count(*) FILTER (WHERE source = 'generated' AND escalated), "
+            "sum(coalesce(busy_gpu_seconds, 0) * price_per_gpu_hour / 3600), "
+            "sum(coalesce(overhead_gpu_seconds, 0) * price_per_gpu_hour / 3600) FROM ledger WHERE job_id = ?",
+            [job_id],
+        )
+        .fetchone()
+    )
+    return {
+        "generated": row[0],
+        "output_tokens": int(row[1] or 0),
+        "escalated": row[2],
+        "busy_usd": float(row[3] or 0),
+        "start_up_and_idle_usd": float(row[4] or 0),
+    }
 
 
 def summary(est: dict) -> dict:
     escalations = {t: round(e["escalation"]["items"], 2) for t, e in est["tiers"].items() if "escalation" in e}
-    return {"to_generate": est["to_generate"], "est_usd_low": est["est_usd_low"], "est_usd": est["est_usd"],
-            "est_usd_high": est["est_usd_high"], "est_output_tokens": round(sum(t["est_output_tokens"]
-                                                                                for t in est["tiers"].values())),
-            "est_escalations": escalations, "methods": {t: e["method"] for t, e in est["tiers"].items()}}
+    return {
+        "to_generate": est["to_generate"],
+        "est_usd_low": est["est_usd_low"],
+        "est_usd": est["est_usd"],
+        "est_usd_high": est["est_usd_high"],
+        "est_output_tokens": round(sum(t["est_output_tokens"] for t in est["tiers"].values())),
+        "est_escalations": escalations,
+        "methods": {t: e["method"] for t, e in est["tiers"].items()},
+    }
 
 
 def compare(est: dict, manifest: dict, ledger: dict, learned_from: str) -> dict:
     actual = manifest["cost"]["cost_usd"]
-    return {"learned_from": learned_from, "records": manifest["counts"]["records"], **summary(est),
-            "actual_usd": actual, "mid_error": round(est["est_usd"] / actual - 1, 4) if actual else None,
-            "in_range": est["est_usd_low"] <= actual <= est["est_usd_high"],
-            "mid_within_25pct": abs(est["est_usd"] / actual - 1) <= 0.25 if actual else None, "actual": ledger}
+    return {
+        "learned_from": learned_from,
+        "records": manifest["counts"]["records"],
+        **summary(est),
+        "actual_usd": actual,
+        "mid_error": round(est["est_usd"] / actual - 1, 4) if actual else None,
+        "in_range": est["est_usd_low"] <= actual <= est["est_usd_high"],
+        "mid_within_25pct": abs(est["est_usd"] / actual - 1) <= 0.25 if actual else None,
+        "actual": ledger,
+    }
 
 
 def run(path: Path, env: dict, job_id: str) -> dict:
     """`tokenmill run` in a process of its own; its manifest (vLLM logs to stdout, so not `--json`)."""
-    r = subprocess.run([sys.executable, "-m", "pipeline.cli", "run", "--config", str(path), "--job-id", job_id],
-                       env=env, cwd=REPO, capture_output=True, text=True)
+    r = subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", "run", "--config", str(path), "--job-id", job_id],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+    )
     if r.returncode != 0:
         raise SystemExit(f"tokenmill run {job_id} failed ({r.returncode}): {r.stderr[-2000:]}")
     return json.loads((Path(env["TOKENMILL_OUTPUT__URI"]) / "jobs" / job_id / "manifest.json").read_text())
@@ -116,8 +148,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--history-documents", type=int, default=24)
     parser.add_argument("--holdout-documents", type=int, default=40)
     parser.add_argument("--variants", type=int, default=10)
-    parser.add_argument("--set", action="append", default=[], metavar="SECTION__FIELD=VALUE",
-                        help="config override, as TOKENMILL_SECTION__FIELD (repeatable)")
+    parser.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="SECTION__FIELD=VALUE",
+        help="config override, as TOKENMILL_SECTION__FIELD (repeatable)",
+    )
     parser.add_argument("--workdir", type=Path, default=None, help="keep inputs and outputs here (default: a temp dir)")
     args = parser.parse_args(argv)
     overrides = dict(s.split("=", 1) for s in args.set)
@@ -133,14 +170,26 @@ def main(argv: list[str] | None = None) -> None:
     results = {"history": compare(cold, history, measured(history_cfg, "history"), "nothing (configured defaults)")}
     for name in ("demo", "holdout"):
         # Estimated from the history job's ledger alone (its output root), then run in a root of its own.
-        est = estimate_job(load_config(args.config, environ=env_for(work, name, inputs[name], overrides,
-                                                                     output=history_cfg.output.uri)))
+        est = estimate_job(
+            load_config(
+                args.config, environ=env_for(work, name, inputs[name], overrides, output=history_cfg.output.uri)
+            )
+        )
         env = env_for(work, name, inputs[name], overrides)
         manifest = run(args.config, env, name)
-        results[name] = compare(est, manifest, measured(load_config(args.config, environ=env), name),
-                                "the history job's ledger")
-    emit("estimate_accuracy", {"config": str(args.config), "overrides": overrides, "workdir": str(work),
-                               "corpora": results, "seconds": round(time.monotonic() - started, 1)})
+        results[name] = compare(
+            est, manifest, measured(load_config(args.config, environ=env), name), "the history job's ledger"
+        )
+    emit(
+        "estimate_accuracy",
+        {
+            "config": str(args.config),
+            "overrides": overrides,
+            "workdir": str(work),
+            "corpora": results,
+            "seconds": round(time.monotonic() - started, 1),
+        },
+    )
 
 
 if __name__ == "__main__":

@@ -75,8 +75,10 @@ def run_step(step: dict) -> dict:
         return {"commits": [commit_partition(job, p) for p in step["partitions"]]}
     if kind == "finish":
         manifest = refresh_manifest(job)
-        return {"manifest": {k: manifest[k] for k in ("status", "counts", "cost", "engines", "routing")},
-                "ledger": ledger_sums(job.config.output.uri, job.job_id)}
+        return {
+            "manifest": {k: manifest[k] for k in ("status", "counts", "cost", "engines", "routing")},
+            "ledger": ledger_sums(job.config.output.uri, job.job_id),
+        }
     raise ValueError(f"unknown step {kind!r}")
 
 
@@ -97,8 +99,12 @@ def ledger_sums(output_uri: str, job_id: str) -> dict:
         return {c: float(pc.sum(t[c]).as_py() or 0.0) for c in cols}
 
     tiers = sorted(t for t in set(ledger["tier"].to_pylist()) if t is not None)
-    return {"rows": ledger.num_rows, "files": len(files), **sums(ledger),
-            "by_tier": {t: sums(ledger.filter(pc.equal(ledger["tier"], t))) for t in tiers}}
+    return {
+        "rows": ledger.num_rows,
+        "files": len(files),
+        **sums(ledger),
+        "by_tier": {t: sums(ledger.filter(pc.equal(ledger["tier"], t))) for t in tiers},
+    }
 
 
 # -- the benchmark ---------------------------------------------------------------------------------------
@@ -114,19 +120,34 @@ class Steps:
         log = self.logs / f"{self.shape}-{self.n:03d}-{kind}.log"
         started = time.perf_counter()
         with open(log, "w") as out:
-            done = subprocess.run([sys.executable, str(Path(__file__).resolve()), "--step",
-                                   json.dumps({"kind": kind, "job_id": self.job_id, "lock": self.lock, **fields})],
-                                  env=self.env, stdout=subprocess.PIPE, stderr=out, text=True, cwd=REPO)
+            done = subprocess.run(
+                [
+                    sys.executable,
+                    str(Path(__file__).resolve()),
+                    "--step",
+                    json.dumps({"kind": kind, "job_id": self.job_id, "lock": self.lock, **fields}),
+                ],
+                env=self.env,
+                stdout=subprocess.PIPE,
+                stderr=out,
+                text=True,
+                cwd=REPO,
+            )
         lines = [line for line in done.stdout.splitlines() if line.startswith(RESULT)]
         if done.returncode != 0 or not lines:
             tail = "".join(log.read_text().splitlines(keepends=True)[-40:])
-            raise SystemExit(f"shape {self.shape}: step {kind} {fields or ''} failed (exit {done.returncode}); "
-                             f"last lines of its log {log}:\n{tail}{done.stdout[-2000:]}")
-        result = json.loads(lines[-1][len(RESULT):])
+            raise SystemExit(
+                f"shape {self.shape}: step {kind} {fields or ''} failed (exit {done.returncode}); "
+                f"last lines of its log {log}:\n{tail}{done.stdout[-2000:]}"
+            )
+        result = json.loads(lines[-1][len(RESULT) :])
         seconds = time.perf_counter() - started - result.pop("lock_wait_seconds", 0.0)
         self.seconds += seconds
-        print(f"  [{self.shape}] {kind} {fields.get('partition') or fields.get('tier') or ''} "
-              f"{seconds:.1f} s", file=sys.stderr, flush=True)
+        print(
+            f"  [{self.shape}] {kind} {fields.get('partition') or fields.get('tier') or ''} {seconds:.1f} s",
+            file=sys.stderr,
+            flush=True,
+        )
         return result
 
 
@@ -136,10 +157,16 @@ def shape_env(tmp: Path, shape: str, records_per_partition: int) -> dict:
     env.setdefault("TOKENMILL_HOME", str(REPO / ".tokenmill"))
     work = tmp / shape
     work.mkdir()
-    return {**env, "TOKENMILL_INPUT__URI": str(tmp / "in"), "TOKENMILL_OUTPUT__URI": str(work / "out"),
-            "TOKENMILL_STATE__URL": f"sqlite:///{work}/state.db", "TOKENMILL_CACHE__PATH": str(work / "cache"),
-            "TOKENMILL_RUN__PROGRESS": "off", "TOKENMILL_INPUT__RECORDS_PER_PARTITION": str(records_per_partition),
-            "VLLM_LOGGING_LEVEL": env.get("VLLM_LOGGING_LEVEL", "WARNING")}
+    return {
+        **env,
+        "TOKENMILL_INPUT__URI": str(tmp / "in"),
+        "TOKENMILL_OUTPUT__URI": str(work / "out"),
+        "TOKENMILL_STATE__URL": f"sqlite:///{work}/state.db",
+        "TOKENMILL_CACHE__PATH": str(work / "cache"),
+        "TOKENMILL_RUN__PROGRESS": "off",
+        "TOKENMILL_INPUT__RECORDS_PER_PARTITION": str(records_per_partition),
+        "VLLM_LOGGING_LEVEL": env.get("VLLM_LOGGING_LEVEL", "WARNING"),
+    }
 
 
 def per_partition(steps: Steps) -> dict:
@@ -163,29 +190,42 @@ def figures(result: dict, steps: Steps) -> dict:
     tiers = {}
     for tier in sorted(engines):
         e = engines[tier]
-        tiers[tier] = {"workers": e.get("workers", 0), "starts": e.get("starts", 0),
-                       **{k: round(e.get(k, 0.0), 3) for k in TIMES},
-                       "held_gpu_seconds": round(e.get("held_gpu_seconds", 0.0), 3),
-                       "utilisation": e.get("utilisation"),
-                       "idle_share_of_held": round(e["idle_seconds"] / e["held_seconds"], 4) if e.get("held_seconds") else None,
-                       "items": e.get("items", 0), "output_tokens": e.get("output_tokens", 0)}
+        tiers[tier] = {
+            "workers": e.get("workers", 0),
+            "starts": e.get("starts", 0),
+            **{k: round(e.get(k, 0.0), 3) for k in TIMES},
+            "held_gpu_seconds": round(e.get("held_gpu_seconds", 0.0), 3),
+            "utilisation": e.get("utilisation"),
+            "idle_share_of_held": round(e["idle_seconds"] / e["held_seconds"], 4) if e.get("held_seconds") else None,
+            "items": e.get("items", 0),
+            "output_tokens": e.get("output_tokens", 0),
+        }
     held_gpu = sum(e.get("held_gpu_seconds", 0.0) for e in engines.values())
     ledger = result["ledger"]
-    return {"partitions": len(result["partitions"]), "processes": steps.n, "wall_seconds": round(steps.seconds, 1),
-            "tiers": tiers, "held_seconds": round(sum(e.get("held_seconds", 0.0) for e in engines.values()), 3),
-            "held_gpu_seconds": round(held_gpu, 6),
-            "ledger_gpu_seconds": round(ledger["gpu_seconds"], 6),
-            "ledger_busy_gpu_seconds": round(ledger["busy_gpu_seconds"], 6),
-            "ledger_overhead_gpu_seconds": round(ledger["overhead_gpu_seconds"], 6),
-            "ledger_vs_held_relative_error": abs(ledger["gpu_seconds"] - held_gpu) / held_gpu if held_gpu else None,
-            "ledger_by_tier_gpu_seconds": {t: round(v["gpu_seconds"], 6) for t, v in ledger["by_tier"].items()},
-            "outputs": result["manifest"]["counts"]["outputs"], "by_tier": result["manifest"]["counts"]["by_tier"],
-            "escalated": result["manifest"]["routing"].get("escalated", 0), "status": result["manifest"]["status"]}
+    return {
+        "partitions": len(result["partitions"]),
+        "processes": steps.n,
+        "wall_seconds": round(steps.seconds, 1),
+        "tiers": tiers,
+        "held_seconds": round(sum(e.get("held_seconds", 0.0) for e in engines.values()), 3),
+        "held_gpu_seconds": round(held_gpu, 6),
+        "ledger_gpu_seconds": round(ledger["gpu_seconds"], 6),
+        "ledger_busy_gpu_seconds": round(ledger["busy_gpu_seconds"], 6),
+        "ledger_overhead_gpu_seconds": round(ledger["overhead_gpu_seconds"], 6),
+        "ledger_vs_held_relative_error": abs(ledger["gpu_seconds"] - held_gpu) / held_gpu if held_gpu else None,
+        "ledger_by_tier_gpu_seconds": {t: round(v["gpu_seconds"], 6) for t, v in ledger["by_tier"].items()},
+        "outputs": result["manifest"]["counts"]["outputs"],
+        "by_tier": result["manifest"]["counts"]["by_tier"],
+        "escalated": result["manifest"]["routing"].get("escalated", 0),
+        "status": result["manifest"]["status"],
+    }
 
 
 def table(a: dict, b: dict) -> str:
-    rows = [f"{'tier':<7}{'shape':<17}{'workers':>8}{'starts':>7}{'held s':>10}{'start-up s':>11}{'busy s':>9}"
-            f"{'idle s':>9}{'util':>7}{'idle/held':>10}"]
+    rows = [
+        f"{'tier':<7}{'shape':<17}{'workers':>8}{'starts':>7}{'held s':>10}{'start-up s':>11}{'busy s':>9}"
+        f"{'idle s':>9}{'util':>7}{'idle/held':>10}"
+    ]
     for tier in sorted(set(a["tiers"]) | set(b["tiers"])):
         for name, f in (("(a) per partition", a), ("(b) tier workers", b)):
             e = f["tiers"].get(tier)
@@ -194,8 +234,10 @@ def table(a: dict, b: dict) -> str:
                 continue
             util = f"{e['utilisation']:.1%}" if e["utilisation"] is not None else "-"
             idle = f"{e['idle_share_of_held']:.1%}" if e["idle_share_of_held"] is not None else "-"
-            rows.append(f"{tier:<7}{name:<17}{e['workers']:>8}{e['starts']:>7}{e['held_seconds']:>10.1f}"
-                        f"{e['startup_seconds']:>11.1f}{e['busy_seconds']:>9.1f}{e['idle_seconds']:>9.1f}{util:>7}{idle:>10}")
+            rows.append(
+                f"{tier:<7}{name:<17}{e['workers']:>8}{e['starts']:>7}{e['held_seconds']:>10.1f}"
+                f"{e['startup_seconds']:>11.1f}{e['busy_seconds']:>9.1f}{e['idle_seconds']:>9.1f}{util:>7}{idle:>10}"
+            )
     return "\n".join(rows)
 
 
@@ -203,8 +245,12 @@ def main(argv: list[str]) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--documents", type=int, default=3000, help="records in the job (default 3000)")
     parser.add_argument("--partitions", type=int, default=30, help="at least this many partitions (default 30)")
-    parser.add_argument("--lock", metavar="PATH", help="hold flock(PATH) through each step's process, for a host "
-                        "that other engine work shares (time waiting for it is left out of the wall times)")
+    parser.add_argument(
+        "--lock",
+        metavar="PATH",
+        help="hold flock(PATH) through each step's process, for a host "
+        "that other engine work shares (time waiting for it is left out of the wall times)",
+    )
     parser.add_argument("--step", help=argparse.SUPPRESS)  # internal: run one step (a task) in this process
     args = parser.parse_args(argv)
     if args.step:
@@ -237,49 +283,68 @@ def main(argv: list[str]) -> None:
         for shape, run in (("a", per_partition), ("b", tier_workers)):
             env = shape_env(tmp, shape, records_per_partition)
             steps[shape] = Steps(shape, env, tmp / "logs", f"gpu-utilization-{shape}", args.lock)
-            print(f"shape ({shape}): {'one process per partition' if shape == 'a' else 'one process per tier'}",
-                  file=sys.stderr, flush=True)
+            print(
+                f"shape ({shape}): {'one process per partition' if shape == 'a' else 'one process per tier'}",
+                file=sys.stderr,
+                flush=True,
+            )
             results[shape] = run(steps[shape])
         config = load_config(CONFIG, environ=env)
     seconds = time.perf_counter() - started
     gpus = {t: c.gpus for t, c in config.tiers.items()}
     a, b = figures(results["a"], steps["a"]), figures(results["b"], steps["b"])
 
-    ratio = {t: round(a["tiers"][t]["held_seconds"] / b["tiers"][t]["held_seconds"], 2)
-             for t in a["tiers"] if t in b["tiers"] and b["tiers"][t]["held_seconds"]}
+    ratio = {
+        t: round(a["tiers"][t]["held_seconds"] / b["tiers"][t]["held_seconds"], 2)
+        for t in a["tiers"]
+        if t in b["tiers"] and b["tiers"][t]["held_seconds"]
+    }
     ratio_all = round(a["held_seconds"] / b["held_seconds"], 2) if b["held_seconds"] else None
     both_tiers = all(b["tiers"].get(t, {}).get("items") for t in config.tiers)
     targets = {
         "both tiers got work": both_tiers,
         "(b) starts each engine once per worker": all(e["starts"] == e["workers"] == 1 for e in b["tiers"].values()),
-        "(b) idle after start-up <= 5% of held": all(e["idle_share_of_held"] is not None and e["idle_share_of_held"] <= 0.05
-                                                      for e in b["tiers"].values()),
+        "(b) idle after start-up <= 5% of held": all(
+            e["idle_share_of_held"] is not None and e["idle_share_of_held"] <= 0.05 for e in b["tiers"].values()
+        ),
         "(b) ledger gpu_seconds = sum(held x GPUs) within 1e-6 relative": b["ledger_vs_held_relative_error"] is not None
         and b["ledger_vs_held_relative_error"] <= 1e-6,
         "(a)/(b) held engine-seconds >= 3x (all tiers together)": ratio_all is not None and ratio_all >= 3,
         "(a)/(b) held engine-seconds >= 3x (every tier)": bool(ratio) and all(r >= 3 for r in ratio.values()),
     }
 
-    print(f"\nGPU utilisation: {args.documents} documents, {a['partitions']} partitions, tiny CPU tiers "
-          f"(configs/tiny.yaml, GPUs per tier {gpus}); {seconds:.0f} s in all")
+    print(
+        f"\nGPU utilisation: {args.documents} documents, {a['partitions']} partitions, tiny CPU tiers "
+        f"(configs/tiny.yaml, GPUs per tier {gpus}); {seconds:.0f} s in all"
+    )
     print(table(a, b))
     print(f"held engine-seconds (a)/(b): {', '.join(f'{t} {r}x' for t, r in ratio.items())}; all tiers {ratio_all}x")
     for name, f in (("(a)", a), ("(b)", b)):
-        print(f"{name} ledger gpu_seconds {f['ledger_gpu_seconds']:.6f} (busy {f['ledger_busy_gpu_seconds']:.6f} + "
-              f"overhead {f['ledger_overhead_gpu_seconds']:.6f}) vs sum(held x GPUs) {f['held_gpu_seconds']:.6f}: "
-              f"relative error {f['ledger_vs_held_relative_error']:.2e}; {f['processes']} processes, "
-              f"{f['wall_seconds']:.0f} s")
+        print(
+            f"{name} ledger gpu_seconds {f['ledger_gpu_seconds']:.6f} (busy {f['ledger_busy_gpu_seconds']:.6f} + "
+            f"overhead {f['ledger_overhead_gpu_seconds']:.6f}) vs sum(held x GPUs) {f['held_gpu_seconds']:.6f}: "
+            f"relative error {f['ledger_vs_held_relative_error']:.2e}; {f['processes']} processes, "
+            f"{f['wall_seconds']:.0f} s"
+        )
     for name, ok in targets.items():
         print(f"  [{'met' if ok else 'MISSED'}] {name}")
     print(flush=True)
-    emit("gpu_utilization", {
-        "engine": "tiny random-weight models on the CPU (small: 1.1 M params, large: 5.5 M); vLLM's own engine loop",
-        "documents": args.documents, "corpus": {k: v for k, v in corpus.items() if k != "ids"},
-        "records_per_partition": records_per_partition,
-        "shapes": {"(a) one process per partition": a, "(b) one tier worker per tier": b},
-        "held_ratio_a_over_b": {**ratio, "all": ratio_all},
-        "targets": targets, "targets_met": all(targets.values()), "seconds": round(seconds, 1),
-    })
+    emit(
+        "gpu_utilization",
+        {
+            "engine": (
+                "tiny random-weight models on the CPU (small: 1.1 M params, large: 5.5 M); vLLM's own engine loop"
+            ),
+            "documents": args.documents,
+            "corpus": {k: v for k, v in corpus.items() if k != "ids"},
+            "records_per_partition": records_per_partition,
+            "shapes": {"(a) one process per partition": a, "(b) one tier worker per tier": b},
+            "held_ratio_a_over_b": {**ratio, "all": ratio_all},
+            "targets": targets,
+            "targets_met": all(targets.values()),
+            "seconds": round(seconds, 1),
+        },
+    )
 
 
 if __name__ == "__main__":

@@ -1,7 +1,8 @@
 """Pipeline overhead: documents per second through every stage except inference.
 
 Inference is the deterministic fake engine (`engine: fake`, pipeline/generate/fake_engine.py: 16-token
-answers, no step time, a batch as large as the engine calls), so what is timed is read, validate, dedup, route, building requests (chat template + tokenisation), the paid-items lookup
+answers, no step time, a batch as large as the engine calls), so what is timed is read, validate, dedup, route,
+building requests (chat template + tokenisation), the paid-items lookup
 and store, cost attribution and the Parquet writes. Target: >= 5,000 docs/s on 2 cores, so the
 non-inference path never starves a GPU. Also printed: the dedup stage's own seconds, and how fast
 the same prompts are tokenised with nothing else running, the ceiling exact tokenisation sets on
@@ -41,15 +42,24 @@ if __name__ == "__main__":
                     out.write(json.dumps({"id": f"d{i}", "text": text, "tenant": f"t{i % 3}"}) + "\n")
                     n += 1
         size = sum(p.stat().st_size for p in (tmp / "in").iterdir())
-        config = load_config(Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml", environ={
-            "TOKENMILL_INPUT__URI": str(tmp / "in"), "TOKENMILL_OUTPUT__URI": str(tmp / "out"),
-            "TOKENMILL_STATE__URL": f"sqlite:///{tmp}/state.db", "TOKENMILL_RUN__PROGRESS": "off",
-            "TOKENMILL_CACHE__PATH": str(tmp / "cache"),
-            "TOKENMILL_INPUT__RECORDS_PER_PARTITION": str(per_file),
-            "TOKENMILL_REQUESTS__ITEMS_PER_ENGINE_CALL": "4096",
-            **{f"TOKENMILL_TIERS__{t}__{k}": v for t in ("SMALL", "LARGE") for k, v in
-               {"ENGINE": "fake", "FAKE__OUTPUT_TOKENS": "16", "VLLM__MAX_NUM_SEQS": "4096"}.items()},
-            **{k: v for k, v in __import__("os").environ.items() if k == "TOKENMILL_HOME"}})
+        config = load_config(
+            Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml",
+            environ={
+                "TOKENMILL_INPUT__URI": str(tmp / "in"),
+                "TOKENMILL_OUTPUT__URI": str(tmp / "out"),
+                "TOKENMILL_STATE__URL": f"sqlite:///{tmp}/state.db",
+                "TOKENMILL_RUN__PROGRESS": "off",
+                "TOKENMILL_CACHE__PATH": str(tmp / "cache"),
+                "TOKENMILL_INPUT__RECORDS_PER_PARTITION": str(per_file),
+                "TOKENMILL_REQUESTS__ITEMS_PER_ENGINE_CALL": "4096",
+                **{
+                    f"TOKENMILL_TIERS__{t}__{k}": v
+                    for t in ("SMALL", "LARGE")
+                    for k, v in {"ENGINE": "fake", "FAKE__OUTPUT_TOKENS": "16", "VLLM__MAX_NUM_SEQS": "4096"}.items()
+                },
+                **{k: v for k, v in __import__("os").environ.items() if k == "TOKENMILL_HOME"},
+            },
+        )
         started = time.perf_counter()
         manifest = run_job(config, job_id="bench").manifest
         seconds = time.perf_counter() - started
@@ -62,12 +72,21 @@ if __name__ == "__main__":
         started = time.perf_counter()
         tokenize(tokenizer, render_prompts(tokenizer, sample, config.prompt))
         tokenise_rate = len(sample) / (time.perf_counter() - started)
-        emit("pipeline_overhead", {
-            "engine": "fake (no inference)", "documents": n, "input_mb": round(size / 1e6, 1),
-            "seconds": round(seconds, 2), "docs_per_second": round(n / seconds), "target_docs_per_second": 5000,
-            "staging_seconds (read, validate, dedup, route, write staged partitions)": staging_s,
-            "partition_seconds (lookup, tokenise, store, price, write)": round(part_s, 2),
-            "dedup_seconds": manifest["staging"]["dedup"]["seconds"],
-            f"tokenisation_alone_docs_per_second (tier {tier}'s tokenizer, chat template included)": round(tokenise_rate),
-            "outputs": manifest["counts"]["outputs"],
-        })
+        emit(
+            "pipeline_overhead",
+            {
+                "engine": "fake (no inference)",
+                "documents": n,
+                "input_mb": round(size / 1e6, 1),
+                "seconds": round(seconds, 2),
+                "docs_per_second": round(n / seconds),
+                "target_docs_per_second": 5000,
+                "staging_seconds (read, validate, dedup, route, write staged partitions)": staging_s,
+                "partition_seconds (lookup, tokenise, store, price, write)": round(part_s, 2),
+                "dedup_seconds": manifest["staging"]["dedup"]["seconds"],
+                f"tokenisation_alone_docs_per_second (tier {tier}'s tokenizer, chat template included)": round(
+                    tokenise_rate
+                ),
+                "outputs": manifest["counts"]["outputs"],
+            },
+        )

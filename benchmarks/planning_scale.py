@@ -45,7 +45,9 @@ def write_corpus(folder: Path, documents: int, seed: int = 19, tenants: int = TE
     from pipeline.dev.samples import synthetic_document
 
     rng = random.Random(seed)
-    sentences = [s.strip() + "." for d in (synthetic_document(rng, 40) for _ in range(2000)) for s in d.split(".") if s.strip()]
+    sentences = [
+        s.strip() + "." for d in (synthetic_document(rng, 40) for _ in range(2000)) for s in d.split(".") if s.strip()
+    ]
     plain = [s for s in sentences if not any(c.isdigit() for c in s)]  # added to near copies: no new number
     folder.mkdir(parents=True, exist_ok=True)
     recent: list[tuple[str, str]] = []  # (tenant, text) of recent documents, for copies
@@ -60,12 +62,12 @@ def write_corpus(folder: Path, documents: int, seed: int = 19, tenants: int = TE
         if recent and roll < 0.30:
             tenant, text = recent[rng.randrange(len(recent))]
             if roll < 0.15:
-                pass                                            # an exact copy
+                pass  # an exact copy
             elif roll < 0.25:
-                text = text + " " + rng.choice(plain)           # a near copy: a sentence added
+                text = text + " " + rng.choice(plain)  # a near copy: a sentence added
             else:
                 parts = text.split(". ")
-                rng.shuffle(parts)                              # a reordered copy: same words, other order
+                rng.shuffle(parts)  # a reordered copy: same words, other order
                 text = ". ".join(parts)
         else:
             tenant = f"tenant-{rng.randrange(tenants)}"
@@ -89,11 +91,17 @@ def child(input_dir: str, workers: int, tmp: str, shard_rows: int) -> None:
     from pipeline.stores import storage
     from pipeline.stores.staging import StagingArea
 
-    config = load_config(ROOT / "configs" / "tiny.yaml", environ={
-        "TOKENMILL_INPUT__URI": input_dir, "TOKENMILL_OUTPUT__URI": f"{tmp}/out",
-        "TOKENMILL_CACHE__PATH": f"{tmp}/cache", "TOKENMILL_DEDUP__SHADOW_RATE": "0",
-        "TOKENMILL_PLANNING__SHARD_ROWS": str(shard_rows),
-        **{k: v for k, v in os.environ.items() if k == "TOKENMILL_HOME"}})
+    config = load_config(
+        ROOT / "configs" / "tiny.yaml",
+        environ={
+            "TOKENMILL_INPUT__URI": input_dir,
+            "TOKENMILL_OUTPUT__URI": f"{tmp}/out",
+            "TOKENMILL_CACHE__PATH": f"{tmp}/cache",
+            "TOKENMILL_DEDUP__SHADOW_RATE": "0",
+            "TOKENMILL_PLANNING__SHARD_ROWS": str(shard_rows),
+            **{k: v for k, v in os.environ.items() if k == "TOKENMILL_HOME"},
+        },
+    )
     area = StagingArea(storage.resolve(f"{tmp}/out"), "bench")
     started = time.perf_counter()
     plan = plan_job(config, "bench", area, workers=workers)
@@ -106,11 +114,21 @@ def child(input_dir: str, workers: int, tmp: str, shard_rows: int) -> None:
     rss_self = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     rss_workers = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024
     reused = plan.dedup.as_dict()["reused"]
-    print(json.dumps({"seconds": seconds, "records": plan.records, "shards": plan.shards,
-                      "peak_rss_planner": rss_self, "peak_rss_worker": rss_workers, "reused": reused,
-                      "step_seconds": {k: round(v, 2) for k, v in plan.seconds.items()},
-                      "cut": {scope: len(rows) for scope, rows in plan.cut.items()},
-                      "partitions": len(plan.partitions)}))
+    print(
+        json.dumps(
+            {
+                "seconds": seconds,
+                "records": plan.records,
+                "shards": plan.shards,
+                "peak_rss_planner": rss_self,
+                "peak_rss_worker": rss_workers,
+                "reused": reused,
+                "step_seconds": {k: round(v, 2) for k, v in plan.seconds.items()},
+                "cut": {scope: len(rows) for scope, rows in plan.cut.items()},
+                "partitions": len(plan.partitions),
+            }
+        )
+    )
 
 
 def misses(run: str, reference: str) -> dict:
@@ -120,11 +138,17 @@ def misses(run: str, reference: str) -> dict:
     import pyarrow.parquet as pq
 
     a, b = pq.read_table(f"{run}/decisions.parquet"), pq.read_table(f"{reference}/decisions.parquet")
-    differ = pc.invert(pc.and_(pc.equal(a["gen_key"], b["gen_key"]), pc.equal(pc.fill_null(a["reuse"], ""),
-                                                                               pc.fill_null(b["reuse"], ""))))
+    differ = pc.invert(
+        pc.and_(
+            pc.equal(a["gen_key"], b["gen_key"]), pc.equal(pc.fill_null(a["reuse"], ""), pc.fill_null(b["reuse"], ""))
+        )
+    )
     kinds = pc.value_counts(pc.fill_null(b["reuse"].filter(differ), "none")).to_pylist()
-    return {"rows": pc.sum(differ).as_py() or 0, "by_reference_reuse": {k["values"]: k["counts"] for k in kinds},
-            "reference_semantic": pc.sum(pc.equal(b["reuse"], "semantic")).as_py() or 0}
+    return {
+        "rows": pc.sum(differ).as_py() or 0,
+        "by_reference_reuse": {k["values"]: k["counts"] for k in kinds},
+        "reference_semantic": pc.sum(pc.equal(b["reuse"], "semantic")).as_py() or 0,
+    }
 
 
 def semantic_recall(input_dir: str, documents: int) -> dict:
@@ -133,8 +157,9 @@ def semantic_recall(input_dir: str, documents: int) -> dict:
     from pipeline.dedup import neighbours
     from pipeline.dedup.embed import StaticEmbedder
 
-    config = load_config(ROOT / "configs" / "tiny.yaml", environ={
-        k: v for k, v in os.environ.items() if k == "TOKENMILL_HOME"})
+    config = load_config(
+        ROOT / "configs" / "tiny.yaml", environ={k: v for k, v in os.environ.items() if k == "TOKENMILL_HOME"}
+    )
     texts = []
     for f in sorted(Path(input_dir).iterdir()):
         for line in f.open():
@@ -143,9 +168,13 @@ def semantic_recall(input_dir: str, documents: int) -> dict:
                 texts.append(rec["text"])
     texts = list(dict.fromkeys(texts))
     vectors = StaticEmbedder(config.dedup.embedder).encode(texts).astype("float16")
-    return {"scope_rows": len(vectors), "uses_ivf": len(vectors) > 20_000,
-            "recall_vs_exact": round(neighbours.recall(vectors, config.dedup.semantic_threshold), 4)
-            if len(vectors) > 1000 else None}
+    return {
+        "scope_rows": len(vectors),
+        "uses_ivf": len(vectors) > 20_000,
+        "recall_vs_exact": round(neighbours.recall(vectors, config.dedup.semantic_threshold), 4)
+        if len(vectors) > 1000
+        else None,
+    }
 
 
 def main() -> None:
@@ -154,13 +183,24 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--documents", default="20000,100000")
     parser.add_argument("--workers", default="1,2")
-    parser.add_argument("--tenants", type=int, default=TENANTS,
-                        help="tenants the documents are spread over (1: one scope, so one shard, whatever the workers)")
-    parser.add_argument("--shard-rows", type=int, default=200_000,
-                        help="planning.shard_rows: a tenant with more records is cut into parts")
-    parser.add_argument("--reference", action="store_true",
-                        help="also plan in one shard, nothing cut (one process holds every record), and count "
-                             "the rows each run stages differently: the misses of sharding and cutting")
+    parser.add_argument(
+        "--tenants",
+        type=int,
+        default=TENANTS,
+        help="tenants the documents are spread over (1: one scope, so one shard, whatever the workers)",
+    )
+    parser.add_argument(
+        "--shard-rows",
+        type=int,
+        default=200_000,
+        help="planning.shard_rows: a tenant with more records is cut into parts",
+    )
+    parser.add_argument(
+        "--reference",
+        action="store_true",
+        help="also plan in one shard, nothing cut (one process holds every record), and count "
+        "the rows each run stages differently: the misses of sharding and cutting",
+    )
     parser.add_argument("--child", nargs=4, metavar=("INPUT", "WORKERS", "TMP", "SHARD_ROWS"), help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
@@ -171,25 +211,44 @@ def main() -> None:
             runs = {}
             plans = [(w, args.shard_rows) for w in (int(w) for w in args.workers.split(","))]
             for workers, shard_rows in plans + ([(1, 10**12)] if args.reference else []):
-                out = subprocess.run([sys.executable, __file__, "--child", f"{tmp}/in", str(workers),
-                                      f"{tmp}/w{workers}-{shard_rows}", str(shard_rows)],
-                                     capture_output=True, text=True, check=True)
+                out = subprocess.run(
+                    [
+                        sys.executable,
+                        __file__,
+                        "--child",
+                        f"{tmp}/in",
+                        str(workers),
+                        f"{tmp}/w{workers}-{shard_rows}",
+                        str(shard_rows),
+                    ],
+                    capture_output=True,
+                    text=True,
+                    check=True,
+                )
                 runs[workers, shard_rows] = json.loads(out.stdout.strip().splitlines()[-1])
-            figures = {"documents": documents, "tenants": args.tenants, "input_mb": round(size / 1e6, 1),
-                       "cores": len(os.sched_getaffinity(0))}
+            figures = {
+                "documents": documents,
+                "tenants": args.tenants,
+                "input_mb": round(size / 1e6, 1),
+                "cores": len(os.sched_getaffinity(0)),
+            }
             for (workers, shard_rows), r in runs.items():
                 peak = max(r["peak_rss_planner"], r["peak_rss_worker"])
                 name = f"workers={workers}" + (", one shard (reference)" if shard_rows == 10**12 else "")
                 figures[name] = {
-                    "docs_per_second": round(documents / r["seconds"]), "seconds": round(r["seconds"], 1),
-                    "shards": r["shards"], "cut_scopes": r["cut"], "step_seconds": r["step_seconds"],
+                    "docs_per_second": round(documents / r["seconds"]),
+                    "seconds": round(r["seconds"], 1),
+                    "shards": r["shards"],
+                    "cut_scopes": r["cut"],
+                    "step_seconds": r["step_seconds"],
                     "peak_rss_mb_planner": round(r["peak_rss_planner"] / 2**20),
                     "peak_rss_mb_largest_worker": round(r["peak_rss_worker"] / 2**20),
                     "peak_rss_bytes_per_document": round(peak / documents),
                     "reused": r["reused"],
                     # Against one shard with nothing cut: whole scopes miss nothing; cut ones, semantic pairs.
                     "misses_vs_one_shard": misses(f"{tmp}/w{workers}-{shard_rows}", f"{tmp}/w1-{10**12}")
-                    if args.reference and shard_rows != 10**12 else "not compared (run with --reference)",
+                    if args.reference and shard_rows != 10**12
+                    else "not compared (run with --reference)",
                 }
             one = {w: r for (w, rows), r in runs.items() if rows == args.shard_rows}
             if 2 in one and 1 in one:

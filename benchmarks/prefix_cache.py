@@ -29,8 +29,10 @@ if __name__ == "__main__":
 
     rng = random.Random(23)
     preambles = [f"Policy {k}. " + synthetic_document(rng, 28) for k in range(8)]
-    docs = [{"id": f"d{i}", "tenant": "acme", "text": rng.choice(preambles) + " " + synthetic_document(rng, 3)}
-            for i in range(240)]
+    docs = [
+        {"id": f"d{i}", "tenant": "acme", "text": rng.choice(preambles) + " " + synthetic_document(rng, 3)}
+        for i in range(240)
+    ]
     figures = {}
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
@@ -39,18 +41,36 @@ if __name__ == "__main__":
         for name, ordering in (("input order", "false"), ("prefix-aware order", "true")):
             work = tmp / name.replace(" ", "-")
             work.mkdir()
-            config = load_config(Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml", environ={
-                **{k: v for k, v in os.environ.items() if k == "TOKENMILL_HOME"},
-                "TOKENMILL_INPUT__URI": str(tmp / "in"), "TOKENMILL_OUTPUT__URI": str(work / "out"),
-                "TOKENMILL_STATE__URL": f"sqlite:///{work}/state.db", "TOKENMILL_CACHE__ENABLED": "false",
-                "TOKENMILL_RUN__PROGRESS": "off", "TOKENMILL_ROUTE__RULES": "[]",
-                "TOKENMILL_ROUTE__ESCALATION__ENABLED": "false", "TOKENMILL_DEDUP__NEAR": "false",
-                "TOKENMILL_DEDUP__SEMANTIC": "false", "TOKENMILL_REQUESTS__ITEMS_PER_ENGINE_CALL": "16",
-                "TOKENMILL_REQUESTS__PREFIX_ORDERING": ordering})
+            config = load_config(
+                Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml",
+                environ={
+                    **{k: v for k, v in os.environ.items() if k == "TOKENMILL_HOME"},
+                    "TOKENMILL_INPUT__URI": str(tmp / "in"),
+                    "TOKENMILL_OUTPUT__URI": str(work / "out"),
+                    "TOKENMILL_STATE__URL": f"sqlite:///{work}/state.db",
+                    "TOKENMILL_CACHE__ENABLED": "false",
+                    "TOKENMILL_RUN__PROGRESS": "off",
+                    "TOKENMILL_ROUTE__RULES": "[]",
+                    "TOKENMILL_ROUTE__ESCALATION__ENABLED": "false",
+                    "TOKENMILL_DEDUP__NEAR": "false",
+                    "TOKENMILL_DEDUP__SEMANTIC": "false",
+                    "TOKENMILL_REQUESTS__ITEMS_PER_ENGINE_CALL": "16",
+                    "TOKENMILL_REQUESTS__PREFIX_ORDERING": ordering,
+                },
+            )
             m = run_job(config, job_id="prefix").manifest
             shutdown_engines()  # a fresh engine (and an empty prefix cache) for the next run
-            figures[name] = {**m["prefix_cache"], "prompt_tokens": m["tokens"]["prompt_tokens"],
-                             "cached_prompt_tokens": m["tokens"]["cached_prompt_tokens"]}
-    emit("prefix_cache", {"engine": "tiny small model on the CPU (vLLM block size 128 here: hits come in 128s)",
-                          "documents": len(docs), "runs": figures,
-                          "target": "prefix-aware order reaches >= 90% of the shareable share"})
+            figures[name] = {
+                **m["prefix_cache"],
+                "prompt_tokens": m["tokens"]["prompt_tokens"],
+                "cached_prompt_tokens": m["tokens"]["cached_prompt_tokens"],
+            }
+    emit(
+        "prefix_cache",
+        {
+            "engine": "tiny small model on the CPU (vLLM block size 128 here: hits come in 128s)",
+            "documents": len(docs),
+            "runs": figures,
+            "target": "prefix-aware order reaches >= 90% of the shareable share",
+        },
+    )

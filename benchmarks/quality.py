@@ -41,8 +41,11 @@ def bench_config(folder: Path):
     """configs/local.yaml with an INT8 tier added (the file is the user's; this writes a copy)."""
     raw = yaml.safe_load((REPO / "configs" / "local.yaml").read_text())
     # A deep copy: a section shared with the large tier would be written as a YAML alias, which configs refuse.
-    int8 = {**copy.deepcopy(raw["tiers"]["large"]), "model": "${TOKENMILL_HOME}/models/real/smollm2-w8a8",
-            "price_per_gpu_hour": 1.0}
+    int8 = {
+        **copy.deepcopy(raw["tiers"]["large"]),
+        "model": "${TOKENMILL_HOME}/models/real/smollm2-w8a8",
+        "price_per_gpu_hour": 1.0,
+    }
     raw["tiers"] = {"small": raw["tiers"]["small"], "int8": int8, "large": raw["tiers"]["large"]}
     path = folder / "quality.yaml"
     path.write_text(yaml.safe_dump(raw, sort_keys=False))
@@ -71,27 +74,46 @@ def main() -> None:
     if result["loop_knobs"]:
         console.print(knobs_table(result["loop_knobs"]))
     console.print(policy_table("routing: router threshold alone", routing["by_router_threshold"], routing["chosen"]))
-    console.print(policy_table("escalation: confidence threshold, no router", routing["by_logprob_threshold"], routing["chosen"]))
-    console.print(policy_table("chosen, all-small, all-large",
-                               [r for r in (routing["chosen"], routing["all_small"], routing["all_large"]) if r],
-                               routing["chosen"]))
+    console.print(
+        policy_table("escalation: confidence threshold, no router", routing["by_logprob_threshold"], routing["chosen"])
+    )
+    console.print(
+        policy_table(
+            "chosen, all-small, all-large",
+            [r for r in (routing["chosen"], routing["all_small"], routing["all_large"]) if r],
+            routing["chosen"],
+        )
+    )
     console.print(reuse_table(reuse))
     routing.pop("router_artifact")
     chosen = routing["chosen"] or {}
-    emit("quality", {
-        "holdout": result["holdout"], "holdout_sources": (built or {}).get("by_source"), "models": result["models"],
-        "tiers": result["tiers"], "loop_knobs": result["loop_knobs"], "target_quality": args.target,
-        "chosen": chosen, "all_small": routing["all_small"], "all_large": routing["all_large"],
-        "router": {"train_documents": routing["train_documents"], "test_documents": routing["test_documents"],
-                   "note": routing["note"]},
-        "reuse": {"by_kind": reuse["by_kind"], "total": reuse["total"], "labelled": reuse["labelled"]},
-        "targets": {
-            "small_share_at_target_ge_40pct": bool(chosen) and chosen.get("small_share", 0) >= 0.40,
-            "reuse_false_hit_upper95_le_2pct": reuse["total"]["ci95"][1] <= 0.02,
-            "large_unfaithful_rate": result["tiers"][result["baseline_tier"]]["unfaithful_rate"],
+    emit(
+        "quality",
+        {
+            "holdout": result["holdout"],
+            "holdout_sources": (built or {}).get("by_source"),
+            "models": result["models"],
+            "tiers": result["tiers"],
+            "loop_knobs": result["loop_knobs"],
+            "target_quality": args.target,
+            "chosen": chosen,
+            "all_small": routing["all_small"],
+            "all_large": routing["all_large"],
+            "router": {
+                "train_documents": routing["train_documents"],
+                "test_documents": routing["test_documents"],
+                "note": routing["note"],
+            },
+            "reuse": {"by_kind": reuse["by_kind"], "total": reuse["total"], "labelled": reuse["labelled"]},
+            "targets": {
+                "small_share_at_target_ge_40pct": bool(chosen) and chosen.get("small_share", 0) >= 0.40,
+                "reuse_false_hit_upper95_le_2pct": reuse["total"]["ci95"][1] <= 0.02,
+                "large_unfaithful_rate": result["tiers"][result["baseline_tier"]]["unfaithful_rate"],
+            },
+            "seconds": round(time.monotonic() - started, 1),
+            "home": str(tokenmill_home()),
         },
-        "seconds": round(time.monotonic() - started, 1), "home": str(tokenmill_home()),
-    })
+    )
 
 
 if __name__ == "__main__":

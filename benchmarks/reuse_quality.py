@@ -32,13 +32,45 @@ from pipeline.dedup import guards, minhash  # noqa: E402
 from pipeline.dedup.cluster import add_content_hashes, cluster_records  # noqa: E402
 from pipeline.keys import add_item_keys, clean_text  # noqa: E402
 
-COMPANIES = ["Acme Corp", "Globex", "Initech", "Umbrella Labs", "Stark Industries", "Wayne Logistics", "Hooli",
-             "Vandelay Imports", "Soylent Foods", "Tyrell Systems", "Cyberdyne", "Massive Dynamic"]
-PEOPLE = ["Dana Smith", "Lee Wong", "Priya Patel", "Marco Rossi", "Anna Novak", "Tom Becker", "Sara Haddad",
-          "Jonas Berg", "Maria Lopez", "Ken Sato"]
+COMPANIES = [
+    "Acme Corp",
+    "Globex",
+    "Initech",
+    "Umbrella Labs",
+    "Stark Industries",
+    "Wayne Logistics",
+    "Hooli",
+    "Vandelay Imports",
+    "Soylent Foods",
+    "Tyrell Systems",
+    "Cyberdyne",
+    "Massive Dynamic",
+]
+PEOPLE = [
+    "Dana Smith",
+    "Lee Wong",
+    "Priya Patel",
+    "Marco Rossi",
+    "Anna Novak",
+    "Tom Becker",
+    "Sara Haddad",
+    "Jonas Berg",
+    "Maria Lopez",
+    "Ken Sato",
+]
 PLACES = ["Ohio", "Bavaria", "Lyon", "Osaka", "Ontario", "Texas", "Gdansk", "Porto", "Nairobi", "Perth"]
-TOPICS = ["industrial pumps", "cloud storage", "frozen foods", "freight services", "medical imaging",
-          "solar panels", "payroll software", "steel tubing", "pet insurance", "data centres"]
+TOPICS = [
+    "industrial pumps",
+    "cloud storage",
+    "frozen foods",
+    "freight services",
+    "medical imaging",
+    "solar panels",
+    "payroll software",
+    "steel tubing",
+    "pet insurance",
+    "data centres",
+]
 SENTENCES = [
     "{c} reported quarterly revenue of {n1} million dollars, compared with {n2} million a year earlier.",
     "The board approved a dividend of {n3} cents per share and a buyback programme.",
@@ -56,15 +88,35 @@ SENTENCES = [
     "Staff turnover fell and the training budget was increased.",
     "Regulators in {l} approved the new product line after a review.",
 ]
-PARAPHRASE = {"reported": "posted", "remained": "stayed", "opened": "launched", "expect": "anticipate",
-              "improved": "got better", "rose": "increased", "confirmed": "reaffirmed", "reviewed": "examined",
-              "strong": "robust", "lower": "reduced", "said": "stated", "fell": "declined", "stable": "steady",
-              "schedule": "track", "mostly": "chiefly"}
+PARAPHRASE = {
+    "reported": "posted",
+    "remained": "stayed",
+    "opened": "launched",
+    "expect": "anticipate",
+    "improved": "got better",
+    "rose": "increased",
+    "confirmed": "reaffirmed",
+    "reviewed": "examined",
+    "strong": "robust",
+    "lower": "reduced",
+    "said": "stated",
+    "fell": "declined",
+    "stable": "steady",
+    "schedule": "track",
+    "mostly": "chiefly",
+}
 
 
 def document(rng: random.Random) -> tuple[str, dict]:
-    slots = {"c": rng.choice(COMPANIES), "p": rng.choice(PEOPLE), "p2": rng.choice(PEOPLE), "l": rng.choice(PLACES),
-             "l2": rng.choice(PLACES), "t": rng.choice(TOPICS), **{f"n{i}": str(rng.randint(2, 999)) for i in range(1, 7)}}
+    slots = {
+        "c": rng.choice(COMPANIES),
+        "p": rng.choice(PEOPLE),
+        "p2": rng.choice(PEOPLE),
+        "l": rng.choice(PLACES),
+        "l2": rng.choice(PLACES),
+        "t": rng.choice(TOPICS),
+        **{f"n{i}": str(rng.randint(2, 999)) for i in range(1, 7)},
+    }
     order = SENTENCES[:3] + rng.sample(SENTENCES[3:], 12)
     text = " ".join(s.format(**slots) for s in order)
     while len(text) < 1900:
@@ -85,10 +137,15 @@ def should_variant(rng: random.Random, text: str, kind: str) -> str:
 
 def must_not_variant(rng: random.Random, text: str, slots: dict, kind: str) -> str:
     if kind == "negation":
-        return text.replace("The board approved", "The board did not approve", 1) if "board approved" in text \
+        return (
+            text.replace("The board approved", "The board did not approve", 1)
+            if "board approved" in text
             else text.replace(" remained strong", " did not remain strong", 1)
+        )
     if kind == "number":
-        return text.replace(f"revenue of {slots['n1']} million", f"revenue of {int(slots['n1']) + rng.randint(1, 90)} million", 1)
+        return text.replace(
+            f"revenue of {slots['n1']} million", f"revenue of {int(slots['n1']) + rng.randint(1, 90)} million", 1
+        )
     if kind == "entity":
         other = rng.choice([c for c in COMPANIES if c != slots["c"]])
         return text.replace(slots["c"], other)
@@ -130,9 +187,14 @@ def quality(pairs, embedder, config: DedupConfig) -> dict:
             hit = scores >= t
             for guarded in (False, True):
                 h = hit & guard_ok if guarded else hit
-                rows.append({"threshold": t, "guards": guarded,
-                             "reuse_rate": round(float(h[labels].mean()), 4),
-                             "false_reuse_rate": round(float(h[~labels].mean()), 4)})
+                rows.append(
+                    {
+                        "threshold": t,
+                        "guards": guarded,
+                        "reuse_rate": round(float(h[labels].mean()), 4),
+                        "false_reuse_rate": round(float(h[~labels].mean()), 4),
+                    }
+                )
         return rows
 
     out = {"pairs": len(pairs), "near": rates(jac, [0.5, 0.6, 0.7, 0.8, 0.85, 0.9, 0.95])}
@@ -141,19 +203,30 @@ def quality(pairs, embedder, config: DedupConfig) -> dict:
     kinds = {}
     for kind in SHOULD + MUST_NOT:
         idx = [i for i, p in enumerate(pairs) if p[0] == kind]
-        kinds[kind] = {"jaccard_median": round(float(np.median(jac[idx])), 3),
-                       "cosine_median": round(float(np.median(cos[idx])), 3) if cos is not None else None,
-                       "guards_pass": round(float(guard_ok[idx].mean()), 3)}
+        kinds[kind] = {
+            "jaccard_median": round(float(np.median(jac[idx])), 3),
+            "cosine_median": round(float(np.median(cos[idx])), 3) if cos is not None else None,
+            "guards_pass": round(float(guard_ok[idx].mean()), 3),
+        }
     out["by_kind"] = kinds
     return out
 
 
 def keyed(texts: list[str], config: DedupConfig) -> pa.Table:
     n = len(texts)
-    table = pa.table({"id": [f"d{i}" for i in range(n)], "tenant": ["t"] * n, "text": texts,
-                      "partition": ["p"] * n, "tier": ["small"] * n})
+    table = pa.table(
+        {
+            "id": [f"d{i}" for i in range(n)],
+            "tenant": ["t"] * n,
+            "text": texts,
+            "partition": ["p"] * n,
+            "tier": ["small"] * n,
+        }
+    )
     table = add_content_hashes(table, config)
-    return add_item_keys(table, PromptConfig(), SamplingConfig(), {"small": TierConfig(model="m", price_per_gpu_hour=1)})
+    return add_item_keys(
+        table, PromptConfig(), SamplingConfig(), {"small": TierConfig(model="m", price_per_gpu_hour=1)}
+    )
 
 
 def throughput(n: int, embedder) -> dict:
@@ -187,7 +260,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--pairs", type=int, default=400)
     parser.add_argument("--docs", type=int, default=20_000)
-    parser.add_argument("--embedder", default=None, help="static embedder folder (default: $TOKENMILL_HOME/models/static-minilm)")
+    parser.add_argument(
+        "--embedder", default=None, help="static embedder folder (default: $TOKENMILL_HOME/models/static-minilm)"
+    )
     args = parser.parse_args()
     from pipeline.config import tokenmill_home
     from pipeline.dedup.embed import EmbedderError, StaticEmbedder
@@ -197,8 +272,13 @@ def main() -> None:
     except EmbedderError as e:
         print(f"semantic figures skipped: {e}", file=sys.stderr)
         embedder = None
-    emit("reuse_quality", {"quality": quality(labelled_pairs(args.pairs), embedder, DedupConfig()),
-                           "throughput": throughput(args.docs, embedder)})
+    emit(
+        "reuse_quality",
+        {
+            "quality": quality(labelled_pairs(args.pairs), embedder, DedupConfig()),
+            "throughput": throughput(args.docs, embedder),
+        },
+    )
 
 
 if __name__ == "__main__":

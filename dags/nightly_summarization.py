@@ -44,8 +44,12 @@ def _job():
     catchup=False,
     max_active_runs=1,
     tags=["tokenmill"],
-    default_args={"retries": RUN.retries, "retry_delay": timedelta(seconds=RUN.retry_delay_seconds),
-                  "retry_exponential_backoff": True, "max_retry_delay": timedelta(minutes=15)},
+    default_args={
+        "retries": RUN.retries,
+        "retry_delay": timedelta(seconds=RUN.retry_delay_seconds),
+        "retry_exponential_backoff": True,
+        "max_retry_delay": timedelta(minutes=15),
+    },
     params={
         "config": Param(CONFIG, type="string", description="tokenmill YAML config on the workers"),
         "input_uri": Param(None, type=["null", "string"], description="overrides input.uri; {date} = run date"),
@@ -95,9 +99,16 @@ def nightly_summarization():
     prepared = prepare.expand(partition=partitions)
     committed = commit.expand(partition=partitions)
     for tier, replicas in TIER_WORKERS.items():
-        workers = drain.override(task_id=f"drain_{tier}", pool=f"gpu-{tier}", queue=f"gpu-{tier}",
-                                 map_index_template=f"{tier} {{{{ task.op_kwargs['replica'] }}}}") \
-            .partial(tier=tier).expand(replica=list(range(replicas)))
+        workers = (
+            drain.override(
+                task_id=f"drain_{tier}",
+                pool=f"gpu-{tier}",
+                queue=f"gpu-{tier}",
+                map_index_template=f"{tier} {{{{ task.op_kwargs['replica'] }}}}",
+            )
+            .partial(tier=tier)
+            .expand(replica=list(range(replicas)))
+        )
         prepared >> workers >> committed
     manifest = summary()
     committed >> manifest

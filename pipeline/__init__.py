@@ -18,6 +18,15 @@ from pipeline.job.context import JobContext
 from pipeline.job.lifecycle import Job, JobError, JobResult, run_job
 from pipeline.plan.estimate import estimate_job
 
-__all__ = ["ConfigError", "TokenmillConfig", "load_config", "estimate_job", "run_job", "Job", "JobContext", "JobError",
-           "JobResult"]
+__all__ = [
+    "ConfigError",
+    "TokenmillConfig",
+    "load_config",
+    "estimate_job",
+    "run_job",
+    "Job",
+    "JobContext",
+    "JobError",
+    "JobResult",
+]
 __version__ = "0.1.0"

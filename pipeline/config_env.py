@@ -34,6 +34,7 @@ _VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_]*)\}")
 
 def expand(value: Any, environ: dict[str, str]) -> Any:
     if isinstance(value, str):
+
         def sub(m: re.Match) -> str:
             name = m.group(1)
             if name == "TOKENMILL_HOME":
@@ -41,6 +42,7 @@ def expand(value: Any, environ: dict[str, str]) -> Any:
             if name not in environ:
                 raise ConfigError(f"${{{name}}} is used in the config but not set in the environment")
             return environ[name]
+
         return _VAR.sub(sub, value)
     if isinstance(value, dict):
         return {k: expand(v, environ) for k, v in value.items()}
@@ -56,7 +58,7 @@ def expand_defaults(model: BaseModel, environ: dict[str, str]) -> None:
     Assignment re-validates each field changed."""
     for name in type(model).model_fields:
         value = getattr(model, name)
-        nested = (value.values() if isinstance(value, dict) else value if isinstance(value, list) else [value])
+        nested = value.values() if isinstance(value, dict) else value if isinstance(value, list) else [value]
         models = [v for v in nested if isinstance(v, BaseModel)]
         if models:
             for child in models:
@@ -82,7 +84,7 @@ def apply_env_overrides(raw: dict, environ: dict[str, str]) -> dict:
     for name, value in sorted(environ.items()):
         if not name.startswith(ENV_PREFIX) or "__" not in name:
             continue
-        path = [p.lower() for p in name[len(ENV_PREFIX):].split("__")]
+        path = [p.lower() for p in name[len(ENV_PREFIX) :].split("__")]
         node = raw
         for key in path[:-1]:
             child = node.get(key)
@@ -101,7 +103,8 @@ def renamed_overrides(environ: dict[str, str]) -> str | None:
     if not names:
         return None
     return "environment overrides of section `plan` are now of `requests`: rename " + ", ".join(
-        f"{n} to {ENV_PREFIX}REQUESTS__{n[len(old):]}" for n in names)
+        f"{n} to {ENV_PREFIX}REQUESTS__{n[len(old) :]}" for n in names
+    )
 
 
 # -- secrets out ---------------------------------------------------------------------------------------
@@ -124,7 +127,7 @@ def url_credentials(url: str) -> tuple[str, str, str, str] | None:
     if at < 0 or ":" not in rest[:at]:
         return None  # no userinfo, or a user name alone (shown, as database tools do)
     user, password = rest[:at].split(":", 1)
-    return head, user, password, rest[at + 1:]
+    return head, user, password, rest[at + 1 :]
 
 
 def redact_url(url: str) -> str:
@@ -173,7 +176,9 @@ def url_error(e: BaseException, url: str | None) -> str:
     A parse error's own message quotes the piece of the URL it could not read, which may be part of a
     password: it is replaced by what to do about it."""
     if url and isinstance(e, ValueError):
-        return (f"{type(e).__name__}: the URL cannot be parsed (percent-encode '/', '?', '#', '@' and '%' "
-                f"in a user name or password: %2F, %3F, %23, %40, %25)")
+        return (
+            f"{type(e).__name__}: the URL cannot be parsed (percent-encode '/', '?', '#', '@' and '%' "
+            f"in a user name or password: %2F, %3F, %23, %40, %25)"
+        )
     message = str(e).splitlines()[0] if str(e) else ""
     return f"{type(e).__name__}: {scrub(message, url)}" if message else type(e).__name__

@@ -40,8 +40,13 @@ def clean_text(text: str, boilerplate: list[re.Pattern] = ()) -> str:
     for pattern in boilerplate:
         text = pattern.sub(" ", text)
     # Fast path (most documents): ASCII with single spaces only is already collapsed; split/join costs 4x more.
-    if (text.isascii() and "  " not in text and text[:1] != " " and text[-1:] != " "
-            and not any(c in text for c in _ASCII_SPACE)):
+    if (
+        text.isascii()
+        and "  " not in text
+        and text[:1] != " "
+        and text[-1:] != " "
+        and not any(c in text for c in _ASCII_SPACE)
+    ):
         return text
     return " ".join(text.split())
 
@@ -80,8 +85,9 @@ def recipe_hash(model: str, prompt: PromptConfig, sampling: SamplingConfig, adap
     JSON is an unambiguous encoding of the parts already (strings quoted and escaped). Without an
     adapter the parts are what they were before adapters existed, so those keys did not change."""
     parts = [model, prompt.template_version, prompt.system, prompt.user, sampling.keyed()]
-    return xxhash.xxh3_64_hexdigest(json.dumps(parts + ([adapter_digest] if adapter_digest else []),
-                                               sort_keys=True).encode())
+    return xxhash.xxh3_64_hexdigest(
+        json.dumps(parts + ([adapter_digest] if adapter_digest else []), sort_keys=True).encode()
+    )
 
 
 @functools.lru_cache(maxsize=64)
@@ -103,8 +109,10 @@ def adapter_digest(folder: str | None) -> str | None:
     path = Path(folder).expanduser()
     files = [path / n for n in ("adapter_config.json", "adapter_model.safetensors", "adapter_model.bin")]
     if not files[0].exists() or not (files[1].exists() or files[2].exists()):
-        raise FileNotFoundError(f"LoRA adapter {folder}: no adapter_config.json and adapter_model.safetensors there "
-                                "(build a demo one: tokenmill models adapter)")
+        raise FileNotFoundError(
+            f"LoRA adapter {folder}: no adapter_config.json and adapter_model.safetensors there "
+            "(build a demo one: tokenmill models adapter)"
+        )
     return _digest(str(path), tuple((f.name, f.stat().st_mtime_ns, f.stat().st_size) for f in files if f.exists()))
 
 
@@ -121,8 +129,19 @@ def _adapter_digests(config: TokenmillConfig) -> dict[str, str]:
 def config_fingerprint(config: TokenmillConfig) -> str:
     """Hash of everything in `config` that changes outputs or costs (not where they are read from or
     written to), adapters' contents included: an adapter retrained in place changes outputs too."""
-    data = config.model_dump(mode="json", exclude={"input": {"uri"}, "output": {"uri"}, "run": True, "state": True,
-                                                   "storage": True, "budget": True, "cache": True, "planning": True})
+    data = config.model_dump(
+        mode="json",
+        exclude={
+            "input": {"uri"},
+            "output": {"uri"},
+            "run": True,
+            "state": True,
+            "storage": True,
+            "budget": True,
+            "cache": True,
+            "planning": True,
+        },
+    )
     if any(t.adapter for t in config.tenants.values()):
         data["adapter_digests"] = _adapter_digests(config)
     return hashlib.sha256(json.dumps(data, sort_keys=True).encode()).hexdigest()[:16]
@@ -148,8 +167,13 @@ def item_key(recipe: str, content: str) -> str:
 AdapterOf = Callable[[str, str], str | None]  # (tenant, tier) -> the adapter folder its requests run with
 
 
-def add_item_keys(records: pa.Table, prompt: PromptConfig, sampling: SamplingConfig, tiers: dict,
-                  adapter_of: AdapterOf = lambda tenant, tier: None) -> pa.Table:
+def add_item_keys(
+    records: pa.Table,
+    prompt: PromptConfig,
+    sampling: SamplingConfig,
+    tiers: dict,
+    adapter_of: AdapterOf = lambda tenant, tier: None,
+) -> pa.Table:
     """Add `recipe` (hash of model, adapter, prompt and sampling) and `item_key`, the content address of a request.
 
     Two records with equal keys get the same output (greedy decoding), so one generation serves
@@ -157,12 +181,15 @@ def add_item_keys(records: pa.Table, prompt: PromptConfig, sampling: SamplingCon
     tenant's adapter or the sampling parameters changes every key: nothing stale is reused.
     """
     tiers_of, tenants = records["tier"].to_pylist(), records["tenant"].to_pylist()
-    recipe = {(t, n): recipe_hash(tiers[t].generator, prompt, sampling, adapter_digest(adapter_of(n, t)))
-              for t, n in set(zip(tiers_of, tenants))}
+    recipe = {
+        (t, n): recipe_hash(tiers[t].generator, prompt, sampling, adapter_digest(adapter_of(n, t)))
+        for t, n in set(zip(tiers_of, tenants))
+    }
     recipes = [recipe[t, n] for t, n in zip(tiers_of, tenants)]
     keys = [item_key(r, h) for r, h in zip(recipes, records["content_hash"].to_pylist())]
-    return (records.append_column("recipe", pa.array(recipes, pa.string()))
-            .append_column("item_key", pa.array(keys, pa.string())))
+    return records.append_column("recipe", pa.array(recipes, pa.string())).append_column(
+        "item_key", pa.array(keys, pa.string())
+    )
 
 
 def escalation_key(key: str, tier: str, adapter_digest: str | None = None) -> str:

@@ -59,6 +59,7 @@ class AirflowError(RuntimeError):
 
 # The metadata database ---------------------------------------------------------------------------
 
+
 @contextlib.contextmanager
 def airflow_database(admin_url: str, prefix: str = "airflow_test") -> Iterator[str]:
     """A fresh, empty PostgreSQL database `<prefix>_<random>` on the server `admin_url` names (a
@@ -82,6 +83,7 @@ def airflow_database(admin_url: str, prefix: str = "airflow_test") -> Iterator[s
 
 
 # Engine lock -------------------------------------------------------------------------------------
+
 
 @contextlib.contextmanager
 def engine_lock(timeout: float = 1800.0, path: str = ENGINE_LOCK) -> Iterator[None]:
@@ -210,14 +212,23 @@ def _end_with_parent() -> None:
 
 # The deployment ----------------------------------------------------------------------------------
 
+
 class AirflowDeployment:
     """api-server + scheduler (LocalExecutor) + dag-processor under an isolated AIRFLOW_HOME."""
 
     USER = "tokenmill-test"
 
-    def __init__(self, home: Path, dags_folder: Path, sql_alchemy_conn: str, env: dict[str, str] | None = None,
-                 parallelism: int = 8, python: str = sys.executable, drop_env: tuple[str, ...] = ("AIRFLOW",),
-                 preload: tuple[str, ...] = ()):
+    def __init__(
+        self,
+        home: Path,
+        dags_folder: Path,
+        sql_alchemy_conn: str,
+        env: dict[str, str] | None = None,
+        parallelism: int = 8,
+        python: str = sys.executable,
+        drop_env: tuple[str, ...] = ("AIRFLOW",),
+        preload: tuple[str, ...] = (),
+    ):
         """env: added to the services' environment (and so to every task process's); drop_env: prefixes
         of this process's variables the services do not inherit (pass `env` the ones to keep); preload:
         modules the scheduler imports at start, so that the task processes it forks have them (each
@@ -240,38 +251,41 @@ class AirflowDeployment:
         own), plus the deployment's settings and the caller's `env` (which task processes inherit)."""
         env = {k: v for k, v in os.environ.items() if not k.startswith(self.drop_env)}
         passwords = self.home / "passwords.json"
-        env.update({
-            "AIRFLOW_HOME": str(self.home),
-            "AIRFLOW__CORE__DAGS_FOLDER": str(self.dags_folder),
-            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-            "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
-            "AIRFLOW__CORE__PARALLELISM": str(self.parallelism),
-            "AIRFLOW__CORE__DAGBAG_IMPORT_TIMEOUT": "180",
-            "AIRFLOW__CORE__DAG_FILE_PROCESSOR_TIMEOUT": "240",
-            "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": self.conn,
-            "AIRFLOW__DATABASE__CHECK_MIGRATIONS": "False",  # migrated once, before the services start
-            # The api-server, and where tasks find its execution API: both must name this port.
-            "AIRFLOW__API__HOST": "127.0.0.1",
-            "AIRFLOW__API__PORT": str(self.port),
-            "AIRFLOW__API__WORKERS": "1",
-            "AIRFLOW__API__BASE_URL": f"{self.url}/",
-            "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.url}/execution/",
-            # Shared secrets: the scheduler signs the tokens the api-server checks.
-            "AIRFLOW__API_AUTH__JWT_SECRET": self.jwt_secret,
-            "AIRFLOW__API__SECRET_KEY": self.jwt_secret,
-            "AIRFLOW__CORE__AUTH_MANAGER":
-                "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager",
-            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{self.USER}:admin",
-            "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords),
-            # Only triggered runs: unpausing the DAG must not start a scheduled one beside the test's.
-            "AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE": "False",
-            # Find the dags folder's files at once (default: every 300 s), then leave a parsed file alone
-            # (default: parsed again every 30 s, each time importing pipeline: CPU a test needs).
-            "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
-            "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "600",
-            "AIRFLOW__DAG_PROCESSOR__PARSING_PROCESSES": "1",
-            "AIRFLOW__LOGGING__BASE_LOG_FOLDER": str(self.home / "logs"),
-        })
+        env.update(
+            {
+                "AIRFLOW_HOME": str(self.home),
+                "AIRFLOW__CORE__DAGS_FOLDER": str(self.dags_folder),
+                "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+                "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+                "AIRFLOW__CORE__PARALLELISM": str(self.parallelism),
+                "AIRFLOW__CORE__DAGBAG_IMPORT_TIMEOUT": "180",
+                "AIRFLOW__CORE__DAG_FILE_PROCESSOR_TIMEOUT": "240",
+                "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN": self.conn,
+                "AIRFLOW__DATABASE__CHECK_MIGRATIONS": "False",  # migrated once, before the services start
+                # The api-server, and where tasks find its execution API: both must name this port.
+                "AIRFLOW__API__HOST": "127.0.0.1",
+                "AIRFLOW__API__PORT": str(self.port),
+                "AIRFLOW__API__WORKERS": "1",
+                "AIRFLOW__API__BASE_URL": f"{self.url}/",
+                "AIRFLOW__CORE__EXECUTION_API_SERVER_URL": f"{self.url}/execution/",
+                # Shared secrets: the scheduler signs the tokens the api-server checks.
+                "AIRFLOW__API_AUTH__JWT_SECRET": self.jwt_secret,
+                "AIRFLOW__API__SECRET_KEY": self.jwt_secret,
+                "AIRFLOW__CORE__AUTH_MANAGER": (
+                    "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager"
+                ),
+                "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_USERS": f"{self.USER}:admin",
+                "AIRFLOW__CORE__SIMPLE_AUTH_MANAGER_PASSWORDS_FILE": str(passwords),
+                # Only triggered runs: unpausing the DAG must not start a scheduled one beside the test's.
+                "AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE": "False",
+                # Find the dags folder's files at once (default: every 300 s), then leave a parsed file alone
+                # (default: parsed again every 30 s, each time importing pipeline: CPU a test needs).
+                "AIRFLOW__DAG_PROCESSOR__REFRESH_INTERVAL": "5",
+                "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "600",
+                "AIRFLOW__DAG_PROCESSOR__PARSING_PROCESSES": "1",
+                "AIRFLOW__LOGGING__BASE_LOG_FOLDER": str(self.home / "logs"),
+            }
+        )
         if (async_url := _async_url(self.conn)) is not None:
             env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN_ASYNC"] = async_url
         env.update(self.extra_env)
@@ -279,8 +293,14 @@ class AirflowDeployment:
 
     def airflow(self, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
         """Run one `airflow` CLI command against this deployment (raises on a non-zero exit)."""
-        done = subprocess.run([self.python, "-m", "airflow", *args], env=self.environ(), cwd=self.home,
-                              capture_output=True, text=True, timeout=timeout)
+        done = subprocess.run(
+            [self.python, "-m", "airflow", *args],
+            env=self.environ(),
+            cwd=self.home,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
         if done.returncode:
             raise AirflowError(f"airflow {' '.join(args)} exited {done.returncode}:\n{done.stderr[-4000:]}")
         return done
@@ -296,12 +316,20 @@ class AirflowDeployment:
             env = self.environ()
             for name in SERVICES:
                 log = open(self.home / f"{name}.log", "ab")
-                args = [name] + (["--host", "127.0.0.1", "--port", str(self.port), "--workers", "1"]
-                                 if name == "api-server" else [])
+                args = [name] + (
+                    ["--host", "127.0.0.1", "--port", str(self.port), "--workers", "1"] if name == "api-server" else []
+                )
                 # A session of its own: stop() ends the service's whole process group.
-                self.procs[name] = subprocess.Popen([self.python, "-m", "airflow", *args], env=env, cwd=self.home,
-                                                    stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
-                                                    start_new_session=True, preexec_fn=_end_with_parent)
+                self.procs[name] = subprocess.Popen(
+                    [self.python, "-m", "airflow", *args],
+                    env=env,
+                    cwd=self.home,
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    start_new_session=True,
+                    preexec_fn=_end_with_parent,
+                )
                 log.close()
             self.wait_healthy(timeout)
         except BaseException:
@@ -320,7 +348,8 @@ class AirflowDeployment:
             "# Written by tests/airflow_deploy.py: modules the scheduler's forked task processes inherit.\n"
             "import importlib\nimport sys\n\n"
             f"if 'scheduler' in sys.argv[1:2]:\n    for name in {list(self.preload)!r}:\n"
-            "        importlib.import_module(name)\n")
+            "        importlib.import_module(name)\n"
+        )
 
     def wait_healthy(self, timeout: float = 240) -> dict:
         deadline, health = time.monotonic() + timeout, None
@@ -328,8 +357,10 @@ class AirflowDeployment:
             self.check_alive()
             try:
                 health = self._client.get("/api/v2/monitor/health").json()
-                if all((health.get(k) or {}).get("status") == "healthy"
-                       for k in ("metadatabase", "scheduler", "dag_processor")):
+                if all(
+                    (health.get(k) or {}).get("status") == "healthy"
+                    for k in ("metadatabase", "scheduler", "dag_processor")
+                ):
                     return health
             except (httpx.HTTPError, ValueError):
                 pass
@@ -395,18 +426,26 @@ class AirflowDeployment:
             self._token = r.json()["access_token"]
         return self._token
 
-    def api(self, method: str, path: str, json_body: dict | None = None, params: dict | None = None,
-            ok: tuple[int, ...] = (200, 201, 204)):
+    def api(
+        self,
+        method: str,
+        path: str,
+        json_body: dict | None = None,
+        params: dict | None = None,
+        ok: tuple[int, ...] = (200, 201, 204),
+    ):
         """One authenticated REST call under /api/v2; returns the decoded JSON (None when empty)."""
-        r = self._client.request(method, f"/api/v2{path}", json=json_body, params=params,
-                                 headers={"Authorization": f"Bearer {self.token}"})
+        r = self._client.request(
+            method, f"/api/v2{path}", json=json_body, params=params, headers={"Authorization": f"Bearer {self.token}"}
+        )
         if r.status_code not in ok:
             raise AirflowError(f"{method} /api/v2{path}: {r.status_code} {r.text[:2000]}")
         return r.json() if r.content else None
 
     def create_pool(self, name: str, slots: int, description: str = "") -> dict:
-        return self.api("POST", "/pools", {"name": name, "slots": slots, "description": description,
-                                           "include_deferred": False})
+        return self.api(
+            "POST", "/pools", {"name": name, "slots": slots, "description": description, "include_deferred": False}
+        )
 
     def import_errors(self) -> list[dict]:
         return self.api("GET", "/importErrors", params={"limit": 100})["import_errors"]
@@ -418,8 +457,9 @@ class AirflowDeployment:
             self.check_alive()
             errors = self.import_errors()
             if errors:
-                raise AirflowError("DAG import errors:\n" + "\n".join(f"{e['filename']}: {e['stack_trace']}"
-                                                                      for e in errors))
+                raise AirflowError(
+                    "DAG import errors:\n" + "\n".join(f"{e['filename']}: {e['stack_trace']}" for e in errors)
+                )
             dag = self.api("GET", f"/dags/{dag_id}", ok=(200, 404))
             if dag and dag.get("dag_id") == dag_id:
                 tasks = self.api("GET", f"/dags/{dag_id}/tasks", ok=(200, 404))
@@ -452,13 +492,16 @@ class AirflowDeployment:
             if run["state"] in FINISHED:
                 return run
             if time.monotonic() > deadline:
-                raise AirflowError(f"run {run_id} still {run['state']} after {timeout:.0f} s: "
-                                   f"{self.task_states(dag_id, run_id)}\n{self.log_tails()}")
+                raise AirflowError(
+                    f"run {run_id} still {run['state']} after {timeout:.0f} s: "
+                    f"{self.task_states(dag_id, run_id)}\n{self.log_tails()}"
+                )
             time.sleep(poll)
 
     def task_instances(self, dag_id: str, run_id: str) -> list[dict]:
-        return self.api("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances",
-                        params={"limit": 1000})["task_instances"]
+        return self.api("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances", params={"limit": 1000})[
+            "task_instances"
+        ]
 
     def task_states(self, dag_id: str, run_id: str) -> dict[tuple[str, str | None], str | None]:
         """(task_id, rendered map index or None) -> state; a mapped task's instances by their names."""
@@ -469,16 +512,23 @@ class AirflowDeployment:
         return out
 
     def map_index(self, dag_id: str, run_id: str, task_id: str, rendered: str) -> int:
-        found = [ti["map_index"] for ti in self.task_instances(dag_id, run_id)
-                 if ti["task_id"] == task_id and ti.get("rendered_map_index") == rendered]
+        found = [
+            ti["map_index"]
+            for ti in self.task_instances(dag_id, run_id)
+            if ti["task_id"] == task_id and ti.get("rendered_map_index") == rendered
+        ]
         if len(found) != 1:
             raise AirflowError(f"{task_id}[{rendered}]: {len(found)} task instances")
         return found[0]
 
     def xcom(self, dag_id: str, run_id: str, task_id: str, map_index: int = -1, key: str = "return_value"):
         """A task instance's XCom value, deserialised (JSON-able values come back as they were pushed)."""
-        entry = self.api("GET", f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/xcomEntries/{key}",
-                         params={"map_index": map_index, "deserialize": True}, ok=(200, 404))
+        entry = self.api(
+            "GET",
+            f"/dags/{dag_id}/dagRuns/{run_id}/taskInstances/{task_id}/xcomEntries/{key}",
+            params={"map_index": map_index, "deserialize": True},
+            ok=(200, 404),
+        )
         if entry is None or "value" not in entry:
             return None
         value = entry["value"]
@@ -487,15 +537,23 @@ class AirflowDeployment:
                 return json.loads(value)
         return value
 
-    def clear(self, dag_id: str, run_id: str, task_ids: list, include_downstream: bool = True,
-              only_failed: bool = False) -> list[dict]:
+    def clear(
+        self, dag_id: str, run_id: str, task_ids: list, include_downstream: bool = True, only_failed: bool = False
+    ) -> list[dict]:
         """Clear task instances (names or [task_id, map_index] pairs) of one run, so they run again."""
-        body = {"dag_run_id": run_id, "task_ids": task_ids, "include_downstream": include_downstream,
-                "only_failed": only_failed, "dry_run": False, "reset_dag_runs": True}
+        body = {
+            "dag_run_id": run_id,
+            "task_ids": task_ids,
+            "include_downstream": include_downstream,
+            "only_failed": only_failed,
+            "dry_run": False,
+            "reset_dag_runs": True,
+        }
         return self.api("POST", f"/dags/{dag_id}/clearTaskInstances", body)["task_instances"]
 
-    def task_log(self, dag_id: str, run_id: str, task_id: str, map_index: int = -1,
-                 try_number: int | None = None) -> str:
+    def task_log(
+        self, dag_id: str, run_id: str, task_id: str, map_index: int = -1, try_number: int | None = None
+    ) -> str:
         """A task instance's log file (the latest try unless `try_number`), read from the log folder."""
         folder = self.home / "logs" / f"dag_id={dag_id}" / f"run_id={run_id}" / f"task_id={task_id}"
         if map_index >= 0:

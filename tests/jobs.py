@@ -22,18 +22,32 @@ from tests.conftest import FAKE_ENGINE, ONE_TIER, REPO, read_kind
 
 
 def cli_env(tiny_models, tmp_path, engine: str = "fake", **extra) -> dict:
-    """The environment of a `tokenmill` subprocess on the tiny config under `tmp_path`; `extra`: section__field=value."""
-    env = {**os.environ, "TOKENMILL_HOME": str(tiny_models.parent), "TOKENMILL_STATE__URL": f"sqlite:///{tmp_path}/state.db",
-           "TOKENMILL_CACHE__PATH": str(tmp_path / "cache"),
-           **ONE_TIER, **(FAKE_ENGINE if engine == "fake" else {}),
-           "TOKENMILL_INPUT__URI": str(tmp_path / "input"), "TOKENMILL_OUTPUT__URI": str(tmp_path / "output")}
+    """The environment of a `tokenmill` subprocess on the tiny config under `tmp_path`; `extra`:
+    section__field=value."""
+    env = {
+        **os.environ,
+        "TOKENMILL_HOME": str(tiny_models.parent),
+        "TOKENMILL_STATE__URL": f"sqlite:///{tmp_path}/state.db",
+        "TOKENMILL_CACHE__PATH": str(tmp_path / "cache"),
+        **ONE_TIER,
+        **(FAKE_ENGINE if engine == "fake" else {}),
+        "TOKENMILL_INPUT__URI": str(tmp_path / "input"),
+        "TOKENMILL_OUTPUT__URI": str(tmp_path / "output"),
+    }
     env.update({f"TOKENMILL_{k.upper()}": str(v) for k, v in extra.items()})
     return env
 
 
 def start_cli(args, env) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "pipeline.cli", *args], env=env, cwd=REPO, start_new_session=True,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, "-m", "pipeline.cli", *args],
+        env=env,
+        cwd=REPO,
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def wait_for(condition, proc, limit: float = 120.0) -> bool:
@@ -64,8 +78,11 @@ def assert_exactly_once(output, job_id, corpus, state_db):
     assert len(expected) == len(corpus["ids"])
     out_ids = outputs["id"].to_pylist()
     assert len(set(out_ids)) == len(out_ids) == ledger.num_rows and set(ledger["id"].to_pylist()) == set(out_ids)
-    good_quarantined = [i for i, reason in zip(quarantine["id"].to_pylist(), quarantine["reason"].to_pylist())
-                        if i in expected and reason != "duplicate_id"]  # a duplicate_id row is the bad second use
+    good_quarantined = [
+        i
+        for i, reason in zip(quarantine["id"].to_pylist(), quarantine["reason"].to_pylist())
+        if i in expected and reason != "duplicate_id"
+    ]  # a duplicate_id row is the bad second use
     assert not set(out_ids) & set(good_quarantined)  # outputs and quarantine are disjoint
     assert len(set(good_quarantined)) == len(good_quarantined)
     assert set(out_ids) | set(good_quarantined) == expected  # every good record ends somewhere, nothing else does
@@ -74,13 +91,20 @@ def assert_exactly_once(output, job_id, corpus, state_db):
     generated = [r for r in ledger.to_pylist() if r["source"] == "generated"]
     # One item per attempt and per chunk summary, all charged to the record that generated them.
     assert sum(r["attempts"] + r["chunks"] for r in generated) == scalar(
-        state_db, f"select count(*) from items where job_id='{job_id}' and origin is null")
+        state_db, f"select count(*) from items where job_id='{job_id}' and origin is null"
+    )
     assert sum(r["busy_gpu_seconds"] for r in generated) == pytest.approx(
-        scalar(state_db, f"select sum(gpu_seconds) from items where job_id='{job_id}'"))
+        scalar(state_db, f"select sum(gpu_seconds) from items where job_id='{job_id}'")
+    )
     # Every GPU-second the job's engines were held is in exactly one ledger row, and priced at its tier.
     with sqlite3.connect(state_db, timeout=30) as c:
-        held = c.execute("select sum((startup_seconds + busy_seconds + idle_seconds) * gpus) from engine_sessions "
-                         f"where job_id='{job_id}'").fetchone()[0] or 0.0
+        held = (
+            c.execute(
+                "select sum((startup_seconds + busy_seconds + idle_seconds) * gpus) from engine_sessions "
+                f"where job_id='{job_id}'"
+            ).fetchone()[0]
+            or 0.0
+        )
     by_kind: dict[str, float] = {}
     for r in full_ledger.to_pylist():
         by_kind[r["kind"]] = by_kind.get(r["kind"], 0.0) + r["gpu_seconds"]
@@ -141,8 +165,9 @@ def check_a_two_tier_job(make_config, sample_corpus, tmp_path) -> None:
     for row in ledger.to_pylist():
         if not row["escalated"]:  # escalated rows carry the blended price of their two attempts
             assert row["price_per_gpu_hour"] == config.tiers[row["tier"]].price_per_gpu_hour
-        assert row["cost_usd"] == pytest.approx(row["gpu_seconds"] * row["price_per_gpu_hour"] / 3600, rel=1e-9,
-                                                abs=1e-15)
+        assert row["cost_usd"] == pytest.approx(
+            row["gpu_seconds"] * row["price_per_gpu_hour"] / 3600, rel=1e-9, abs=1e-15
+        )
         if row["source"] == "duplicate_in_job":
             assert row["cost_usd"] == 0 and row["baseline_cost_usd"] > 0
     assert m["cost"]["saved_usd"] == pytest.approx(m["cost"]["baseline_cost_usd"] - m["cost"]["cost_usd"])

@@ -11,8 +11,10 @@ import threading
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import unquote, urlparse
 
-SLOW_DOWN = (b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
-             b"<Message>Please reduce your request rate.</Message></Error>")
+SLOW_DOWN = (
+    b'<?xml version="1.0" encoding="UTF-8"?><Error><Code>SlowDown</Code>'
+    b"<Message>Please reduce your request rate.</Message></Error>"
+)
 
 
 class FlakyS3Proxy:
@@ -53,8 +55,11 @@ class FlakyS3Proxy:
                     self.wfile.write(SLOW_DOWN)
                     return
                 conn = http.client.HTTPConnection(proxy.upstream.hostname, proxy.upstream.port, timeout=30)
-                headers = {k: v for k, v in self.headers.items()
-                           if k.lower() not in ("connection", "transfer-encoding", "content-length")}
+                headers = {
+                    k: v
+                    for k, v in self.headers.items()
+                    if k.lower() not in ("connection", "transfer-encoding", "content-length")
+                }
                 headers["Content-Length"] = str(len(body))
                 conn.request(self.command, self.path, body=body, headers=headers)
                 resp = conn.getresponse()

@@ -64,8 +64,10 @@ def unprivileged_user():
             return pwd.getpwnam(name)
         except KeyError:
             continue
-    raise RuntimeError(f"tests run as root and no user {' or '.join(UNPRIVILEGED_USERS)} exists to run "
-                       "PostgreSQL as (initdb refuses root): useradd postgres")
+    raise RuntimeError(
+        f"tests run as root and no user {' or '.join(UNPRIVILEGED_USERS)} exists to run "
+        "PostgreSQL as (initdb refuses root): useradd postgres"
+    )
 
 
 class ThrowawayPostgres:
@@ -90,12 +92,16 @@ class ThrowawayPostgres:
             if self.copy or (self.copy is None and not self._runnable()):
                 self.bindir = self._copy_binaries()
         data = self.root / "data"
-        self._run("initdb", "-D", str(data), "-U", "postgres", "--auth=trust", "--encoding=UTF8",
-                  "--locale=C", "--no-sync")
-        options = (f"-h 127.0.0.1 -p {self.port} -k {self.root} -c fsync=off -c synchronous_commit=off "
-                   "-c full_page_writes=off -c max_connections=200")
-        self._run("pg_ctl", "-D", str(data), "-l", str(self.root / "server.log"), "-w", "-t", "60",
-                  "-o", options, "start")
+        self._run(
+            "initdb", "-D", str(data), "-U", "postgres", "--auth=trust", "--encoding=UTF8", "--locale=C", "--no-sync"
+        )
+        options = (
+            f"-h 127.0.0.1 -p {self.port} -k {self.root} -c fsync=off -c synchronous_commit=off "
+            "-c full_page_writes=off -c max_connections=200"
+        )
+        self._run(
+            "pg_ctl", "-D", str(data), "-l", str(self.root / "server.log"), "-w", "-t", "60", "-o", options, "start"
+        )
 
     def stop(self) -> None:
         if self.root is None:
@@ -108,8 +114,15 @@ class ThrowawayPostgres:
     def _run(self, program: str, *args: str, check: bool = True) -> None:
         # Output to a file, not a pipe: the server pg_ctl starts would inherit a pipe and hold it open.
         with tempfile.TemporaryFile("w+") as out:
-            rc = subprocess.run([str(self.bindir / program), *args], stdout=out, stderr=subprocess.STDOUT,
-                                stdin=subprocess.DEVNULL, cwd=self.root, timeout=120, **self.run_as).returncode
+            rc = subprocess.run(
+                [str(self.bindir / program), *args],
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                cwd=self.root,
+                timeout=120,
+                **self.run_as,
+            ).returncode
             out.seek(0)
             text = out.read()
         if rc and check:
@@ -119,8 +132,16 @@ class ThrowawayPostgres:
 
     def _runnable(self) -> bool:
         try:
-            return subprocess.run([str(self.bindir / "postgres"), "--version"], capture_output=True,
-                                  cwd=self.root, timeout=30, **self.run_as).returncode == 0
+            return (
+                subprocess.run(
+                    [str(self.bindir / "postgres"), "--version"],
+                    capture_output=True,
+                    cwd=self.root,
+                    timeout=30,
+                    **self.run_as,
+                ).returncode
+                == 0
+            )
         except OSError:
             return False
 

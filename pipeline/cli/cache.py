@@ -10,8 +10,10 @@ from pipeline.cli.common import ConfigOption, cache_app, fail, load
 
 
 @cache_app.command("forget")
-def cache_forget(config: Path = ConfigOption,
-                 tenant: str = typer.Option(..., "--tenant", help="The tenant, exactly as its records name it (no pattern).")) -> None:
+def cache_forget(
+    config: Path = ConfigOption,
+    tenant: str = typer.Option(..., "--tenant", help="The tenant, exactly as its records name it (no pattern)."),
+) -> None:
     """Remove exactly one tenant's cached outputs and index segments from the configured cache store."""
     from pipeline.config_env import url_error
     from pipeline.keys import tenant_scope
@@ -29,8 +31,13 @@ def cache_forget(config: Path = ConfigOption,
         fail(f"cache {where} failed: {url_error(e, url)}")
     finally:
         store.close()
-    typer.echo(f"forgot tenant {tenant!r}: {removed['entries']} entries and {removed['segments']} index segments "
-               f"removed from cache {where}")
+    typer.echo(
+        f"forgot tenant {tenant!r}: {removed['entries']} entries and {removed['segments']} index segments "
+        f"removed from cache {where}"
+    )
     if tenant in cfg.dedup.shared_tenants:
-        typer.echo(f"note: {tenant!r} is in dedup.shared_tenants: outputs it made while shared live in the shared "
-                   "scope with the other shared tenants' and were kept", err=True)
+        typer.echo(
+            f"note: {tenant!r} is in dedup.shared_tenants: outputs it made while shared live in the shared "
+            "scope with the other shared tenants' and were kept",
+            err=True,
+        )

@@ -15,7 +15,11 @@ from pipeline import ConfigError, load_config
 # vLLM logs every engine step at INFO; a batch job's own progress lines are what people read.
 os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")
 
-app = typer.Typer(add_completion=False, no_args_is_help=True, help="tokenmill: batch LLM summarisation at the lowest cost per document.")
+app = typer.Typer(
+    add_completion=False,
+    no_args_is_help=True,
+    help="tokenmill: batch LLM summarisation at the lowest cost per document.",
+)
 jobs_app = typer.Typer(no_args_is_help=True, help="Jobs in the state catalog.")
 ledger_app = typer.Typer(no_args_is_help=True, help="Query the cost ledgers (DuckDB over the Parquet files).")
 router_app = typer.Typer(no_args_is_help=True, help="Train and calibrate the learned router on your own labels.")

@@ -29,9 +29,15 @@ def tiers_table(result: dict) -> Table:
         t.add_column(col, justify="right")
     for name, s in result["tiers"].items():
         ci = s["unfaithful_ci95"]
-        t.add_row(name, _num(s["rouge_l_vs_baseline"], ".3f"), _pct(s["identical_share"]),
-                  f"{_pct(s['unfaithful_rate'])} ({ci[0]:.1%}-{ci[1]:.1%})", _pct(s["truncated_share"]),
-                  _num(s["mean_output_tokens"], ".1f"), f"${s['cost_per_1k_usd']:.5f}")
+        t.add_row(
+            name,
+            _num(s["rouge_l_vs_baseline"], ".3f"),
+            _pct(s["identical_share"]),
+            f"{_pct(s['unfaithful_rate'])} ({ci[0]:.1%}-{ci[1]:.1%})",
+            _pct(s["truncated_share"]),
+            _num(s["mean_output_tokens"], ".1f"),
+            f"${s['cost_per_1k_usd']:.5f}",
+        )
     return t
 
 
@@ -41,8 +47,12 @@ def checks_table(result: dict) -> Table:
     for col in ("tier", "degenerate", "copied", "off topic", "acceptable", "$/1k acceptable"):
         t.add_column(col, justify="right")
     for name, s in result["tiers"].items():
-        t.add_row(name, *(_rate(s["checks"][c]) for c in ("degenerate", "copied", "off_topic")), _rate(s["acceptable"]),
-                  _num(s["cost_per_1k_acceptable_usd"], ".5f"))
+        t.add_row(
+            name,
+            *(_rate(s["checks"][c]) for c in ("degenerate", "copied", "off_topic")),
+            _rate(s["acceptable"]),
+            _num(s["cost_per_1k_acceptable_usd"], ".5f"),
+        )
     return t
 
 
@@ -54,8 +64,12 @@ def knobs_table(knobs: dict) -> Table:
         t.add_column(col, justify="right")
     for name in ("with", "without"):
         s = knobs[name]
-        t.add_row("as configured" if name == "with" else "knobs neutral", _rate(s["degenerate"]), _rate(s["acceptable"]),
-                  _num(s["rouge_l_vs_baseline"], ".3f"))
+        t.add_row(
+            "as configured" if name == "with" else "knobs neutral",
+            _rate(s["degenerate"]),
+            _rate(s["acceptable"]),
+            _num(s["rouge_l_vs_baseline"], ".3f"),
+        )
     return t
 
 
@@ -65,26 +79,47 @@ def _rate(r: dict) -> str:
 
 def policy_table(title: str, rows: list[dict], chosen: dict | None) -> Table:
     t = Table(title=title)
-    for col in ("router <", "min logprob", "trunc", "unfaithful", "quality kept", "kept small", "escalated", "$/1k docs"):
+    for col in (
+        "router <",
+        "min logprob",
+        "trunc",
+        "unfaithful",
+        "quality kept",
+        "kept small",
+        "escalated",
+        "$/1k docs",
+    ):
         t.add_column(col, justify="right")
     for r in rows:
         mark = " <" if r == chosen else ""
-        t.add_row("all" if r.get("all_large") else "-" if r["router_threshold"] is None else f"{r['router_threshold']:.2f}",
-                  "off" if r["min_mean_logprob"] is None else f"{r['min_mean_logprob']:.3f}",
-                  "on" if r["on_truncation"] else "off", "on" if r["on_unfaithful"] else "off",
-                  f"{r['quality_kept']:.1%}{mark}", _pct(r["small_share"]), _pct(r["escalated_share"]),
-                  f"${r['cost_per_1k_usd']:.5f}")
+        t.add_row(
+            "all" if r.get("all_large") else "-" if r["router_threshold"] is None else f"{r['router_threshold']:.2f}",
+            "off" if r["min_mean_logprob"] is None else f"{r['min_mean_logprob']:.3f}",
+            "on" if r["on_truncation"] else "off",
+            "on" if r["on_unfaithful"] else "off",
+            f"{r['quality_kept']:.1%}{mark}",
+            _pct(r["small_share"]),
+            _pct(r["escalated_share"]),
+            f"${r['cost_per_1k_usd']:.5f}",
+        )
     return t
 
 
 def reuse_table(reuse: dict) -> Table:
-    t = Table(title="near and semantic reuse: false hits (labelled must-not, or claims the new document lacks); "
-                    "agreement with shadow regenerations")
+    t = Table(
+        title="near and semantic reuse: false hits (labelled must-not, or claims the new document lacks); "
+        "agreement with shadow regenerations"
+    )
     for col in ("kind", "reused", "false hits", "rate (95% CI)", "agreement"):
         t.add_column(col, justify="right")
     for kind, s in [*reuse["by_kind"].items(), ("all", reuse["total"])]:
-        t.add_row(kind, str(s["reused"]), str(s["false_hits"]), f"{_pct(s['false_hit_rate'])} ({s['ci95'][0]:.1%}-{s['ci95'][1]:.1%})",
-                  "-" if s["mean_agreement"] is None else f"{s['mean_agreement']:.3f}")
+        t.add_row(
+            kind,
+            str(s["reused"]),
+            str(s["false_hits"]),
+            f"{_pct(s['false_hit_rate'])} ({s['ci95'][0]:.1%}-{s['ci95'][1]:.1%})",
+            "-" if s["mean_agreement"] is None else f"{s['mean_agreement']:.3f}",
+        )
     return t
 
 
@@ -103,16 +138,75 @@ def write_outputs(result: dict, out: Path) -> Path | None:
     return router_path
 
 
-@app.command("eval")
-def evaluate(config: Path = ConfigOption,
-             holdout: Path = typer.Option(Path("data/holdout.jsonl"), "--holdout", help="Hold-out JSONL (`python benchmarks/eval_set.py` builds one from this machine's text)."),
-             target_quality: float = typer.Option(0.95, "--target-quality", help="Quality to keep, as a share of all-large (mean ROUGE-L agreement)."),
-             out: Optional[Path] = typer.Option(None, "--out", help="Folder for eval.json, labels.jsonl and router.json (default $TOKENMILL_HOME/eval)."),
-             update_config: bool = typer.Option(False, "--update-config", help="Write the chosen escalation thresholds and router into the --config file."),
-             min_documents: int = typer.Option(20, "--min-documents", help="Fewest documents in the test half to choose a policy from."),
-             fmt: str = typer.Option("table", "--format", help="table or json")) -> None:
-    """Run the hold-out set on every tier; score routing, escalation, reuse and quantisation; pick the cheapest policy that keeps the target."""
+def print_tables(result: dict, target_quality: float) -> None:
+    """The eval's tables: tiers, checks, knobs, each policy family, calibration and reuse."""
+    routing, chosen = result["routing"], result["routing"]["chosen"]
+    console.print(tiers_table(result))
+    console.print(checks_table(result))
+    if result["loop_knobs"]:
+        console.print(knobs_table(result["loop_knobs"]))
+    console.print(policy_table("routing: router threshold alone", routing["by_router_threshold"], chosen))
+    console.print(policy_table("escalation: confidence threshold, no router", routing["by_logprob_threshold"], chosen))
+    console.print(policy_table("escalation signals alone", routing["signals_alone"], chosen))
+    console.print(
+        policy_table(
+            f"chosen (cheapest keeping {target_quality:.0%}) next to all-small and all-large",
+            [r for r in (chosen, routing["all_small"], routing["all_large"]) if r],
+            chosen,
+        )
+    )
+    if routing["calibration_curve"]:
+        console.print(calibration_table(routing["calibration_curve"], next(iter(result["tiers"]))))
+    if routing["note"]:
+        typer.echo(routing["note"])
+    console.print(reuse_table(result["reuse"]))
+
+
+def write_chosen(config: Path, cfg, chosen: dict, router_path: Path | None, baseline: str, quiet: bool) -> None:
+    """Write the chosen thresholds (and the router, when the policy uses one) into the --config file."""
     from pipeline.evals.apply import ApplyError, apply_values, chosen_values
+
+    live_router = None
+    if router_path is not None and chosen["router_threshold"] is not None:
+        live_router = router_path.with_name("router.json")
+        live_router.write_text(router_path.read_text())
+    values = chosen_values(
+        chosen,
+        min(cfg.tier_prices, key=cfg.tier_prices.get),
+        baseline,
+        str(live_router) if live_router else None,
+    )
+    try:
+        config.write_text(apply_values(config.read_text(), values, f"tokenmill eval {date.today()}"))
+    except ApplyError as e:
+        fail(str(e))
+    typer.echo(f"wrote the chosen thresholds into {config}", err=quiet)
+
+
+@app.command("eval")
+def evaluate(
+    config: Path = ConfigOption,
+    holdout: Path = typer.Option(
+        Path("data/holdout.jsonl"),
+        "--holdout",
+        help="Hold-out JSONL (`python benchmarks/eval_set.py` builds one from this machine's text).",
+    ),
+    target_quality: float = typer.Option(
+        0.95, "--target-quality", help="Quality to keep, as a share of all-large (mean ROUGE-L agreement)."
+    ),
+    out: Optional[Path] = typer.Option(
+        None, "--out", help="Folder for eval.json, labels.jsonl and router.json (default $TOKENMILL_HOME/eval)."
+    ),
+    update_config: bool = typer.Option(
+        False, "--update-config", help="Write the chosen escalation thresholds and router into the --config file."
+    ),
+    min_documents: int = typer.Option(
+        20, "--min-documents", help="Fewest documents in the test half to choose a policy from."
+    ),
+    fmt: str = typer.Option("table", "--format", help="table or json"),
+) -> None:
+    """Run the hold-out set on every tier; score routing, escalation, reuse and quantisation; pick the cheapest
+    policy that keeps the target."""
     from pipeline.evals.evaluate import EvalError, run_eval
     from pipeline.generate.engine import shutdown_engines
     from pipeline.generate.engine_api import EngineStartError
@@ -131,34 +225,13 @@ def evaluate(config: Path = ConfigOption,
     if fmt == "json":
         typer.echo(json.dumps(result))
     else:
-        console.print(tiers_table(result))
-        console.print(checks_table(result))
-        if result["loop_knobs"]:
-            console.print(knobs_table(result["loop_knobs"]))
-        console.print(policy_table("routing: router threshold alone", routing["by_router_threshold"], chosen))
-        console.print(policy_table("escalation: confidence threshold, no router", routing["by_logprob_threshold"], chosen))
-        console.print(policy_table("escalation signals alone", routing["signals_alone"], chosen))
-        console.print(policy_table(f"chosen (cheapest keeping {target_quality:.0%}) next to all-small and all-large",
-                                   [r for r in (chosen, routing["all_small"], routing["all_large"]) if r], chosen))
-        if routing["calibration_curve"]:
-            console.print(calibration_table(routing["calibration_curve"], next(iter(result["tiers"]))))
-        if routing["note"]:
-            typer.echo(routing["note"])
-        console.print(reuse_table(result["reuse"]))
+        print_tables(result, target_quality)
     if chosen is None:
         fail(f"no policy keeps {target_quality:.0%} of all-{result['baseline_tier']} quality; the config is unchanged")
-    typer.echo(f"chosen: quality kept {chosen['quality_kept']:.1%}, {chosen['small_share']:.1%} kept on the small tier, "
-               f"${chosen['cost_per_1k_usd']:.5f} per 1k documents (all-large ${routing['all_large']['cost_per_1k_usd']:.5f})",
-               err=fmt == "json")
+    typer.echo(
+        f"chosen: quality kept {chosen['quality_kept']:.1%}, {chosen['small_share']:.1%} kept on the small tier, "
+        f"${chosen['cost_per_1k_usd']:.5f} per 1k documents (all-large ${routing['all_large']['cost_per_1k_usd']:.5f})",
+        err=fmt == "json",
+    )
     if update_config:
-        live_router = None
-        if router_path is not None and chosen["router_threshold"] is not None:
-            live_router = router_path.with_name("router.json")
-            live_router.write_text(router_path.read_text())
-        values = chosen_values(chosen, min(cfg.tier_prices, key=cfg.tier_prices.get), result["baseline_tier"],
-                               str(live_router) if live_router else None)
-        try:
-            config.write_text(apply_values(config.read_text(), values, f"tokenmill eval {date.today()}"))
-        except ApplyError as e:
-            fail(str(e))
-        typer.echo(f"wrote the chosen thresholds into {config}", err=fmt == "json")
+        write_chosen(config, cfg, chosen, router_path, result["baseline_tier"], fmt == "json")

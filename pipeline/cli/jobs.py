@@ -18,7 +18,15 @@ from pipeline.config_env import redact_url
 from pipeline.generate.quality import CHECKS
 
 InputOption = typer.Option(None, "--input", help="Input folder or URI (overrides input.uri).")
-VerboseOption = typer.Option(False, "--verbose", "-v", help="Print the engines' and libraries' messages (vLLM, torch, transformers) here too, instead of only to the log file under $TOKENMILL_HOME/logs.")
+VerboseOption = typer.Option(
+    False,
+    "--verbose",
+    "-v",
+    help=(
+        "Print the engines' and libraries' messages (vLLM, torch, transformers) here too, "
+        "instead of only to the log file under $TOKENMILL_HOME/logs."
+    ),
+)
 
 
 def prefix_line(manifest: dict) -> str:
@@ -34,8 +42,10 @@ def prefix_line(manifest: dict) -> str:
         return f"{line} (prefix caching is off: tiers.<name>.vllm.enable_prefix_caching)"
     requests = manifest["counts"]["by_source"].get("generated", 0)
     shared = manifest["tokens"].get("shareable_prompt_tokens", 0) / requests if requests else 0
-    return (f"{line} (about {shared:.0f} tokens shared per prompt; vLLM caches whole blocks, 128 tokens on a CPU, "
-            "16 on a GPU: a shared prefix shorter than a block is never hit)")
+    return (
+        f"{line} (about {shared:.0f} tokens shared per prompt; vLLM caches whole blocks, 128 tokens on a CPU, "
+        "16 on a GPU: a shared prefix shorter than a block is never hit)"
+    )
 
 
 def engine_line(e: dict) -> str:
@@ -44,10 +54,12 @@ def engine_line(e: dict) -> str:
     parts = []
     if e.get("held_seconds") is not None:
         util = e.get("utilisation")
-        parts.append(f"{e.get('starts', 0)} start{'' if e.get('starts', 0) == 1 else 's'}, "
-                     f"{e['held_seconds']:.1f} s held (start-up {e.get('startup_seconds', 0.0):.1f}, "
-                     f"busy {e.get('busy_seconds', 0.0):.1f}, idle {e.get('idle_seconds', 0.0):.1f}), "
-                     f"utilisation {'-' if util is None else f'{util:.0%}'}")
+        parts.append(
+            f"{e.get('starts', 0)} start{'' if e.get('starts', 0) == 1 else 's'}, "
+            f"{e['held_seconds']:.1f} s held (start-up {e.get('startup_seconds', 0.0):.1f}, "
+            f"busy {e.get('busy_seconds', 0.0):.1f}, idle {e.get('idle_seconds', 0.0):.1f}), "
+            f"utilisation {'-' if util is None else f'{util:.0%}'}"
+        )
     tps, eff = e.get("output_tokens_per_second"), e.get("efficiency") or {}
     if tps:
         parts.append(f"{tps:.0f} output tok/s")
@@ -81,32 +93,48 @@ def summary_table(manifest: dict) -> Table:
     table.add_column(justify="right")
     reused = c["outputs"] - c["by_source"].get("generated", 0)
     rows = [
-        ("records", c["records"]), ("generated", c["by_source"].get("generated", 0)), ("reused", reused),
-        *((f"  {src.replace('_', ' ')}", f"{r['items']} ({r['rate']:.1%}), saved ${r['saved_usd']:.6f}")
-          for src, r in reuse.get("by_source", {}).items()),
+        ("records", c["records"]),
+        ("generated", c["by_source"].get("generated", 0)),
+        ("reused", reused),
+        *(
+            (f"  {src.replace('_', ' ')}", f"{r['items']} ({r['rate']:.1%}), saved ${r['saved_usd']:.6f}")
+            for src, r in reuse.get("by_source", {}).items()
+        ),
         ("quarantined", c["quarantined"]),
         ("  by reason", ", ".join(f"{k} {v}" for k, v in c["by_reason"].items()) or "-"),
         ("  by tier", ", ".join(f"{k} {v}" for k, v in c.get("by_tier", {}).items()) or "-"),
         ("  by route", ", ".join(f"{k} {v}" for k, v in routing.get("by_reason", {}).items()) or "-"),
         ("  escalated / chunked", f"{routing.get('escalated', 0)} / {routing.get('chunked', 0)}"),
         ("  escalated by", ", ".join(f"{k} {v}" for k, v in routing.get("escalated_by", {}).items()) or "-"),
-        ("unfaithful outputs", ", ".join(f"{k} {v}" for k, v in manifest.get("unfaithful", {}).get("outputs", {}).items())
-         or "none"),
-        *((f"{check.replace('_', ' ')} outputs", ", ".join(f"{k} {v}" for k, v in by_tier.items()) or "none")
-          for check, by_tier in manifest.get("checks", {}).items()),
+        (
+            "unfaithful outputs",
+            ", ".join(f"{k} {v}" for k, v in manifest.get("unfaithful", {}).get("outputs", {}).items()) or "none",
+        ),
+        *(
+            (f"{check.replace('_', ' ')} outputs", ", ".join(f"{k} {v}" for k, v in by_tier.items()) or "none")
+            for check, by_tier in manifest.get("checks", {}).items()
+        ),
         ("acceptable outputs", _acceptable_line(manifest)),
         ("prompt tokens (cached)", f"{t['prompt_tokens']} ({t['cached_prompt_tokens']})"),
         ("prefix cache", prefix_line(manifest)),
         ("output tokens", t["output_tokens"]),
-        ("GPU-seconds", f"{m['gpu_seconds']:.3f}" + (f" ({m['overhead_gpu_seconds']:.3f} engine start-up and idle)"
-                                                     if m.get("overhead_gpu_seconds") else "")),
-        ("cost", f"${m['cost_usd']:.6f}"), ("baseline cost", f"${m['baseline_cost_usd']:.6f}"),
+        (
+            "GPU-seconds",
+            f"{m['gpu_seconds']:.3f}"
+            + (f" ({m['overhead_gpu_seconds']:.3f} engine start-up and idle)" if m.get("overhead_gpu_seconds") else ""),
+        ),
+        ("cost", f"${m['cost_usd']:.6f}"),
+        ("baseline cost", f"${m['baseline_cost_usd']:.6f}"),
         ("saved vs baseline", f"${m['saved_usd']:.6f}"),
     ]
     v = reuse.get("verification", {})
     if v.get("checked"):
-        rows.append(("reuse false-hit rate", f"{v['false_hit_rate']:.1%} of {v['checked']} verified "
-                                             f"(95% CI {v['ci95'][0]:.1%}-{v['ci95'][1]:.1%})"))
+        rows.append(
+            (
+                "reuse false-hit rate",
+                f"{v['false_hit_rate']:.1%} of {v['checked']} verified (95% CI {v['ci95'][0]:.1%}-{v['ci95'][1]:.1%})",
+            )
+        )
     if reuse.get("cache_status", {}).get("bypassed"):
         rows.append(("cache", f"bypassed for {reuse['cache_status']['bypassed']} items (store unreachable)"))
     rows += _engine_rows(manifest)
@@ -125,13 +153,23 @@ def examples(cfg, job_id: str, n: int = 3) -> list[dict]:
     work: the first acceptable one, then the first caught by each check, then the next of each; n rows read."""
     from pipeline.output.ledger import connect
 
-    shows = "CASE " + " ".join(f"WHEN l.{c} THEN '{c}'" for c in SHOWS if c not in ("truncated", "other")) + \
-        " WHEN o.finish_reason = 'length' THEN 'truncated' ELSE 'other' END"
+    shows = (
+        "CASE "
+        + " ".join(f"WHEN l.{c} THEN '{c}'" for c in SHOWS if c not in ("truncated", "other"))
+        + " WHEN o.finish_reason = 'length' THEN 'truncated' ELSE 'other' END"
+    )
     rank = "CASE shows " + " ".join(f"WHEN '{c}' THEN {i}" for i, c in enumerate(SHOWS)) + " END"
-    rows = connect(cfg.output.uri, cfg.storage).execute(
-        f"SELECT id, tier, summary, escalated, shows FROM (SELECT o.id, o.tier, o.summary, l.escalated, {shows} AS shows "
-        "FROM outputs o JOIN ledger l USING (job_id, id) WHERE o.job_id = ? AND l.kind = 'output') "
-        f"ORDER BY row_number() OVER (PARTITION BY shows ORDER BY id), {rank}, id LIMIT ?", [job_id, n]).fetchall()
+    rows = (
+        connect(cfg.output.uri, cfg.storage)
+        .execute(
+            "SELECT id, tier, summary, escalated, shows "
+            f"FROM (SELECT o.id, o.tier, o.summary, l.escalated, {shows} AS shows "
+            "FROM outputs o JOIN ledger l USING (job_id, id) WHERE o.job_id = ? AND l.kind = 'output') "
+            f"ORDER BY row_number() OVER (PARTITION BY shows ORDER BY id), {rank}, id LIMIT ?",
+            [job_id, n],
+        )
+        .fetchall()
+    )
     return [{"id": r[0], "tier": r[1], "summary": r[2], "escalated": r[3], "shows": r[4]} for r in rows]
 
 
@@ -151,12 +189,19 @@ def _run(cfg, job_id: Optional[str], partitions: list[str] | None, json_summary:
         for noisy in ("vllm", "transformers", "httpx", "alembic"):
             logging.getLogger(noisy).setLevel(logging.WARNING)
         if log_file is not None:
-            logging.getLogger("tokenmill.run").info("engine and library messages (vLLM, torch): %s (-v: here)", log_file)
+            logging.getLogger("tokenmill.run").info(
+                "engine and library messages (vLLM, torch): %s (-v: here)", log_file
+            )
         try:
             # release_engines: each tier's engine is shut down when its drain ends (this process ends after the
             # job), so its memory is free for the next tier and every second it was held is in the ledger.
-            result = run_job(cfg, job_id=job_id, partitions=partitions, release_engines=True,
-                             progress=Progress(cfg.run.progress, cfg.run.log_every_seconds))
+            result = run_job(
+                cfg,
+                job_id=job_id,
+                partitions=partitions,
+                release_engines=True,
+                progress=Progress(cfg.run.progress, cfg.run.log_every_seconds),
+            )
         except JobError as e:
             # Exit 3: stopped by a budget cap (refused, or partitions deferred); 2: any other failure.
             fail(f"job {'stopped' if e.budget else 'failed'}: {e}", code=3 if e.budget else 2)
@@ -168,25 +213,36 @@ def _run(cfg, job_id: Optional[str], partitions: list[str] | None, json_summary:
         console.print(summary_table(result.manifest))
         for e in examples(cfg, result.job_id):
             console.print(_example_line(e))
-        console.print(f"outputs, ledger and quarantine under {cfg.output.uri}; manifest: jobs/{result.job_id}/manifest.json")
+        console.print(
+            f"outputs, ledger and quarantine under {cfg.output.uri}; manifest: jobs/{result.job_id}/manifest.json"
+        )
 
 
 @app.command("run")
-def run(config: Path = ConfigOption, input: Optional[str] = InputOption,
-        output: Optional[str] = typer.Option(None, "--output", help="Output root (overrides output.uri)."),
-        job_id: Optional[str] = typer.Option(None, "--job-id", help="Job id (default: job-<UTC time>-<random>). An existing id continues that job."),
-        json_summary: bool = typer.Option(False, "--json", help="Print the manifest as JSON instead of a table."),
-        verbose: bool = VerboseOption) -> None:
+def run(
+    config: Path = ConfigOption,
+    input: Optional[str] = InputOption,
+    output: Optional[str] = typer.Option(None, "--output", help="Output root (overrides output.uri)."),
+    job_id: Optional[str] = typer.Option(
+        None, "--job-id", help="Job id (default: job-<UTC time>-<random>). An existing id continues that job."
+    ),
+    json_summary: bool = typer.Option(False, "--json", help="Print the manifest as JSON instead of a table."),
+    verbose: bool = VerboseOption,
+) -> None:
     """Run a summarisation job end to end. Exit 0 when every partition committed (quarantined records included)."""
     _run(load(config, input__uri=input, output__uri=output), job_id, None, json_summary, verbose)
 
 
 @app.command("rerun")
-def rerun(config: Path = ConfigOption,
-          job_id: str = typer.Option(..., "--job-id", help="The job to continue."),
-          partition: Optional[list[str]] = typer.Option(None, "--partition", help="Run these partitions again even if they succeeded (repeatable)."),
-          json_summary: bool = typer.Option(False, "--json", help="Print the manifest as JSON."),
-          verbose: bool = VerboseOption) -> None:
+def rerun(
+    config: Path = ConfigOption,
+    job_id: str = typer.Option(..., "--job-id", help="The job to continue."),
+    partition: Optional[list[str]] = typer.Option(
+        None, "--partition", help="Run these partitions again even if they succeeded (repeatable)."
+    ),
+    json_summary: bool = typer.Option(False, "--json", help="Print the manifest as JSON."),
+    verbose: bool = VerboseOption,
+) -> None:
     """Re-run a job's failed and unfinished partitions (or the named ones). Committed work is never paid twice."""
     cfg = load(config)
     state = state_store(cfg)
@@ -210,12 +266,18 @@ def _estimate_table(cfg, est: dict) -> Table:
     for k in ("records", "quarantined", "duplicates", "to_generate"):
         table.add_row(k.replace("_", " "), str(est[k]))
     for name, t in est["tiers"].items():
-        table.add_row(f"tier {name}", f"{t['items']} items ({t['share']:.0%}), {t['prompt_tokens']} prompt tokens, "
-                                      f"~{t['est_output_tokens']:.0f} output tokens, {_usd_range(t)}")
+        table.add_row(
+            f"tier {name}",
+            f"{t['items']} items ({t['share']:.0%}), {t['prompt_tokens']} prompt tokens, "
+            f"~{t['est_output_tokens']:.0f} output tokens, {_usd_range(t)}",
+        )
         if t.get("escalation"):
             e = t["escalation"]
-            table.add_row("  escalations", f"~{e['items']:.1f} to {e['to']} ({e['rate']:.0%}, {e['rate_low']:.0%}-"
-                                           f"{e['rate_high']:.0%}), {_usd_range(e)}")
+            table.add_row(
+                "  escalations",
+                f"~{e['items']:.1f} to {e['to']} ({e['rate']:.0%}, {e['rate_low']:.0%}-"
+                f"{e['rate_high']:.0%}), {_usd_range(e)}",
+            )
         if t.get("escalated_in"):
             e = t["escalated_in"]
             table.add_row("  escalated in", f"~{e['items']:.1f} items ({e['items_low']:.1f}-{e['items_high']:.1f})")
@@ -227,14 +289,20 @@ def _estimate_table(cfg, est: dict) -> Table:
         r = est.get("tenant_ranges", {}).get(tenant)
         table.add_row(f"tenant {tenant}", _usd_range(r) if r else f"~${usd:.6f}")
     table.add_row("estimated cost", _usd_range(est) if "est_usd_low" in est else f"~${est['est_usd']:.6f}")
-    table.add_row("budget", "; ".join(est["budget_problems"]) or ("within caps (checked at the midpoint)"
-                                                                  if cfg.budget.active else "no caps set"))
+    table.add_row(
+        "budget",
+        "; ".join(est["budget_problems"])
+        or ("within caps (checked at the midpoint)" if cfg.budget.active else "no caps set"),
+    )
     return table
 
 
 @app.command("estimate")
-def estimate(config: Path = ConfigOption, input: Optional[str] = InputOption,
-             format: str = typer.Option("table", "--format", help="table or json")) -> None:
+def estimate(
+    config: Path = ConfigOption,
+    input: Optional[str] = InputOption,
+    format: str = typer.Option("table", "--format", help="table or json"),
+) -> None:
     """Pre-flight estimate: records, duplicates, share per tier, tokens and dollars, before any GPU work."""
     from pipeline.generate.engine_api import EngineStartError
     from pipeline.job.progress import Progress
@@ -278,12 +346,22 @@ def tier_workers(state) -> list[dict]:
     out = []
     for s in sorted(UnitQueue(state).live_sessions(), key=lambda s: (s.job_id, s.tier, s.worker)):
         held = s.held_seconds
-        out.append({"job_id": s.job_id, "tier": s.tier, "worker": s.worker, "session_id": s.session_id, "gpus": s.gpus,
-                    "started_engine": bool(s.started), "held_seconds": round(held, 3),
-                    "startup_seconds": round(s.startup_seconds, 3), "busy_seconds": round(s.busy_seconds, 3),
-                    "idle_seconds": round(s.idle_seconds, 3),
-                    "utilisation": round(s.busy_seconds / held, 4) if held else None,
-                    "renewed_seconds_ago": round(max(0.0, (t - aware(s.heartbeat_at)).total_seconds()), 1)})
+        out.append(
+            {
+                "job_id": s.job_id,
+                "tier": s.tier,
+                "worker": s.worker,
+                "session_id": s.session_id,
+                "gpus": s.gpus,
+                "started_engine": bool(s.started),
+                "held_seconds": round(held, 3),
+                "startup_seconds": round(s.startup_seconds, 3),
+                "busy_seconds": round(s.busy_seconds, 3),
+                "idle_seconds": round(s.idle_seconds, 3),
+                "utilisation": round(s.busy_seconds / held, 4) if held else None,
+                "renewed_seconds_ago": round(max(0.0, (t - aware(s.heartbeat_at)).total_seconds()), 1),
+            }
+        )
     return out
 
 
@@ -300,10 +378,18 @@ def workers_table(workers: list[dict]) -> Table:
         table.add_column(col)
     for w in workers:
         util = w["utilisation"]
-        table.add_row(w["job_id"], w["tier"], w["worker"], str(w["gpus"]), f"{w['held_seconds']:.1f}",
-                      f"{w['startup_seconds']:.1f}" + ("" if w["started_engine"] else " (reused)"),
-                      f"{w['busy_seconds']:.1f}", f"{w['idle_seconds']:.1f}", "-" if util is None else f"{util:.0%}",
-                      f"{w['renewed_seconds_ago']:.0f} s ago")
+        table.add_row(
+            w["job_id"],
+            w["tier"],
+            w["worker"],
+            str(w["gpus"]),
+            f"{w['held_seconds']:.1f}",
+            f"{w['startup_seconds']:.1f}" + ("" if w["started_engine"] else " (reused)"),
+            f"{w['busy_seconds']:.1f}",
+            f"{w['idle_seconds']:.1f}",
+            "-" if util is None else f"{util:.0%}",
+            f"{w['renewed_seconds_ago']:.0f} s ago",
+        )
     return table
 
 
@@ -313,14 +399,19 @@ def depth_table(job_id: str, depth: dict[str, dict[str, int]]) -> Table:
     for status in UNIT_STATUSES:
         table.add_column(status)
     for tier, d in depth.items():
-        table.add_row(tier, *(f"{d[status]} ({d.get(f'{status}_requests', 0)})" if d.get(status) else "-"
-                              for status in UNIT_STATUSES))
+        table.add_row(
+            tier,
+            *(f"{d[status]} ({d.get(f'{status}_requests', 0)})" if d.get(status) else "-" for status in UNIT_STATUSES),
+        )
     return table
 
 
 @app.command("status")
-def status(config: Path = ConfigOption, job_id: str = typer.Option(..., "--job-id"),
-           format: str = typer.Option("table", "--format", help="table or json")) -> None:
+def status(
+    config: Path = ConfigOption,
+    job_id: str = typer.Option(..., "--job-id"),
+    format: str = typer.Option("table", "--format", help="table or json"),
+) -> None:
     """A job's partitions (status, attempts, worker, last error, counts), its work units per tier, and the tier
     workers holding an engine now (start-up, busy and idle seconds so far)."""
     cfg = load(config)
@@ -331,34 +422,85 @@ def status(config: Path = ConfigOption, job_id: str = typer.Option(..., "--job-i
     parts = state.partitions(job_id)
     depth, workers = queue_depth(state, job_id), tier_workers(state)
     if format == "json":
-        typer.echo(json.dumps({
-            "job_id": job.job_id, "status": job.status, "error": job.error,
-            "partitions": [{"partition": p.partition, "file": p.file, "records": p.records, "status": p.status,
-                            "attempts": p.attempts, "worker": p.worker, "last_error": p.last_error,
-                            "started_at": when(p.started_at), "finished_at": when(p.finished_at),
-                            "counts": json.loads(p.counts) if p.counts else None} for p in parts],
-            "work_units": depth, "tier_workers": workers}, indent=2))
+        typer.echo(
+            json.dumps(
+                {
+                    "job_id": job.job_id,
+                    "status": job.status,
+                    "error": job.error,
+                    "partitions": [
+                        {
+                            "partition": p.partition,
+                            "file": p.file,
+                            "records": p.records,
+                            "status": p.status,
+                            "attempts": p.attempts,
+                            "worker": p.worker,
+                            "last_error": p.last_error,
+                            "started_at": when(p.started_at),
+                            "finished_at": when(p.finished_at),
+                            "counts": json.loads(p.counts) if p.counts else None,
+                        }
+                        for p in parts
+                    ],
+                    "work_units": depth,
+                    "tier_workers": workers,
+                },
+                indent=2,
+            )
+        )
         return
     table = Table(title=f"job {job.job_id}: {job.status}" + (f" ({job.error})" if job.error else ""))
-    for col in ("partition", "file", "records", "status", "attempts", "outputs", "quarantined", "cost $", "worker", "last error"):
+    for col in (
+        "partition",
+        "file",
+        "records",
+        "status",
+        "attempts",
+        "outputs",
+        "quarantined",
+        "cost $",
+        "worker",
+        "last error",
+    ):
         table.add_column(col)
     for p in parts:
         counts = json.loads(p.counts) if p.counts else {}
-        table.add_row(p.partition, p.file, str(p.records), p.status, str(p.attempts), str(counts.get("outputs", "-")),
-                      str(counts.get("quarantined", "-")), f"{counts['cost_usd']:.6f}" if counts else "-",
-                      p.worker or "-", (p.last_error or "")[:80])
+        table.add_row(
+            p.partition,
+            p.file,
+            str(p.records),
+            p.status,
+            str(p.attempts),
+            str(counts.get("outputs", "-")),
+            str(counts.get("quarantined", "-")),
+            f"{counts['cost_usd']:.6f}" if counts else "-",
+            p.worker or "-",
+            (p.last_error or "")[:80],
+        )
     console.print(table)
     console.print(depth_table(job.job_id, depth) if depth else f"job {job.job_id}: no work units in the catalog")
     console.print(workers_table(workers) if workers else "no tier worker holds an engine now")
 
 
 @jobs_app.command("list")
-def jobs_list(config: Path = ConfigOption, format: str = typer.Option("table", "--format", help="table or json")) -> None:
+def jobs_list(
+    config: Path = ConfigOption, format: str = typer.Option("table", "--format", help="table or json")
+) -> None:
     """Every job in the state catalog, newest first."""
     jobs = state_store(load(config)).jobs()
-    rows = [{"job_id": j.job_id, "status": j.status, "created_at": when(j.created_at), "finished_at": when(j.finished_at),
-             "records": (json.loads(j.counts) if j.counts else {}).get("records"), "output_uri": redact_url(j.output_uri),
-             "error": j.error} for j in jobs]
+    rows = [
+        {
+            "job_id": j.job_id,
+            "status": j.status,
+            "created_at": when(j.created_at),
+            "finished_at": when(j.finished_at),
+            "records": (json.loads(j.counts) if j.counts else {}).get("records"),
+            "output_uri": redact_url(j.output_uri),
+            "error": j.error,
+        }
+        for j in jobs
+    ]
     if format == "json":
         typer.echo(json.dumps(rows, indent=2))
         return

@@ -12,7 +12,9 @@ from rich.table import Table
 
 from pipeline.cli.common import app, console, fail, ledger_app, load
 
-OutputOption = typer.Option(..., "--output", help="Output root holding ledger/, outputs/, quarantine/ (local or s3://).")
+OutputOption = typer.Option(
+    ..., "--output", help="Output root holding ledger/, outputs/, quarantine/ (local or s3://)."
+)
 LedgerConfigOption = typer.Option(None, "--config", "-c", help="Config for storage settings (S3 endpoint, region).")
 FormatOption = typer.Option("table", "--format", help="table, csv or json")
 
@@ -85,27 +87,43 @@ def _connect(output: str, config: Optional[Path]):
 
 
 @ledger_app.command("summary")
-def ledger_summary(output: str = OutputOption,
-                   by: str = typer.Option("tenant,tier", "--by", help="Comma-separated: tenant, tier, model, adapter, source, job, partition, day (or '' for one total row)."),
-                   job_id: Optional[str] = typer.Option(None, "--job-id", help="Only this job."),
-                   since: Optional[datetime] = typer.Option(None, "--since", formats=["%Y-%m-%d"], help="From this day (UTC), inclusive."),
-                   until: Optional[datetime] = typer.Option(None, "--until", formats=["%Y-%m-%d"], help="To this day (UTC), inclusive."),
-                   format: str = FormatOption, config: Optional[Path] = LedgerConfigOption) -> None:
+def ledger_summary(
+    output: str = OutputOption,
+    by: str = typer.Option(
+        "tenant,tier",
+        "--by",
+        help="Comma-separated: tenant, tier, model, adapter, source, job, partition, day (or '' for one total row).",
+    ),
+    job_id: Optional[str] = typer.Option(None, "--job-id", help="Only this job."),
+    since: Optional[datetime] = typer.Option(
+        None, "--since", formats=["%Y-%m-%d"], help="From this day (UTC), inclusive."
+    ),
+    until: Optional[datetime] = typer.Option(
+        None, "--until", formats=["%Y-%m-%d"], help="To this day (UTC), inclusive."
+    ),
+    format: str = FormatOption,
+    config: Optional[Path] = LedgerConfigOption,
+) -> None:
     """Items, tokens, GPU-seconds, cost, baseline and saving, grouped as asked."""
     from pipeline.output.ledger import LedgerError, summary
 
     keys = [b.strip() for b in by.split(",") if b.strip()]
     try:
-        table = summary(_connect(output, config), keys, job_id, since.date() if since else None,
-                        until.date() if until else None)
+        table = summary(
+            _connect(output, config), keys, job_id, since.date() if since else None, until.date() if until else None
+        )
     except LedgerError as e:
         fail(str(e))
     print_table(table, format, title="ledger summary")
 
 
 @ledger_app.command("sql")
-def ledger_sql(sql: str = typer.Argument(..., help="A query over the views ledger, outputs and quarantine."),
-               output: str = OutputOption, format: str = FormatOption, config: Optional[Path] = LedgerConfigOption) -> None:
+def ledger_sql(
+    sql: str = typer.Argument(..., help="A query over the views ledger, outputs and quarantine."),
+    output: str = OutputOption,
+    format: str = FormatOption,
+    config: Optional[Path] = LedgerConfigOption,
+) -> None:
     """Run SQL (DuckDB) over the ledger, outputs and quarantine of an output root."""
     from pipeline.output.ledger import LedgerError, query
 
@@ -132,11 +150,22 @@ def _eval_result(path: Optional[Path]):
 
 
 @app.command("report")
-def report(output: str = OutputOption, job_id: str = typer.Option(..., "--job-id"),
-           out: Path = typer.Option(..., "--out", help="HTML file to write (self-contained: opens offline)."),
-           eval_path: Optional[Path] = typer.Option(None, "--eval", help="A `tokenmill eval` eval.json for the quality section (default $TOKENMILL_HOME/eval/eval.json when it exists)."),
-           config: Optional[Path] = LedgerConfigOption) -> None:
-    """Write a job's report: cost by tenant and tier, savings waterfall, throughput, reuse, slowest partitions, quality."""
+def report(
+    output: str = OutputOption,
+    job_id: str = typer.Option(..., "--job-id"),
+    out: Path = typer.Option(..., "--out", help="HTML file to write (self-contained: opens offline)."),
+    eval_path: Optional[Path] = typer.Option(
+        None,
+        "--eval",
+        help=(
+            "A `tokenmill eval` eval.json for the quality section (default $TOKENMILL_HOME/eval/eval.json "
+            "when it exists)."
+        ),
+    ),
+    config: Optional[Path] = LedgerConfigOption,
+) -> None:
+    """Write a job's report: cost by tenant and tier, savings waterfall, throughput, reuse, slowest partitions,
+    quality."""
     from pipeline.output.report import build_report
     from pipeline.stores.storage import StorageError
 

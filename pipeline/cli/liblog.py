@@ -83,9 +83,12 @@ class Wrapped(logging.Formatter):
     WIDTH = 100
 
     def format(self, record: logging.LogRecord) -> str:
-        return "\n".join(textwrap.fill(line, self.WIDTH, subsequent_indent="    ", break_long_words=True,
-                                        break_on_hyphens=False) if len(line) > self.WIDTH else line
-                         for line in super().format(record).splitlines())
+        return "\n".join(
+            textwrap.fill(line, self.WIDTH, subsequent_indent="    ", break_long_words=True, break_on_hyphens=False)
+            if len(line) > self.WIDTH
+            else line
+            for line in super().format(record).splitlines()
+        )
 
 
 def _open_log(home: Path) -> tuple[int, Path] | None:
@@ -95,8 +98,9 @@ def _open_log(home: Path) -> tuple[int, Path] | None:
         path.parent.mkdir(parents=True, exist_ok=True)
         return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600), path
     except OSError as e:
-        print(f"warning: cannot write {path} ({e.strerror or e}); engine and library messages stay here",
-              file=sys.stderr)
+        print(
+            f"warning: cannot write {path} ({e.strerror or e}); engine and library messages stay here", file=sys.stderr
+        )
         return None
 
 
@@ -105,8 +109,13 @@ def _terminal_stream(stream, fd: int):
     own (that descriptor is about to go to the file), else `stream` (e.g. a test runner's buffer) as it is."""
     try:
         if stream.fileno() == fd:
-            return open(os.dup(fd), "w", buffering=1, encoding=getattr(stream, "encoding", None) or "utf-8",
-                        errors="backslashreplace")
+            return open(
+                os.dup(fd),
+                "w",
+                buffering=1,
+                encoding=getattr(stream, "encoding", None) or "utf-8",
+                errors="backslashreplace",
+            )
     except (AttributeError, OSError, ValueError):
         pass
     return stream

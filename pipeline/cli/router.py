@@ -34,10 +34,18 @@ def _cost_per_item(cfg, tier: str, texts: list[str]) -> float:
 
 
 @router_app.command("train")
-def router_train(config: Path = typer.Option(..., "--config", help="Config whose tiers the router chooses between."),
-                 labels: Path = typer.Option(..., "--labels", help="Labelled JSONL (see docs/data-engineer.md)."),
-                 out: Optional[Path] = typer.Option(None, "--out", help="Artifact path (default: route.router from the config, else ./router.json)."),
-                 target_quality: float = typer.Option(0.95, "--target-quality", help="An item's small-tier output 'suffices' at this share of the large tier's quality.")) -> None:
+def router_train(
+    config: Path = typer.Option(..., "--config", help="Config whose tiers the router chooses between."),
+    labels: Path = typer.Option(..., "--labels", help="Labelled JSONL (see docs/data-engineer.md)."),
+    out: Optional[Path] = typer.Option(
+        None, "--out", help="Artifact path (default: route.router from the config, else ./router.json)."
+    ),
+    target_quality: float = typer.Option(
+        0.95,
+        "--target-quality",
+        help="An item's small-tier output 'suffices' at this share of the large tier's quality.",
+    ),
+) -> None:
     """Fit the router on labelled items and write a versioned artifact (then run `router eval` to calibrate it)."""
     from pipeline.route.router import RouterError, read_labels, train
 
@@ -49,9 +57,11 @@ def router_train(config: Path = typer.Option(..., "--config", help="Config whose
         fail(str(e))
     target = out or Path(cfg.route.router or "router.json")
     target.write_text(json.dumps(artifact, indent=2))
-    typer.echo(f"router {artifact['version']} trained on {artifact['trained_on']} items "
-               f"({artifact['small_suffices_share']:.0%} fine on {small}; sigmoid-calibrated over "
-               f"{artifact['calibration']['folds']} folds) -> {target}")
+    typer.echo(
+        f"router {artifact['version']} trained on {artifact['trained_on']} items "
+        f"({artifact['small_suffices_share']:.0%} fine on {small}; sigmoid-calibrated over "
+        f"{artifact['calibration']['folds']} folds) -> {target}"
+    )
 
 
 def _eval_table(router, data, rows: list[dict], best: dict | None, large: str) -> Table:
@@ -60,8 +70,12 @@ def _eval_table(router, data, rows: list[dict], best: dict | None, large: str) -
         table.add_column(col, justify="right")
     for r in rows:
         mark = " <" if best and r["threshold"] == best["threshold"] else ""
-        table.add_row(f"{r['threshold']:.2f}{mark}", f"{r['large_share']:.1%}", f"${r['cost_per_item_usd']:.8f}",
-                      f"{r['quality_kept']:.1%}")
+        table.add_row(
+            f"{r['threshold']:.2f}{mark}",
+            f"{r['large_share']:.1%}",
+            f"${r['cost_per_item_usd']:.8f}",
+            f"{r['quality_kept']:.1%}",
+        )
     return table
 
 
@@ -71,18 +85,24 @@ def calibration_table(curve: list[dict], small: str) -> Table:
     for col in ("p bin", "mean predicted", "observed", "items"):
         table.add_column(col, justify="right")
     for r in curve:
-        table.add_row(f"{r['low']:.1f}-{r['high']:.1f}", f"{r['mean_predicted']:.3f}", f"{r['observed']:.3f}",
-                      str(r["count"]))
+        table.add_row(
+            f"{r['low']:.1f}-{r['high']:.1f}", f"{r['mean_predicted']:.3f}", f"{r['observed']:.3f}", str(r["count"])
+        )
     return table
 
 
 @router_app.command("eval")
-def router_eval(config: Path = typer.Option(..., "--config"),
-                labels: Path = typer.Option(..., "--labels", help="Labelled JSONL, ideally not the training set."),
-                artifact: Optional[Path] = typer.Option(None, "--router", help="Artifact (default: route.router from the config)."),
-                target_quality: float = typer.Option(0.95, "--target-quality", help="Quality to keep, relative to sending everything to the large tier."),
-                fmt: str = typer.Option("table", "--format", help="table or json")) -> None:
-    """Per threshold: share sent to the large tier, cost per item, quality kept; then the calibration curve; writes the cheapest threshold meeting the target."""
+def router_eval(
+    config: Path = typer.Option(..., "--config"),
+    labels: Path = typer.Option(..., "--labels", help="Labelled JSONL, ideally not the training set."),
+    artifact: Optional[Path] = typer.Option(None, "--router", help="Artifact (default: route.router from the config)."),
+    target_quality: float = typer.Option(
+        0.95, "--target-quality", help="Quality to keep, relative to sending everything to the large tier."
+    ),
+    fmt: str = typer.Option("table", "--format", help="table or json"),
+) -> None:
+    """Per threshold: share sent to the large tier, cost per item, quality kept; then the calibration curve; writes
+    the cheapest threshold meeting the target."""
     from pipeline.route.router import Router, RouterError, calibration_curve, evaluate, pick_threshold, read_labels
 
     cfg = load(config)
@@ -98,24 +118,33 @@ def router_eval(config: Path = typer.Option(..., "--config"),
     best = pick_threshold(rows, target_quality)
     curve = calibration_curve(router, data, target_quality)
     if best is not None:
-        router.artifact.update(threshold=best["threshold"], calibrated_quality=best["quality_kept"],
-                               calibrated_target=target_quality, calibrated_on=len(data.texts))
+        router.artifact.update(
+            threshold=best["threshold"],
+            calibrated_quality=best["quality_kept"],
+            calibrated_target=target_quality,
+            calibrated_on=len(data.texts),
+        )
         path.write_text(json.dumps(router.artifact, indent=2))
     if fmt == "json":
-        typer.echo(json.dumps({"rows": rows, "chosen": best, "target_quality": target_quality,
-                               "calibration": curve}, indent=2))
+        typer.echo(
+            json.dumps({"rows": rows, "chosen": best, "target_quality": target_quality, "calibration": curve}, indent=2)
+        )
     else:
         console.print(_eval_table(router, data, rows, best, large))
         console.print(calibration_table(curve, small))
     if best is None:
         fail(f"no threshold keeps {target_quality:.0%} of all-{large} quality; the artifact keeps its threshold")
-    typer.echo(f"threshold {best['threshold']:.2f} written to {path}: {best['large_share']:.1%} to {large}, "
-               f"quality kept {best['quality_kept']:.1%}")
+    typer.echo(
+        f"threshold {best['threshold']:.2f} written to {path}: {best['large_share']:.1%} to {large}, "
+        f"quality kept {best['quality_kept']:.1%}"
+    )
 
 
 @router_app.command("example-labels")
-def router_example_labels(path: Path = typer.Argument(..., help="Where to write the JSONL."),
-                          items: int = typer.Option(400, help="Number of labelled items.")) -> None:
+def router_example_labels(
+    path: Path = typer.Argument(..., help="Where to write the JSONL."),
+    items: int = typer.Option(400, help="Number of labelled items."),
+) -> None:
     """Write a clearly SYNTHETIC labelled set (the format, and something to try train/eval on)."""
     from pipeline.dev.labels import example_labels
 

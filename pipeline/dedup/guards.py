@@ -23,19 +23,62 @@ from collections import Counter
 from dataclasses import dataclass
 
 NUMBER = re.compile(r"\d+(?:[.,]\d+)*")  # 1,000 and 3.5 are one number each
-_WORD_NUMBERS = {"zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten",
-                 "eleven", "twelve", "twenty", "thirty", "hundred", "thousand", "million", "billion", "half",
-                 "dozen", "first", "second", "third"}
-_NEGATIONS = {"not", "no", "never", "none", "nobody", "nothing", "neither", "nor", "without", "cannot",
-              "nowhere", "hardly", "barely", "denied", "denies", "deny", "refused", "rejected", "fails", "failed"}
+_WORD_NUMBERS = {
+    "zero",
+    "one",
+    "two",
+    "three",
+    "four",
+    "five",
+    "six",
+    "seven",
+    "eight",
+    "nine",
+    "ten",
+    "eleven",
+    "twelve",
+    "twenty",
+    "thirty",
+    "hundred",
+    "thousand",
+    "million",
+    "billion",
+    "half",
+    "dozen",
+    "first",
+    "second",
+    "third",
+}
+_NEGATIONS = {
+    "not",
+    "no",
+    "never",
+    "none",
+    "nobody",
+    "nothing",
+    "neither",
+    "nor",
+    "without",
+    "cannot",
+    "nowhere",
+    "hardly",
+    "barely",
+    "denied",
+    "denies",
+    "deny",
+    "refused",
+    "rejected",
+    "fails",
+    "failed",
+}
 
 
 @dataclass(frozen=True)
 class Features:
-    numbers: tuple[str, ...]    # sorted multiset
+    numbers: tuple[str, ...]  # sorted multiset
     negations: tuple[str, ...]  # sorted multiset
-    entities: tuple[str, ...]   # sorted set
-    length: int                 # characters
+    entities: tuple[str, ...]  # sorted set
+    length: int  # characters
 
     def to_json(self) -> str:
         return json.dumps([self.numbers, self.negations, self.entities, self.length], separators=(",", ":"))
@@ -71,8 +114,9 @@ def _facts(text: str) -> tuple[Counter, Counter, set]:
 def features(text: str) -> Features:
     """Guard features of a whitespace-normalised text."""
     numbers, negations, entities = _facts(text)
-    return Features(tuple(sorted(numbers.elements())), tuple(sorted(negations.elements())),
-                    tuple(sorted(entities)), len(text))
+    return Features(
+        tuple(sorted(numbers.elements())), tuple(sorted(negations.elements())), tuple(sorted(entities)), len(text)
+    )
 
 
 def _length_ok(a: int, b: int, max_ratio: float) -> bool:
@@ -98,8 +142,9 @@ def features_agree(a: Features, b: Features, max_length_ratio: float, entity_sub
     return None
 
 
-def texts_agree(a: str, b: str, max_length_ratio: float, fa: Features | None = None,
-                fb: Features | None = None) -> str | None:
+def texts_agree(
+    a: str, b: str, max_length_ratio: float, fa: Features | None = None, fb: Features | None = None
+) -> str | None:
     """Like `features_agree`, but text only one side has around the other (a header, a footer) is set aside."""
     fa, fb = fa or features(a), fb or features(b)
     failed = features_agree(fa, fb, max_length_ratio)
@@ -109,6 +154,6 @@ def texts_agree(a: str, b: str, max_length_ratio: float, fa: Features | None = N
     at = outer.find(inner)  # a mirror copy: the whole of one text inside the other
     if at < 0:
         return failed
-    if _facts(outer[:at] + " " + outer[at + len(inner):])[1]:
+    if _facts(outer[:at] + " " + outer[at + len(inner) :])[1]:
         return "negation"  # an added "not" is never boilerplate
     return None  # the shorter text's facts are all in the longer one; the rest is its wrapping

@@ -20,11 +20,13 @@ import numpy as np
 
 _MASK32 = np.uint64(0xFFFFFFFF)
 _EMPTY = np.uint64(1 << 32)  # above every 32-bit value: marks a bin no shingle fell into
-_P = 0x100000001B3            # odd, so invertible mod 2**64: word hashes come from prefix sums
+_P = 0x100000001B3  # odd, so invertible mod 2**64: word hashes come from prefix sums
 _Q = pow(_P, -1, 1 << 64)
 _IS_SPACE = np.zeros(256, bool)
 _IS_SPACE[[ord(c) for c in " \t\n\r\x0b\x0c"]] = True
-_CHUNK_BYTES = 1 << 20        # texts hashed together: bounds the temporary arrays (about 10 MB each; 4 MB chunks cost 250 MB more at the peak)
+_CHUNK_BYTES = (
+    1 << 20
+)  # texts hashed together: bounds the temporary arrays (about 10 MB each; 4 MB chunks cost 250 MB more at the peak)
 
 
 def _mix(x: np.ndarray) -> np.ndarray:
@@ -64,7 +66,9 @@ def words(texts: list[str]) -> tuple[np.ndarray, np.ndarray, tuple[bytes, np.nda
     word_start, word_end = edges[0::2], edges[1::2]
     with np.errstate(over="ignore"):
         p_pow, q_pow = _powers(len(data) + 1)
-        prefix = np.concatenate([[np.uint64(0)], np.cumsum((data.astype(np.uint64) + np.uint64(1)) * q_pow[:len(data)])])
+        prefix = np.concatenate(
+            [[np.uint64(0)], np.cumsum((data.astype(np.uint64) + np.uint64(1)) * q_pow[: len(data)])]
+        )
         hashes = _mix((prefix[word_end] - prefix[word_start]) * p_pow[word_end])
     return hashes, np.searchsorted(starts_of_text, word_start, side="right") - 1, (buffer, word_start, word_end)
 
@@ -75,7 +79,7 @@ def _runs(h: np.ndarray, k: int) -> np.ndarray:
     out = h[:m].copy()
     with np.errstate(over="ignore"):  # uint64 arithmetic wraps, which is what we want
         for j in range(1, k):
-            out = out * np.uint64(0x9E3779B97F4A7C15) + h[j:m + j]
+            out = out * np.uint64(0x9E3779B97F4A7C15) + h[j : m + j]
     return out
 
 
@@ -86,11 +90,11 @@ def _shingles(hashes: np.ndarray, text_of: np.ndarray, n_texts: int, k: int) -> 
     values, owners = [], []
     if len(hashes) >= k:
         out = _runs(hashes, k)
-        keep = text_of[:len(out)] == text_of[k - 1:]  # runs inside one text only
-        values, owners = [out[keep]], [text_of[:len(out)][keep]]
+        keep = text_of[: len(out)] == text_of[k - 1 :]  # runs inside one text only
+        values, owners = [out[keep]], [text_of[: len(out)][keep]]
     first = np.concatenate([[0], np.cumsum(counts)[:-1]])
     for t in np.flatnonzero(counts < k):  # short texts: rare, so a loop is fine
-        h = hashes[first[t]:first[t] + counts[t]]
+        h = hashes[first[t] : first[t] + counts[t]]
         values.append(_runs(h, len(h)) if len(h) else np.zeros(1, np.uint64))
         owners.append(np.array([t]))
     return np.concatenate(values), np.concatenate(owners)
@@ -167,9 +171,11 @@ def bands_for(threshold: float, num_perm: int) -> tuple[int, int]:
     below = s < threshold
     for rows in range(1, num_perm + 1):
         bands = num_perm // rows
-        p = 1 - (1 - s ** rows) ** bands
+        p = 1 - (1 - s**rows) ** bands
         # Riemann sums over the grid: the areas of false candidates and of missed pairs.
-        cost = p[below].sum() + 4 * (1 - p[~below]).sum()  # a missed duplicate costs a generation; a candidate a compare
+        cost = (
+            p[below].sum() + 4 * (1 - p[~below]).sum()
+        )  # a missed duplicate costs a generation; a candidate a compare
         if cost < best_cost:
             best, best_cost = (bands, rows), cost
     return best

@@ -44,8 +44,9 @@ _KMEANS_ITERATIONS = 5
 _KMEANS_SAMPLE_PER_CELL = 400  # k-means sample rows per cell (_kmeans: why so many)
 
 
-def nearest_earlier(vectors: np.ndarray, threshold: float, top: int = 4, exact_max: int = 20_000,
-                    probes: int = 3, seed: int = 0) -> dict[int, list[tuple[float, int]]]:
+def nearest_earlier(
+    vectors: np.ndarray, threshold: float, top: int = 4, exact_max: int = 20_000, probes: int = 3, seed: int = 0
+) -> dict[int, list[tuple[float, int]]]:
     """{i: [(cosine, j), ...]} for each row i with an earlier row j (j < i) at cosine >= `threshold`.
 
     At most `top` entries per row, best first, ties to the smaller j. `vectors` (m, d) float32 or float16,
@@ -84,7 +85,7 @@ def recall(vectors: np.ndarray, threshold: float, sample: int = 2000, seed: int 
     for start in range(0, m, QUERY_BLOCK):
         if len(picked) >= sample:
             break
-        batch = order[start:start + QUERY_BLOCK]
+        batch = order[start : start + QUERY_BLOCK]
         queries = np.sort(batch[is_live[batch]])
         _search(vectors, queries, live, threshold, best_s, best_j)
         picked.extend(int(i) for i in batch if best_j[i, 0] >= 0)  # permutation order: a random sample
@@ -92,8 +93,11 @@ def recall(vectors: np.ndarray, threshold: float, sample: int = 2000, seed: int 
     if not picked:
         return float("nan")
     # A tie (another row at the same score, found instead) counts as found: it is as good a match.
-    hits = sum(1 for i in picked if i in found and (found[i][0][1] == best_j[i, 0]
-                                                    or found[i][0][0] >= float(best_s[i, 0]) - 1e-6))
+    hits = sum(
+        1
+        for i in picked
+        if i in found and (found[i][0][1] == best_j[i, 0] or found[i][0][0] >= float(best_s[i, 0]) - 1e-6)
+    )
     return hits / len(picked)
 
 
@@ -101,12 +105,20 @@ def recall(vectors: np.ndarray, threshold: float, sample: int = 2000, seed: int 
 def _live_rows(vectors: np.ndarray) -> np.ndarray:
     """Indices of the non-zero rows, ascending (in blocks: no m x d boolean temporary)."""
     step = 65536
-    return np.concatenate([np.flatnonzero(vectors[s:s + step].any(axis=1)) + s
-                           for s in range(0, len(vectors), step)] or [np.zeros(0, np.int64)]).astype(np.int64)
+    return np.concatenate(
+        [np.flatnonzero(vectors[s : s + step].any(axis=1)) + s for s in range(0, len(vectors), step)]
+        or [np.zeros(0, np.int64)]
+    ).astype(np.int64)
 
 
-def _search(vectors: np.ndarray, queries: np.ndarray, stored: np.ndarray, threshold: float,
-            best_s: np.ndarray, best_j: np.ndarray) -> None:
+def _search(
+    vectors: np.ndarray,
+    queries: np.ndarray,
+    stored: np.ndarray,
+    threshold: float,
+    best_s: np.ndarray,
+    best_j: np.ndarray,
+) -> None:
     """Fold into best_* (rows indexed by global row) the matches of `queries` among earlier `stored` rows.
 
     Both index arrays ascending. Tiles entirely at or after a query block's last row are skipped: with
@@ -114,20 +126,21 @@ def _search(vectors: np.ndarray, queries: np.ndarray, stored: np.ndarray, thresh
     if not len(queries) or not len(stored):
         return
     # Queries before the first stored row have nothing earlier: skip them.
-    queries = queries[np.searchsorted(queries, stored[0], side="right"):]
+    queries = queries[np.searchsorted(queries, stored[0], side="right") :]
     for qs in range(0, len(queries), QUERY_BLOCK):
-        q_idx = queries[qs:qs + QUERY_BLOCK]
+        q_idx = queries[qs : qs + QUERY_BLOCK]
         end = int(np.searchsorted(stored, q_idx[-1]))  # stored rows earlier than the block's last query
         q_vec = vectors[q_idx].astype(np.float32, copy=False)  # float16 input: converted one tile at a time
         for cs in range(0, end, CANDIDATE_BLOCK):
-            c_idx = stored[cs:min(cs + CANDIDATE_BLOCK, end)]
+            c_idx = stored[cs : min(cs + CANDIDATE_BLOCK, end)]
             c_vec = vectors[c_idx].astype(np.float32, copy=False)
             rows, cols, scores = _tile(q_vec @ c_vec.T, q_idx, c_idx, threshold, best_s.shape[1])
             _merge(best_s, best_j, q_idx[rows], c_idx[cols], scores)
 
 
-def _tile(sims: np.ndarray, q_idx: np.ndarray, c_idx: np.ndarray, threshold: float,
-          top: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _tile(
+    sims: np.ndarray, q_idx: np.ndarray, c_idx: np.ndarray, threshold: float, top: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """The (query position, candidate position, score) matches of one tile worth merging: each query
     row's best `top` at least, earlier candidates only.
 
@@ -151,8 +164,9 @@ def _tile(sims: np.ndarray, q_idx: np.ndarray, c_idx: np.ndarray, threshold: flo
     return tuple(np.concatenate(p) for p in zip(*parts))
 
 
-def _best_of(sub: np.ndarray, many: np.ndarray, q_idx: np.ndarray, c_idx: np.ndarray, threshold: float,
-             top: int, overlap: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def _best_of(
+    sub: np.ndarray, many: np.ndarray, q_idx: np.ndarray, c_idx: np.ndarray, threshold: float, top: int, overlap: bool
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Each row's best `top` entries at or above the threshold, ties to the earlier candidate.
 
     argpartition alone picks among tied scores arbitrarily (alike documents tie often), so: the top-th
@@ -206,8 +220,15 @@ def _as_dict(best_s: np.ndarray, best_j: np.ndarray) -> dict[int, list[tuple[flo
 
 
 # -- IVF -------------------------------------------------------------------------------------------------
-def _ivf_search(vectors: np.ndarray, live: np.ndarray, threshold: float, probes: int, seed: int,
-                best_s: np.ndarray, best_j: np.ndarray) -> None:
+def _ivf_search(
+    vectors: np.ndarray,
+    live: np.ndarray,
+    threshold: float,
+    probes: int,
+    seed: int,
+    best_s: np.ndarray,
+    best_j: np.ndarray,
+) -> None:
     n = len(live)
     k = max(1, min(n, round(math.sqrt(n))))
     probes = max(1, min(probes, k))
@@ -227,8 +248,14 @@ def _ivf_search(vectors: np.ndarray, live: np.ndarray, threshold: float, probes:
     del flat, order, probe, own
     for c in range(k):
         # A row is stored in one cell and queries distinct cells, so no pair is scored twice.
-        _search(vectors, queries[queries_at[c]:queries_at[c + 1]], stored[stored_at[c]:stored_at[c + 1]],
-                threshold, best_s, best_j)
+        _search(
+            vectors,
+            queries[queries_at[c] : queries_at[c + 1]],
+            stored[stored_at[c] : stored_at[c + 1]],
+            threshold,
+            best_s,
+            best_j,
+        )
 
 
 def _kmeans(sample: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
@@ -247,13 +274,13 @@ def _kmeans(sample: np.ndarray, k: int, rng: np.random.Generator) -> np.ndarray:
         sums = np.zeros_like(centroids)
         step = 32768
         for s in range(0, len(sample), step):  # a sparse one-hot product: far faster than np.add.at
-            part = labels[s:s + step]
+            part = labels[s : s + step]
             onehot = csr_matrix((np.ones(len(part), np.float32), (part, np.arange(len(part)))), shape=(k, len(part)))
-            sums += onehot @ sample[s:s + step].astype(np.float32, copy=False)
+            sums += onehot @ sample[s : s + step].astype(np.float32, copy=False)
         empty = np.flatnonzero(np.bincount(labels, minlength=k) == 0)
         if len(empty):
             # An empty cell restarts at the sample rows worst served by their centroid: it splits a wide cell.
-            sums[empty] = sample[np.argsort(score, kind="stable")[:len(empty)]]
+            sums[empty] = sample[np.argsort(score, kind="stable")[: len(empty)]]
         norms = np.linalg.norm(sums, axis=1, keepdims=True)
         centroids = (sums / np.where(norms > 0, norms, 1)).astype(np.float32)
     return centroids
@@ -264,22 +291,21 @@ def _nearest(x: np.ndarray, centroids: np.ndarray) -> tuple[np.ndarray, np.ndarr
     labels = np.empty(len(x), np.int64)
     score = np.empty(len(x), np.float32)
     for s in range(0, len(x), _ASSIGN_BLOCK):
-        sims = x[s:s + _ASSIGN_BLOCK].astype(np.float32, copy=False) @ centroids.T
-        labels[s:s + _ASSIGN_BLOCK] = sims.argmax(axis=1)
-        score[s:s + _ASSIGN_BLOCK] = sims[np.arange(len(sims)), labels[s:s + _ASSIGN_BLOCK]]
+        sims = x[s : s + _ASSIGN_BLOCK].astype(np.float32, copy=False) @ centroids.T
+        labels[s : s + _ASSIGN_BLOCK] = sims.argmax(axis=1)
+        score[s : s + _ASSIGN_BLOCK] = sims[np.arange(len(sims)), labels[s : s + _ASSIGN_BLOCK]]
     return labels, score
 
 
-def _assign(vectors: np.ndarray, live: np.ndarray, centroids: np.ndarray,
-            probes: int) -> tuple[np.ndarray, np.ndarray]:
+def _assign(vectors: np.ndarray, live: np.ndarray, centroids: np.ndarray, probes: int) -> tuple[np.ndarray, np.ndarray]:
     """Per live row: the cell it is stored in (nearest centroid) and the `probes` cells it queries (its
     nearest centroids, its own first), in row tiles."""
     probe = np.empty((len(live), probes), np.int32)
     for s in range(0, len(live), _ASSIGN_BLOCK):
-        sims = vectors[live[s:s + _ASSIGN_BLOCK]].astype(np.float32, copy=False) @ centroids.T
+        sims = vectors[live[s : s + _ASSIGN_BLOCK]].astype(np.float32, copy=False) @ centroids.T
         rows = np.arange(len(sims))
         for p in range(probes):  # a few argmax passes beat argpartition over k columns, and order the probes
             best = sims.argmax(axis=1)
-            probe[s:s + _ASSIGN_BLOCK, p] = best
+            probe[s : s + _ASSIGN_BLOCK, p] = best
             sims[rows, best] = -np.inf
     return probe[:, 0].copy(), probe

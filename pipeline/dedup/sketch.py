@@ -24,8 +24,9 @@ class Embedder(Protocol):
     def encode(self, texts: list[str]) -> np.ndarray: ...  # (n, d) float32, rows L2-normalised
 
 
-def sketch_records(records: pa.Table, config: DedupConfig, embedder: Embedder | None = None,
-                   with_cache: bool = False) -> pa.Table:
+def sketch_records(
+    records: pa.Table, config: DedupConfig, embedder: Embedder | None = None, with_cache: bool = False
+) -> pa.Table:
     """Add every record's `signature` (MinHash, when near dedup or the cache index needs it; zeros
     otherwise) and `embedding` (float16, with an embedder; null otherwise).
 
@@ -37,15 +38,18 @@ def sketch_records(records: pa.Table, config: DedupConfig, embedder: Embedder | 
     embedding = _embed_in_background(embedder, texts) if embedder is not None else None  # (0, d) for none: the width
     sigs = np.zeros((n, config.num_perm), np.uint32)
     if (config.near or with_cache) and n:
-        sigs = minhash.signatures([t.casefold() for t in texts] if config.case_fold else texts,
-                                  config.shingle_words, config.num_perm)
-    out = records.append_column("signature", pa.FixedSizeListArray.from_arrays(
-        pa.array(sigs.reshape(-1), pa.uint32()), config.num_perm))
+        sigs = minhash.signatures(
+            [t.casefold() for t in texts] if config.case_fold else texts, config.shingle_words, config.num_perm
+        )
+    out = records.append_column(
+        "signature", pa.FixedSizeListArray.from_arrays(pa.array(sigs.reshape(-1), pa.uint32()), config.num_perm)
+    )
     if embedding is None:
         return out.append_column("embedding", pa.nulls(n, pa.list_(pa.float16())))
     vectors = embedding.result().astype(np.float16)
-    return out.append_column("embedding", pa.FixedSizeListArray.from_arrays(
-        pa.array(vectors.reshape(-1), pa.float16()), vectors.shape[1]))
+    return out.append_column(
+        "embedding", pa.FixedSizeListArray.from_arrays(pa.array(vectors.reshape(-1), pa.float16()), vectors.shape[1])
+    )
 
 
 def signature_matrix(records: pa.Table, num_perm: int) -> np.ndarray:

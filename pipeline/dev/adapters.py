@@ -40,8 +40,14 @@ def name_seed(name: str) -> int:
     return xxhash.xxh3_64_intdigest(name.encode("utf-8")) % 2**32
 
 
-def build_demo_adapter(base_model: str | Path, out: str | Path, name: str, rank: int = 8,
-                       seed: int | None = None, target_modules: list[str] | None = None) -> Path:
+def build_demo_adapter(
+    base_model: str | Path,
+    out: str | Path,
+    name: str,
+    rank: int = 8,
+    seed: int | None = None,
+    target_modules: list[str] | None = None,
+) -> Path:
     """Write a random (untrained) demo LoRA adapter for the local checkpoint `base_model` into `out`.
 
     `target_modules`: module names to adapt (default: those of q_proj, k_proj, v_proj, o_proj the model
@@ -59,8 +65,15 @@ def build_demo_adapter(base_model: str | Path, out: str | Path, name: str, rank:
     model = load_base_model(base)
     targets = list(target_modules) if target_modules else default_targets(model)
     torch.manual_seed(seed)
-    config = LoraConfig(r=rank, lora_alpha=2 * rank, init_lora_weights=False, target_modules=targets,
-                        lora_dropout=0.0, bias="none", task_type="CAUSAL_LM")
+    config = LoraConfig(
+        r=rank,
+        lora_alpha=2 * rank,
+        init_lora_weights=False,
+        target_modules=targets,
+        lora_dropout=0.0,
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
     peft_model = get_peft_model(model, config)
     scale_deltas(peft_model, DELTA_FRACTION)
     out.mkdir(parents=True, exist_ok=True)
@@ -79,11 +92,12 @@ def load_base_model(base: Path):
     if not (base / "config.json").is_file():
         raise AdapterError(f"{base} is not a local checkpoint folder (no config.json)")
     try:
-        model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32, device_map=None,
-                                                     local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32, device_map=None, local_files_only=True)
     except Exception as e:  # quantised variants and other checkpoints transformers cannot load for training
-        raise AdapterError(f"cannot load {base} as a float32 base model ({type(e).__name__}: {e}); "
-                           "build adapters on the float32 checkpoint (e.g. smollm2-f32)") from e
+        raise AdapterError(
+            f"cannot load {base} as a float32 base model ({type(e).__name__}: {e}); "
+            "build adapters on the float32 checkpoint (e.g. smollm2-f32)"
+        ) from e
     return model.to("cpu").eval()
 
 

@@ -46,15 +46,62 @@ FORBIDDEN = (Path("/work"), Path(__file__).resolve().parents[2])  # never read: 
 SOURCE_KINDS = ("readme", "copyright", "license", "stdlib", "man")
 SHOULD_REUSE = ("mirror_header", "reflow", "footer", "punctuation")
 MUST_NOT_REUSE = ("number_changed", "name_swapped", "negation", "same_opening")
-_HEADERS = ("Fwd: {title}", "Mirrored from https://mirror.example.org/docs/{n}.txt",
-            "-------- Forwarded message --------", "[archived copy {n}]")
-_FOOTERS = ("--\nSent from the documentation mirror. To unsubscribe, mail list-request@example.org.",
-            "Archived by the docs mirror, entry {n}.", "--\nRegards,\nThe mirror team")
-_NAMES = ("Fedora", "Gentoo", "Mozilla", "Oracle", "Novell", "Cisco", "Nokia", "Siemens", "Toyota", "Zurich",
-          "Helsinki", "Kyoto", "Lisbon", "Alice", "Bob", "Carol", "Dmitri", "Ingrid", "Rajesh", "Yuki")
+_HEADERS = (
+    "Fwd: {title}",
+    "Mirrored from https://mirror.example.org/docs/{n}.txt",
+    "-------- Forwarded message --------",
+    "[archived copy {n}]",
+)
+_FOOTERS = (
+    "--\nSent from the documentation mirror. To unsubscribe, mail list-request@example.org.",
+    "Archived by the docs mirror, entry {n}.",
+    "--\nRegards,\nThe mirror team",
+)
+_NAMES = (
+    "Fedora",
+    "Gentoo",
+    "Mozilla",
+    "Oracle",
+    "Novell",
+    "Cisco",
+    "Nokia",
+    "Siemens",
+    "Toyota",
+    "Zurich",
+    "Helsinki",
+    "Kyoto",
+    "Lisbon",
+    "Alice",
+    "Bob",
+    "Carol",
+    "Dmitri",
+    "Ingrid",
+    "Rajesh",
+    "Yuki",
+)
 _NAME_CANDIDATE = re.compile(r"(?<=[a-z,] )[A-Z][a-z]{2,}[A-Za-z]*\b")  # capitalised mid-sentence
-_NOT_NAMES = {"Copyright", "License", "Licence", "Files", "Source", "Comment", "Format", "Upstream", "See", "Note",
-              "The", "This", "For", "If", "When", "Default", "Options", "Example", "Examples", "Description"}
+_NOT_NAMES = {
+    "Copyright",
+    "License",
+    "Licence",
+    "Files",
+    "Source",
+    "Comment",
+    "Format",
+    "Upstream",
+    "See",
+    "Note",
+    "The",
+    "This",
+    "For",
+    "If",
+    "When",
+    "Default",
+    "Options",
+    "Example",
+    "Examples",
+    "Description",
+}
 _AUXILIARY = re.compile(r"\b(is|are|was|were|can|will|should|must|does|do|has|have)\b(?! not)")
 
 
@@ -85,9 +132,9 @@ def cut(text: str) -> str | None:
             size += sep + n
             continue
         if size < MIN_BYTES:  # the paragraphs so far are too short: end inside this one
-            piece = para.encode()[:DOC_MAX_BYTES - size - sep].decode("utf-8", "ignore")
+            piece = para.encode()[: DOC_MAX_BYTES - size - sep].decode("utf-8", "ignore")
             end = piece.rfind(". ")
-            out.append(piece[:end + 1] if end > 0 and size + end >= MIN_BYTES else piece[:piece.rfind(" ")])
+            out.append(piece[: end + 1] if end > 0 and size + end >= MIN_BYTES else piece[: piece.rfind(" ")])
         break
     doc = "\n\n".join(out).strip()
     return doc if MIN_BYTES <= len(doc.encode()) <= DOC_MAX_BYTES else None
@@ -148,8 +195,11 @@ def _stdlib(seed: int):
             continue
         origin = Path(spec.origin)
         if origin.name == "__init__.py":
-            files += [(f"{name}." + ".".join(p.relative_to(origin.parent).with_suffix("").parts), p)
-                      for p in origin.parent.rglob("*.py") if not {"test", "tests"} & set(p.parts)]
+            files += [
+                (f"{name}." + ".".join(p.relative_to(origin.parent).with_suffix("").parts), p)
+                for p in origin.parent.rglob("*.py")
+                if not {"test", "tests"} & set(p.parts)
+            ]
         else:
             files.append((name, origin))
     for module, path in sorted(files, key=lambda f: _hash(seed, f[0])):
@@ -178,8 +228,14 @@ def _man(seed: int):
         if source.lstrip().startswith(".so "):
             continue  # an alias of another page
         try:
-            done = subprocess.run([groff, "-mandoc", "-Tutf8", "-rHY=0", "-rLL=1000n", "-P-cbou"], input=source,
-                                  capture_output=True, text=True, timeout=20, env=env)
+            done = subprocess.run(
+                [groff, "-mandoc", "-Tutf8", "-rHY=0", "-rLL=1000n", "-P-cbou"],
+                input=source,
+                capture_output=True,
+                text=True,
+                timeout=20,
+                env=env,
+            )
         except (OSError, subprocess.SubprocessError):
             continue
         lines = done.stdout.strip().splitlines()
@@ -189,11 +245,13 @@ def _man(seed: int):
 
 def _sources(seed: int) -> dict:
     doc = Path("/usr/share/doc")
-    return {"readme": _files(seed, doc.glob("**/README*")),
-            "copyright": _files(seed, doc.glob("*/copyright")),
-            "license": _files(seed, Path("/usr/share/common-licenses").glob("*")),
-            "stdlib": _stdlib(seed),
-            "man": _man(seed)}
+    return {
+        "readme": _files(seed, doc.glob("**/README*")),
+        "copyright": _files(seed, doc.glob("*/copyright")),
+        "license": _files(seed, Path("/usr/share/common-licenses").glob("*")),
+        "stdlib": _stdlib(seed),
+        "man": _man(seed),
+    }
 
 
 class _NearIndex:
@@ -206,7 +264,7 @@ class _NearIndex:
     @staticmethod
     def shingles(text: str) -> set[tuple]:
         words = text.lower().split()
-        return {tuple(words[i:i + 5]) for i in range(max(1, len(words) - 4))}
+        return {tuple(words[i : i + 5]) for i in range(max(1, len(words) - 4))}
 
     def near(self, grams: set[tuple]) -> bool:
         hits = Counter(i for g in grams for i in self.postings.get(g, ()))
@@ -285,11 +343,14 @@ def _edit(kind: str, doc: dict, other: dict, rng: random.Random) -> str | None:
             return None
         m = rng.choice(numbers)
         new = str(int(m.group(0)) + rng.randrange(1, 9))
-        return text[:m.start()] + new + text[m.end():]
+        return text[: m.start()] + new + text[m.end() :]
     if kind == "name_swapped":
         lowered = set(re.findall(r"\b[a-z]+\b", text))  # a word also written in lower case is no name
-        names = sorted({m.group(0) for m in _NAME_CANDIDATE.finditer(text)} - _NOT_NAMES
-                       - {w for w in set(_NAME_CANDIDATE.findall(text)) if w.lower() in lowered})
+        names = sorted(
+            {m.group(0) for m in _NAME_CANDIDATE.finditer(text)}
+            - _NOT_NAMES
+            - {w for w in set(_NAME_CANDIDATE.findall(text)) if w.lower() in lowered}
+        )
         fresh = [x for x in _NAMES if x.lower() not in text.lower()]
         if not names or not fresh:
             return None
@@ -300,7 +361,7 @@ def _edit(kind: str, doc: dict, other: dict, rng: random.Random) -> str | None:
             return None
         m = rng.choice(spots)
         word = "cannot" if m.group(1) == "can" else m.group(1) + " not"
-        return text[:m.start()] + word + text[m.end():]
+        return text[: m.start()] + word + text[m.end() :]
     if kind == "same_opening":
         mine, theirs = _paragraphs(text), _paragraphs(other["text"])
         if len(mine) < 2 or len(theirs) < 2 or other["text"] == text:
@@ -328,13 +389,21 @@ def make_variants(docs: list[dict], variants: int, seed: int = 0) -> list[dict]:
         else:
             continue
         used[kind].add(doc["id"])
-        out.append({"id": f"var-{len(out):04d}", "text": text, "variant_of": doc["id"], "variant": kind,
-                    "should_reuse": kind in SHOULD_REUSE})
+        out.append(
+            {
+                "id": f"var-{len(out):04d}",
+                "text": text,
+                "variant_of": doc["id"],
+                "variant": kind,
+                "should_reuse": kind in SHOULD_REUSE,
+            }
+        )
     return out
 
 
-def build_holdout(out: Path, documents: int = 300, variants: int = 250, seed: int = 0, *,
-                  sources: dict | None = None) -> dict:
+def build_holdout(
+    out: Path, documents: int = 300, variants: int = 250, seed: int = 0, *, sources: dict | None = None
+) -> dict:
     """Write the hold-out set to `out` (JSONL: documents, then variants); return its counts.
 
     `sources` (kind -> iterable of (source, raw text)) stands in for this machine's text, for tests."""
@@ -349,13 +418,20 @@ def build_holdout(out: Path, documents: int = 300, variants: int = 250, seed: in
         for v in edits:
             f.write(json.dumps(v, ensure_ascii=False) + "\n")
     by_source = Counter(d["kind"] for d in docs)
-    counts = {"out": str(out), "documents": len(docs), "by_source": dict(sorted(by_source.items())),
-              "missing_sources": sorted((set(SOURCE_KINDS) | set(sources or ())) - set(by_source)),
-              "variants": len(edits), "by_variant": dict(sorted(Counter(v["variant"] for v in edits).items())),
-              "should_reuse": sum(v["should_reuse"] for v in edits),
-              "must_not_reuse": sum(not v["should_reuse"] for v in edits),
-              "seconds": round(time.perf_counter() - start, 2)}
+    counts = {
+        "out": str(out),
+        "documents": len(docs),
+        "by_source": dict(sorted(by_source.items())),
+        "missing_sources": sorted((set(SOURCE_KINDS) | set(sources or ())) - set(by_source)),
+        "variants": len(edits),
+        "by_variant": dict(sorted(Counter(v["variant"] for v in edits).items())),
+        "should_reuse": sum(v["should_reuse"] for v in edits),
+        "must_not_reuse": sum(not v["should_reuse"] for v in edits),
+        "seconds": round(time.perf_counter() - start, 2),
+    }
     if len(docs) < documents or len(edits) < variants:
-        counts["note"] = (f"fewer than asked: {len(docs)} of {documents} documents, {len(edits)} of {variants} "
-                          "variants (this machine has less text in the sources)")
+        counts["note"] = (
+            f"fewer than asked: {len(docs)} of {documents} documents, {len(edits)} of {variants} "
+            "variants (this machine has less text in the sources)"
+        )
     return counts

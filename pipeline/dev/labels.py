@@ -10,7 +10,9 @@ from pathlib import Path
 from pipeline.dev.samples import synthetic_document
 
 
-def example_labels(path: str | Path, items: int = 400, small: str = "small", large: str = "large", seed: int = 3) -> Path:
+def example_labels(
+    path: str | Path, items: int = 400, small: str = "small", large: str = "large", seed: int = 3
+) -> Path:
     """A clearly SYNTHETIC labelled set: short plain documents suffice on the small tier, long number-dense
     ones need the large tier, with some noise. It shows the format and exercises train/eval; it says
     nothing about any real model's quality."""

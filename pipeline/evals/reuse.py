@@ -27,7 +27,9 @@ def reuse_quality(records: pa.Table, labels: dict[str, dict], large: TierRun) ->
     text = dict(zip(records["id"].to_pylist(), records["text"].to_pylist()))
     kinds: dict[str, dict] = {k: {"reused": 0, "false_hits": 0, "agreement": []} for k in MEASURED}
     samples = []
-    for id_, kind, source, similarity in zip(*(records[c].to_pylist() for c in ("id", "reuse", "gen_id", "similarity"))):
+    for id_, kind, source, similarity in zip(
+        *(records[c].to_pylist() for c in ("id", "reuse", "gen_id", "similarity"))
+    ):
         if kind not in MEASURED or source not in large.summary:
             continue
         reused, label = large.summary[source], labels.get(id_, {})
@@ -39,22 +41,40 @@ def reuse_quality(records: pa.Table, labels: dict[str, dict], large: TierRun) ->
         if id_ in large.summary:  # a shadow regeneration of this record exists
             k["agreement"].append(rouge_l(reused, large.summary[id_]))
         if wrong and len(samples) < 20:
-            samples.append({"id": id_, "source": source, "kind": kind, "variant": label.get("variant"),
-                            "similarity": round(similarity or 0.0, 4), "introduced": introduced[:5]})
+            samples.append(
+                {
+                    "id": id_,
+                    "source": source,
+                    "kind": kind,
+                    "variant": label.get("variant"),
+                    "similarity": round(similarity or 0.0, 4),
+                    "introduced": introduced[:5],
+                }
+            )
     out = {kind: summary(k) for kind, k in kinds.items()}
-    total = {"reused": sum(k["reused"] for k in kinds.values()), "false_hits": sum(k["false_hits"] for k in kinds.values()),
-             "agreement": [a for k in kinds.values() for a in k["agreement"]]}
-    return {"by_kind": out, "total": summary(total), "labelled": labelled_pairs(records, labels),
-            "false_hit_samples": samples}
+    total = {
+        "reused": sum(k["reused"] for k in kinds.values()),
+        "false_hits": sum(k["false_hits"] for k in kinds.values()),
+        "agreement": [a for k in kinds.values() for a in k["agreement"]],
+    }
+    return {
+        "by_kind": out,
+        "total": summary(total),
+        "labelled": labelled_pairs(records, labels),
+        "false_hit_samples": samples,
+    }
 
 
 def summary(k: dict) -> dict:
     low, high = wilson_interval(k["false_hits"], k["reused"])
     agreement = k["agreement"]
-    return {"reused": k["reused"], "false_hits": k["false_hits"],
-            "false_hit_rate": round(k["false_hits"] / k["reused"], 4) if k["reused"] else None,
-            "ci95": [round(low, 4), round(high, 4)],
-            "mean_agreement": round(sum(agreement) / len(agreement), 4) if agreement else None}
+    return {
+        "reused": k["reused"],
+        "false_hits": k["false_hits"],
+        "false_hit_rate": round(k["false_hits"] / k["reused"], 4) if k["reused"] else None,
+        "ci95": [round(low, 4), round(high, 4)],
+        "mean_agreement": round(sum(agreement) / len(agreement), 4) if agreement else None,
+    }
 
 
 def labelled_pairs(records: pa.Table, labels: dict[str, dict]) -> dict:

@@ -1,4 +1,5 @@
-"""Every hold-out document generated on a tier, through the job's prompt and engine path, priced as the ledger prices."""
+"""Every hold-out document generated on a tier, through the job's prompt and engine path, priced as the ledger
+prices."""
 
 from __future__ import annotations
 
@@ -19,15 +20,16 @@ EVAL_TENANT = "eval"  # no tenant's adapter: evals measure the tier's base model
 @dataclass
 class TierRun:
     """One tier's outputs for the documents asked, by id (documents that did not fit are missing)."""
+
     tier: str
     summary: dict[str, str]
     finish_reason: dict[str, str]
     mean_logprob: dict[str, float | None]
     output_tokens: dict[str, int]
-    usd: dict[str, float]            # the ledger's price of each output: its token-weighted share of engine time
-    measures: dict[str, dict]        # what the output checks read (quality.measure), as the job stores them
+    usd: dict[str, float]  # the ledger's price of each output: its token-weighted share of engine time
+    measures: dict[str, dict]  # what the output checks read (quality.measure), as the job stores them
     engine_seconds: float
-    failed: dict[str, str]           # id -> why no output (too long, engine error)
+    failed: dict[str, str]  # id -> why no output (too long, engine error)
 
     def cost_per_1k(self, ids: list[str]) -> float:
         return 1000.0 * float(np.mean([self.usd[i] for i in ids])) if ids else 0.0
@@ -36,8 +38,11 @@ class TierRun:
         """The checks output `i` fails, by name, as the job's ledger flags it (`checks`: config.checks):
         degenerate, copied, off_topic, unfaithful, truncated. None failed and not empty: acceptable."""
         item = {"summary": self.summary[i], **self.measures[i]}
-        return [*failed_checks(item, checks), *(["unfaithful"] if self.measures[i].get("unfaithful_terms") else []),
-                *(["truncated"] if self.finish_reason[i] == "length" else [])]
+        return [
+            *failed_checks(item, checks),
+            *(["unfaithful"] if self.measures[i].get("unfaithful_terms") else []),
+            *(["truncated"] if self.finish_reason[i] == "length" else []),
+        ]
 
     def acceptable(self, i: str, flags: list[str]) -> bool:
         """Output `i` is one a user keeps: not empty, and `flags` (its flags()) empty."""
@@ -47,14 +52,31 @@ class TierRun:
 def tier_run(docs: pa.Table, tier: str, config: TokenmillConfig, pool: EnginePool) -> TierRun:
     """Generate `docs` (columns id, text) on `tier`, one request per document, no reuse and no cache, through
     the tier worker as a job generates (generate/memory_units.py): the same engine loop, pricing and checks."""
-    records = pa.table({"id": docs["id"], "text": docs["text"], "tier": pa.array([tier] * docs.num_rows, pa.string()),
-                        "duplicate_of": pa.nulls(docs.num_rows, pa.string())})
-    requests, too_long = build_requests(records, config.prompt, config.sampling, config.requests,
-                                        {tier: pool.tokenizer(tier)}, {tier: pool.context_length(tier)})
+    records = pa.table(
+        {
+            "id": docs["id"],
+            "text": docs["text"],
+            "tier": pa.array([tier] * docs.num_rows, pa.string()),
+            "duplicate_of": pa.nulls(docs.num_rows, pa.string()),
+        }
+    )
+    requests, too_long = build_requests(
+        records,
+        config.prompt,
+        config.sampling,
+        config.requests,
+        {tier: pool.tokenizer(tier)},
+        {tier: pool.context_length(tier)},
+    )
     text = dict(zip(docs["id"].to_pylist(), docs["text"].to_pylist()))
-    rows = [{"prompt_token_ids": r["prompt_token_ids"], "max_tokens": r["max_tokens"],
-             "unit": {"item_key": r["id"], "id": r["id"], "tenant": EVAL_TENANT, "scope": "eval", "text": text[r["id"]]}}
-            for r in requests.select(["id", "prompt_token_ids", "max_tokens"]).to_pylist()]
+    rows = [
+        {
+            "prompt_token_ids": r["prompt_token_ids"],
+            "max_tokens": r["max_tokens"],
+            "unit": {"item_key": r["id"], "id": r["id"], "tenant": EVAL_TENANT, "scope": "eval", "text": text[r["id"]]},
+        }
+        for r in requests.select(["id", "prompt_token_ids", "max_tokens"]).to_pylist()
+    ]
     done, report = generate(rows, tier, config, pool, run_id=f"eval-{tier}")
     items = done.items
     price = config.tiers[tier].price_per_gpu_hour / 3600.0

@@ -26,8 +26,12 @@ def lora_kwargs(adapters: list[str]) -> dict:
     vllm-project/vllm#48421, #49656). With that slot never filled, base requests get no adapter
     (tests/engine/test_lora.py compares each request of a mixed batch with the same request alone)."""
     rank = next(r for r in LORA_RANKS if r >= max(adapter_rank(path) for path in adapters))
-    return {"enable_lora": True, "max_loras": len(adapters) + 1, "max_lora_rank": rank,
-            "max_cpu_loras": len(adapters) + 1}
+    return {
+        "enable_lora": True,
+        "max_loras": len(adapters) + 1,
+        "max_lora_rank": rank,
+        "max_cpu_loras": len(adapters) + 1,
+    }
 
 
 def adapter_problems(config, tiers: list[str] | None = None) -> list[str]:
@@ -68,9 +72,15 @@ def shape_mismatch(adapter: Path, model: Path) -> str | None:
     head_dim = c.get("head_dim") or c.get("hidden_size", 0) // max(heads, 1)
     hidden, inner, kv = c.get("hidden_size"), c.get("intermediate_size"), c.get("num_key_value_heads", heads) * head_dim
     # (input width, output width) of each projection
-    shapes = {"q_proj": (hidden, heads * head_dim), "k_proj": (hidden, kv), "v_proj": (hidden, kv),
-              "o_proj": (heads * head_dim, hidden), "gate_proj": (hidden, inner), "up_proj": (hidden, inner),
-              "down_proj": (inner, hidden)}
+    shapes = {
+        "q_proj": (hidden, heads * head_dim),
+        "k_proj": (hidden, kv),
+        "v_proj": (hidden, kv),
+        "o_proj": (heads * head_dim, hidden),
+        "gate_proj": (hidden, inner),
+        "up_proj": (hidden, inner),
+        "down_proj": (inner, hidden),
+    }
     for name, meta in header.items():
         module = next((m for m in shapes if f".{m}.lora_" in name), None)
         if module is None:
@@ -90,5 +100,7 @@ def lora_requests(adapters: list[str]) -> dict:
 
     from pipeline.keys import adapter_digest
 
-    return {path: LoRARequest(adapter_digest(path), i, str(Path(path).expanduser()))
-            for i, path in enumerate(adapters, start=1)}
+    return {
+        path: LoRARequest(adapter_digest(path), i, str(Path(path).expanduser()))
+        for i, path in enumerate(adapters, start=1)
+    }

@@ -35,6 +35,7 @@ from pipeline.keys import adapter_digest
 
 log = logging.getLogger(__name__)
 
+
 class VllmEngine:
     """vLLM's offline `LLM`, fed token ids, greedy or seeded sampling, with prefix-cache accounting."""
 
@@ -79,8 +80,9 @@ class VllmEngine:
 
     # The streaming interface tier workers use: vLLM's own engine loop (LLMEngine.add_request / step), so
     # requests join the running batch as others finish and the scheduler never runs dry while work remains.
-    def add(self, request_id: str, prompt: list[int], max_tokens: int, sampling: SamplingConfig,
-            adapter: str | None = None) -> None:
+    def add(
+        self, request_id: str, prompt: list[int], max_tokens: int, sampling: SamplingConfig, adapter: str | None = None
+    ) -> None:
         """Queue one request; `adapter`: one of the adapter folders this engine was started with."""
         from vllm.inputs import TokensPrompt
 
@@ -88,8 +90,12 @@ class VllmEngine:
         if adapter is not None and adapter not in self.loras:
             raise ValueError(f"adapter {adapter} is not served by this engine (it serves {sorted(self.loras)})")
         with _engine_death():
-            internal = engine.add_request(request_id, TokensPrompt(prompt_token_ids=prompt), _params(max_tokens, sampling),
-                                          lora_request=self.loras.get(adapter))
+            internal = engine.add_request(
+                request_id,
+                TokensPrompt(prompt_token_ids=prompt),
+                _params(max_tokens, sampling),
+                lora_request=self.loras.get(adapter),
+            )
         self._ids = getattr(self, "_ids", {})
         self._ids[internal if isinstance(internal, str) else request_id] = request_id
 
@@ -107,6 +113,7 @@ class VllmEngine:
     def counters(self) -> dict:
         """Speculative and prefix-cache token counts since the engine started (levers.engine_counters)."""
         from pipeline.generate.levers import engine_counters
+
         return engine_counters(self.llm)
 
 
@@ -132,21 +139,36 @@ def _params(max_tokens: int, sampling: SamplingConfig):
     structured = None
     if sampling.json_schema is not None:
         from vllm.sampling_params import StructuredOutputsParams
-        structured = StructuredOutputsParams(json=sampling.json_schema)  # one per request: vLLM records its backend on it
+
+        structured = StructuredOutputsParams(
+            json=sampling.json_schema
+        )  # one per request: vLLM records its backend on it
     # logprobs=0: only the sampled token's log-probability, enough for the mean (escalation's signal).
-    return SamplingParams(max_tokens=max_tokens, temperature=sampling.temperature, top_p=sampling.top_p,
-                          seed=sampling.seed, logprobs=0, structured_outputs=structured,
-                          repetition_penalty=sampling.repetition_penalty, frequency_penalty=sampling.frequency_penalty,
-                          presence_penalty=sampling.presence_penalty,
-                          min_tokens=min(sampling.min_tokens, max_tokens),  # vLLM refuses more than max_tokens
-                          stop=sampling.stop or None)
+    return SamplingParams(
+        max_tokens=max_tokens,
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        seed=sampling.seed,
+        logprobs=0,
+        structured_outputs=structured,
+        repetition_penalty=sampling.repetition_penalty,
+        frequency_penalty=sampling.frequency_penalty,
+        presence_penalty=sampling.presence_penalty,
+        min_tokens=min(sampling.min_tokens, max_tokens),  # vLLM refuses more than max_tokens
+        stop=sampling.stop or None,
+    )
 
 
 def _completion(o) -> Completion:
-    return Completion(text=o.outputs[0].text, prompt_tokens=len(o.prompt_token_ids),
-                      cached_prompt_tokens=o.num_cached_tokens or 0, output_tokens=len(o.outputs[0].token_ids),
-                      finish_reason=o.outputs[0].finish_reason or "unknown", token_ids=tuple(o.outputs[0].token_ids),
-                      mean_logprob=_mean_logprob(o.outputs[0]))
+    return Completion(
+        text=o.outputs[0].text,
+        prompt_tokens=len(o.prompt_token_ids),
+        cached_prompt_tokens=o.num_cached_tokens or 0,
+        output_tokens=len(o.outputs[0].token_ids),
+        finish_reason=o.outputs[0].finish_reason or "unknown",
+        token_ids=tuple(o.outputs[0].token_ids),
+        mean_logprob=_mean_logprob(o.outputs[0]),
+    )
 
 
 class BatchStepper:
@@ -156,8 +178,9 @@ class BatchStepper:
     def __init__(self, engine: Engine):
         self.engine, self.queued = engine, []
 
-    def add(self, request_id: str, prompt: list[int], max_tokens: int, sampling: SamplingConfig,
-            adapter: str | None = None) -> None:
+    def add(
+        self, request_id: str, prompt: list[int], max_tokens: int, sampling: SamplingConfig, adapter: str | None = None
+    ) -> None:
         if adapter is not None:
             raise ValueError(f"this engine serves no LoRA adapters (asked for {adapter})")
         self.queued.append((request_id, prompt, max_tokens, sampling))
@@ -167,8 +190,10 @@ class BatchStepper:
         if not queued:
             return []
         results = _generate_splitting(self.engine, [q[1] for q in queued], [q[2] for q in queued], queued[0][3], [0])
-        return [Progressed(q[0], r.output_tokens, r) if isinstance(r, Completion) else Progressed(q[0], 0, None, r)
-                for q, r in zip(queued, results)]
+        return [
+            Progressed(q[0], r.output_tokens, r) if isinstance(r, Completion) else Progressed(q[0], 0, None, r)
+            for q, r in zip(queued, results)
+        ]
 
 
 def stepper(engine: Engine) -> StreamingEngine:
@@ -215,8 +240,12 @@ ENGINES: dict[str, Callable[..., Engine]] = {"vllm": VllmEngine, "fake": FakeEng
 class EnginePool:
     """Tokenizers, context lengths and engines of the configured tiers, each built on first use."""
 
-    def __init__(self, tiers: dict[str, TierConfig], factory: Callable[..., Engine] | None = None,
-                 adapters: dict[str, list[str]] | None = None):
+    def __init__(
+        self,
+        tiers: dict[str, TierConfig],
+        factory: Callable[..., Engine] | None = None,
+        adapters: dict[str, list[str]] | None = None,
+    ):
         """`factory(tier[, adapters])` builds every tier's engine; unset, each tier's `engine` decides
         (ENGINES). `adapters`: per tier, the LoRA adapter folders its engine serves (config.tier_adapters())."""
         self.tiers, self.factory, self.adapters = tiers, factory, adapters or {}
@@ -250,8 +279,9 @@ class EnginePool:
     def _key(self, name: str) -> str:
         # Adapters by content: an adapter retrained in place gets an engine that loads the new weights.
         adapters = [(path, adapter_digest(path)) for path in self.adapters.get(name, [])]
-        return json.dumps([self._factory_of(name).__qualname__, self.tiers[name].model_dump(mode="json"), adapters],
-                          sort_keys=True)
+        return json.dumps(
+            [self._factory_of(name).__qualname__, self.tiers[name].model_dump(mode="json"), adapters], sort_keys=True
+        )
 
     def _factory_of(self, name: str) -> Callable[..., Engine]:
         return self.factory or ENGINES[self.tiers[name].engine]
@@ -304,8 +334,9 @@ class EnginePool:
         return _ENGINES[key]
 
 
-def _generate_splitting(engine: Engine, prompts: list, max_tokens: list, sampling: SamplingConfig,
-                        attempts: list[int]) -> list[Completion | str]:
+def _generate_splitting(
+    engine: Engine, prompts: list, max_tokens: list, sampling: SamplingConfig, attempts: list[int]
+) -> list[Completion | str]:
     """Completions, or an error string per item that failed even alone. `attempts[0]` counts failures."""
     try:
         return list(engine.generate(prompts, max_tokens, sampling))
@@ -317,5 +348,6 @@ def _generate_splitting(engine: Engine, prompts: list, max_tokens: list, samplin
             return [f"{type(e).__name__}: {e}"[:500]]
         mid = len(prompts) // 2
         log.warning("engine call of %d items failed (%s); retrying as two halves", len(prompts), type(e).__name__)
-        return (_generate_splitting(engine, prompts[:mid], max_tokens[:mid], sampling, attempts)
-                + _generate_splitting(engine, prompts[mid:], max_tokens[mid:], sampling, attempts))
+        return _generate_splitting(engine, prompts[:mid], max_tokens[:mid], sampling, attempts) + _generate_splitting(
+            engine, prompts[mid:], max_tokens[mid:], sampling, attempts
+        )

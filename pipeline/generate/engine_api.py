@@ -39,15 +39,18 @@ class Engine(Protocol):
     that also have `add` and `step` (StreamingEngine) are fed continuously by the tier worker; others are
     wrapped in engine.BatchStepper."""
 
-    def generate(self, prompts: list[list[int]], max_tokens: list[int], sampling: SamplingConfig) -> list[Completion]: ...
+    def generate(
+        self, prompts: list[list[int]], max_tokens: list[int], sampling: SamplingConfig
+    ) -> list[Completion]: ...
 
 
 class StreamingEngine(Engine, Protocol):
     """vLLM's own loop: requests are added one at a time and join the running batch; each `step` advances
     every running request and says how far (`Progressed`), with the Completion of those that finished."""
 
-    def add(self, request_id: str, prompt: list[int], max_tokens: int, sampling: SamplingConfig,
-            adapter: str | None = None) -> None: ...
+    def add(
+        self, request_id: str, prompt: list[int], max_tokens: int, sampling: SamplingConfig, adapter: str | None = None
+    ) -> None: ...
 
     def step(self) -> list[Progressed]: ...
 
@@ -57,7 +60,7 @@ class Progressed:
     request_id: str
     output_tokens: int
     completion: Completion | None  # set when the request finished in this step
-    error: str | None = None       # set when it failed (even alone): no completion will come
+    error: str | None = None  # set when it failed (even alone): no completion will come
 
 
 # Tokenizer classes that are the plain Rust tokenizer from tokenizer.json, with nothing model-specific.
@@ -70,9 +73,14 @@ def load_tokenizer(model: str):
     for a job that never runs a model); any other class goes through `AutoTokenizer`."""
     path = Path(model).expanduser()
     config_file = path / "tokenizer_config.json"
-    if (path / "tokenizer.json").exists() and config_file.exists() and \
-            json.loads(config_file.read_text()).get("tokenizer_class") in _PLAIN_TOKENIZERS:
+    if (
+        (path / "tokenizer.json").exists()
+        and config_file.exists()
+        and json.loads(config_file.read_text()).get("tokenizer_class") in _PLAIN_TOKENIZERS
+    ):
         from transformers import PreTrainedTokenizerFast
+
         return PreTrainedTokenizerFast.from_pretrained(str(path))
     from transformers import AutoTokenizer
+
     return AutoTokenizer.from_pretrained(model)

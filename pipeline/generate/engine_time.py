@@ -28,8 +28,9 @@ class EngineTime:
         """A session is stale (its worker died) when it is still open and its lease ran out, or its worker is
         provably gone."""
         t = self.state.db_now()
-        return lambda s: s.status != "closed" and (s.lease_expires_at is None or s.lease_expires_at < t
-                                                   or worker_is_gone(s.worker))
+        return lambda s: (
+            s.status != "closed" and (s.lease_expires_at is None or s.lease_expires_at < t or worker_is_gone(s.worker))
+        )
 
     def wait_for_engines(self, still_held) -> None:
         """Wait while another worker's engine session of this job is open: the start-up and idle time a
@@ -41,15 +42,19 @@ class EngineTime:
             if not live:
                 return
             if not announced:
-                log.info("commit waits for %d engine sessions of this job to close (%s)", len(live),
-                         ", ".join(s.session_id for s in live))
+                log.info(
+                    "commit waits for %d engine sessions of this job to close (%s)",
+                    len(live),
+                    ", ".join(s.session_id for s in live),
+                )
                 announced = True
             time.sleep(self.config.state.wait_seconds)
 
     def shares(self) -> dict:
         """Per engine session of this job: how its held GPU-seconds are shared (pricing.session_shares)."""
-        return session_shares(self.queue.sessions(self.job_id), self.queue.recorded_by_session(self.job_id),
-                              self.stale())
+        return session_shares(
+            self.queue.sessions(self.job_id), self.queue.recorded_by_session(self.job_id), self.stale()
+        )
 
     def charges(self, partition: str, shares: dict) -> list[dict]:
         """This partition's GPU time no output carries: its failed attempts, with their overhead share; its
@@ -60,19 +65,48 @@ class EngineTime:
         weights = {sid: self.lost_weights(sid) for sid, share in shares.items() if share.lost > 0}
         # One charge row per such session, taken by the first partition that commits after it ended: every
         # other commit finds it taken (a share over every partition missed those committed before it began).
-        self.queue.add_charges(self.job_id, [
-            {"charge_id": f"{sid}/unused", "partition": partition, "session_id": sid, "kind": "lost", "id": None,
-             "tenant": None, "tier": tiers[sid], "gpu_seconds": shares[sid].lost} for sid, w in weights.items() if not w])
-        out = [{**ch, "busy_gpu_seconds": ch["gpu_seconds"],
+        self.queue.add_charges(
+            self.job_id,
+            [
+                {
+                    "charge_id": f"{sid}/unused",
+                    "partition": partition,
+                    "session_id": sid,
+                    "kind": "lost",
+                    "id": None,
+                    "tenant": None,
+                    "tier": tiers[sid],
+                    "gpu_seconds": shares[sid].lost,
+                }
+                for sid, w in weights.items()
+                if not w
+            ],
+        )
+        out = [
+            {
+                **ch,
+                "busy_gpu_seconds": ch["gpu_seconds"],
                 "overhead_gpu_seconds": ch["gpu_seconds"] * shares[ch["session_id"]].overhead_ratio
-                if ch["session_id"] in shares and ch["kind"] != "lost" else 0.0}
-               for ch in self.queue.charges(self.job_id, partition)]
+                if ch["session_id"] in shares and ch["kind"] != "lost"
+                else 0.0,
+            }
+            for ch in self.queue.charges(self.job_id, partition)
+        ]
         for sid, w in weights.items():
             total, mine = sum(w.values()), w.get(partition, 0)
             if total and mine:
-                out.append({"partition": partition, "session_id": sid, "kind": "lost", "id": None, "tenant": None,
-                            "tier": tiers[sid], "busy_gpu_seconds": shares[sid].lost * mine / total,
-                            "overhead_gpu_seconds": 0.0})
+                out.append(
+                    {
+                        "partition": partition,
+                        "session_id": sid,
+                        "kind": "lost",
+                        "id": None,
+                        "tenant": None,
+                        "tier": tiers[sid],
+                        "busy_gpu_seconds": shares[sid].lost * mine / total,
+                        "overhead_gpu_seconds": 0.0,
+                    }
+                )
         return out
 
     def lost_weights(self, session_id: str) -> dict[str, int]:
@@ -89,4 +123,5 @@ class EngineTime:
         def ratio(item: dict) -> float:
             share = shares.get(item.get("session_id"))
             return share.overhead_ratio if share is not None else 0.0
+
         return ratio

@@ -45,14 +45,85 @@ from pipeline.config import LOOP_KNOBS, SamplingConfig, TierConfig
 from pipeline.generate.engine_api import Completion, EngineStartError, Progressed, load_tokenizer
 
 # Words the fake answers with: common English, so the tier's tokenizer splits them as it would real text.
-WORDS = ("the", "report", "states", "that", "revenue", "grew", "in", "quarter", "while", "costs", "fell", "and",
-         "team", "plans", "to", "review", "contract", "terms", "with", "supplier", "before", "next", "audit",
-         "customers", "asked", "for", "faster", "delivery", "of", "orders", "a", "new", "policy", "covers",
-         "data", "retention", "by", "region", "board", "approved", "budget", "summary", "notes", "risk",
-         "remains", "low", "high", "market", "share", "rose", "product", "launch", "was", "delayed")
+WORDS = (
+    "the",
+    "report",
+    "states",
+    "that",
+    "revenue",
+    "grew",
+    "in",
+    "quarter",
+    "while",
+    "costs",
+    "fell",
+    "and",
+    "team",
+    "plans",
+    "to",
+    "review",
+    "contract",
+    "terms",
+    "with",
+    "supplier",
+    "before",
+    "next",
+    "audit",
+    "customers",
+    "asked",
+    "for",
+    "faster",
+    "delivery",
+    "of",
+    "orders",
+    "a",
+    "new",
+    "policy",
+    "covers",
+    "data",
+    "retention",
+    "by",
+    "region",
+    "board",
+    "approved",
+    "budget",
+    "summary",
+    "notes",
+    "risk",
+    "remains",
+    "low",
+    "high",
+    "market",
+    "share",
+    "rose",
+    "product",
+    "launch",
+    "was",
+    "delayed",
+)
 
-FILLER = ("the", "and", "of", "in", "to", "a", "for", "with", "by", "on", "is", "was", "that", "as", "its", "from",
-          "at", "or", "an", "this")
+FILLER = (
+    "the",
+    "and",
+    "of",
+    "in",
+    "to",
+    "a",
+    "for",
+    "with",
+    "by",
+    "on",
+    "is",
+    "was",
+    "that",
+    "as",
+    "its",
+    "from",
+    "at",
+    "or",
+    "an",
+    "this",
+)
 _TOPIC = re.compile(r"[^\W\d_]{4,}")
 
 
@@ -60,12 +131,12 @@ _TOPIC = re.compile(r"[^\W\d_]{4,}")
 class _Request:
     request_id: str
     prompt: list[int]
-    token_ids: list[int]     # everything it will generate (a pure function of the request)
+    token_ids: list[int]  # everything it will generate (a pure function of the request)
     finish_reason: str
     mean_logprob: float
     adapter: str | None
-    cached: int = 0          # prompt tokens found in the prefix cache at its prefill
-    done: int = 0            # output tokens generated so far
+    cached: int = 0  # prompt tokens found in the prefix cache at its prefill
+    done: int = 0  # output tokens generated so far
 
 
 class FakeEngine:
@@ -90,8 +161,9 @@ class FakeEngine:
 
     # -- the streaming interface (the tier worker's) -------------------------------------------------
 
-    def add(self, request_id: str, prompt: list[int], max_tokens: int, sampling: SamplingConfig,
-            adapter: str | None = None) -> None:
+    def add(
+        self, request_id: str, prompt: list[int], max_tokens: int, sampling: SamplingConfig, adapter: str | None = None
+    ) -> None:
         self.check(prompt, max_tokens, adapter)
         self.waiting.append(self.answer(request_id, prompt, max_tokens, sampling, adapter))
 
@@ -145,8 +217,9 @@ class FakeEngine:
             self.add(rid, prompt, m, sampling)
         mine, done = set(ids), {}
         while len(done) < len(ids):
-            done.update((p.request_id, p.completion) for p in self.step()
-                        if p.completion is not None and p.request_id in mine)
+            done.update(
+                (p.request_id, p.completion) for p in self.step() if p.completion is not None and p.request_id in mine
+            )
         return [done[rid] for rid in ids]
 
     def counters(self) -> dict[str, int | None]:
@@ -162,12 +235,22 @@ class FakeEngine:
 
     # -- what a request gets ----------------------------------------------------------------------------
 
-    def answer(self, request_id: str, prompt: list[int], max_tokens: int, sampling: SamplingConfig,
-               adapter: str | None) -> _Request:
+    def answer(
+        self, request_id: str, prompt: list[int], max_tokens: int, sampling: SamplingConfig, adapter: str | None
+    ) -> _Request:
         """The request's whole answer, decided when it is added: a pure function of the request."""
         knobs = {k: v for k, v in sampling.keyed().items() if k in LOOP_KNOBS}  # set loop knobs change the answer
-        request = [self.model_name, adapter and Path(adapter).name, prompt, max_tokens, sampling.temperature,
-                   sampling.top_p, sampling.seed, sampling.json_schema, *([knobs] if knobs else [])]
+        request = [
+            self.model_name,
+            adapter and Path(adapter).name,
+            prompt,
+            max_tokens,
+            sampling.temperature,
+            sampling.top_p,
+            sampling.seed,
+            sampling.json_schema,
+            *([knobs] if knobs else []),
+        ]
         seed = xxhash.xxh3_64_intdigest(json.dumps(request, separators=(",", ":")).encode())
         if sampling.json_schema is not None:
             text = json.dumps(instance(sampling.json_schema, seed), separators=(",", ":"))
@@ -175,16 +258,18 @@ class FakeEngine:
             wanted = len(ids)
         elif (seed >> 20) % 10_000 < self.fake.loop_share * 10_000:  # a loop runs to max_tokens
             wanted = max_tokens
-            ids = self.tokenizer.encode(" ".join([WORDS[seed % len(WORDS)]] * (max_tokens + 8)), add_special_tokens=False)
+            ids = self.tokenizer.encode(
+                " ".join([WORDS[seed % len(WORDS)]] * (max_tokens + 8)), add_special_tokens=False
+            )
         else:
             wanted, vocabulary = self.fake.output_tokens or max_tokens, self.vocabulary(prompt)
             ids = self.tokenizer.encode(words(seed, min(wanted, max_tokens) + 8, vocabulary), add_special_tokens=False)
             while len(ids) < min(wanted, max_tokens):  # a tokenizer that merges words: draw more of them
                 seed = xxhash.xxh3_64_intdigest(str(seed).encode())
                 ids += self.tokenizer.encode(" " + words(seed, max_tokens, vocabulary), add_special_tokens=False)
-        ids = ids[:min(wanted, max_tokens)]
+        ids = ids[: min(wanted, max_tokens)]
         low, high = self.fake.mean_logprob
-        logprob = low + (high - low) * ((seed >> 11) / 2 ** 53)
+        logprob = low + (high - low) * ((seed >> 11) / 2**53)
         return _Request(request_id, list(prompt), ids, "length" if wanted >= max_tokens else "stop", logprob, adapter)
 
     def vocabulary(self, prompt: list[int]) -> tuple[str, ...]:
@@ -192,7 +277,7 @@ class FakeEngine:
         or more, spread over their sorted list). So an answer talks about its document, as a summary does, and
         passes the `off_topic` check; its words come in random order, so it neither loops nor copies."""
         found = sorted(set(_TOPIC.findall(self.tokenizer.decode(prompt).lower())))
-        return FILLER + tuple(found[::max(1, math.ceil(len(found) / len(WORDS)))])
+        return FILLER + tuple(found[:: max(1, math.ceil(len(found) / len(WORDS)))])
 
     def prefill(self, prompt: list[int], adapter: str | None) -> int:
         """Prompt tokens already in the prefix cache, as vLLM counts them: whole blocks, never the block holding
@@ -202,7 +287,7 @@ class FakeEngine:
         size, cached, hit = self.fake.prefix_block_tokens, 0, True
         h = xxhash.xxh3_64_intdigest((adapter or "").encode())
         for end in range(size, len(prompt), size):
-            h = xxhash.xxh3_64_intdigest(array("q", prompt[end - size:end]).tobytes(), seed=h)
+            h = xxhash.xxh3_64_intdigest(array("q", prompt[end - size : end]).tobytes(), seed=h)
             if hit and h in self.blocks:
                 cached = end
             else:
@@ -213,17 +298,22 @@ class FakeEngine:
         return cached
 
     def completion(self, r: _Request) -> Completion:
-        return Completion(text=self.tokenizer.decode(r.token_ids, skip_special_tokens=True),
-                          prompt_tokens=len(r.prompt), cached_prompt_tokens=r.cached, output_tokens=len(r.token_ids),
-                          finish_reason=r.finish_reason, token_ids=tuple(r.token_ids),
-                          mean_logprob=r.mean_logprob if r.token_ids else None)
+        return Completion(
+            text=self.tokenizer.decode(r.token_ids, skip_special_tokens=True),
+            prompt_tokens=len(r.prompt),
+            cached_prompt_tokens=r.cached,
+            output_tokens=len(r.token_ids),
+            finish_reason=r.finish_reason,
+            token_ids=tuple(r.token_ids),
+            mean_logprob=r.mean_logprob if r.token_ids else None,
+        )
 
 
 def words(seed: int, n: int, vocabulary: tuple[str, ...] = WORDS) -> str:
     """`n` words of `vocabulary` drawn from `seed`: the same seed, the same words."""
     out, x = [], seed or 1
     for _ in range(n):
-        x = (x * 6364136223846793005 + 1442695040888963407) % 2 ** 64  # a 64-bit LCG: cheap, portable, fixed
+        x = (x * 6364136223846793005 + 1442695040888963407) % 2**64  # a 64-bit LCG: cheap, portable, fixed
         out.append(vocabulary[(x >> 33) % len(vocabulary)])
     return " ".join(out)
 
@@ -257,7 +347,7 @@ def instance(schema: dict, seed: int, root: dict | None = None):
     if kind == "object":
         props = schema.get("properties", {})
         names = list(schema.get("required", []))
-        names += [k for k in props if k not in names][:max(0, schema.get("minProperties", 0) - len(names))]
+        names += [k for k in props if k not in names][: max(0, schema.get("minProperties", 0) - len(names))]
         return {k: instance(props.get(k, {}), seed + i, root) for i, k in enumerate(names)}
     if kind == "array":
         return [instance(schema.get("items", {}), seed + i, root) for i in range(schema.get("minItems", 0))]
@@ -271,7 +361,7 @@ def instance(schema: dict, seed: int, root: dict | None = None):
     text = words(seed, n)
     while len(text) < schema.get("minLength", 0):
         text += " " + words(seed + len(text), n)
-    return text[:schema["maxLength"]] if "maxLength" in schema else text
+    return text[: schema["maxLength"]] if "maxLength" in schema else text
 
 
 def _number(schema: dict, integer: bool):
@@ -279,7 +369,9 @@ def _number(schema: dict, integer: bool):
     moved inwards by one)."""
     exclusive_low, exclusive_high = schema.get("exclusiveMinimum"), schema.get("exclusiveMaximum")
     lows = [v for v in (schema.get("minimum"), None if exclusive_low is None else exclusive_low + 1) if v is not None]
-    highs = [v for v in (schema.get("maximum"), None if exclusive_high is None else exclusive_high - 1) if v is not None]
+    highs = [
+        v for v in (schema.get("maximum"), None if exclusive_high is None else exclusive_high - 1) if v is not None
+    ]
     value = max(lows) if lows and max(lows) > 0 else min(highs) if highs and min(highs) < 0 else 0
     if not integer:
         return value

@@ -33,6 +33,7 @@ from pipeline.keys import adapter_digest, chunk_keys, escalation_key, retry_key
 @lru_cache(maxsize=8)
 def _validator(schema_json: str):
     from jsonschema import Draft202012Validator
+
     return Draft202012Validator(json.loads(schema_json))
 
 
@@ -70,7 +71,11 @@ def escalation_reason(item: dict, config: TokenmillConfig) -> str | None:
         return "unfaithful"
     if e.on_truncation and item["finish_reason"] == "length":
         return "truncated"
-    if e.min_mean_logprob is not None and item.get("mean_logprob") is not None and item["mean_logprob"] < e.min_mean_logprob:
+    if (
+        e.min_mean_logprob is not None
+        and item.get("mean_logprob") is not None
+        and item["mean_logprob"] < e.min_mean_logprob
+    ):
         return "low_logprob"
     return None
 
@@ -108,7 +113,7 @@ class Outcome:
     def attempts(self) -> int:
         """Generations of the document paid for here (chunks aside): a failed escalation counts too, a retry
         or an escalation the reuse cache served does not (it cost this job nothing)."""
-        attempts = [self.paid[0], *self.paid[1 + self.chunks:]]  # final_output puts chunks right after the first
+        attempts = [self.paid[0], *self.paid[1 + self.chunks :]]  # final_output puts chunks right after the first
         return sum(1 for p in attempts if p.get("origin") is None)
 
 
@@ -177,9 +182,12 @@ def related_keys(keys: list[str], items: dict[str, dict], config: TokenmillConfi
 
 def split_for_context(text: str, tokenizer, prompt, context: int, max_tokens: int) -> list[str]:
     """Cut `text` into pieces whose rendered prompts leave `max_tokens` of room in `context`."""
-    overhead = len(tokenizer(
-        [tokenizer.apply_chat_template(render_messages("", prompt), tokenize=False, add_generation_prompt=True)],
-        add_special_tokens=False)["input_ids"][0])
+    overhead = len(
+        tokenizer(
+            [tokenizer.apply_chat_template(render_messages("", prompt), tokenize=False, add_generation_prompt=True)],
+            add_special_tokens=False,
+        )["input_ids"][0]
+    )
     room = max(context - max_tokens - overhead - 8, 16)  # 8: slack for tokens merging across a cut
     words, pieces, current, used = text.split(" "), [], [], 0
     lengths = [len(ids) + 1 for ids in tokenizer(words, add_special_tokens=False)["input_ids"]]
@@ -206,8 +214,10 @@ def is_chunk(unit: dict) -> bool:
 def chunk_units(unit: dict, pieces: list[str]) -> list[dict]:
     # The request id only has to be unique within a round: record ids never contain NUL (validate
     # quarantines them), so `<id>\0chunk<i>` cannot meet another record's id. Nothing parses it back.
-    return [{**unit, "id": f"{unit['id']}\x00chunk{i}", "record_id": unit["id"], "text": piece, "item_key": key}
-            for i, (piece, key) in enumerate(zip(pieces, chunk_keys(unit["item_key"], len(pieces))))]
+    return [
+        {**unit, "id": f"{unit['id']}\x00chunk{i}", "record_id": unit["id"], "text": piece, "item_key": key}
+        for i, (piece, key) in enumerate(zip(pieces, chunk_keys(unit["item_key"], len(pieces))))
+    ]
 
 
 def reduce_unit(unit: dict, summaries: list[str]) -> dict:

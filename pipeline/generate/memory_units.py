@@ -83,16 +83,25 @@ class Collected:
         pass
 
 
-def generate(rows: list[dict], tier: str, config: TokenmillConfig, pool: EnginePool,
-             run_id: str = "memory") -> tuple[Collected, WorkerReport]:
+def generate(
+    rows: list[dict], tier: str, config: TokenmillConfig, pool: EnginePool, run_id: str = "memory"
+) -> tuple[Collected, WorkerReport]:
     """Run `rows` (prompt_token_ids, max_tokens, unit: item_key, id, tenant, scope, text) on `tier`'s engine
     through the tier worker; what finished, by item key, and the worker's report (engine seconds)."""
     units, by_unit = [], {}
     for n, start in enumerate(range(0, len(rows), UNIT_REQUESTS)):
-        unit = WorkUnit(job_id=run_id, unit_id=f"{run_id}/{n}/{tier}", partition=run_id, tier=tier, wave=0,
-                        requests=len(rows[start:start + UNIT_REQUESTS]), status="pending", epoch=0)
+        unit = WorkUnit(
+            job_id=run_id,
+            unit_id=f"{run_id}/{n}/{tier}",
+            partition=run_id,
+            tier=tier,
+            wave=0,
+            requests=len(rows[start : start + UNIT_REQUESTS]),
+            status="pending",
+            epoch=0,
+        )
         units.append(unit)
-        by_unit[unit.unit_id] = rows[start:start + UNIT_REQUESTS]
+        by_unit[unit.unit_id] = rows[start : start + UNIT_REQUESTS]
     side = Collected(by_unit)
     worker = TierWorker(config, tier, run_id, MemoryUnits(units), pool, default_worker(), side)
     return side, worker.drain()

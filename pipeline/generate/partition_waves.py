@@ -37,9 +37,17 @@ log = logging.getLogger(__name__)
 
 
 class PartitionWaves:
-    def __init__(self, config: TokenmillConfig, job_id: str, state: StateStore, queue: UnitQueue,
-                 staging: StagingArea, lookup: ItemLookup, pool: EnginePool,
-                 written: Callable[[str], None] = lambda partition: None):
+    def __init__(
+        self,
+        config: TokenmillConfig,
+        job_id: str,
+        state: StateStore,
+        queue: UnitQueue,
+        staging: StagingArea,
+        lookup: ItemLookup,
+        pool: EnginePool,
+        written: Callable[[str], None] = lambda partition: None,
+    ):
         self.config, self.job_id, self.state, self.queue = config, job_id, state, queue
         self.staging, self.lookup, self.pool = staging, lookup, pool
         self.written = written  # called with a derived wave's files written, before the catalog takes it
@@ -64,18 +72,28 @@ class PartitionWaves:
         them until the catalog takes the token."""
         token = secrets.token_hex(8)
         for tier, tier_rows in by_tier(rows).items():
-            self.staging.write_wave(partition, state.wave, token, tier, pa.table({
-                "item_key": [r["unit"]["item_key"] for r in tier_rows],
-                "prompt_token_ids": pa.array([r["prompt_token_ids"] for r in tier_rows], pa.list_(pa.int32())),
-                "max_tokens": pa.array([r["max_tokens"] for r in tier_rows], pa.int64()),
-                "unit": [json.dumps(r["unit"], sort_keys=True) for r in tier_rows]}))
+            self.staging.write_wave(
+                partition,
+                state.wave,
+                token,
+                tier,
+                pa.table(
+                    {
+                        "item_key": [r["unit"]["item_key"] for r in tier_rows],
+                        "prompt_token_ids": pa.array([r["prompt_token_ids"] for r in tier_rows], pa.list_(pa.int32())),
+                        "max_tokens": pa.array([r["max_tokens"] for r in tier_rows], pa.int64()),
+                        "unit": [json.dumps(r["unit"], sort_keys=True) for r in tier_rows],
+                    }
+                ),
+            )
         self.staging.write_wave_state(partition, state.wave, token, state.dumps())
         self.written(partition)
         return token
 
     def enqueue(self, partition: str, wave: int, rows: list[dict]) -> int:
-        owned = self.queue.enqueue(self.job_id, partition, wave,
-                                   {t: [r["unit"]["item_key"] for r in rs] for t, rs in by_tier(rows).items()})
+        owned = self.queue.enqueue(
+            self.job_id, partition, wave, {t: [r["unit"]["item_key"] for r in rs] for t, rs in by_tier(rows).items()}
+        )
         return sum(len(keys) for keys in owned.values())
 
     def state_of(self, p: Partition) -> WaveState:
@@ -122,8 +140,13 @@ class PartitionWaves:
             failures = {k: (v.reason, v.detail) for k, v in keys.items() if v.state == "failed" and k not in items}
             rows = self.planner(partition).next(state, records, items, failures)
             token = self.write(partition, state, rows or [])
-            if not self.set_generation(partition, state.wave, "generated" if rows is None else "generating", token,
-                                       expect=(p.wave, p.wave_token)):
+            if not self.set_generation(
+                partition,
+                state.wave,
+                "generated" if rows is None else "generating",
+                token,
+                expect=(p.wave, p.wave_token),
+            ):
                 return  # another worker's derivation of this wave was taken first: its files are the wave
             if rows is None:
                 return
@@ -149,15 +172,24 @@ class PartitionWaves:
             if mine:
                 self.queue.enqueue(self.job_id, p.partition, p.wave, {tier: mine})
 
-    def set_generation(self, partition: str, wave: int, status: str, token: str | None = None,
-                       expect: tuple[int, str | None] | None = None) -> bool:
+    def set_generation(
+        self,
+        partition: str,
+        wave: int,
+        status: str,
+        token: str | None = None,
+        expect: tuple[int, str | None] | None = None,
+    ) -> bool:
         """Set the partition's wave, its generation status and (given) the token of the derivation that
         stands; with `expect`, only while it is still generating (wave, token) (a compare-and-set)."""
         where = [Partition.job_id == self.job_id, Partition.partition == partition]
         if expect is not None:
             wave_was, token_was = expect
-            where += [Partition.wave == wave_was, Partition.generation == "generating",
-                      Partition.wave_token == token_was if token_was is not None else Partition.wave_token.is_(None)]
+            where += [
+                Partition.wave == wave_was,
+                Partition.generation == "generating",
+                Partition.wave_token == token_was if token_was is not None else Partition.wave_token.is_(None),
+            ]
         values = {"wave": wave, "generation": status} | ({"wave_token": token} if token is not None else {})
         with self.state.session() as s, s.begin():
             return s.execute(update(Partition).where(*where).values(**values)).rowcount == 1
@@ -167,9 +199,11 @@ class PartitionWaves:
         self.queue.withdraw(self.job_id, partition)
         self.set_generation(partition, 0, "failed")
         with self.state.session() as s, s.begin():
-            s.execute(update(Partition).where(Partition.job_id == self.job_id, Partition.partition == partition,
-                                              Partition.status != "running")
-                      .values(status="failed", last_error=error[:2000]))
+            s.execute(
+                update(Partition)
+                .where(Partition.job_id == self.job_id, Partition.partition == partition, Partition.status != "running")
+                .values(status="failed", last_error=error[:2000])
+            )
 
     def advance_all(self) -> None:
         """Advance every generating partition that can be (one waiting on another partition's keys)."""

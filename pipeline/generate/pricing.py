@@ -23,17 +23,23 @@ from pipeline.config import CostConfig
 
 def token_weight(prompt, cached, output, cost: CostConfig) -> np.ndarray:
     prompt, cached, output = (np.asarray(x, dtype=np.float64) for x in (prompt, cached, output))
-    return (cost.prefill_token_weight * (prompt - cached) + cost.cached_token_weight * cached
-            + cost.decode_token_weight * output)
+    return (
+        cost.prefill_token_weight * (prompt - cached)
+        + cost.cached_token_weight * cached
+        + cost.decode_token_weight * output
+    )
 
 
-def baseline_gpu_seconds(completions: pa.Table, gpu_seconds: np.ndarray, largest_tier: str,
-                         cost: CostConfig) -> np.ndarray:
+def baseline_gpu_seconds(
+    completions: pa.Table, gpu_seconds: np.ndarray, largest_tier: str, cost: CostConfig
+) -> np.ndarray:
     """GPU-seconds each completion would have taken on the largest tier with no prefix cache."""
-    actual_w = token_weight(completions["prompt_tokens"], completions["cached_prompt_tokens"],
-                            completions["output_tokens"], cost)
-    uncached_w = token_weight(completions["prompt_tokens"], np.zeros(completions.num_rows),
-                              completions["output_tokens"], cost)
+    actual_w = token_weight(
+        completions["prompt_tokens"], completions["cached_prompt_tokens"], completions["output_tokens"], cost
+    )
+    uncached_w = token_weight(
+        completions["prompt_tokens"], np.zeros(completions.num_rows), completions["output_tokens"], cost
+    )
     tier = np.asarray(completions["tier"].to_pylist(), dtype=object)
     rates = {}
     for name in set(tier.tolist()):
@@ -48,9 +54,9 @@ class SessionShare:
     """How one engine session's held GPU-seconds land in the ledger: its items' and charges' busy
     seconds × (1 + overhead_ratio), plus `lost` (busy time of requests that died with their worker)."""
 
-    held: float            # held seconds × GPUs
+    held: float  # held seconds × GPUs
     overhead_ratio: float  # start-up and idle GPU-seconds per busy GPU-second recorded
-    lost: float            # GPU-seconds of work lost with a dead worker (its last renewal's figures)
+    lost: float  # GPU-seconds of work lost with a dead worker (its last renewal's figures)
 
 
 # Busy seconds measured minus those recorded, below which nothing was lost: the recorded figure is a sum of
@@ -58,7 +64,9 @@ class SessionShare:
 LOST_EPSILON_SECONDS = 1e-6
 
 
-def session_shares(sessions: list, recorded: dict[str, float], stale: Callable[[object], bool]) -> dict[str, SessionShare]:
+def session_shares(
+    sessions: list, recorded: dict[str, float], stale: Callable[[object], bool]
+) -> dict[str, SessionShare]:
     """Per session: start-up and idle shared among what it recorded, pro rata to busy share (the way
     OpenCost shares a node's idle cost among its workloads). A session that stopped renewing without
     closing (`stale`: its worker died) also has lost work: busy seconds it measured but never

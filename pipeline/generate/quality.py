@@ -19,31 +19,71 @@ from functools import lru_cache
 from pipeline.dedup.guards import NUMBER
 
 _NUMBER = re.compile(NUMBER.pattern + r"%?")
-_MONTHS = ("january", "february", "march", "april", "may", "june", "july", "august", "september",
-           "october", "november", "december")
-_MONTH_OF = {**{m: i + 1 for i, m in enumerate(_MONTHS)}, **{m[:3]: i + 1 for i, m in enumerate(_MONTHS)},
-             "sept": 9}
-_MONTH = r"(Jan(?:uary)?|Feb(?:ruary)?|Mar(?:ch)?|Apr(?:il)?|May|June?|July?|Aug(?:ust)?|Sept?(?:ember)?" \
-         r"|Oct(?:ober)?|Nov(?:ember)?|Dec(?:ember)?)\.?"
+_MONTHS = (
+    "january",
+    "february",
+    "march",
+    "april",
+    "may",
+    "june",
+    "july",
+    "august",
+    "september",
+    "october",
+    "november",
+    "december",
+)
+_MONTH_OF = {**{m: i + 1 for i, m in enumerate(_MONTHS)}, **{m[:3]: i + 1 for i, m in enumerate(_MONTHS)}, "sept": 9}
+_MONTH = (
+    r"(Jan(?:uary)?|Feb(?:ruary)?|Mar(?:ch)?|Apr(?:il)?|May|June?|July?|Aug(?:ust)?|Sept?(?:ember)?"
+    r"|Oct(?:ober)?|Nov(?:ember)?|Dec(?:ember)?)\.?"
+)
 _ORDINAL = r"(?:st|nd|rd|th)?"
 # A date is checked as one term (its parts together), before its numbers are checked on their own.
 _DATES = (
-    re.compile(r"\b(\d{4})-(\d{1,2})-(\d{1,2})\b"),                                         # ISO: y, m, d
-    re.compile(rf"\b{_MONTH}\s+(\d{{1,2}}){_ORDINAL}\b(?:,?\s+(\d{{4}})\b)?"),               # March 3, 2024
-    re.compile(rf"\b(\d{{1,2}}){_ORDINAL}\s+(?:of\s+)?{_MONTH}(?:,?\s+(\d{{4}})\b)?"),       # 3 March 2024
-    re.compile(rf"\b{_MONTH}\s+(\d{{4}})\b"),                                                 # March 2024
+    re.compile(r"\b(\d{4})-(\d{1,2})-(\d{1,2})\b"),  # ISO: y, m, d
+    re.compile(rf"\b{_MONTH}\s+(\d{{1,2}}){_ORDINAL}\b(?:,?\s+(\d{{4}})\b)?"),  # March 3, 2024
+    re.compile(rf"\b(\d{{1,2}}){_ORDINAL}\s+(?:of\s+)?{_MONTH}(?:,?\s+(\d{{4}})\b)?"),  # 3 March 2024
+    re.compile(rf"\b{_MONTH}\s+(\d{{4}})\b"),  # March 2024
 )
 _WORD = re.compile(r"[^\W\d_][\w'’&-]*")
 _DOC_TOKEN = re.compile(r"\w+")
 _HAS_DIGIT = re.compile(r"\d")
 _SENTENCE_BREAK = re.compile(r"[.!?:;\n•*()\"“”]|^\s*[-–—]|\s[-–—]\s")
-_NUMBER_WORDS = {"zero": "0", "one": "1", "two": "2", "three": "3", "four": "4", "five": "5", "six": "6",
-                 "seven": "7", "eight": "8", "nine": "9", "ten": "10", "eleven": "11", "twelve": "12",
-                 "twenty": "20", "thirty": "30", "fifty": "50", "hundred": "100", "thousand": "1000",
-                 "million": "1000000", "first": "1", "second": "2", "third": "3", "fourth": "4", "fifth": "5",
-                 "dozen": "12", "single": "1", "once": "1", "twice": "2", "double": "2"}
+_NUMBER_WORDS = {
+    "zero": "0",
+    "one": "1",
+    "two": "2",
+    "three": "3",
+    "four": "4",
+    "five": "5",
+    "six": "6",
+    "seven": "7",
+    "eight": "8",
+    "nine": "9",
+    "ten": "10",
+    "eleven": "11",
+    "twelve": "12",
+    "twenty": "20",
+    "thirty": "30",
+    "fifty": "50",
+    "hundred": "100",
+    "thousand": "1000",
+    "million": "1000000",
+    "first": "1",
+    "second": "2",
+    "third": "3",
+    "fourth": "4",
+    "fifth": "5",
+    "dozen": "12",
+    "single": "1",
+    "once": "1",
+    "twice": "2",
+    "double": "2",
+}
 # Capitalised only because they open a sentence (or a heading) in a summary: never names by themselves.
-_COMMON = set("""
+_COMMON = set(
+    """
 a an the this that these those it its it's there their they them he she his her we our you your i my
 in on at for with by from to of as into about over under after before during between through within without
 and or but nor so yet if when while because although though since unless until whether then than also
@@ -56,13 +96,16 @@ users user developers document documents documentation text file files readme pa
 package packages program programs software tool tools library module modules function functions class
 describes explains provides contains includes lists covers outlines discusses introduces defines
 according instead otherwise therefore thus hence please see use using used uses available example
-""".split())
+""".split()
+)
 
 
 # Counts of the summary's own structure ("in 3 sentences", "2. The next point"), not facts.
 _LIST_MARKER = re.compile(r"(?m)^[ \t>*-]*\(?\d{1,2}[.)]\s")
-_STRUCTURE_COUNT = re.compile(r"(?i)\b\d{1,2}\s+(?:main\s+|key\s+|short\s+)?(?:sentences?|points?|steps?|paragraphs?"
-                              r"|items?|parts?|bullets?|words?|lines?|ways?|reasons?|things?|sections?|takeaways?)\b")
+_STRUCTURE_COUNT = re.compile(
+    r"(?i)\b\d{1,2}\s+(?:main\s+|key\s+|short\s+)?(?:sentences?|points?|steps?|paragraphs?"
+    r"|items?|parts?|bullets?|words?|lines?|ways?|reasons?|things?|sections?|takeaways?)\b"
+)
 _MARKUP = re.compile(r"[*_#`>]+")
 
 
@@ -160,7 +203,7 @@ def _name_runs(summary: str) -> list[list[str]]:
     initial = False
     last_end = 0
     for m in _WORD.finditer(summary):
-        gap, word = summary[last_end:m.start()], m.group(0).rstrip("'’-&")
+        gap, word = summary[last_end : m.start()], m.group(0).rstrip("'’-&")
         at_start = last_end == 0 or bool(_SENTENCE_BREAK.search(gap))
         last_end = m.end()
         if run is not None and (gap != " " or not word[:1].isupper()):
@@ -173,8 +216,11 @@ def _name_runs(summary: str) -> list[list[str]]:
         run.append(word)
     if run is not None:
         runs.append((initial, run))
-    return [run for initial, run in runs
-            if not (initial and len(run) == 1 and run[0][1:] == run[0][1:].lower() and not _HAS_DIGIT.search(run[0]))]
+    return [
+        run
+        for initial, run in runs
+        if not (initial and len(run) == 1 and run[0][1:] == run[0][1:].lower() and not _HAS_DIGIT.search(run[0]))
+    ]
 
 
 def _blank(pattern: re.Pattern, text: str) -> str:
@@ -223,31 +269,35 @@ def compression_ratio(summary: str) -> float:
     """zlib-compressed bytes / raw bytes of the output, or of its second half if that is lower: a repetition
     loop (a word, a sub-word piece or a sentence over and over) compresses to a small fraction, and one that
     starts mid-way runs to the end (into max_tokens); prose does not (about 0.4-0.8 at summary length)."""
+
     def ratio(text: str) -> float:
         raw = text.encode()
         return len(zlib.compress(raw, 9)) / len(raw) if raw else 1.0
-    return min(ratio(summary), ratio(summary[len(summary) // 2:]))
+
+    return min(ratio(summary), ratio(summary[len(summary) // 2 :]))
 
 
 def copied_share(summary: str, document: str) -> float:
     """Share of the output's 6-word runs found verbatim in its document (1.0: every one, a copy of the text)."""
     words = _DOC_TOKEN.findall(summary.lower())
-    runs = {tuple(words[i:i + _SHINGLE]) for i in range(len(words) - _SHINGLE + 1)}
+    runs = {tuple(words[i : i + _SHINGLE]) for i in range(len(words) - _SHINGLE + 1)}
     if not runs:
         return 0.0
     doc = _DOC_TOKEN.findall(document.lower())
-    found = {tuple(doc[i:i + _SHINGLE]) for i in range(len(doc) - _SHINGLE + 1)}
+    found = {tuple(doc[i : i + _SHINGLE]) for i in range(len(doc) - _SHINGLE + 1)}
     return len(runs & found) / len(runs)
 
 
 # Words that say what a text is, not what it is about: a summary's framing, never its topic.
-_FRAMING = set("""
+_FRAMING = set(
+    """
 summary summarise summarize summarised summarized detailed details detail information overview report
 reports article content contents discussion describe described describing explain explained explaining
 provide provided providing include included including cover covered covering outline outlined
 highlight highlights highlighted focus focuses focused present presents presented aims various several
 important different specific related based following given well also like make makes made help helps plus
-""".split())
+""".split()
+)
 # Words of scripts that separate words with spaces (Latin, Greek, Cyrillic): a text in another script (Chinese,
 # Japanese, Thai) has no topic words here, so the check does not judge it rather than judge it wrong.
 _LETTERS = re.compile(r"[A-Za-z\u00C0-\u024F\u0370-\u03FF\u0400-\u04FF]{4,}")
@@ -259,7 +309,7 @@ def _stem(word: str) -> str:
     then the first 6 letters ("compression" -> "compre"), so that a form of a document's word counts as it."""
     for ending in ("ing", "ers", "ed", "er", "es", "s"):
         if word.endswith(ending) and len(word) - len(ending) >= 4:
-            word = word[:-len(ending)]
+            word = word[: -len(ending)]
             if word[-1] == word[-2] and word[-1] not in "aeiouls":  # stepp -> step, but fall, pass
                 word = word[:-1]
             break
@@ -288,8 +338,12 @@ CHECKS = tuple(MEASURES)
 def measure(summary: str, document: str) -> dict:
     """What the output checks read, measured once where an output meets the text it summarises (the item's
     fields: stored and cached with it)."""
-    return {"unfaithful_terms": len(unfaithful_terms(summary, document)), "compression_ratio": compression_ratio(summary),
-            "copied_share": copied_share(summary, document), "topic_overlap": topic_overlap(summary, document)}
+    return {
+        "unfaithful_terms": len(unfaithful_terms(summary, document)),
+        "compression_ratio": compression_ratio(summary),
+        "copied_share": copied_share(summary, document),
+        "topic_overlap": topic_overlap(summary, document),
+    }
 
 
 def failed_checks(item: dict, checks) -> list[str]:
@@ -302,6 +356,10 @@ def failed_checks(item: dict, checks) -> list[str]:
         failed.append("degenerate")
     if share is not None and len(summary.split()) >= checks.min_words and share > checks.copied_above:
         failed.append("copied")
-    if overlap is not None and len(_topic_words(summary)) >= checks.min_topic_words and overlap < checks.off_topic_below:
+    if (
+        overlap is not None
+        and len(_topic_words(summary)) >= checks.min_topic_words
+        and overlap < checks.off_topic_below
+    ):
         failed.append("off_topic")
     return failed

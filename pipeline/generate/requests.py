@@ -16,13 +16,18 @@ import pyarrow.compute as pc
 
 from pipeline.config import PromptConfig, RequestsConfig, SamplingConfig
 
-REQUESTS = pa.schema([
-    ("id", pa.string()),
-    ("tier", pa.string()),
-    ("prompt_token_ids", pa.list_(pa.int32())),
-    ("max_tokens", pa.int64()),
-    ("shareable_tokens", pa.int64()),  # prompt tokens shared with its neighbour in sorted order: what prefix caching can skip
-])
+REQUESTS = pa.schema(
+    [
+        ("id", pa.string()),
+        ("tier", pa.string()),
+        ("prompt_token_ids", pa.list_(pa.int32())),
+        ("max_tokens", pa.int64()),
+        (
+            "shareable_tokens",
+            pa.int64(),
+        ),  # prompt tokens shared with its neighbour in sorted order: what prefix caching can skip
+    ]
+)
 TOO_LONG = pa.schema([("id", pa.string()), ("detail", pa.string())])
 
 
@@ -32,8 +37,10 @@ class Tokenizer(Protocol):
 
 
 def render_messages(text: str, prompt: PromptConfig) -> list[dict]:
-    return [{"role": "system", "content": prompt.system},
-            {"role": "user", "content": prompt.user.replace("{text}", text)}]
+    return [
+        {"role": "system", "content": prompt.system},
+        {"role": "user", "content": prompt.user.replace("{text}", text)},
+    ]
 
 
 def render_prompts(tokenizer: Tokenizer, texts: list[str], prompt: PromptConfig) -> list[str]:
@@ -44,6 +51,7 @@ def render_prompts(tokenizer: Tokenizer, texts: list[str], prompt: PromptConfig)
     so this is used only when no text has surrounding whitespace (validated texts have none) and
     the first and last texts render to the same strings in full; otherwise each is rendered alone.
     """
+
     def render(text: str) -> str:
         return tokenizer.apply_chat_template(render_messages(text, prompt), tokenize=False, add_generation_prompt=True)
 
@@ -58,8 +66,14 @@ def render_prompts(tokenizer: Tokenizer, texts: list[str], prompt: PromptConfig)
     return [render(t) for t in texts]
 
 
-def build_requests(records: pa.Table, prompt: PromptConfig, sampling: SamplingConfig, config: RequestsConfig,
-                   tokenizers: dict[str, Tokenizer], context_lengths: dict[str, int]) -> tuple[pa.Table, pa.Table]:
+def build_requests(
+    records: pa.Table,
+    prompt: PromptConfig,
+    sampling: SamplingConfig,
+    config: RequestsConfig,
+    tokenizers: dict[str, Tokenizer],
+    context_lengths: dict[str, int],
+) -> tuple[pa.Table, pa.Table]:
     """(requests, too_long) for the representatives in `records` (rows with `duplicate_of` null)."""
     reps = records.filter(pc.is_null(records["duplicate_of"]))
     requests: list[pa.Table] = []
@@ -69,8 +83,11 @@ def build_requests(records: pa.Table, prompt: PromptConfig, sampling: SamplingCo
         tok, context = tokenizers[tier], context_lengths[tier]
         rendered = render_prompts(tok, tier_reps["text"].to_pylist(), prompt)
         # A unit may ask for its own output budget (a schema retry asks for twice the usual).
-        wanted = (tier_reps["max_tokens"].cast(pa.int64()).fill_null(sampling.max_tokens).to_pylist()
-                  if "max_tokens" in tier_reps.column_names else [sampling.max_tokens] * tier_reps.num_rows)
+        wanted = (
+            tier_reps["max_tokens"].cast(pa.int64()).fill_null(sampling.max_tokens).to_pylist()
+            if "max_tokens" in tier_reps.column_names
+            else [sampling.max_tokens] * tier_reps.num_rows
+        )
         budget = dict(zip(tier_reps["id"].to_pylist(), wanted))
         token_ids = tokenize(tok, rendered)
         kept = []
@@ -86,15 +103,21 @@ def build_requests(records: pa.Table, prompt: PromptConfig, sampling: SamplingCo
         if config.prefix_ordering:
             kept = ordered  # shared prefixes adjacent: vLLM's prefix cache hits when they run back to back
         # Length-aware admission: long prompts after the short ones.
-        group = ([k for k in kept if len(k[0]) < config.long_prompt_tokens]
-                 + [k for k in kept if len(k[0]) >= config.long_prompt_tokens])
-        requests.append(pa.table({
-            "id": [k[1] for k in group],
-            "tier": [tier] * len(group),
-            "prompt_token_ids": [k[0] for k in group],
-            "max_tokens": [min(budget[k[1]], context - len(k[0])) for k in group],
-            "shareable_tokens": [shareable[k[1]] for k in group],
-        }, schema=REQUESTS))
+        group = [k for k in kept if len(k[0]) < config.long_prompt_tokens] + [
+            k for k in kept if len(k[0]) >= config.long_prompt_tokens
+        ]
+        requests.append(
+            pa.table(
+                {
+                    "id": [k[1] for k in group],
+                    "tier": [tier] * len(group),
+                    "prompt_token_ids": [k[0] for k in group],
+                    "max_tokens": [min(budget[k[1]], context - len(k[0])) for k in group],
+                    "shareable_tokens": [shareable[k[1]] for k in group],
+                },
+                schema=REQUESTS,
+            )
+        )
     table = pa.concat_tables(requests) if requests else REQUESTS.empty_table()
     return table, pa.table({"id": too_long_ids, "detail": too_long_detail}, schema=TOO_LONG)
 
@@ -104,8 +127,12 @@ def tokenize(tokenizer: Tokenizer, texts: list[str]) -> list[list[int]]:
     if not texts:
         return []
     backend = getattr(tokenizer, "backend_tokenizer", None)
-    if (backend is not None and hasattr(backend, "encode_batch_fast")
-            and backend.padding is None and backend.truncation is None):
+    if (
+        backend is not None
+        and hasattr(backend, "encode_batch_fast")
+        and backend.padding is None
+        and backend.truncation is None
+    ):
         # The Rust tokenizer without offsets: the same ids, about 30% faster than the Python wrapper.
         return [e.ids for e in backend.encode_batch_fast(texts, add_special_tokens=False)]
     return tokenizer(texts, add_special_tokens=False)["input_ids"]
@@ -113,10 +140,8 @@ def tokenize(tokenizer: Tokenizer, texts: list[str]) -> list[list[int]]:
 
 def common_prefix(a: list[int], b: list[int]) -> int:
     n, i, step = min(len(a), len(b)), 0, 64
-    while i + step <= n and a[i:i + step] == b[i:i + step]:  # slices compare in C: skip shared blocks fast
+    while i + step <= n and a[i : i + step] == b[i : i + step]:  # slices compare in C: skip shared blocks fast
         i += step
     while i < n and a[i] == b[i]:
         i += 1
     return i
-
-

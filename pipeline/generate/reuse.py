@@ -18,8 +18,12 @@ from pipeline.schema import CACHED_FIELDS, GENERATION_FIELDS, UNIT
 
 def effective_keys(records: pa.Table) -> list[str]:
     """The item key whose output each record ends up with (shadow-verified records: their own)."""
-    return [own if shadow else gen for own, gen, shadow in
-            zip(records["item_key"].to_pylist(), records["gen_key"].to_pylist(), records["shadow"].to_pylist())]
+    return [
+        own if shadow else gen
+        for own, gen, shadow in zip(
+            records["item_key"].to_pylist(), records["gen_key"].to_pylist(), records["shadow"].to_pylist()
+        )
+    ]
 
 
 def reference_keys(records: pa.Table) -> list[str]:
@@ -43,8 +47,12 @@ def resolve(records: pa.Table, available: set[str]) -> pa.Table:
             changed = True
     if not changed:
         return records
-    for name, values, typ in (("gen_key", gen, pa.string()), ("reuse", reuse, pa.string()),
-                              ("similarity", sim, pa.float64()), ("shadow", shadow, pa.bool_())):
+    for name, values, typ in (
+        ("gen_key", gen, pa.string()),
+        ("reuse", reuse, pa.string()),
+        ("similarity", sim, pa.float64()),
+        ("shadow", shadow, pa.bool_()),
+    ):
         records = records.set_column(records.schema.get_field_index(name), name, pa.array(values, typ))
     return records
 
@@ -65,25 +73,44 @@ def generation_units(records: pa.Table, missing: set[str]) -> pa.Table:
     for i in range(records.num_rows):
         key = cols["gen_key"][i]
         if key in missing and key not in rows and cols["gen_id"][i] is not None:
-            rows[key] = {"id": cols["gen_id"][i], "text": cols["gen_text"][i], "tenant": cols["tenant"][i],
-                         "scope": cols["scope"][i], "tier": cols["gen_tier"][i], "item_key": key}
+            rows[key] = {
+                "id": cols["gen_id"][i],
+                "text": cols["gen_text"][i],
+                "tenant": cols["tenant"][i],
+                "scope": cols["scope"][i],
+                "tier": cols["gen_tier"][i],
+                "item_key": key,
+            }
     return pa.Table.from_pylist(list(rows.values()), schema=UNIT)
 
 
 def cached_items(hits: dict[str, dict], lookers: dict[str, dict], partition: str, created_at) -> dict[str, dict]:
     """State-catalog items for cache hits: free here, with their origin and what they cost there."""
-    return {key: {
-        **{f: value.get(f) for f in GENERATION_FIELDS},
-        "id": lookers[key]["id"], "tenant": lookers[key]["tenant"], "partition": partition,
-        "gpu_seconds": 0.0, "baseline_gpu_seconds": value["baseline_gpu_seconds"], "created_at": created_at,
-        "origin": "cache", "source_job": value["job_id"], "source_id": value["id"], "saved_usd": value["cost_usd"],
-        "cache_status": "hit", "chunks": value.get("chunks"), "unfaithful_terms": value.get("unfaithful_terms"),
-        "adapter_digest": value.get("adapter_digest"), "compression_ratio": value.get("compression_ratio"),
-        "copied_share": value.get("copied_share"), "topic_overlap": value.get("topic_overlap"),
-    } for key, value in hits.items()}
+    return {
+        key: {
+            **{f: value.get(f) for f in GENERATION_FIELDS},
+            "id": lookers[key]["id"],
+            "tenant": lookers[key]["tenant"],
+            "partition": partition,
+            "gpu_seconds": 0.0,
+            "baseline_gpu_seconds": value["baseline_gpu_seconds"],
+            "created_at": created_at,
+            "origin": "cache",
+            "source_job": value["job_id"],
+            "source_id": value["id"],
+            "saved_usd": value["cost_usd"],
+            "cache_status": "hit",
+            "chunks": value.get("chunks"),
+            "unfaithful_terms": value.get("unfaithful_terms"),
+            "adapter_digest": value.get("adapter_digest"),
+            "compression_ratio": value.get("compression_ratio"),
+            "copied_share": value.get("copied_share"),
+            "topic_overlap": value.get("topic_overlap"),
+        }
+        for key, value in hits.items()
+    }
 
 
 def cache_value(item: dict, job_id: str, cost_usd: float) -> dict:
     """What the cache keeps of a generated item."""
     return {f: item.get(f) for f in CACHED_FIELDS} | {"job_id": job_id, "cost_usd": cost_usd}
-

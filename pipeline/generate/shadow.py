@@ -46,8 +46,9 @@ def verify_shadows(records: pa.Table, items: dict[str, dict], reference: dict[st
     """
     by_kind: dict[str, dict] = {}
     samples = []
-    for id_, own, gen, kind, sim, shadow in zip(*(records[c].to_pylist() for c in
-                                                  ("id", "item_key", "gen_key", "reuse", "similarity", "shadow"))):
+    for id_, own, gen, kind, sim, shadow in zip(
+        *(records[c].to_pylist() for c in ("id", "item_key", "gen_key", "reuse", "similarity", "shadow"))
+    ):
         if not shadow or own not in items or gen not in reference:
             continue
         f1 = token_f1(reference[gen], items[own]["summary"])
@@ -73,10 +74,19 @@ def summarise_verification(parts: list[dict], min_f1: float) -> dict:
 
     def rate(v: dict) -> dict:
         low, high = wilson_interval(v["false_hits"], v["checked"])
-        return {**v, "false_hit_rate": round(v["false_hits"] / v["checked"], 4) if v["checked"] else None,
-                "ci95": [round(low, 4), round(high, 4)]}
+        return {
+            **v,
+            "false_hit_rate": round(v["false_hits"] / v["checked"], 4) if v["checked"] else None,
+            "ci95": [round(low, 4), round(high, 4)],
+        }
 
-    total = {"checked": sum(v["checked"] for v in by_kind.values()),
-             "false_hits": sum(v["false_hits"] for v in by_kind.values())}
-    return {**rate(total), "min_f1": min_f1, "by_kind": {k: rate(v) for k, v in sorted(by_kind.items())},
-            "false_hit_samples": samples[:20]}
+    total = {
+        "checked": sum(v["checked"] for v in by_kind.values()),
+        "false_hits": sum(v["false_hits"] for v in by_kind.values()),
+    }
+    return {
+        **rate(total),
+        "min_f1": min_f1,
+        "by_kind": {k: rate(v) for k, v in sorted(by_kind.items())},
+        "false_hit_samples": samples[:20],
+    }

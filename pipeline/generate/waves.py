@@ -37,12 +37,12 @@ class WaveState:
     """What deriving a partition's next wave needs beyond the catalog: JSON in the staging area."""
 
     wave: int = 0
-    known: dict[str, dict] = field(default_factory=dict)    # every unit of this partition, by key
+    known: dict[str, dict] = field(default_factory=dict)  # every unit of this partition, by key
     chunked: dict[str, dict] = field(default_factory=dict)  # key -> its unit, for documents cut into chunks
-    tried: list[str] = field(default_factory=list)          # follow-up keys already asked for
-    failed: dict[str, list] = field(default_factory=dict)   # key -> [reason, detail, record id]
-    waiting: list[str] = field(default_factory=list)        # keys the current wave waits for
-    shareable: int = 0                                      # prompt tokens prefix sharing could save
+    tried: list[str] = field(default_factory=list)  # follow-up keys already asked for
+    failed: dict[str, list] = field(default_factory=dict)  # key -> [reason, detail, record id]
+    waiting: list[str] = field(default_factory=list)  # keys the current wave waits for
+    shareable: int = 0  # prompt tokens prefix sharing could save
 
     def dumps(self) -> str:
         return json.dumps(asdict(self), sort_keys=True)
@@ -55,10 +55,14 @@ class WaveState:
 def unit_requests(units: pa.Table, config: TokenmillConfig, pool: EnginePool) -> tuple[pa.Table, pa.Table]:
     """Engine requests for generation units (and the units whose prompts do not fit the context)."""
     tiers_used = sorted(set(units["tier"].to_pylist()))
-    return build_requests(units.append_column("duplicate_of", pa.nulls(units.num_rows, pa.string())),
-                          config.prompt, config.sampling, config.requests,
-                          {t: pool.tokenizer(t) for t in tiers_used},
-                          {t: pool.context_length(t) for t in tiers_used})
+    return build_requests(
+        units.append_column("duplicate_of", pa.nulls(units.num_rows, pa.string())),
+        config.prompt,
+        config.sampling,
+        config.requests,
+        {t: pool.tokenizer(t) for t in tiers_used},
+        {t: pool.context_length(t) for t in tiers_used},
+    )
 
 
 def _table(units: list[dict]) -> pa.Table:
@@ -78,8 +82,9 @@ class WavePlanner:
         by_id = {u["id"]: u for u in units.to_pylist()}
         return state, self.wave_requests(state, by_id, requests, too_long)
 
-    def next(self, state: WaveState, records: pa.Table, items: dict[str, dict],
-             failures: dict[str, tuple[str, str]]) -> list[dict] | None:
+    def next(
+        self, state: WaveState, records: pa.Table, items: dict[str, dict], failures: dict[str, tuple[str, str]]
+    ) -> list[dict] | None:
         """The next wave's requests once the current one is in (None: the partition is generated).
         `items`: the stored items of the partition's keys; `failures`: key -> (reason, detail)."""
         for key, (reason, detail) in failures.items():
@@ -95,8 +100,9 @@ class WavePlanner:
         requests, too_long = unit_requests(_table(units), self.config, self.pool)
         return self.wave_requests(state, {u["id"]: u for u in units}, requests, too_long)
 
-    def wave_requests(self, state: WaveState, by_id: dict[str, dict], requests: pa.Table,
-                      too_long: pa.Table) -> list[dict]:
+    def wave_requests(
+        self, state: WaveState, by_id: dict[str, dict], requests: pa.Table, too_long: pa.Table
+    ) -> list[dict]:
         """Request rows (with `unit`: the unit they generate) of one wave, chunks of the too-long included."""
         chunks = self.split_too_long(state, too_long, by_id)
         rows = [{**r, "unit": by_id[r["id"]]} for r in requests.to_pylist()]
@@ -118,8 +124,13 @@ class WavePlanner:
             if unit.get("escalation") or unit.get("retry"):
                 continue  # a follow-up that does not fit: the earlier output stands
             if c.requests.long_documents == "chunk" and not is_chunk(unit) and not unit.get("chunks"):
-                pieces = split_for_context(unit["text"], self.pool.tokenizer(unit["tier"]), c.prompt,
-                                           self.pool.context_length(unit["tier"]), c.sampling.max_tokens)
+                pieces = split_for_context(
+                    unit["text"],
+                    self.pool.tokenizer(unit["tier"]),
+                    c.prompt,
+                    self.pool.context_length(unit["tier"]),
+                    c.sampling.max_tokens,
+                )
                 state.chunked[unit["item_key"]] = {**unit, "pieces": len(pieces)}
                 pieces_of.extend(chunk_units(unit, pieces))
             else:
@@ -138,8 +149,9 @@ class WavePlanner:
                 state.failed[key] = [bad[0], f"chunk of a long document: {bad[1]}", unit["id"]]
             elif all(k in items for k in keys):
                 state.tried.append(key)
-                out.append(reduce_unit({k: v for k, v in unit.items() if k != "pieces"},
-                                       [items[k]["summary"] for k in keys]))
+                out.append(
+                    reduce_unit({k: v for k, v in unit.items() if k != "pieces"}, [items[k]["summary"] for k in keys])
+                )
         return out
 
     def followups(self, state: WaveState, records: pa.Table, items: dict[str, dict]) -> list[dict]:
@@ -163,7 +175,9 @@ class WavePlanner:
 
 
 def _chunk_units(state: WaveState) -> list[dict]:
-    return [{"item_key": k, "id": u["id"]} for u in state.chunked.values() for k in chunk_keys(u["item_key"], u["pieces"])]
+    return [
+        {"item_key": k, "id": u["id"]} for u in state.chunked.values() for k in chunk_keys(u["item_key"], u["pieces"])
+    ]
 
 
 def partition_keys(records: pa.Table, state: WaveState) -> list[str]:

@@ -49,8 +49,11 @@ _FREE_SINCE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 def batch_size(engine, configured: int | None) -> int:
     """The most sequences the engine's scheduler runs at once: as configured, else vLLM's own default."""
-    scheduler = getattr(getattr(getattr(getattr(engine, "llm", None), "llm_engine", None), "vllm_config", None),
-                        "scheduler_config", None)
+    scheduler = getattr(
+        getattr(getattr(getattr(engine, "llm", None), "llm_engine", None), "vllm_config", None),
+        "scheduler_config",
+        None,
+    )
     return configured or getattr(scheduler, "max_num_seqs", None) or 256
 
 
@@ -63,9 +66,9 @@ def forget_idle_between_jobs() -> None:
 @dataclass
 class InFlight:
     unit: WorkUnit
-    row: dict            # the request row (prompt_token_ids, max_tokens, unit)
+    row: dict  # the request row (prompt_token_ids, max_tokens, unit)
     seconds: float = 0.0  # busy wall seconds shared to it so far
-    seen: bool = False    # its prefill has been weighed
+    seen: bool = False  # its prefill has been weighed
 
 
 @dataclass
@@ -107,11 +110,29 @@ class UnitSource(Protocol):
 
     def renew(self, job_id: str, session_id: str, lease_seconds: float) -> None: ...
 
-    def open_session(self, session_id: str, job_id: str, tier: str, worker: str, gpus: int, started: bool,
-                     startup_seconds: float, idle_seconds: float, lease_seconds: float) -> None: ...
+    def open_session(
+        self,
+        session_id: str,
+        job_id: str,
+        tier: str,
+        worker: str,
+        gpus: int,
+        started: bool,
+        startup_seconds: float,
+        idle_seconds: float,
+        lease_seconds: float,
+    ) -> None: ...
 
-    def beat_session(self, session_id: str, busy: float, idle: float, recorded: float, closed: bool = False,
-                     counters: dict[str, int | None] | None = None, lease_seconds: float = 0.0) -> None: ...
+    def beat_session(
+        self,
+        session_id: str,
+        busy: float,
+        idle: float,
+        recorded: float,
+        closed: bool = False,
+        counters: dict[str, int | None] | None = None,
+        lease_seconds: float = 0.0,
+    ) -> None: ...
 
 
 class JobSide(Protocol):
@@ -161,24 +182,56 @@ class TierWorker:
 
     def drain(self) -> WorkerReport:
         self.report = report = WorkerReport(self.tier)
-        c, tier = self.config, self.config.tiers[self.tier]
-        lease, poll = c.state.lease_seconds, c.state.wait_seconds
         # The engine starts only once there is a unit to run: a tier waiting for escalations holds no GPU.
         while not self.claimable():
             if not self.job.more_may_come():
                 return report  # nothing for this tier: no engine start, no session
-            time.sleep(poll)
+            time.sleep(self.config.state.wait_seconds)
+        engine = self.open_session()
+        steps, counted = stepper(engine), read_counters(engine)  # counters: this session's share, at its close
+        self.loop(steps)
+        self.close_session(engine, counter_delta(counted, read_counters(engine)))
+        log.info(
+            "tier %s worker %s: %d units, %d requests; engine held %.1f s (start-up %.1f, busy %.1f, idle %.1f)",
+            self.tier,
+            self.worker,
+            report.units,
+            report.requests,
+            report.held_seconds,
+            report.startup_seconds,
+            report.busy_seconds,
+            report.idle_seconds,
+        )
+        return report
+
+    def open_session(self):
+        """The tier's engine (started here unless this process runs it already), in a new engine session."""
+        report, tier = self.report, self.config.tiers[self.tier]
         engine = self.pool.running(self.tier)
         if engine is None:
             engine = self.pool.engine(self.tier)
             report.started = True
         report.startup_seconds = STARTUP_SECONDS.pop(engine, 0.0)
         report.idle_seconds = time.perf_counter() - _FREE_SINCE.pop(engine) if engine in _FREE_SINCE else 0.0
-        steps, counted = stepper(engine), read_counters(engine)  # counters: this session's share, at its close
         self.batch = batch_size(engine, tier.vllm.max_num_seqs)
-        report.session_id = self.session_id = sid = f"{self.worker}/{self.tier}/{secrets.token_hex(4)}"
-        self.queue.open_session(sid, self.job_id, self.tier, self.worker, tier.gpus, report.started,
-                                report.startup_seconds, report.idle_seconds, lease)
+        report.session_id = self.session_id = f"{self.worker}/{self.tier}/{secrets.token_hex(4)}"
+        self.queue.open_session(
+            self.session_id,
+            self.job_id,
+            self.tier,
+            self.worker,
+            tier.gpus,
+            report.started,
+            report.startup_seconds,
+            report.idle_seconds,
+            self.config.state.lease_seconds,
+        )
+        return engine
+
+    def loop(self, steps) -> None:
+        """The loop: claim units while the batch has room, step the engine, record what finished, renew."""
+        report, sid, gpus = self.report, self.session_id, self.config.tiers[self.tier].gpus
+        lease, poll = self.config.state.lease_seconds, self.config.state.wait_seconds
         mark = renewed = beaten = time.perf_counter()
         while True:
             while len(self.flight) < self.fill():
@@ -190,14 +243,14 @@ class TierWorker:
             progressed = steps.step() if busy else []
             if not busy:
                 if not self.job.more_may_come() and not self.claimable():
-                    break
+                    return
                 time.sleep(poll)
             t = time.perf_counter()
             dt, mark = t - mark, t
             if busy:
                 report.busy_seconds += dt
                 self.share(dt, progressed)
-                self.record([p for p in progressed if p.completion is not None or p.error], tier.gpus)
+                self.record([p for p in progressed if p.completion is not None or p.error], gpus)
             else:
                 report.idle_seconds += dt
             if t - renewed > lease / 3:
@@ -205,21 +258,28 @@ class TierWorker:
                 self.queue.renew(self.job_id, sid, lease)
             if t - beaten > SESSION_BEAT_SECONDS:
                 beaten = t
-                self.queue.beat_session(sid, report.busy_seconds, report.idle_seconds, self.recorded,
-                                        lease_seconds=lease)
-        counted = counter_delta(counted, read_counters(engine))
+                self.queue.beat_session(
+                    sid, report.busy_seconds, report.idle_seconds, self.recorded, lease_seconds=lease
+                )
+
+    def close_session(self, engine, counted: dict) -> None:
+        """Shut the engine down (`release`) or keep it for the next session; close the session."""
+        report = self.report
         if self.release:
             t = time.perf_counter()
             self.pool.shutdown(self.tier)
             report.idle_seconds += time.perf_counter() - t  # held until its memory is free again
         else:
             _FREE_SINCE[engine] = time.perf_counter()
-        self.queue.beat_session(sid, report.busy_seconds, report.idle_seconds, self.recorded, closed=True,
-                                counters=counted, lease_seconds=lease)
-        log.info("tier %s worker %s: %d units, %d requests; engine held %.1f s (start-up %.1f, busy %.1f, idle %.1f)",
-                 self.tier, self.worker, report.units, report.requests, report.held_seconds, report.startup_seconds,
-                 report.busy_seconds, report.idle_seconds)
-        return report
+        self.queue.beat_session(
+            self.session_id,
+            report.busy_seconds,
+            report.idle_seconds,
+            self.recorded,
+            closed=True,
+            counters=counted,
+            lease_seconds=self.config.state.lease_seconds,
+        )
 
     def fill(self) -> int:
         # Twice the scheduler's batch: as requests finish, the next ones are already waiting in vLLM. Under
@@ -253,10 +313,17 @@ class TierWorker:
             rid = f"{unit.unit_id}\x00{i}"
             try:
                 adapter = self.config.adapter(row["unit"]["tenant"], self.tier)
-                steps.add(rid, row["prompt_token_ids"], row["max_tokens"], self.config.sampling,
-                          **({"adapter": adapter} if adapter else {}))
+                steps.add(
+                    rid,
+                    row["prompt_token_ids"],
+                    row["max_tokens"],
+                    self.config.sampling,
+                    **({"adapter": adapter} if adapter else {}),
+                )
             except Exception as e:  # vLLM refuses a bad request when it is added; the others go on
-                failed[row["unit"]["item_key"]] = Failure("engine_error", f"{type(e).__name__}: {e}"[:500], unit, row["unit"])
+                failed[row["unit"]["item_key"]] = Failure(
+                    "engine_error", f"{type(e).__name__}: {e}"[:500], unit, row["unit"]
+                )
                 continue
             self.flight[rid] = InFlight(unit, row)
             self.remaining[unit.unit_id] += 1
@@ -277,8 +344,9 @@ class TierWorker:
                 continue
             prompt = len(f.row["prompt_token_ids"])
             cached = p.completion.cached_prompt_tokens if p.completion is not None else 0
-            w = token_weight([0 if f.seen else prompt], [0 if f.seen else cached], [p.output_tokens - f.row.get("_out", 0)],
-                             cost)[0]
+            w = token_weight(
+                [0 if f.seen else prompt], [0 if f.seen else cached], [p.output_tokens - f.row.get("_out", 0)], cost
+            )[0]
             f.seen, f.row["_out"] = True, p.output_tokens
             weights[index[p.request_id]] = w
         if weights.sum() <= 0:  # nothing visible advanced (a prefill in progress): share evenly
@@ -294,36 +362,67 @@ class TierWorker:
         done = [(p, self.flight.pop(p.request_id)) for p in finished if p.request_id in self.flight]
         ok = [(p, f) for p, f in done if p.completion is not None]
         gpu = np.array([f.seconds * gpus for _, f in ok])
-        base = baseline_gpu_seconds(pa.table({
-            "tier": [self.tier] * len(ok), "prompt_tokens": [p.completion.prompt_tokens for p, _ in ok],
-            "cached_prompt_tokens": [p.completion.cached_prompt_tokens for p, _ in ok],
-            "output_tokens": [p.completion.output_tokens for p, _ in ok]}), gpu, self.config.largest_tier,
-            self.config.cost) if ok else []
+        base = (
+            baseline_gpu_seconds(
+                pa.table(
+                    {
+                        "tier": [self.tier] * len(ok),
+                        "prompt_tokens": [p.completion.prompt_tokens for p, _ in ok],
+                        "cached_prompt_tokens": [p.completion.cached_prompt_tokens for p, _ in ok],
+                        "output_tokens": [p.completion.output_tokens for p, _ in ok],
+                    }
+                ),
+                gpu,
+                self.config.largest_tier,
+                self.config.cost,
+            )
+            if ok
+            else []
+        )
         model, price = self.config.tiers[self.tier].generator, self.config.tiers[self.tier].price_per_gpu_hour
         for (p, f), g, b in zip(ok, gpu, base):
             unit, c = f.row["unit"], p.completion
             key, document = unit["item_key"], unit.get("document", unit["text"])
             if unit["tenant"] not in digests:  # read once per step: the adapter the engine serves now
                 digests[unit["tenant"]] = adapter_digest(self.config.adapter(unit["tenant"], self.tier))
-            items[key] = {"tier": self.tier, "model": model, "adapter_digest": digests[unit["tenant"]],
-                          "summary": c.text, "prompt_tokens": c.prompt_tokens,
-                          "cached_prompt_tokens": c.cached_prompt_tokens, "output_tokens": c.output_tokens,
-                          "finish_reason": c.finish_reason, "mean_logprob": c.mean_logprob,
-                          "id": record_id(unit), "tenant": unit["tenant"], "partition": f.unit.partition,
-                          "gpu_seconds": float(g), "baseline_gpu_seconds": float(b), "created_at": created,
-                          "cache_status": self.job.cache_status, "session_id": f.unit.session_id,
-                          # checked once, here, where the output meets the text it summarises
-                          **measure(c.text, document),
-                          **({"chunks": unit["chunks"]} if unit.get("chunks") else {})}
+            items[key] = {
+                "tier": self.tier,
+                "model": model,
+                "adapter_digest": digests[unit["tenant"]],
+                "summary": c.text,
+                "prompt_tokens": c.prompt_tokens,
+                "cached_prompt_tokens": c.cached_prompt_tokens,
+                "output_tokens": c.output_tokens,
+                "finish_reason": c.finish_reason,
+                "mean_logprob": c.mean_logprob,
+                "id": record_id(unit),
+                "tenant": unit["tenant"],
+                "partition": f.unit.partition,
+                "gpu_seconds": float(g),
+                "baseline_gpu_seconds": float(b),
+                "created_at": created,
+                "cache_status": self.job.cache_status,
+                "session_id": f.unit.session_id,
+                # checked once, here, where the output meets the text it summarises
+                **measure(c.text, document),
+                **({"chunks": unit["chunks"]} if unit.get("chunks") else {}),
+            }
             by_scope.setdefault(unit["scope"], {})[key] = cache_value(items[key], self.job_id, float(g) * price / 3600)
         for p, f in done:
             if p.completion is None:  # failed even alone: its share of the engine's time is a failed attempt
-                failed[f.row["unit"]["item_key"]] = Failure("engine_error", p.error, f.unit, f.row["unit"], f.seconds * gpus)
+                failed[f.row["unit"]["item_key"]] = Failure(
+                    "engine_error", p.error, f.unit, f.row["unit"], f.seconds * gpus
+                )
         self.recorded += sum(f.seconds for _, f in done)
         # Renewed before every store, so that a worker killed at any point leaves figures that add up: what it
         # measured but did not store is lost work, never more than it held (pricing.session_shares).
-        self.queue.beat_session(self.session_id, self.report.busy_seconds, self.report.idle_seconds, self.recorded,
-                                lease_seconds=self.config.state.lease_seconds)
+        self.queue.beat_session(
+            self.session_id,
+            self.report.busy_seconds,
+            self.report.idle_seconds,
+            self.recorded,
+            lease_seconds=self.config.state.lease_seconds,
+        )
         self.job.store(items, failed)
         self.job.cache_put(by_scope)
         for _, f in done:
@@ -337,5 +436,8 @@ class TierWorker:
         # has seen that wave enqueued.
         self.job.unit_done(unit)
         if not self.queue.finish(self.job_id, unit):
-            log.warning("tier %s: unit %s was taken over by another worker; its items are stored, not committed here",
-                        self.tier, unit.unit_id)
+            log.warning(
+                "tier %s: unit %s was taken over by another worker; its items are stored, not committed here",
+                self.tier,
+                unit.unit_id,
+            )

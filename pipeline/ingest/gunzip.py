@@ -23,14 +23,14 @@ def gunzip(data: bytes) -> tuple[bytes, tuple[bytes, str] | None]:
             at -= len(d.unused_data)
             if at >= len(data):
                 break
-            if data[at: at + 2] != GZIP_MAGIC:
+            if data[at : at + 2] != GZIP_MAGIC:
                 problem = f"data after the end of the gzip stream at compressed byte {at} is not gzip"
                 break
             d = zlib.decompressobj(31)
         if at >= len(data):
             problem = f"the file ends inside the gzip stream (truncated at compressed byte {len(data)})"
             break
-        chunk = data[at: at + SALVAGE_CHUNK]
+        chunk = data[at : at + SALVAGE_CHUNK]
         try:
             out += d.decompress(chunk)
         except zlib.error as err:
@@ -38,5 +38,7 @@ def gunzip(data: bytes) -> tuple[bytes, tuple[bytes, str] | None]:
             break
         at += len(chunk)
     cut = out.rfind(b"\n") + 1
-    return bytes(out[:cut]), (bytes(out[cut:]), f"{problem or first_error}; the records from decompressed "
-                              f"byte {cut} on are lost")
+    return bytes(out[:cut]), (
+        bytes(out[cut:]),
+        f"{problem or first_error}; the records from decompressed byte {cut} on are lost",
+    )

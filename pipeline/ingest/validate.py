@@ -19,8 +19,9 @@ from pipeline.schema import QUARANTINE
 TENANT_MAX_CHARS = 200
 
 
-def quarantine_rows(records: pa.Table, reasons: pa.Array, job_id: str, excerpt_chars: int,
-                    detail: pa.Array | None = None) -> pa.Table:
+def quarantine_rows(
+    records: pa.Table, reasons: pa.Array, job_id: str, excerpt_chars: int, detail: pa.Array | None = None
+) -> pa.Table:
     """Quarantine rows (QUARANTINE plus `partition`) for `records`, one per row of `reasons`.
 
     The excerpt is the raw input where the read stage kept one, else the start of the text."""
@@ -29,18 +30,25 @@ def quarantine_rows(records: pa.Table, reasons: pa.Array, job_id: str, excerpt_c
     else:
         excerpt = pc.utf8_slice_codeunits(records["text"], 0, excerpt_chars)
     n = records.num_rows
-    return pa.table({
-        "partition": records["partition"],
-        "id": records["id"], "tenant": records["tenant"], "file": records["file"], "line": records["line"],
-        "reason": reasons,
-        "detail": detail if detail is not None else pa.nulls(n, pa.string()),
-        "excerpt": excerpt,
-        "job_id": pa.array([job_id] * n, pa.string()),
-    }, schema=pa.schema([("partition", pa.string()), *QUARANTINE]))
+    return pa.table(
+        {
+            "partition": records["partition"],
+            "id": records["id"],
+            "tenant": records["tenant"],
+            "file": records["file"],
+            "line": records["line"],
+            "reason": reasons,
+            "detail": detail if detail is not None else pa.nulls(n, pa.string()),
+            "excerpt": excerpt,
+            "job_id": pa.array([job_id] * n, pa.string()),
+        },
+        schema=pa.schema([("partition", pa.string()), *QUARANTINE]),
+    )
 
 
-def validate_records(raw: pa.Table, config: InputConfig, job_id: str,
-                     duplicate_ids: bool = True) -> tuple[pa.Table, pa.Table]:
+def validate_records(
+    raw: pa.Table, config: InputConfig, job_id: str, duplicate_ids: bool = True
+) -> tuple[pa.Table, pa.Table]:
     """(valid records, quarantine rows).
 
     Valid records keep every RAW_RECORDS column except the read-error ones (read_error, read_detail,
@@ -54,9 +62,16 @@ def validate_records(raw: pa.Table, config: InputConfig, job_id: str,
         ("read_error", pc.is_valid(raw["read_error"]), raw["read_detail"]),
         ("missing_id", pc.is_null(raw["id"]), None),
         ("invalid_id", pc.match_substring(raw["id"], "\x00"), f"`id` contains a NUL character; {no_catalog}"),
-        ("invalid_tenant", pc.greater(pc.utf8_length(raw["tenant"]), TENANT_MAX_CHARS),
-         f"`tenant` is longer than {TENANT_MAX_CHARS} characters; {no_catalog}"),
-        ("invalid_tenant", pc.match_substring(raw["tenant"], "\x00"), f"`tenant` contains a NUL character; {no_catalog}"),
+        (
+            "invalid_tenant",
+            pc.greater(pc.utf8_length(raw["tenant"]), TENANT_MAX_CHARS),
+            f"`tenant` is longer than {TENANT_MAX_CHARS} characters; {no_catalog}",
+        ),
+        (
+            "invalid_tenant",
+            pc.match_substring(raw["tenant"], "\x00"),
+            f"`tenant` contains a NUL character; {no_catalog}",
+        ),
         ("missing_text", pc.is_null(raw["text"]), None),
         ("empty_text", pc.equal(pc.utf8_trim_whitespace(raw["text"]), ""), None),
         ("too_large", pc.greater(text_bytes, config.max_document_bytes), None),

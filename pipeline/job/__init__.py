@@ -14,6 +14,7 @@
   faults.py       the documented seam through which tests inject faults
 
 Layer: may import planning (pipeline.plan), every stage (output, generate, route, dedup, ingest),
-pipeline.stores and the base; never pipeline.dev or pipeline.cli. The facade pipeline/__init__.py re-exports its public names.
+pipeline.stores and the base; never pipeline.dev or pipeline.cli. The facade pipeline/__init__.py re-exports its
+public names.
 tests/unit/test_architecture.py enforces this.
 """

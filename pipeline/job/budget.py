@@ -48,8 +48,9 @@ class BudgetGuard:
         it crosses no cap."""
         if not self.active:
             return True
-        usd = estimate_usd(batch["tier"], pc.list_value_length(batch["prompt_token_ids"]), self.config,
-                           self.rates(), True)
+        usd = estimate_usd(
+            batch["tier"], pc.list_value_length(batch["prompt_token_ids"]), self.config, self.rates(), True
+        )
         requests = list(zip(batch["item_key"].to_pylist(), batch["tenant"].to_pylist(), usd))
         problems = self.queue.reserve(self.job_id, unit, requests, self.prices, self.problems)
         if problems:
@@ -68,7 +69,9 @@ class BudgetGuard:
             planned = with_estimates(planned, requests, tenant_of, c, self.rates())
         problems = self.problems(planned)
         if problems:
-            reason = (f"refused before any GPU work: estimated {'; '.join(problems)} "
-                      f"({', '.join(sorted({r.method for r in self.rates().values()}))})")
+            reason = (
+                f"refused before any GPU work: estimated {'; '.join(problems)} "
+                f"({', '.join(sorted({r.method for r in self.rates().values()}))})"
+            )
             self.state.set_job(self.job_id, status="refused", error=reason)
             raise JobError(reason, budget=True)

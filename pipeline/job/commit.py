@@ -61,8 +61,9 @@ class PartitionCommit:
         self.epoch: int | None = None  # the claim's fencing token
 
     def claim(self, force: bool = False) -> bool:
-        self.epoch = self.state.claim(self.job_id, self.partition, self.ctx.worker, self.config.state.lease_seconds,
-                                      force=force)
+        self.epoch = self.state.claim(
+            self.job_id, self.partition, self.ctx.worker, self.config.state.lease_seconds, force=force
+        )
         return self.epoch is not None
 
     def finish(self, status: str, **fields) -> bool:
@@ -74,8 +75,11 @@ class PartitionCommit:
         partition = self.partition
         try:
             lease = self.config.state.lease_seconds
-            with Renewal(lambda: self.state.heartbeat(self.job_id, partition, self.ctx.worker, lease, self.epoch),
-                         lease, f"lease-{partition}") as beat:
+            with Renewal(
+                lambda: self.state.heartbeat(self.job_id, partition, self.ctx.worker, lease, self.epoch),
+                lease,
+                f"lease-{partition}",
+            ) as beat:
                 self.generate_and_commit(beat)
         except BudgetReached as e:
             log.warning("partition %s deferred: %s", partition, e)
@@ -104,13 +108,18 @@ class PartitionCommit:
             # Its own units, or those of another partition it waits on: any unit of the job a cap held back.
             deferred = [u for u in ctx.queue.units(self.job_id) if u.status == "deferred"]
             if deferred:
-                raise BudgetReached(f"budget reached before {len(deferred)} work units of this job "
-                                    f"({sum(u.requests for u in deferred)} requests) could run: {ctx.budget.reason or 'a cap'}; "
-                                    "what was generated is kept and not paid again")
+                raise BudgetReached(
+                    f"budget reached before {len(deferred)} work units of this job "
+                    f"({sum(u.requests for u in deferred)} requests) could run: {ctx.budget.reason or 'a cap'}; "
+                    "what was generated is kept and not paid again"
+                )
             waiting = [u for u in units if u.status in ("pending", "leased")]
-            raise JobError(f"partition {partition} is not generated yet ({p.generation or 'not prepared'}; "
-                           f"{len(waiting)} work units unfinished): run its tier workers, then commit again"
-                           if p.generation != "failed" else f"partition {partition}: {p.last_error}")
+            raise JobError(
+                f"partition {partition} is not generated yet ({p.generation or 'not prepared'}; "
+                f"{len(waiting)} work units unfinished): run its tier workers, then commit again"
+                if p.generation != "failed"
+                else f"partition {partition}: {p.last_error}"
+            )
         ctx.engine_time.wait_for_engines(lambda: not beat.lost)
         records = ctx.staging.records(partition)
         quarantine = ctx.staging.quarantine(partition)
@@ -126,15 +135,30 @@ class PartitionCommit:
         scope_of = dict(zip(records["id"].to_pylist(), records["scope"].to_pylist()))
         by_scope: dict[str, dict] = {}
         for key, item in items.items():
-            if item.get("origin") is None and item.get("partition") == self.partition and item["id"] in scope_of \
-                    and ratio(item) > 0 and item["tier"] in self.config.tiers:
-                usd = item["gpu_seconds"] * (1 + ratio(item)) * self.config.tiers[item["tier"]].price_per_gpu_hour / 3600
+            if (
+                item.get("origin") is None
+                and item.get("partition") == self.partition
+                and item["id"] in scope_of
+                and ratio(item) > 0
+                and item["tier"] in self.config.tiers
+            ):
+                usd = (
+                    item["gpu_seconds"] * (1 + ratio(item)) * self.config.tiers[item["tier"]].price_per_gpu_hour / 3600
+                )
                 by_scope.setdefault(scope_of[item["id"]], {})[key] = cache_value(item, self.job_id, usd)
         for scope, values in by_scope.items():
             self.ctx.cache.put_many(scope, values)
 
-    def commit(self, beat: Renewal, records: pa.Table, quarantine: pa.Table, items: dict[str, dict],
-               failed: dict[str, tuple[str, str, str]], shareable: int, started: float) -> None:
+    def commit(
+        self,
+        beat: Renewal,
+        records: pa.Table,
+        quarantine: pa.Table,
+        items: dict[str, dict],
+        failed: dict[str, tuple[str, str, str]],
+        shareable: int,
+        started: float,
+    ) -> None:
         """Assemble the partition's rows, check that every record is accounted for, write the files,
         commit in the catalog (fenced by the claim's epoch), then publish the commit (output/commit.py)."""
         c, ctx, partition = self.config, self.ctx, self.partition
@@ -142,40 +166,60 @@ class PartitionCommit:
         shares = ctx.engine_time.shares()
         ratio = ctx.engine_time.overhead_ratio(shares)
         outputs, ledger, late_quarantine = assemble_results(records, items, failed, c, self.job_id, now(), ratio)
-        ledger = pa.concat_tables([ledger, charge_rows(ctx.engine_time.charges(partition, shares), c, self.job_id,
-                                                       now())])
+        ledger = pa.concat_tables(
+            [ledger, charge_rows(ctx.engine_time.charges(partition, shares), c, self.job_id, now())]
+        )
         quarantine = pa.concat_tables([quarantine, late_quarantine])
         expected = ctx.partition(partition).records
         if outputs.num_rows + quarantine.num_rows != expected:  # the invariant every row depends on
-            raise JobError(f"partition {partition}: accounting mismatch: {outputs.num_rows} outputs + "
-                           f"{quarantine.num_rows} quarantined != {expected} records; nothing was committed")
+            raise JobError(
+                f"partition {partition}: accounting mismatch: {outputs.num_rows} outputs + "
+                f"{quarantine.num_rows} quarantined != {expected} records; nothing was committed"
+            )
         faults.checkpoint("before_commit", self.job_id, partition)
         if beat.lost:
             raise LeaseLost(f"partition {partition}: lease lost to another worker; not committing")
         commit = new_commit_id(self.epoch)
-        files = write_files(ctx.out, self.job_id, partition, {"outputs": outputs, "ledger": ledger,
-                                                              "quarantine": quarantine}, c.output.compression, commit)
+        files = write_files(
+            ctx.out,
+            self.job_id,
+            partition,
+            {"outputs": outputs, "ledger": ledger, "quarantine": quarantine},
+            c.output.compression,
+            commit,
+        )
         if ctx.cache_on:
             for scope, recipe, blob in generated_segments(records, items, c.dedup.boilerplate_patterns):
                 ctx.cache.put_segment(scope, recipe, f"{self.job_id}/{partition}", blob)
             self.cache_full_costs(records, items, ratio)
-        verification = verify_shadows(records, items, ctx.lookup.reference_outputs(records, items),
-                                      c.dedup.shadow_min_f1)
+        verification = verify_shadows(
+            records, items, ctx.lookup.reference_outputs(records, items), c.dedup.shadow_min_f1
+        )
         counts = partition_counts(outputs, ledger, quarantine, items, c)
         counts["tokens"]["shareable_prompt_tokens"] = shareable
-        counts = {**counts, "verification": verification, "seconds": round(time.perf_counter() - started, 3),
-                  "commit": {"id": commit, "files": files}}
+        counts = {
+            **counts,
+            "verification": verification,
+            "seconds": round(time.perf_counter() - started, 3),
+            "commit": {"id": commit, "files": files},
+        }
         if not self.finish("succeeded", counts=counts):
             discard(ctx.out, files)
-            raise LeaseLost(f"partition {partition}: lease lost to another worker (claim epoch {self.epoch} "
-                            f"superseded); its commit was fenced out and wrote nothing visible")
+            raise LeaseLost(
+                f"partition {partition}: lease lost to another worker (claim epoch {self.epoch} "
+                f"superseded); its commit was fenced out and wrote nothing visible"
+            )
         try:
             faults.checkpoint("before_publish", self.job_id, partition)
             publish(ctx.out, self.job_id, partition, commit, files)
             ctx.progress.advance(done=outputs.num_rows, quarantined=quarantine.num_rows, partition=partition)
         except Exception as e:  # committed in the catalog: never downgrade it; the record follows
-            log.warning("partition %s committed, but its commit record could not be written yet (%s); "
-                        "the job's next manifest write publishes it", partition, e)
+            log.warning(
+                "partition %s committed, but its commit record could not be written yet (%s); "
+                "the job's next manifest write publishes it",
+                partition,
+                e,
+            )
 
 
 def commit_ready(ctx: JobContext, forced: list[str], tried: set[str], announced: set[tuple]) -> bool:
@@ -186,8 +230,11 @@ def commit_ready(ctx: JobContext, forced: list[str], tried: set[str], announced:
     `tried`: partitions this run has committed or given up on; `announced`: holders already said to be
     waited for (partition, holder, lease end)."""
     while True:
-        todo = [p for p in ctx.state.partitions(ctx.job_id) if p.partition not in tried
-                and (p.status in RUNNABLE or p.partition in forced)]
+        todo = [
+            p
+            for p in ctx.state.partitions(ctx.job_id)
+            if p.partition not in tried and (p.status in RUNNABLE or p.partition in forced)
+        ]
         if not todo:
             return False
         claimed_any, generating = False, []
@@ -222,15 +269,25 @@ def take_over_gone_holders(ctx: JobContext, held: list, announced: set[tuple]) -
         if p.status != "running":
             continue
         if worker_is_gone(p.worker) and ctx.state.release_gone_holder(ctx.job_id, p.partition, p.worker):
-            log.warning("partition %s: its holder %s is gone (no such process on this host); taking it over "
-                        "now instead of at %s", p.partition, p.worker, utc(p.lease_expires_at))
+            log.warning(
+                "partition %s: its holder %s is gone (no such process on this host); taking it over "
+                "now instead of at %s",
+                p.partition,
+                p.worker,
+                utc(p.lease_expires_at),
+            )
             released = True
         elif (p.partition, p.worker, p.lease_expires_at) not in announced:
             announced.add((p.partition, p.worker, p.lease_expires_at))
             # Info, not a warning: waiting is normal with several workers; said again as the lease moves.
-            log.info("partition %s waits: held by worker %s (last heartbeat %s) until its lease ends at %s "
-                     "(database clock), unless it finishes first", p.partition, p.worker,
-                     utc(p.heartbeat_at), utc(p.lease_expires_at))
+            log.info(
+                "partition %s waits: held by worker %s (last heartbeat %s) until its lease ends at %s "
+                "(database clock), unless it finishes first",
+                p.partition,
+                p.worker,
+                utc(p.heartbeat_at),
+                utc(p.lease_expires_at),
+            )
     return released
 
 
@@ -243,11 +300,13 @@ def commit_partition(ctx: JobContext, partition: str) -> dict:
         raise JobError(f"partition {partition}: {p.last_error}")
     if p.status != "succeeded":
         run = PartitionCommit(ctx, partition)
-        if not run.claim() and not (worker_is_gone(p.worker)
-                                    and ctx.state.release_gone_holder(ctx.job_id, partition, p.worker)
-                                    and run.claim()):
-            raise JobError(f"partition {partition} is held by worker {p.worker} until its lease ends at "
-                           f"{utc(p.lease_expires_at)} (database clock); retry later")
+        if not run.claim() and not (
+            worker_is_gone(p.worker) and ctx.state.release_gone_holder(ctx.job_id, partition, p.worker) and run.claim()
+        ):
+            raise JobError(
+                f"partition {partition} is held by worker {p.worker} until its lease ends at "
+                f"{utc(p.lease_expires_at)} (database clock); retry later"
+            )
         run.run()
     p = ctx.partition(partition)
     if p.status != "succeeded":

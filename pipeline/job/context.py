@@ -57,16 +57,25 @@ class JobContext:
     worker: str
 
     @classmethod
-    def open(cls, config: TokenmillConfig, job_id: str, pool: EnginePool | None = None,
-             progress: Progress | None = None, worker: str | None = None) -> JobContext:
+    def open(
+        cls,
+        config: TokenmillConfig,
+        job_id: str,
+        pool: EnginePool | None = None,
+        progress: Progress | None = None,
+        worker: str | None = None,
+    ) -> JobContext:
         """The job `job_id` on the configured catalog, with defaults for what is not given."""
         check_job_id(job_id)
         pool = pool or EnginePool(config.tiers, adapters=config.tier_adapters())
         if pool.adapters != config.tier_adapters():
-            raise JobError(f"the engine pool serves adapters {pool.adapters}, the config's tenants need "
-                           f"{config.tier_adapters()}: build it as EnginePool(config.tiers, adapters=config.tier_adapters())")
-        return cls(config, job_id, StateStore(config.state.url), pool, progress or Progress("off"),
-                   worker or default_worker())
+            raise JobError(
+                f"the engine pool serves adapters {pool.adapters}, the config's tenants need "
+                f"{config.tier_adapters()}: build it as EnginePool(config.tiers, adapters=config.tier_adapters())"
+            )
+        return cls(
+            config, job_id, StateStore(config.state.url), pool, progress or Progress("off"), worker or default_worker()
+        )
 
     # functools.cached_property writes the instance's __dict__ directly, so it works on a frozen dataclass.
     @functools.cached_property
@@ -91,8 +100,16 @@ class JobContext:
 
     @functools.cached_property
     def waves(self) -> PartitionWaves:
-        return PartitionWaves(self.config, self.job_id, self.state, self.queue, self.staging, self.lookup, self.pool,
-                              lambda partition: faults.checkpoint("wave_written", self.job_id, partition))
+        return PartitionWaves(
+            self.config,
+            self.job_id,
+            self.state,
+            self.queue,
+            self.staging,
+            self.lookup,
+            self.pool,
+            lambda partition: faults.checkpoint("wave_written", self.job_id, partition),
+        )
 
     @functools.cached_property
     def engine_time(self) -> EngineTime:
@@ -117,8 +134,9 @@ class JobContext:
     def check_engines(self, tiers: list[str]) -> None:
         """Before any work on `tiers` (an engine refusing them costs minutes): their levers and their tenants'
         adapters, checked on this host; one JobError naming every problem and its fix."""
-        problems = (config_lever_problems({t: self.config.tiers[t] for t in tiers})
-                    + adapter_problems(self.config, tiers))
+        problems = config_lever_problems({t: self.config.tiers[t] for t in tiers}) + adapter_problems(
+            self.config, tiers
+        )
         if problems:
             raise JobError("engines that cannot run: " + "; ".join(problems))
 
@@ -131,10 +149,12 @@ class JobContext:
         row = self.state.job(self.job_id)
         planned = json.loads(row.counts or "{}").get("staging", {}).get("isolation") if row is not None else None
         if planned is not None and planned != isolation_fingerprint(self.config):
-            raise JobError(f"job {self.job_id} was planned under other tenant isolation settings (dedup.shared_tenants, "
-                           "or a tenant's adapter, retrained or moved since) than this config's: its reuse decisions "
-                           "and item keys could give a tenant outputs it may no longer see. Restore those settings "
-                           "to continue it, or run the input as a new job id")
+            raise JobError(
+                f"job {self.job_id} was planned under other tenant isolation settings (dedup.shared_tenants, "
+                "or a tenant's adapter, retrained or moved since) than this config's: its reuse decisions "
+                "and item keys could give a tenant outputs it may no longer see. Restore those settings "
+                "to continue it, or run the input as a new job id"
+            )
 
     def drain_order(self) -> list[str]:
         """Tiers in the order one process drains them: the escalation tier last, since others feed it."""

@@ -51,9 +51,17 @@ class TierDrain:
         return any(depth.get(t, {}).get(s) for t in feeders for s in UNFINISHED)
 
     def admit(self, unit: WorkUnit, rows: list[dict]) -> bool:
-        return self.ctx.budget.admit(unit, pa.table({
-            "item_key": [r["unit"]["item_key"] for r in rows], "tenant": [r["unit"]["tenant"] for r in rows],
-            "tier": [self.tier] * len(rows), "prompt_token_ids": [r["prompt_token_ids"] for r in rows]}))
+        return self.ctx.budget.admit(
+            unit,
+            pa.table(
+                {
+                    "item_key": [r["unit"]["item_key"] for r in rows],
+                    "tenant": [r["unit"]["tenant"] for r in rows],
+                    "tier": [self.tier] * len(rows),
+                    "prompt_token_ids": [r["prompt_token_ids"] for r in rows],
+                }
+            ),
+        )
 
     def store(self, items: dict[str, dict], failed: dict[str, Failure]) -> None:
         ctx = self.ctx
@@ -65,17 +73,30 @@ class TierDrain:
                     ctx.waves.fail(items[key]["partition"], f"ItemsRefused: {e}")
                 failed = failed | {k: Failure("engine_error", e.refused[k], None, {}) for k in e.refused}
                 items = {k: v for k, v in items.items() if k not in e.refused}
-        ctx.queue.add_charges(ctx.job_id, [
-            {"charge_id": f"{f.unit.unit_id}/{f.unit.epoch}/{key}", "partition": f.unit.partition,
-             "session_id": f.unit.session_id, "kind": "failed_attempt",
-             "id": f.request_unit.get("record_id", f.request_unit["id"]),
-             "tenant": f.request_unit["tenant"], "tier": f.unit.tier, "gpu_seconds": f.gpu_seconds}
-            for key, f in failed.items() if f.gpu_seconds > 0 and f.unit is not None])
+        ctx.queue.add_charges(
+            ctx.job_id,
+            [
+                {
+                    "charge_id": f"{f.unit.unit_id}/{f.unit.epoch}/{key}",
+                    "partition": f.unit.partition,
+                    "session_id": f.unit.session_id,
+                    "kind": "failed_attempt",
+                    "id": f.request_unit.get("record_id", f.request_unit["id"]),
+                    "tenant": f.request_unit["tenant"],
+                    "tier": f.unit.tier,
+                    "gpu_seconds": f.gpu_seconds,
+                }
+                for key, f in failed.items()
+                if f.gpu_seconds > 0 and f.unit is not None
+            ],
+        )
         states = {k: ("done", None, None) for k in items}
         states |= {k: ("failed", f.reason, f.detail) for k, f in failed.items()}
         ctx.queue.set_keys(ctx.job_id, states)
-        ctx.progress.advance(usd=sum(i["gpu_seconds"] * ctx.config.tiers[i["tier"]].price_per_gpu_hour / 3600
-                                     for i in items.values()), stored=Counter(i["partition"] for i in items.values()))
+        ctx.progress.advance(
+            usd=sum(i["gpu_seconds"] * ctx.config.tiers[i["tier"]].price_per_gpu_hour / 3600 for i in items.values()),
+            stored=Counter(i["partition"] for i in items.values()),
+        )
 
     def cache_put(self, by_scope: dict[str, dict]) -> None:
         if self.cache_on:
@@ -87,8 +108,12 @@ def release_gone(ctx: JobContext) -> bool:
     """Make the units of provably gone workers claimable now; True when there were any."""
     gone = ctx.queue.release_gone(ctx.job_id)
     for unit in gone:
-        log.warning("work unit %s: its holder %s is gone (no such process on this host); taking it over now "
-                    "instead of when its lease ends", unit.unit_id, unit.worker)
+        log.warning(
+            "work unit %s: its holder %s is gone (no such process on this host); taking it over now "
+            "instead of when its lease ends",
+            unit.unit_id,
+            unit.worker,
+        )
     return bool(gone)
 
 
@@ -96,8 +121,9 @@ def drain(ctx: JobContext, tier: str, release: bool = False) -> WorkerReport:
     """Run one tier worker for this job until its tier has no unit left or to come; `release`: shut the
     tier's engine down at the end (this process will not use it again)."""
     release_gone(ctx)
-    return TierWorker(ctx.config, tier, ctx.job_id, ctx.queue, ctx.pool, ctx.worker, TierDrain(ctx, tier),
-                      release).drain()
+    return TierWorker(
+        ctx.config, tier, ctx.job_id, ctx.queue, ctx.pool, ctx.worker, TierDrain(ctx, tier), release
+    ).drain()
 
 
 def drain_tier(ctx: JobContext, tier: str) -> dict:
@@ -108,6 +134,13 @@ def drain_tier(ctx: JobContext, tier: str) -> dict:
     ctx.check_engines([tier])
     ctx.check_isolation()  # an adapter retrained since the stage task: its outputs would get the old keys
     report = drain(ctx, tier, release=True)
-    return {"tier": tier, "session": report.session_id, "units": report.units, "requests": report.requests,
-            "engine_started": report.started, "startup_seconds": round(report.startup_seconds, 3),
-            "busy_seconds": round(report.busy_seconds, 3), "idle_seconds": round(report.idle_seconds, 3)}
+    return {
+        "tier": tier,
+        "session": report.session_id,
+        "units": report.units,
+        "requests": report.requests,
+        "engine_started": report.started,
+        "startup_seconds": round(report.startup_seconds, 3),
+        "busy_seconds": round(report.busy_seconds, 3),
+        "idle_seconds": round(report.idle_seconds, 3),
+    }

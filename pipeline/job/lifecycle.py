@@ -44,9 +44,15 @@ class JobResult:
     manifest: dict
 
 
-def run_job(config: TokenmillConfig, job_id: str | None = None, pool: EnginePool | None = None,
-            progress: Progress | None = None, partitions: list[str] | None = None,
-            worker: str | None = None, release_engines: bool = False) -> JobResult:
+def run_job(
+    config: TokenmillConfig,
+    job_id: str | None = None,
+    pool: EnginePool | None = None,
+    progress: Progress | None = None,
+    partitions: list[str] | None = None,
+    worker: str | None = None,
+    release_engines: bool = False,
+) -> JobResult:
     """Run (or continue) a job until every partition is committed. Raises JobError with a one-line reason.
 
     `partitions` names partitions to run again even if they succeeded (a no-op that costs nothing,
@@ -73,8 +79,14 @@ class Job:
         self.ctx = ctx
 
     @classmethod
-    def open(cls, config: TokenmillConfig, job_id: str, pool: EnginePool | None = None,
-             progress: Progress | None = None, worker: str | None = None) -> Job:
+    def open(
+        cls,
+        config: TokenmillConfig,
+        job_id: str,
+        pool: EnginePool | None = None,
+        progress: Progress | None = None,
+        worker: str | None = None,
+    ) -> Job:
         return cls(JobContext.open(config, job_id, pool, progress, worker))
 
     def run(self, forced: list[str], release_engines: bool = False) -> JobResult:
@@ -116,14 +128,18 @@ class Job:
         deferred = [p for p in unfinished if p.status == "deferred"]
         counts = {**manifest["counts"], "staging": manifest.get("staging", {})}
         if unfinished and len(deferred) == len(unfinished):
-            reason = (f"budget reached: {len(deferred)} of {len(parts)} partitions ({sum(p.records for p in deferred)} "
-                      f"records) deferred, nothing lost: {deferred[0].last_error}. Raise the cap (budget.*), then: "
-                      f"tokenmill rerun --job-id {ctx.job_id}")
+            reason = (
+                f"budget reached: {len(deferred)} of {len(parts)} partitions ({sum(p.records for p in deferred)} "
+                f"records) deferred, nothing lost: {deferred[0].last_error}. Raise the cap (budget.*), then: "
+                f"tokenmill rerun --job-id {ctx.job_id}"
+            )
             ctx.state.set_job(ctx.job_id, status="deferred", finished_at=now(), error=reason, counts=counts)
             raise JobError(reason, budget=True)
         if unfinished:
-            detail = "; ".join(f"{p.partition} ({p.file}): {p.status}" + (f": {p.last_error}" if p.last_error else "")
-                               for p in unfinished[:5])
+            detail = "; ".join(
+                f"{p.partition} ({p.file}): {p.status}" + (f": {p.last_error}" if p.last_error else "")
+                for p in unfinished[:5]
+            )
             error = f"{len(unfinished)} of {len(parts)} partitions not committed: {detail}"
             ctx.state.set_job(ctx.job_id, status="failed", finished_at=now(), error=error, counts=counts)
             raise JobError(f"{error}. Rerun with: tokenmill rerun --job-id {ctx.job_id}")

@@ -23,9 +23,11 @@ from pipeline.stores.catalog import aware, now
 from pipeline.stores.units import SESSION_COUNTERS
 
 
-def partition_counts(outputs: pa.Table, ledger: pa.Table, quarantine: pa.Table, items: dict[str, dict],
-                     config: TokenmillConfig) -> dict:
+def partition_counts(
+    outputs: pa.Table, ledger: pa.Table, quarantine: pa.Table, items: dict[str, dict], config: TokenmillConfig
+) -> dict:
     """What a committed partition contributes to the job's totals (stored with the partition)."""
+
     def s(table, col):
         return float(pc.sum(table[col]).as_py() or 0) if table.num_rows else 0.0
 
@@ -35,38 +37,67 @@ def partition_counts(outputs: pa.Table, ledger: pa.Table, quarantine: pa.Table, 
     for item in items.values():  # what this partition's generations asked of each tier's engine
         if item.get("origin") is not None or item.get("partition") != partition or item["tier"] not in config.tiers:
             continue
-        e = engines.setdefault(item["tier"], {"items": 0, "output_tokens": 0, "uncached_prompt_tokens": 0,
-                                              "busy_gpu_seconds": 0.0, "decode_steps_estimate": 0})
+        e = engines.setdefault(
+            item["tier"],
+            {
+                "items": 0,
+                "output_tokens": 0,
+                "uncached_prompt_tokens": 0,
+                "busy_gpu_seconds": 0.0,
+                "decode_steps_estimate": 0,
+            },
+        )
         e["items"] += 1
         e["output_tokens"] += item["output_tokens"]
         e["uncached_prompt_tokens"] += item["prompt_tokens"] - item["cached_prompt_tokens"]
         e["busy_gpu_seconds"] += item["gpu_seconds"]
     for tier, e in engines.items():
-        e["decode_steps_estimate"] = decode_steps(e["items"], e["output_tokens"] / e["items"],
-                                                  config.tiers[tier].vllm.max_num_seqs)
+        e["decode_steps_estimate"] = decode_steps(
+            e["items"], e["output_tokens"] / e["items"], config.tiers[tier].vllm.max_num_seqs
+        )
     kinds = ledger.filter(pc.equal(ledger["kind"], "failed_attempt"))
     for tier in set(kinds["tier"].to_pylist()):
-        e = engines.setdefault(tier, {"items": 0, "output_tokens": 0, "uncached_prompt_tokens": 0,
-                                      "busy_gpu_seconds": 0.0, "decode_steps_estimate": 0})
+        e = engines.setdefault(
+            tier,
+            {
+                "items": 0,
+                "output_tokens": 0,
+                "uncached_prompt_tokens": 0,
+                "busy_gpu_seconds": 0.0,
+                "decode_steps_estimate": 0,
+            },
+        )
         e["failed_attempts"] = kinds.filter(pc.equal(kinds["tier"], tier)).num_rows
     return {
-        "records": outputs.num_rows + quarantine.num_rows, "outputs": outputs.num_rows,
-        "quarantined": quarantine.num_rows, "by_source": count_by(outputs, "source"),
-        "by_reason": count_by(quarantine, "reason"), "by_tier": count_by(outputs, "tier"),
+        "records": outputs.num_rows + quarantine.num_rows,
+        "outputs": outputs.num_rows,
+        "quarantined": quarantine.num_rows,
+        "by_source": count_by(outputs, "source"),
+        "by_reason": count_by(quarantine, "reason"),
+        "by_tier": count_by(outputs, "tier"),
         "tokens": {k: int(s(ledger, k)) for k in ("prompt_tokens", "cached_prompt_tokens", "output_tokens")},
-        "cost_usd": s(ledger, "cost_usd"), "baseline_cost_usd": s(ledger, "baseline_cost_usd"),
-        "gpu_seconds": s(ledger, "gpu_seconds"), "engines": engines,
-        "gpu_seconds_by_kind": {k: s(ledger.filter(pc.equal(ledger["kind"], k)), "gpu_seconds")
-                                for k in count_by(ledger, "kind")},
+        "cost_usd": s(ledger, "cost_usd"),
+        "baseline_cost_usd": s(ledger, "baseline_cost_usd"),
+        "gpu_seconds": s(ledger, "gpu_seconds"),
+        "engines": engines,
+        "gpu_seconds_by_kind": {
+            k: s(ledger.filter(pc.equal(ledger["kind"], k)), "gpu_seconds") for k in count_by(ledger, "kind")
+        },
         "overhead_gpu_seconds": s(ledger, "overhead_gpu_seconds"),
-        "saved_by_source": {src: s(ledger.filter(pc.equal(ledger["source"], src)), "saved_cost_usd")
-                            for src in count_by(ledger, "source") if src != "generated"},
+        "saved_by_source": {
+            src: s(ledger.filter(pc.equal(ledger["source"], src)), "saved_cost_usd")
+            for src in count_by(ledger, "source")
+            if src != "generated"
+        },
         "cache_status": count_by(ledger.filter(pc.is_valid(ledger["cache_status"])), "cache_status"),
-        "routing": {"by_reason": count_by(ledger, "route_reason"),
-                    "escalated": int(pc.sum(ledger["escalated"].cast(pa.int64())).as_py() or 0) if ledger.num_rows else 0,
-                    "chunked": int(pc.sum(pc.greater(ledger["chunks"], 0).cast(pa.int64())).as_py() or 0)
-                    if ledger.num_rows else 0,
-                    "escalated_by": count_by(ledger.filter(pc.is_valid(ledger["escalation_reason"])), "escalation_reason")},
+        "routing": {
+            "by_reason": count_by(ledger, "route_reason"),
+            "escalated": int(pc.sum(ledger["escalated"].cast(pa.int64())).as_py() or 0) if ledger.num_rows else 0,
+            "chunked": int(pc.sum(pc.greater(ledger["chunks"], 0).cast(pa.int64())).as_py() or 0)
+            if ledger.num_rows
+            else 0,
+            "escalated_by": count_by(ledger.filter(pc.is_valid(ledger["escalation_reason"])), "escalation_reason"),
+        },
         # Served outputs that state numbers, dates or names their documents lack (on the largest tier, or
         # left unescalated): what a reader should check first.
         "unfaithful": {"outputs": count_by(ledger.filter(pc.fill_null(ledger["unfaithful"], False)), "tier")},
@@ -84,9 +115,11 @@ def prefix_cache(tokens: dict) -> dict:
     so it reaches a little less)."""
     prompt = tokens.get("prompt_tokens", 0)
     cached, shareable = tokens.get("cached_prompt_tokens", 0), tokens.get("shareable_prompt_tokens", 0)
-    return {"hit_ratio": round(cached / prompt, 4) if prompt else None,
-            "shareable_ratio": round(shareable / prompt, 4) if prompt else None,
-            "of_shareable": round(cached / shareable, 4) if shareable else None}
+    return {
+        "hit_ratio": round(cached / prompt, 4) if prompt else None,
+        "shareable_ratio": round(shareable / prompt, 4) if prompt else None,
+        "of_shareable": round(cached / shareable, 4) if shareable else None,
+    }
 
 
 def _add(total: dict, part: dict) -> dict:
@@ -105,8 +138,18 @@ def engine_time(sessions: list) -> dict[str, dict]:
     seconds (held × GPUs is what the ledger adds up to), and utilisation = busy / held."""
     out: dict[str, dict] = {}
     for s in sessions:
-        e = out.setdefault(s.tier, {"workers": 0, "starts": 0, "startup_seconds": 0.0, "busy_seconds": 0.0,
-                                    "idle_seconds": 0.0, "held_seconds": 0.0, "held_gpu_seconds": 0.0})
+        e = out.setdefault(
+            s.tier,
+            {
+                "workers": 0,
+                "starts": 0,
+                "startup_seconds": 0.0,
+                "busy_seconds": 0.0,
+                "idle_seconds": 0.0,
+                "held_seconds": 0.0,
+                "held_gpu_seconds": 0.0,
+            },
+        )
         e["workers"] += 1
         e["starts"] += s.started
         for k in ("startup_seconds", "busy_seconds", "idle_seconds"):
@@ -121,17 +164,21 @@ def engine_time(sessions: list) -> dict[str, dict]:
     return out
 
 
-def build_manifest(config: TokenmillConfig, job_id: str, job, parts: list, partial: bool, staging: dict,
-                   sessions: list = ()) -> dict:
-    totals: dict = {}
-    for p in parts:
-        if p.status == "succeeded" and p.counts:
-            _add(totals, {k: v for k, v in json.loads(p.counts).items() if k != "commit"})  # commit: file names
-    engines = totals.get("engines", {})
+def engine_figures(config: TokenmillConfig, engines: dict, sessions: list) -> dict:
+    """Per tier: the committed items' engine figures (`engines`) with the engine time its sessions held,
+    throughput, vLLM's own counters, efficiency against the hardware and the levers in use."""
     held = engine_time(sessions)
     for tier in held:
-        engines.setdefault(tier, {"items": 0, "output_tokens": 0, "uncached_prompt_tokens": 0,
-                                  "busy_gpu_seconds": 0.0, "decode_steps_estimate": 0})
+        engines.setdefault(
+            tier,
+            {
+                "items": 0,
+                "output_tokens": 0,
+                "uncached_prompt_tokens": 0,
+                "busy_gpu_seconds": 0.0,
+                "decode_steps_estimate": 0,
+            },
+        )
     for tier, e in engines.items():
         e.update(held.get(tier, {}))
         e["engine_seconds"] = e.get("busy_seconds", 0.0)  # what the efficiency figures divide by
@@ -145,11 +192,24 @@ def build_manifest(config: TokenmillConfig, job_id: str, job, parts: list, parti
             t = config.tiers[tier]
             e["efficiency"] = efficiency(t.gpu_model, t.model, t.gpus, t.vllm.max_num_seqs, e)
             e["levers"] = lever_summary(t)
+    return engines
+
+
+def build_manifest(
+    config: TokenmillConfig, job_id: str, job, parts: list, partial: bool, staging: dict, sessions: list = ()
+) -> dict:
+    totals: dict = {}
+    for p in parts:
+        if p.status == "succeeded" and p.counts:
+            _add(totals, {k: v for k, v in json.loads(p.counts).items() if k != "commit"})  # commit: file names
+    engines = engine_figures(config, totals.get("engines", {}), sessions)
     cost, baseline = totals.get("cost_usd", 0.0), totals.get("baseline_cost_usd", 0.0)
     outputs, by_source = totals.get("outputs", 0), totals.get("by_source", {})
     saved = totals.get("saved_by_source", {})
-    verification = summarise_verification([json.loads(p.counts).get("verification", {}) for p in parts
-                                           if p.status == "succeeded" and p.counts], config.dedup.shadow_min_f1)
+    verification = summarise_verification(
+        [json.loads(p.counts).get("verification", {}) for p in parts if p.status == "succeeded" and p.counts],
+        config.dedup.shadow_min_f1,
+    )
     return {
         "job_id": job_id,
         "status": "incomplete" if partial else "succeeded",
@@ -175,22 +235,35 @@ def build_manifest(config: TokenmillConfig, job_id: str, job, parts: list, parti
         "unfaithful": {"outputs": dict(sorted(totals.get("unfaithful", {}).get("outputs", {}).items()))},
         "checks": {check: dict(sorted(totals.get("checks", {}).get(check, {}).items())) for check in CHECKS},
         "acceptable": dict(sorted(totals.get("acceptable", {}).items())),
-        "cost": {"cost_usd": cost, "baseline_cost_usd": baseline, "saved_usd": baseline - cost,
-                 "gpu_seconds": totals.get("gpu_seconds", 0.0),
-                 "overhead_gpu_seconds": totals.get("overhead_gpu_seconds", 0.0),
-                 "gpu_seconds_by_kind": dict(sorted(totals.get("gpu_seconds_by_kind", {}).items()))},
+        "cost": {
+            "cost_usd": cost,
+            "baseline_cost_usd": baseline,
+            "saved_usd": baseline - cost,
+            "gpu_seconds": totals.get("gpu_seconds", 0.0),
+            "overhead_gpu_seconds": totals.get("overhead_gpu_seconds", 0.0),
+            "gpu_seconds_by_kind": dict(sorted(totals.get("gpu_seconds_by_kind", {}).items())),
+        },
         "reuse": {
-            "by_source": {src: {"items": n, "rate": round(n / outputs, 4) if outputs else 0.0,
-                                "saved_usd": saved.get(src, 0.0)}
-                          for src, n in sorted(by_source.items()) if src != "generated"},
+            "by_source": {
+                src: {"items": n, "rate": round(n / outputs, 4) if outputs else 0.0, "saved_usd": saved.get(src, 0.0)}
+                for src, n in sorted(by_source.items())
+                if src != "generated"
+            },
             "saved_usd": sum(saved.values()),
             "cache_status": dict(sorted(totals.get("cache_status", {}).items())),
             "verification": verification,
         },
         "engines": engines,
-        "partitions": {p.partition: {"file": p.file, "records": p.records, "status": p.status, "attempts": p.attempts,
-                                     "seconds": json.loads(p.counts).get("seconds") if p.counts else None}
-                       for p in parts},
+        "partitions": {
+            p.partition: {
+                "file": p.file,
+                "records": p.records,
+                "status": p.status,
+                "attempts": p.attempts,
+                "seconds": json.loads(p.counts).get("seconds") if p.counts else None,
+            }
+            for p in parts
+        },
         **({"staging": staging} if staging else {}),
     }
 
@@ -202,8 +275,9 @@ def current_manifest(ctx: JobContext, partial: bool) -> dict:
     # Jobs staged before 0.1 stored these figures as "plan": read, so that a rerun's manifest keeps them
     # (and stores them as "staging" from then on). Data a job wrote, not a name a user types.
     staging = counts.get("staging") or counts.get("plan", {})
-    return build_manifest(ctx.config, ctx.job_id, job, ctx.state.partitions(ctx.job_id), partial, staging,
-                          ctx.queue.sessions(ctx.job_id))
+    return build_manifest(
+        ctx.config, ctx.job_id, job, ctx.state.partitions(ctx.job_id), partial, staging, ctx.queue.sessions(ctx.job_id)
+    )
 
 
 def refresh_manifest(ctx: JobContext) -> dict:

@@ -30,8 +30,9 @@ def job_id_for(prefix: str, run_date: str) -> str:
     return job_id
 
 
-def job_config(config_path: str, run_date: str, input_uri: str | None = None,
-               output_uri: str | None = None) -> TokenmillConfig:
+def job_config(
+    config_path: str, run_date: str, input_uri: str | None = None, output_uri: str | None = None
+) -> TokenmillConfig:
     """The config with the task's URIs; `{date}` in either URI becomes the run date (YYYY-MM-DD)."""
     config = load_config(Path(config_path), input__uri=input_uri, output__uri=output_uri)
     config.input.uri = config.input.uri.replace("{date}", run_date)
@@ -105,6 +106,8 @@ def job_outcome(manifest: dict) -> str:
     """'succeeded', or raise naming the partitions that did not commit (the run's final, failing task)."""
     bad = {p: v["status"] for p, v in manifest["partitions"].items() if v["status"] != "succeeded"}
     if bad:
-        raise JobError(f"{len(bad)} of {len(manifest['partitions'])} partitions not committed: "
-                       + ", ".join(f"{p} {s}" for p, s in sorted(bad.items())))
+        raise JobError(
+            f"{len(bad)} of {len(manifest['partitions'])} partitions not committed: "
+            + ", ".join(f"{p} {s}" for p, s in sorted(bad.items()))
+        )
     return "succeeded"

@@ -36,8 +36,14 @@ def prepare(ctx: JobContext, partition: str) -> dict:
     faults.checkpoint("before_generate", ctx.job_id, partition)
     _, items, units, requests, too_long = unpaid_requests(ctx, partition, records)
     enqueued = ctx.waves.start(partition, units, requests, too_long)
-    return {"partition": partition, "records": records.num_rows, "already_paid": len(items),
-            "to_generate": requests.num_rows, "enqueued": enqueued, "too_long": too_long.num_rows}
+    return {
+        "partition": partition,
+        "records": records.num_rows,
+        "already_paid": len(items),
+        "to_generate": requests.num_rows,
+        "enqueued": enqueued,
+        "too_long": too_long.num_rows,
+    }
 
 
 def prepare_or_fail(ctx: JobContext, partition: str) -> None:
@@ -54,8 +60,10 @@ def prepare_or_fail(ctx: JobContext, partition: str) -> None:
 
 def check_budget(ctx: JobContext, partitions: list[str]) -> None:
     """Refuse to start when spent + the estimate of what is left would cross a cap (before any GPU work)."""
+
     def unpaid():
         for partition in partitions:
             _, _, units, requests, _ = unpaid_requests(ctx, partition, ctx.staging.records(partition))
             yield units, requests
+
     ctx.budget.check_start(unpaid())

@@ -40,8 +40,15 @@ class Progress:
         elif self.mode == "bar":
             from rich.progress import BarColumn, MofNCompleteColumn, TextColumn, TimeElapsedColumn
             from rich.progress import Progress as Bar
-            self._bar = Bar(TextColumn("[bold]tokenmill"), BarColumn(), MofNCompleteColumn(),
-                            TextColumn("{task.fields[status]}"), TimeElapsedColumn(), transient=False)
+
+            self._bar = Bar(
+                TextColumn("[bold]tokenmill"),
+                BarColumn(),
+                MofNCompleteColumn(),
+                TextColumn("{task.fields[status]}"),
+                TimeElapsedColumn(),
+                transient=False,
+            )
             self._bar.start()
             self._task = self._bar.add_task("job", total=total, status="")
         self._show(force=True)
@@ -58,11 +65,24 @@ class Progress:
             t = time.monotonic()
             if done == total or t - self._last_log >= self.every:
                 self._last_log = t
-                log.info("planning: %s %d/%d %s; %.0f s elapsed", step, done, total, PLANNING_UNITS.get(step, ""),
-                         t - self._started)
+                log.info(
+                    "planning: %s %d/%d %s; %.0f s elapsed",
+                    step,
+                    done,
+                    total,
+                    PLANNING_UNITS.get(step, ""),
+                    t - self._started,
+                )
 
-    def advance(self, done: int = 0, reused: int = 0, quarantined: int = 0, usd: float = 0.0,
-                partition: str | None = None, stored: dict[str, int] | None = None) -> None:
+    def advance(
+        self,
+        done: int = 0,
+        reused: int = 0,
+        quarantined: int = 0,
+        usd: float = 0.0,
+        partition: str | None = None,
+        stored: dict[str, int] | None = None,
+    ) -> None:
         """`done`/`quarantined`: records of `partition` committed (its stored generations are now in them);
         `stored`: generations stored per partition, counted done until their partition commits."""
         self.done += done + quarantined
@@ -92,8 +112,15 @@ class Progress:
             elapsed, shown = self._last_log - self._started, self.shown
             rate = shown / elapsed if elapsed > 0 else 0.0
             left = f", {(self.total - shown) / rate:.0f} s left" if rate > 0 and shown < self.total else ""
-            log.info("progress: %d/%d done, %s; %.0f s, %.1f items/s%s", shown, self.total, self.status(), elapsed,
-                     rate, left)
+            log.info(
+                "progress: %d/%d done, %s; %.0f s, %.1f items/s%s",
+                shown,
+                self.total,
+                self.status(),
+                elapsed,
+                rate,
+                left,
+            )
 
     def finish(self) -> None:
         if self._bar is not None:

@@ -51,17 +51,23 @@ def _layout(labels: list[str]) -> tuple[float, list[tuple[float, float, list[str
 def _label(x: float, top: float, h: float, label: str, lines: list[str]) -> Markup:
     if len(lines) == 1:
         return Markup('<text x="{:.1f}" y="{:.1f}" text-anchor="end">{}</text>').format(
-            x, top + (h - BAR_H) / 2 + BAR_H * 0.7, label)
+            x, top + (h - BAR_H) / 2 + BAR_H * 0.7, label
+        )
     first = top + h / 2 + 4 - (len(lines) - 1) * LINE_H / 2
-    spans = Markup("").join(Markup('<tspan x="{:.1f}" dy="{}">{}</tspan>').format(x, 0 if i == 0 else LINE_H, line)
-                            for i, line in enumerate(lines))
-    return Markup('<text x="{:.1f}" y="{:.1f}" text-anchor="end"><title>{}</title>{}</text>').format(x, first, label, spans)
+    spans = Markup("").join(
+        Markup('<tspan x="{:.1f}" dy="{}">{}</tspan>').format(x, 0 if i == 0 else LINE_H, line)
+        for i, line in enumerate(lines)
+    )
+    return Markup('<text x="{:.1f}" y="{:.1f}" text-anchor="end"><title>{}</title>{}</text>').format(
+        x, first, label, spans
+    )
 
 
 def _svg(chart_id: str, title: str, width: float, height: float, parts: list[Markup]) -> Markup:
-    return Markup('<section><h2>{}</h2><svg class="chart" id="{}" width="{:.0f}" height="{:.0f}" role="img" '
-                  'aria-label="{}">{}</svg></section>').format(title, chart_id, width, height, title,
-                                                               Markup("").join(parts))
+    return Markup(
+        '<section><h2>{}</h2><svg class="chart" id="{}" width="{:.0f}" height="{:.0f}" role="img" '
+        'aria-label="{}">{}</svg></section>'
+    ).format(title, chart_id, width, height, title, Markup("").join(parts))
 
 
 def bar_chart(chart_id: str, title: str, rows: list[tuple[str, float]], fmt=fmt_usd) -> Markup:
@@ -76,9 +82,11 @@ def bar_chart(chart_id: str, title: str, rows: list[tuple[str, float]], fmt=fmt_
         bar_y = y + (h - BAR_H) / 2
         bars.append(
             _label(label_w - 6, y, h, str(label), lines)
-            + Markup('<rect class="bar" x="{:.1f}" y="{:.1f}" width="{:.1f}" height="{}" fill="{}"/>'
-                     '<text x="{:.1f}" y="{:.1f}">{}</text>').format(
-                label_w, bar_y, w, BAR_H, COLORS["bar"], label_w + w + 6, bar_y + BAR_H * 0.7, fmt(value)))
+            + Markup(
+                '<rect class="bar" x="{:.1f}" y="{:.1f}" width="{:.1f}" height="{}" fill="{}"/>'
+                '<text x="{:.1f}" y="{:.1f}">{}</text>'
+            ).format(label_w, bar_y, w, BAR_H, COLORS["bar"], label_w + w + 6, bar_y + BAR_H * 0.7, fmt(value))
+        )
     return _svg(chart_id, title, label_w + PLOT_W, height, bars)
 
 
@@ -92,8 +100,16 @@ def waterfall(chart_id: str, title: str, baseline: float, steps: list[tuple[str,
     for label, delta in steps:
         low, high = sorted((level, level + delta))
         sign = "−" if delta < 0 else "+"
-        rows.append((f"{sign} {label}", low, high - low, COLORS["save"] if delta < 0 else COLORS["cost"],
-                     f"{sign}{fmt_usd(abs(delta))}", delta))
+        rows.append(
+            (
+                f"{sign} {label}",
+                low,
+                high - low,
+                COLORS["save"] if delta < 0 else COLORS["cost"],
+                f"{sign}{fmt_usd(abs(delta))}",
+                delta,
+            )
+        )
         level += delta
         top = max(top, level)
     rows.append(("paid", 0.0, paid, COLORS["paid"], fmt_usd(paid), paid))
@@ -105,8 +121,19 @@ def waterfall(chart_id: str, title: str, baseline: float, steps: list[tuple[str,
         bar_y = y + (h - BAR_H) / 2
         parts.append(
             _label(label_w - 6, y, h, label, lines)
-            + Markup('<rect class="bar" x="{:.1f}" y="{:.1f}" width="{:.1f}" height="{}" fill="{}" data-value="{:.9f}"/>'
-                     '<text x="{:.1f}" y="{:.1f}">{}</text>').format(
-                label_w + start * scale, bar_y, w, BAR_H, color, signed, label_w + start * scale + w + 6,
-                bar_y + BAR_H * 0.7, text))
+            + Markup(
+                '<rect class="bar" x="{:.1f}" y="{:.1f}" width="{:.1f}" height="{}" fill="{}" data-value="{:.9f}"/>'
+                '<text x="{:.1f}" y="{:.1f}">{}</text>'
+            ).format(
+                label_w + start * scale,
+                bar_y,
+                w,
+                BAR_H,
+                color,
+                signed,
+                label_w + start * scale + w + 6,
+                bar_y + BAR_H * 0.7,
+                text,
+            )
+        )
     return _svg(chart_id, title, label_w + PLOT_W, height, parts)

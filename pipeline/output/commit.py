@@ -56,8 +56,9 @@ def commit_path(root: storage.Location, job_id: str, partition: str) -> str:
     return root.join(COMMITS, f"job={job_id}", f"partition={partition}.json")
 
 
-def write_files(root: storage.Location, job_id: str, partition: str, tables: dict[str, pa.Table],
-                compression: str, commit: str) -> dict[str, str]:
+def write_files(
+    root: storage.Location, job_id: str, partition: str, tables: dict[str, pa.Table], compression: str, commit: str
+) -> dict[str, str]:
     """Write a partition's three files (empty ones too) under this commit's names; returns kind -> path
     relative to the root. Nothing is visible until `publish`.
 
@@ -74,7 +75,7 @@ def write_files(root: storage.Location, job_id: str, partition: str, tables: dic
 
 
 def relative(root: storage.Location, path: str) -> str:
-    return path[len(root.path.rstrip("/")) + 1:]
+    return path[len(root.path.rstrip("/")) + 1 :]
 
 
 def epoch_of(commit: str) -> int:
@@ -108,21 +109,31 @@ def sweep_leftovers(root: storage.Location, job_id: str, committed: dict[str, st
     listed. Returns how many files it deleted."""
     deleted = 0
     for kind in KINDS:
-        folders = ([root.join(kind, f"job={job_id}")] if whole_job
-                   else [root.join(kind, f"job={job_id}", f"partition={p}") for p in committed])
+        folders = (
+            [root.join(kind, f"job={job_id}")]
+            if whole_job
+            else [root.join(kind, f"job={job_id}", f"partition={p}") for p in committed]
+        )
         for folder in folders:
             for info in root.fs.get_file_info(pafs.FileSelector(folder, recursive=True, allow_not_found=True)):
                 partition = info.path.rsplit("/", 2)[-2].removeprefix("partition=")
-                if info.type == pafs.FileType.File and partition in committed \
-                        and _older(info.base_name, epoch_of(committed[partition])):
+                if (
+                    info.type == pafs.FileType.File
+                    and partition in committed
+                    and _older(info.base_name, epoch_of(committed[partition]))
+                ):
                     deleted += _delete(root, info.path)
     if not whole_job:
         return deleted
     old = datetime.now(timezone.utc) - timedelta(seconds=TEMPORARY_RECORD_SECONDS)
     for info in root.fs.get_file_info(pafs.FileSelector(root.join(COMMITS, f"job={job_id}"), allow_not_found=True)):
         target = storage.temporary_target(info.base_name)
-        if target is not None and target.removeprefix("partition=").removesuffix(".json") in committed \
-                and info.mtime is not None and info.mtime.astimezone(timezone.utc) < old:
+        if (
+            target is not None
+            and target.removeprefix("partition=").removesuffix(".json") in committed
+            and info.mtime is not None
+            and info.mtime.astimezone(timezone.utc) < old
+        ):
             deleted += _delete(root, info.path)
     return deleted
 
@@ -136,7 +147,7 @@ def _older(name: str, epoch: int) -> bool:
     if not (name.startswith("part-") and name.endswith(".parquet")):
         return False
     try:
-        return epoch_of(name[len("part-"):-len(".parquet")]) < epoch
+        return epoch_of(name[len("part-") : -len(".parquet")]) < epoch
     except ValueError:
         return False
 

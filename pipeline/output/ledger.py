@@ -21,8 +21,14 @@ from pipeline.stores import storage
 
 # Grouping keys an analyst may ask for, and the SQL that computes each.
 GROUP_KEYS = {
-    "tenant": "tenant", "tier": "tier", "model": "model", "adapter": "adapter", "source": "source", "job": "job_id",
-    "partition": "partition", "day": "CAST(created_at AS DATE)",
+    "tenant": "tenant",
+    "tier": "tier",
+    "model": "model",
+    "adapter": "adapter",
+    "source": "source",
+    "job": "job_id",
+    "partition": "partition",
+    "day": "CAST(created_at AS DATE)",
 }
 MONEY = "CAST({col} AS DECIMAL(38, 18))"
 DOCUMENT = "coalesce(kind, 'output') IN ('output', 'invalid_output')"  # a row for a record that got an output
@@ -66,8 +72,15 @@ def _dataset(root: storage.Location, kind: str, schema: pa.Schema, files: list[s
     if not files:
         return ds.dataset(full.empty_table())
     partitioning = ds.partitioning(pa.schema(in_path), flavor="hive") if in_path else None
-    return ds.dataset(files, filesystem=root.fs, format="parquet", partitioning=partitioning,
-                      partition_base_dir=root.join(kind), schema=full, exclude_invalid_files=False)
+    return ds.dataset(
+        files,
+        filesystem=root.fs,
+        format="parquet",
+        partitioning=partitioning,
+        partition_base_dir=root.join(kind),
+        schema=full,
+        exclude_invalid_files=False,
+    )
 
 
 def connect(output_uri: str, storage_config: StorageConfig | None = None) -> duckdb.DuckDBPyConnection:
@@ -87,8 +100,9 @@ def connect(output_uri: str, storage_config: StorageConfig | None = None) -> duc
     return con
 
 
-def summary_sql(by: list[str], job_id: str | None = None, since: date | None = None,
-                until: date | None = None) -> tuple[str, list]:
+def summary_sql(
+    by: list[str], job_id: str | None = None, since: date | None = None, until: date | None = None
+) -> tuple[str, list]:
     unknown = [b for b in by if b not in GROUP_KEYS]
     if unknown:
         raise LedgerError(f"cannot group by {', '.join(unknown)}; choose from {', '.join(GROUP_KEYS)}")
@@ -112,15 +126,22 @@ def summary_sql(by: list[str], job_id: str | None = None, since: date | None = N
     return sql, params
 
 
-def summary(con: duckdb.DuckDBPyConnection, by: list[str], job_id: str | None = None, since: date | None = None,
-            until: date | None = None) -> pa.Table:
+def summary(
+    con: duckdb.DuckDBPyConnection,
+    by: list[str],
+    job_id: str | None = None,
+    since: date | None = None,
+    until: date | None = None,
+) -> pa.Table:
     """Totals (items, tokens, GPU-seconds, cost, baseline, saved) grouped by any of GROUP_KEYS."""
     sql, params = summary_sql(by, job_id, since, until)
     return con.sql(sql, params=params).to_arrow_table()
 
 
-_WRITES = re.compile(r"^\s*(insert|update|delete|create|drop|alter|copy|attach|detach|install|load|pragma|set|export|import)\b",
-                     re.IGNORECASE)
+_WRITES = re.compile(
+    r"^\s*(insert|update|delete|create|drop|alter|copy|attach|detach|install|load|pragma|set|export|import)\b",
+    re.IGNORECASE,
+)
 
 
 def query(con: duckdb.DuckDBPyConnection, sql: str) -> pa.Table:

@@ -19,15 +19,27 @@ from pathlib import Path
 
 # Dense (no sparsity) peaks from NVIDIA's datasheets: HBM bytes/s, and FLOP/s per weight dtype class.
 GPU_PEAKS = {
-    "H200":      {"bandwidth": 4.8e12,  "flops": {"16bit": 989e12, "8bit": 1979e12}},
-    "H100-SXM":  {"bandwidth": 3.35e12, "flops": {"16bit": 989e12, "8bit": 1979e12}},
-    "H100-PCIE": {"bandwidth": 2.0e12,  "flops": {"16bit": 756e12, "8bit": 1513e12}},
+    "H200": {"bandwidth": 4.8e12, "flops": {"16bit": 989e12, "8bit": 1979e12}},
+    "H100-SXM": {"bandwidth": 3.35e12, "flops": {"16bit": 989e12, "8bit": 1979e12}},
+    "H100-PCIE": {"bandwidth": 2.0e12, "flops": {"16bit": 756e12, "8bit": 1513e12}},
     "A100-80GB": {"bandwidth": 2.039e12, "flops": {"16bit": 312e12, "8bit": 624e12}},
-    "L40S":      {"bandwidth": 0.864e12, "flops": {"16bit": 181e12, "8bit": 362e12}},
-    "L4":        {"bandwidth": 0.3e12,  "flops": {"16bit": 121e12, "8bit": 242e12}},
+    "L40S": {"bandwidth": 0.864e12, "flops": {"16bit": 181e12, "8bit": 362e12}},
+    "L4": {"bandwidth": 0.3e12, "flops": {"16bit": 121e12, "8bit": 242e12}},
 }
-_DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "F8_E4M3": 1, "F8_E5M2": 1, "I64": 8, "I32": 4, "I16": 2,
-                "I8": 1, "U8": 1, "BOOL": 1}
+_DTYPE_BYTES = {
+    "F64": 8,
+    "F32": 4,
+    "F16": 2,
+    "BF16": 2,
+    "F8_E4M3": 1,
+    "F8_E5M2": 1,
+    "I64": 8,
+    "I32": 4,
+    "I16": 2,
+    "I8": 1,
+    "U8": 1,
+    "BOOL": 1,
+}
 
 
 @lru_cache(maxsize=16)
@@ -56,8 +68,11 @@ def efficiency(gpu_model: str | None, model_path: str, gpus: int, max_num_seqs: 
     out = {"gpu_model": gpu_model, "mfu": None, "mbu": None}
     size = checkpoint_size(model_path)
     if not gpu_model or gpu_model not in GPU_PEAKS or not size or not seconds:
-        out["note"] = ("unknown GPU model: set tiers.<name>.gpu_model to one of " + ", ".join(GPU_PEAKS)
-                       if gpu_model not in GPU_PEAKS else "no engine time or no safetensors checkpoint")
+        out["note"] = (
+            "unknown GPU model: set tiers.<name>.gpu_model to one of " + ", ".join(GPU_PEAKS)
+            if gpu_model not in GPU_PEAKS
+            else "no engine time or no safetensors checkpoint"
+        )
         return out
     params, weight_bytes = size
     peak = GPU_PEAKS[gpu_model]

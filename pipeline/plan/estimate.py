@@ -20,12 +20,14 @@ from pipeline.plan.rates import ZERO, Range, TierRate, tier_rates
 
 log = logging.getLogger(__name__)
 
-NOTE = ("est_usd is the midpoint, est_usd_low-est_usd_high the range. Counted: each item at its tier's throughput, "
-        "prefix-cache share, output length and escalation rate measured in earlier ledgers (else configured "
-        "defaults), escalations on the escalation tier, each engine's start-up and idle, documents too long for the "
-        "context as the run cuts them (a request per chunk, a reduce each). Not counted: reuse from earlier jobs' "
-        "cache (inputs it holds cost less), shadow verification (dedup.shadow_rate of near/semantic reuses), schema "
-        "retries, failed attempts.")
+NOTE = (
+    "est_usd is the midpoint, est_usd_low-est_usd_high the range. Counted: each item at its tier's throughput, "
+    "prefix-cache share, output length and escalation rate measured in earlier ledgers (else configured "
+    "defaults), escalations on the escalation tier, each engine's start-up and idle, documents too long for the "
+    "context as the run cuts them (a request per chunk, a reduce each). Not counted: reuse from earlier jobs' "
+    "cache (inputs it holds cost less), shadow verification (dedup.shadow_rate of near/semantic reuses), schema "
+    "retries, failed attempts."
+)
 
 
 class Demand:
@@ -43,8 +45,9 @@ class Demand:
         """`requests`: columns id, tier, prompt_token_ids; `tenants`: each one's tenant, in order, or by id."""
         if isinstance(tenants, Mapping):
             tenants = [tenants[i] for i in requests["id"].to_pylist()]
-        self.add(requests["tier"].to_pylist(), pc.list_value_length(requests["prompt_token_ids"]).to_pylist(),
-                 list(tenants))
+        self.add(
+            requests["tier"].to_pylist(), pc.list_value_length(requests["prompt_token_ids"]).to_pylist(), list(tenants)
+        )
 
     def tier(self, name: str) -> tuple[int, int]:
         return tuple(sum(v[i] for (t, _), v in self.cells.items() if t == name) for i in (0, 1))
@@ -55,11 +58,22 @@ def _busy_usd(config: TokenmillConfig, name: str, rate: TierRate, items: float, 
     c, usd = config.cost, config.tiers[name].price_per_gpu_hour / 3600
 
     def at(spw, cached, out):
-        return spw * usd * (c.prefill_token_weight * (1 - cached) * prompt + c.cached_token_weight * cached * prompt
-                            + c.decode_token_weight * out * items)
+        return (
+            spw
+            * usd
+            * (
+                c.prefill_token_weight * (1 - cached) * prompt
+                + c.cached_token_weight * cached * prompt
+                + c.decode_token_weight * out * items
+            )
+        )
+
     s, h = rate.seconds_range, rate.cached_share
-    return Range(min(at(s.low, x, output.low) for x in (h.low, h.high)), at(s.mid, h.mid, output.mid),
-                 max(at(s.high, x, output.high) for x in (h.low, h.high)))
+    return Range(
+        min(at(s.low, x, output.low) for x in (h.low, h.high)),
+        at(s.mid, h.mid, output.mid),
+        max(at(s.high, x, output.high) for x in (h.low, h.high)),
+    )
 
 
 def _usd(r: Range) -> dict:
@@ -74,8 +88,13 @@ def price_demand(demand: Demand, config: TokenmillConfig, rates: dict[str, TierR
     for name in sorted({t for t, _ in demand.cells}):
         (items, prompt), r = demand.tier(name), rates[name]
         out = r.output.predict(items)
-        tiers[name] = {"items": items, "share": items / n_all, "prompt_tokens": prompt,
-                       "est_output_tokens": out.mid * items, "method": r.method}
+        tiers[name] = {
+            "items": items,
+            "share": items / n_all,
+            "prompt_tokens": prompt,
+            "est_output_tokens": out.mid * items,
+            "method": r.method,
+        }
         for (t, tenant), (n, p) in demand.cells.items():
             if t == name:
                 cost[(name, tenant)] = cost.get((name, tenant), ZERO) + _busy_usd(config, name, r, n, p, out)
@@ -88,18 +107,31 @@ def price_demand(demand: Demand, config: TokenmillConfig, rates: dict[str, TierR
             if t == name:
                 added = _busy_usd(config, to, rates[to], n, p, out).times(e)
                 cost[(to, tenant)], total = cost.get((to, tenant), ZERO) + added, total + added
-        tiers[name]["escalation"] = {"to": to, "rate": e.mid, "rate_low": e.low, "rate_high": e.high, "items": e.mid * items,
-                                     "items_low": e.low * items, "items_high": e.high * items, **_usd(total)}
-        into = tiers.setdefault(to, {"items": 0, "share": 0.0, "prompt_tokens": 0, "est_output_tokens": 0.0,
-                                     "method": rates[to].method})
+        tiers[name]["escalation"] = {
+            "to": to,
+            "rate": e.mid,
+            "rate_low": e.low,
+            "rate_high": e.high,
+            "items": e.mid * items,
+            "items_low": e.low * items,
+            "items_high": e.high * items,
+            **_usd(total),
+        }
+        into = tiers.setdefault(
+            to, {"items": 0, "share": 0.0, "prompt_tokens": 0, "est_output_tokens": 0.0, "method": rates[to].method}
+        )
         had = into.get("escalated_in", {})
-        into["escalated_in"] = {k: had.get(k, 0.0) + v * items for k, v in (("items_low", e.low), ("items", e.mid),
-                                                                             ("items_high", e.high))}
+        into["escalated_in"] = {
+            k: had.get(k, 0.0) + v * items for k, v in (("items_low", e.low), ("items", e.mid), ("items_high", e.high))
+        }
         into["est_output_tokens"] += out.mid * e.mid * items
     tenants, job = {}, ZERO
     for name, entry in tiers.items():
         own = {tenant: r for (t, tenant), r in cost.items() if t == name}
-        works = [entry["items"] > 0 or entry.get("escalated_in", {}).get(k, 0.0) > 0 for k in ("items_low", "items", "items_high")]
+        works = [
+            entry["items"] > 0 or entry.get("escalated_in", {}).get(k, 0.0) > 0
+            for k in ("items_low", "items", "items_high")
+        ]
         overhead = rates[name].overhead.times(Range(*works)).times(config.tiers[name].price_per_gpu_hour / 3600)
         entry["engine_overhead"] = {"gpu_seconds": float(rates[name].overhead.mid * works[1]), **_usd(overhead)}
         busy, total = sum(r.mid for r in own.values()), overhead
@@ -109,25 +141,42 @@ def price_demand(demand: Demand, config: TokenmillConfig, rates: dict[str, TierR
         entry.update(_usd(total))
         job = job + total
     tenants = dict(sorted(tenants.items()))
-    return {"tiers": tiers, "tenants": {t: float(r.mid) for t, r in tenants.items()},
-            "tenant_ranges": {t: _usd(r) for t, r in tenants.items()}, **_usd(job)}
+    return {
+        "tiers": tiers,
+        "tenants": {t: float(r.mid) for t, r in tenants.items()},
+        "tenant_ranges": {t: _usd(r) for t, r in tenants.items()},
+        **_usd(job),
+    }
 
 
-def estimate_usd(tiers: pa.Array, prompt_tokens: pa.Array, config: TokenmillConfig, rates: dict[str, TierRate],
-                 escalations: bool = False) -> list[float]:
+def estimate_usd(
+    tiers: pa.Array,
+    prompt_tokens: pa.Array,
+    config: TokenmillConfig,
+    rates: dict[str, TierRate],
+    escalations: bool = False,
+) -> list[float]:
     """Midpoint USD of each item's busy GPU time (no start-up and idle), with `escalations` their expected cost."""
     to, out = config.escalation_tier, []
     for tier, prompt in zip(tiers.to_pylist(), prompt_tokens.to_pylist()):
         r = rates[tier]
         usd = _busy_usd(config, tier, r, 1, prompt, r.output.predict(1)).mid
         if escalations and to is not None and r.escalation is not None:
-            usd += r.escalation.predict(1).mid * _busy_usd(config, to, rates[to], 1, prompt, rates[to].output.predict(1)).mid
+            usd += (
+                r.escalation.predict(1).mid
+                * _busy_usd(config, to, rates[to], 1, prompt, rates[to].output.predict(1)).mid
+            )
         out.append(usd)
     return out
 
 
-def with_estimates(totals: dict[str, float], requests: pa.Table, tenant_of: dict[str, str],
-                   config: TokenmillConfig, rates: dict[str, TierRate]) -> dict[str, float]:
+def with_estimates(
+    totals: dict[str, float],
+    requests: pa.Table,
+    tenant_of: dict[str, str],
+    config: TokenmillConfig,
+    rates: dict[str, TierRate],
+) -> dict[str, float]:
     """USD per tenant: `totals` plus the midpoint cost of `requests` and their expected escalations (ids mapped
     to tenants by `tenant_of`): busy time only, as the budget guard counts spend."""
     out = dict(totals)
@@ -145,17 +194,20 @@ def estimate_job(config: TokenmillConfig, pool=None, input_uri: str | None = Non
     tokenizers are used; no engine starts); `report`: planning's progress (Progress.planning)."""
     from pipeline.generate.adapters import adapter_problems
     from pipeline.generate.levers import check_levers
+
     check_levers(config.tiers, also=adapter_problems(config))  # LeverError (an EngineStartError), before any work
     if pool is None:
         from pipeline.generate.engine import EnginePool
+
         pool = EnginePool(config.tiers)
     rates = tier_rates(config, config.output.uri)
     demand, counts = planned_demand(config, pool, rates, input_uri, report)
     return {**counts, **price_demand(demand, config, rates), "note": NOTE}
 
 
-def planned_demand(config: TokenmillConfig, pool, rates: dict[str, TierRate],
-                   input_uri: str | None = None, report=None) -> tuple[Demand, dict]:
+def planned_demand(
+    config: TokenmillConfig, pool, rates: dict[str, TierRate], input_uri: str | None = None, report=None
+) -> tuple[Demand, dict]:
     """What the job would send to the engines, as a Demand, and the counts the estimate prints.
 
     Earlier jobs' cache is not searched (the planning runs with the cache off): what it holds is
@@ -168,9 +220,12 @@ def planned_demand(config: TokenmillConfig, pool, rates: dict[str, TierRate],
     from pipeline.stores import storage
     from pipeline.stores.staging import StagingArea
 
-    config = config.model_copy(update={
-        "input": config.input.model_copy(update={"uri": input_uri or config.input.uri}),
-        "cache": config.cache.model_copy(update={"enabled": False})})
+    config = config.model_copy(
+        update={
+            "input": config.input.model_copy(update={"uri": input_uri or config.input.uri}),
+            "cache": config.cache.model_copy(update={"enabled": False}),
+        }
+    )
     demand, paid = Demand(), set()  # keys some partition already generates: one generation per key per job
     counts = {"records": 0, "quarantined": 0, "duplicates": 0, "to_generate": 0, "requests": 0, "long_documents": 0}
     with tempfile.TemporaryDirectory(prefix="tokenmill-estimate-") as scratch:
@@ -184,20 +239,25 @@ def planned_demand(config: TokenmillConfig, pool, rates: dict[str, TierRate],
             units = generation_units(records, keys)
             requests, too_long = unit_requests(units, config, pool)
             state, rows = WavePlanner(config, pool, None, partition).first(units, requests, too_long)
-            demand.add([r["tier"] for r in rows], [len(r["prompt_token_ids"]) for r in rows],
-                       [r["unit"]["tenant"] for r in rows])
+            demand.add(
+                [r["tier"] for r in rows],
+                [len(r["prompt_token_ids"]) for r in rows],
+                [r["unit"]["tenant"] for r in rows],
+            )
             # A reduce per chunked document, over its chunks' summaries (their measured length).
             reduces = list(state.chunked.values())
-            demand.add([u["tier"] for u in reduces],
-                       [round(u["pieces"] * rates[u["tier"]].output_tokens_per_item) for u in reduces],
-                       [u["tenant"] for u in reduces])
+            demand.add(
+                [u["tier"] for u in reduces],
+                [round(u["pieces"] * rates[u["tier"]].output_tokens_per_item) for u in reduces],
+                [u["tenant"] for u in reduces],
+            )
             # As a run counts them: every record of a key that cannot be generated is quarantined.
             failed = pc.is_in(records["gen_key"], pa.array(list(state.failed), pa.string()))
             quarantined = int(pc.sum(failed).as_py() or 0)
             counts["quarantined"] += quarantined
-            counts["to_generate"] += units.num_rows - len(state.failed)   # items, as the run's "generated"
+            counts["to_generate"] += units.num_rows - len(state.failed)  # items, as the run's "generated"
             counts["duplicates"] += records.num_rows - quarantined - (units.num_rows - len(state.failed))
-            counts["requests"] += len(rows) + len(reduces)                 # chunks and reduces included
+            counts["requests"] += len(rows) + len(reduces)  # chunks and reduces included
             counts["long_documents"] += len(reduces)
     return demand, counts
 

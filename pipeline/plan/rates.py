@@ -17,11 +17,13 @@ from pipeline.stores.storage import StorageError
 log = logging.getLogger(__name__)
 
 Z, RECENT_JOBS = 1.96, 20  # 95% predictive intervals; history: the latest 20 jobs with generated rows
-MIN_JOBS = 3                # fewer measured jobs: the floors below (declared, not measured: one or two jobs cannot
-THIN_RATE_SPREAD = 0.25     # show how runs differ with the machine's load; engine start-up varies more, 20-45 s
+MIN_JOBS = 3  # fewer measured jobs: the floors below (declared, not measured: one or two jobs cannot
+THIN_RATE_SPREAD = 0.25  # show how runs differ with the machine's load; engine start-up varies more, 20-45 s
 THIN_OVERHEAD_SPREAD = 0.5  # on 2 shared cores for one model)
-DEFAULT_RATE_FACTOR = 4.0   # no history: the configured throughput may be off by this factor either way, and
-DEFAULT_OVERHEAD = 60.0     # an engine's start-up and idle 0-60 s (× GPUs); unmeasured: the middle of the range
+DEFAULT_RATE_FACTOR = 4.0  # no history: the configured throughput may be off by this factor either way, and
+DEFAULT_OVERHEAD = 60.0  # an engine's start-up and idle 0-60 s (× GPUs); unmeasured: the middle of the range
+
+
 @dataclass(frozen=True)
 class Range:
     low: float
@@ -80,9 +82,9 @@ class TierRate:
     came from (route reason), its start-up and idle split between both tiers by its blended price (as the report
     does); a tier that only ran escalations is measured from them (tokens halved)."""
 
-    seconds_per_weight: float      # midpoints, as before
+    seconds_per_weight: float  # midpoints, as before
     output_tokens_per_item: float
-    method: str                    # how it was obtained, for humans
+    method: str  # how it was obtained, for humans
     seconds_range: Range
     cached_share: Range
     output: Measured
@@ -105,20 +107,31 @@ def _ledger_history(config: TokenmillConfig, output_uri: str) -> tuple[list, lis
     from pipeline.output.ledger import connect
 
     con = connect(output_uri, config.storage)
-    jobs = [r[0] for r in con.execute(f"SELECT job_id FROM ledger WHERE {GENERATED} GROUP BY 1 ORDER BY max(created_at) "
-                                      "DESC LIMIT ?", [RECENT_JOBS]).fetchall()]
-    common = ("count(*), sum(coalesce(busy_gpu_seconds, gpu_seconds)), sum(coalesce(overhead_gpu_seconds, 0)), "
-              "sum(prompt_tokens), sum(cached_prompt_tokens), sum(output_tokens)")
+    jobs = [
+        r[0]
+        for r in con.execute(
+            f"SELECT job_id FROM ledger WHERE {GENERATED} GROUP BY 1 ORDER BY max(created_at) DESC LIMIT ?",
+            [RECENT_JOBS],
+        ).fetchall()
+    ]
+    common = (
+        "count(*), sum(coalesce(busy_gpu_seconds, gpu_seconds)), sum(coalesce(overhead_gpu_seconds, 0)), "
+        "sum(prompt_tokens), sum(cached_prompt_tokens), sum(output_tokens)"
+    )
     plain = "FILTER (WHERE coalesce(chunks, 0) = 0)"
     pure = con.execute(
         f"SELECT job_id, partition, tier, model, {common}, count(*) {plain}, sum(output_tokens) {plain}, "
         f"sum(output_tokens * output_tokens) {plain}, min(price_per_gpu_hour), max(price_per_gpu_hour) FROM ledger "
         f"WHERE {GENERATED} AND list_contains(?, job_id) AND NOT coalesce(escalated, false) "
-        "AND coalesce(attempts, 1) <= 1 GROUP BY ALL", [jobs]).fetchall()
+        "AND coalesce(attempts, 1) <= 1 GROUP BY ALL",
+        [jobs],
+    ).fetchall()
     multi = con.execute(
         f"SELECT job_id, tier, model, coalesce(route_reason, ''), coalesce(escalated, false), {common}, "
         f"sum(gpu_seconds), sum(cost_usd) FROM ledger WHERE {GENERATED} AND list_contains(?, job_id) "
-        "AND (coalesce(escalated, false) OR coalesce(attempts, 1) > 1) GROUP BY ALL", [jobs]).fetchall()
+        "AND (coalesce(escalated, false) OR coalesce(attempts, 1) > 1) GROUP BY ALL",
+        [jobs],
+    ).fetchall()
     return pure, multi
 
 
@@ -138,11 +151,13 @@ def _measure(config: TokenmillConfig, pure: list, multi: list) -> dict[str, dict
 
     def add(tier, key, job, value):
         out[tier][key][job] = out[tier][key].get(job, 0) + value
+
     for job, _, tier, model, n, busy, over, prompt, cached, output, plain, p_out, p_out2, lo, hi in pure:
         if tier not in out or model != models[tier]:
             continue
-        out[tier]["batches"].append((job, n, busy, _weight(config, prompt, cached, output), prompt, cached,
-                                     plain, p_out or 0, p_out2 or 0))
+        out[tier]["batches"].append(
+            (job, n, busy, _weight(config, prompt, cached, output), prompt, cached, plain, p_out or 0, p_out2 or 0)
+        )
         add(tier, "routed", job, plain)
         add(tier, "overhead", job, over)
         if lo is not None and lo == hi:
@@ -160,8 +175,9 @@ def _measure(config: TokenmillConfig, pure: list, multi: list) -> dict[str, dict
             add(first, "routed", job, n)
             add(first, "overhead", job, over * share)
             half = (prompt / 2, cached / 2, output / 2)  # the escalation's tokens: assumed half the row's
-            out[tier]["derived"].append((job, n, busy * (1 - share), _weight(config, *half), *half[:2], n, half[2],
-                                         half[2] ** 2 / n))
+            out[tier]["derived"].append(
+                (job, n, busy * (1 - share), _weight(config, *half), *half[:2], n, half[2], half[2] ** 2 / n)
+            )
         elif not escalated:
             add(tier, "routed", job, n)
         add(tier, "overhead", job, over * (1 - share))
@@ -171,12 +187,19 @@ def _measure(config: TokenmillConfig, pure: list, multi: list) -> dict[str, dict
 def _configured(config: TokenmillConfig, name: str) -> TierRate:
     mid, k = 1.0 / config.tiers[name].default_tokens_per_gpu_second, float(config.sampling.max_tokens)
     escalates = config.escalation_tier not in (None, name)
-    return TierRate(mid, k, f"configured default (no ledger of this tier's model yet): throughput ×{1 / DEFAULT_RATE_FACTOR:g}"
-                    f"-×{DEFAULT_RATE_FACTOR:g} of default_tokens_per_gpu_second, output up to max_tokens"
-                    + (", escalations 0-100%" if escalates else "") + f", engine start-up and idle 0-{DEFAULT_OVERHEAD:g} s",
-                    Range(mid / DEFAULT_RATE_FACTOR, mid, mid * DEFAULT_RATE_FACTOR), ZERO,
-                    Measured(k, default=Range(1.0, k, k)), Measured(0.5, default=Range(0.0, 0.5, 1.0)) if escalates else None,
-                    Range(0.0, 0.5, 1.0).times(DEFAULT_OVERHEAD * config.tiers[name].gpus))
+    return TierRate(
+        mid,
+        k,
+        f"configured default (no ledger of this tier's model yet): throughput ×{1 / DEFAULT_RATE_FACTOR:g}"
+        f"-×{DEFAULT_RATE_FACTOR:g} of default_tokens_per_gpu_second, output up to max_tokens"
+        + (", escalations 0-100%" if escalates else "")
+        + f", engine start-up and idle 0-{DEFAULT_OVERHEAD:g} s",
+        Range(mid / DEFAULT_RATE_FACTOR, mid, mid * DEFAULT_RATE_FACTOR),
+        ZERO,
+        Measured(k, default=Range(1.0, k, k)),
+        Measured(0.5, default=Range(0.0, 0.5, 1.0)) if escalates else None,
+        Range(0.0, 0.5, 1.0).times(DEFAULT_OVERHEAD * config.tiers[name].gpus),
+    )
 
 
 def _rate(config: TokenmillConfig, name: str, m: dict) -> TierRate:
@@ -189,7 +212,11 @@ def _rate(config: TokenmillConfig, name: str, m: dict) -> TierRate:
     per_job = [np.array([x[1:] for x in batches if x[0] == j], dtype=float).sum(axis=0) for j in jobs]
     mid, k = float(b[:, 1].sum() / max(b[:, 2].sum(), 1e-12)), len(b)
     # a pooled ratio's variance from its batches' residuals, the history's and a new job's alike: ×2
-    half = Z * math.sqrt(2 * ((b[:, 1] - mid * b[:, 2]) ** 2).sum() * k / (k - 1)) / max(b[:, 2].sum(), 1e-12) if k > 1 else 0.0
+    half = (
+        Z * math.sqrt(2 * ((b[:, 1] - mid * b[:, 2]) ** 2).sum() * k / (k - 1)) / max(b[:, 2].sum(), 1e-12)
+        if k > 1
+        else 0.0
+    )
     job_rates = [s[1] / s[2] for s in per_job if s[2] > 0] or [mid]
     seconds = Range(max(min(mid - half, *job_rates), 0.0), mid, max(mid + half, *job_rates))
     shares = [s[4] / s[3] for s in per_job if s[3] > 0]
@@ -198,23 +225,46 @@ def _rate(config: TokenmillConfig, name: str, m: dict) -> TierRate:
     mean = float(b[:, 6].sum() / n) if n else top
     sd = math.sqrt(max(b[:, 7].sum() / n - mean * mean, 0.0) * n / (n - 1)) if n > 1 else 0.0
     # No one-attempt unchunked row (a tier sent only long documents): its outputs were never measured alone.
-    output = Measured(mean, max(n, 1), sd, tuple(s[6] / s[5] for s in per_job if s[5] > 0), (0.0, top),
-                      Range(mean, mean, mean).widened(THIN_RATE_SPREAD) if derived else None) if n else \
-        _configured(config, name).output
+    output = (
+        Measured(
+            mean,
+            max(n, 1),
+            sd,
+            tuple(s[6] / s[5] for s in per_job if s[5] > 0),
+            (0.0, top),
+            Range(mean, mean, mean).widened(THIN_RATE_SPREAD) if derived else None,
+        )
+        if n
+        else _configured(config, name).output
+    )
     escalation, routed = None, sum(m["routed"].values())
     if config.escalation_tier not in (None, name):
-        escalation = Measured(sum(m["escalated"].values()) / routed, routed, None, tuple(
-            m["escalated"].get(j, 0) / r for j, r in m["routed"].items() if r), (0.0, 1.0)) if routed else \
-            _configured(config, name).escalation
+        escalation = (
+            Measured(
+                sum(m["escalated"].values()) / routed,
+                routed,
+                None,
+                tuple(m["escalated"].get(j, 0) / r for j, r in m["routed"].items() if r),
+                (0.0, 1.0),
+            )
+            if routed
+            else _configured(config, name).escalation
+        )
     over = list(m["overhead"].values())
     overhead = Range(min(over), sum(over) / len(over), max(over)) if over else ZERO
     if len(jobs) < MIN_JOBS:
         seconds, overhead = seconds.widened(THIN_RATE_SPREAD), overhead.widened(THIN_OVERHEAD_SPREAD)
     items = int(b[:, 0].sum())
-    method = (f"measured: {items} {'escalated' if derived else 'generated'} item{'s' * (items != 1)} in {len(jobs)} earlier "
-              f"job{'s' * (len(jobs) != 1)}{' (second attempts: half the tokens, GPU time split by price)' * derived}"
-              + (f"; fewer than {MIN_JOBS} jobs: ranges at least ±{THIN_RATE_SPREAD:.0%} for throughput, "
-                 f"±{THIN_OVERHEAD_SPREAD:.0%} for start-up and idle" if len(jobs) < MIN_JOBS else ""))
+    method = (
+        f"measured: {items} {'escalated' if derived else 'generated'} item{'s' * (items != 1)} in {len(jobs)} earlier "
+        f"job{'s' * (len(jobs) != 1)}{' (second attempts: half the tokens, GPU time split by price)' * derived}"
+        + (
+            f"; fewer than {MIN_JOBS} jobs: ranges at least ±{THIN_RATE_SPREAD:.0%} for throughput, "
+            f"±{THIN_OVERHEAD_SPREAD:.0%} for start-up and idle"
+            if len(jobs) < MIN_JOBS
+            else ""
+        )
+    )
     return TierRate(mid, mean, method, seconds, cached, output, escalation, overhead, items, len(jobs))
 
 
@@ -234,5 +284,3 @@ def rates_from_history(config: TokenmillConfig, pure: list, multi: list) -> dict
     partition, tier, model), `multi` escalated and retried rows per (job, tier, model, route reason)."""
     measured = _measure(config, pure, multi)
     return {name: _rate(config, name, measured[name]) for name in config.tiers}
-
-

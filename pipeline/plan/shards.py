@@ -26,14 +26,25 @@ from pipeline.keys import clean_text, compile_boilerplate
 from pipeline.plan.stages import row_adapters
 
 log = logging.getLogger(__name__)
-ROW = "_row"                            # a keyed record's position in its partition
+ROW = "_row"  # a keyed record's position in its partition
 # What a shard of the cluster step reads of each keyed partition (its `sketch` file): never the text.
 SHARD_COLUMNS = ("id", "tenant", "partition", "tier", "scope", "recipe", "item_key", "signature", "embedding", ROW)
-TEXT_CACHE_BYTES = 256 << 20            # partition texts a shard keeps for the guards (LRU)
+TEXT_CACHE_BYTES = 256 << 20  # partition texts a shard keeps for the guards (LRU)
 # A shard's reuse decisions for one partition (`reuse-<shard>`), joined to its keyed records by ROW.
-DECISIONS = pa.schema([(ROW, pa.int32()), ("gen_key", pa.string()), ("gen_id", pa.string()), ("gen_tier", pa.string()),
-                       ("reuse", pa.string()), ("similarity", pa.float64()), ("shadow", pa.bool_()),
-                       ("features", pa.string()), ("gen_partition", pa.string()), ("gen_row", pa.int32())])
+DECISIONS = pa.schema(
+    [
+        (ROW, pa.int32()),
+        ("gen_key", pa.string()),
+        ("gen_id", pa.string()),
+        ("gen_tier", pa.string()),
+        ("reuse", pa.string()),
+        ("similarity", pa.float64()),
+        ("shadow", pa.bool_()),
+        ("features", pa.string()),
+        ("gen_partition", pa.string()),
+        ("gen_row", pa.int32()),
+    ]
+)
 
 
 def cut_scopes(config: TokenmillConfig, staging, partitions: list[str], big: dict[str, int]) -> dict[str, list[int]]:
@@ -59,9 +70,11 @@ def cut_scopes(config: TokenmillConfig, staging, partitions: list[str], big: dic
             vectors = embedding_matrix(mine)
             if vectors is not None:
                 positions[scope].append(split.semantic_positions(vectors))
-            hashes[scope].append(minhash.band_hashes(signature_matrix(mine, d.num_perm), bands, rows_per_band) if d.near
-                                 else np.array([[xxhash.xxh3_64_intdigest(k.encode())] for k in
-                                                mine["item_key"].to_pylist()], np.uint64))
+            hashes[scope].append(
+                minhash.band_hashes(signature_matrix(mine, d.num_perm), bands, rows_per_band)
+                if d.near
+                else np.array([[xxhash.xxh3_64_intdigest(k.encode())] for k in mine["item_key"].to_pylist()], np.uint64)
+            )
     labels = [np.full(n, -1, np.int32) for n in sizes]
     cut = {}
     for scope, n in big.items():
@@ -73,11 +86,14 @@ def cut_scopes(config: TokenmillConfig, staging, partitions: list[str], big: dic
         cut[scope] = np.bincount(part, minlength=count).tolist()
         at = 0
         for i, rows in where.pop(scope):
-            labels[i][rows], at = part[at:at + len(rows)], at + len(rows)
+            labels[i][rows], at = part[at : at + len(rows)], at + len(rows)
     for part, label in zip(partitions, labels):
         staging.write(part, "split", pa.table({"part": label}))
-    log.info("planning: scopes cut in parts of about %d records: %s", config.planning.shard_rows,
-             {scope: len(rows) for scope, rows in cut.items()})
+    log.info(
+        "planning: scopes cut in parts of about %d records: %s",
+        config.planning.shard_rows,
+        {scope: len(rows) for scope, rows in cut.items()},
+    )
     return cut
 
 
@@ -105,13 +121,23 @@ class PartitionTexts:
         return clean_text(texts[row].as_py(), self.boilerplate)
 
 
-def cluster_shard(config: TokenmillConfig, job_id: str, staging, units: list[list], cut: set[str],
-                  partitions: list[str], duplicates: dict[str, list[int]], cache=None, shard: int = 0) -> DedupStats:
+def cluster_shard(
+    config: TokenmillConfig,
+    job_id: str,
+    staging,
+    units: list[list],
+    cut: set[str],
+    partitions: list[str],
+    duplicates: dict[str, list[int]],
+    cache=None,
+    shard: int = 0,
+) -> DedupStats:
     """Cluster the records of `units` ([scope, part]: a whole scope, or one part of a scope in `cut`), in
     job order (`partitions` in order, rows in order), and stage each partition's reuse decisions for them
     (`reuse-<shard>`)."""
     if cache is None and config.cache.enabled:
         from pipeline.stores.cache import open_store
+
         cache = open_store(config.cache)
     wanted = pa.array([scope for scope, _ in units if scope not in cut], pa.string())
     parts_of = [(scope, part) for scope, part in units if scope in cut]
@@ -137,18 +163,29 @@ def cluster_shard(config: TokenmillConfig, job_id: str, staging, units: list[lis
     part_of = pc.dictionary_encode(records["partition"].combine_chunks())
     parts, names = np.asarray(part_of.indices), part_of.dictionary.to_pylist()
     rows = np.asarray(records[ROW].combine_chunks())
-    plan = reuse_plan(records, config.dedup, lambda r: texts.text(names[parts[r]], int(rows[r])), cache,
-                      config.tier_prices, row_adapters(config, records))
+    plan = reuse_plan(
+        records,
+        config.dedup,
+        lambda r: texts.text(names[parts[r]], int(rows[r])),
+        cache,
+        config.tier_prices,
+        row_adapters(config, records),
+    )
     decided = reuse_columns(records, plan, config.dedup)
     stats = plan.stats
     source = np.asarray(decided["gen_source"].combine_chunks())
     elsewhere = source >= 0
-    decided = decided.select(["partition", ROW, "gen_key", "gen_id", "gen_tier", "reuse", "similarity", "shadow",
-                              "features"]).append_column(
-        "gen_partition", pa.DictionaryArray.from_arrays(pa.array(np.where(elsewhere, parts[source], 0), pa.int32(),
-                                                                  mask=~elsewhere), part_of.dictionary).cast(pa.string())
-    ).append_column("gen_row", pa.array(rows[source], pa.int32(), mask=~elsewhere)).cast(
-        pa.schema([("partition", pa.string()), *DECISIONS]))
+    decided = (
+        decided.select(["partition", ROW, "gen_key", "gen_id", "gen_tier", "reuse", "similarity", "shadow", "features"])
+        .append_column(
+            "gen_partition",
+            pa.DictionaryArray.from_arrays(
+                pa.array(np.where(elsewhere, parts[source], 0), pa.int32(), mask=~elsewhere), part_of.dictionary
+            ).cast(pa.string()),
+        )
+        .append_column("gen_row", pa.array(rows[source], pa.int32(), mask=~elsewhere))
+        .cast(pa.schema([("partition", pa.string()), *DECISIONS]))
+    )
     del records, plan
     # The decisions keep the records' order: each partition's rows in one run, partitions in order; a
     # zero-copy slice each. (A filter per partition read every row once per partition: a folder of

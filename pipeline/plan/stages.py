@@ -42,23 +42,27 @@ class StageContractError(RuntimeError):
 @dataclass
 class StageContext:
     """What the stages share besides the record table: their inputs and their side outputs."""
+
     config: TokenmillConfig
     job_id: str
     input_uri: str
-    cache: object | None = None            # a ResilientStore whose near/semantic index is searched too
-    files: list[tuple[str, str, int]] | None = None  # from input_files (relative, full path, bytes); None: all of input_uri
-    duplicate_ids: bool = True             # validate quarantines repeated ids (the planner does it across files)
-    raw: pa.Table | None = None            # every record read, good or bad (set by read)
-    quarantine: pa.Table | None = None     # rows for the bad ones (set by validate)
+    cache: object | None = None  # a ResilientStore whose near/semantic index is searched too
+    files: list[tuple[str, str, int]] | None = (
+        None  # from input_files (relative, full path, bytes); None: all of input_uri
+    )
+    duplicate_ids: bool = True  # validate quarantines repeated ids (the planner does it across files)
+    raw: pa.Table | None = None  # every record read, good or bad (set by read)
+    quarantine: pa.Table | None = None  # rows for the bad ones (set by validate)
     skipped: list[str] = field(default_factory=list)  # "<file>: why" for files that gave no record (set by read)
-    dedup: DedupStats | None = None        # set by cluster
-    embedder: object | None = None         # set by sketch: the static embedder, when semantic reuse is on
+    dedup: DedupStats | None = None  # set by cluster
+    embedder: object | None = None  # set by sketch: the static embedder, when semantic reuse is on
     notes: list[str] = field(default_factory=list)  # what was asked for and could not be done (set by sketch)
 
 
 @dataclass(frozen=True)
 class Stage:
     """One CPU stage: `fn(table, context) -> table` adds exactly `adds` and removes exactly `drops`."""
+
     name: str
     needs: tuple[str, ...]
     adds: tuple[str, ...]
@@ -69,8 +73,9 @@ class Stage:
 def check_needs(stage: Stage, table: pa.Table) -> None:
     missing = [c for c in stage.needs if c not in table.column_names]
     if missing:
-        raise StageContractError(f"stage {stage.name!r} needs columns {missing} missing from its input "
-                                 f"(input has {table.column_names})")
+        raise StageContractError(
+            f"stage {stage.name!r} needs columns {missing} missing from its input (input has {table.column_names})"
+        )
 
 
 def check_adds(stage: Stage, before: pa.Table, after: pa.Table) -> None:
@@ -200,31 +205,39 @@ def cluster(table: pa.Table, ctx: StageContext) -> pa.Table:
 
 STAGES: tuple[Stage, ...] = (
     Stage("read", needs=(), adds=tuple(RAW_RECORDS.names), fn=read),
-    Stage("validate", needs=("id", "text", "tenant", "file", "line", "partition", "read_error", "read_detail",
-                             "raw_excerpt"),
-          adds=(), drops=("read_error", "read_detail", "raw_excerpt"), fn=validate),
+    Stage(
+        "validate",
+        needs=("id", "text", "tenant", "file", "line", "partition", "read_error", "read_detail", "raw_excerpt"),
+        adds=(),
+        drops=("read_error", "read_detail", "raw_excerpt"),
+        fn=validate,
+    ),
     Stage("content_hash", needs=("id", "tenant", "text"), adds=("scope", "content_hash"), fn=content_hashes),
     Stage("route", needs=("text", "tenant", "metadata"), adds=("tier", "route_reason"), fn=route),
     Stage("item_keys", needs=("tier", "tenant", "content_hash"), adds=("recipe", "item_key"), fn=item_keys),
     Stage("sketch", needs=("text", "item_key"), adds=("signature", "embedding"), fn=sketch),
-    Stage("cluster", needs=("id", "text", "tenant", "partition", "tier", "scope", "recipe", "item_key",
-                            "signature", "embedding"),
-          adds=("gen_key", "gen_id", "gen_text", "gen_tier", "reuse", "similarity", "shadow", "features"), fn=cluster),
+    Stage(
+        "cluster",
+        needs=("id", "text", "tenant", "partition", "tier", "scope", "recipe", "item_key", "signature", "embedding"),
+        adds=("gen_key", "gen_id", "gen_text", "gen_tier", "reuse", "similarity", "shadow", "features"),
+        fn=cluster,
+    ),
 )
 STAGED_COLUMNS = columns_after(STAGES)  # what every staged record carries into its partition run
 
 
 @dataclass
 class StagedInput:
-    raw: pa.Table           # every record read, good or bad
-    records: pa.Table       # valid records with item keys and reuse columns (STAGED_COLUMNS)
-    quarantine: pa.Table    # rows for the bad ones
-    skipped: list[str]      # "<file>: why" for files that gave no record
+    raw: pa.Table  # every record read, good or bad
+    records: pa.Table  # valid records with item keys and reuse columns (STAGED_COLUMNS)
+    quarantine: pa.Table  # rows for the bad ones
+    skipped: list[str]  # "<file>: why" for files that gave no record
     dedup: DedupStats
 
 
-def staged_input(config: TokenmillConfig, job_id: str, input_uri: str | None = None, cache=None,
-                 stages: tuple[Stage, ...] = STAGES) -> StagedInput:
+def staged_input(
+    config: TokenmillConfig, job_id: str, input_uri: str | None = None, cache=None, stages: tuple[Stage, ...] = STAGES
+) -> StagedInput:
     """Run the staging stages over the whole input. `cache`: a ResilientStore whose near/semantic
     index is searched too (None: in-job reuse only)."""
     ctx = StageContext(config, job_id, input_uri or config.input.uri, cache)

@@ -1,4 +1,5 @@
-"""route: a stage of the data path (it runs at staging, before clustering). Choose the tier that generates each item, and say why (`route_reason`).
+"""route: a stage of the data path (it runs at staging, before clustering). Choose the tier that generates each
+item, and say why (`route_reason`).
 
   rules.py     configured rules first (the first match decides), then the router, then the default tier
   router.py    the learned router: cheap text features, logistic regression, calibrated on labels

@@ -30,8 +30,19 @@ from pipeline.dedup.guards import NUMBER
 
 FORMAT = 2  # 2: sklearn logistic regression with sigmoid calibration folded in
 MAX_FOLDS = 5
-FEATURES = ["log_chars", "log_words", "log_sentences", "mean_word_len", "mean_sentence_words", "digit_share",
-            "upper_share", "punct_share", "log_numbers", "unique_word_share", "log_lines"]
+FEATURES = [
+    "log_chars",
+    "log_words",
+    "log_sentences",
+    "mean_word_len",
+    "mean_sentence_words",
+    "digit_share",
+    "upper_share",
+    "punct_share",
+    "log_numbers",
+    "unique_word_share",
+    "log_lines",
+]
 
 
 class RouterError(ValueError):
@@ -44,14 +55,21 @@ def text_features(texts: list[str]) -> np.ndarray:
         words = t.split()
         n_chars, n_words = max(len(t), 1), max(len(words), 1)
         sentences = max(t.count(".") + t.count("!") + t.count("?"), 1)
-        rows.append([
-            np.log1p(len(t)), np.log1p(len(words)), np.log1p(sentences),
-            sum(len(w) for w in words) / n_words, len(words) / sentences,
-            sum(c.isdigit() for c in t) / n_chars, sum(c.isupper() for c in t) / n_chars,
-            sum(not c.isalnum() and not c.isspace() for c in t) / n_chars,
-            np.log1p(len(NUMBER.findall(t))), len(set(w.lower() for w in words)) / n_words,
-            np.log1p(t.count("\n")),
-        ])
+        rows.append(
+            [
+                np.log1p(len(t)),
+                np.log1p(len(words)),
+                np.log1p(sentences),
+                sum(len(w) for w in words) / n_words,
+                len(words) / sentences,
+                sum(c.isdigit() for c in t) / n_chars,
+                sum(c.isupper() for c in t) / n_chars,
+                sum(not c.isalnum() and not c.isspace() for c in t) / n_chars,
+                np.log1p(len(NUMBER.findall(t))),
+                len(set(w.lower() for w in words)) / n_words,
+                np.log1p(t.count("\n")),
+            ]
+        )
     return np.asarray(rows, dtype=np.float64).reshape(len(texts), len(FEATURES))
 
 
@@ -85,8 +103,10 @@ def read_labels(path: str | Path, small: str, large: str) -> Labels:
         except RouterError:
             raise
         except (ValueError, KeyError, TypeError) as e:
-            raise RouterError(f"{path}:{n}: expected {{\"text\", \"tier\"}} or {{\"text\", \"quality\": "
-                              f"{{\"{small}\", \"{large}\"}}}}: {type(e).__name__}: {e}") from None
+            raise RouterError(
+                f'{path}:{n}: expected {{"text", "tier"}} or {{"text", "quality": '
+                f'{{"{small}", "{large}"}}}}: {type(e).__name__}: {e}'
+            ) from None
         if not isinstance(text, str) or not text.strip():
             raise RouterError(f"{path}:{n}: `text` must be a non-empty string")
         texts.append(text)
@@ -101,8 +121,10 @@ class Router:
     def __init__(self, artifact: dict):
         # Format 1 (hand-written gradient descent) holds the same fields and routes with the same maths.
         if artifact.get("format") not in (1, FORMAT) or artifact.get("features") != FEATURES:
-            raise RouterError(f"router artifact format {artifact.get('format')} / features do not match this "
-                              "tokenmill; train it again with `tokenmill router train`")
+            raise RouterError(
+                f"router artifact format {artifact.get('format')} / features do not match this "
+                "tokenmill; train it again with `tokenmill router train`"
+            )
         self.artifact = artifact
         self.mean, self.scale = np.asarray(artifact["mean"]), np.asarray(artifact["scale"])
         self.weights, self.bias = np.asarray(artifact["weights"]), float(artifact["bias"])
@@ -149,33 +171,56 @@ def fold_calibration(model) -> tuple[np.ndarray, float, dict]:
     (pair,) = model.calibrated_classifiers_
     lr, (sig,) = pair.estimator, pair.calibrators
     w, b, a, c = lr.coef_[0], float(lr.intercept_[0]), float(sig.a_), float(sig.b_)
-    calibration = {"method": "sigmoid", "folds": model.cv.n_splits, "a": a, "b": c,
-                   "logistic_weights": w.tolist(), "logistic_bias": b}
+    calibration = {
+        "method": "sigmoid",
+        "folds": model.cv.n_splits,
+        "a": a,
+        "b": c,
+        "logistic_weights": w.tolist(),
+        "logistic_bias": b,
+    }
     return -a * w, -a * b - c, calibration
 
 
-def train_router(texts: list[str], small_quality, large_quality, small: str, large: str,
-                 target_quality: float) -> dict:
+def train_router(texts: list[str], small_quality, large_quality, small: str, large: str, target_quality: float) -> dict:
     """Fit and calibrate the router on items with a quality score per tier; returns the JSON artifact.
 
     An item's small tier suffices when small_quality >= target_quality * large_quality."""
-    labels = Labels(list(texts), np.asarray(small_quality, dtype=np.float64), np.asarray(large_quality, dtype=np.float64))
+    labels = Labels(
+        list(texts), np.asarray(small_quality, dtype=np.float64), np.asarray(large_quality, dtype=np.float64)
+    )
     if not len(labels.texts) == len(labels.small_quality) == len(labels.large_quality):
-        raise RouterError(f"{len(labels.texts)} texts but {len(labels.small_quality)} small and "
-                          f"{len(labels.large_quality)} large quality scores")
+        raise RouterError(
+            f"{len(labels.texts)} texts but {len(labels.small_quality)} small and "
+            f"{len(labels.large_quality)} large quality scores"
+        )
     y = labels.small_suffices(target_quality).astype(np.int64)
     fine, n = int(y.sum()), len(y)
     if min(fine, n - fine) < 2:
-        raise RouterError(f"{n} labelled items, {fine} where {small} suffices at target quality {target_quality}: "
-                          f"the router needs at least 2 items of each outcome to learn and calibrate "
-                          f"(hundreds to calibrate well); label more items or change --target-quality")
+        raise RouterError(
+            f"{n} labelled items, {fine} where {small} suffices at target quality {target_quality}: "
+            f"the router needs at least 2 items of each outcome to learn and calibrate "
+            f"(hundreds to calibrate well); label more items or change --target-quality"
+        )
     x = text_features(labels.texts)
     mean, scale = x.mean(axis=0), x.std(axis=0) + 1e-9
     w, b, calibration = fold_calibration(calibrated_model((x - mean) / scale, y))
-    artifact = {"format": FORMAT, "features": FEATURES, "mean": mean.tolist(), "scale": scale.tolist(),
-                "weights": w.tolist(), "bias": b, "calibration": calibration, "small_tier": small,
-                "large_tier": large, "threshold": 0.5, "target_quality": target_quality, "trained_on": n,
-                "small_suffices_share": fine / n, "trained_at": datetime.now(timezone.utc).isoformat()}
+    artifact = {
+        "format": FORMAT,
+        "features": FEATURES,
+        "mean": mean.tolist(),
+        "scale": scale.tolist(),
+        "weights": w.tolist(),
+        "bias": b,
+        "calibration": calibration,
+        "small_tier": small,
+        "large_tier": large,
+        "threshold": 0.5,
+        "target_quality": target_quality,
+        "trained_on": n,
+        "small_suffices_share": fine / n,
+        "trained_at": datetime.now(timezone.utc).isoformat(),
+    }
     artifact["version"] = xxhash.xxh64_hexdigest(json.dumps([w.tolist(), b, mean.tolist(), scale.tolist()]).encode())
     return artifact
 
@@ -184,18 +229,24 @@ def train(labels: Labels, small: str, large: str, target_quality: float) -> dict
     return train_router(labels.texts, labels.small_quality, labels.large_quality, small, large, target_quality)
 
 
-def evaluate(router: Router, labels: Labels, cost_small: float, cost_large: float,
-             thresholds: np.ndarray | None = None) -> list[dict]:
+def evaluate(
+    router: Router, labels: Labels, cost_small: float, cost_large: float, thresholds: np.ndarray | None = None
+) -> list[dict]:
     """Per threshold: share to the large tier, cost per item, quality kept relative to all-large."""
     p = router.probabilities(labels.texts)
     all_large = float(labels.large_quality.sum()) or 1.0
     rows = []
-    for t in (np.round(np.arange(0.0, 1.0001, 0.05), 2) if thresholds is None else thresholds):
+    for t in np.round(np.arange(0.0, 1.0001, 0.05), 2) if thresholds is None else thresholds:
         small = p >= t
         quality = float(np.where(small, labels.small_quality, labels.large_quality).sum()) / all_large
-        rows.append({"threshold": float(t), "large_share": round(float(1 - small.mean()), 4),
-                     "cost_per_item_usd": float(small.mean() * cost_small + (1 - small.mean()) * cost_large),
-                     "quality_kept": round(quality, 4)})
+        rows.append(
+            {
+                "threshold": float(t),
+                "large_share": round(float(1 - small.mean()), 4),
+                "cost_per_item_usd": float(small.mean() * cost_small + (1 - small.mean()) * cost_large),
+                "quality_kept": round(quality, 4),
+            }
+        )
     return rows
 
 
@@ -203,7 +254,6 @@ def pick_threshold(rows: list[dict], target_quality: float) -> dict | None:
     """The cheapest threshold whose quality kept meets the target (None: only all-large does)."""
     ok = [r for r in rows if r["quality_kept"] >= target_quality]
     return min(ok, key=lambda r: (r["cost_per_item_usd"], -r["threshold"])) if ok else None
-
 
 
 def calibration_curve(router: Router, labels: Labels, target_quality: float, bins: int = 10) -> list[dict]:
@@ -216,7 +266,13 @@ def calibration_curve(router: Router, labels: Labels, target_quality: float, bin
     for k in range(bins):
         inside = which == k
         if inside.any():
-            rows.append({"low": round(k / bins, 4), "high": round((k + 1) / bins, 4),
-                         "mean_predicted": round(float(p[inside].mean()), 4),
-                         "observed": round(float(observed[inside].mean()), 4), "count": int(inside.sum())})
+            rows.append(
+                {
+                    "low": round(k / bins, 4),
+                    "high": round((k + 1) / bins, 4),
+                    "mean_predicted": round(float(p[inside].mean()), 4),
+                    "observed": round(float(observed[inside].mean()), 4),
+                    "count": int(inside.sum()),
+                }
+            )
     return rows

@@ -32,7 +32,7 @@ def assign_tiers(records: pa.Table, config: RouteConfig, router=None) -> pa.Tabl
     """Add `tier` and `route_reason`. `router`: a loaded Router (router.py) or None."""
     patterns = [re.compile(r.regex) if r.regex else None for r in config.rules]
     texts, tenants = records["text"].to_pylist(), records["tenant"].to_pylist()
-    metadata = (records["metadata"].to_pylist() if "metadata" in records.column_names else [None] * len(texts))
+    metadata = records["metadata"].to_pylist() if "metadata" in records.column_names else [None] * len(texts)
     tiers: list[str | None] = [None] * len(texts)
     reasons: list[str | None] = [None] * len(texts)
     for i, (text, tenant, meta) in enumerate(zip(texts, tenants, metadata)):
@@ -48,5 +48,6 @@ def assign_tiers(records: pa.Table, config: RouteConfig, router=None) -> pa.Tabl
     for i in undecided:
         if tiers[i] is None:
             tiers[i], reasons[i] = config.default_tier, "default"
-    return (records.append_column("tier", pa.array(tiers, pa.string()))
-            .append_column("route_reason", pa.array(reasons, pa.string())))
+    return records.append_column("tier", pa.array(tiers, pa.string())).append_column(
+        "route_reason", pa.array(reasons, pa.string())
+    )

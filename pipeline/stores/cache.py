@@ -54,27 +54,35 @@ class LocalStore:
         self.lock = threading.Lock()
         with self.lock, self.db:
             self.db.execute("PRAGMA journal_mode=WAL")
-            self.db.execute("CREATE TABLE IF NOT EXISTS entries (scope TEXT, key TEXT, value TEXT, expires REAL,"
-                            " PRIMARY KEY (scope, key))")
-            self.db.execute("CREATE TABLE IF NOT EXISTS segments (scope TEXT, recipe TEXT, segment TEXT, data BLOB,"
-                            " PRIMARY KEY (scope, recipe, segment))")
+            self.db.execute(
+                "CREATE TABLE IF NOT EXISTS entries (scope TEXT, key TEXT, value TEXT, expires REAL,"
+                " PRIMARY KEY (scope, key))"
+            )
+            self.db.execute(
+                "CREATE TABLE IF NOT EXISTS segments (scope TEXT, recipe TEXT, segment TEXT, data BLOB,"
+                " PRIMARY KEY (scope, recipe, segment))"
+            )
 
     def get_many(self, scope: str, keys: list[str]) -> dict[str, dict]:
         out: dict[str, dict] = {}
         with self.lock:
             for start in range(0, len(keys), 500):
-                chunk = keys[start:start + 500]
+                chunk = keys[start : start + 500]
                 rows = self.db.execute(
                     f"SELECT key, value FROM entries WHERE scope = ? AND key IN ({','.join('?' * len(chunk))})"
-                    " AND (expires IS NULL OR expires > ?)", [scope, *chunk, time.time()])
+                    " AND (expires IS NULL OR expires > ?)",
+                    [scope, *chunk, time.time()],
+                )
                 out.update((k, json.loads(v)) for k, v in rows)
         return out
 
     def put_many(self, scope: str, values: dict[str, dict]) -> None:
         expires = time.time() + self.ttl if self.ttl else None
         with self.lock, self.db:
-            self.db.executemany("INSERT OR REPLACE INTO entries VALUES (?, ?, ?, ?)",
-                                [(scope, k, json.dumps(v), expires) for k, v in values.items()])
+            self.db.executemany(
+                "INSERT OR REPLACE INTO entries VALUES (?, ?, ?, ?)",
+                [(scope, k, json.dumps(v), expires) for k, v in values.items()],
+            )
 
     def put_segment(self, scope: str, recipe: str, segment: str, data: bytes) -> None:
         with self.lock, self.db:
@@ -112,7 +120,7 @@ def redis_url(url: str) -> str:
         broken = not (parts.hostname and re.fullmatch(r"(/\d*)?", parts.path) and (parts.port or True))
     except ValueError:
         broken = True
-    return f"{head}://{quote(rest[:at], safe=':%')}@{rest[at + 1:]}" if broken else url
+    return f"{head}://{quote(rest[:at], safe=':%')}@{rest[at + 1 :]}" if broken else url
 
 
 def _glob_escape(text: str) -> str:
@@ -130,8 +138,9 @@ class RedisStore:
     def __init__(self, url: str, namespace: str, ttl_seconds: float | None = None, timeout_seconds: float = 2.0):
         import redis
 
-        self.client = redis.Redis.from_url(redis_url(url), socket_timeout=timeout_seconds,
-                                           socket_connect_timeout=timeout_seconds)
+        self.client = redis.Redis.from_url(
+            redis_url(url), socket_timeout=timeout_seconds, socket_connect_timeout=timeout_seconds
+        )
         self.url, self.namespace, self.ttl = url, namespace, ttl_seconds  # url: to scrub from errors
 
     def _prefix(self, scope: str) -> str:
@@ -143,7 +152,7 @@ class RedisStore:
     def get_many(self, scope: str, keys: list[str]) -> dict[str, dict]:
         out: dict[str, dict] = {}
         for start in range(0, len(keys), self.CHUNK):
-            chunk = keys[start:start + self.CHUNK]
+            chunk = keys[start : start + self.CHUNK]
             for key, value in zip(chunk, self.client.mget([self._key(scope, "v", k) for k in chunk])):
                 if value is not None:
                     out[key] = json.loads(value)
@@ -154,7 +163,7 @@ class RedisStore:
         ttl = int(self.ttl) if self.ttl else None
         for start in range(0, len(items), self.CHUNK):
             pipe = self.client.pipeline(transaction=False)
-            for key, value in items[start:start + self.CHUNK]:
+            for key, value in items[start : start + self.CHUNK]:
                 pipe.set(self._key(scope, "v", key), json.dumps(value), ex=ttl)
             pipe.execute()
 
@@ -168,11 +177,14 @@ class RedisStore:
         prefix = self._prefix(scope)
         own = re.compile(re.escape(prefix) + r"(v|ix):[^:]*")  # exact: not another namespace that starts alike
         removed = {"entries": 0, "segments": 0}
-        keys = [k for k in self.client.scan_iter(match=_glob_escape(prefix) + "*", count=self.CHUNK)
-                if own.fullmatch(k.decode("utf-8", "replace"))]
+        keys = [
+            k
+            for k in self.client.scan_iter(match=_glob_escape(prefix) + "*", count=self.CHUNK)
+            if own.fullmatch(k.decode("utf-8", "replace"))
+        ]
         for start in range(0, len(keys), self.CHUNK):
-            chunk = keys[start:start + self.CHUNK]
-            index = [k for k in chunk if k.decode("utf-8", "replace")[len(prefix):].startswith("ix:")]
+            chunk = keys[start : start + self.CHUNK]
+            index = [k for k in chunk if k.decode("utf-8", "replace")[len(prefix) :].startswith("ix:")]
             pipe = self.client.pipeline(transaction=False)
             for k in index:
                 pipe.hlen(k)
@@ -201,8 +213,13 @@ class ResilientStore:
         except Exception as e:  # connection refused, timeout, OOM ("full"), corrupt file: all mean "go on without"
             self.bypassed = True
             message = scrub(str(e).splitlines()[0] if str(e) else "", getattr(self.store, "url", None))
-            log.warning("cache %s failed on %s, continuing without it for this job: %s: %s",
-                        self.describe, what, type(e).__name__, message)
+            log.warning(
+                "cache %s failed on %s, continuing without it for this job: %s: %s",
+                self.describe,
+                what,
+                type(e).__name__,
+                message,
+            )
             return default
 
     def get_many(self, scope: str, keys: list[str]) -> dict[str, dict]:

@@ -45,7 +45,9 @@ class Job(Base):
     __tablename__ = "jobs"
 
     job_id: Mapped[str] = mapped_column(String(200), primary_key=True)
-    status: Mapped[str] = mapped_column(String(20))  # staging | staging_failed | staged | running | succeeded | failed | deferred | refused
+    status: Mapped[str] = mapped_column(
+        String(20)
+    )  # staging | staging_failed | staged | running | succeeded | failed | deferred | refused
     config_fingerprint: Mapped[str] = mapped_column(String(64))
     input_uri: Mapped[str] = mapped_column(Text)
     output_uri: Mapped[str] = mapped_column(Text)
@@ -69,7 +71,9 @@ class Partition(Base):
     partition: Mapped[str] = mapped_column(String(64), primary_key=True)
     file: Mapped[str] = mapped_column(Text)
     records: Mapped[int] = mapped_column(Integer)
-    status: Mapped[str] = mapped_column(String(20), default="pending")  # pending | running | succeeded | failed | deferred
+    status: Mapped[str] = mapped_column(
+        String(20), default="pending"
+    )  # pending | running | succeeded | failed | deferred
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     # The fencing token: every claim increments it, and a worker's heartbeats and its commit only land
     # while the epoch is still the one its claim got (a worker whose lease was taken over is fenced out).
@@ -155,8 +159,10 @@ class ItemsRefused(ValueError):
     def __init__(self, refused: dict[str, str], ids: dict[str, str], stored: int):
         self.refused = refused
         key = next(iter(refused))
-        super().__init__(f"the state catalog refused {len(refused)} of {len(refused) + stored} items (the other "
-                         f"{stored} are stored and not paid again); first: record {ids[key]!r:.200}: {refused[key]}")
+        super().__init__(
+            f"the state catalog refused {len(refused)} of {len(refused) + stored} items (the other "
+            f"{stored} are stored and not paid again); first: record {ids[key]!r:.200}: {refused[key]}"
+        )
 
 
 def refusal(e: BaseException) -> str:
@@ -179,7 +185,7 @@ def upgrade_schema(url: str) -> None:
     cfg.set_main_option("script_location", str(MIGRATIONS))
     cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
     if url.startswith("sqlite:///") and len(url) > len("sqlite:///"):
-        with open(url[len("sqlite:///"):] + ".migrate.lock", "w") as lock:
+        with open(url[len("sqlite:///") :] + ".migrate.lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             command.upgrade(cfg, "head")
     else:
@@ -189,7 +195,7 @@ def upgrade_schema(url: str) -> None:
 class StateStore:
     def __init__(self, url: str):
         if url.startswith("sqlite:///"):
-            Path(url[len("sqlite:///"):]).parent.mkdir(parents=True, exist_ok=True)
+            Path(url[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
         connect_args = {"timeout": 60} if url.startswith("sqlite") else {"connect_timeout": 10}
         try:
             self.engine: Engine = create_engine(url, connect_args=connect_args, pool_pre_ping=True)
@@ -219,23 +225,44 @@ class StateStore:
             return aware(s.execute(select(func.now())).scalar_one()).astimezone(timezone.utc)
 
     # -- jobs ---------------------------------------------------------------------------------
-    def claim_staging(self, job_id: str, fingerprint: str, input_uri: str, output_uri: str,
-                      worker: str | None = None, lease_seconds: float = DEFAULT_LEASE_SECONDS) -> int | None:
+    def claim_staging(
+        self,
+        job_id: str,
+        fingerprint: str,
+        input_uri: str,
+        output_uri: str,
+        worker: str | None = None,
+        lease_seconds: float = DEFAULT_LEASE_SECONDS,
+    ) -> int | None:
         """The planning claim's epoch (1) when this process must stage the job (it is new), else None; see
         reclaim_staging for a staging that died."""
         with self.session() as s:
             try:
                 with s.begin():
                     t = self.db_now()
-                    s.add(Job(job_id=job_id, status="staging", config_fingerprint=fingerprint, input_uri=input_uri,
-                              output_uri=output_uri, created_at=t,
-                              **PLANNING_LEASE.claimed(worker or default_worker(), t, lease_seconds, first=True)))
+                    s.add(
+                        Job(
+                            job_id=job_id,
+                            status="staging",
+                            config_fingerprint=fingerprint,
+                            input_uri=input_uri,
+                            output_uri=output_uri,
+                            created_at=t,
+                            **PLANNING_LEASE.claimed(worker or default_worker(), t, lease_seconds, first=True),
+                        )
+                    )
                 return 1
             except IntegrityError:
                 return None
 
-    def reclaim_staging(self, job_id: str, lease_seconds: float, worker: str | None = None,
-                        gone_planner: str | None = None, grace_seconds: float = 0.0) -> int | None:
+    def reclaim_staging(
+        self,
+        job_id: str,
+        lease_seconds: float,
+        worker: str | None = None,
+        gone_planner: str | None = None,
+        grace_seconds: float = 0.0,
+    ) -> int | None:
         """Take over staging a job whose staging failed, whose planning lease ran out (by the database's
         clock) and so was abandoned, or whose planner is `gone_planner` (provably dead) and has not renewed
         for `grace_seconds` (an orchestrator's planning tasks each renew as their own process: the task
@@ -244,19 +271,34 @@ class StateStore:
         t = self.db_now()
         abandoned = (Job.status == "staging") & PLANNING_LEASE.expired(t)
         if gone_planner is not None:
-            abandoned = abandoned | ((Job.status == "staging") & (Job.planner == gone_planner)
-                                     & (Job.planning_renewed_at < t - timedelta(seconds=grace_seconds)))
+            abandoned = abandoned | (
+                (Job.status == "staging")
+                & (Job.planner == gone_planner)
+                & (Job.planning_renewed_at < t - timedelta(seconds=grace_seconds))
+            )
         with self.session() as s, s.begin():
-            return PLANNING_LEASE.claim(s, (Job.job_id == job_id) & ((Job.status == "staging_failed") | abandoned),
-                                        worker or default_worker(), t, lease_seconds, status="staging", error=None)
+            return PLANNING_LEASE.claim(
+                s,
+                (Job.job_id == job_id) & ((Job.status == "staging_failed") | abandoned),
+                worker or default_worker(),
+                t,
+                lease_seconds,
+                status="staging",
+                error=None,
+            )
 
-    def renew_staging(self, job_id: str, epoch: int, worker: str | None = None,
-                      lease_seconds: float = DEFAULT_LEASE_SECONDS) -> bool:
+    def renew_staging(
+        self, job_id: str, epoch: int, worker: str | None = None, lease_seconds: float = DEFAULT_LEASE_SECONDS
+    ) -> bool:
         """The staging is alive: its lease counts again from now, held by `worker` (the renewing process).
         False when the claim `epoch` was taken over, or the staging is no longer in progress."""
         with self.session() as s, s.begin():
-            return PLANNING_LEASE.renew(s, self._planning(job_id, epoch), self.db_now(), lease_seconds,
-                                        planner=worker or default_worker()) == 1
+            return (
+                PLANNING_LEASE.renew(
+                    s, self._planning(job_id, epoch), self.db_now(), lease_seconds, planner=worker or default_worker()
+                )
+                == 1
+            )
 
     @staticmethod
     def _planning(job_id: str, epoch: int):
@@ -265,16 +307,25 @@ class StateStore:
     def fail_staging(self, job_id: str, epoch: int, error: str) -> bool:
         """Mark the staging of claim `epoch` failed (a rerun takes it over at once); False when fenced out."""
         with self.session() as s, s.begin():
-            return s.execute(update(Job).where(self._planning(job_id, epoch))
-                             .values(status="staging_failed", error=error[:2000])).rowcount == 1
+            return (
+                s.execute(
+                    update(Job).where(self._planning(job_id, epoch)).values(status="staging_failed", error=error[:2000])
+                ).rowcount
+                == 1
+            )
 
     def register_partitions(self, job_id: str, epoch: int, partitions: dict[str, dict], counts: dict) -> bool:
         """Planning's end, in one transaction fenced by its claim: add the partitions, mark the job staged.
         False (and nothing written) when another planner took the staging over."""
         with self.session() as s, s.begin():
-            staged = s.execute(update(Job).where(self._planning(job_id, epoch))
-                               .values(status="staged", counts=json.dumps(counts),
-                                       **PLANNING_LEASE.ended())).rowcount == 1
+            staged = (
+                s.execute(
+                    update(Job)
+                    .where(self._planning(job_id, epoch))
+                    .values(status="staged", counts=json.dumps(counts), **PLANNING_LEASE.ended())
+                ).rowcount
+                == 1
+            )
             if staged:
                 self._add_partitions(s, job_id, partitions)
             return staged
@@ -304,8 +355,16 @@ class StateStore:
         known = set(s.scalars(select(Partition.partition).where(Partition.job_id == job_id)))
         for name, p in partitions.items():
             if name not in known:
-                s.add(Partition(job_id=job_id, partition=name, file=p["file"], records=p["records"],
-                                status="pending", attempts=0))
+                s.add(
+                    Partition(
+                        job_id=job_id,
+                        partition=name,
+                        file=p["file"],
+                        records=p["records"],
+                        status="pending",
+                        attempts=0,
+                    )
+                )
 
     def partitions(self, job_id: str) -> list[Partition]:
         with self.session() as s:
@@ -319,14 +378,23 @@ class StateStore:
         """Atomically take a partition: one conditional UPDATE. Returns the claim's epoch (the fencing
         token its heartbeats and its commit must present), or None when another worker holds it."""
         t = self.db_now()  # the database's clock, not this worker's
-        free = Partition.status.in_(("pending", "failed", "deferred", "succeeded") if force
-                                    else ("pending", "failed", "deferred"))
+        free = Partition.status.in_(
+            ("pending", "failed", "deferred", "succeeded") if force else ("pending", "failed", "deferred")
+        )
         claimable = free | ((Partition.status == "running") & PARTITION_LEASE.expired(t))
         with self.session() as s, s.begin():
             return PARTITION_LEASE.claim(
-                s, (Partition.job_id == job_id) & (Partition.partition == partition) & claimable, worker, t,
-                lease_seconds, status="running", attempts=Partition.attempts + 1, started_at=t, last_error=None,
-                finished_at=None)
+                s,
+                (Partition.job_id == job_id) & (Partition.partition == partition) & claimable,
+                worker,
+                t,
+                lease_seconds,
+                status="running",
+                attempts=Partition.attempts + 1,
+                started_at=t,
+                last_error=None,
+                finished_at=None,
+            )
 
     def _held(self, job_id: str, partition: str, worker: str, epoch: int):
         return (Partition.job_id == job_id) & (Partition.partition == partition) & PARTITION_LEASE.fenced(epoch, worker)
@@ -338,14 +406,30 @@ class StateStore:
             where = self._held(job_id, partition, worker, epoch) & (Partition.status == "running")
             return PARTITION_LEASE.renew(s, where, t, lease_seconds) == 1
 
-    def finish_partition(self, job_id: str, partition: str, worker: str, epoch: int, status: str,
-                         counts: dict | None = None, error: str | None = None) -> bool:
+    def finish_partition(
+        self,
+        job_id: str,
+        partition: str,
+        worker: str,
+        epoch: int,
+        status: str,
+        counts: dict | None = None,
+        error: str | None = None,
+    ) -> bool:
         """Set a claimed partition's end state, fenced: False (and nothing changed) when the claim of
         `epoch` is no longer the partition's latest, i.e. another worker took it over."""
         with self.session() as s, s.begin():
-            result = s.execute(update(Partition).where(self._held(job_id, partition, worker, epoch))
-                               .values(status=status, finished_at=now(), last_error=error, **PARTITION_LEASE.ended(),
-                                       counts=json.dumps(counts) if counts is not None else None))
+            result = s.execute(
+                update(Partition)
+                .where(self._held(job_id, partition, worker, epoch))
+                .values(
+                    status=status,
+                    finished_at=now(),
+                    last_error=error,
+                    **PARTITION_LEASE.ended(),
+                    counts=json.dumps(counts) if counts is not None else None,
+                )
+            )
             return result.rowcount == 1
 
     # -- items ----------------------------------------------------------------------------------
@@ -355,9 +439,11 @@ class StateStore:
         columns = [table.c.item_key, *(table.c[f] for f in ITEM_FIELDS)]
         with self.session() as s:
             for start in range(0, len(keys), 900):  # under SQLite's oldest limit of 999 parameters
-                chunk = keys[start:start + 900]
+                chunk = keys[start : start + 900]
                 # Core rows, not ORM objects: tens of thousands of items per partition.
-                for row in s.execute(select(*columns).where(table.c.job_id == job_id, table.c.item_key.in_(chunk))).mappings():
+                for row in s.execute(
+                    select(*columns).where(table.c.job_id == job_id, table.c.item_key.in_(chunk))
+                ).mappings():
                     item = dict(row)
                     item["created_at"] = aware(item["created_at"])
                     out[item.pop("item_key")] = item

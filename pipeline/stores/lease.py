@@ -96,26 +96,40 @@ class Lease:
         return {self.expires.key: None}
 
     # -- statements --------------------------------------------------------------------------------
-    def claim(self, s: Session, where: ColumnElement, holder: str, t: datetime, seconds: float,
-              **values) -> int | None:
+    def claim(self, s: Session, where: ColumnElement, holder: str, t: datetime, seconds: float, **values) -> int | None:
         """Claim the row matching `where` (which says when it is free): its new epoch, or None when another
         holder has it. One conditional UPDATE: exactly one concurrent claimant wins."""
-        row = s.execute(update(self.table).where(where).values({**self.claimed(holder, t, seconds), **values})
-                        .returning(self.epoch).execution_options(synchronize_session=False)).first()
+        row = s.execute(
+            update(self.table)
+            .where(where)
+            .values({**self.claimed(holder, t, seconds), **values})
+            .returning(self.epoch)
+            .execution_options(synchronize_session=False)
+        ).first()
         return None if row is None else row[0]
 
     def renew(self, s: Session, where: ColumnElement, t: datetime, seconds: float, **values) -> int:
         """Extend the leases matching `where` (fence it), writing `values` with them (they win over the
         renewal's: a closing session's lease ends); how many were extended."""
-        return s.execute(update(self.table).where(where).values({**self.renewed_values(t, seconds), **values})
-                         .execution_options(synchronize_session=False)).rowcount
+        return s.execute(
+            update(self.table)
+            .where(where)
+            .values({**self.renewed_values(t, seconds), **values})
+            .execution_options(synchronize_session=False)
+        ).rowcount
 
     def cut_gone(self, s: Session, where: ColumnElement, holder: str, t: datetime) -> bool:
         """End `holder`'s live lease on the row matching `where` now, because its process is provably gone
         (worker_is_gone), so that the row is claimable at once; the claim then decides who takes it."""
-        return s.execute(update(self.table).where(where, self.holder == holder, self.live(t))
-                         .values({self.expires.key: t - timedelta(seconds=1)})
-                         .execution_options(synchronize_session=False)).rowcount == 1
+        return (
+            s.execute(
+                update(self.table)
+                .where(where, self.holder == holder, self.live(t))
+                .values({self.expires.key: t - timedelta(seconds=1)})
+                .execution_options(synchronize_session=False)
+            ).rowcount
+            == 1
+        )
 
 
 class Renewal:

@@ -38,11 +38,14 @@ class StagingArea:
 
     def write_json(self, name: str, data: dict) -> None:
         """A job-level file of planning's (`plan.json`, `shard-<n>.json`), beside the partitions."""
-        storage.write_bytes_atomic(self.root, self.root.join("_staging", f"job={self.job_id}", f"{name}.json"),
-                                   json.dumps(data).encode())
+        storage.write_bytes_atomic(
+            self.root, self.root.join("_staging", f"job={self.job_id}", f"{name}.json"), json.dumps(data).encode()
+        )
 
     def read_json(self, name: str) -> dict:
-        return json.loads(storage.read_bytes(self.root, self.root.join("_staging", f"job={self.job_id}", f"{name}.json")))
+        return json.loads(
+            storage.read_bytes(self.root, self.root.join("_staging", f"job={self.job_id}", f"{name}.json"))
+        )
 
     # -- what planning hands to the other steps ---------------------------------------------------------
     def records(self, partition: str) -> pa.Table:

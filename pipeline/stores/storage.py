@@ -32,6 +32,7 @@ from pipeline.config_env import redact_url, scrub, url_credentials
 
 log = logging.getLogger(__name__)
 
+
 class StorageError(RuntimeError):
     """A storage location or object that cannot be used; the message names it."""
 
@@ -39,8 +40,8 @@ class StorageError(RuntimeError):
 @dataclass(frozen=True)
 class Location:
     fs: pafs.FileSystem
-    path: str           # filesystem path of the root, without a trailing slash ("bucket/prefix" on S3)
-    scheme: str = ""    # "s3" for object storage, "" for local
+    path: str  # filesystem path of the root, without a trailing slash ("bucket/prefix" on S3)
+    scheme: str = ""  # "s3" for object storage, "" for local
     config: StorageConfig | None = field(default=None, compare=False)  # how to reach the object store
 
     def join(self, *parts: str) -> str:
@@ -59,7 +60,9 @@ def _configured_endpoint(session, profile: dict) -> str | None:
     env = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
     if env:
         return env
-    services = session.full_config.get("services", {}).get(profile.get("services"), {}) if profile.get("services") else {}
+    services = (
+        session.full_config.get("services", {}).get(profile.get("services"), {}) if profile.get("services") else {}
+    )
     s3 = services.get("s3") if isinstance(services, dict) else None
     return (s3.get("endpoint_url") if isinstance(s3, dict) else None) or profile.get("endpoint_url")
 
@@ -106,10 +109,12 @@ def resolve(uri: str, config: StorageConfig | None = None) -> Location:
     config = config or StorageConfig()
     shown = redact_url(uri)  # messages name the location, never a password in it
     if url_credentials(uri) is not None:
-        raise StorageError(f"{shown}: credentials in a URI are not supported; object storage takes them from "
-                           "the AWS chain (environment variables, profile, instance or pod role)")
+        raise StorageError(
+            f"{shown}: credentials in a URI are not supported; object storage takes them from "
+            "the AWS chain (environment variables, profile, instance or pod role)"
+        )
     if uri.startswith("s3://"):
-        bucket_and_prefix = uri[len("s3://"):].rstrip("/")
+        bucket_and_prefix = uri[len("s3://") :].rstrip("/")
         if not bucket_and_prefix:
             raise StorageError(f"{shown}: no bucket")
         config = aws_storage_config(config)  # the Location's writers reach the same endpoint and region
@@ -120,7 +125,9 @@ def resolve(uri: str, config: StorageConfig | None = None) -> Location:
     if "://" not in uri:
         uri = str(Path(uri).expanduser().resolve())
     elif not uri.startswith("file://"):
-        raise StorageError(f"{shown}: the {uri.split('://', 1)[0]}:// scheme is not supported (local paths, file:// and s3:// are)")
+        raise StorageError(
+            f"{shown}: the {uri.split('://', 1)[0]}:// scheme is not supported (local paths, file:// and s3:// are)"
+        )
     try:
         fs, path = pafs.FileSystem.from_uri(uri)
     except (pa.ArrowInvalid, OSError) as e:
@@ -150,7 +157,7 @@ def list_files(root: Location, skipped: list[str] | None = None) -> list[tuple[s
     except OSError as e:
         raise _error(root, root.path, e) from None
     prefix = root.path.rstrip("/") + "/"
-    return sorted((e.path[len(prefix):], e.path, e.size) for e in entries if e.type == pafs.FileType.File)
+    return sorted((e.path[len(prefix) :], e.path, e.size) for e in entries if e.type == pafs.FileType.File)
 
 
 def _local_files(top: str, skipped: list[str]) -> list[tuple[str, str, int]]:
@@ -203,8 +210,17 @@ def _local_files(top: str, skipped: list[str]) -> list[tuple[str, str, int]]:
 
 
 def _kind(mode: int) -> str:
-    return ("a FIFO" if stat.S_ISFIFO(mode) else "a character device" if stat.S_ISCHR(mode)
-            else "a block device" if stat.S_ISBLK(mode) else "a socket" if stat.S_ISSOCK(mode) else "not a file")
+    return (
+        "a FIFO"
+        if stat.S_ISFIFO(mode)
+        else "a character device"
+        if stat.S_ISCHR(mode)
+        else "a block device"
+        if stat.S_ISBLK(mode)
+        else "a socket"
+        if stat.S_ISSOCK(mode)
+        else "not a file"
+    )
 
 
 def read_bytes(root: Location, path: str) -> bytes:
@@ -258,10 +274,15 @@ def _cached_s3_client(config_json: str):
 
     config = StorageConfig.model_validate_json(config_json)
     return boto3.session.Session().client(
-        "s3", endpoint_url=config.s3_endpoint_url, region_name=config.s3_region,
-        config=Config(retries={"max_attempts": config.s3_max_attempts, "mode": "standard"},
-                      connect_timeout=config.s3_connect_timeout_seconds,
-                      read_timeout=config.s3_request_timeout_seconds))
+        "s3",
+        endpoint_url=config.s3_endpoint_url,
+        region_name=config.s3_region,
+        config=Config(
+            retries={"max_attempts": config.s3_max_attempts, "mode": "standard"},
+            connect_timeout=config.s3_connect_timeout_seconds,
+            read_timeout=config.s3_request_timeout_seconds,
+        ),
+    )
 
 
 def _put_object(root: Location, path: str, data: bytes) -> None:

@@ -40,7 +40,8 @@ IN_CHUNK = 900  # values bound in one IN (...): under SQLite's oldest limit of 9
 
 def in_chunks(values: list) -> list[list]:
     """`values` in runs of IN_CHUNK, one statement each."""
-    return [values[start:start + IN_CHUNK] for start in range(0, len(values), IN_CHUNK)]
+    return [values[start : start + IN_CHUNK] for start in range(0, len(values), IN_CHUNK)]
+
 
 UNFINISHED = ("pending", "leased")
 SESSION_COUNTERS = ("spec_drafted", "spec_accepted", "prefix_queries", "prefix_hits")
@@ -90,10 +91,12 @@ class EngineSession(Base):
     idle_seconds: Mapped[float] = mapped_column(Float, default=0.0)
     recorded_seconds: Mapped[float] = mapped_column(Float, default=0.0)  # busy seconds stored with items or charges
     # The engine's counters over this session, written at its close (None: not kept, or never closed)
-    spec_drafted: Mapped[int | None] = mapped_column(BigInteger, nullable=True)    # speculative tokens proposed
-    spec_accepted: Mapped[int | None] = mapped_column(BigInteger, nullable=True)   # ... and accepted
-    prefix_queries: Mapped[int | None] = mapped_column(BigInteger, nullable=True)  # prompt tokens looked up in the prefix cache
-    prefix_hits: Mapped[int | None] = mapped_column(BigInteger, nullable=True)     # ... and found there
+    spec_drafted: Mapped[int | None] = mapped_column(BigInteger, nullable=True)  # speculative tokens proposed
+    spec_accepted: Mapped[int | None] = mapped_column(BigInteger, nullable=True)  # ... and accepted
+    prefix_queries: Mapped[int | None] = mapped_column(
+        BigInteger, nullable=True
+    )  # prompt tokens looked up in the prefix cache
+    prefix_hits: Mapped[int | None] = mapped_column(BigInteger, nullable=True)  # ... and found there
     opened_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     heartbeat_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     lease_expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
@@ -113,7 +116,9 @@ class Charge(Base):
     charge_id: Mapped[str] = mapped_column(String(300), primary_key=True)
     partition: Mapped[str] = mapped_column(String(64))
     session_id: Mapped[str] = mapped_column(String(200))
-    kind: Mapped[str] = mapped_column(String(16))  # failed_attempt | lost (a session that generated nothing: engine_time.py)
+    kind: Mapped[str] = mapped_column(
+        String(16)
+    )  # failed_attempt | lost (a session that generated nothing: engine_time.py)
     id: Mapped[str | None] = mapped_column(Text, nullable=True)  # the record it was for
     tenant: Mapped[str | None] = mapped_column(String(200), nullable=True)
     tier: Mapped[str] = mapped_column(String(100))
@@ -172,7 +177,9 @@ class UnitQueue:
         return (postgresql if self.postgres else sqlite).insert(model)
 
     # -- enqueue --------------------------------------------------------------------------------
-    def enqueue(self, job_id: str, partition: str, wave: int, keys_by_tier: dict[str, list[str]]) -> dict[str, list[str]]:
+    def enqueue(
+        self, job_id: str, partition: str, wave: int, keys_by_tier: dict[str, list[str]]
+    ) -> dict[str, list[str]]:
         """Create this partition's units of `wave` (idempotent) and return, per unit id, the keys it
         owns: keys already owned by a live unit (of any partition) or done are left to their owner."""
         t = self.state.db_now()
@@ -182,38 +189,78 @@ class UnitQueue:
                 uid = unit_id(partition, wave, tier)
                 rows = [{"job_id": job_id, "item_key": k, "unit_id": uid, "state": "pending"} for k in keys]
                 for start in range(0, len(rows), 500):
-                    s.execute(self._insert(UnitKey).on_conflict_do_nothing(index_elements=["job_id", "item_key"]),
-                              rows[start:start + 500])
+                    s.execute(
+                        self._insert(UnitKey).on_conflict_do_nothing(index_elements=["job_id", "item_key"]),
+                        rows[start : start + 500],
+                    )
                 for chunk in in_chunks(keys):  # a failed key belongs to whoever tries it again
-                    s.execute(update(UnitKey).where(UnitKey.job_id == job_id, UnitKey.state == "failed",
-                                                    UnitKey.item_key.in_(chunk))
-                              .values(unit_id=uid, state="pending", reason=None, detail=None))
+                    s.execute(
+                        update(UnitKey)
+                        .where(UnitKey.job_id == job_id, UnitKey.state == "failed", UnitKey.item_key.in_(chunk))
+                        .values(unit_id=uid, state="pending", reason=None, detail=None)
+                    )
                 mine = self._owned(s, job_id, uid)
                 owned[uid] = mine
                 if mine:  # a unit that ran before (its failed keys are enqueued again) is pending again
                     # A unit withdrawn and enqueued again goes on from its last claim's epoch: epochs never repeat.
-                    epoch = s.scalar(select(func.max(UnitClaim.epoch)).where(UnitClaim.job_id == job_id,
-                                                                             UnitClaim.unit_id == uid)) or 0
+                    epoch = (
+                        s.scalar(
+                            select(func.max(UnitClaim.epoch)).where(
+                                UnitClaim.job_id == job_id, UnitClaim.unit_id == uid
+                            )
+                        )
+                        or 0
+                    )
                     insert = self._insert(WorkUnit)
-                    s.execute(insert.on_conflict_do_update(
-                        index_elements=["job_id", "unit_id"],
-                        set_={"status": "pending", "requests": len(mine), "finished_at": None, "lease_expires_at": None},
-                        where=WorkUnit.status.in_(("done", "deferred"))),
-                        [{"job_id": job_id, "unit_id": uid, "partition": partition, "tier": tier, "wave": wave,
-                          "requests": len(mine), "status": "pending", "epoch": epoch, "created_at": t}])
+                    s.execute(
+                        insert.on_conflict_do_update(
+                            index_elements=["job_id", "unit_id"],
+                            set_={
+                                "status": "pending",
+                                "requests": len(mine),
+                                "finished_at": None,
+                                "lease_expires_at": None,
+                            },
+                            where=WorkUnit.status.in_(("done", "deferred")),
+                        ),
+                        [
+                            {
+                                "job_id": job_id,
+                                "unit_id": uid,
+                                "partition": partition,
+                                "tier": tier,
+                                "wave": wave,
+                                "requests": len(mine),
+                                "status": "pending",
+                                "epoch": epoch,
+                                "created_at": t,
+                            }
+                        ],
+                    )
         return owned
 
     @staticmethod
     def _owned(s, job_id: str, uid: str) -> list[str]:
-        return list(s.scalars(select(UnitKey.item_key).where(UnitKey.job_id == job_id, UnitKey.unit_id == uid,
-                                                             UnitKey.state == "pending")))
+        return list(
+            s.scalars(
+                select(UnitKey.item_key).where(
+                    UnitKey.job_id == job_id, UnitKey.unit_id == uid, UnitKey.state == "pending"
+                )
+            )
+        )
 
     def give_up(self, job_id: str, uid: str, keys: set[str]) -> None:
         """Delete `uid`'s pending rows of `keys`: no unit owns them any more (whoever waits on one enqueues it)."""
         with self.session() as s, s.begin():
             for chunk in in_chunks(list(keys)):
-                s.execute(delete(UnitKey).where(UnitKey.job_id == job_id, UnitKey.unit_id == uid,
-                                                UnitKey.state == "pending", UnitKey.item_key.in_(chunk)))
+                s.execute(
+                    delete(UnitKey).where(
+                        UnitKey.job_id == job_id,
+                        UnitKey.unit_id == uid,
+                        UnitKey.state == "pending",
+                        UnitKey.item_key.in_(chunk),
+                    )
+                )
 
     def owned_keys(self, job_id: str, uid: str) -> set[str]:
         with self.session() as s:
@@ -223,12 +270,21 @@ class UnitQueue:
         """Remove a partition's units no worker holds (pending or deferred) and free their keys, so that
         preparing it again starts over; units a worker holds finish, and their keys stay theirs."""
         with self.session() as s, s.begin():
-            gone = list(s.scalars(delete(WorkUnit).where(
-                WorkUnit.job_id == job_id, WorkUnit.partition == partition,
-                WorkUnit.status.in_(("pending", "deferred"))).returning(WorkUnit.unit_id)))
+            gone = list(
+                s.scalars(
+                    delete(WorkUnit)
+                    .where(
+                        WorkUnit.job_id == job_id,
+                        WorkUnit.partition == partition,
+                        WorkUnit.status.in_(("pending", "deferred")),
+                    )
+                    .returning(WorkUnit.unit_id)
+                )
+            )
             for chunk in in_chunks(gone):
-                s.execute(delete(UnitKey).where(UnitKey.job_id == job_id, UnitKey.state != "done",
-                                                UnitKey.unit_id.in_(chunk)))
+                s.execute(
+                    delete(UnitKey).where(UnitKey.job_id == job_id, UnitKey.state != "done", UnitKey.unit_id.in_(chunk))
+                )
         return len(gone)
 
     # -- claim, renew, finish -------------------------------------------------------------------
@@ -238,8 +294,12 @@ class UnitQueue:
         t = self.state.db_now()
         claimable = self._claimable(t)
         with self.session() as s, s.begin():
-            pick = (select(WorkUnit).where(WorkUnit.job_id == job_id, WorkUnit.tier == tier, claimable)
-                    .order_by(WorkUnit.wave, WorkUnit.created_at, WorkUnit.unit_id).limit(1))
+            pick = (
+                select(WorkUnit)
+                .where(WorkUnit.job_id == job_id, WorkUnit.tier == tier, claimable)
+                .order_by(WorkUnit.wave, WorkUnit.created_at, WorkUnit.unit_id)
+                .limit(1)
+            )
             if self.postgres:
                 pick = pick.with_for_update(skip_locked=True)
             unit = s.scalars(pick).first()
@@ -248,8 +308,16 @@ class UnitQueue:
             where = self._unit(job_id, unit.unit_id) & UNIT_LEASE.fenced(unit.epoch) & claimable
             if UNIT_LEASE.claim(s, where, worker, t, lease_seconds, status="leased", session_id=session_id) is None:
                 return None  # another worker's conditional UPDATE won (SQLite)
-            s.add(UnitClaim(job_id=job_id, unit_id=unit.unit_id, epoch=unit.epoch + 1, session_id=session_id,
-                            partition=unit.partition, requests=unit.requests))
+            s.add(
+                UnitClaim(
+                    job_id=job_id,
+                    unit_id=unit.unit_id,
+                    epoch=unit.epoch + 1,
+                    session_id=session_id,
+                    partition=unit.partition,
+                    requests=unit.requests,
+                )
+            )
             s.expire(unit)
             s.refresh(unit)
             s.expunge(unit)
@@ -284,21 +352,33 @@ class UnitQueue:
     def renew(self, job_id: str, session_id: str, lease_seconds: float) -> None:
         t = self.state.db_now()
         with self.session() as s, s.begin():
-            UNIT_LEASE.renew(s, (WorkUnit.job_id == job_id) & (WorkUnit.session_id == session_id)
-                             & (WorkUnit.status == "leased"), t, lease_seconds)
+            UNIT_LEASE.renew(
+                s,
+                (WorkUnit.job_id == job_id) & (WorkUnit.session_id == session_id) & (WorkUnit.status == "leased"),
+                t,
+                lease_seconds,
+            )
 
     def finish(self, job_id: str, unit: WorkUnit, status: str = "done") -> bool:
         """End a leased unit, fenced by its claim's epoch (False: it was taken over; nothing changes)."""
         with self.session() as s, s.begin():
-            result = s.execute(update(WorkUnit).where(
-                self._unit(job_id, unit.unit_id), UNIT_LEASE.fenced(unit.epoch), WorkUnit.status == "leased")
-                .values(status=status, finished_at=self.state.db_now(), **UNIT_LEASE.ended()))
+            result = s.execute(
+                update(WorkUnit)
+                .where(self._unit(job_id, unit.unit_id), UNIT_LEASE.fenced(unit.epoch), WorkUnit.status == "leased")
+                .values(status=status, finished_at=self.state.db_now(), **UNIT_LEASE.ended())
+            )
             if result.rowcount != 1:
                 return False
-            s.execute(update(UnitClaim).where(UnitClaim.job_id == job_id, UnitClaim.unit_id == unit.unit_id,
-                                              UnitClaim.epoch == unit.epoch).values(finished=1))
-            s.execute(delete(Reservation).where(Reservation.job_id == job_id, Reservation.unit_id == unit.unit_id,
-                                                Reservation.epoch == unit.epoch))
+            s.execute(
+                update(UnitClaim)
+                .where(UnitClaim.job_id == job_id, UnitClaim.unit_id == unit.unit_id, UnitClaim.epoch == unit.epoch)
+                .values(finished=1)
+            )
+            s.execute(
+                delete(Reservation).where(
+                    Reservation.job_id == job_id, Reservation.unit_id == unit.unit_id, Reservation.epoch == unit.epoch
+                )
+            )
             return True
 
     # -- the budget -----------------------------------------------------------------------------
@@ -311,22 +391,35 @@ class UnitQueue:
         out: dict[str, float] = {}
         for table, paid in ((Item, true()), (Charge, Charge.kind == "failed_attempt")):  # (not lost work: no tenant)
             for tenant, tier, seconds in s.execute(
-                    select(table.tenant, table.tier, func.sum(table.gpu_seconds))
-                    .where(table.job_id == job_id, paid).group_by(table.tenant, table.tier)):
+                select(table.tenant, table.tier, func.sum(table.gpu_seconds))
+                .where(table.job_id == job_id, paid)
+                .group_by(table.tenant, table.tier)
+            ):
                 out[tenant] = out.get(tenant, 0.0) + (seconds or 0.0) * prices.get(tier, 0.0) / 3600
         t = self.state.db_now()
         stored = select(Item.item_key).where(Item.job_id == job_id, Item.item_key == Reservation.item_key).exists()
         for tenant, usd in s.execute(
-                select(Reservation.tenant, func.sum(Reservation.usd))
-                .join(WorkUnit, (WorkUnit.job_id == Reservation.job_id) & (WorkUnit.unit_id == Reservation.unit_id)
-                      & (WorkUnit.epoch == Reservation.epoch))
-                .where(Reservation.job_id == job_id, WorkUnit.status == "leased", UNIT_LEASE.live(t), ~stored)
-                .group_by(Reservation.tenant)):
+            select(Reservation.tenant, func.sum(Reservation.usd))
+            .join(
+                WorkUnit,
+                (WorkUnit.job_id == Reservation.job_id)
+                & (WorkUnit.unit_id == Reservation.unit_id)
+                & (WorkUnit.epoch == Reservation.epoch),
+            )
+            .where(Reservation.job_id == job_id, WorkUnit.status == "leased", UNIT_LEASE.live(t), ~stored)
+            .group_by(Reservation.tenant)
+        ):
             out[tenant] = out.get(tenant, 0.0) + (usd or 0.0)
         return out
 
-    def reserve(self, job_id: str, unit: WorkUnit, requests: list[tuple[str, str, float]], prices: dict[str, float],
-                problems: Callable[[dict[str, float]], list[str]]) -> list[str]:
+    def reserve(
+        self,
+        job_id: str,
+        unit: WorkUnit,
+        requests: list[tuple[str, str, float]],
+        prices: dict[str, float],
+        problems: Callable[[dict[str, float]], list[str]],
+    ) -> list[str]:
         """Reserve `requests` ((item key, tenant, estimated USD)) for `unit`'s claim if what the job has spent
         and reserved plus them crosses no cap (`problems`: the caps crossed by a total per tenant); else
         reserve nothing and return the caps crossed. One admission per job at a time: the transaction
@@ -339,9 +432,20 @@ class UnitQueue:
                 planned[tenant] = planned.get(tenant, 0.0) + usd
             found = problems(planned)
             if not found:
-                s.execute(self._insert(Reservation).on_conflict_do_nothing(), [
-                    {"job_id": job_id, "unit_id": unit.unit_id, "epoch": unit.epoch, "item_key": key,
-                     "tenant": tenant, "usd": usd} for key, tenant, usd in requests])
+                s.execute(
+                    self._insert(Reservation).on_conflict_do_nothing(),
+                    [
+                        {
+                            "job_id": job_id,
+                            "unit_id": unit.unit_id,
+                            "epoch": unit.epoch,
+                            "item_key": key,
+                            "tenant": tenant,
+                            "usd": usd,
+                        }
+                        for key, tenant, usd in requests
+                    ],
+                )
             return found
 
     def set_keys(self, job_id: str, states: dict[str, tuple[str, str | None, str | None]]) -> None:
@@ -353,8 +457,11 @@ class UnitQueue:
         with self.session() as s, s.begin():
             for (state, reason, detail), keys in groups.items():
                 for chunk in in_chunks(keys):
-                    s.execute(update(UnitKey).where(UnitKey.job_id == job_id, UnitKey.item_key.in_(chunk))
-                              .values(state=state, reason=reason, detail=detail))
+                    s.execute(
+                        update(UnitKey)
+                        .where(UnitKey.job_id == job_id, UnitKey.item_key.in_(chunk))
+                        .values(state=state, reason=reason, detail=detail)
+                    )
 
     def key_states(self, job_id: str, keys: list[str]) -> dict[str, UnitKey]:
         out = {}
@@ -388,22 +495,56 @@ class UnitQueue:
             return out
 
     # -- engine sessions ------------------------------------------------------------------------
-    def open_session(self, session_id: str, job_id: str, tier: str, worker: str, gpus: int, started: bool,
-                     startup_seconds: float, idle_seconds: float, lease_seconds: float = DEFAULT_LEASE_SECONDS) -> None:
+    def open_session(
+        self,
+        session_id: str,
+        job_id: str,
+        tier: str,
+        worker: str,
+        gpus: int,
+        started: bool,
+        startup_seconds: float,
+        idle_seconds: float,
+        lease_seconds: float = DEFAULT_LEASE_SECONDS,
+    ) -> None:
         t = self.state.db_now()
         with self.session() as s, s.begin():
-            s.add(EngineSession(session_id=session_id, job_id=job_id, tier=tier, gpus=gpus, started=int(started),
-                                status="running", startup_seconds=startup_seconds, busy_seconds=0.0,
-                                idle_seconds=idle_seconds, recorded_seconds=0.0, opened_at=t,
-                                **SESSION_LEASE.claimed(worker, t, lease_seconds)))
+            s.add(
+                EngineSession(
+                    session_id=session_id,
+                    job_id=job_id,
+                    tier=tier,
+                    gpus=gpus,
+                    started=int(started),
+                    status="running",
+                    startup_seconds=startup_seconds,
+                    busy_seconds=0.0,
+                    idle_seconds=idle_seconds,
+                    recorded_seconds=0.0,
+                    opened_at=t,
+                    **SESSION_LEASE.claimed(worker, t, lease_seconds),
+                )
+            )
 
-    def beat_session(self, session_id: str, busy: float, idle: float, recorded: float, closed: bool = False,
-                     counters: dict[str, int | None] | None = None, lease_seconds: float = DEFAULT_LEASE_SECONDS) -> None:
+    def beat_session(
+        self,
+        session_id: str,
+        busy: float,
+        idle: float,
+        recorded: float,
+        closed: bool = False,
+        counters: dict[str, int | None] | None = None,
+        lease_seconds: float = DEFAULT_LEASE_SECONDS,
+    ) -> None:
         """Renew a session's lease and figures; `counters`: the engine's counts over it (SESSION_COUNTERS), at
         its close."""
         t = self.state.db_now()
-        values = {"busy_seconds": busy, "idle_seconds": idle, "recorded_seconds": recorded,
-                  **{k: v for k, v in (counters or {}).items() if k in SESSION_COUNTERS}}
+        values = {
+            "busy_seconds": busy,
+            "idle_seconds": idle,
+            "recorded_seconds": recorded,
+            **{k: v for k, v in (counters or {}).items() if k in SESSION_COUNTERS},
+        }
         if closed:
             values.update(status="closed", closed_at=t, **SESSION_LEASE.ended())
         with self.session() as s, s.begin():
@@ -411,8 +552,13 @@ class UnitQueue:
 
     def sessions(self, job_id: str) -> list[EngineSession]:
         with self.session() as s:
-            rows = list(s.scalars(select(EngineSession).where(EngineSession.job_id == job_id)
-                                  .order_by(EngineSession.opened_at, EngineSession.session_id)))
+            rows = list(
+                s.scalars(
+                    select(EngineSession)
+                    .where(EngineSession.job_id == job_id)
+                    .order_by(EngineSession.opened_at, EngineSession.session_id)
+                )
+            )
             for r in rows:
                 s.expunge(r)
                 r.heartbeat_at, r.lease_expires_at = aware(r.heartbeat_at), aware(r.lease_expires_at)
@@ -422,8 +568,9 @@ class UnitQueue:
         """Sessions still running whose lease has not run out (`tokenmill status`)."""
         t = self.state.db_now()
         with self.session() as s:
-            rows = list(s.scalars(select(EngineSession).where(EngineSession.status == "running",
-                                                              SESSION_LEASE.live(t))))
+            rows = list(
+                s.scalars(select(EngineSession).where(EngineSession.status == "running", SESSION_LEASE.live(t)))
+            )
             for r in rows:
                 s.expunge(r)
             return rows
@@ -432,21 +579,32 @@ class UnitQueue:
     def add_charges(self, job_id: str, rows: list[dict]) -> None:
         if rows:
             with self.session() as s, s.begin():
-                s.execute(self._insert(Charge).on_conflict_do_nothing(index_elements=["job_id", "charge_id"]),
-                          [{"job_id": job_id, **r} for r in rows])
+                s.execute(
+                    self._insert(Charge).on_conflict_do_nothing(index_elements=["job_id", "charge_id"]),
+                    [{"job_id": job_id, **r} for r in rows],
+                )
 
     def unfinished_claims(self, job_id: str, session_id: str) -> list[UnitClaim]:
         """The claims `session_id` made and did not finish (its unit taken over, or still leased to it)."""
         with self.session() as s:
-            rows = list(s.scalars(select(UnitClaim).where(UnitClaim.job_id == job_id, UnitClaim.session_id == session_id,
-                                                         UnitClaim.finished == 0)))
+            rows = list(
+                s.scalars(
+                    select(UnitClaim).where(
+                        UnitClaim.job_id == job_id, UnitClaim.session_id == session_id, UnitClaim.finished == 0
+                    )
+                )
+            )
             s.expunge_all()
             return rows
 
     def charges(self, job_id: str, partition: str) -> list[dict]:
         with self.session() as s:
-            return [dict(r) for r in s.execute(select(*Charge.__table__.c).where(
-                Charge.job_id == job_id, Charge.partition == partition)).mappings()]
+            return [
+                dict(r)
+                for r in s.execute(
+                    select(*Charge.__table__.c).where(Charge.job_id == job_id, Charge.partition == partition)
+                ).mappings()
+            ]
 
     def recorded_by_session(self, job_id: str) -> dict[str, float]:
         """Busy GPU-seconds stored per engine session: its items' plus its charges' (the shares'
@@ -456,8 +614,11 @@ class UnitQueue:
         out: dict[str, float] = {}
         with self.session() as s:
             for model in (Item, Charge):
-                for sid, seconds in s.execute(select(model.session_id, func.sum(model.gpu_seconds))
-                                              .where(model.job_id == job_id).group_by(model.session_id)):
+                for sid, seconds in s.execute(
+                    select(model.session_id, func.sum(model.gpu_seconds))
+                    .where(model.job_id == job_id)
+                    .group_by(model.session_id)
+                ):
                     if sid is not None:
                         out[sid] = out.get(sid, 0.0) + float(seconds or 0.0)
         return out

@@ -17,9 +17,11 @@ from pipeline.generate.fake_engine import FakeEngine
 from pipeline.stores.units import SESSION_COUNTERS
 from tests.engines import drain
 
-TEXTS = ["The quarterly report states that revenue grew while costs fell in every region.",
-         "Customers asked for faster delivery of orders; the board approved a new budget.",
-         "A new policy covers data retention by region before the next audit of supplier contracts."]
+TEXTS = [
+    "The quarterly report states that revenue grew while costs fell in every region.",
+    "Customers asked for faster delivery of orders; the board approved a new budget.",
+    "A new policy covers data retention by region before the next audit of supplier contracts.",
+]
 
 
 @pytest.fixture(scope="module")
@@ -107,8 +109,10 @@ def test_both_engines_count_the_same_prompt_cached_tokens_and_counters(engines):
     for kind, engine in by_kind.items():
         engine.reset_prefix_cache()
         before = engine.counters()
-        cached = [drain(engine, [(f"{kind}-{i}", p, 2)], SamplingConfig(max_tokens=2))[1][f"{kind}-{i}"]
-                  .cached_prompt_tokens for i, p in enumerate(prompts)]
+        cached = [
+            drain(engine, [(f"{kind}-{i}", p, 2)], SamplingConfig(max_tokens=2))[1][f"{kind}-{i}"].cached_prompt_tokens
+            for i, p in enumerate(prompts)
+        ]
         after = engine.counters()
         seen[kind] = cached, {k: after[k] - before[k] for k in ("prefix_queries", "prefix_hits")}
     assert seen["fake"] == seen["vllm"], seen

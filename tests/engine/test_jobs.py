@@ -44,7 +44,9 @@ def test_a_job_with_a_json_schema_serves_valid_json_retries_once_and_quarantines
     paid_invalid = ledger.filter(ledger["quarantined"]).to_pylist()
     assert sorted(served["id"].to_pylist()) == sorted(outputs["id"].to_pylist())
     assert paid_invalid, "some outputs stay invalid after the retry"
-    assert all(r["attempts"] == 2 and r["cost_usd"] > 0 and r["id"] in quarantine["id"].to_pylist() for r in paid_invalid)
+    assert all(
+        r["attempts"] == 2 and r["cost_usd"] > 0 and r["id"] in quarantine["id"].to_pylist() for r in paid_invalid
+    )
     assert any(r["attempts"] == 2 for r in served.to_pylist()), "some retries succeed"
     details = dict(zip(quarantine["id"].to_pylist(), quarantine["detail"].to_pylist()))
     assert all("cut off by max_tokens" in details[r["id"]] for r in paid_invalid)

@@ -21,8 +21,12 @@ print("generated", completion.output_tokens)
 def test_process_exits_with_an_engine_still_running(tiny_models):
     """A script that never stops its engine must still exit (benchmarks do this; the CLI stops its own)."""
 
-
-    r = subprocess.run([sys.executable, "-c", EXITS_WITHOUT_SHUTDOWN, str(TINY_CONFIG)], capture_output=True,
-                       text=True, timeout=300, cwd=TINY_CONFIG.parents[1])
+    r = subprocess.run(
+        [sys.executable, "-c", EXITS_WITHOUT_SHUTDOWN, str(TINY_CONFIG)],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=TINY_CONFIG.parents[1],
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     assert "generated" in r.stdout

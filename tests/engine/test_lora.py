@@ -23,8 +23,12 @@ def test_a_mixed_batch_gives_each_request_what_it_gets_alone(make_config, demo_a
     config = make_config(engine="vllm", **tenants(demo_adapters, "acme", "globex"))
     pool = EnginePool(config.tiers, adapters=config.tier_adapters())
     tok = pool.tokenizer("small")
-    texts = ["The quarterly report shows revenue grew in the north region.", "Minutes of the board meeting on safety.",
-             "A short note about the new office coffee machine.", "Release notes: fixed a crash when saving files."]
+    texts = [
+        "The quarterly report shows revenue grew in the north region.",
+        "Minutes of the board meeting on safety.",
+        "A short note about the new office coffee machine.",
+        "Release notes: fixed a crash when saving files.",
+    ]
     ids = tok(texts, add_special_tokens=False)["input_ids"]
     adapters = [None, demo_adapters["acme"], demo_adapters["globex"]]
     requests = [(f"{i}-{j}", ids[i], adapter) for i in range(len(texts)) for j, adapter in enumerate(adapters)]

@@ -46,9 +46,15 @@ def holdout(tmp_path_factory) -> Path:
 def real_config(tmp_path: Path, **env):
     from pipeline.config import load_config
 
-    environ = {"TOKENMILL_HOME": os.environ["TOKENMILL_HOME"], "TOKENMILL_INPUT__URI": str(tmp_path / "input"),
-               "TOKENMILL_OUTPUT__URI": str(tmp_path / "output"), "TOKENMILL_STATE__URL": f"sqlite:///{tmp_path}/state.db",
-               "TOKENMILL_CACHE__PATH": str(tmp_path / "cache"), "TOKENMILL_RUN__PROGRESS": "off", **env}
+    environ = {
+        "TOKENMILL_HOME": os.environ["TOKENMILL_HOME"],
+        "TOKENMILL_INPUT__URI": str(tmp_path / "input"),
+        "TOKENMILL_OUTPUT__URI": str(tmp_path / "output"),
+        "TOKENMILL_STATE__URL": f"sqlite:///{tmp_path}/state.db",
+        "TOKENMILL_CACHE__PATH": str(tmp_path / "cache"),
+        "TOKENMILL_RUN__PROGRESS": "off",
+        **env,
+    }
     return load_config(LOCAL, environ=environ)
 
 
@@ -56,12 +62,16 @@ def test_the_variants_are_built_offline_and_labelled(real_models):
     from pipeline.dev.real_model import variant_info
 
     sizes = {}
-    for name, quant, dtype in (("smollm2-f32", "none", "float32"), ("smollm2-w8a8", "W8A8", "float32"),
-                               ("smollm2-w4a16", "W4A16", "bfloat16")):
+    for name, quant, dtype in (
+        ("smollm2-f32", "none", "float32"),
+        ("smollm2-w8a8", "W8A8", "float32"),
+        ("smollm2-w4a16", "W4A16", "bfloat16"),
+    ):
         info = variant_info(real_models / name)
         assert info["quantization"] == quant and info["dtype"] == dtype and "Apache-2.0" in info["origin"]
         assert (real_models / name / "chat_template.jinja").is_file() or "chat_template" in (
-            real_models / name / "tokenizer_config.json").read_text()
+            real_models / name / "tokenizer_config.json"
+        ).read_text()
         sizes[name] = (real_models / name / "model.safetensors").stat().st_size
     assert sizes["smollm2-w4a16"] < sizes["smollm2-w8a8"] < sizes["smollm2-f32"] / 2
 
@@ -73,7 +83,8 @@ LIBRARY_LINE = re.compile(r"^\(?EngineCore|^(INFO|WARNING|ERROR|DEBUG) \d\d-\d\d
 
 
 def test_a_job_on_real_text_gives_real_summaries_flags_each_check_alike_everywhere_and_prints_cleanly(
-        real_models, static_embedder, holdout, tmp_path):
+    real_models, static_embedder, holdout, tmp_path
+):
     """`tokenmill run` as a user runs it (a process of its own, output to a pipe as in a log) on real text: real
     summaries; every output check flagged alike in catalog, ledger and manifest; the libraries' log lines in
     the log file it names, none on the console; no line wider than 120 characters."""
@@ -87,20 +98,42 @@ def test_a_job_on_real_text_gives_real_summaries_flags_each_check_alike_everywhe
 
     docs = [json.loads(line) for line in holdout.read_text().splitlines()][:6]
     (tmp_path / "input").mkdir()
-    (tmp_path / "input" / "docs.jsonl").write_text("".join(json.dumps({"id": d["id"], "text": d["text"]}) + "\n"
-                                                           for d in docs))
+    (tmp_path / "input" / "docs.jsonl").write_text(
+        "".join(json.dumps({"id": d["id"], "text": d["text"]}) + "\n" for d in docs)
+    )
     # The small tier first, escalating what fails a check (configs/local.yaml sends all to large: its eval's choice).
     env = {"TOKENMILL_ROUTE__DEFAULT_TIER": "small", "TOKENMILL_ROUTE__ESCALATION__ENABLED": "true"}
     config = real_config(tmp_path, **env)
     shutdown_engines()  # the process below starts its own: never two engines at once
     environ = {k: v for k, v in os.environ.items() if not k.startswith("TOKENMILL_")}
-    environ.update(TOKENMILL_HOME=os.environ["TOKENMILL_HOME"], TOKENMILL_STATE__URL=config.state.url,
-                   TOKENMILL_CACHE__PATH=str(tmp_path / "cache"), **env)
+    environ.update(
+        TOKENMILL_HOME=os.environ["TOKENMILL_HOME"],
+        TOKENMILL_STATE__URL=config.state.url,
+        TOKENMILL_CACHE__PATH=str(tmp_path / "cache"),
+        **env,
+    )
     logs_before = set((Path(os.environ["TOKENMILL_HOME"]) / "logs").glob("run-*.log"))
     # A session of its own: on a hang, the whole group goes (the engine's process with it), not only the CLI.
-    proc = subprocess.Popen([sys.executable, "-m", "pipeline.cli", "run", "--config", str(LOCAL), "--input",
-                             str(tmp_path / "input"), "--output", str(tmp_path / "output")], env=environ, cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, start_new_session=True)
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "pipeline.cli",
+            "run",
+            "--config",
+            str(LOCAL),
+            "--input",
+            str(tmp_path / "input"),
+            "--output",
+            str(tmp_path / "output"),
+        ],
+        env=environ,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
     try:
         out, _ = proc.communicate(timeout=900)
     except subprocess.TimeoutExpired:
@@ -111,7 +144,9 @@ def test_a_job_on_real_text_gives_real_summaries_flags_each_check_alike_everywhe
     assert proc.returncode == 0, "\n".join(printed[-60:])
     assert not [line for line in printed if LIBRARY_LINE.search(line)], "\n".join(printed)
     # (this test's folders are longer than a user's: counted as their names)
-    short = [line.replace(os.environ["TOKENMILL_HOME"], "~/.tokenmill").replace(str(tmp_path), "/data") for line in printed]
+    short = [
+        line.replace(os.environ["TOKENMILL_HOME"], "~/.tokenmill").replace(str(tmp_path), "/data") for line in printed
+    ]
     assert not [line for line in short if len(line) > 120], "\n".join(printed)
     assert any("acceptable outputs" in line for line in printed), "\n".join(printed)
     (job_id,) = [p.name for p in (tmp_path / "output" / "jobs").iterdir()]
@@ -141,8 +176,12 @@ def test_a_job_on_real_text_gives_real_summaries_flags_each_check_alike_everywhe
         stored = [dict(r) for r in db.execute("SELECT * FROM items WHERE job_id = ?", [job_id])]
     assert len(stored) >= 6
     assert all(r["unfaithful_terms"] == len(unfaithful_terms(r["summary"], text[r["id"]])) for r in stored)
-    served = {r["id"]: next(s for s in stored if s["id"] == r["id"] and s["tier"] == r["tier"]
-                            and s["summary"] == r["summary"]) for r in outputs}
+    served = {
+        r["id"]: next(
+            s for s in stored if s["id"] == r["id"] and s["tier"] == r["tier"] and s["summary"] == r["summary"]
+        )
+        for r in outputs
+    }
     m = json.loads((tmp_path / "output" / "jobs" / job_id / "manifest.json").read_text())
     # Small-tier outputs of this model often loop into max_tokens: escalations happen, each with its reason.
     assert m["routing"]["escalated"] >= 1 and sum(m["routing"]["escalated_by"].values()) == m["routing"]["escalated"]
@@ -156,8 +195,13 @@ def test_a_job_on_real_text_gives_real_summaries_flags_each_check_alike_everywhe
                 assert flag == (check in failed_checks(served[row["id"]], config.checks)), (check, row["id"])
             if flag:
                 flagged[row["tier"]] = flagged.get(row["tier"], 0) + 1
-        counted = m["unfaithful"]["outputs"] if check == "unfaithful" else \
-            m["acceptable"] if check == "acceptable" else m["checks"][check]
+        counted = (
+            m["unfaithful"]["outputs"]
+            if check == "unfaithful"
+            else m["acceptable"]
+            if check == "acceptable"
+            else m["checks"][check]
+        )
         assert counted == flagged, (check, counted, flagged)
 
 
@@ -167,9 +211,25 @@ def test_eval_scores_every_saving_and_writes_its_choice_into_the_config(real_mod
     config = tmp_path / "local.yaml"
     shutil.copyfile(LOCAL, config)
     out = tmp_path / "eval"
-    result = CliRunner().invoke(app, ["eval", "--config", str(config), "--holdout", str(holdout), "--out", str(out),
-                                      "--target-quality", "0.5", "--update-config", "--min-documents", "3",
-                                      "--format", "json"])
+    result = CliRunner().invoke(
+        app,
+        [
+            "eval",
+            "--config",
+            str(config),
+            "--holdout",
+            str(holdout),
+            "--out",
+            str(out),
+            "--target-quality",
+            "0.5",
+            "--update-config",
+            "--min-documents",
+            "3",
+            "--format",
+            "json",
+        ],
+    )
     assert result.exit_code == 0, result.output
     report = json.loads((out / "eval.json").read_text())
     tiers = report["tiers"]
@@ -184,7 +244,9 @@ def test_eval_scores_every_saving_and_writes_its_choice_into_the_config(real_mod
         for measured in (*section["checks"].values(), section["acceptable"]):
             assert 0.0 <= measured["ci95"][0] <= measured["rate"] <= measured["ci95"][1] <= 1.0, section
     knobs = report["loop_knobs"]
-    assert knobs["knobs"] == {"frequency_penalty": 0.5} and knobs["with"]["documents"] == knobs["without"]["documents"] > 0
+    assert (
+        knobs["knobs"] == {"frequency_penalty": 0.5} and knobs["with"]["documents"] == knobs["without"]["documents"] > 0
+    )
     routing = report["routing"]
     assert routing["all_large"]["quality_kept"] == 1.0
     assert routing["all_small"]["cost_per_1k_usd"] < routing["all_large"]["cost_per_1k_usd"]
@@ -192,7 +254,10 @@ def test_eval_scores_every_saving_and_writes_its_choice_into_the_config(real_mod
     assert chosen["quality_kept"] >= 0.5 and chosen["cost_per_1k_usd"] <= routing["all_large"]["cost_per_1k_usd"]
     labels = (out / "labels.jsonl").read_text().splitlines()
     assert len(labels) == routing["train_documents"] + routing["test_documents"]
-    assert report["reuse"]["labelled"]["should_reuse"]["pairs"] + report["reuse"]["labelled"]["must_not_reuse"]["pairs"] == 8
+    assert (
+        report["reuse"]["labelled"]["should_reuse"]["pairs"] + report["reuse"]["labelled"]["must_not_reuse"]["pairs"]
+        == 8
+    )
     # The config now carries the chosen policy, and loads.
     from pipeline.config import load_config
 

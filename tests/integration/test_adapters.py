@@ -28,9 +28,17 @@ def tenants(demo_adapters, *names, **extra):
 def keyed(tenants, adapters, shared=True):
     from pipeline.config import DedupConfig
 
-    table = pa.table({"id": [f"r{i}" for i in range(len(tenants))], "tenant": tenants, "text": ["same text"] * len(tenants),
-                      "tier": ["small"] * len(tenants)})
-    table = add_content_hashes(table, DedupConfig(shared_tenants=list(set(tenants)) if shared else []), frozenset(adapters))
+    table = pa.table(
+        {
+            "id": [f"r{i}" for i in range(len(tenants))],
+            "tenant": tenants,
+            "text": ["same text"] * len(tenants),
+            "tier": ["small"] * len(tenants),
+        }
+    )
+    table = add_content_hashes(
+        table, DedupConfig(shared_tenants=list(set(tenants)) if shared else []), frozenset(adapters)
+    )
     return add_item_keys(table, PromptConfig(), SamplingConfig(), TIERS, lambda tenant, tier: adapters.get(tenant))
 
 
@@ -64,7 +72,8 @@ def test_one_tenants_keys_change_with_its_adapter_and_its_retraining(demo_adapte
 
 def tiny_base(demo_adapters) -> str:
     return json.loads((__import__("pathlib").Path(demo_adapters["acme"]) / "adapter_config.json").read_text())[
-        "base_model_name_or_path"]
+        "base_model_name_or_path"
+    ]
 
 
 def test_near_duplicates_never_cross_between_an_adapter_and_the_base_model():
@@ -74,9 +83,18 @@ def test_near_duplicates_never_cross_between_an_adapter_and_the_base_model():
     from pipeline.dedup.cluster import cluster_records
 
     text = " ".join(f"word{i}" for i in range(200))
-    table = pa.table({"id": ["x", "x2"], "text": [text, text + " extra"], "partition": ["p", "p"],
-                      "tier": ["small", "large"], "scope": ["t=acme"] * 2, "recipe": ["r-small-acme", "r-large"],
-                      "item_key": ["k1", "k2"], "tenant": ["acme"] * 2})
+    table = pa.table(
+        {
+            "id": ["x", "x2"],
+            "text": [text, text + " extra"],
+            "partition": ["p", "p"],
+            "tier": ["small", "large"],
+            "scope": ["t=acme"] * 2,
+            "recipe": ["r-small-acme", "r-large"],
+            "item_key": ["k1", "k2"],
+            "tenant": ["acme"] * 2,
+        }
+    )
     config, rank = DedupConfig(semantic=False, shadow_rate=0.0), {"small": 1.0, "large": 10.0}
     crossed, _ = cluster_records(table, config, tier_rank=rank)
     assert crossed["gen_key"].to_pylist() == ["k2", "k2"]  # without adapters the dearer tier's output serves both
@@ -114,18 +132,26 @@ def test_each_tenant_is_served_its_own_adapter_and_never_anothers_output(make_co
     from pipeline.keys import adapter_digest
 
     (tmp_path / "input").mkdir()
-    texts = ["The quarterly report shows revenue grew in the north region and costs fell.",
-             "Minutes of the board meeting: the safety review passed and hiring resumes in May."]
-    rows = [{"id": f"{t}-{i}", "tenant": t, "text": x} for t in ("acme", "globex", "initech") for i, x in enumerate(texts)]
+    texts = [
+        "The quarterly report shows revenue grew in the north region and costs fell.",
+        "Minutes of the board meeting: the safety review passed and hiring resumes in May.",
+    ]
+    rows = [
+        {"id": f"{t}-{i}", "tenant": t, "text": x} for t in ("acme", "globex", "initech") for i, x in enumerate(texts)
+    ]
     (tmp_path / "input" / "docs.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
-    config = make_config(**tenants(demo_adapters, "acme", "globex", dedup__shared_tenants=["acme", "globex", "initech"]))
+    config = make_config(
+        **tenants(demo_adapters, "acme", "globex", dedup__shared_tenants=["acme", "globex", "initech"])
+    )
     m = run_job(config, job_id="tenants").manifest
     assert m["status"] == "succeeded"
     ledger = {r["id"]: r for r in read_kind(tmp_path / "output", "ledger", "tenants").to_pylist() if r["id"]}
     assert all(ledger[r["id"]]["source"] == "generated" for r in rows), "an output crossed adapters"
     digests = {t: adapter_digest(demo_adapters[t]) for t in ("acme", "globex")}
     for r in rows:
-        assert ledger[r["id"]]["adapter"] == {"acme": demo_adapters["acme"], "globex": demo_adapters["globex"]}.get(r["tenant"])
+        assert ledger[r["id"]]["adapter"] == {"acme": demo_adapters["acme"], "globex": demo_adapters["globex"]}.get(
+            r["tenant"]
+        )
         assert ledger[r["id"]]["adapter_digest"] == digests.get(r["tenant"])
     outputs = {r["id"]: r["summary"] for r in read_kind(tmp_path / "output", "outputs", "tenants").to_pylist()}
     assert any(outputs[f"acme-{i}"] != outputs[f"initech-{i}"] for i in range(len(texts)))  # the adapter ran
@@ -133,7 +159,9 @@ def test_each_tenant_is_served_its_own_adapter_and_never_anothers_output(make_co
     assert again["status"] == "succeeded"
     reused = read_kind(tmp_path / "output", "ledger", "tenants-again").to_pylist()
     assert sum(r["cost_usd"] for r in reused if r["kind"] == "output") == 0  # every tenant's own output, reused
-    assert {r["id"]: r["adapter_digest"] for r in reused if r["id"]} == {r["id"]: digests.get(r["tenant"]) for r in rows}
+    assert {r["id"]: r["adapter_digest"] for r in reused if r["id"]} == {
+        r["id"]: digests.get(r["tenant"]) for r in rows
+    }
 
 
 def test_an_adapter_that_cannot_be_served_stops_the_job_before_any_work(make_config, tiny_models, tmp_path):
@@ -170,7 +198,9 @@ def test_an_adapter_retrained_after_staging_is_refused_before_it_serves(make_con
     adapter = tmp_path / "acme-adapter"
     shutil.copytree(demo_adapters["acme"], adapter)
     (tmp_path / "input").mkdir()
-    (tmp_path / "input" / "a.jsonl").write_text(json.dumps({"id": "a", "tenant": "acme", "text": "The ferry runs."}) + "\n")
+    (tmp_path / "input" / "a.jsonl").write_text(
+        json.dumps({"id": "a", "tenant": "acme", "text": "The ferry runs."}) + "\n"
+    )
     config = make_config(tenants__acme__adapter=str(adapter))
     partitions = orchestrate.staged_partitions(config, "retrained")
     settings = json.loads((adapter / "adapter_config.json").read_text())

@@ -40,8 +40,7 @@ def test_tenant_cap_refuses_naming_the_tenant(make_config, sample_corpus):
 def test_spending_crossing_the_cap_stops_cleanly_and_the_rest_is_deferred(make_config, sample_corpus, tmp_path):
     expected = sample_corpus[1]["documents"] + sample_corpus[1]["bad_records"]
     # A near-zero estimate lets the job start; what the engine really spends then crosses the cap.
-    config = make_config(budget__max_job_usd=1e-9,
-                         tiers__small__default_tokens_per_gpu_second=1e12)
+    config = make_config(budget__max_job_usd=1e-9, tiers__small__default_tokens_per_gpu_second=1e12)
     with pytest.raises(JobError) as e:
         run_job(config, job_id="capped")
     assert e.value.budget and "budget reached" in str(e.value) and "deferred, nothing lost" in str(e.value)
@@ -51,8 +50,9 @@ def test_spending_crossing_the_cap_stops_cleanly_and_the_rest_is_deferred(make_c
     assert deferred and all(p.status in ("deferred", "succeeded") for p in parts)
     assert state.job("capped").status == "deferred"
     with sqlite3.connect(tmp_path / "state.db") as c:  # under a cap a worker runs one unit at a time
-        done = c.execute("select count(*), sum(requests) from work_units where job_id='capped' and status='done'"
-                         ).fetchone()
+        done = c.execute(
+            "select count(*), sum(requests) from work_units where job_id='capped' and status='done'"
+        ).fetchone()
     assert done[0] == 1 and items_paid(config, "capped") == done[1]  # exactly one unit was admitted
     manifest = json.loads((tmp_path / "output" / "jobs" / "capped" / "manifest.json").read_text())
     assert manifest["counts"]["deferred_records"] == sum(p.records for p in deferred)
@@ -74,19 +74,45 @@ NO_SHADOW = {"TOKENMILL_DEDUP__SHADOW_RATE": "0"}
 def test_plan_estimates_then_learns_from_ledgers(make_config, sample_corpus, tiny_models, tmp_path):
     import os
 
-    env = {**os.environ, "TOKENMILL_HOME": str(tiny_models.parent), "TOKENMILL_OUTPUT__URI": str(tmp_path / "output"),
-           "TOKENMILL_BUDGET__MAX_JOB_USD": "1e-9", **ONE_TIER, **NO_SHADOW, **FAKE_ENGINE}
+    env = {
+        **os.environ,
+        "TOKENMILL_HOME": str(tiny_models.parent),
+        "TOKENMILL_OUTPUT__URI": str(tmp_path / "output"),
+        "TOKENMILL_BUDGET__MAX_JOB_USD": "1e-9",
+        **ONE_TIER,
+        **NO_SHADOW,
+        **FAKE_ENGINE,
+    }
 
     def plan():
-        r = subprocess.run([sys.executable, "-m", "pipeline.cli", "estimate", "--config", str(TINY_CONFIG), "--input",
-                            str(sample_corpus[0]), "--format", "json"], env=env, cwd=REPO, capture_output=True,
-                           text=True, timeout=300)
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pipeline.cli",
+                "estimate",
+                "--config",
+                str(TINY_CONFIG),
+                "--input",
+                str(sample_corpus[0]),
+                "--format",
+                "json",
+            ],
+            env=env,
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         assert r.returncode == 0, r.stderr[-1500:]
         return json.loads(r.stdout)
 
     before = plan()
     assert before["records"] == sample_corpus[1]["documents"] + sample_corpus[1]["bad_records"]
-    assert before["duplicates"] > 0 and before["to_generate"] + before["duplicates"] + before["quarantined"] == before["records"]
+    assert (
+        before["duplicates"] > 0
+        and before["to_generate"] + before["duplicates"] + before["quarantined"] == before["records"]
+    )
     assert before["tiers"]["small"]["share"] == 1.0 and before["est_usd"] > 0
     assert before["tiers"]["small"]["method"].startswith("configured default")
     assert before["budget_problems"] and "budget.max_job_usd" in before["budget_problems"][0]
@@ -94,8 +120,9 @@ def test_plan_estimates_then_learns_from_ledgers(make_config, sample_corpus, tin
     # idle of 0-60 s priced at its middle; the tier's line says so.
     small, price = before["tiers"]["small"], make_config().tiers["small"].price_per_gpu_hour / 3600
     assert "×0.25-×4" in small["method"] and "start-up and idle 0-60 s" in small["method"]
-    assert small["engine_overhead"] == pytest.approx({"gpu_seconds": 30.0, "est_usd": 30 * price, "est_usd_low": 0.0,
-                                                      "est_usd_high": 60 * price})
+    assert small["engine_overhead"] == pytest.approx(
+        {"gpu_seconds": 30.0, "est_usd": 30 * price, "est_usd_low": 0.0, "est_usd_high": 60 * price}
+    )
     busy = before["est_usd"] - 30 * price
     assert before["est_usd_high"] == pytest.approx(4 * busy + 60 * price) and before["est_usd_low"] < busy / 4
     assert "err high" not in before["note"] and "Not counted" in before["note"]
@@ -112,7 +139,10 @@ def test_plan_estimates_then_learns_from_ledgers(make_config, sample_corpus, tin
     c, small, price = config.cost, after["tiers"]["small"], config.tiers["small"].price_per_gpu_hour / 3600
 
     def weight(prompt, cached, output):
-        return c.prefill_token_weight * (prompt - cached) + c.cached_token_weight * cached + c.decode_token_weight * output
+        return (
+            c.prefill_token_weight * (prompt - cached) + c.cached_token_weight * cached + c.decode_token_weight * output
+        )
+
     actual_weight = sum(weight(r["prompt_tokens"], r["cached_prompt_tokens"], r["output_tokens"]) for r in ledger)
     cached_share = sum(r["cached_prompt_tokens"] for r in ledger) / sum(r["prompt_tokens"] for r in ledger)
     estimated_weight = weight(small["prompt_tokens"], cached_share * small["prompt_tokens"], small["est_output_tokens"])
@@ -134,10 +164,21 @@ def test_price_demand_adds_escalations_and_each_engines_start_up(make_config):
     config = make_config(routing=True)  # small escalates to large
 
     def rate(spw, out, escalation, overhead):
-        return TierRate(spw, out, "test", Range(spw / 2, spw, spw * 2), Range(0.0, 0.0, 0.0),
-                        Measured(out, 100, 0.0, (out,), (0.0, 48.0)), escalation, Range(*overhead))
-    rates = {"small": rate(1e-3, 40.0, Measured(0.25, 100, None, (0.25,), (0.0, 1.0)), (10.0, 20.0, 30.0)),
-             "large": rate(4e-3, 48.0, None, (5.0, 10.0, 15.0))}
+        return TierRate(
+            spw,
+            out,
+            "test",
+            Range(spw / 2, spw, spw * 2),
+            Range(0.0, 0.0, 0.0),
+            Measured(out, 100, 0.0, (out,), (0.0, 48.0)),
+            escalation,
+            Range(*overhead),
+        )
+
+    rates = {
+        "small": rate(1e-3, 40.0, Measured(0.25, 100, None, (0.25,), (0.0, 1.0)), (10.0, 20.0, 30.0)),
+        "large": rate(4e-3, 48.0, None, (5.0, 10.0, 15.0)),
+    }
     demand = Demand()
     demand.add(["small"] * 4 + ["large"], [100] * 4 + [200], ["a", "a", "b", "b", "a"])
     est = price_demand(demand, config, rates)
@@ -172,7 +213,8 @@ def test_a_tier_whose_history_is_only_long_documents_is_priced_not_crashed(make_
 
     config = make_config()
     model = config.tiers["small"].generator
-    # job, partition, tier, model, items, busy, overhead, prompt, cached, output, plain items, their output, its square, prices
+    # job, partition, tier, model, items, busy, overhead, prompt, cached, output, plain items, their output, its
+    # square, prices
     pure = [("j1", "p1", "small", model, 3, 2.0, 5.0, 3000, 0, 150, 0, None, None, 0.5, 0.5)]
     rate = rates_from_history(config, pure, [])["small"]
     assert rate.method.startswith("measured: ")
@@ -201,8 +243,9 @@ def test_estimate_from_one_job_holds_the_next_corpus_escalations_included(make_c
     assert 0 < escalated < from_small  # the tiny models escalate some, not all: the rate is measured, not 0 or 1
 
     write_sample_corpus(tmp_path / "second", documents=40, seed=12)
-    config = make_config(tmp_path / "second", routing=True, dedup__shadow_rate=0, cache__path=str(tmp_path / "cache2"),
-                         **stepped)
+    config = make_config(
+        tmp_path / "second", routing=True, dedup__shadow_rate=0, cache__path=str(tmp_path / "cache2"), **stepped
+    )
     est = estimate_job(config)
     esc = est["tiers"]["small"]["escalation"]
     assert esc["rate"] == pytest.approx(escalated / from_small)
@@ -255,9 +298,21 @@ def test_the_caps_are_one_amount_that_every_worker_of_the_job_reserves_from(stor
     assert b_queue.spent(job, prices) == {"acme": pytest.approx(0.6)}
 
     # k1 is stored: its measured cost ($0.10) counts instead of its reservation, and there is room for k2.
-    item = {"id": "r1", "tenant": "acme", "partition": "p1", "tier": "small", "model": "m", "summary": "s",
-            "prompt_tokens": 3, "cached_prompt_tokens": 0, "output_tokens": 2, "finish_reason": "stop",
-            "gpu_seconds": 0.1, "baseline_gpu_seconds": 0.1, "created_at": now()}
+    item = {
+        "id": "r1",
+        "tenant": "acme",
+        "partition": "p1",
+        "tier": "small",
+        "model": "m",
+        "summary": "s",
+        "prompt_tokens": 3,
+        "cached_prompt_tokens": 0,
+        "output_tokens": 2,
+        "finish_reason": "stop",
+        "gpu_seconds": 0.1,
+        "baseline_gpu_seconds": 0.1,
+        "created_at": now(),
+    }
     store.store_items(job, {"k1": item})
     assert b_queue.spent(job, prices) == {"acme": pytest.approx(0.1)}
     assert b_queue.reserve(job, b, [("k2", "acme", 0.6)], prices, over) == []
@@ -267,8 +322,21 @@ def test_the_caps_are_one_amount_that_every_worker_of_the_job_reserves_from(stor
     b_queue.renew(job, "sb", lease_seconds=-5)
     assert a_queue.spent(job, prices) == {"acme": pytest.approx(0.1)}
     # A failed attempt stores no item, but its GPU time was paid: it counts.
-    a_queue.add_charges(job, [{"charge_id": "c1", "partition": "p2", "session_id": "sb", "kind": "failed_attempt",
-                               "id": "r2", "tenant": "acme", "tier": "small", "gpu_seconds": 0.05}])
+    a_queue.add_charges(
+        job,
+        [
+            {
+                "charge_id": "c1",
+                "partition": "p2",
+                "session_id": "sb",
+                "kind": "failed_attempt",
+                "id": "r2",
+                "tenant": "acme",
+                "tier": "small",
+                "gpu_seconds": 0.05,
+            }
+        ],
+    )
     assert a_queue.spent(job, prices) == {"acme": pytest.approx(0.15)}
 
     # Eight workers at once, $0.28 each, against the $0.85 of room left: exactly three are admitted.
@@ -298,16 +366,22 @@ def test_a_second_drain_task_admits_against_what_the_first_spent(make_config, sa
     spend in each, so the other tier's drain task ran its units past the cap the first had reached."""
     from pipeline.job import orchestrate
 
-    config = make_config(routing=True, budget__max_job_usd=1e-9,
-                         tiers__small__default_tokens_per_gpu_second=1e12,
-                         tiers__large__default_tokens_per_gpu_second=1e12)
+    config = make_config(
+        routing=True,
+        budget__max_job_usd=1e-9,
+        tiers__small__default_tokens_per_gpu_second=1e12,
+        tiers__large__default_tokens_per_gpu_second=1e12,
+    )
     for partition in orchestrate.staged_partitions(config, "dag"):
         orchestrate.prepared_partition(config, "dag", partition)
 
     def units(status):
         with sqlite3.connect(tmp_path / "state.db") as c:
-            return dict(c.execute("select tier, count(*) from work_units where job_id='dag' and status=? "
-                                  "group by tier", (status,)).fetchall())
+            return dict(
+                c.execute(
+                    "select tier, count(*) from work_units where job_id='dag' and status=? group by tier", (status,)
+                ).fetchall()
+            )
 
     assert units("pending")["large"] > 0  # the compliance rule routes some records to the large tier
     assert orchestrate.drained_tier(config, "dag", "small")["units"] == 1  # its real cost crosses the cap

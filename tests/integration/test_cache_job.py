@@ -10,10 +10,12 @@ import pytest
 from pipeline import run_job
 from tests.conftest import free_port, read_kind
 
-REPORT = ("Quarterly report for the north region. Revenue was 4200 thousand dollars, up from the previous quarter, "
-          "while support ticket volume fell and customer satisfaction scores improved. The board approved the "
-          "hiring plan for the warehouse team and asked the director to review supplier contracts before the "
-          "next release. Inventory levels remained stable and shipment delays were rare during the period.")
+REPORT = (
+    "Quarterly report for the north region. Revenue was 4200 thousand dollars, up from the previous quarter, "
+    "while support ticket volume fell and customer satisfaction scores improved. The board approved the "
+    "hiring plan for the warehouse team and asked the director to review supplier contracts before the "
+    "next release. Inventory levels remained stable and shipment delays were rare during the period."
+)
 
 
 def write_jsonl(path, rows):
@@ -22,9 +24,16 @@ def write_jsonl(path, rows):
 
 
 def docs(prefix: str, tenant: str = "acme", n: int = 6):
-    return [{"id": f"{prefix}-{i}", "tenant": tenant,
-             "text": REPORT.replace("north", ["north", "south", "east", "west", "central", "coastal"][i % 6])
-             .replace("4200", str(4200 + 7 * i))} for i in range(n)]
+    return [
+        {
+            "id": f"{prefix}-{i}",
+            "tenant": tenant,
+            "text": REPORT.replace("north", ["north", "south", "east", "west", "central", "coastal"][i % 6]).replace(
+                "4200", str(4200 + 7 * i)
+            ),
+        }
+        for i in range(n)
+    ]
 
 
 def by_id(table):
@@ -57,22 +66,30 @@ def test_second_run_generates_nothing_and_costs_nothing(make_config, sample_corp
 
 
 def test_near_duplicate_mirrors_are_reused_in_the_job_and_across_jobs(make_config, tmp_path):
-    write_jsonl(tmp_path / "input" / "a.jsonl", docs("a") + [
-        {"id": "mirror", "tenant": "acme", "text": "Fwd: " + docs("a")[0]["text"] + " Sent from the archive."}])
+    write_jsonl(
+        tmp_path / "input" / "a.jsonl",
+        docs("a")
+        + [{"id": "mirror", "tenant": "acme", "text": "Fwd: " + docs("a")[0]["text"] + " Sent from the archive."}],
+    )
     config = make_config(dedup__shadow_rate=0.0)
     m = run_job(config, job_id="j1").manifest
     out = by_id(read_kind(tmp_path / "output", "outputs", "j1"))
     assert out["mirror"]["source"] == "near_duplicate" and out["mirror"]["source_id"] == "a-0"
     assert out["mirror"]["summary"] == out["a-0"]["summary"] and out["mirror"]["similarity"] >= 0.8
-    assert [i for i, r in out.items() if r["source"] == "generated"] == [f"a-{i}" for i in range(6)], \
+    assert [i for i, r in out.items() if r["source"] == "generated"] == [f"a-{i}" for i in range(6)], (
         "changed numbers and regions are generated, never reused"
+    )
     assert m["reuse"]["by_source"]["near_duplicate"]["items"] == 1
 
     # Another night, another file: header and footer changed. Reused from the cache, labelled so.
-    write_jsonl(tmp_path / "input2" / "b.jsonl", [
-        {"id": "copy", "tenant": "acme", "text": "Forwarded: " + docs("a")[2]["text"] + " -- mirror"},
-        {"id": "negated", "tenant": "acme", "text": docs("a")[3]["text"].replace("approved", "did not approve")},
-        {"id": "other-tenant", "tenant": "globex", "text": "Fwd: " + docs("a")[2]["text"]}])
+    write_jsonl(
+        tmp_path / "input2" / "b.jsonl",
+        [
+            {"id": "copy", "tenant": "acme", "text": "Forwarded: " + docs("a")[2]["text"] + " -- mirror"},
+            {"id": "negated", "tenant": "acme", "text": docs("a")[3]["text"].replace("approved", "did not approve")},
+            {"id": "other-tenant", "tenant": "globex", "text": "Fwd: " + docs("a")[2]["text"]},
+        ],
+    )
     run_job(make_config(tmp_path / "input2", dedup__shadow_rate=0.0), job_id="j2")
     out2 = by_id(read_kind(tmp_path / "output", "outputs", "j2"))
     ledger2 = by_id(read_kind(tmp_path / "output", "ledger", "j2"))
@@ -97,8 +114,11 @@ def test_tenants_share_only_when_listed(make_config, tmp_path):
 
 
 def test_shadow_verification_measures_the_false_hit_rate(make_config, tmp_path):
-    write_jsonl(tmp_path / "input" / "a.jsonl", docs("a", n=3) + [
-        {"id": f"m{i}", "tenant": "acme", "text": "Fwd: " + docs("a", n=3)[i]["text"]} for i in range(3)])
+    write_jsonl(
+        tmp_path / "input" / "a.jsonl",
+        docs("a", n=3)
+        + [{"id": f"m{i}", "tenant": "acme", "text": "Fwd: " + docs("a", n=3)[i]["text"]} for i in range(3)],
+    )
     m = run_job(make_config(dedup__shadow_rate=1.0), job_id="shadow").manifest
     v = m["reuse"]["verification"]
     assert v["checked"] == 3 and v["by_kind"]["near_duplicate"]["checked"] == 3
@@ -107,8 +127,7 @@ def test_shadow_verification_measures_the_false_hit_rate(make_config, tmp_path):
     assert all(out[f"m{i}"]["source"] == "generated" for i in range(3)), "verified items are generated anyway"
     assert m["counts"]["by_source"] == {"generated": 6}
     # The tiny model's outputs are random: a header changes them, so the measured rate is high, as it should be.
-    assert v["false_hits"] == sum(
-        1 for i in range(3) if _f1(out[f"m{i}"]["summary"], out[f"a-{i}"]["summary"]) < 0.5)
+    assert v["false_hits"] == sum(1 for i in range(3) if _f1(out[f"m{i}"]["summary"], out[f"a-{i}"]["summary"]) < 0.5)
 
 
 def _f1(a, b):
@@ -117,8 +136,9 @@ def _f1(a, b):
     return token_f1(a, b)
 
 
-def test_redis_cache_serves_the_second_night_and_its_outage_loses_nothing(make_config, sample_corpus, tmp_path,
-                                                                          redis_server, caplog):
+def test_redis_cache_serves_the_second_night_and_its_outage_loses_nothing(
+    make_config, sample_corpus, tmp_path, redis_server, caplog
+):
     redis = {"cache__store": "redis", "cache__redis_url": redis_server.url, "cache__timeout_seconds": 1.0}
     first = run_job(make_config(**redis), job_id="r1").manifest
     assert redis_server.client().dbsize() > 0
@@ -137,36 +157,49 @@ def test_redis_cache_serves_the_second_night_and_its_outage_loses_nothing(make_c
 
 
 def test_unreachable_redis_from_the_start_is_one_warning(make_config, sample_corpus, caplog):
-    config = make_config(cache__store="redis", cache__redis_url=f"redis://127.0.0.1:{free_port()}/0",
-                         cache__timeout_seconds=0.5)
+    config = make_config(
+        cache__store="redis", cache__redis_url=f"redis://127.0.0.1:{free_port()}/0", cache__timeout_seconds=0.5
+    )
     with caplog.at_level(logging.WARNING, logger="pipeline.stores.cache"):
         m = run_job(config, job_id="no-redis").manifest
     assert m["status"] == "succeeded" and m["reuse"]["cache_status"]["bypassed"] > 0
     assert len([r for r in caplog.records if r.name == "pipeline.stores.cache"]) == 1
 
 
-PARAPHRASE = ("Quarterly report for the north region. Revenue came to 4200 thousand dollars, higher than the previous "
-              "quarter, while support ticket volume declined and customer satisfaction scores got better. The board "
-              "approved the hiring plan for the warehouse team and asked the director to examine supplier contracts "
-              "ahead of the next release. Inventory levels stayed stable and shipment delays were rare in the period.")
+PARAPHRASE = (
+    "Quarterly report for the north region. Revenue came to 4200 thousand dollars, higher than the previous "
+    "quarter, while support ticket volume declined and customer satisfaction scores got better. The board "
+    "approved the hiring plan for the warehouse team and asked the director to examine supplier contracts "
+    "ahead of the next release. Inventory levels stayed stable and shipment delays were rare in the period."
+)
 
 
 def test_semantic_paraphrases_are_reused_in_the_job_and_from_the_cache(make_config, tmp_path):
-    write_jsonl(tmp_path / "input" / "a.jsonl", [{"id": "orig", "tenant": "acme", "text": REPORT},
-                                                 {"id": "para", "tenant": "acme", "text": PARAPHRASE}])
+    write_jsonl(
+        tmp_path / "input" / "a.jsonl",
+        [{"id": "orig", "tenant": "acme", "text": REPORT}, {"id": "para", "tenant": "acme", "text": PARAPHRASE}],
+    )
     # This paraphrase scores about 0.88 with the static model: below the conservative default (0.92).
-    semantic = {"dedup__semantic": True, "dedup__near": False, "dedup__shadow_rate": 0.0,
-                "dedup__semantic_threshold": 0.85}
+    semantic = {
+        "dedup__semantic": True,
+        "dedup__near": False,
+        "dedup__shadow_rate": 0.0,
+        "dedup__semantic_threshold": 0.85,
+    }
     m = run_job(make_config(**semantic), job_id="s1").manifest
     out = by_id(read_kind(tmp_path / "output", "outputs", "s1"))
     assert out["para"]["source"] == "semantic" and out["para"]["source_id"] == "orig"
     assert out["para"]["similarity"] >= 0.85
     assert m["staging"]["dedup"]["reused"] == {"semantic": 1}
 
-    write_jsonl(tmp_path / "input2" / "b.jsonl", [
-        {"id": "para-2", "tenant": "acme", "text": PARAPHRASE.replace("got better", "improved")},
-        {"id": "para-other-number", "tenant": "acme", "text": PARAPHRASE.replace("4200", "4300")},
-        {"id": "para-other-tenant", "tenant": "globex", "text": PARAPHRASE.replace("got better", "improved")}])
+    write_jsonl(
+        tmp_path / "input2" / "b.jsonl",
+        [
+            {"id": "para-2", "tenant": "acme", "text": PARAPHRASE.replace("got better", "improved")},
+            {"id": "para-other-number", "tenant": "acme", "text": PARAPHRASE.replace("4200", "4300")},
+            {"id": "para-other-tenant", "tenant": "globex", "text": PARAPHRASE.replace("got better", "improved")},
+        ],
+    )
     run_job(make_config(tmp_path / "input2", **semantic), job_id="s2")
     out2 = by_id(read_kind(tmp_path / "output", "outputs", "s2"))
     assert out2["para-2"]["source"] == "cache_semantic" and out2["para-2"]["summary"] == out["orig"]["summary"]
@@ -180,8 +213,10 @@ def test_a_job_is_not_continued_under_other_tenant_isolation(make_config, tmp_pa
     from pipeline import JobError
 
     same = docs("a", n=2)
-    write_jsonl(tmp_path / "input" / "a.jsonl", [dict(d, tenant="public-1") for d in same]
-                + [dict(d, id="b" + d["id"], tenant="public-2") for d in same])
+    write_jsonl(
+        tmp_path / "input" / "a.jsonl",
+        [dict(d, tenant="public-1") for d in same] + [dict(d, id="b" + d["id"], tenant="public-2") for d in same],
+    )
     shared = {"dedup__shared_tenants": ["public-1", "public-2"]}
     first = run_job(make_config(**shared), job_id="iso").manifest
     assert first["counts"]["by_source"] == {"generated": 2, "duplicate_in_job": 2}

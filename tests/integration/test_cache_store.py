@@ -10,9 +10,19 @@ from pipeline.config import CacheConfig
 from pipeline.dedup.index import load_index, pack_segment
 from pipeline.stores.cache import LocalStore, RedisStore, ResilientStore, open_store
 
-VALUE = {"summary": "s", "tier": "small", "model": "m", "prompt_tokens": 3, "cached_prompt_tokens": 0,
-         "output_tokens": 2, "finish_reason": "stop", "id": "a", "job_id": "j1", "cost_usd": 0.25,
-         "baseline_gpu_seconds": 1.5}
+VALUE = {
+    "summary": "s",
+    "tier": "small",
+    "model": "m",
+    "prompt_tokens": 3,
+    "cached_prompt_tokens": 0,
+    "output_tokens": 2,
+    "finish_reason": "stop",
+    "id": "a",
+    "job_id": "j1",
+    "cost_usd": 0.25,
+    "baseline_gpu_seconds": 1.5,
+}
 
 
 @pytest.fixture(params=["local", "redis"])
@@ -191,8 +201,11 @@ def test_unreachable_redis_warning_shows_no_part_of_the_password(caplog):
     for password in (PASSWORD, "Xq7/Zk9", "Xq7#Zk9", "Xq7?Zk9", "Xq7@Zk9:Wm3%Pp5"):
         caplog.clear()
         with caplog.at_level(logging.WARNING):
-            store = open_store(CacheConfig(store="redis", redis_url=f"redis://:{password}@127.0.0.1:{free_port()}/0",
-                                           timeout_seconds=0.5))
+            store = open_store(
+                CacheConfig(
+                    store="redis", redis_url=f"redis://:{password}@127.0.0.1:{free_port()}/0", timeout_seconds=0.5
+                )
+            )
         assert store.bypassed and "127.0.0.1" in caplog.text
         assert_hidden(caplog.text + store.describe)
 

@@ -28,9 +28,22 @@ def job(store):
 
 
 def make_item(summary: str = "s", **fields) -> dict:
-    return {"id": "a", "tenant": "t", "partition": "p1", "tier": "small", "model": "m", "summary": summary,
-            "prompt_tokens": 3, "cached_prompt_tokens": 0, "output_tokens": 2, "finish_reason": "length",
-            "gpu_seconds": 0.5, "baseline_gpu_seconds": 0.5, "created_at": catalog.now(), **fields}
+    return {
+        "id": "a",
+        "tenant": "t",
+        "partition": "p1",
+        "tier": "small",
+        "model": "m",
+        "summary": summary,
+        "prompt_tokens": 3,
+        "cached_prompt_tokens": 0,
+        "output_tokens": 2,
+        "finish_reason": "length",
+        "gpu_seconds": 0.5,
+        "baseline_gpu_seconds": 0.5,
+        "created_at": catalog.now(),
+        **fields,
+    }
 
 
 def partition(store, job_id, name):
@@ -65,21 +78,25 @@ def test_workers_storing_overlapping_keys_at_once_all_land_first_value_kept(stor
 
         barrier, results = threading.Barrier(2), queue.Queue()
         # A store each, made here: Alembic's upgrade is not thread-safe (worker processes each run their own).
-        runners = [threading.Thread(target=store_overlapping, args=(StateStore(state_url), job, n, barrier, results))
-                   for n in ("a", "b")]
+        runners = [
+            threading.Thread(target=store_overlapping, args=(StateStore(state_url), job, n, barrier, results))
+            for n in ("a", "b")
+        ]
     else:
         ctx = multiprocessing.get_context("spawn")  # fresh interpreters, like two worker processes
         barrier, results = ctx.Barrier(2), ctx.Queue()
-        runners = [ctx.Process(target=store_overlapping, args=(state_url, job, n, barrier, results))
-                   for n in ("a", "b")]
+        runners = [
+            ctx.Process(target=store_overlapping, args=(state_url, job, n, barrier, results)) for n in ("a", "b")
+        ]
     for r in runners:
         r.start()
     got = dict(results.get(timeout=120) for _ in runners)
     for r in runners:
         r.join(timeout=60)
     assert all(isinstance(v, dict) for v in got.values()), got  # no worker raised
-    expected = {f"r{r}-{x}-{i}" for r in range(ROUNDS) for x, n in (("shared", 8), ("a", 4), ("b", 4))
-                for i in range(n)}
+    expected = {
+        f"r{r}-{x}-{i}" for r in range(ROUNDS) for x, n in (("shared", 8), ("a", 4), ("b", 4)) for i in range(n)
+    }
     final = {k: v["summary"] for k, v in store.stored_items(job, sorted(expected)).items()}
     assert set(final) == expected  # every key of both workers stored
     for name in ("a", "b"):  # what each worker read back right after its store is still there: never overwritten
@@ -90,6 +107,7 @@ def test_workers_storing_overlapping_keys_at_once_all_land_first_value_kept(stor
 
 
 # -- item 2 (store part): one refused value never discards the other paid items ---------------------------
+
 
 def test_an_item_the_database_refuses_never_discards_the_other_paid_items(store, job, state_url):
     bad = {"surrogate-id": {"id": "x\ud800"}, "huge-count": {"prompt_tokens": 2**70}}
@@ -115,6 +133,7 @@ def test_an_item_the_database_refuses_never_discards_the_other_paid_items(store,
 
 
 # -- item 7: the database's clock, and holders that are provably gone ---------------------------------------
+
 
 def test_leases_are_compared_on_the_database_clock_not_the_workers(store, job, monkeypatch):
     real_now = catalog.now
@@ -168,9 +187,16 @@ def test_a_rerun_takes_over_from_a_gone_holder_at_once_and_names_the_live_ones(s
     from pipeline.stores.catalog import utc
     from tests.conftest import ONE_TIER, TINY_CONFIG
 
-    config = load_config(TINY_CONFIG, environ={  # no engine runs here: no models needed; default lease, 300 s
-        "TOKENMILL_HOME": str(tmp_path), "TOKENMILL_INPUT__URI": str(tmp_path / "in"),
-        "TOKENMILL_OUTPUT__URI": str(tmp_path / "out"), "TOKENMILL_STATE__URL": state_url, **ONE_TIER})
+    config = load_config(
+        TINY_CONFIG,
+        environ={  # no engine runs here: no models needed; default lease, 300 s
+            "TOKENMILL_HOME": str(tmp_path),
+            "TOKENMILL_INPUT__URI": str(tmp_path / "in"),
+            "TOKENMILL_OUTPUT__URI": str(tmp_path / "out"),
+            "TOKENMILL_STATE__URL": state_url,
+            **ONE_TIER,
+        },
+    )
     job = JobContext.open(config, f"held-{uuid.uuid4().hex[:6]}")
     state, host = job.state, socket.gethostname()
     assert state.claim_staging(job.job_id, "fp", "in", "out")

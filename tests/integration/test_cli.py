@@ -14,16 +14,33 @@ from tests.conftest import ONE_TIER, REPO, TINY_CONFIG
 
 def test_every_verb_is_registered_and_the_old_name_plan_is_hidden():
     group = typer.main.get_command(app)
-    assert {"run", "rerun", "estimate", "plan", "status", "report", "samples",
-            "jobs", "ledger", "router", "models", "config", "cache"} <= set(group.commands)
+    assert {
+        "run",
+        "rerun",
+        "estimate",
+        "plan",
+        "status",
+        "report",
+        "samples",
+        "jobs",
+        "ledger",
+        "router",
+        "models",
+        "config",
+        "cache",
+    } <= set(group.commands)
     assert group.commands["plan"].hidden and not group.commands["estimate"].hidden
     listed = CliRunner().invoke(app, ["--help"]).output
-    assert "estimate" in listed and "Pre-flight estimate" in listed and not any(
-        line.split()[1:2] == ["plan"] for line in listed.splitlines() if line.strip())  # hidden from help
+    assert (
+        "estimate" in listed
+        and "Pre-flight estimate" in listed
+        and not any(line.split()[1:2] == ["plan"] for line in listed.splitlines() if line.strip())
+    )  # hidden from help
 
 
-def test_estimate_counts_every_record_and_the_old_name_plan_is_refused(tiny_models, sample_corpus, tmp_path,
-                                                                      monkeypatch):
+def test_estimate_counts_every_record_and_the_old_name_plan_is_refused(
+    tiny_models, sample_corpus, tmp_path, monkeypatch
+):
     for key, value in {**ONE_TIER, "TOKENMILL_OUTPUT__URI": str(tmp_path / "output")}.items():
         monkeypatch.setenv(key, value)
     args = ["--config", str(TINY_CONFIG), "--input", str(sample_corpus[0]), "--format", "json"]
@@ -46,19 +63,29 @@ def test_console_markup_in_data_is_printed_as_text(tiny_models, tmp_path, monkey
     root.mkdir()
     (root / "[bold]notes[red].jsonl").write_text(
         '{"id": "[/x]", "tenant": "[link=http://evil.example]acme", "text": "The harbour opens at nine."}\n'
-        '{"id": "b[/]", "text": "The ferry leaves at noon from the north pier."}\n')
-    env = {**ONE_TIER, **FAKE_ENGINE, "TOKENMILL_HOME": str(tiny_models.parent), "TOKENMILL_RUN__PROGRESS": "off",
-           "TOKENMILL_STATE__URL": f"sqlite:///{tmp_path}/s.db", "TOKENMILL_CACHE__PATH": str(tmp_path / "cache")}
+        '{"id": "b[/]", "text": "The ferry leaves at noon from the north pier."}\n'
+    )
+    env = {
+        **ONE_TIER,
+        **FAKE_ENGINE,
+        "TOKENMILL_HOME": str(tiny_models.parent),
+        "TOKENMILL_RUN__PROGRESS": "off",
+        "TOKENMILL_STATE__URL": f"sqlite:///{tmp_path}/s.db",
+        "TOKENMILL_CACHE__PATH": str(tmp_path / "cache"),
+    }
     for key, value in env.items():
         monkeypatch.setenv(key, value)
     out = tmp_path / "out"
     runner = CliRunner()
-    run = runner.invoke(app, ["run", "--config", str(TINY_CONFIG), "--input", str(root), "--output", str(out),
-                              "--job-id", "markup"])
+    run = runner.invoke(
+        app, ["run", "--config", str(TINY_CONFIG), "--input", str(root), "--output", str(out), "--job-id", "markup"]
+    )
     assert run.exit_code == 0, run.output
     assert "[/x] (small" in run.stdout and "\x1b]8;" not in run.stdout  # the id as written, no hyperlink
-    for args in (["status", "--config", str(TINY_CONFIG), "--job-id", "markup"],
-                 ["ledger", "summary", "--output", str(out), "--by", "tenant"]):
+    for args in (
+        ["status", "--config", str(TINY_CONFIG), "--job-id", "markup"],
+        ["ledger", "summary", "--output", str(out), "--by", "tenant"],
+    ):
         shown = runner.invoke(app, args)
         assert shown.exit_code == 0, shown.output
         assert "\x1b]8;" not in shown.stdout
@@ -76,14 +103,16 @@ def test_the_command_exits_with_its_code_after_the_exit_hooks_and_skips_finaliza
     interpreter's finalization (`terminate called without an active exception`, exit -6). main() runs the
     exit hooks (the engines' shutdown is one), then leaves without finalizing: an object that would only be
     collected by finalization is never collected."""
-    script = ("import atexit, sys\n"
-              "class Finalized:\n"
-              "    def __del__(self): print('finalized', flush=True)\n"
-              "KEPT = Finalized()\n"
-              "atexit.register(lambda: print('exit hook ran', flush=True))\n"
-              f"sys.argv = ['tokenmill', *{argv!r}]\n"
-              "from pipeline.cli import main\n"
-              "main()\n")
+    script = (
+        "import atexit, sys\n"
+        "class Finalized:\n"
+        "    def __del__(self): print('finalized', flush=True)\n"
+        "KEPT = Finalized()\n"
+        "atexit.register(lambda: print('exit hook ran', flush=True))\n"
+        f"sys.argv = ['tokenmill', *{argv!r}]\n"
+        "from pipeline.cli import main\n"
+        "main()\n"
+    )
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert done.returncode == code, done.stderr[-1500:]
     assert "exit hook ran" in done.stdout and "finalized" not in done.stdout

@@ -20,18 +20,33 @@ from pipeline.stores import storage
 
 def partition_tables(partition: str, ids: list[str]) -> dict[str, pa.Table]:
     """One partition's three tables, one row per id in outputs and ledger, none in quarantine."""
-    rows = [{"partition": partition, "id": i, "job_id": "j", "tenant": "t", "summary": f"summary of {i}",
-             "cost_usd": 1.0, "gpu_seconds": 1.0} for i in ids]
-    with_partition = {k: pa.schema([("partition", pa.string()), *s]) if "partition" not in s.names else s
-                      for k, s in SCHEMAS.items()}
-    return {"outputs": pa.Table.from_pylist(rows, schema=with_partition["outputs"]),
-            "ledger": pa.Table.from_pylist(rows, schema=with_partition["ledger"]),
-            "quarantine": with_partition["quarantine"].empty_table()}
+    rows = [
+        {
+            "partition": partition,
+            "id": i,
+            "job_id": "j",
+            "tenant": "t",
+            "summary": f"summary of {i}",
+            "cost_usd": 1.0,
+            "gpu_seconds": 1.0,
+        }
+        for i in ids
+    ]
+    with_partition = {
+        k: pa.schema([("partition", pa.string()), *s]) if "partition" not in s.names else s for k, s in SCHEMAS.items()
+    }
+    return {
+        "outputs": pa.Table.from_pylist(rows, schema=with_partition["outputs"]),
+        "ledger": pa.Table.from_pylist(rows, schema=with_partition["ledger"]),
+        "quarantine": with_partition["quarantine"].empty_table(),
+    }
 
 
 def seen(output: str) -> dict[str, list[str]]:
     con = connect(output)
-    return {kind: sorted(r[0] for r in con.execute(f"SELECT id FROM {kind}").fetchall()) for kind in ("outputs", "ledger")}
+    return {
+        kind: sorted(r[0] for r in con.execute(f"SELECT id FROM {kind}").fetchall()) for kind in ("outputs", "ledger")
+    }
 
 
 def test_readers_see_a_partition_whole_or_not_at_all(tmp_path):
@@ -44,8 +59,9 @@ def test_readers_see_a_partition_whole_or_not_at_all(tmp_path):
     # A second attempt dies between its writes: its outputs file exists, its ledger does not.
     second = new_commit_id(2)
     tables = partition_tables("p", ["a", "b", "c"])
-    storage.write_parquet_atomic(root, part_path(root, "outputs", "j", "p", second),
-                                 tables["outputs"].select(SCHEMAS["outputs"].names), "zstd")
+    storage.write_parquet_atomic(
+        root, part_path(root, "outputs", "j", "p", second), tables["outputs"].select(SCHEMAS["outputs"].names), "zstd"
+    )
     assert seen(out) == {"outputs": ["a", "b"], "ledger": ["a", "b"]}  # still the first commit, whole
 
     # A partition whose only attempt died before its commit is not there at all.
@@ -67,8 +83,12 @@ def test_partitions_written_before_commit_records_are_still_read(tmp_path):
     root = storage.resolve(out)
     tables = partition_tables("old", ["x"])
     for kind in ("outputs", "ledger", "quarantine"):
-        storage.write_parquet_atomic(root, root.join(kind, "job=j", "partition=old", "part-0.parquet"),
-                                     tables[kind].select(SCHEMAS[kind].names), "zstd")
+        storage.write_parquet_atomic(
+            root,
+            root.join(kind, "job=j", "partition=old", "part-0.parquet"),
+            tables[kind].select(SCHEMAS[kind].names),
+            "zstd",
+        )
     assert seen(out) == {"outputs": ["x"], "ledger": ["x"]}
 
 
@@ -112,8 +132,9 @@ def test_a_failed_s3_write_publishes_nothing_and_leaves_no_upload(s3_proxy, s3_c
     with pytest.raises(storage.StorageError):
         storage.write_bytes_atomic(root, path, big)
     s3_proxy.fail(None)
-    keys = [o["Key"] for o in s3_client.list_objects_v2(Bucket=bucket).get("Contents", [])
-            if not o["Key"].endswith("/")]  # pyarrow's folder markers
+    keys = [
+        o["Key"] for o in s3_client.list_objects_v2(Bucket=bucket).get("Contents", []) if not o["Key"].endswith("/")
+    ]  # pyarrow's folder markers
     assert keys == ["out/ledger/part-x.parquet"]  # no temporary object left
     assert s3_client.get_object(Bucket=bucket, Key=keys[0])["Body"].read() in (b"old contents", big)
     assert not s3_client.list_multipart_uploads(Bucket=bucket).get("Uploads")
@@ -128,7 +149,7 @@ def test_links_out_of_the_input_folder_are_skipped_with_a_warning(tmp_path, capl
     os.symlink(outside, top / "escape.txt")
     os.symlink(tmp_path / "missing.txt", top / "dangling.txt")
     os.symlink(top / "a.jsonl", top / "sub" / "again.jsonl")  # inside the folder: read
-    os.symlink(tmp_path, top / "loop")                          # a linked folder: not followed
+    os.symlink(tmp_path, top / "loop")  # a linked folder: not followed
     with caplog.at_level(logging.WARNING, logger="pipeline.stores.storage"):
         listed = [rel for rel, _, _ in storage.list_files(storage.resolve(str(top)))]
     assert listed == ["a.jsonl", "sub/again.jsonl"]
@@ -145,7 +166,6 @@ def test_a_file_whose_name_is_not_utf8_is_skipped_with_a_warning(tmp_path, caplo
     with caplog.at_level(logging.WARNING, logger="pipeline.stores.storage"):
         listed = [rel for rel, _, _ in storage.list_files(storage.resolve(str(top)))]
     assert listed == ["good.jsonl"] and "not valid UTF-8" in caplog.text
-
 
 
 def test_only_regular_files_are_inputs_and_an_unlistable_folder_is_named(tmp_path, monkeypatch, caplog):

@@ -42,8 +42,14 @@ def test_a_worker_stopped_past_its_lease_commits_nothing(make_config, tiny_model
     counts = write_sample_corpus(tmp_path / "input", documents=24)
     env = cli_env(tiny_models, tmp_path, run__progress="off", state__lease_seconds=3, state__wait_seconds=0.2)
     marker = tmp_path / "paused"
-    stale = subprocess.Popen([sys.executable, "-c", PAUSED_WORKER, str(TINY_CONFIG), str(marker)], env=env, cwd=REPO,
-                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    stale = subprocess.Popen(
+        [sys.executable, "-c", PAUSED_WORKER, str(TINY_CONFIG), str(marker)],
+        env=env,
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
         deadline = time.time() + 300
         while not marker.exists() and stale.poll() is None and time.time() < deadline:
@@ -86,7 +92,9 @@ def test_a_worker_stopped_past_its_lease_commits_nothing(make_config, tiny_model
 
 def test_record_ids_with_hash_signs_round_trip(make_config, tmp_path):
     (tmp_path / "input").mkdir()
-    (tmp_path / "input" / "notes#1.txt").write_text("The quarterly audit found two late invoices and one missing receipt.")
+    (tmp_path / "input" / "notes#1.txt").write_text(
+        "The quarterly audit found two late invoices and one missing receipt."
+    )
     (tmp_path / "input" / "notes#2.txt").write_text("Shipping moved to Tuesdays after the warehouse lease was renewed.")
     job = run_job(make_config(), job_id="hashes")
     con = connect(str(tmp_path / "output"))
@@ -119,7 +127,6 @@ def test_a_commit_record_lost_after_the_catalog_commit_is_published_by_the_job(m
     assert outputs + quarantined == sample_corpus[1]["documents"] + sample_corpus[1]["bad_records"]
 
 
-
 def test_leftovers_of_killed_writes_are_never_read_and_a_rerun_sweeps_them(make_config, sample_corpus, tmp_path):
     """Reproducers (red-team round): a kill while a commit record or a part file was written left a
     `.tmp-<uuid>-<name>` file that ended in `.json` / `.parquet`; a killed `rerun --partition` left the
@@ -145,8 +152,10 @@ def test_leftovers_of_killed_writes_are_never_read_and_a_rerun_sweeps_them(make_
     (ledger_file.parent / f"part-{older}.parquet").write_bytes(ledger_file.read_bytes())  # superseded commit
 
     con = connect(str(out))  # readers that honour commits: each partition once, no error
-    assert con.execute("SELECT count(*) FROM ledger WHERE kind = 'output'").fetchone()[0] == \
-        first.manifest["counts"]["outputs"]
+    assert (
+        con.execute("SELECT count(*) FROM ledger WHERE kind = 'output'").fetchone()[0]
+        == first.manifest["counts"]["outputs"]
+    )
 
     again = run_job(config, job_id="leftover")  # nothing to do, but the rerun sweeps what kills left
     assert again.manifest["cost"]["cost_usd"] == first.manifest["cost"]["cost_usd"]

@@ -31,7 +31,9 @@ def test_eval_reports_each_check_per_tier_and_the_loop_knobs_against_none(make_c
             assert 0.0 <= low <= measured["rate"] <= high <= 1.0, (tier, section)
         kept = round(section["acceptable"]["rate"] * n)
         if kept:  # all spent, per summary kept: never less than per document
-            assert section["cost_per_1k_acceptable_usd"] == pytest.approx(section["cost_per_1k_usd"] * n / kept, rel=1e-3)
+            assert section["cost_per_1k_acceptable_usd"] == pytest.approx(
+                section["cost_per_1k_usd"] * n / kept, rel=1e-3
+            )
     knobs = result["loop_knobs"]
     assert knobs["tier"] == "small" and knobs["knobs"] == {"frequency_penalty": 0.5}
     assert knobs["with"]["documents"] == knobs["without"]["documents"] == result["tiers"]["small"]["documents"]
@@ -59,12 +61,27 @@ def test_an_eval_output_is_flagged_as_the_job_flags_it(make_config):
 
     config = make_config()
     doc = "The quarterly report covers revenue growth in the northern region and the hiring of engineers."
-    outputs = {"loop": "growth growth growth " * 30, "copy": doc, "good": "Revenue grew in the northern region.",
-               "cut": "Revenue grew in the northern region and"}
-    run = TierRun(tier="small", summary=outputs, finish_reason={**dict.fromkeys(outputs, "stop"), "cut": "length"},
-                  mean_logprob=dict.fromkeys(outputs, -0.5), output_tokens=dict.fromkeys(outputs, 10),
-                  usd=dict.fromkeys(outputs, 0.001), measures={i: measure(s, doc) for i, s in outputs.items()},
-                  engine_seconds=1.0, failed={})
-    assert {i: run.flags(i, config.checks) for i in outputs} == {"loop": ["degenerate"], "copy": ["copied"], "good": [],
-                                                                "cut": ["truncated"]}
+    outputs = {
+        "loop": "growth growth growth " * 30,
+        "copy": doc,
+        "good": "Revenue grew in the northern region.",
+        "cut": "Revenue grew in the northern region and",
+    }
+    run = TierRun(
+        tier="small",
+        summary=outputs,
+        finish_reason={**dict.fromkeys(outputs, "stop"), "cut": "length"},
+        mean_logprob=dict.fromkeys(outputs, -0.5),
+        output_tokens=dict.fromkeys(outputs, 10),
+        usd=dict.fromkeys(outputs, 0.001),
+        measures={i: measure(s, doc) for i, s in outputs.items()},
+        engine_seconds=1.0,
+        failed={},
+    )
+    assert {i: run.flags(i, config.checks) for i in outputs} == {
+        "loop": ["degenerate"],
+        "copy": ["copied"],
+        "good": [],
+        "cut": ["truncated"],
+    }
     assert [i for i in outputs if run.acceptable(i, run.flags(i, config.checks))] == ["good"]

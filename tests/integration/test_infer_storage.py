@@ -29,9 +29,14 @@ class DeadEngine(PoisonEngine):
 
 
 def rows(prompts):
-    return [{"prompt_token_ids": p, "max_tokens": 4,
-             "unit": {"item_key": f"r{i}", "id": f"r{i}", "tenant": "t", "scope": "s", "text": "doc"}}
-            for i, p in enumerate(prompts)]
+    return [
+        {
+            "prompt_token_ids": p,
+            "max_tokens": 4,
+            "unit": {"item_key": f"r{i}", "id": f"r{i}", "tenant": "t", "scope": "s", "text": "doc"},
+        }
+        for i, p in enumerate(prompts)
+    ]
 
 
 def config(model):
@@ -71,7 +76,10 @@ def test_plain_tokenizer_loads_without_auto_classes_and_matches_them(tiny_models
     messages = [{"role": "system", "content": "Summarise."}, {"role": "user", "content": "Revenue rose 5% in Oslo."}]
     rendered = ours.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
     assert rendered == auto.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    assert ours([rendered], add_special_tokens=False)["input_ids"] == auto([rendered], add_special_tokens=False)["input_ids"]
+    assert (
+        ours([rendered], add_special_tokens=False)["input_ids"]
+        == auto([rendered], add_special_tokens=False)["input_ids"]
+    )
 
 
 def test_atomic_write_leaves_no_partial_file(tmp_path):

@@ -22,7 +22,9 @@ def test_job_accounts_for_every_record_and_every_gpu_second(make_config, sample_
 def test_rerun_of_a_job_id_replaces_rows_and_is_deterministic(make_config, sample_corpus, tmp_path):
     config = make_config()
     first = run_job(config, job_id="again")
-    summaries = dict(zip(*(read_kind(tmp_path / "output", "outputs", "again")[c].to_pylist() for c in ("id", "summary"))))
+    summaries = dict(
+        zip(*(read_kind(tmp_path / "output", "outputs", "again")[c].to_pylist() for c in ("id", "summary")))
+    )
     second = run_job(config, job_id="again")
     outputs = read_kind(tmp_path / "output", "outputs", "again")
     assert outputs.num_rows == first.manifest["counts"]["outputs"] == second.manifest["counts"]["outputs"]
@@ -69,33 +71,66 @@ def test_tokenmill_home_holds_state_and_models(tiny_models, tmp_path, sample_cor
     from pipeline.config import load_config
 
     home = tmp_path / "home"
-    env = {"TOKENMILL_HOME": str(home), "TOKENMILL_TIERS__SMALL__MODEL": str(tiny_models / "tiny-small"),
-           "TOKENMILL_TIERS__LARGE__MODEL": str(tiny_models / "tiny-large"),
-           "TOKENMILL_INPUT__URI": str(sample_corpus[0]), "TOKENMILL_OUTPUT__URI": str(tmp_path / "out"),
-           "TOKENMILL_RUN__PROGRESS": "off", **FAKE_ENGINE}
+    env = {
+        "TOKENMILL_HOME": str(home),
+        "TOKENMILL_TIERS__SMALL__MODEL": str(tiny_models / "tiny-small"),
+        "TOKENMILL_TIERS__LARGE__MODEL": str(tiny_models / "tiny-large"),
+        "TOKENMILL_INPUT__URI": str(sample_corpus[0]),
+        "TOKENMILL_OUTPUT__URI": str(tmp_path / "out"),
+        "TOKENMILL_RUN__PROGRESS": "off",
+        **FAKE_ENGINE,
+    }
     m = run_job(load_config(TINY_CONFIG, environ=env), job_id="home").manifest
     assert (home / "state.db").exists() and (home / "cache" / "cache.sqlite").exists()
     # No embedding model in this home: the job runs without semantic reuse and says so.
     assert m["status"] == "succeeded" and "semantic reuse off" in m["staging"]["dedup"]["notes"][0]
-    assert load_config(TINY_CONFIG, environ={"TOKENMILL_HOME": str(home)}).tiers["small"].model == str(home / "models" / "tiny-small")
+    assert load_config(TINY_CONFIG, environ={"TOKENMILL_HOME": str(home)}).tiers["small"].model == str(
+        home / "models" / "tiny-small"
+    )
 
 
 def cli(args, env, cwd):
-    return subprocess.run([sys.executable, "-m", "pipeline.cli", *args], capture_output=True, text=True,
-                          env={**os.environ, **env}, cwd=cwd, timeout=600)
+    return subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, **env},
+        cwd=cwd,
+        timeout=600,
+    )
 
 
 def test_cli_run_end_to_end_and_one_line_failure(tiny_models, tmp_path, sample_corpus):
-    env = {"TOKENMILL_HOME": str(tiny_models.parent), "TOKENMILL_STATE__URL": f"sqlite:///{tmp_path}/s.db",
-           "TOKENMILL_CACHE__PATH": str(tmp_path / "cache"), **FAKE_ENGINE}
-    missing = cli(["run", "--config", str(TINY_CONFIG), "--input", str(tmp_path / "nope"), "--output", str(tmp_path / "o")],
-                  env, REPO)
+    env = {
+        "TOKENMILL_HOME": str(tiny_models.parent),
+        "TOKENMILL_STATE__URL": f"sqlite:///{tmp_path}/s.db",
+        "TOKENMILL_CACHE__PATH": str(tmp_path / "cache"),
+        **FAKE_ENGINE,
+    }
+    missing = cli(
+        ["run", "--config", str(TINY_CONFIG), "--input", str(tmp_path / "nope"), "--output", str(tmp_path / "o")],
+        env,
+        REPO,
+    )
     assert missing.returncode != 0
     assert missing.stderr.strip().splitlines()[-1].startswith("error: job failed: input not found")
     assert "Traceback" not in missing.stderr
 
-    ok = cli(["run", "--config", str(TINY_CONFIG), "--input", str(sample_corpus[0]), "--output", str(tmp_path / "o"),
-              "--job-id", "cli"], env, REPO)
+    ok = cli(
+        [
+            "run",
+            "--config",
+            str(TINY_CONFIG),
+            "--input",
+            str(sample_corpus[0]),
+            "--output",
+            str(tmp_path / "o"),
+            "--job-id",
+            "cli",
+        ],
+        env,
+        REPO,
+    )
     assert ok.returncode == 0, ok.stderr[-2000:]
     assert "records" in ok.stdout and "saved vs baseline" in ok.stdout
     assert "progress:" in ok.stderr  # not a terminal: plain progress log lines
@@ -113,7 +148,9 @@ def test_manifest_reports_efficiency_against_the_gpu_limits(make_config, sample_
     peak = GPU_PEAKS["H100-SXM"]
     tokens = e["uncached_prompt_tokens"] + e["output_tokens"]
     assert e["efficiency"]["mfu"] == pytest.approx(2 * params * tokens / (e["engine_seconds"] * peak["flops"]["16bit"]))
-    assert e["efficiency"]["mbu"] == pytest.approx(weight_bytes * e["decode_steps_estimate"] / (e["engine_seconds"] * peak["bandwidth"]))
+    assert e["efficiency"]["mbu"] == pytest.approx(
+        weight_bytes * e["decode_steps_estimate"] / (e["engine_seconds"] * peak["bandwidth"])
+    )
     assert 0 < e["efficiency"]["mfu"] < 1 and e["decode_steps_estimate"] >= 48
     unnamed = run_job(make_config(), job_id="eff-cpu").manifest["engines"]
     assert all(v["efficiency"]["mfu"] is None for v in unnamed.values()) or unnamed == {}

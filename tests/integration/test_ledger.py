@@ -28,22 +28,53 @@ def fake_job(root: storage.Location, job_id: str, day: datetime, rows: int, seed
         for i in range(rows):
             gpu = rng.random() * 3
             price = rng.choice([3.5, 7.0])
-            ledger.append({"job_id": job_id, "partition": part, "id": f"{job_id}-{p}-{i}",
-                           "tenant": rng.choice(["acme", "globex"]), "tier": "small" if price == 3.5 else "large",
-                           "model": "m", "source": rng.choice(["generated", "duplicate_in_job"]),
-                           "prompt_tokens": rng.randint(10, 900), "cached_prompt_tokens": 0,
-                           "output_tokens": rng.randint(1, 200), "gpu_seconds": gpu, "price_per_gpu_hour": price,
-                           "cost_usd": gpu * price / 3600, "baseline_cost_usd": gpu * 7.0 / 3600, "created_at": day,
-                           "kind": "output", "acceptable": rng.random() < 0.7})
-        outputs = [{"partition": part, **{k: r.get(k) for k in OUTPUTS.names}, "summary": "s", "finish_reason": "length",
-                    "template_version": "v1"} for r in ledger]
+            ledger.append(
+                {
+                    "job_id": job_id,
+                    "partition": part,
+                    "id": f"{job_id}-{p}-{i}",
+                    "tenant": rng.choice(["acme", "globex"]),
+                    "tier": "small" if price == 3.5 else "large",
+                    "model": "m",
+                    "source": rng.choice(["generated", "duplicate_in_job"]),
+                    "prompt_tokens": rng.randint(10, 900),
+                    "cached_prompt_tokens": 0,
+                    "output_tokens": rng.randint(1, 200),
+                    "gpu_seconds": gpu,
+                    "price_per_gpu_hour": price,
+                    "cost_usd": gpu * price / 3600,
+                    "baseline_cost_usd": gpu * 7.0 / 3600,
+                    "created_at": day,
+                    "kind": "output",
+                    "acceptable": rng.random() < 0.7,
+                }
+            )
+        outputs = [
+            {
+                "partition": part,
+                **{k: r.get(k) for k in OUTPUTS.names},
+                "summary": "s",
+                "finish_reason": "length",
+                "template_version": "v1",
+            }
+            for r in ledger
+        ]
         commit = new_commit_id(1)
-        files = write_files(root, job_id, part, {
-            "ledger": pa.Table.from_pylist(ledger, schema=LEDGER),
-            "outputs": pa.Table.from_pylist(outputs, schema=pa.schema([("partition", pa.string()), *OUTPUTS])),
-            "quarantine": pa.Table.from_pylist([{"partition": part, "id": f"bad-{p}", "reason": "empty_text",
-                                                 "job_id": job_id}], schema=pa.schema([("partition", pa.string()), *QUARANTINE])),
-        }, "zstd", commit)
+        files = write_files(
+            root,
+            job_id,
+            part,
+            {
+                "ledger": pa.Table.from_pylist(ledger, schema=LEDGER),
+                "outputs": pa.Table.from_pylist(outputs, schema=pa.schema([("partition", pa.string()), *OUTPUTS])),
+                "quarantine": pa.Table.from_pylist(
+                    [{"partition": part, "id": f"bad-{p}", "reason": "empty_text", "job_id": job_id}],
+                    schema=pa.schema([("partition", pa.string()), *QUARANTINE]),
+                ),
+            },
+            "zstd",
+            commit,
+        )
         publish(root, job_id, part, commit, files)
 
 
@@ -73,21 +104,39 @@ def test_summary_by_tenant_equals_pyarrow_to_the_cent(output_root):
         assert isinstance(row["cost_usd"], Decimal)
         assert round(row["cost_usd"], 2) == round(Decimal(want[tenant]["cost_usd_sum"]), 2)
         assert float(row["cost_usd"]) == pytest.approx(want[tenant]["cost_usd_sum"], rel=1e-12)
-        assert float(row["saved_usd"]) == pytest.approx(want[tenant]["baseline_cost_usd_sum"] - want[tenant]["cost_usd_sum"],
-                                                        rel=1e-9)
+        assert float(row["saved_usd"]) == pytest.approx(
+            want[tenant]["baseline_cost_usd_sum"] - want[tenant]["cost_usd_sum"], rel=1e-9
+        )
 
 
 def test_cost_per_acceptable_document_counts_every_charge_over_the_acceptable_documents(output_root):
     """Issue 28: what a buyer of summaries pays for. Per tier: documents (outputs, not charge rows), the acceptable
     ones (no output check failed), and the group's whole cost over each, lost work included."""
     root = storage.resolve(str(output_root))
-    lost = {"job_id": "job-0", "partition": "lost", "tier": "small", "model": "m", "kind": "lost", "cost_usd": 0.01,
-            "gpu_seconds": 10.0, "created_at": datetime(2026, 11, 20, tzinfo=timezone.utc)}
+    lost = {
+        "job_id": "job-0",
+        "partition": "lost",
+        "tier": "small",
+        "model": "m",
+        "kind": "lost",
+        "cost_usd": 0.01,
+        "gpu_seconds": 10.0,
+        "created_at": datetime(2026, 11, 20, tzinfo=timezone.utc),
+    }
     commit = new_commit_id(1)
-    empty = {kind: pa.schema([("partition", pa.string()), *schema]).empty_table()
-             for kind, schema in (("outputs", OUTPUTS), ("quarantine", QUARANTINE))}
-    publish(root, "job-0", "lost", commit, write_files(root, "job-0", "lost", {
-        "ledger": pa.Table.from_pylist([lost], schema=LEDGER), **empty}, "zstd", commit))
+    empty = {
+        kind: pa.schema([("partition", pa.string()), *schema]).empty_table()
+        for kind, schema in (("outputs", OUTPUTS), ("quarantine", QUARANTINE))
+    }
+    publish(
+        root,
+        "job-0",
+        "lost",
+        commit,
+        write_files(
+            root, "job-0", "lost", {"ledger": pa.Table.from_pylist([lost], schema=LEDGER), **empty}, "zstd", commit
+        ),
+    )
     table = ds.dataset(output_root / "ledger", format="parquet").to_table().to_pylist()
     got = {r["tier"]: r for r in summary(connect(str(output_root)), ["tier"]).to_pylist()}
     for tier, row in got.items():
@@ -129,18 +178,21 @@ def test_sql_views_and_read_only(output_root):
         query(con, "SELECT * FROM nope")
 
 
-@pytest.mark.parametrize("sql", [
-    "/* x */ COPY (SELECT 1) TO '{out}/copied.csv'",
-    "SELECT 1; COPY (SELECT 1) TO '{out}/copied.csv'",
-    "ATTACH '{out}/attached.db' AS a; CREATE TABLE a.t AS SELECT 1",
-    "SELECT * FROM read_text('/etc/hostname')",
-    "SELECT * FROM glob('/etc/*')",
-    "SELECT * FROM read_csv('/etc/passwd')",
-    "INSTALL httpfs",
-    "SET enable_external_access = true",
-    "RESET lock_configuration",
-    "SELECT * FROM read_parquet('{out}/../**/*.parquet')",
-])
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "/* x */ COPY (SELECT 1) TO '{out}/copied.csv'",
+        "SELECT 1; COPY (SELECT 1) TO '{out}/copied.csv'",
+        "ATTACH '{out}/attached.db' AS a; CREATE TABLE a.t AS SELECT 1",
+        "SELECT * FROM read_text('/etc/hostname')",
+        "SELECT * FROM glob('/etc/*')",
+        "SELECT * FROM read_csv('/etc/passwd')",
+        "INSTALL httpfs",
+        "SET enable_external_access = true",
+        "RESET lock_configuration",
+        "SELECT * FROM read_parquet('{out}/../**/*.parquet')",
+    ],
+)
 def test_ledger_sql_reaches_nothing_but_the_views(output_root, tmp_path, sql):
     """Read-only by construction: DuckDB's external access is off and its configuration locked, so no
     statement, however it starts, reads or writes a file, loads an extension or turns that back on."""
@@ -158,17 +210,26 @@ def test_empty_output_root_answers_zero(tmp_path):
 
 def test_cli_summary_csv_and_json(output_root):
     def cli(*args):
-        return subprocess.run([sys.executable, "-m", "pipeline.cli", "ledger", *args], capture_output=True, text=True,
-                              cwd=REPO, check=True).stdout
+        return subprocess.run(
+            [sys.executable, "-m", "pipeline.cli", "ledger", *args],
+            capture_output=True,
+            text=True,
+            cwd=REPO,
+            check=True,
+        ).stdout
 
-    rows = list(csv.DictReader(io.StringIO(cli("summary", "--output", str(output_root), "--by", "tier", "--format", "csv"))))
+    rows = list(
+        csv.DictReader(io.StringIO(cli("summary", "--output", str(output_root), "--by", "tier", "--format", "csv")))
+    )
     want = pyarrow_totals(output_root, "tier")
-    assert {r["tier"]: round(Decimal(r["cost_usd"]), 2) for r in rows} == \
-        {t: round(Decimal(w["cost_usd_sum"]), 2) for t, w in want.items()}
+    assert {r["tier"]: round(Decimal(r["cost_usd"]), 2) for r in rows} == {
+        t: round(Decimal(w["cost_usd_sum"]), 2) for t, w in want.items()
+    }
     total = json.loads(cli("summary", "--output", str(output_root), "--by", "", "--format", "json"))
     assert total[0]["items"] == 3000
-    listed = json.loads(cli("sql", "--output", str(output_root), "SELECT DISTINCT job_id FROM ledger ORDER BY 1",
-                            "--format", "json"))
+    listed = json.loads(
+        cli("sql", "--output", str(output_root), "SELECT DISTINCT job_id FROM ledger ORDER BY 1", "--format", "json")
+    )
     assert [r["job_id"] for r in listed] == [f"job-{n}" for n in range(4)]
 
 

@@ -30,21 +30,38 @@ from tests.conftest import TINY_CONFIG, read_kind
 
 
 def table(rows):
-    return pa.table({"id": [r[0] for r in rows], "tenant": [r[1] for r in rows], "text": [r[2] for r in rows],
-                     "metadata": [json.dumps(r[3]) if r[3] else None for r in rows]})
+    return pa.table(
+        {
+            "id": [r[0] for r in rows],
+            "tenant": [r[1] for r in rows],
+            "text": [r[2] for r in rows],
+            "metadata": [json.dumps(r[3]) if r[3] else None for r in rows],
+        }
+    )
 
 
 def test_rules_decide_in_order_and_say_why():
-    config = RouteConfig(default_tier="small", rules=[
-        RouteRule(name="vip", tier="large", tenants=["acme"]),
-        RouteRule(name="legal", tier="large", metadata={"kind": "contract"}),
-        RouteRule(name="long", tier="large", min_chars=50),
-        RouteRule(name="urgent", tier="large", regex=r"(?i)\burgent\b"),
-    ])
-    out = assign_tiers(table([
-        ("a", "acme", "short", None), ("b", "globex", "short", {"kind": "contract"}),
-        ("c", "globex", "x" * 60, None), ("d", "globex", "URGENT: call back", None), ("e", "globex", "plain", None),
-    ]), config)
+    config = RouteConfig(
+        default_tier="small",
+        rules=[
+            RouteRule(name="vip", tier="large", tenants=["acme"]),
+            RouteRule(name="legal", tier="large", metadata={"kind": "contract"}),
+            RouteRule(name="long", tier="large", min_chars=50),
+            RouteRule(name="urgent", tier="large", regex=r"(?i)\burgent\b"),
+        ],
+    )
+    out = assign_tiers(
+        table(
+            [
+                ("a", "acme", "short", None),
+                ("b", "globex", "short", {"kind": "contract"}),
+                ("c", "globex", "x" * 60, None),
+                ("d", "globex", "URGENT: call back", None),
+                ("e", "globex", "plain", None),
+            ]
+        ),
+        config,
+    )
     assert out["tier"].to_pylist() == ["large", "large", "large", "large", "small"]
     assert out["route_reason"].to_pylist() == ["rule:vip", "rule:legal", "rule:long", "rule:urgent", "default"]
 
@@ -60,13 +77,29 @@ def test_router_train_then_eval_picks_the_cheapest_threshold_that_keeps_quality(
     labels, artifact = tmp_path / "labels.jsonl", tmp_path / "router.json"
     example_labels(labels, 300)
     runner = CliRunner()
-    trained = runner.invoke(app, ["router", "train", "--config", str(TINY_CONFIG), "--labels", str(labels),
-                                  "--out", str(artifact)])
+    trained = runner.invoke(
+        app, ["router", "train", "--config", str(TINY_CONFIG), "--labels", str(labels), "--out", str(artifact)]
+    )
     assert trained.exit_code == 0, trained.output
-    result = runner.invoke(app, ["router", "eval", "--config", str(TINY_CONFIG), "--labels", str(labels),
-                                 "--router", str(artifact), "--target-quality", "0.95", "--format", "json"])
+    result = runner.invoke(
+        app,
+        [
+            "router",
+            "eval",
+            "--config",
+            str(TINY_CONFIG),
+            "--labels",
+            str(labels),
+            "--router",
+            str(artifact),
+            "--target-quality",
+            "0.95",
+            "--format",
+            "json",
+        ],
+    )
     assert result.exit_code == 0, result.output
-    report = json.loads(result.output[:result.output.rindex("}") + 1])
+    report = json.loads(result.output[: result.output.rindex("}") + 1])
     rows, chosen = report["rows"], report["chosen"]
     assert rows[0]["large_share"] == 0.0 and rows[0]["threshold"] == 0.0  # everything small: cheapest
     all_large = [r for r in rows if r["large_share"] == 1.0]
@@ -75,14 +108,17 @@ def test_router_train_then_eval_picks_the_cheapest_threshold_that_keeps_quality(
     assert all(r["cost_per_item_usd"] >= chosen["cost_per_item_usd"] for r in rows if r["quality_kept"] >= 0.95)
     assert 0 < chosen["large_share"] < 1, "the synthetic set has easy and hard items"
     curve = report["calibration"]
-    assert sum(b["count"] for b in curve) == 300 and all(0 <= b["low"] <= b["mean_predicted"] <= b["high"] for b in curve)
+    assert sum(b["count"] for b in curve) == 300 and all(
+        0 <= b["low"] <= b["mean_predicted"] <= b["high"] for b in curve
+    )
     saved = json.loads(artifact.read_text())
     assert saved["threshold"] == chosen["threshold"] and saved["calibrated_target"] == 0.95
     router = Router.load(artifact)
     routed = router.route(["Short plain note about the team meeting."])
     assert routed[0][0] in ("small", "large") and 0 <= routed[0][1] <= 1
-    shown = runner.invoke(app, ["router", "eval", "--config", str(TINY_CONFIG), "--labels", str(labels),
-                                "--router", str(artifact)])
+    shown = runner.invoke(
+        app, ["router", "eval", "--config", str(TINY_CONFIG), "--labels", str(labels), "--router", str(artifact)]
+    )
     assert shown.exit_code == 0, shown.output
     assert "calibration" in shown.output and "mean predicted" in shown.output, shown.output
 
@@ -120,13 +156,18 @@ def test_the_artifact_round_trips_and_routes_without_sklearn(tmp_path):
     path.write_text(json.dumps(train(data, "small", "large", 0.95)))
     loaded = Router.load(path)
     assert loaded.artifact["features"] == FEATURES and len(loaded.weights) == len(FEATURES)
-    assert np.array_equal(loaded.probabilities(data.texts), Router(json.loads(path.read_text())).probabilities(data.texts))
+    assert np.array_equal(
+        loaded.probabilities(data.texts), Router(json.loads(path.read_text())).probabilities(data.texts)
+    )
     # Routing runs in every job: it must not pay sklearn's import (nor need it installed).
-    probe = ("import json, sys; from pipeline.route.router import Router; "
-             f"r = Router.load({str(path)!r}); print(json.dumps([r.route(['A short note.']), "
-             "'sklearn' in sys.modules]))")
-    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True,
-                          check=True, cwd=Path(__file__).parents[2])
+    probe = (
+        "import json, sys; from pipeline.route.router import Router; "
+        f"r = Router.load({str(path)!r}); print(json.dumps([r.route(['A short note.']), "
+        "'sklearn' in sys.modules]))"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, check=True, cwd=Path(__file__).parents[2]
+    )
     (tier, p), sklearn_loaded = json.loads(done.stdout)[0][0], json.loads(done.stdout)[1]
     assert (tier, p) == tuple(loaded.route(["A short note."])[0]) and not sklearn_loaded
 
@@ -143,7 +184,9 @@ def test_format_1_artifacts_still_route_and_unknown_formats_are_refused(tmp_path
 
 def test_a_set_with_too_few_items_of_one_outcome_is_refused_clearly():
     texts = [f"Note {i} about the plan." for i in range(12)]
-    with pytest.raises(RouterError, match="12 labelled items, 12 where small suffices .* at least 2 items of each outcome"):
+    with pytest.raises(
+        RouterError, match="12 labelled items, 12 where small suffices .* at least 2 items of each outcome"
+    ):
         train_router(texts, [1.0] * 12, [1.0] * 12, "small", "large", 0.95)
     with pytest.raises(RouterError, match="12 labelled items, 11 where small suffices"):
         train_router(texts, [1.0] * 11 + [0.1], [1.0] * 12, "small", "large", 0.95)
@@ -185,7 +228,8 @@ def test_escalation_regenerates_low_confidence_outputs_and_pays_both_attempts(ma
     assert m["routing"]["escalated"] == 6 and set(m["engines"]) == {"small", "large"}
     # Both attempts are in the cost: the ledger adds up to both engines' GPU-seconds.
     assert sum(r["gpu_seconds"] for r in ledger.values()) == pytest.approx(
-        sum(e["gpu_seconds"] for e in m["engines"].values()), rel=1e-9)
+        sum(e["gpu_seconds"] for e in m["engines"].values()), rel=1e-9
+    )
     small_price, large_price = (config.tiers[t].price_per_gpu_hour for t in ("small", "large"))
     assert all(small_price < r["price_per_gpu_hour"] < large_price for r in ledger.values())
 
@@ -232,8 +276,7 @@ def test_prefix_sharing_is_reported_against_what_is_possible(make_config, tmp_pa
 def test_which_outputs_escalate(make_config):
     from pipeline.generate.followup import needs_escalation
 
-    config = make_config(routing=True, route__escalation__min_mean_logprob=-3.0,
-                         route__escalation__on_truncation=True)
+    config = make_config(routing=True, route__escalation__min_mean_logprob=-3.0, route__escalation__on_truncation=True)
     item = {"tier": "small", "summary": "fine", "mean_logprob": -1.0, "finish_reason": "stop", "chunks": 0}
     assert not needs_escalation(item, config)
     assert needs_escalation({**item, "mean_logprob": -4.0}, config)
@@ -245,7 +288,9 @@ def test_which_outputs_escalate(make_config):
 
 
 @pytest.mark.parametrize("escalate", [True, False])
-def test_loops_are_flagged_alike_in_catalog_ledger_and_manifest_and_escalate_when_asked(make_config, tmp_path, escalate):
+def test_loops_are_flagged_alike_in_catalog_ledger_and_manifest_and_escalate_when_asked(
+    make_config, tmp_path, escalate
+):
     """Issue 28: a small tier that loops on some documents. Its loops are `degenerate` in the catalog (the
     measure), then either escalated (reason `degenerate`, the large tier's output served) or, escalation of
     loops off, served and flagged in the ledger and the manifest: the same count everywhere."""
@@ -253,10 +298,20 @@ def test_loops_are_flagged_alike_in_catalog_ledger_and_manifest_and_escalate_whe
 
     from pipeline.generate.quality import failed_checks
 
-    write(tmp_path / "input" / "a.jsonl", [{**d, "text": f"{d['text']} Topic {i} of {i * 7}."} for i, d in enumerate(docs(24))])
-    config = make_config(routing=True, route__rules=[], dedup__near=False, dedup__semantic=False,
-                         route__escalation__min_mean_logprob=None, route__escalation__on_degenerate=escalate,
-                         tiers__small__fake__loop_share=0.5, tiers__small__fake__output_tokens=24)
+    write(
+        tmp_path / "input" / "a.jsonl",
+        [{**d, "text": f"{d['text']} Topic {i} of {i * 7}."} for i, d in enumerate(docs(24))],
+    )
+    config = make_config(
+        routing=True,
+        route__rules=[],
+        dedup__near=False,
+        dedup__semantic=False,
+        route__escalation__min_mean_logprob=None,
+        route__escalation__on_degenerate=escalate,
+        tiers__small__fake__loop_share=0.5,
+        tiers__small__fake__output_tokens=24,
+    )
     m = run_job(config, job_id="loops").manifest
     with sqlite3.connect(tmp_path / "state.db") as c:
         c.row_factory = sqlite3.Row
@@ -287,16 +342,30 @@ def test_outputs_still_failing_a_check_after_escalation_are_quarantined_with_its
 
     from pipeline.generate.quality import failed_checks
 
-    write(tmp_path / "input" / "a.jsonl", [{**d, "text": f"{d['text']} Topic {i} of {i * 7}."} for i, d in enumerate(docs(40))])
-    config = make_config(routing=True, route__rules=[], dedup__near=False, dedup__semantic=False,
-                         route__escalation__min_mean_logprob=None, checks__quarantine=["degenerate"],
-                         tiers__small__fake__loop_share=0.5, tiers__large__fake__loop_share=0.5,
-                         tiers__small__fake__output_tokens=24, tiers__large__fake__output_tokens=24)  # loops aside, they stop
+    write(
+        tmp_path / "input" / "a.jsonl",
+        [{**d, "text": f"{d['text']} Topic {i} of {i * 7}."} for i, d in enumerate(docs(40))],
+    )
+    config = make_config(
+        routing=True,
+        route__rules=[],
+        dedup__near=False,
+        dedup__semantic=False,
+        route__escalation__min_mean_logprob=None,
+        checks__quarantine=["degenerate"],
+        tiers__small__fake__loop_share=0.5,
+        tiers__large__fake__loop_share=0.5,
+        tiers__small__fake__output_tokens=24,
+        tiers__large__fake__output_tokens=24,
+    )  # loops aside, they stop
     m = run_job(config, job_id="rejects").manifest
     with sqlite3.connect(tmp_path / "state.db") as c:
         c.row_factory = sqlite3.Row
         items = [dict(r) for r in c.execute("select * from items where job_id='rejects'")]
-    loops = {tier: {r["id"] for r in items if r["tier"] == tier and failed_checks(r, config.checks)} for tier in ("small", "large")}
+    loops = {
+        tier: {r["id"] for r in items if r["tier"] == tier and failed_checks(r, config.checks)}
+        for tier in ("small", "large")
+    }
     both = loops["small"] & loops["large"]
     assert both and loops["small"] - both, loops  # some loop on both tiers, some are saved by escalation
     output = tmp_path / "output"
@@ -306,8 +375,13 @@ def test_outputs_still_failing_a_check_after_escalation_are_quarantined_with_its
     assert rejected == both and not rejected & outputs
     assert all("after escalation to large" in quarantine[i]["detail"] for i in rejected)
     ledger = {r["id"]: r for r in read_kind(output, "ledger", "rejects").to_pylist()}
-    assert all(ledger[i]["kind"] == "invalid_output" and ledger[i]["quarantined"] and ledger[i]["attempts"] == 2
-               and ledger[i]["cost_usd"] > 0 for i in rejected)
+    assert all(
+        ledger[i]["kind"] == "invalid_output"
+        and ledger[i]["quarantined"]
+        and ledger[i]["attempts"] == 2
+        and ledger[i]["cost_usd"] > 0
+        for i in rejected
+    )
     assert not any(ledger[i]["degenerate"] or ledger[i]["acceptable"] is None for i in outputs)  # served: passes
     assert sum(m["acceptable"].values()) == sum(1 for r in ledger.values() if r["acceptable"]) > 0
     assert m["counts"]["quarantined"] == len(quarantine) and len(outputs) + len(quarantine) == m["counts"]["records"]

@@ -20,15 +20,18 @@ def upload_corpus(s3_client, tmp_path, bucket: str, prefix: str, documents: int 
     counts = write_sample_corpus(tmp_path / "corpus", documents=documents)
     for path in sorted((tmp_path / "corpus").rglob("*")):
         if path.is_file():
-            s3_client.put_object(Bucket=bucket, Key=f"{prefix}/{path.relative_to(tmp_path / 'corpus')}", Body=path.read_bytes())
+            s3_client.put_object(
+                Bucket=bucket, Key=f"{prefix}/{path.relative_to(tmp_path / 'corpus')}", Body=path.read_bytes()
+            )
     return counts
 
 
 def read_s3_kind(s3_client, bucket: str, prefix: str, kind: str, job_id: str) -> pa.Table:
     pages = s3_client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=f"{prefix}/{kind}/job={job_id}/")
     keys = sorted(o["Key"] for page in pages for o in page.get("Contents", []))
-    return pa.concat_tables([pq.read_table(io.BytesIO(s3_client.get_object(Bucket=bucket, Key=k)["Body"].read()))
-                             for k in keys])
+    return pa.concat_tables(
+        [pq.read_table(io.BytesIO(s3_client.get_object(Bucket=bucket, Key=k)["Body"].read())) for k in keys]
+    )
 
 
 @pytest.fixture
@@ -40,9 +43,13 @@ def buckets(s3_client):
 
 
 def s3_config(make_config, endpoint: str, buckets, **overrides):
-    return make_config(input_dir=f"s3://{buckets[0]}/corpus", output__uri=f"s3://{buckets[1]}/tokenmill",
-                       storage__s3_endpoint_url=endpoint, storage__s3_max_attempts=overrides.pop("attempts", 3),
-                       **overrides)
+    return make_config(
+        input_dir=f"s3://{buckets[0]}/corpus",
+        output__uri=f"s3://{buckets[1]}/tokenmill",
+        storage__s3_endpoint_url=endpoint,
+        storage__s3_max_attempts=overrides.pop("attempts", 3),
+        **overrides,
+    )
 
 
 def test_job_reads_and_writes_s3(make_config, s3_server, s3_client, buckets, tmp_path):
@@ -51,9 +58,13 @@ def test_job_reads_and_writes_s3(make_config, s3_server, s3_client, buckets, tmp
     outputs = read_s3_kind(s3_client, buckets[1], "tokenmill", "outputs", "s3-job")
     quarantine = read_s3_kind(s3_client, buckets[1], "tokenmill", "quarantine", "s3-job")
     ledger = read_s3_kind(s3_client, buckets[1], "tokenmill", "ledger", "s3-job")
-    assert outputs.num_rows + quarantine.num_rows == counts["documents"] + counts["bad_records"] == m["counts"]["records"]
+    assert (
+        outputs.num_rows + quarantine.num_rows == counts["documents"] + counts["bad_records"] == m["counts"]["records"]
+    )
     assert ledger.num_rows == outputs.num_rows
-    manifest = s3_client.get_object(Bucket=buckets[1], Key="tokenmill/jobs/s3-job/manifest.json")["Body"].read().decode()
+    manifest = (
+        s3_client.get_object(Bucket=buckets[1], Key="tokenmill/jobs/s3-job/manifest.json")["Body"].read().decode()
+    )
     assert json.loads(manifest)["status"] == "succeeded"
     assert S3_SECRET not in manifest
 
@@ -82,8 +93,9 @@ def test_throttling_is_retried_transparently(make_config, s3_proxy, s3_client, b
     assert m["counts"]["records"] == counts["documents"] + counts["bad_records"] and m["status"] == "succeeded"
 
 
-def test_store_outage_fails_only_that_partition_and_the_rerun_pays_nothing_twice(make_config, s3_proxy, s3_client,
-                                                                                    buckets, tmp_path):
+def test_store_outage_fails_only_that_partition_and_the_rerun_pays_nothing_twice(
+    make_config, s3_proxy, s3_client, buckets, tmp_path
+):
     counts = upload_corpus(s3_client, tmp_path, buckets[0], "corpus", documents=24)
     config = s3_config(make_config, s3_proxy.url, buckets, attempts=2)
     victim = partition_id("batch-a.jsonl", 0)
@@ -98,12 +110,16 @@ def test_store_outage_fails_only_that_partition_and_the_rerun_pays_nothing_twice
     assert S3_SECRET not in parts[victim].last_error
     assert all(p.status == "succeeded" for name, p in parts.items() if name != victim)
     with state.session() as s:
-        items_before = s.execute(__import__("sqlalchemy").text("select count(*), sum(gpu_seconds) from items where job_id='outage'")).one()
+        items_before = s.execute(
+            __import__("sqlalchemy").text("select count(*), sum(gpu_seconds) from items where job_id='outage'")
+        ).one()
 
     s3_proxy.fail(None)  # the store is back
     m = run_job(config, job_id="outage").manifest
     with state.session() as s:
-        items_after = s.execute(__import__("sqlalchemy").text("select count(*), sum(gpu_seconds) from items where job_id='outage'")).one()
+        items_after = s.execute(
+            __import__("sqlalchemy").text("select count(*), sum(gpu_seconds) from items where job_id='outage'")
+        ).one()
     assert items_after == items_before  # nothing generated (or paid) again
     outputs = read_s3_kind(s3_client, buckets[1], "tokenmill", "outputs", "outage")
     ledger = read_s3_kind(s3_client, buckets[1], "tokenmill", "ledger", "outage")
@@ -129,8 +145,14 @@ def test_large_objects_go_up_as_multipart(s3_server, s3_client, buckets):
 @pytest.fixture
 def aws_env(monkeypatch, tmp_path):
     """No endpoint, region or profile from the environment unless the test sets it."""
-    for var in ("AWS_ENDPOINT_URL_S3", "AWS_ENDPOINT_URL", "AWS_IGNORE_CONFIGURED_ENDPOINT_URLS", "AWS_PROFILE",
-                "AWS_DEFAULT_PROFILE", "AWS_REGION"):
+    for var in (
+        "AWS_ENDPOINT_URL_S3",
+        "AWS_ENDPOINT_URL",
+        "AWS_IGNORE_CONFIGURED_ENDPOINT_URLS",
+        "AWS_PROFILE",
+        "AWS_DEFAULT_PROFILE",
+        "AWS_REGION",
+    ):
         monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "no-aws-config"))
     monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "no-aws-credentials"))

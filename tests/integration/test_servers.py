@@ -66,16 +66,25 @@ def test_needs_chromium():
 """
 
 
-@pytest.mark.parametrize("source, line", [
-    (SKIPPING, "still skipped: 1 (chromium: not installed)"),
-    ("def test_runs():\n    pass\n", "nothing skipped"),
-])
+@pytest.mark.parametrize(
+    "source, line",
+    [
+        (SKIPPING, "still skipped: 1 (chromium: not installed)"),
+        ("def test_runs():\n    pass\n", "nothing skipped"),
+    ],
+)
 def test_the_run_ends_with_one_line_naming_what_was_skipped(tmp_path, source, line):
     (tmp_path / "conftest.py").write_text("from tests.conftest import pytest_terminal_summary  # noqa: F401\n")
     (tmp_path / "test_x.py").write_text(source)
     env = {**os.environ, "PYTHONPATH": str(REPO)}
-    run = subprocess.run([sys.executable, "-m", "pytest", "-q", "-ra", "-p", "no:cacheprovider", str(tmp_path)],
-                         cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    run = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-ra", "-p", "no:cacheprovider", str(tmp_path)],
+        cwd=tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     lines = run.stdout.strip().splitlines()
     assert run.returncode == 0, run.stdout + run.stderr
     assert lines[-2] == line, run.stdout  # just before pytest's own "1 passed in 0.01s"

@@ -104,8 +104,11 @@ def test_a_heartbeat_that_finds_its_lease_taken_sets_lost(store, job):
         # Another worker takes it over between two beats, as a claim after this worker stalled past its
         # lease would (one UPDATE: a beat landing between an expiry and a claim would extend the lease).
         with store.session() as s, s.begin():
-            s.execute(update(Partition).where(Partition.job_id == job, Partition.partition == "p1")
-                      .values(worker="other", epoch=Partition.epoch + 1))
+            s.execute(
+                update(Partition)
+                .where(Partition.job_id == job, Partition.partition == "p1")
+                .values(worker="other", epoch=Partition.epoch + 1)
+            )
         deadline = time.monotonic() + 30
         while not beat.lost and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -137,9 +140,21 @@ def test_items_keep_the_first_stored_value(store, job):
     from pipeline.stores.catalog import now
 
     def item(summary):
-        return {"id": "a", "tenant": "t", "partition": "p1", "tier": "small", "model": "m", "summary": summary, "prompt_tokens": 3,
-                "cached_prompt_tokens": 0, "output_tokens": 2, "finish_reason": "length", "gpu_seconds": 0.5,
-                "baseline_gpu_seconds": 0.5, "created_at": now()}
+        return {
+            "id": "a",
+            "tenant": "t",
+            "partition": "p1",
+            "tier": "small",
+            "model": "m",
+            "summary": summary,
+            "prompt_tokens": 3,
+            "cached_prompt_tokens": 0,
+            "output_tokens": 2,
+            "finish_reason": "length",
+            "gpu_seconds": 0.5,
+            "baseline_gpu_seconds": 0.5,
+            "created_at": now(),
+        }
 
     store.store_items(job, {"k1": item("first")})
     store.store_items(job, {"k1": item("second"), "k2": item("other")})

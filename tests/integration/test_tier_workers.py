@@ -22,8 +22,10 @@ from tests.jobs import assert_exactly_once
 
 def held_gpu_seconds(db, job_id: str) -> float:
     with sqlite3.connect(db) as c:
-        return c.execute("select sum((startup_seconds + busy_seconds + idle_seconds) * gpus) from engine_sessions "
-                         "where job_id=?", (job_id,)).fetchone()[0]
+        return c.execute(
+            "select sum((startup_seconds + busy_seconds + idle_seconds) * gpus) from engine_sessions where job_id=?",
+            (job_id,),
+        ).fetchone()[0]
 
 
 def test_one_process_runs_tier_workers_fed_from_every_partition(make_config, tmp_path):
@@ -146,8 +148,9 @@ def test_failed_attempts_are_billed_in_the_ledger_and_it_adds_up_to_held(make_co
     failed = [r for r in ledger.to_pylist() if r["kind"] == "failed_attempt"]
     assert [r["id"] for r in failed] == ["d5"] and failed[0]["busy_gpu_seconds"] > 0 and failed[0]["tenant"]
     assert m["counts"]["outputs"] == 11 and m["counts"]["by_reason"] == {"engine_error": 1}
-    assert pc.sum(ledger["gpu_seconds"]).as_py() == pytest.approx(held_gpu_seconds(tmp_path / "state.db", "fail"),
-                                                                  rel=1e-6)
+    assert pc.sum(ledger["gpu_seconds"]).as_py() == pytest.approx(
+        held_gpu_seconds(tmp_path / "state.db", "fail"), rel=1e-6
+    )
     assert m["cost"]["gpu_seconds_by_kind"]["failed_attempt"] == pytest.approx(failed[0]["gpu_seconds"])
 
 
@@ -158,8 +161,9 @@ def test_a_tier_without_max_num_seqs_fills_to_the_engines_default(make_config, t
     from pipeline.generate.worker import batch_size
 
     (tmp_path / "input").mkdir()
-    (tmp_path / "input" / "a.jsonl").write_text("".join(json.dumps({"id": f"d{i}", "text": f"note {i} on sales"}) + "\n"
-                                                        for i in range(5)))
+    (tmp_path / "input" / "a.jsonl").write_text(
+        "".join(json.dumps({"id": f"d{i}", "text": f"note {i} on sales"}) + "\n" for i in range(5))
+    )
     config = make_config(tiers__small__vllm__max_num_seqs=None)
     assert config.tiers["small"].vllm.max_num_seqs is None
     m = run_job(config, job_id="unset", pool=EnginePool(config.tiers, factory=SlowFailingEngine)).manifest
@@ -191,14 +195,20 @@ def test_work_lost_with_dead_sessions_is_charged_once_whatever_the_order_of_take
 
     def take_over(unit_id, sid):
         with state.session() as s, s.begin():  # this unit's lease has run out (the other's not yet)
-            s.execute(update(WorkUnit).where(WorkUnit.job_id == job, WorkUnit.unit_id == unit_id)
-                      .values(lease_expires_at=state.db_now() - timedelta(seconds=1)))
+            s.execute(
+                update(WorkUnit)
+                .where(WorkUnit.job_id == job, WorkUnit.unit_id == unit_id)
+                .values(lease_expires_at=state.db_now() - timedelta(seconds=1))
+            )
         q.open_session(sid, job, "small", f"w-{sid}", 1, False, 0.0, 0.0)
         assert q.claim(job, "small", f"w-{sid}", sid, 30).unit_id == unit_id
 
     with state.session() as s, s.begin():  # s1's renewal is over a lease old: it is stale, its work lost
-        s.execute(update(EngineSession).where(EngineSession.session_id == "s1")
-                  .values(heartbeat_at=state.db_now() - timedelta(seconds=60)))
+        s.execute(
+            update(EngineSession)
+            .where(EngineSession.session_id == "s1")
+            .values(heartbeat_at=state.db_now() - timedelta(seconds=60))
+        )
     take_over("p1/0/small", "s2")
     charged = {"p1": lost_rows("p1")}  # p1 commits now: p2's unit is still s1's
     take_over("p2/0/small", "s3")
@@ -251,10 +261,15 @@ def test_workers_deriving_one_wave_at_once_enqueue_only_the_wave_that_stands(mak
     m, raced = race_at_wave_one(config, second)
     assert m["status"] == "succeeded" and raced
     with sqlite3.connect(tmp_path / "state.db") as c:
-        followups = c.execute("select count(*) from work_units where job_id='race' and partition=? and wave > 0",
-                              raced).fetchone()[0]
-        origins = {o for (o,) in c.execute("select origin from items where job_id='race' and partition=? and tier='large'",
-                                           raced)}
+        followups = c.execute(
+            "select count(*) from work_units where job_id='race' and partition=? and wave > 0", raced
+        ).fetchone()[0]
+        origins = {
+            o
+            for (o,) in c.execute(
+                "select origin from items where job_id='race' and partition=? and tier='large'", raced
+            )
+        }
     assert followups == 0, "the losing derivation's escalations were enqueued"
     assert origins == {"cache"}  # the partition's escalations are the cache's, none paid again
     assert_exactly_once(tmp_path / "output", "race", sample_corpus[1], tmp_path / "state.db")
@@ -267,14 +282,19 @@ def test_a_derivation_that_lost_after_storing_cache_hits_costs_nothing_again(mak
     from pipeline.job.context import JobContext
 
     config, no_cache = make_config(**ESCALATE_ALL), make_config(**ESCALATE_ALL, cache__enabled=False)
-    m, raced = race_at_wave_one(config, lambda partition: JobContext.open(no_cache, "race").waves.advance(partition),
-                                first=lambda: run_job(config, job_id="warm"))  # every escalation cached first
+    m, raced = race_at_wave_one(
+        config,
+        lambda partition: JobContext.open(no_cache, "race").waves.advance(partition),
+        first=lambda: run_job(config, job_id="warm"),
+    )  # every escalation cached first
     assert m["status"] == "succeeded" and raced
     with sqlite3.connect(tmp_path / "state.db") as c:
-        units = c.execute("select count(*) from work_units where job_id='race' and partition=? and wave = 1",
-                          raced).fetchone()[0]
-        busy = c.execute("select coalesce(sum(busy_seconds), 0) from engine_sessions where job_id='race' "
-                         "and tier='large'").fetchone()[0]
+        units = c.execute(
+            "select count(*) from work_units where job_id='race' and partition=? and wave = 1", raced
+        ).fetchone()[0]
+        busy = c.execute(
+            "select coalesce(sum(busy_seconds), 0) from engine_sessions where job_id='race' and tier='large'"
+        ).fetchone()[0]
     assert units > 0, "the winner's escalations were enqueued"
     assert busy == 0, "and found stored: none generated again (a second generation is not stored, only paid)"
     assert_exactly_once(tmp_path / "output", "race", sample_corpus[1], tmp_path / "state.db")

@@ -20,8 +20,14 @@ DAG_ID = "nightly_summarization"
 def airflow_home(tmp_path_factory, tiny_models):
     """A migrated Airflow metadata DB and this repo's dags/ folder; env set before Airflow is imported."""
     home = tmp_path_factory.mktemp("airflow-home")
-    os.environ.update({"AIRFLOW_HOME": str(home), "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
-                       "AIRFLOW__CORE__LOAD_EXAMPLES": "False", "TOKENMILL_RUN__RETRIES": "0"})
+    os.environ.update(
+        {
+            "AIRFLOW_HOME": str(home),
+            "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "TOKENMILL_RUN__RETRIES": "0",
+        }
+    )
     subprocess.run([sys.executable, "-m", "airflow", "db", "migrate"], check=True, capture_output=True, cwd=home)
     from airflow.models.pool import Pool
 

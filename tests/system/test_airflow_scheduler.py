@@ -58,8 +58,9 @@ def airflow(tmp_path, tiny_models, static_embedder, postgres_admin_url):
         **fault_hook_env(tmp_path / "hook", tmp_path / "faults.json"),
     }
     with airflow_database(postgres_admin_url) as db:
-        af = AirflowDeployment(tmp_path / "airflow", REPO / "dags", db, env=env, drop_env=("AIRFLOW", "TOKENMILL_"),
-                               preload=PRELOAD)
+        af = AirflowDeployment(
+            tmp_path / "airflow", REPO / "dags", db, env=env, drop_env=("AIRFLOW", "TOKENMILL_"), preload=PRELOAD
+        )
         af.start()
         try:
             for tier in TIER_WORKERS:
@@ -98,8 +99,9 @@ def _paid_items(state_db: Path) -> dict[str, int]:
 
 def _drain_reports(af: AirflowDeployment, run_id: str) -> dict[str, list[dict]]:
     """tier -> what each of its drain tasks returned (units, engine_started, ...)."""
-    return {tier: [af.xcom(DAG_ID, run_id, f"drain_{tier}", i) or {} for i in range(n)]
-            for tier, n in TIER_WORKERS.items()}
+    return {
+        tier: [af.xcom(DAG_ID, run_id, f"drain_{tier}", i) or {} for i in range(n)] for tier, n in TIER_WORKERS.items()
+    }
 
 
 def _check_engine_starts(drains: dict[str, list[dict]]) -> dict[str, int]:
@@ -120,8 +122,13 @@ def test_dag_under_scheduler_fails_two_partitions_then_reruns_them_alone(airflow
     victims = {point: partition_id(file, chunk) for point, (file, chunk) in VICTIMS.items()}  # good records only
     early, late = victims["before_generate"], victims["before_commit"]
     faults = tmp_path / "faults.json"
-    write_faults(faults, [{"job": JOB_ID, "partition": p, "point": point, "error": f"injected: {point} lost"}
-                          for point, p in victims.items()])
+    write_faults(
+        faults,
+        [
+            {"job": JOB_ID, "partition": p, "point": point, "error": f"injected: {point} lost"}
+            for point, p in victims.items()
+        ],
+    )
     conf = {"config": str(TINY_CONFIG), "input_uri": str(tmp_path / "input"), "output_uri": str(output)}
 
     tasks = af.tasks(DAG_ID)
@@ -146,8 +153,10 @@ def test_dag_under_scheduler_fails_two_partitions_then_reruns_them_alone(airflow
     assert {p: partitions[p].status for p in others} == dict.fromkeys(others, "succeeded"), failed_logs
     assert states[("prepare", early)] == "failed" and states[("commit", early)] == "failed", (states, failed_logs)
     assert states[("prepare", late)] == "success" and states[("commit", late)] == "failed", (states, failed_logs)
-    assert all(states[("prepare", p)] == "success" and states[("commit", p)] == "success" for p in others), \
-        (states, failed_logs)
+    assert all(states[("prepare", p)] == "success" and states[("commit", p)] == "success" for p in others), (
+        states,
+        failed_logs,
+    )
     assert all(v == "success" for (t, _), v in states.items() if t.startswith("drain_")), (states, failed_logs)
     assert states[("summary", None)] == "success" and states[("outcome", None)] == "failed", (states, failed_logs)
     paid = _paid_items(state_db)
@@ -187,8 +196,9 @@ def test_dag_under_scheduler_fails_two_partitions_then_reruns_them_alone(airflow
     # Engines: the re-run started them again only for the early victim's work.
     second = _check_engine_starts(_drain_reports(af, run_id))
     engines = _manifest(output)["engines"]
-    assert {t: engines.get(t, {}).get("starts", 0) for t in TIER_WORKERS} == \
-        {t: first[t] + second[t] for t in TIER_WORKERS}, (first, second, engines)
+    assert {t: engines.get(t, {}).get("starts", 0) for t in TIER_WORKERS} == {
+        t: first[t] + second[t] for t in TIER_WORKERS
+    }, (first, second, engines)
     assert second["small"] + second["large"] >= 1, second
 
     # The ledger carries exactly the engines' held time × GPUs (start-up and idle included).

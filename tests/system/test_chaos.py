@@ -44,17 +44,32 @@ with faults.inject(die):
 
 
 def test_random_kills_and_reruns_keep_every_promise(tiny_models, tmp_path):
-    print(f"chaos seed {SEED}, {KILLS} random kills over {DOCUMENTS} documents (replay: TOKENMILL_CHAOS_SEED={SEED} "
-          f"TOKENMILL_CHAOS_KILLS={KILLS} TOKENMILL_CHAOS_DOCUMENTS={DOCUMENTS})")
+    print(
+        f"chaos seed {SEED}, {KILLS} random kills over {DOCUMENTS} documents (replay: TOKENMILL_CHAOS_SEED={SEED} "
+        f"TOKENMILL_CHAOS_KILLS={KILLS} TOKENMILL_CHAOS_DOCUMENTS={DOCUMENTS})"
+    )
     rng = random.Random(SEED)
     counts = write_sample_corpus(tmp_path / "input", documents=DOCUMENTS)
     # A dead planner, partition holder or tier worker on this host is taken over at once; short leases bound
     # the rest. The fake engine's step time keeps the drain long enough for random kills to land in it too.
-    env = cli_env(tiny_models, tmp_path, run__progress="off", input__records_per_partition=12,
-                  state__lease_seconds=3, state__wait_seconds=0.2, tiers__small__fake__step_seconds=0.002)
+    env = cli_env(
+        tiny_models,
+        tmp_path,
+        run__progress="off",
+        input__records_per_partition=12,
+        state__lease_seconds=3,
+        state__wait_seconds=0.2,
+        tiers__small__fake__step_seconds=0.002,
+    )
     for point in faults.POINTS:
-        killed = subprocess.run([sys.executable, "-c", KILLED_AT, point, str(TINY_CONFIG), "chaos"], env=env, cwd=REPO,
-                                capture_output=True, text=True, timeout=600)
+        killed = subprocess.run(
+            [sys.executable, "-c", KILLED_AT, point, str(TINY_CONFIG), "chaos"],
+            env=env,
+            cwd=REPO,
+            capture_output=True,
+            text=True,
+            timeout=600,
+        )
         assert killed.returncode == -signal.SIGKILL, f"{point}: {killed.stderr[-2000:]}"
     # Random moments: a job that finishes before its kill is done with; the next kills go to a new job
     # over the same input (its planning, the cache's exact hits and its commits are then what they hit).
@@ -83,5 +98,9 @@ def test_random_kills_and_reruns_keep_every_promise(tiny_models, tmp_path):
         assert globbed[0][0] == committed, f"{job}: a plain glob sees files no commit names"
     # What killed writes left of the data is swept (a temporary commit record is swept once it is 10 minutes
     # old, and never read: readers skip dot-files).
-    assert not [p for kind in ("outputs", "ledger", "quarantine") for p in (output / kind).rglob("*")
-                if storage.temporary_target(p.name)]
+    assert not [
+        p
+        for kind in ("outputs", "ledger", "quarantine")
+        for p in (output / kind).rglob("*")
+        if storage.temporary_target(p.name)
+    ]

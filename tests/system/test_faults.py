@@ -37,13 +37,20 @@ def test_tier_worker_killed_mid_drain_rerun_takes_over_without_paying_twice(make
     # That is the moment to kill it in, made to happen rather than waited for in a window.
     env = cli_env(tiny_models, tmp_path, tiers__small__fake__stall_after=4, tiers__small__fake__step_seconds=0.01)
     proc = start_cli(["run", "--config", str(TINY_CONFIG), "--job-id", "killed"], env)
-    in_flight = ("select count(*) from engine_sessions where job_id='killed' and busy_seconds - recorded_seconds > 0.01"
-                 " and (select count(*) from items where job_id='killed') >= 4"
-                 " and (select count(*) from work_units where job_id='killed' and status='leased') >= 1")
+    in_flight = (
+        "select count(*) from engine_sessions where job_id='killed' and busy_seconds - recorded_seconds > 0.01"
+        " and (select count(*) from items where job_id='killed') >= 4"
+        " and (select count(*) from work_units where job_id='killed' and status='leased') >= 1"
+    )
     try:
-        reached = wait_for(lambda: db.exists() and scalar(db, "select count(*) from sqlite_master "
-                                                             "where name='engine_sessions'") and scalar(db, in_flight),
-                           proc)
+        reached = wait_for(
+            lambda: (
+                db.exists()
+                and scalar(db, "select count(*) from sqlite_master where name='engine_sessions'")
+                and scalar(db, in_flight)
+            ),
+            proc,
+        )
     finally:
         ended = proc.poll() is not None
         if not ended:
@@ -51,8 +58,9 @@ def test_tier_worker_killed_mid_drain_rerun_takes_over_without_paying_twice(make
     assert reached and not ended, f"the worker never stalled with work in flight: {proc.communicate()[1][-2000:]}"
     proc.wait()
     paid_before = scalar(db, "select count(*) from items where job_id='killed'")
-    dead_unstored = scalar(db, "select sum((busy_seconds - recorded_seconds) * gpus) from engine_sessions "
-                               "where job_id='killed'")
+    dead_unstored = scalar(
+        db, "select sum((busy_seconds - recorded_seconds) * gpus) from engine_sessions where job_id='killed'"
+    )
     assert scalar(db, "select status from partitions where job_id='killed'") != "succeeded"  # never committed
     assert scalar(db, "select count(*) from work_units where job_id='killed' and status='leased'") >= 1
     lease_end = scalar(db, "select max(lease_expires_at) from work_units where job_id='killed'")
@@ -63,8 +71,14 @@ def test_tier_worker_killed_mid_drain_rerun_takes_over_without_paying_twice(make
         m = run_job(config, job_id="killed").manifest  # its holder is provably gone: taken over at once
     assert m["status"] == "succeeded"
     assert f"its holder {socket.gethostname()}:{proc.pid} is gone" in caplog.text
-    assert scalar(db, "select count(*) from unit_claims c join work_units u using (job_id, unit_id) "
-                      "where c.job_id='killed' and c.finished = 0 and c.epoch < u.epoch") >= 1  # taken over
+    assert (
+        scalar(
+            db,
+            "select count(*) from unit_claims c join work_units u using (job_id, unit_id) "
+            "where c.job_id='killed' and c.finished = 0 and c.epoch < u.epoch",
+        )
+        >= 1
+    )  # taken over
     # Finished long before the dead worker's leases would have ended (both on the database's clock).
     assert scalar(db, "select max(finished_at) from work_units where job_id='killed'") < lease_end
     outputs = assert_exactly_once(tmp_path / "output", "killed", {"ids": [d["id"] for d in docs], "bad_records": 0}, db)
@@ -98,30 +112,74 @@ def test_two_workers_on_one_job_process_each_partition_once(tiny_models, tmp_pat
     assert_exactly_once(tmp_path / "output", "twice", counts, db)  # and the ledger charges what the catalog paid
 
 
-def test_rerun_of_succeeded_partitions_changes_nothing_and_costs_nothing(make_config, sample_corpus, tiny_models, tmp_path):
+def test_rerun_of_succeeded_partitions_changes_nothing_and_costs_nothing(
+    make_config, sample_corpus, tiny_models, tmp_path
+):
     config = make_config()
     first = run_job(config, job_id="again").manifest
     before = {k: read_kind(tmp_path / "output", k, "again") for k in ("outputs", "ledger", "quarantine")}
     env = cli_env(tiny_models, tmp_path, run__progress="off")
     parts = [f"--partition={p}" for p in first["partitions"]]
-    r = subprocess.run([sys.executable, "-m", "pipeline.cli", "rerun", "--config", str(TINY_CONFIG), "--job-id", "again",
-                        "--json", *parts], env=env, cwd=REPO, capture_output=True, text=True, timeout=300)
+    r = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pipeline.cli",
+            "rerun",
+            "--config",
+            str(TINY_CONFIG),
+            "--job-id",
+            "again",
+            "--json",
+            *parts,
+        ],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert r.returncode == 0, r.stderr[-2000:]
     second = json.loads(r.stdout)
     # No engine started, no engine time added, same money.
-    assert {t: e["held_seconds"] for t, e in second["engines"].items()} == \
-        {t: e["held_seconds"] for t, e in first["engines"].items()}
+    assert {t: e["held_seconds"] for t, e in second["engines"].items()} == {
+        t: e["held_seconds"] for t, e in first["engines"].items()
+    }
     assert second["cost"] == first["cost"]
     for kind, table in before.items():
         after = read_kind(tmp_path / "output", kind, "again")
         assert after.drop_columns(["created_at"] if "created_at" in after.column_names else []).equals(
-            table.drop_columns(["created_at"] if "created_at" in table.column_names else []))
-    status = subprocess.run([sys.executable, "-m", "pipeline.cli", "status", "--config", str(TINY_CONFIG), "--job-id",
-                             "again", "--format", "json"], env=env, cwd=REPO, capture_output=True, text=True, check=True)
+            table.drop_columns(["created_at"] if "created_at" in table.column_names else [])
+        )
+    status = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pipeline.cli",
+            "status",
+            "--config",
+            str(TINY_CONFIG),
+            "--job-id",
+            "again",
+            "--format",
+            "json",
+        ],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     parts = json.loads(status.stdout)["partitions"]
     assert {p["status"] for p in parts} == {"succeeded"} and {p["attempts"] for p in parts} == {2}
-    listing = subprocess.run([sys.executable, "-m", "pipeline.cli", "jobs", "list", "--config", str(TINY_CONFIG),
-                              "--format", "json"], env=env, cwd=REPO, capture_output=True, text=True, check=True)
+    listing = subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", "jobs", "list", "--config", str(TINY_CONFIG), "--format", "json"],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+    )
     assert [(j["job_id"], j["status"]) for j in json.loads(listing.stdout)] == [("again", "succeeded")]
 
 
@@ -150,8 +208,14 @@ def test_failed_partition_reruns_alone(make_config, sample_corpus, tmp_path, mon
 
 def test_unreachable_state_database_is_one_clear_line(tiny_models, tmp_path, sample_corpus):
     env = cli_env(tiny_models, tmp_path, state__url="postgresql+psycopg://tm:hunter2@127.0.0.1:1/db")
-    r = subprocess.run([sys.executable, "-m", "pipeline.cli", "run", "--config", str(TINY_CONFIG)], env=env, cwd=REPO,
-                       capture_output=True, text=True, timeout=120)
+    r = subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", "run", "--config", str(TINY_CONFIG)],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode != 0 and "Traceback" not in r.stderr
     last = r.stderr.strip().splitlines()[-1]
     assert last.startswith("error: job failed: state database") and "unreachable" in last and "hunter2" not in r.stderr
@@ -169,8 +233,9 @@ def test_job_on_postgresql(make_config, sample_corpus, fresh_postgres_url, tmp_p
     assert [(j.job_id, j.status) for j in StateStore(postgres_url).jobs() if j.job_id == "pg"] == [("pg", "succeeded")]
 
 
-def test_state_database_outage_mid_job_leaves_no_partition_running_forever(make_config, tmp_path, fresh_postgres_url,
-                                                                          monkeypatch):
+def test_state_database_outage_mid_job_leaves_no_partition_running_forever(
+    make_config, tmp_path, fresh_postgres_url, monkeypatch
+):
     """A real outage: the catalog's PostgreSQL connection is cut after the first paid engine call."""
     from sqlalchemy import text
     from sqlalchemy.engine import make_url
@@ -215,8 +280,12 @@ def test_state_database_outage_mid_job_leaves_no_partition_running_forever(make_
     # billed as lost, and the ledger still adds up to every engine-second held.
     assert set(ledger["kind"].to_pylist()) <= {"output", "lost"}
     with state.session() as s:
-        held = s.execute(text("select sum((startup_seconds + busy_seconds + idle_seconds) * gpus) "
-                              "from engine_sessions where job_id='dbdown'")).scalar()
+        held = s.execute(
+            text(
+                "select sum((startup_seconds + busy_seconds + idle_seconds) * gpus) "
+                "from engine_sessions where job_id='dbdown'"
+            )
+        ).scalar()
     assert sum(ledger["gpu_seconds"].to_pylist()) == pytest.approx(held, rel=1e-6)
     proxy.close()
 
@@ -231,15 +300,22 @@ def test_a_killed_planner_is_taken_over_at_once_and_named(make_config, sample_co
     # A lease of 15 s: the gone planner is replaced after a third of it (5 s of silence), by the path that
     # says so, not when the lease ends (the default lease, 300 s, was waited out in silence).
     env = cli_env(tiny_models, tmp_path, input__uri=str(sample_corpus[0]), state__lease_seconds=15)
-    killed = subprocess.run([sys.executable, "-c", KILLED_AT, "before_register", str(TINY_CONFIG), "planner"],
-                            env=env, cwd=REPO, capture_output=True, text=True, timeout=600)
+    killed = subprocess.run(
+        [sys.executable, "-c", KILLED_AT, "before_register", str(TINY_CONFIG), "planner"],
+        env=env,
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     db = tmp_path / "state.db"
     assert scalar(db, "select status from jobs where job_id='planner'") == "staging"
     done = []
     with caplog.at_level("INFO", logger="pipeline.job.staging"):
-        rerun = threading.Thread(target=lambda: done.append(run_job(make_config(state__lease_seconds=15),
-                                                                    job_id="planner")), daemon=True)
+        rerun = threading.Thread(
+            target=lambda: done.append(run_job(make_config(state__lease_seconds=15), job_id="planner")), daemon=True
+        )
         rerun.start()
         rerun.join(timeout=120)  # a guard against the 300 s wait the bug was; nothing here is timed
     assert done and done[0].manifest["status"] == "succeeded", "the rerun waited out the dead planner's lease"

@@ -22,8 +22,16 @@ from pipeline.stores import storage
 from tests.conftest import REPO
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
 
 
 @pytest.fixture
@@ -49,16 +57,23 @@ def test_report_renders_offline_with_every_chart_drawn(make_config, sample_corpu
     base = [chromium, *FLAGS, f"--user-data-dir={tmp_path / 'chromium'}"]
     dom = subprocess.run([*base, "--dump-dom", html_file.as_uri()], capture_output=True, text=True, timeout=120).stdout
     drawn = dict(re.findall(r'<svg class="chart" id="([\w-]+)"[^>]*data-drawn="(\d+)"', dom))
-    assert set(drawn) == {"cost-by-tenant", "cost-by-tier", "savings", "tokens-per-second", "reuse",
-                          "slowest-partitions"}
+    assert set(drawn) == {
+        "cost-by-tenant",
+        "cost-by-tier",
+        "savings",
+        "tokens-per-second",
+        "reuse",
+        "slowest-partitions",
+    }
     assert int(drawn["cost-by-tenant"]) == 4  # acme, globex, initech and the default tenant of .txt/.md
     assert int(drawn["savings"]) >= 3 and all(int(n) > 0 for n in drawn.values())
 
     artifacts = REPO / "build" / "test-artifacts"
     artifacts.mkdir(parents=True, exist_ok=True)
     shot = artifacts / "report.png"
-    subprocess.run([*base, "--window-size=900,1400", f"--screenshot={shot}", html_file.as_uri()],
-                   capture_output=True, timeout=120)
+    subprocess.run(
+        [*base, "--window-size=900,1400", f"--screenshot={shot}", html_file.as_uri()], capture_output=True, timeout=120
+    )
     assert shot.exists() and shot.stat().st_size > 10_000
 
 
@@ -73,15 +88,37 @@ def test_report_for_unknown_job_is_a_clear_error(tmp_path):
 
 EVAL = {
     "holdout": {"path": "data/holdout.jsonl", "documents": 300, "variants": 250},
-    "baseline_tier": "large", "models": {"small": "m-w4a16", "large": "m-f32"},
-    "tiers": {"small": {"rouge_l_vs_baseline": 0.4123, "unfaithful_rate": 0.12, "unfaithful_ci95": [0.09, 0.16],
-                        "cost_per_1k_usd": 0.01234},
-              "large": {"rouge_l_vs_baseline": 1.0, "unfaithful_rate": 0.05, "unfaithful_ci95": [0.03, 0.08],
-                        "cost_per_1k_usd": 0.05678}},
-    "routing": {"target_quality": 0.95, "test_documents": 150, "all_large": {"cost_per_1k_usd": 0.05678},
-                "chosen": {"router_threshold": 0.35, "min_mean_logprob": -1.25, "on_truncation": True,
-                           "on_unfaithful": True, "quality_kept": 0.9512, "small_share": 0.42,
-                           "escalated_share": 0.18, "cost_per_1k_usd": 0.04321}},
+    "baseline_tier": "large",
+    "models": {"small": "m-w4a16", "large": "m-f32"},
+    "tiers": {
+        "small": {
+            "rouge_l_vs_baseline": 0.4123,
+            "unfaithful_rate": 0.12,
+            "unfaithful_ci95": [0.09, 0.16],
+            "cost_per_1k_usd": 0.01234,
+        },
+        "large": {
+            "rouge_l_vs_baseline": 1.0,
+            "unfaithful_rate": 0.05,
+            "unfaithful_ci95": [0.03, 0.08],
+            "cost_per_1k_usd": 0.05678,
+        },
+    },
+    "routing": {
+        "target_quality": 0.95,
+        "test_documents": 150,
+        "all_large": {"cost_per_1k_usd": 0.05678},
+        "chosen": {
+            "router_threshold": 0.35,
+            "min_mean_logprob": -1.25,
+            "on_truncation": True,
+            "on_unfaithful": True,
+            "quality_kept": 0.9512,
+            "small_share": 0.42,
+            "escalated_share": 0.18,
+            "cost_per_1k_usd": 0.04321,
+        },
+    },
     "reuse": {"total": {"reused": 40, "false_hits": 1, "false_hit_rate": 0.025, "ci95": [0.0044, 0.1288]}},
 }
 
@@ -90,27 +127,69 @@ def ledger_rows(job_id: str) -> list[dict]:
     """Six served outputs: on small, two unfaithful (one a loop too); on large, two escalated (unfaithful,
     truncated), one flagged; and a charge row (lost work), which is no document."""
     rows = []
-    for i, (tier, unfaithful, reason) in enumerate([("small", True, None), ("small", True, None), ("small", False, None),
-                                                    ("large", False, "unfaithful"), ("large", True, "truncated"),
-                                                    ("large", False, None)]):
+    for i, (tier, unfaithful, reason) in enumerate(
+        [
+            ("small", True, None),
+            ("small", True, None),
+            ("small", False, None),
+            ("large", False, "unfaithful"),
+            ("large", True, "truncated"),
+            ("large", False, None),
+        ]
+    ):
         checks = {"degenerate": i == 0, "copied": False, "off_topic": False}
-        rows.append({"job_id": job_id, "partition": "p0", "id": f"d{i}", "tenant": "acme", "tier": tier, "model": f"m-{tier}",
-                     "source": "generated", "escalated": reason is not None, "escalation_reason": reason, "kind": "output",
-                     **checks, "acceptable": not (unfaithful or any(checks.values())),
-                     "unfaithful": unfaithful, "prompt_tokens": 100, "cached_prompt_tokens": 0, "output_tokens": 20,
-                     "gpu_seconds": 1.0, "price_per_gpu_hour": 3.6, "cost_usd": 0.001, "baseline_cost_usd": 0.002,
-                     "created_at": datetime(2026, 11, 30, tzinfo=timezone.utc)})
-    rows.append({**rows[0], "id": None, "kind": "lost", "escalated": False, "unfaithful": None, "degenerate": None,
-                 "copied": None, "off_topic": None, "acceptable": None, "gpu_seconds": 0.5, "cost_usd": 0.0005})
+        rows.append(
+            {
+                "job_id": job_id,
+                "partition": "p0",
+                "id": f"d{i}",
+                "tenant": "acme",
+                "tier": tier,
+                "model": f"m-{tier}",
+                "source": "generated",
+                "escalated": reason is not None,
+                "escalation_reason": reason,
+                "kind": "output",
+                **checks,
+                "acceptable": not (unfaithful or any(checks.values())),
+                "unfaithful": unfaithful,
+                "prompt_tokens": 100,
+                "cached_prompt_tokens": 0,
+                "output_tokens": 20,
+                "gpu_seconds": 1.0,
+                "price_per_gpu_hour": 3.6,
+                "cost_usd": 0.001,
+                "baseline_cost_usd": 0.002,
+                "created_at": datetime(2026, 11, 30, tzinfo=timezone.utc),
+            }
+        )
+    rows.append(
+        {
+            **rows[0],
+            "id": None,
+            "kind": "lost",
+            "escalated": False,
+            "unfaithful": None,
+            "degenerate": None,
+            "copied": None,
+            "off_topic": None,
+            "acceptable": None,
+            "gpu_seconds": 0.5,
+            "cost_usd": 0.0005,
+        }
+    )
     return rows
 
 
 def write_manifest(root: storage.Location, job_id: str, models: dict[str, str]) -> None:
-    manifest = {"largest_tier": "large", "cost": {"cost_usd": 0.006, "baseline_cost_usd": 0.012},
-                "engines": {t: {"model": m, "output_tokens_per_second": 10.0} for t, m in models.items()},
-                "counts": {"records": 6, "outputs": 6, "quarantined": 0, "by_source": {"generated": 6}, "by_reason": {}},
-                "partitions": {"p0": {"file": "a.jsonl", "seconds": 1.0}},
-                "reuse": {"verification": {"checked": 0}}}
+    manifest = {
+        "largest_tier": "large",
+        "cost": {"cost_usd": 0.006, "baseline_cost_usd": 0.012},
+        "engines": {t: {"model": m, "output_tokens_per_second": 10.0} for t, m in models.items()},
+        "counts": {"records": 6, "outputs": 6, "quarantined": 0, "by_source": {"generated": 6}, "by_reason": {}},
+        "partitions": {"p0": {"file": "a.jsonl", "seconds": 1.0}},
+        "reuse": {"verification": {"checked": 0}},
+    }
     storage.write_bytes_atomic(root, root.join("jobs", job_id, "manifest.json"), json.dumps(manifest).encode())
 
 
@@ -123,12 +202,20 @@ def write_job(out, job_id: str, old_ledger: bool = False) -> str:
     root = storage.resolve(str(out))
     commit = new_commit_id(1)
     ledger = pa.Table.from_pylist(ledger_rows(job_id), schema=LEDGER)
-    files = write_files(root, job_id, "p0", {"ledger": ledger, "outputs": empty(OUTPUTS), "quarantine": empty(QUARANTINE)},
-                        "zstd", commit)
+    files = write_files(
+        root,
+        job_id,
+        "p0",
+        {"ledger": ledger, "outputs": empty(OUTPUTS), "quarantine": empty(QUARANTINE)},
+        "zstd",
+        commit,
+    )
     if old_ledger:
         path = part_path(root, "ledger", job_id, "p0", commit)
-        pq.write_table(ledger.drop_columns(["escalation_reason", "unfaithful", "degenerate", "copied", "off_topic",
-                                            "acceptable"]), path)
+        pq.write_table(
+            ledger.drop_columns(["escalation_reason", "unfaithful", "degenerate", "copied", "off_topic", "acceptable"]),
+            path,
+        )
         files["ledger"] = relative(root, path)
     publish(root, job_id, "p0", commit, files)
     write_manifest(root, job_id, {"small": "m-w4a16", "large": "m-f32"})
@@ -147,14 +234,19 @@ def test_quality_section_counts_unfaithful_and_escalations_and_shows_the_eval(tm
     page = build_report(write_job(tmp_path / "out", "q"), "q", eval_result=load_eval(eval_file))
     assert cells(page, "checks-by-tier") == [
         ["large", "3", "0 (0.0%)", "0 (0.0%)", "0 (0.0%)", "1 (33.3%)", "2 (66.7%)", "$0.001000", "$0.001500", "2"],
-        ["small", "3", "1 (33.3%)", "0 (0.0%)", "0 (0.0%)", "2 (66.7%)", "1 (33.3%)", "$0.001167", "$0.003500", "0"]]
+        ["small", "3", "1 (33.3%)", "0 (0.0%)", "0 (0.0%)", "2 (66.7%)", "1 (33.3%)", "$0.001167", "$0.003500", "0"],
+    ]
     # (the small tier's lost work, $0.0005, is in its cost per document as `ledger summary` counts it)
     assert cells(page, "escalations") == [["truncated", "1"], ["unfaithful", "1"]]
-    assert cells(page, "eval-tiers") == [["small", "m-w4a16", "0.412", "12.0% (9.0% - 16.0%)", "$0.01234"],
-                                         ["large", "m-f32", "1.000", "5.0% (3.0% - 8.0%)", "$0.05678"]]
-    assert ("quality kept 95.1%, 42.0% kept on the small tier, 18.0% escalated, $0.04321 per 1k documents "
-            "(all-large $0.05678); router below 0.35 to the large tier, escalate below mean log-probability -1.250, "
-            "truncation on, unfaithful on.") in page
+    assert cells(page, "eval-tiers") == [
+        ["small", "m-w4a16", "0.412", "12.0% (9.0% - 16.0%)", "$0.01234"],
+        ["large", "m-f32", "1.000", "5.0% (3.0% - 8.0%)", "$0.05678"],
+    ]
+    assert (
+        "quality kept 95.1%, 42.0% kept on the small tier, 18.0% escalated, $0.04321 per 1k documents "
+        "(all-large $0.05678); router below 0.35 to the large tier, escalate below mean log-probability -1.250, "
+        "truncation on, unfaithful on."
+    ) in page
     assert "1 false hits in 40 reuses (2.5%, 95% CI 0.4%-12.9%)" in page
     assert "no near or semantic reuse was shadow-verified" in page
     assert "other models than the eval measured" not in page
@@ -162,20 +254,23 @@ def test_quality_section_counts_unfaithful_and_escalations_and_shows_the_eval(tm
 
 def test_quality_section_renders_an_old_ledger_and_a_stale_or_failed_eval(tmp_path):
     out = write_job(tmp_path / "out", "old", old_ledger=True)
-    stale = {**EVAL, "models": {"small": "m-w8a8", "large": "m-f32"},
-             "routing": {**EVAL["routing"], "chosen": None}}
+    stale = {**EVAL, "models": {"small": "m-w8a8", "large": "m-f32"}, "routing": {**EVAL["routing"], "chosen": None}}
     eval_file = tmp_path / "eval.json"
     eval_file.write_text(json.dumps(stale))
     page = build_report(out, "old", eval_result=load_eval(eval_file))
     old = ["not recorded"] * 5
-    assert cells(page, "checks-by-tier") == [["large", "3", *old, "$0.001000", "-", "2"],
-                                             ["small", "3", *old, "$0.001167", "-", "0"]]
+    assert cells(page, "checks-by-tier") == [
+        ["large", "3", *old, "$0.001000", "-", "2"],
+        ["small", "3", *old, "$0.001167", "-", "0"],
+    ]
     assert cells(page, "escalations") == [["not recorded", "2"]]
     assert "none keeps 95.0% of all-large quality" in page
 
     all_large = {**EVAL, "routing": {**EVAL["routing"], "chosen": {**EVAL["routing"]["all_large"], "all_large": True}}}
     eval_file.write_text(json.dumps(all_large))
-    assert "everything on large, $0.05678 per 1k documents" in build_report(out, "old", eval_result=load_eval(eval_file))
+    assert "everything on large, $0.05678 per 1k documents" in build_report(
+        out, "old", eval_result=load_eval(eval_file)
+    )
     assert "other models than the eval measured on small" in page
 
 
@@ -213,10 +308,17 @@ def test_a_crafted_eval_json_cannot_run_script_or_crash_the_report(tmp_path):
     eval.json ran script when the report was opened; values formatted with `:.2f` crashed on a string."""
     out = write_job(tmp_path / "out", "x")
     payload = "<script>alert(1)</script><img src=x onerror=alert(2)>"
-    crafted = {**EVAL, "holdout": {"documents": payload}, "models": {"small": payload, "large": payload},
-               "baseline_tier": payload}
-    for result in (crafted, {**_strings_everywhere(EVAL, payload), "tiers": _strings_everywhere(EVAL["tiers"], payload)},
-                   {**EVAL, "tiers": {payload: {"rouge_l_vs_baseline": "0.4", "cost_per_1k_usd": [1]}}}):
+    crafted = {
+        **EVAL,
+        "holdout": {"documents": payload},
+        "models": {"small": payload, "large": payload},
+        "baseline_tier": payload,
+    }
+    for result in (
+        crafted,
+        {**_strings_everywhere(EVAL, payload), "tiers": _strings_everywhere(EVAL["tiers"], payload)},
+        {**EVAL, "tiers": {payload: {"rouge_l_vs_baseline": "0.4", "cost_per_1k_usd": [1]}}},
+    ):
         eval_file = tmp_path / "eval.json"
         eval_file.write_text(json.dumps(result))
         page = build_report(out, "x", eval_result=load_eval(eval_file))

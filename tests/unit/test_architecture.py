@@ -5,7 +5,8 @@
    and `importlib.import_module("pipeline....")` with a literal name.
        pipeline.cli > pipeline.evals > pipeline.dev > pipeline.job > pipeline.plan > pipeline.output > pipeline.generate
        > pipeline.route > pipeline.dedup > pipeline.ingest > pipeline.stores
-       > base: pipeline.config, pipeline.schema, pipeline.keys, pipeline.errors (schema and errors import nothing of ours)
+       > base: pipeline.config, pipeline.schema, pipeline.keys, pipeline.errors (schema and errors import nothing of
+         ours)
    The facade pipeline/__init__.py imports pipeline.config, pipeline.job and pipeline.plan only; pipeline.cli may
    use it (as the DAG does); every other module inside pipeline/ imports submodules by their full
    path, never through the facade.
@@ -13,7 +14,7 @@
    another module of ours, reads `module._private` off one of our modules, or patches one by name
    (`monkeypatch.setattr(module, "_x", ...)`, `mock.patch("pipeline.x._y")`).
 3. dags/ and benchmarks/ are held to rule 2 only (they may use any public module).
-4. Size: no function in pipeline/ over MAX_FUNCTION_LINES lines (a module is as big as its concept).
+4. Size: no function in pipeline/ over MAX_FUNCTION_LINES lines of code (a module is as big as its concept).
 5. No import circles in pipeline/ (every import counts, as in rule 1).
 
 Each failure names the file, the line and the rule it breaks.
@@ -32,14 +33,28 @@ REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "pipeline"
 CHECKED_TREES = ("pipeline", "benchmarks", "tests", "dags")  # for rule 2
 
-LAYERS = ("pipeline.cli", "pipeline.evals", "pipeline.dev", "pipeline.job", "pipeline.plan", "pipeline.output",
-          "pipeline.generate", "pipeline.route", "pipeline.dedup", "pipeline.ingest", "pipeline.stores", "base")
-BASE = {"pipeline.config": {"pipeline.schema", "pipeline.keys", "pipeline.config_env", "pipeline.config_tiers"},
-        "pipeline.config_env": set(),   # base module -> base modules it may import
-        "pipeline.config_tiers": set(),
-        "pipeline.errors": set(),
-        "pipeline.keys": {"pipeline.config", "pipeline.schema"},
-        "pipeline.schema": set()}
+LAYERS = (
+    "pipeline.cli",
+    "pipeline.evals",
+    "pipeline.dev",
+    "pipeline.job",
+    "pipeline.plan",
+    "pipeline.output",
+    "pipeline.generate",
+    "pipeline.route",
+    "pipeline.dedup",
+    "pipeline.ingest",
+    "pipeline.stores",
+    "base",
+)
+BASE = {
+    "pipeline.config": {"pipeline.schema", "pipeline.keys", "pipeline.config_env", "pipeline.config_tiers"},
+    "pipeline.config_env": set(),  # base module -> base modules it may import
+    "pipeline.config_tiers": set(),
+    "pipeline.errors": set(),
+    "pipeline.keys": {"pipeline.config", "pipeline.schema"},
+    "pipeline.schema": set(),
+}
 FACADE = "pipeline"
 FACADE_MAY_IMPORT = ("pipeline.config", "pipeline.job", "pipeline.plan")
 FACADE_USER_INSIDE = "pipeline.cli"  # the one folder of pipeline/ that may use the facade (like the DAG)
@@ -47,6 +62,7 @@ MAX_FUNCTION_LINES = 80
 
 
 # -- reading the source ---------------------------------------------------------------------------
+
 
 def module_name(path: Path) -> str:
     parts = list(path.relative_to(REPO).with_suffix("").parts)
@@ -69,7 +85,7 @@ def ours(name: str) -> bool:
 @dataclass(frozen=True)
 class Import:
     line: int
-    target: str          # the module imported (a submodule when `from pkg import submodule`)
+    target: str  # the module imported (a submodule when `from pkg import submodule`)
     names: tuple[str, ...] = ()  # names imported from it (`from target import a, b`)
 
 
@@ -78,7 +94,7 @@ def _absolute(module: str, is_package: bool, node: ast.ImportFrom) -> str:
         return node.module or ""
     base = module.split(".")
     base = base if is_package else base[:-1]
-    base = base[:len(base) - (node.level - 1)]
+    base = base[: len(base) - (node.level - 1)]
     return ".".join(base + ([node.module] if node.module else []))
 
 
@@ -92,16 +108,21 @@ def imports(tree: ast.AST, module: str, is_package: bool, modules: set[str] = OU
             source = _absolute(module, is_package, node)
             plain = []
             for a in node.names:
-                if f"{source}.{a.name}" in modules:          # `from pipeline.dedup import guards`: a module
+                if f"{source}.{a.name}" in modules:  # `from pipeline.dedup import guards`: a module
                     out.append(Import(node.lineno, f"{source}.{a.name}"))
                 else:
                     plain.append(a.name)
             if plain:
                 out.append(Import(node.lineno, source, tuple(plain)))
-        elif (isinstance(node, ast.Call) and isinstance(node.func, (ast.Attribute, ast.Name))
-              and (node.func.attr if isinstance(node.func, ast.Attribute) else node.func.id) in
-              ("import_module", "__import__")
-              and node.args and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str)):
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, (ast.Attribute, ast.Name))
+            and (node.func.attr if isinstance(node.func, ast.Attribute) else node.func.id)
+            in ("import_module", "__import__")
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+        ):
             out.append(Import(node.lineno, node.args[0].value))
     return out
 
@@ -115,6 +136,7 @@ def rel(path: Path) -> str:
 
 
 # -- rule 1: layers -------------------------------------------------------------------------------
+
 
 def layer_of(module: str) -> str | None:
     if module in BASE:
@@ -136,8 +158,10 @@ def layer_problems(module: str, is_package: bool, tree: ast.AST, where: str) -> 
                 problems.append(f"{at}: the facade may import {' and '.join(FACADE_MAY_IMPORT)} only")
             continue
         if target == FACADE and own != FACADE_USER_INSIDE:
-            problems.append(f"{at} (the facade{': ' + ', '.join(imp.names) if imp.names else ''}): "
-                            f"inside pipeline/ import the submodule by its full path")
+            problems.append(
+                f"{at} (the facade{': ' + ', '.join(imp.names) if imp.names else ''}): "
+                f"inside pipeline/ import the submodule by its full path"
+            )
             continue
         if target == FACADE:
             continue  # the CLI: the facade re-exports pipeline.job and pipeline.config, both below it
@@ -149,8 +173,9 @@ def layer_problems(module: str, is_package: bool, tree: ast.AST, where: str) -> 
                 allowed = ", ".join(sorted(BASE[module])) or "nothing of ours"
                 problems.append(f"{at}: base module {module} may import {allowed}")
         elif LAYERS.index(theirs) < LAYERS.index(own):
-            problems.append(f"{at}: layer {theirs} is above {own}; a module may import its own folder "
-                            f"and the layers below it only")
+            problems.append(
+                f"{at}: layer {theirs} is above {own}; a module may import its own folder and the layers below it only"
+            )
     return problems
 
 
@@ -159,14 +184,18 @@ def pipeline_modules() -> list[tuple[Path, str]]:
 
 
 def test_every_module_has_a_layer():
-    lost = [f"{rel(p)}: {m} is in no layer; put it in a folder of pipeline/ or add it to BASE"
-            for p, m in pipeline_modules() if m != FACADE and layer_of(m) is None]
+    lost = [
+        f"{rel(p)}: {m} is in no layer; put it in a folder of pipeline/ or add it to BASE"
+        for p, m in pipeline_modules()
+        if m != FACADE and layer_of(m) is None
+    ]
     assert not lost, "\n".join(lost)
 
 
 def test_imports_follow_the_layers():
-    problems = [line for p, m in pipeline_modules()
-                for line in layer_problems(m, p.name == "__init__.py", parse(p), rel(p))]
+    problems = [
+        line for p, m in pipeline_modules() for line in layer_problems(m, p.name == "__init__.py", parse(p), rel(p))
+    ]
     assert not problems, "layer rule broken (docs/architecture.md):\n" + "\n".join(problems)
 
 
@@ -174,8 +203,10 @@ def import_graph() -> dict[str, set[str]]:
     """pipeline/'s modules -> the modules of pipeline/ each imports (anywhere in it, TYPE_CHECKING too)."""
     modules = dict(pipeline_modules())
     known = set(modules.values())
-    return {m: {i.target for i in imports(parse(p), m, p.name == "__init__.py") if i.target in known and i.target != m}
-            for p, m in modules.items()}
+    return {
+        m: {i.target for i in imports(parse(p), m, p.name == "__init__.py") if i.target in known and i.target != m}
+        for p, m in modules.items()
+    }
 
 
 def circles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -221,12 +252,16 @@ def test_architecture_doc_names_only_modules_that_exist():
     doc = (REPO / "docs" / "architecture.md").read_text(encoding="utf-8")
     names = set(re.findall(r"`([\w/]+\.py)`", doc))
     ours = {rel(p) for p in python_files("pipeline", "tests")}
-    missing = sorted(n for n in names if not (n in ours or f"pipeline/{n}" in ours
-                                               or ("/" not in n and any(o.endswith("/" + n) for o in ours))))
+    missing = sorted(
+        n
+        for n in names
+        if not (n in ours or f"pipeline/{n}" in ours or ("/" not in n and any(o.endswith("/" + n) for o in ours)))
+    )
     assert not missing, "docs/architecture.md names modules that do not exist: " + ", ".join(missing)
 
 
 # -- rule 2: no reach-ins -------------------------------------------------------------------------
+
 
 def private(name: str) -> bool:
     return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
@@ -280,8 +315,9 @@ def reach_in_problems(module: str, is_package: bool, tree: ast.AST, where: str) 
         if ours(imp.target) and imp.target != module:
             for name in imp.names:
                 if private(name):
-                    problems.append(f"{where}:{imp.line}: imports private {name} from {imp.target}; "
-                                    f"use (or add) a public name")
+                    problems.append(
+                        f"{where}:{imp.line}: imports private {name} from {imp.target}; use (or add) a public name"
+                    )
             if private(imp.target.rsplit(".", 1)[-1]) and not imp.names:
                 problems.append(f"{where}:{imp.line}: imports private module {imp.target}")
     bound = _module_bindings(tree, module, is_package)
@@ -290,51 +326,80 @@ def reach_in_problems(module: str, is_package: bool, tree: ast.AST, where: str) 
             chain = _dotted(node)
             found = chain and _resolve(chain[:-1], bound)
             if found and not found[1] and found[0] != module:
-                problems.append(f"{where}:{node.lineno}: reads {'.'.join(chain)}, private to {found[0]}; "
-                                f"use (or add) a public name")
+                problems.append(
+                    f"{where}:{node.lineno}: reads {'.'.join(chain)}, private to {found[0]}; use (or add) a public name"
+                )
         elif isinstance(node, ast.Call):
             name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
             args = node.args
-            if (name in _PATCHERS and len(args) >= 2 and isinstance(args[1], ast.Constant)
-                    and isinstance(args[1].value, str) and private(args[1].value)):
+            if (
+                name in _PATCHERS
+                and len(args) >= 2
+                and isinstance(args[1], ast.Constant)
+                and isinstance(args[1].value, str)
+                and private(args[1].value)
+            ):
                 chain = _dotted(args[0])
                 found = chain and _resolve(chain, bound)
                 if found and not found[1] and found[0] != module:
-                    problems.append(f"{where}:{node.lineno}: {name}() on {found[0]}.{args[1].value}, a private "
-                                    f"name; tests inject faults through documented seams")
+                    problems.append(
+                        f"{where}:{node.lineno}: {name}() on {found[0]}.{args[1].value}, a private "
+                        f"name; tests inject faults through documented seams"
+                    )
             for arg in args[:1]:
-                if (isinstance(arg, ast.Constant) and isinstance(arg.value, str) and _DOTTED_PRIVATE.match(arg.value)
-                        and name in ("setattr", "patch", "delattr")):
+                if (
+                    isinstance(arg, ast.Constant)
+                    and isinstance(arg.value, str)
+                    and _DOTTED_PRIVATE.match(arg.value)
+                    and name in ("setattr", "patch", "delattr")
+                ):
                     problems.append(f"{where}:{node.lineno}: {name}({arg.value!r}) patches a private name")
     return problems
 
 
 def test_no_reach_ins():
-    problems = [line for p in python_files(*CHECKED_TREES)
-                for line in reach_in_problems(module_name(p), p.name == "__init__.py", parse(p), rel(p))]
+    problems = [
+        line
+        for p in python_files(*CHECKED_TREES)
+        for line in reach_in_problems(module_name(p), p.name == "__init__.py", parse(p), rel(p))
+    ]
     assert not problems, "private name used from another module:\n" + "\n".join(problems)
 
 
 # -- rule 4: size ---------------------------------------------------------------------------------
 
-def size_problems(tree: ast.AST, where: str) -> list[str]:
-    """Functions over MAX_FUNCTION_LINES. A module has no cap: it is as big as its concept."""
+
+def code_lines(node: ast.FunctionDef | ast.AsyncFunctionDef, source: list[str]) -> int:
+    """The function's lines that hold code: not blank, not a comment alone, not its docstring (`ruff format`
+    lays a long call out one argument per line; those lines count, as they are read)."""
+    lines = set(range(node.lineno, node.end_lineno + 1))
+    first = node.body[0]
+    if isinstance(first, ast.Expr) and isinstance(first.value, ast.Constant) and isinstance(first.value.value, str):
+        lines -= set(range(first.lineno, first.end_lineno + 1))
+    return sum(1 for i in lines if source[i - 1].strip() and not source[i - 1].lstrip().startswith("#"))
+
+
+def size_problems(tree: ast.AST, where: str, source: list[str]) -> list[str]:
+    """Functions over MAX_FUNCTION_LINES lines of code. A module has no cap: it is as big as its concept."""
     problems = []
     for node in ast.walk(tree):
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
-            n = node.end_lineno - node.lineno + 1
+            n = code_lines(node, source)
             if n > MAX_FUNCTION_LINES:
-                problems.append(f"{where}:{node.lineno}: function {node.name} is {n} lines, "
-                                f"over {MAX_FUNCTION_LINES}: split it")
+                over = f"is {n} lines of code, over {MAX_FUNCTION_LINES}"
+                problems.append(f"{where}:{node.lineno}: function {node.name} {over}: split it")
     return problems
 
 
 def test_functions_are_small():
-    problems = [line for p in python_files("pipeline") for line in size_problems(parse(p), rel(p))]
+    problems = [
+        line for p in python_files("pipeline") for line in size_problems(parse(p), rel(p), p.read_text().splitlines())
+    ]
     assert not problems, "too big to read in one sitting:\n" + "\n".join(problems)
 
 
 # -- the checks themselves catch what they should -------------------------------------------------
+
 
 def _layer(source: str, module: str, is_package: bool = False) -> list[str]:
     return layer_problems(module, is_package, ast.parse(source), "x.py")
@@ -344,37 +409,47 @@ def _reach(source: str, module: str = "tests.test_x") -> list[str]:
     return reach_in_problems(module, False, ast.parse(source), "x.py")
 
 
-@pytest.mark.parametrize("source, module, broken", [
-    ("from pipeline.generate.requests import build_requests", "pipeline.dedup.cluster", True),
-    ("def f():\n    from pipeline.job import estimate", "pipeline.output.report", True),
-    ("import pipeline.cli", "pipeline.dev.samples", True),
-    ("from ..generate import engine", "pipeline.dedup.cluster", True),
-    ("from pipeline import load_config", "pipeline.job.orchestrate", True),
-    ("from pipeline import load_config", "pipeline.cli.common", False),
-    ("from pipeline.stores import storage", "pipeline", True),
-    ("from pipeline.config import TokenmillConfig", "pipeline.schema", True),
-    ("import importlib\nimportlib.import_module('pipeline.job.lifecycle')", "pipeline.stores.cache", True),
-    ("from pipeline.keys import add_item_keys\nfrom pipeline.stores import storage", "pipeline.dedup.cluster", False),
-    ("from pipeline.dedup import guards", "pipeline.dedup.cluster", False),
-    ("from . import minhash", "pipeline.dedup.cluster", False),
-    ("from pipeline.config import TokenmillConfig", "pipeline.keys", False),
-    ("from pipeline.job.lifecycle import Job", "pipeline", False),
-])
+@pytest.mark.parametrize(
+    "source, module, broken",
+    [
+        ("from pipeline.generate.requests import build_requests", "pipeline.dedup.cluster", True),
+        ("def f():\n    from pipeline.job import estimate", "pipeline.output.report", True),
+        ("import pipeline.cli", "pipeline.dev.samples", True),
+        ("from ..generate import engine", "pipeline.dedup.cluster", True),
+        ("from pipeline import load_config", "pipeline.job.orchestrate", True),
+        ("from pipeline import load_config", "pipeline.cli.common", False),
+        ("from pipeline.stores import storage", "pipeline", True),
+        ("from pipeline.config import TokenmillConfig", "pipeline.schema", True),
+        ("import importlib\nimportlib.import_module('pipeline.job.lifecycle')", "pipeline.stores.cache", True),
+        (
+            "from pipeline.keys import add_item_keys\nfrom pipeline.stores import storage",
+            "pipeline.dedup.cluster",
+            False,
+        ),
+        ("from pipeline.dedup import guards", "pipeline.dedup.cluster", False),
+        ("from . import minhash", "pipeline.dedup.cluster", False),
+        ("from pipeline.config import TokenmillConfig", "pipeline.keys", False),
+        ("from pipeline.job.lifecycle import Job", "pipeline", False),
+    ],
+)
 def test_layer_check_catches(source, module, broken):
     assert bool(_layer(source, module, is_package=module == "pipeline")) == broken
 
 
-@pytest.mark.parametrize("source, broken", [
-    ("from pipeline.job.lifecycle import _Job", True),
-    ("import pipeline.generate.engine as infer\ninfer._ENGINES.clear()", True),
-    ("from pipeline.generate import engine\nfor e in engine._ENGINES.values(): pass", True),
-    ("import pipeline.generate.engine\npipeline.generate.engine._ENGINES", True),
-    ("from pipeline.job import lifecycle\ndef t(monkeypatch):\n    monkeypatch.setattr(lifecycle, '_x', 1)", True),
-    ("def t(monkeypatch):\n    monkeypatch.setattr('pipeline.job.lifecycle._x', 1)", True),
-    ("from pipeline.generate import engine\nengine.EnginePool.__name__\nengine.__file__", False),
-    ("from pipeline.generate.engine import EnginePool\nEnginePool._private_to_class", False),
-    ("import os\nos._exit", False),
-])
+@pytest.mark.parametrize(
+    "source, broken",
+    [
+        ("from pipeline.job.lifecycle import _Job", True),
+        ("import pipeline.generate.engine as infer\ninfer._ENGINES.clear()", True),
+        ("from pipeline.generate import engine\nfor e in engine._ENGINES.values(): pass", True),
+        ("import pipeline.generate.engine\npipeline.generate.engine._ENGINES", True),
+        ("from pipeline.job import lifecycle\ndef t(monkeypatch):\n    monkeypatch.setattr(lifecycle, '_x', 1)", True),
+        ("def t(monkeypatch):\n    monkeypatch.setattr('pipeline.job.lifecycle._x', 1)", True),
+        ("from pipeline.generate import engine\nengine.EnginePool.__name__\nengine.__file__", False),
+        ("from pipeline.generate.engine import EnginePool\nEnginePool._private_to_class", False),
+        ("import os\nos._exit", False),
+    ],
+)
 def test_reach_in_check_catches(source, broken):
     assert bool(_reach(source)) == broken
 
@@ -386,5 +461,9 @@ def test_circle_check_catches():
 
 def test_size_check_catches():
     body = "def f():\n" + "    x = 1\n" * MAX_FUNCTION_LINES
-    assert size_problems(ast.parse(body), "x.py") == [
-        f"x.py:1: function f is {MAX_FUNCTION_LINES + 1} lines, over {MAX_FUNCTION_LINES}: split it"]
+    assert size_problems(ast.parse(body), "x.py", body.splitlines()) == [
+        f"x.py:1: function f is {MAX_FUNCTION_LINES + 1} lines of code, over {MAX_FUNCTION_LINES}: split it"
+    ]
+    # Its docstring, comments and blank lines are not code: the same function with them fits.
+    fits = 'def f():\n    """Doc\n    string."""\n' + "    # why\n\n" * 40 + "    x = 1\n" * (MAX_FUNCTION_LINES - 1)
+    assert size_problems(ast.parse(fits), "x.py", fits.splitlines()) == []

@@ -20,7 +20,10 @@ def test_local_config_loads_and_expands_home(monkeypatch, tmp_path):
 
 def test_production_example_is_valid(monkeypatch):
     monkeypatch.setenv("TOKENMILL_HOME", "/tmp/x")
-    cfg = load_config(REPO / "configs" / "production.example.yaml", environ={"TOKENMILL_PG_DSN": "postgresql://db/t", "TOKENMILL_REDIS_PASSWORD": "pw"})
+    cfg = load_config(
+        REPO / "configs" / "production.example.yaml",
+        environ={"TOKENMILL_PG_DSN": "postgresql://db/t", "TOKENMILL_REDIS_PASSWORD": "pw"},
+    )
     assert set(cfg.tiers) >= {"small"}
     assert cfg.tiers["small"].vllm.engine_kwargs()["max_num_seqs"] >= 256
 
@@ -35,12 +38,15 @@ def test_unknown_field_is_an_error_naming_it(tmp_path):
 
 
 def test_env_overrides_nested_fields_with_yaml_types():
-    raw = apply_env_overrides({"tiers": {"small": {"vllm": {}}}}, {
-        "TOKENMILL_TIERS__SMALL__VLLM__MAX_NUM_SEQS": "512",
-        "TOKENMILL_DEDUP__EXACT": "false",
-        "TOKENMILL_HOME": "/ignored",
-        "OTHER__X": "1",
-    })
+    raw = apply_env_overrides(
+        {"tiers": {"small": {"vllm": {}}}},
+        {
+            "TOKENMILL_TIERS__SMALL__VLLM__MAX_NUM_SEQS": "512",
+            "TOKENMILL_DEDUP__EXACT": "false",
+            "TOKENMILL_HOME": "/ignored",
+            "OTHER__X": "1",
+        },
+    )
     assert raw == {"tiers": {"small": {"vllm": {"max_num_seqs": 512}}}, "dedup": {"exact": False}}
 
 
@@ -51,14 +57,20 @@ def test_env_override_applies_through_load(tmp_path):
 
 def test_default_tier_must_exist():
     with pytest.raises(ValueError, match="default_tier"):
-        TokenmillConfig.model_validate({"tiers": {"a": {"model": "m", "price_per_gpu_hour": 1}},
-                                        "route": {"default_tier": "b"}})
+        TokenmillConfig.model_validate(
+            {"tiers": {"a": {"model": "m", "price_per_gpu_hour": 1}}, "route": {"default_tier": "b"}}
+        )
 
 
 def test_prompt_needs_text_placeholder():
     with pytest.raises(ValueError, match=r"\{text\}"):
-        TokenmillConfig.model_validate({"tiers": {"a": {"model": "m", "price_per_gpu_hour": 1}},
-                                        "route": {"default_tier": "a"}, "prompt": {"user": "no placeholder"}})
+        TokenmillConfig.model_validate(
+            {
+                "tiers": {"a": {"model": "m", "price_per_gpu_hour": 1}},
+                "route": {"default_tier": "a"},
+                "prompt": {"user": "no placeholder"},
+            }
+        )
 
 
 def test_missing_env_var_is_named(tmp_path):
@@ -77,16 +89,26 @@ def test_fingerprint_ignores_locations_but_not_prompt(tmp_path):
 
 def test_config_show_prints_effective_config(tmp_path):
     env = {"TOKENMILL_HOME": str(tmp_path), "TOKENMILL_SAMPLING__MAX_TOKENS": "9", "PATH": "/usr/bin:/bin"}
-    out = subprocess.run([sys.executable, "-m", "pipeline.cli", "config", "show", "--config", str(TINY_CONFIG)],
-                         capture_output=True, text=True, env=env, cwd=REPO, check=True).stdout
+    out = subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", "config", "show", "--config", str(TINY_CONFIG)],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=REPO,
+        check=True,
+    ).stdout
     shown = yaml.safe_load(out)
     assert shown["sampling"]["max_tokens"] == 9
     assert shown["tiers"]["small"]["model"] == f"{tmp_path}/models/tiny-small"
 
 
 def test_config_show_bad_file_is_one_line_error(tmp_path):
-    r = subprocess.run([sys.executable, "-m", "pipeline.cli", "config", "show", "--config", str(tmp_path / "none.yaml")],
-                       capture_output=True, text=True, cwd=REPO)
+    r = subprocess.run(
+        [sys.executable, "-m", "pipeline.cli", "config", "show", "--config", str(tmp_path / "none.yaml")],
+        capture_output=True,
+        text=True,
+        cwd=REPO,
+    )
     assert r.returncode == 2
     assert r.stderr.strip().startswith("error: config file not found") and "Traceback" not in r.stderr
 
@@ -94,7 +116,9 @@ def test_config_show_bad_file_is_one_line_error(tmp_path):
 def test_config_reference_doc_is_current():
     from pipeline.cli.reference import reference_markdown
 
-    assert (REPO / "docs" / "config.md").read_text() == reference_markdown(), "run: tokenmill config docs > docs/config.md"
+    assert (REPO / "docs" / "config.md").read_text() == reference_markdown(), (
+        "run: tokenmill config docs > docs/config.md"
+    )
 
 
 MINIMAL = "tiers: {a: {model: m, price_per_gpu_hour: 1}}\nroute: {default_tier: a}\n"
@@ -146,7 +170,9 @@ def test_the_old_plan_section_is_refused_naming_requests(tmp_path):
     with pytest.raises(ValueError, match=r"`plan:` is now `requests:`"):
         TokenmillConfig.model_validate(yaml.safe_load(path.read_text()))
     path.write_text(MINIMAL + "requests: {prefix_ordering: false}\n")
-    with pytest.raises(ConfigError, match="rename TOKENMILL_PLAN__PREFIX_ORDERING to TOKENMILL_REQUESTS__PREFIX_ORDERING"):
+    with pytest.raises(
+        ConfigError, match="rename TOKENMILL_PLAN__PREFIX_ORDERING to TOKENMILL_REQUESTS__PREFIX_ORDERING"
+    ):
         load_config(path, environ={"TOKENMILL_HOME": str(tmp_path), "TOKENMILL_PLAN__PREFIX_ORDERING": "false"})
     cfg = load_config(path, environ={"TOKENMILL_HOME": str(tmp_path), "TOKENMILL_REQUESTS__LONG_PROMPT_TOKENS": "3"})
     assert cfg.requests.long_prompt_tokens == 3 and cfg.requests.prefix_ordering is False
@@ -162,8 +188,10 @@ def test_removed_engine_call_fields_are_refused_by_name(tmp_path):
 
 def test_load_run_section_reads_run_alone_with_env_overrides(tmp_path):
     path = tmp_path / "c.yaml"
-    path.write_text("state: {url: '${TOKENMILL_PG_DSN}'}\ntiers: {a: {model: '${NOT_SET}'}}\n"
-                    "run: {schedule: '30 4 * * *', retries: 5}\n")
+    path.write_text(
+        "state: {url: '${TOKENMILL_PG_DSN}'}\ntiers: {a: {model: '${NOT_SET}'}}\n"
+        "run: {schedule: '30 4 * * *', retries: 5}\n"
+    )
     run = load_run_section(path, environ={"TOKENMILL_RUN__RETRY_DELAY_SECONDS": "7", "TOKENMILL_STATE__URL": "x"})
     assert (run.schedule, run.retries, run.retry_delay_seconds) == ("30 4 * * *", 5, 7.0)
     assert load_run_section(path, environ={"TOKENMILL_RUN__RETRIES": "0"}).retries == 0
@@ -211,13 +239,30 @@ def test_redact_url_hides_every_password(url):
 
 
 def test_config_show_hides_passwords(tmp_path):
-    env = {"TOKENMILL_HOME": str(tmp_path), "PATH": "/usr/bin:/bin",
-           "TOKENMILL_PG_DSN": f"postgresql+psycopg://tokenmill:{PASSWORD}@db:5432/tokenmill",
-           "TOKENMILL_REDIS_PASSWORD": PASSWORD}
+    env = {
+        "TOKENMILL_HOME": str(tmp_path),
+        "PATH": "/usr/bin:/bin",
+        "TOKENMILL_PG_DSN": f"postgresql+psycopg://tokenmill:{PASSWORD}@db:5432/tokenmill",
+        "TOKENMILL_REDIS_PASSWORD": PASSWORD,
+    }
     for fmt in ("yaml", "json"):
-        r = subprocess.run([sys.executable, "-m", "pipeline.cli", "config", "show", "--format", fmt, "--config",
-                            str(REPO / "configs" / "production.example.yaml")],
-                           capture_output=True, text=True, env=env, cwd=REPO)
+        r = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "pipeline.cli",
+                "config",
+                "show",
+                "--format",
+                fmt,
+                "--config",
+                str(REPO / "configs" / "production.example.yaml"),
+            ],
+            capture_output=True,
+            text=True,
+            env=env,
+            cwd=REPO,
+        )
         assert r.returncode == 0, r.stderr
         assert_hidden(r.stdout + r.stderr)
         shown = yaml.safe_load(r.stdout)
@@ -225,9 +270,15 @@ def test_config_show_hides_passwords(tmp_path):
         assert shown["cache"]["redis_url"] == "redis://***@cache.internal:6379/0"
 
 
-@pytest.mark.parametrize("field", ["TOKENMILL_INPUT__URI", "TOKENMILL_OUTPUT__URI", "TOKENMILL_STORAGE__S3_ENDPOINT_URL"])
+@pytest.mark.parametrize(
+    "field", ["TOKENMILL_INPUT__URI", "TOKENMILL_OUTPUT__URI", "TOKENMILL_STORAGE__S3_ENDPOINT_URL"]
+)
 def test_storage_uris_with_credentials_are_refused_without_showing_them(tmp_path, field):
-    uri = f"s3://AKIAEXAMPLE:{PASSWORD}@bucket/x" if "URI" in field.rsplit("__")[-1] else f"http://u:{PASSWORD}@minio:9000"
+    uri = (
+        f"s3://AKIAEXAMPLE:{PASSWORD}@bucket/x"
+        if "URI" in field.rsplit("__")[-1]
+        else f"http://u:{PASSWORD}@minio:9000"
+    )
     with pytest.raises(ConfigError, match="credentials in a URI are not supported") as e:
         load_config(TINY_CONFIG, environ={"TOKENMILL_HOME": str(tmp_path), field: uri})
     assert_hidden(str(e.value))
@@ -239,7 +290,8 @@ def test_run_with_credentials_in_the_input_uri_is_one_line_without_them(tmp_path
     from pipeline.cli import app
 
     r = CliRunner(env={"TOKENMILL_HOME": str(tmp_path)}).invoke(
-        app, ["run", "--config", str(TINY_CONFIG), "--input", f"s3://AKIAEXAMPLE:{PASSWORD}@bucket/in"])
+        app, ["run", "--config", str(TINY_CONFIG), "--input", f"s3://AKIAEXAMPLE:{PASSWORD}@bucket/in"]
+    )
     assert r.exit_code == 2 and r.stderr.startswith("error: ") and len(r.stderr.strip().splitlines()) == 1
     assert "s3://AKIAEXAMPLE:***@bucket/in" in r.stderr
     assert_hidden(r.output)
@@ -259,7 +311,8 @@ def test_state_database_errors_hide_the_password(password, tmp_path):
     assert_hidden(str(e.value) + StateStore.safe_url(url))
     assert "127.0.0.1" in str(e.value) or "cannot be parsed" in str(e.value)
     r = CliRunner(env={"TOKENMILL_HOME": str(tmp_path), "TOKENMILL_STATE__URL": url}).invoke(
-        app, ["jobs", "list", "--config", str(TINY_CONFIG)])
+        app, ["jobs", "list", "--config", str(TINY_CONFIG)]
+    )
     assert r.exit_code == 2 and r.stderr.startswith("error: state database")
     assert_hidden(r.output)
 
@@ -282,14 +335,17 @@ def test_yaml_aliases_are_refused_before_anything_expands(tmp_path):
             load(bomb, environ={"TOKENMILL_HOME": str(tmp_path)})
 
 
-@pytest.mark.parametrize("section, value, field", [
-    ("dedup", {"boilerplate_patterns": ["^(From|To:.*$"]}, "dedup.boilerplate_patterns"),
-    ("state", {"lease_seconds": ".inf"}, "state.lease_seconds"),
-    ("state", {"lease_seconds": 1e300}, "state.lease_seconds"),
-    ("budget", {"max_tenant_usd": {"acme": -1.0}}, "budget.max_tenant_usd.acme"),
-    ("budget", {"max_job_usd": ".nan"}, "budget.max_job_usd"),
-    ("sampling", {"temperature": ".inf"}, "sampling.temperature"),
-])
+@pytest.mark.parametrize(
+    "section, value, field",
+    [
+        ("dedup", {"boilerplate_patterns": ["^(From|To:.*$"]}, "dedup.boilerplate_patterns"),
+        ("state", {"lease_seconds": ".inf"}, "state.lease_seconds"),
+        ("state", {"lease_seconds": 1e300}, "state.lease_seconds"),
+        ("budget", {"max_tenant_usd": {"acme": -1.0}}, "budget.max_tenant_usd.acme"),
+        ("budget", {"max_job_usd": ".nan"}, "budget.max_job_usd"),
+        ("sampling", {"temperature": ".inf"}, "sampling.temperature"),
+    ],
+)
 def test_values_that_would_fail_late_are_refused_at_load_naming_the_field(tmp_path, section, value, field):
     """Reproducers (red team): a bad boilerplate regex gave a traceback in `estimate`, an infinite lease an
     OverflowError after generation; a negative tenant cap and an infinite temperature were accepted."""

@@ -39,11 +39,16 @@ print(json.dumps({{"errors": {{k: str(v) for k, v in bag.import_errors.items()}}
 def parse_dag(tmp_path) -> dict:
     config = tmp_path / "prod.yaml"
     config.write_text(CONFIG)
-    env = {k: v for k, v in os.environ.items()
-           if not k.startswith(("TOKENMILL_", "AIRFLOW_", "AIRFLOW__"))}
-    env.update({"AIRFLOW_HOME": str(tmp_path / "airflow-home"), "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-                "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"), "TOKENMILL_CONFIG": str(config),
-                "TOKENMILL_HOME": str(tmp_path / "home")})
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TOKENMILL_", "AIRFLOW_", "AIRFLOW__"))}
+    env.update(
+        {
+            "AIRFLOW_HOME": str(tmp_path / "airflow-home"),
+            "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
+            "AIRFLOW__CORE__DAGS_FOLDER": str(REPO / "dags"),
+            "TOKENMILL_CONFIG": str(config),
+            "TOKENMILL_HOME": str(tmp_path / "home"),
+        }
+    )
     r = subprocess.run([sys.executable, "-c", PARSE], capture_output=True, text=True, env=env, cwd=REPO, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     return json.loads(r.stdout.strip().splitlines()[-1])

@@ -26,8 +26,20 @@ def test_normalisation_nfc_and_whitespace():
 
 
 def test_exact_duplicates_within_a_tenant_reuse_the_first():
-    out = mark_duplicates(add_content_hashes(records([("a", "t1", "Hello  world"), ("b", "t1", "Hello world\n"),
-                                   ("c", "t2", "Hello world"), ("d", "t1", "hello world")]), DedupConfig()), "content_hash")
+    out = mark_duplicates(
+        add_content_hashes(
+            records(
+                [
+                    ("a", "t1", "Hello  world"),
+                    ("b", "t1", "Hello world\n"),
+                    ("c", "t2", "Hello world"),
+                    ("d", "t1", "hello world"),
+                ]
+            ),
+            DedupConfig(),
+        ),
+        "content_hash",
+    )
     assert out["duplicate_of"].to_pylist() == [None, "a", None, None]
     assert content_hash("t1", "x") != content_hash("t2", "x")
 

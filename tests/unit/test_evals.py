@@ -18,14 +18,26 @@ from pipeline.generate.followup import escalation_reason
 from tests.conftest import REPO, TINY_CONFIG
 
 
-def run(tier: str, summaries: dict[str, str], usd: float, logprob: float = -0.5, finish: str = "stop",
-        unfaithful: dict[str, int] | None = None) -> TierRun:
+def run(
+    tier: str,
+    summaries: dict[str, str],
+    usd: float,
+    logprob: float = -0.5,
+    finish: str = "stop",
+    unfaithful: dict[str, int] | None = None,
+) -> TierRun:
     ids = list(summaries)
-    return TierRun(tier=tier, summary=summaries, finish_reason={i: finish for i in ids},
-                   mean_logprob={i: logprob for i in ids}, output_tokens={i: 10 for i in ids},
-                   usd={i: usd for i in ids},
-                   measures={i: {"unfaithful_terms": (unfaithful or {}).get(i, 0)} for i in ids},
-                   engine_seconds=1.0, failed={})
+    return TierRun(
+        tier=tier,
+        summary=summaries,
+        finish_reason={i: finish for i in ids},
+        mean_logprob={i: logprob for i in ids},
+        output_tokens={i: 10 for i in ids},
+        usd={i: usd for i in ids},
+        measures={i: {"unfaithful_terms": (unfaithful or {}).get(i, 0)} for i in ids},
+        engine_seconds=1.0,
+        failed={},
+    )
 
 
 @pytest.fixture
@@ -35,8 +47,7 @@ def config(tmp_path):
 
 def test_policies_are_scored_from_both_tiers_outputs(config):
     ids = ["a", "b", "c", "d"]
-    small = run("small", {i: f"s {i}" for i in ids}, usd=0.001,
-                unfaithful={"a": 1})
+    small = run("small", {i: f"s {i}" for i in ids}, usd=0.001, unfaithful={"a": 1})
     small.mean_logprob.update({"b": -3.0})
     large = run("large", {i: f"l {i}" for i in ids}, usd=0.004)
     agreement = {"a": 0.2, "b": 0.4, "c": 1.0, "d": 0.9}
@@ -50,8 +61,15 @@ def test_policies_are_scored_from_both_tiers_outputs(config):
     assert both["quality_kept"] == pytest.approx((1 + 1 + 1.0 + 0.9) / 4, abs=1e-4)
     assert both["cost_per_1k_usd"] == pytest.approx(1000 * (2 * 0.005 + 2 * 0.001) / 4)
     # The router sends p < threshold straight to the large tier: paid once, on large.
-    routed = score(Policy(0.5, NO_LOGPROB, False, False), ids, small, large, agreement,
-                   {"a": 0.1, "b": 0.9, "c": 0.9, "d": 0.9}, config)
+    routed = score(
+        Policy(0.5, NO_LOGPROB, False, False),
+        ids,
+        small,
+        large,
+        agreement,
+        {"a": 0.1, "b": 0.9, "c": 0.9, "d": 0.9},
+        config,
+    )
     assert routed["small_share"] == 0.75 and routed["cost_per_1k_usd"] == pytest.approx(1000 * (0.004 + 3 * 0.001) / 4)
     # The cheapest policy keeping 95%: both escalations are needed, the router alone is not enough.
     rows = [plain, both, routed]
@@ -71,9 +89,17 @@ def test_the_grid_covers_every_signal_and_threshold(config):
 
 
 def test_escalation_reasons_in_their_order(config):
-    c = config.model_copy(update={"route": config.route.model_copy(update={
-        "escalation": config.route.escalation.model_copy(update={"enabled": True, "min_mean_logprob": -2.0,
-                                                                  "on_truncation": True, "on_unfaithful": True})})})
+    c = config.model_copy(
+        update={
+            "route": config.route.model_copy(
+                update={
+                    "escalation": config.route.escalation.model_copy(
+                        update={"enabled": True, "min_mean_logprob": -2.0, "on_truncation": True, "on_unfaithful": True}
+                    )
+                }
+            )
+        }
+    )
     item = {"tier": "small", "summary": "ok", "finish_reason": "stop", "mean_logprob": -1.0, "unfaithful_terms": 0}
     assert escalation_reason(item, c) is None
     assert escalation_reason({**item, "summary": " "}, c) == "empty"
@@ -81,25 +107,58 @@ def test_escalation_reasons_in_their_order(config):
     assert escalation_reason({**item, "finish_reason": "length", "mean_logprob": -5.0}, c) == "truncated"
     assert escalation_reason({**item, "mean_logprob": -5.0}, c) == "low_logprob"
     assert escalation_reason({**item, "unfaithful_terms": None}, c) is None, "items stored before the signal existed"
-    off = c.model_copy(update={"route": c.route.model_copy(update={"escalation": c.route.escalation.model_copy(
-        update={"min_mean_logprob": None, "on_unfaithful": False})})})
+    off = c.model_copy(
+        update={
+            "route": c.route.model_copy(
+                update={
+                    "escalation": c.route.escalation.model_copy(
+                        update={"min_mean_logprob": None, "on_unfaithful": False}
+                    )
+                }
+            )
+        }
+    )
     assert escalation_reason({**item, "mean_logprob": -50.0, "unfaithful_terms": 3}, off) is None
 
 
 def test_reuse_false_hits_count_labels_and_introduced_claims():
-    records = pa.table({
-        "id": ["o1", "v1", "o2", "v2", "o3", "v3", "v4"],
-        "text": ["Acme sold 12 pumps.", "Mirror. Acme sold 12 pumps.", "Globex hired Dana.", "Globex hired Lee.",
-                 "The plan is fine.", "The plan is not fine.", "Acme sold 12 pumps. Footer."],
-        "reuse": [None, "near_duplicate", None, "semantic", None, None, None],
-        "gen_id": [None, "o1", None, "o2", None, None, None],
-        "similarity": [None, 0.9, None, 0.95, None, None, None],
-        "item_key": ["k1", "k1v", "k2", "k2v", "k3", "k3v", "k1"],
-    })
-    labels = {"v1": {"variant_of": "o1", "should_reuse": True}, "v2": {"variant_of": "o2", "should_reuse": True},
-              "v3": {"variant_of": "o3", "should_reuse": False}, "v4": {"variant_of": "o1", "should_reuse": True}}
-    large = run("large", {"o1": "Acme sold 12 pumps.", "v1": "Acme sold 12 pumps.", "o2": "Globex hired Dana.",
-                          "v2": "Globex hired Lee.", "o3": "x", "v3": "y", "v4": "z"}, usd=0.0)
+    records = pa.table(
+        {
+            "id": ["o1", "v1", "o2", "v2", "o3", "v3", "v4"],
+            "text": [
+                "Acme sold 12 pumps.",
+                "Mirror. Acme sold 12 pumps.",
+                "Globex hired Dana.",
+                "Globex hired Lee.",
+                "The plan is fine.",
+                "The plan is not fine.",
+                "Acme sold 12 pumps. Footer.",
+            ],
+            "reuse": [None, "near_duplicate", None, "semantic", None, None, None],
+            "gen_id": [None, "o1", None, "o2", None, None, None],
+            "similarity": [None, 0.9, None, 0.95, None, None, None],
+            "item_key": ["k1", "k1v", "k2", "k2v", "k3", "k3v", "k1"],
+        }
+    )
+    labels = {
+        "v1": {"variant_of": "o1", "should_reuse": True},
+        "v2": {"variant_of": "o2", "should_reuse": True},
+        "v3": {"variant_of": "o3", "should_reuse": False},
+        "v4": {"variant_of": "o1", "should_reuse": True},
+    }
+    large = run(
+        "large",
+        {
+            "o1": "Acme sold 12 pumps.",
+            "v1": "Acme sold 12 pumps.",
+            "o2": "Globex hired Dana.",
+            "v2": "Globex hired Lee.",
+            "o3": "x",
+            "v3": "y",
+            "v4": "z",
+        },
+        usd=0.0,
+    )
     out = reuse_quality(records, labels, large)
     # v1 reuses a faithful summary; v2's reused summary names Dana, whom its own document does not.
     assert out["by_kind"]["near_duplicate"]["false_hits"] == 0 and out["by_kind"]["semantic"]["false_hits"] == 1
@@ -129,27 +188,59 @@ def test_the_split_is_stable_and_disjoint():
 def test_update_config_edits_in_place_keeping_comments(tmp_path):
     text = (REPO / "configs" / "local.yaml").read_text()
     chosen = {"router_threshold": 0.35, "min_mean_logprob": -1.25, "on_truncation": False, "on_unfaithful": True}
-    out = apply_values(text, chosen_values(chosen, "small", "large", "/models/eval/router.json"), "tokenmill eval 2026-12-01")
+    out = apply_values(
+        text, chosen_values(chosen, "small", "large", "/models/eval/router.json"), "tokenmill eval 2026-12-01"
+    )
     parsed = yaml.safe_load(out)
-    assert parsed["route"]["escalation"] == {"enabled": True, "to_tier": "large", "min_mean_logprob": -1.25,
-                                             "on_truncation": False, "on_unfaithful": True}
+    assert parsed["route"]["escalation"] == {
+        "enabled": True,
+        "to_tier": "large",
+        "min_mean_logprob": -1.25,
+        "on_truncation": False,
+        "on_unfaithful": True,
+    }
     assert parsed["route"]["router"] == "/models/eval/router.json" and parsed["route"]["default_tier"] == "small"
     assert "# tokenmill eval 2026-12-01" in out
     # Everything else is untouched, comments included.
-    changed = ("min_mean_logprob:", "on_truncation:", "on_unfaithful:", "to_tier:", "enabled:", "default_tier:",
-               "router:")
+    changed = (
+        "min_mean_logprob:",
+        "on_truncation:",
+        "on_unfaithful:",
+        "to_tier:",
+        "enabled:",
+        "default_tier:",
+        "router:",
+    )
     untouched = [line for line in text.splitlines() if not line.strip().startswith(changed)]
     assert all(line in out.splitlines() for line in untouched)
     (tmp_path / "c.yaml").write_text(out)
-    assert load_config(tmp_path / "c.yaml", environ={"TOKENMILL_HOME": str(tmp_path)}).route.escalation.min_mean_logprob == -1.25
+    assert (
+        load_config(tmp_path / "c.yaml", environ={"TOKENMILL_HOME": str(tmp_path)}).route.escalation.min_mean_logprob
+        == -1.25
+    )
     # A policy without the router clears it; missing parents are added.
-    bare = apply_values("tiers:\n  small:\n    model: m\n",
-                        chosen_values({**chosen, "router_threshold": None}, "small", "large", None), "e")
-    assert yaml.safe_load(bare)["route"] == {"default_tier": "small", "router": None, "escalation": {
-        "enabled": True, "to_tier": "large", "min_mean_logprob": -1.25, "on_truncation": False, "on_unfaithful": True}}
+    bare = apply_values(
+        "tiers:\n  small:\n    model: m\n",
+        chosen_values({**chosen, "router_threshold": None}, "small", "large", None),
+        "e",
+    )
+    assert yaml.safe_load(bare)["route"] == {
+        "default_tier": "small",
+        "router": None,
+        "escalation": {
+            "enabled": True,
+            "to_tier": "large",
+            "min_mean_logprob": -1.25,
+            "on_truncation": False,
+            "on_unfaithful": True,
+        },
+    }
     # After an eval chose all-large, the next choice of a mix sends items to the small tier again (found in review).
-    after = apply_values(apply_values(text, chosen_values({"all_large": True}, "small", "large", None), "e"),
-                         chosen_values({**chosen, "router_threshold": None}, "small", "large", None), "e")
+    after = apply_values(
+        apply_values(text, chosen_values({"all_large": True}, "small", "large", None), "e"),
+        chosen_values({**chosen, "router_threshold": None}, "small", "large", None),
+        "e",
+    )
     assert yaml.safe_load(after)["route"]["default_tier"] == "small"
 
 
@@ -194,7 +285,11 @@ def test_too_small_or_empty_hold_outs_are_refused_before_any_engine(config, tmp_
 
 def test_all_large_chosen_sets_the_default_tier():
     values = chosen_values({"all_large": True, "router_threshold": None}, "small", "large", "/r.json")
-    assert values == {("route", "default_tier"): "large", ("route", "escalation", "enabled"): False, ("route", "router"): None}
+    assert values == {
+        ("route", "default_tier"): "large",
+        ("route", "escalation", "enabled"): False,
+        ("route", "router"): None,
+    }
 
 
 def test_policies_escalate_outputs_that_fail_a_check_as_the_job_does(config):
@@ -204,13 +299,24 @@ def test_policies_escalate_outputs_that_fail_a_check_as_the_job_does(config):
 
     doc = "The committee approved the northern office budget and the hiring of two engineers in March."
     ids = ["loop", "fine"]
-    small = run("small", {"loop": "budget budget budget " * 20, "fine": "The committee approved the budget."}, usd=0.001)
+    small = run(
+        "small", {"loop": "budget budget budget " * 20, "fine": "The committee approved the budget."}, usd=0.001
+    )
     small.measures.update({i: measure(small.summary[i], doc) for i in ids})
     large = run("large", {i: f"l {i}" for i in ids}, usd=0.004)
     plain = score(Policy(None, NO_LOGPROB, False, False), ids, small, large, {"loop": 0.1, "fine": 0.9}, None, config)
     assert plain["escalated_by"] == {"degenerate": 1} and plain["small_share"] == 0.5
     assert plain["quality_kept"] == pytest.approx((1.0 + 0.9) / 2, abs=1e-4)
-    off = config.model_copy(update={"route": config.route.model_copy(update={
-        "escalation": config.route.escalation.model_copy(update={"on_degenerate": False})})})
-    assert score(Policy(None, NO_LOGPROB, False, False), ids, small, large, {"loop": 0.1, "fine": 0.9}, None,
-                 off)["escalated_by"] == {}
+    off = config.model_copy(
+        update={
+            "route": config.route.model_copy(
+                update={"escalation": config.route.escalation.model_copy(update={"on_degenerate": False})}
+            )
+        }
+    )
+    assert (
+        score(Policy(None, NO_LOGPROB, False, False), ids, small, large, {"loop": 0.1, "fine": 0.9}, None, off)[
+            "escalated_by"
+        ]
+        == {}
+    )

@@ -39,27 +39,80 @@ from pipeline.ingest.validate import TENANT_MAX_CHARS, validate_records
 from pipeline.schema import REASONS
 
 FUZZ_EXAMPLES = int(os.environ.get("TOKENMILL_FUZZ_EXAMPLES", "0"))
-settings.register_profile("tokenmill-suite", max_examples=60, deadline=None, database=None, derandomize=True,
-                          print_blob=True, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-settings.register_profile("tokenmill-fuzz", max_examples=max(FUZZ_EXAMPLES, 1), deadline=None, database=None,
-                          print_blob=True, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+settings.register_profile(
+    "tokenmill-suite",
+    max_examples=60,
+    deadline=None,
+    database=None,
+    derandomize=True,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
+settings.register_profile(
+    "tokenmill-fuzz",
+    max_examples=max(FUZZ_EXAMPLES, 1),
+    deadline=None,
+    database=None,
+    print_blob=True,
+    suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large],
+)
 PROFILE = settings.get_profile("tokenmill-fuzz" if FUZZ_EXAMPLES else "tokenmill-suite")
 CONFIG = InputConfig(max_document_bytes=4000, records_per_partition=3, excerpt_chars=40, default_tenant="house")
 
 # Characters that have broken readers: lone surrogates (two of them a pair that JSON joins), NUL, BOM,
 # RTL/LTR marks and overrides, line and paragraph separators, CR, NEL, form feed, quotes, backslash.
-HOSTILE = ["\ud800", "\udfff", "\udbff", "\udc00", "\x00", "\ufeff", "\u200f", "\u202e", "\u2028", "\u2029",
-           "\r", "\n", "\x85", "\x0c", "\x1e", '"', "\\", "é", "\U0001f600", " "]
-SNIPPETS = [b"1" * 5000, b"-" + b"9" * 4400, b"[" * 2000, b"{" * 300, b"[" * 150 + b"]" * 150, b"\\ud800",
-            b"\\u0000", b"\xef\xbb\xbf", b"\r", b"\n", b"\r\n", b"\x00", b"\xff", b"\xed\xa0\x80", b'"', b"}",
-            b'{"id": "x", "text": "y"}\n', b"1e99999", b"NaN"]
+HOSTILE = [
+    "\ud800",
+    "\udfff",
+    "\udbff",
+    "\udc00",
+    "\x00",
+    "\ufeff",
+    "\u200f",
+    "\u202e",
+    "\u2028",
+    "\u2029",
+    "\r",
+    "\n",
+    "\x85",
+    "\x0c",
+    "\x1e",
+    '"',
+    "\\",
+    "é",
+    "\U0001f600",
+    " ",
+]
+SNIPPETS = [
+    b"1" * 5000,
+    b"-" + b"9" * 4400,
+    b"[" * 2000,
+    b"{" * 300,
+    b"[" * 150 + b"]" * 150,
+    b"\\ud800",
+    b"\\u0000",
+    b"\xef\xbb\xbf",
+    b"\r",
+    b"\n",
+    b"\r\n",
+    b"\x00",
+    b"\xff",
+    b"\xed\xa0\x80",
+    b'"',
+    b"}",
+    b'{"id": "x", "text": "y"}\n',
+    b"1e99999",
+    b"NaN",
+]
 
 # Dense in hostile characters: pieces of them between short runs of any characters.
 hostile_text = st.lists(st.one_of(st.sampled_from(HOSTILE), st.text(max_size=4)), max_size=8).map("".join)
 scalars = st.one_of(st.none(), st.booleans(), st.integers(), st.floats(), hostile_text)
-json_values = st.recursive(scalars, lambda inner: st.one_of(st.lists(inner, max_size=3),
-                                                            st.dictionaries(hostile_text, inner, max_size=3)),
-                           max_leaves=8)
+json_values = st.recursive(
+    scalars,
+    lambda inner: st.one_of(st.lists(inner, max_size=3), st.dictionaries(hostile_text, inner, max_size=3)),
+    max_leaves=8,
+)
 
 
 def nested(depth: int, leaf=1):
@@ -71,8 +124,10 @@ def nested(depth: int, leaf=1):
 @st.composite
 def records(draw) -> dict:
     """Mostly a valid record with one or two hostile fields, so that the validators are exercised too."""
-    rec = {"id": draw(st.one_of(st.integers(), st.text(min_size=1, max_size=8), hostile_text)),
-           "text": draw(st.one_of(st.text(min_size=1, max_size=20), hostile_text))}
+    rec = {
+        "id": draw(st.one_of(st.integers(), st.text(min_size=1, max_size=8), hostile_text)),
+        "text": draw(st.one_of(st.text(min_size=1, max_size=20), hostile_text)),
+    }
     if draw(st.booleans()):
         rec["tenant"] = draw(st.one_of(st.text(max_size=8), hostile_text))
     if draw(st.booleans()):
@@ -82,13 +137,22 @@ def records(draw) -> dict:
         if draw(st.integers(0, 5)) == 0:
             rec.pop(field, None)
         elif field == "tenant":
-            rec[field] = draw(st.one_of(hostile_text, scalars, json_values, st.sampled_from(
-                ["t" * (TENANT_MAX_CHARS + 1), "é" * TENANT_MAX_CHARS, "a\x00b", "\ud800", ""])))
+            rec[field] = draw(
+                st.one_of(
+                    hostile_text,
+                    scalars,
+                    json_values,
+                    st.sampled_from(["t" * (TENANT_MAX_CHARS + 1), "é" * TENANT_MAX_CHARS, "a\x00b", "\ud800", ""]),
+                )
+            )
         elif field == "metadata":
             rec[field] = draw(st.one_of(json_values, st.integers(90, 130).map(nested)))
         else:
-            rec[field] = draw(st.one_of(hostile_text, scalars, json_values, st.sampled_from(
-                ["a\x00b", "x\ud800", " ", "", "x" * 5000])))
+            rec[field] = draw(
+                st.one_of(
+                    hostile_text, scalars, json_values, st.sampled_from(["a\x00b", "x\ud800", " ", "", "x" * 5000])
+                )
+            )
     return rec
 
 
@@ -108,11 +172,11 @@ def mutated(draw, data: bytes) -> bytes:
         op = draw(st.sampled_from(["flip", "insert", "delete", "truncate"]))
         if op == "flip" and data:
             at = min(at, len(data) - 1)
-            data = data[:at] + bytes([data[at] ^ draw(st.integers(1, 255))]) + data[at + 1:]
+            data = data[:at] + bytes([data[at] ^ draw(st.integers(1, 255))]) + data[at + 1 :]
         elif op == "insert":
             data = data[:at] + draw(st.sampled_from(SNIPPETS)) + data[at:]
         elif op == "delete":
-            data = data[:at] + data[at + draw(st.integers(1, 64)):]
+            data = data[:at] + data[at + draw(st.integers(1, 64)) :]
         elif op == "truncate":
             data = data[:at]
     return data
@@ -142,17 +206,20 @@ def _column(kind: str, n: int, draw) -> pa.Array:
     if kind == "binary":
         return pa.array([None if s is None else s.encode("utf-8", "surrogatepass") for s in strings], pa.binary())
     if kind == "int":
-        return pa.array(draw(st.lists(st.one_of(st.none(), st.integers(-2**63, 2**63 - 1)), min_size=n, max_size=n)),
-                        pa.int64())
+        return pa.array(
+            draw(st.lists(st.one_of(st.none(), st.integers(-(2**63), 2**63 - 1)), min_size=n, max_size=n)), pa.int64()
+        )
     if kind == "float":
         return pa.array(draw(st.lists(st.floats(), min_size=n, max_size=n)), pa.float64())
     if kind == "bool":
         return pa.array(draw(st.lists(st.booleans(), min_size=n, max_size=n)), pa.bool_())
     if kind == "list":
-        return pa.array([[s.encode("utf-8", "surrogatepass").decode("utf-8", "replace")] if s else None
-                         for s in strings], pa.list_(pa.string()))
+        return pa.array(
+            [[s.encode("utf-8", "surrogatepass").decode("utf-8", "replace")] if s else None for s in strings],
+            pa.list_(pa.string()),
+        )
     if kind == "timestamp":  # some beyond what a Python datetime holds
-        return pa.array(draw(st.lists(st.integers(-2**62, 2**62), min_size=n, max_size=n)), pa.timestamp("ms"))
+        return pa.array(draw(st.lists(st.integers(-(2**62), 2**62), min_size=n, max_size=n)), pa.timestamp("ms"))
     if kind == "struct":
         return pa.array([{"k": i, "v": [i, i]} for i in range(n)])
     return pa.nulls(n)
@@ -176,13 +243,18 @@ def parquet_files(draw) -> tuple[str, bytes]:
     return "f.parquet", data
 
 
-random_files = st.tuples(st.sampled_from(["r.jsonl", "r.jsonl.gz", "r.parquet", "r.txt", "r.md"]),
-                         st.one_of(st.binary(max_size=600), st.sampled_from(SNIPPETS)))
-text_files = st.tuples(st.sampled_from(["t.txt", "n.md"]),
-                       st.one_of(hostile_text.map(lambda s: s.encode("utf-8", "surrogatepass")), st.binary(max_size=64)))
+random_files = st.tuples(
+    st.sampled_from(["r.jsonl", "r.jsonl.gz", "r.parquet", "r.txt", "r.md"]),
+    st.one_of(st.binary(max_size=600), st.sampled_from(SNIPPETS)),
+)
+text_files = st.tuples(
+    st.sampled_from(["t.txt", "n.md"]),
+    st.one_of(hostile_text.map(lambda s: s.encode("utf-8", "surrogatepass")), st.binary(max_size=64)),
+)
 
 
 # --- the oracle: an independent, simple parse of the record a valid row came from -----------------
+
 
 def _decompressed(data: bytes) -> tuple[bytes, bool]:
     """(what the gzip module yields from `data` before any damage, whether it read to the end)."""
@@ -264,8 +336,9 @@ def check(files: list[tuple[str, bytes]]) -> None:
     assert sorted(valid_keys + quarantined, key=repr) == sorted(keys, key=repr), "a record went missing"
     assert set(quarantine["reason"].to_pylist()) <= set(REASONS)
     files = raw["file"].to_pylist()
-    unreadable = {f for f, r in zip(quarantine["file"].to_pylist(), quarantine["reason"].to_pylist())
-                  if r == "unreadable_file"}
+    unreadable = {
+        f for f, r in zip(quarantine["file"].to_pylist(), quarantine["reason"].to_pylist()) if r == "unreadable_file"
+    }
     for name, data in inputs.items():
         expected, damaged = _expected_rows(name, data)
         got = files.count(name)
@@ -304,8 +377,15 @@ REPRODUCERS = [
     [("f.jsonl", _GOOD + b'{"id": "a", "text": "x", "n": ' + b"1" * 5000 + b"}\n")],
     [("f.jsonl", _GOOD + b"[" * 100_000 + b"\n")],
     [("f.jsonl", _GOOD + json.dumps({"id": "a", "text": "x", "tenant": "t" * 201}).encode())],
-    [("f.jsonl", _GOOD + json.dumps({"id": "a\x00", "text": "x"}).encode() + b"\n"
-      + json.dumps({"id": "b", "text": "x", "tenant": "a\x00b"}).encode())],
+    [
+        (
+            "f.jsonl",
+            _GOOD
+            + json.dumps({"id": "a\x00", "text": "x"}).encode()
+            + b"\n"
+            + json.dumps({"id": "b", "text": "x", "tenant": "a\x00b"}).encode(),
+        )
+    ],
     [("f.jsonl", _GOOD + b'{"id": "a", "text": "x", "tenant": {"a": 1}}\n{"id": "b", "text": "x", "tenant": false}')],
     [("f.jsonl", b"\xef\xbb\xbf" + _GOOD), ("g.jsonl", b'{"id": "a",\r"text": "x"}\r\n')],
     [("f.jsonl.gz", _TRUNCATED[: len(_TRUNCATED) // 2]), ("e.jsonl.gz", b"")],

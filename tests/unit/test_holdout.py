@@ -20,8 +20,10 @@ from pipeline.dev.holdout import (
 )
 
 REPO = Path(__file__).resolve().parents[2]
-BUILD = ("import sys; from pathlib import Path; from pipeline.dev.holdout import build_holdout; "
-         "build_holdout(Path(sys.argv[1]), documents=40, variants=32)")
+BUILD = (
+    "import sys; from pathlib import Path; from pipeline.dev.holdout import build_holdout; "
+    "build_holdout(Path(sys.argv[1]), documents=40, variants=32)"
+)
 
 
 @pytest.fixture(scope="module")
@@ -38,8 +40,9 @@ def test_same_bytes_twice_whatever_the_hash_seed(built, tmp_path):
     out, _, _ = built
     again = tmp_path / "again.jsonl"
     hash_seed = "1" if os.environ.get("PYTHONHASHSEED") == "0" else "0"
-    subprocess.run([sys.executable, "-c", BUILD, str(again)], cwd=REPO, check=True,
-                   env={**os.environ, "PYTHONHASHSEED": hash_seed})
+    subprocess.run(
+        [sys.executable, "-c", BUILD, str(again)], cwd=REPO, check=True, env={**os.environ, "PYTHONHASHSEED": hash_seed}
+    )
     assert again.read_bytes() == out.read_bytes()
 
 
@@ -80,10 +83,11 @@ def test_nothing_from_work_or_the_repo(built):
 
 def test_missing_sources_give_fewer_documents_and_say_so(tmp_path):
     para = "The quick brown fox jumps over the lazy dog near the river bank in early spring. " * 16
-    texts = [f"Notes number {i} from Oslo.\n\n" + para.replace("fox", f"fox {i}") + "\n\n" + para[: 100 + i]
-             for i in range(3)]
-    sources = {"readme": iter([(f"/usr/share/doc/pkg{i}/README", t) for i, t in enumerate(texts)]),
-               "man": iter([])}
+    texts = [
+        f"Notes number {i} from Oslo.\n\n" + para.replace("fox", f"fox {i}") + "\n\n" + para[: 100 + i]
+        for i in range(3)
+    ]
+    sources = {"readme": iter([(f"/usr/share/doc/pkg{i}/README", t) for i, t in enumerate(texts)]), "man": iter([])}
     counts = build_holdout(tmp_path / "small.jsonl", documents=10, variants=4, sources=sources)
     assert counts["documents"] == 1  # the three are near-identical: one is kept
     assert counts["by_source"] == {"readme": 1}
@@ -101,8 +105,13 @@ def test_cut_ends_at_a_paragraph_boundary():
 
 def test_eval_set_script(tmp_path):
     out = tmp_path / "eval.jsonl"
-    done = subprocess.run([sys.executable, "benchmarks/eval_set.py", str(out), "--documents", "12",
-                           "--variants", "8"], cwd=REPO, check=True, capture_output=True, text=True)
+    done = subprocess.run(
+        [sys.executable, "benchmarks/eval_set.py", str(out), "--documents", "12", "--variants", "8"],
+        cwd=REPO,
+        check=True,
+        capture_output=True,
+        text=True,
+    )
     line = json.loads(done.stdout.strip().splitlines()[-1])
     assert line["benchmark"] == "eval_set" and line["documents"] == 12 and line["variants"] == 8
     assert len(out.read_text(encoding="utf-8").splitlines()) == 20

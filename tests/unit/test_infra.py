@@ -34,8 +34,10 @@ def compose() -> dict:
 
 
 def single_host_config():
-    return load_config(INFRA / "single-host" / "config.yaml",
-                       environ={"TOKENMILL_PG_DSN": "postgresql+psycopg://tokenmill@postgres/tokenmill"})
+    return load_config(
+        INFRA / "single-host" / "config.yaml",
+        environ={"TOKENMILL_PG_DSN": "postgresql+psycopg://tokenmill@postgres/tokenmill"},
+    )
 
 
 def cluster_config(tmp_path):
@@ -44,8 +46,10 @@ def cluster_config(tmp_path):
     data = yaml.safe_load(values["extraConfigMaps"]["tokenmill-config"]["data"])
     path = tmp_path / "config.yaml"
     path.write_text(data["config.yaml"])
-    return load_config(path, environ={"TOKENMILL_PG_DSN": "postgresql+psycopg://tokenmill@db/tokenmill",
-                                      "TOKENMILL_REDIS_PASSWORD": "x"}), path
+    return load_config(
+        path,
+        environ={"TOKENMILL_PG_DSN": "postgresql+psycopg://tokenmill@db/tokenmill", "TOKENMILL_REDIS_PASSWORD": "x"},
+    ), path
 
 
 def queue_of(command: list[str]) -> str:
@@ -69,9 +73,18 @@ def test_compose_file_validates_against_the_compose_schema():
     # The compose-spec JSON schema, as shipped in PyPI's docker-compose 1.29.2 (tests/schemas/).
     schema = json.loads((REPO / "tests" / "schemas" / "compose-spec.json").read_text())
     jsonschema.validate(compose(), schema)
-    assert {"postgres", "redis", "s3", "airflow-apiserver", "airflow-scheduler", "airflow-dag-processor",
-            "airflow-triggerer", "airflow-worker-cpu", "airflow-worker-gpu-small", "airflow-worker-gpu-large"} \
-        <= set(compose()["services"])
+    assert {
+        "postgres",
+        "redis",
+        "s3",
+        "airflow-apiserver",
+        "airflow-scheduler",
+        "airflow-dag-processor",
+        "airflow-triggerer",
+        "airflow-worker-cpu",
+        "airflow-worker-gpu-small",
+        "airflow-worker-gpu-large",
+    } <= set(compose()["services"])
 
 
 def test_single_host_has_one_gpu_worker_per_tier_queue_on_its_own_gpus():
@@ -79,7 +92,10 @@ def test_single_host_has_one_gpu_worker_per_tier_queue_on_its_own_gpus():
     workers = load_tier_workers(INFRA / "single-host" / "config.yaml", environ={})
     assert set(workers) == set(config.tiers) == {"small", "large"}
     gpu_services = {name: svc for name, svc in services.items() if svc.get("deploy")}
-    assert "default" == queue_of(services["airflow-worker-cpu"]["command"]) and "deploy" not in services["airflow-worker-cpu"]
+    assert (
+        "default" == queue_of(services["airflow-worker-cpu"]["command"])
+        and "deploy" not in services["airflow-worker-cpu"]
+    )
     seen: dict[str, str] = {}
     for tier, replicas in workers.items():
         serving = {name: svc for name, svc in gpu_services.items() if queue_of(svc["command"]) == f"gpu-{tier}"}
@@ -140,7 +156,11 @@ def test_cluster_has_one_gpu_worker_deployment_per_tier(tmp_path):
         gpus = tier_gpus(config, tier)
         assert container["resources"]["limits"]["nvidia.com/gpu"] == str(gpus)
         assert container["resources"]["requests"]["nvidia.com/gpu"] == str(gpus)
-        assert {m["mountPath"] for m in container["volumeMounts"]} >= {"/opt/tokenmill/config.yaml", "/models", "/dev/shm"}
+        assert {m["mountPath"] for m in container["volumeMounts"]} >= {
+            "/opt/tokenmill/config.yaml",
+            "/models",
+            "/dev/shm",
+        }
         assert pod["nodeSelector"] == {"nvidia.com/gpu.present": "true"}
     assert config.tiers["large"].vllm.tensor_parallel_size == 4  # the large tier's workers: tensor parallel
     values = yaml.safe_load((INFRA / "cluster" / "values.yaml").read_text())

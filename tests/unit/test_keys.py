@@ -11,8 +11,14 @@ TIERS = {"small": TierConfig(model="m", price_per_gpu_hour=1.0)}
 
 
 def keyed(rows, config=DedupConfig()):
-    table = pa.table({"id": [r[0] for r in rows], "tenant": [r[1] for r in rows], "text": [r[2] for r in rows],
-                      "tier": ["small"] * len(rows)})
+    table = pa.table(
+        {
+            "id": [r[0] for r in rows],
+            "tenant": [r[1] for r in rows],
+            "text": [r[2] for r in rows],
+            "tier": ["small"] * len(rows),
+        }
+    )
     return add_item_keys(add_content_hashes(table, config), PromptConfig(), SamplingConfig(), TIERS)
 
 
@@ -48,8 +54,19 @@ def test_item_and_derived_keys_cannot_be_confused_by_their_separators():
 
 
 def test_key_bytes_is_injective_on_part_lists():
-    lists = [("ab", "c"), ("a", "bc"), ("abc",), ("abc", ""), ("", "abc"), ("1:a", ""), ("1", ":a"),
-             ("a\x00b",), ("a", "b"), ("\u00e9", "x"), ("\u00e9x",)]
+    lists = [
+        ("ab", "c"),
+        ("a", "bc"),
+        ("abc",),
+        ("abc", ""),
+        ("", "abc"),
+        ("1:a", ""),
+        ("1", ":a"),
+        ("a\x00b",),
+        ("a", "b"),
+        ("\u00e9", "x"),
+        ("\u00e9x",),
+    ]
     assert len({key_bytes(*parts) for parts in lists}) == len(lists)
 
 
@@ -66,6 +83,11 @@ def test_loop_knobs_change_keys_only_when_set():
 
     prompt = PromptConfig()
     assert recipe_hash("m", prompt, SamplingConfig()) == "7e08f46b61697e19"
-    for knob in ({"repetition_penalty": 1.2}, {"frequency_penalty": 0.5}, {"presence_penalty": 0.5},
-                 {"min_tokens": 8}, {"stop": ["\n\n"]}):
+    for knob in (
+        {"repetition_penalty": 1.2},
+        {"frequency_penalty": 0.5},
+        {"presence_penalty": 0.5},
+        {"min_tokens": 8},
+        {"stop": ["\n\n"]},
+    ):
         assert recipe_hash("m", prompt, SamplingConfig(**knob)) != "7e08f46b61697e19", knob

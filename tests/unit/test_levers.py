@@ -33,9 +33,18 @@ NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4,
 
 def ct_group(w_bits: int, w_type: str = "int", a_bits: int | None = None, fmt: str = "pack-quantized") -> dict:
     acts = {"num_bits": a_bits, "type": w_type} if a_bits else None
-    return {"quant_method": "compressed-tensors", "format": fmt,
-            "config_groups": {"group_0": {"format": fmt, "weights": {"num_bits": w_bits, "type": w_type},
-                                          "input_activations": acts, "targets": ["Linear"]}}}
+    return {
+        "quant_method": "compressed-tensors",
+        "format": fmt,
+        "config_groups": {
+            "group_0": {
+                "format": fmt,
+                "weights": {"num_bits": w_bits, "type": w_type},
+                "input_activations": acts,
+                "targets": ["Linear"],
+            }
+        },
+    }
 
 
 W4A16 = ct_group(4)
@@ -65,8 +74,21 @@ def one(problems: list[str], *words: str) -> str:
 
 def test_accepted_combinations_pass(tmp_path):
     w8a8 = model(tmp_path, "w8a8", W8A8)
-    assert lever_problems("t", tier(w8a8, dtype="float32", kv_cache_dtype="fp8", speculative_config=NGRAM,
-                                    max_num_seqs=64, max_num_batched_tokens=4096), AVX512) == []
+    assert (
+        lever_problems(
+            "t",
+            tier(
+                w8a8,
+                dtype="float32",
+                kv_cache_dtype="fp8",
+                speculative_config=NGRAM,
+                max_num_seqs=64,
+                max_num_batched_tokens=4096,
+            ),
+            AVX512,
+        )
+        == []
+    )
     assert lever_problems("t", tier(model(tmp_path, "w4", W4A16), dtype="bfloat16"), AVX512) == []
     assert lever_problems("t", tier(model(tmp_path, "fp8", FP8), kv_cache_dtype="fp8_e5m2"), lambda: {"amx_tile"}) == []
     # A model that is not a local folder (a hub name, a folder only the GPU hosts have): nothing to read, no refusal.
@@ -77,7 +99,9 @@ def test_accepted_combinations_pass(tmp_path):
 def test_w4a16_in_float32_on_the_cpu_is_refused(tmp_path):
     for quant in (W4A16, {"quant_method": "gptq", "bits": 4}, {"quant_method": "awq", "bits": 4}):
         path = model(tmp_path, quant["quant_method"] + str(len(os.listdir(tmp_path))), quant)
-        one(lever_problems("t", tier(path), AVX512), "bfloat16 only", "set vllm.dtype: bfloat16")  # CPU default: float32
+        one(
+            lever_problems("t", tier(path), AVX512), "bfloat16 only", "set vllm.dtype: bfloat16"
+        )  # CPU default: float32
         one(lever_problems("t", tier(path, dtype="float32"), AVX512), "bfloat16")
         assert lever_problems("t", tier(path, device="gpu", dtype="float32")) == []
 
@@ -110,8 +134,12 @@ def test_online_fp8_on_the_cpu_is_refused(tmp_path):
 
 def test_quantisation_conflicting_with_the_checkpoint_or_unknown_is_refused(tmp_path):
     w8a8 = model(tmp_path, "w8a8", W8A8)
-    one(lever_problems("t", tier(w8a8, device="gpu", quantization="gptq")), "conflicts", "compressed-tensors W8A8",
-        "remove vllm.quantization")
+    one(
+        lever_problems("t", tier(w8a8, device="gpu", quantization="gptq")),
+        "conflicts",
+        "compressed-tensors W8A8",
+        "remove vllm.quantization",
+    )
     one(lever_problems("t", tier(w8a8, device="gpu", quantization="int3")), "unknown vllm.quantization 'int3'")
     assert lever_problems("t", tier(w8a8, device="gpu", quantization="compressed-tensors")) == []
     gptq = model(tmp_path, "gptq", {"quant_method": "gptq", "bits": 4})
@@ -138,22 +166,30 @@ def test_flags_are_read_only_when_needed(tmp_path):
     assert lever_problems("t", tier(model(tmp_path), kv_cache_dtype="auto"), boom) == []
 
 
-@pytest.mark.parametrize("spec, words", [
-    ({"num_speculative_tokens": 4}, ["needs a method"]),
-    ({"method": "lookahead", "num_speculative_tokens": 4}, ["unknown method 'lookahead'"]),
-    ({"method": "ngram"}, ["needs num_speculative_tokens"]),
-    ({"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 5, "prompt_lookup_max": 2}, ["must not exceed"]),
-    ({"method": "draft_model", "num_speculative_tokens": 3}, ["needs a model"]),
-    ({"method": "draft_model", "num_speculative_tokens": 3, "model": "/nowhere/draft"}, ["does not exist"]),
-])
+@pytest.mark.parametrize(
+    "spec, words",
+    [
+        ({"num_speculative_tokens": 4}, ["needs a method"]),
+        ({"method": "lookahead", "num_speculative_tokens": 4}, ["unknown method 'lookahead'"]),
+        ({"method": "ngram"}, ["needs num_speculative_tokens"]),
+        (
+            {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_min": 5, "prompt_lookup_max": 2},
+            ["must not exceed"],
+        ),
+        ({"method": "draft_model", "num_speculative_tokens": 3}, ["needs a model"]),
+        ({"method": "draft_model", "num_speculative_tokens": 3, "model": "/nowhere/draft"}, ["does not exist"]),
+    ],
+)
 def test_speculative_config_checks(tmp_path, spec, words):
     one(lever_problems("t", tier(model(tmp_path), speculative_config=spec), AVX512), "speculative_config", *words)
 
 
 def test_speculative_config_through_extra_is_checked_and_not_given_twice(tmp_path):
     path = model(tmp_path)
-    one(lever_problems("t", tier(path, extra={"speculative_config": {"method": "ngram", "num_speculative_tokens": 0}})),
-        "at least 1")
+    one(
+        lever_problems("t", tier(path, extra={"speculative_config": {"method": "ngram", "num_speculative_tokens": 0}})),
+        "at least 1",
+    )
     one(lever_problems("t", tier(path, speculative_config=NGRAM, extra={"speculative_config": NGRAM})), "given twice")
     assert lever_problems("t", tier(path, extra={"speculative_config": NGRAM})) == []
 
@@ -170,16 +206,25 @@ def test_speculative_config_is_typed_and_passed_to_vllm_without_unset_fields():
     with pytest.raises(ValidationError, match="prompt_lookup"):
         SpeculativeConfig(method="ngram", prompt_lookup=3)  # vLLM's names only
     with pytest.raises(ConfigError, match="num_speculative_tokens"):
-        load_config(TINY_CONFIG, environ={"TOKENMILL_TIERS__SMALL__VLLM__SPECULATIVE_CONFIG":
-                                          '{"method": "ngram", "num_speculative_tokens": 0}'})
+        load_config(
+            TINY_CONFIG,
+            environ={
+                "TOKENMILL_TIERS__SMALL__VLLM__SPECULATIVE_CONFIG": '{"method": "ngram", "num_speculative_tokens": 0}'
+            },
+        )
 
 
 def test_jobs_and_estimates_refuse_bad_levers_before_any_work(tmp_path):
     w4 = model(tmp_path, "w4", W4A16)
-    env = {"TOKENMILL_HOME": str(tmp_path), "TOKENMILL_TIERS__SMALL__MODEL": w4,
-           "TOKENMILL_TIERS__LARGE__VLLM__SPECULATIVE_CONFIG": '{"method": "ngram"}',
-           "TOKENMILL_INPUT__URI": str(tmp_path / "input"), "TOKENMILL_OUTPUT__URI": str(tmp_path / "output"),
-           "TOKENMILL_STATE__URL": f"sqlite:///{tmp_path}/state.db", "TOKENMILL_RUN__PROGRESS": "off"}
+    env = {
+        "TOKENMILL_HOME": str(tmp_path),
+        "TOKENMILL_TIERS__SMALL__MODEL": w4,
+        "TOKENMILL_TIERS__LARGE__VLLM__SPECULATIVE_CONFIG": '{"method": "ngram"}',
+        "TOKENMILL_INPUT__URI": str(tmp_path / "input"),
+        "TOKENMILL_OUTPUT__URI": str(tmp_path / "output"),
+        "TOKENMILL_STATE__URL": f"sqlite:///{tmp_path}/state.db",
+        "TOKENMILL_RUN__PROGRESS": "off",
+    }
     config = load_config(TINY_CONFIG, environ=env)
     with pytest.raises(JobError) as e:
         run_job(config, job_id="levers")
@@ -194,9 +239,15 @@ def test_jobs_and_estimates_refuse_bad_levers_before_any_work(tmp_path):
 
 def test_lever_summary(tmp_path):
     s = lever_summary(tier(model(tmp_path, "w4", W4A16), dtype="bfloat16", speculative_config=NGRAM, max_num_seqs=8))
-    assert s == {"quantization": "compressed-tensors W4A16", "dtype": "bfloat16", "kv_cache_dtype": "auto",
-                 "prefix_caching": True, "max_num_seqs": 8, "max_num_batched_tokens": None,
-                 "speculative": {"method": "ngram", "num_speculative_tokens": 4}}
+    assert s == {
+        "quantization": "compressed-tensors W4A16",
+        "dtype": "bfloat16",
+        "kv_cache_dtype": "auto",
+        "prefix_caching": True,
+        "max_num_seqs": 8,
+        "max_num_batched_tokens": None,
+        "speculative": {"method": "ngram", "num_speculative_tokens": 4},
+    }
     assert lever_summary(tier(model(tmp_path, "plain"), quantization="fp8"))["quantization"] == "fp8 (online)"
     assert lever_summary(tier(model(tmp_path, "p2")))["quantization"] == "none"
     assert lever_summary(tier("org/hub-model", device="gpu"))["quantization"] is None  # not readable here
@@ -210,33 +261,64 @@ def _counter(name: str, value: int):
 
 
 def test_engine_counters_read_the_engines_own_logger_and_never_raise():
-    prom = SimpleNamespace(counter_prefix_cache_queries=_counter("q", 100), counter_prefix_cache_hits=_counter("h", 40),
-                           spec_decoding_prom=SimpleNamespace(
-                               spec_decoding_enabled=True, is_diffusion=False,
-                               counter_spec_decode_num_draft_tokens=_counter("d", 20),
-                               counter_spec_decode_num_accepted_tokens=_counter("a", 15)))
+    prom = SimpleNamespace(
+        counter_prefix_cache_queries=_counter("q", 100),
+        counter_prefix_cache_hits=_counter("h", 40),
+        spec_decoding_prom=SimpleNamespace(
+            spec_decoding_enabled=True,
+            is_diffusion=False,
+            counter_spec_decode_num_draft_tokens=_counter("d", 20),
+            counter_spec_decode_num_accepted_tokens=_counter("a", 15),
+        ),
+    )
     llm = SimpleNamespace(llm_engine=SimpleNamespace(logger_manager=SimpleNamespace(stat_loggers=[object(), prom])))
     assert engine_counters(llm) == {"spec_drafted": 20, "spec_accepted": 15, "prefix_queries": 100, "prefix_hits": 40}
     prom.spec_decoding_prom = SimpleNamespace(spec_decoding_enabled=False)
     assert engine_counters(llm)["spec_drafted"] is None and engine_counters(llm)["prefix_hits"] == 40
-    assert engine_counters(object()) == dict.fromkeys(["spec_drafted", "spec_accepted", "prefix_queries", "prefix_hits"])
+    assert engine_counters(object()) == dict.fromkeys(
+        ["spec_drafted", "spec_accepted", "prefix_queries", "prefix_hits"]
+    )
     assert counter_delta({"spec_drafted": 5, "prefix_hits": 1, "prefix_queries": 0}, engine_counters(llm)) == {
-        "spec_drafted": None, "spec_accepted": None, "prefix_queries": 100, "prefix_hits": 39}
+        "spec_drafted": None,
+        "spec_accepted": None,
+        "prefix_queries": 100,
+        "prefix_hits": 39,
+    }
     # Unread at the session's start: unknown, not the engine's lifetime counts.
     assert counter_delta({"prefix_hits": 1}, engine_counters(llm))["prefix_queries"] is None
     assert counter_delta(None, None) is None
 
 
 def test_session_counters_reach_the_engine_figures_and_the_report():
-    sessions = [SimpleNamespace(tier="t", started=1, gpus=1, startup_seconds=1.0, busy_seconds=2.0, idle_seconds=0.5,
-                                held_seconds=3.5, spec_drafted=d, spec_accepted=a, prefix_queries=q, prefix_hits=h)
-                for d, a, q, h in ((10, 8, 100, 50), (10, 2, None, None))]
+    sessions = [
+        SimpleNamespace(
+            tier="t",
+            started=1,
+            gpus=1,
+            startup_seconds=1.0,
+            busy_seconds=2.0,
+            idle_seconds=0.5,
+            held_seconds=3.5,
+            spec_drafted=d,
+            spec_accepted=a,
+            prefix_queries=q,
+            prefix_hits=h,
+        )
+        for d, a, q, h in ((10, 8, 100, 50), (10, 2, None, None))
+    ]
     e = engine_time(sessions)["t"]
     assert (e["spec_drafted"], e["spec_accepted"], e["prefix_queries"], e["prefix_hits"]) == (20, 10, 100, 50)
-    e.update(spec_acceptance=0.5, prefix_cache_hit_rate=0.5, model="/m/tiny",
-             levers={"quantization": "none", "dtype": "float32", "kv_cache_dtype": "auto", "prefix_caching": True,
-                     "speculative": {"method": "ngram", "num_speculative_tokens": 4}})
+    e.update(
+        spec_acceptance=0.5,
+        prefix_cache_hit_rate=0.5,
+        model="/m/tiny",
+        levers={
+            "quantization": "none",
+            "dtype": "float32",
+            "kv_cache_dtype": "auto",
+            "prefix_caching": True,
+            "speculative": {"method": "ngram", "num_speculative_tokens": 4},
+        },
+    )
     page = engine_section({"engines": {"t": e}})
     assert 'id="engine-levers"' in page and "ngram ×4" in page and "50.0%" in page
-
-

@@ -41,7 +41,9 @@ def test_cut_ends_at_a_sentence():
 
 
 def test_pressure_blocks_hold_two_requests_and_one_context():
-    base = {"outputs": {"a": {"prompt_tokens": 700, "output_tokens": 96}, "b": {"prompt_tokens": 900, "output_tokens": 96}}}
+    base = {
+        "outputs": {"a": {"prompt_tokens": 700, "output_tokens": 96}, "b": {"prompt_tokens": 900, "output_tokens": 96}}
+    }
     assert levers.pressure_blocks(base) == 2048 // levers.BLOCK + 2  # 2 × 896 tokens < one 2,048 context
     big = {"outputs": {"a": {"prompt_tokens": 1900, "output_tokens": 96}}}
     assert levers.pressure_blocks(big) == -(-2 * 1996 // levers.BLOCK) + 2
@@ -51,11 +53,19 @@ def test_figures_and_table():
     docs = {i: {"text": "Alpha beta gamma."} for i in ("a", "b")}
     ledger = [{"cost_usd": 0.002, "busy_gpu_seconds": 1.8, "price_per_gpu_hour": 2.0}] * 2
     engines = {"large": {"items": 2, "output_tokens": 40, "busy_seconds": 2.0, "held_seconds": 5.0}}
-    manifest = {"counts": {"by_tier": {"large": 2}, "by_source": {"generated": 2}},
-                "tokens": {"prompt_tokens": 100, "cached_prompt_tokens": 25, "output_tokens": 40},
-                "prefix_cache": {"hit_ratio": 0.25}, "routing": {}}
-    base = {"manifest": manifest, "ledger": ledger, "engines": engines, "wall_seconds": 1.0,
-            "outputs": {"a": {"summary": "Alpha beta."}, "b": {"summary": "Gamma."}}}
+    manifest = {
+        "counts": {"by_tier": {"large": 2}, "by_source": {"generated": 2}},
+        "tokens": {"prompt_tokens": 100, "cached_prompt_tokens": 25, "output_tokens": 40},
+        "prefix_cache": {"hit_ratio": 0.25},
+        "routing": {},
+    }
+    base = {
+        "manifest": manifest,
+        "ledger": ledger,
+        "engines": engines,
+        "wall_seconds": 1.0,
+        "outputs": {"a": {"summary": "Alpha beta."}, "b": {"summary": "Gamma."}},
+    }
     other = {**base, "outputs": {"a": {"summary": "Alpha beta."}, "b": {"summary": "Delta 42."}}}
     row = levers.figures({"lever": "x"}, other, base, docs)
     assert row["output_tokens_per_second"] == 20.0
@@ -63,8 +73,13 @@ def test_figures_and_table():
     assert row["busy_usd_per_1k_docs"] == pytest.approx(1000 * 2 * 1.8 * 2.0 / 3600 / 2, abs=1e-5)
     assert row["identical_share"] == 0.5 and row["unfaithful_rate"] == 0.5  # "42" is not in the document
     assert 0 < row["rouge_l_vs_float32"] < 1
-    text = levers.table({"base": levers.figures({"lever": "b"}, base, None, docs), "x": row,
-                         "fp8": {"lever": "kv", "skipped": "not supported here"}})
+    text = levers.table(
+        {
+            "base": levers.figures({"lever": "b"}, base, None, docs),
+            "x": row,
+            "fp8": {"lever": "kv", "skipped": "not supported here"},
+        }
+    )
     lines = text.splitlines()
     assert len(lines) == 5 and all(line.count("|") == lines[0].count("|") for line in lines)
     assert "not supported here" in lines[-1]

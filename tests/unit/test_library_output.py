@@ -27,8 +27,13 @@ def test_library_messages_go_to_the_file_and_tokenmill_lines_to_the_terminal(tmp
     logged = path.read_text()
     assert path.parent == tmp_path / "logs" and path.name.startswith("run-")
     assert "progress: 3/10 items done" in terminal.err and "the job summary" in terminal.out
-    for line in ("Passing raw prompts is deprecated", "reduce_op is deprecated", "Triton not available",
-                 "engine core: C++ warning", "engine core: on stdout"):
+    for line in (
+        "Passing raw prompts is deprecated",
+        "reduce_op is deprecated",
+        "Triton not available",
+        "engine core: C++ warning",
+        "engine core: on stdout",
+    ):
         assert line in logged and line not in terminal.err + terminal.out, line
     assert "progress: 3/10" not in logged
     # Afterwards the descriptors are the terminal's again.
@@ -67,8 +72,9 @@ print("after", path.read_text().count("engine core"))
 
 
 def test_in_a_process_of_its_own_the_terminal_keeps_tokenmill_and_the_file_the_rest(tmp_path):
-    done = subprocess.run([sys.executable, "-c", OWN_PROCESS, str(tmp_path)], capture_output=True, text=True,
-                          timeout=60, check=True)
+    done = subprocess.run(
+        [sys.executable, "-c", OWN_PROCESS, str(tmp_path)], capture_output=True, text=True, timeout=60, check=True
+    )
     assert "progress: ours" in done.stderr and "engine core" not in done.stderr
     assert done.stdout.splitlines() == ["the job summary", "after 3"]
     # tokenmill's own lines fit 100 columns, a long path continued on indented lines

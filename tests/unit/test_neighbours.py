@@ -18,14 +18,15 @@ def _planted(m: int, d: int, seed: int, pairs: int, cosine: float = 0.95, alike:
     sigma = np.sqrt(1 / cosine - 1)  # |noise| = sigma: each copy is at ~1/sqrt(1+sigma^2) from the source
     rows = rng.permutation(m)
     planted = []
-    for a, b in rows[:2 * pairs].reshape(-1, 2):
+    for a, b in rows[: 2 * pairs].reshape(-1, 2):
         a, b = sorted((int(a), int(b)))
         x[b] = _unit((x[a] + sigma * rng.standard_normal(d) / np.sqrt(d))[None])[0]
         planted.append((a, b))
     if alike:
         base = rng.standard_normal(d)
-        x[rows[2 * pairs:2 * pairs + alike]] = _unit(base + 0.2 * np.linalg.norm(base) / np.sqrt(d)
-                                                     * rng.standard_normal((alike, d)))
+        x[rows[2 * pairs : 2 * pairs + alike]] = _unit(
+            base + 0.2 * np.linalg.norm(base) / np.sqrt(d) * rng.standard_normal((alike, d))
+        )
     return x, planted
 
 
@@ -35,8 +36,9 @@ def _brute_force(x: np.ndarray, threshold: float, top: int = 4) -> dict:
     live = x.any(axis=1)
     out = {}
     for i in range(len(x)):
-        hits = sorted(((float(sims[i, j]), -j) for j in range(i) if live[i] and live[j] and sims[i, j] >= threshold),
-                      reverse=True)
+        hits = sorted(
+            ((float(sims[i, j]), -j) for j in range(i) if live[i] and live[j] and sims[i, j] >= threshold), reverse=True
+        )
         if hits:
             out[i] = [(s, -j) for s, j in hits[:top]]
     return out
@@ -48,7 +50,7 @@ def _old_nearest_earlier(vectors, rows, threshold, block=1024, top=4):
         return
     matrix = vectors[rows]
     for start in range(0, len(rows), block):
-        sims = matrix[start:start + block] @ matrix[:start + block].T
+        sims = matrix[start : start + block] @ matrix[: start + block].T
         sims[np.arange(sims.shape[0])[:, None] + start <= np.arange(sims.shape[1])] = -np.inf
         above = sims >= threshold
         counts = above.sum(axis=1)

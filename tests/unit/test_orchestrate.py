@@ -9,8 +9,12 @@ from tests.conftest import TINY_CONFIG
 
 def test_each_date_is_its_own_job_with_dated_uris(tmp_path, monkeypatch):
     monkeypatch.setenv("TOKENMILL_HOME", str(tmp_path))
-    params = {"config": str(TINY_CONFIG), "input_uri": "s3://in/{date}/", "output_uri": str(tmp_path / "out"),
-              "run_date": None}
+    params = {
+        "config": str(TINY_CONFIG),
+        "input_uri": "s3://in/{date}/",
+        "output_uri": str(tmp_path / "out"),
+        "run_date": None,
+    }
     jobs = {d: job_from_params(params, "nightly_summarization", d) for d in ("2026-11-01", "2026-11-02")}
     assert {j for _, j in jobs.values()} == {"nightly_summarization-2026-11-01", "nightly_summarization-2026-11-02"}
     assert jobs["2026-11-02"][0].input.uri == "s3://in/2026-11-02/"

@@ -7,11 +7,13 @@ from rouge_score import rouge_scorer
 
 from pipeline.generate.quality import rouge_l, unfaithful_terms
 
-GZIP = ("The gzip command reduces the size of the named files using Lempel-Ziv coding (LZ77). Whenever "
-        "possible, each file is replaced by one with the extension .gz. Typically, text such as source code or "
-        "English is reduced by 60-70%. Version 1.12 was released on April 7, 2022 and handles files over 4 GB. "
-        "Jean-loup Gailly wrote the compression code and Mark Adler the decompression code for the GNU project. "
-        "The archive holds 1,200 test files, and the release notes are dated 2022-04-07.")
+GZIP = (
+    "The gzip command reduces the size of the named files using Lempel-Ziv coding (LZ77). Whenever "
+    "possible, each file is replaced by one with the extension .gz. Typically, text such as source code or "
+    "English is reduced by 60-70%. Version 1.12 was released on April 7, 2022 and handles files over 4 GB. "
+    "Jean-loup Gailly wrote the compression code and Mark Adler the decompression code for the GNU project. "
+    "The archive holds 1,200 test files, and the release notes are dated 2022-04-07."
+)
 
 
 def test_rouge_l_matches_rouge_score():
@@ -30,37 +32,45 @@ def test_rouge_l_empty_texts():
     assert rouge_l("", "a summary") == 0.0
 
 
-@pytest.mark.parametrize("summary", [
-    "The gzip tool compresses files with Lempel-Ziv coding (LZ77), shrinking English text by 60-70%.",
-    "This README explains that gzip 1.12, released on April 7, 2022, was written by Jean-loup Gailly and Mark "
-    "Adler for GNU.",
-    "Overall, the archive has 1200 test files; the notes are from 7 April 2022 and gzip handles 4 GB files.",
-    "Gzip replaces each file with a .gz file. The release notes are dated April 2022 (2022-04-07).",
-    "In summary: the GNU Project's gzip, by Gailly and Adler, reduces source code by 60-70 percent.",
-    "",
-])
+@pytest.mark.parametrize(
+    "summary",
+    [
+        "The gzip tool compresses files with Lempel-Ziv coding (LZ77), shrinking English text by 60-70%.",
+        "This README explains that gzip 1.12, released on April 7, 2022, was written by Jean-loup Gailly and Mark "
+        "Adler for GNU.",
+        "Overall, the archive has 1200 test files; the notes are from 7 April 2022 and gzip handles 4 GB files.",
+        "Gzip replaces each file with a .gz file. The release notes are dated April 2022 (2022-04-07).",
+        "In summary: the GNU Project's gzip, by Gailly and Adler, reduces source code by 60-70 percent.",
+        "",
+    ],
+)
 def test_faithful_summaries_flag_nothing(summary):
     assert unfaithful_terms(summary, GZIP) == []
 
 
-@pytest.mark.parametrize(("summary", "expected"), [
-    ("Gzip reduces English text by 80%.", ["80%"]),
-    ("Version 1.13 of gzip uses LZ77.", ["1.13"]),
-    ("The archive holds 1,300 test files.", ["1,300"]),
-    ("Gzip was written by Jean-loup Gailly and Richard Stallman.", ["Richard Stallman"]),
-    ("The code was donated to the Apache Software Foundation by Gailly.", ["Apache Software Foundation"]),
-    ("Gzip 1.12 was released on May 3, 2022.", ["May 3, 2022"]),
-    ("The notes are dated 2021-04-07 and cover LZ77.", ["2021-04-07"]),
-    ("Gzip came out in 2019 and Microsoft ships it.", ["2019", "Microsoft"]),
-])
+@pytest.mark.parametrize(
+    ("summary", "expected"),
+    [
+        ("Gzip reduces English text by 80%.", ["80%"]),
+        ("Version 1.13 of gzip uses LZ77.", ["1.13"]),
+        ("The archive holds 1,300 test files.", ["1,300"]),
+        ("Gzip was written by Jean-loup Gailly and Richard Stallman.", ["Richard Stallman"]),
+        ("The code was donated to the Apache Software Foundation by Gailly.", ["Apache Software Foundation"]),
+        ("Gzip 1.12 was released on May 3, 2022.", ["May 3, 2022"]),
+        ("The notes are dated 2021-04-07 and cover LZ77.", ["2021-04-07"]),
+        ("Gzip came out in 2019 and Microsoft ships it.", ["2019", "Microsoft"]),
+    ],
+)
 def test_invented_facts_are_flagged(summary, expected):
     assert unfaithful_terms(summary, GZIP) == expected
 
 
 def test_presence_ignores_case_and_notation():
     document = "The PYTHON interpreter 3.11.7 was built in a docker container on 3 march 2024 with 1200 tests."
-    assert unfaithful_terms("Python 3.11 was built in a Docker container on March 3, 2024 with 1,200 tests.",
-                            document) == []
+    assert (
+        unfaithful_terms("Python 3.11 was built in a Docker container on March 3, 2024 with 1,200 tests.", document)
+        == []
+    )
     assert unfaithful_terms("Python 3.12 was built in Kubernetes.", document) == ["3.12", "Kubernetes"]
 
 
@@ -86,14 +96,17 @@ def test_fast_enough_to_run_on_every_output():
     assert (time.perf_counter() - start) / 200 < 0.01
 
 
-@pytest.mark.parametrize("summary", [
-    "Summary in 3 points:\n1. gzip compresses files.\n2. It uses Lempel-Ziv coding.\n3. Files end in .gz.",
-    "Here is a summary of the text in 2 sentences: gzip compresses files. It uses Lempel-Ziv coding.",
-    "**Key Features:** gzip compresses files.",
-    "Main Points: gzip compresses files.",
-    "Gzip: A Compression Tool\n\ngzip compresses files.",
-    "Title: Gzip File Compression Summary",
-])
+@pytest.mark.parametrize(
+    "summary",
+    [
+        "Summary in 3 points:\n1. gzip compresses files.\n2. It uses Lempel-Ziv coding.\n3. Files end in .gz.",
+        "Here is a summary of the text in 2 sentences: gzip compresses files. It uses Lempel-Ziv coding.",
+        "**Key Features:** gzip compresses files.",
+        "Main Points: gzip compresses files.",
+        "Gzip: A Compression Tool\n\ngzip compresses files.",
+        "Title: Gzip File Compression Summary",
+    ],
+)
 def test_a_summary_structure_is_not_a_claim(summary):
     """Small models number their points and title their summaries: neither states a fact (found in review)."""
     assert unfaithful_terms(summary, "gzip compresses files using Lempel-Ziv coding; names end in .gz.") == []
@@ -110,29 +123,39 @@ def test_rouge_l_scores_any_script():
     assert 0 < rouge_l("Привет мир", "Привет мир, как дела") < 1
 
 
-DOC = ("The Python Debugger Pdb. To use the debugger, import pdb and call pdb.set_trace() where you want to stop. "
-       "At the prompt, type n to run the next line, s to step into a function, c to continue until the next "
-       "breakpoint, p to print the value of an expression and q to quit. Breakpoints can be set on any line "
-       "with b followed by the line number, and listed with b alone.")
+DOC = (
+    "The Python Debugger Pdb. To use the debugger, import pdb and call pdb.set_trace() where you want to stop. "
+    "At the prompt, type n to run the next line, s to step into a function, c to continue until the next "
+    "breakpoint, p to print the value of an expression and q to quit. Breakpoints can be set on any line "
+    "with b followed by the line number, and listed with b alone."
+)
 
 
-@pytest.mark.parametrize("loop", [
-    "AUTH_" * 60,                                                               # a sub-word piece over and over
-    "the the " * 40,                                                            # one word
-    "The debugger stops at breakpoints. " * 6,                                  # one sentence
-    "Pdb lets you step through code. " + "step into, step over, " * 12,        # a good start, then a loop
-])
+@pytest.mark.parametrize(
+    "loop",
+    [
+        "AUTH_" * 60,  # a sub-word piece over and over
+        "the the " * 40,  # one word
+        "The debugger stops at breakpoints. " * 6,  # one sentence
+        "Pdb lets you step through code. " + "step into, step over, " * 12,  # a good start, then a loop
+    ],
+)
 def test_repetition_loops_are_degenerate(loop):
     from pipeline.config import ChecksConfig
     from pipeline.generate.quality import compression_ratio, failed_checks
 
-    assert failed_checks({"summary": loop, "compression_ratio": compression_ratio(loop)}, ChecksConfig()) == ["degenerate"]
+    assert failed_checks({"summary": loop, "compression_ratio": compression_ratio(loop)}, ChecksConfig()) == [
+        "degenerate"
+    ]
 
 
-@pytest.mark.parametrize("copy", [
-    DOC,                                                                        # given back whole
-    "Here is a summary of the document. " + DOC[:300],                          # a prefix sentence, then the text
-])
+@pytest.mark.parametrize(
+    "copy",
+    [
+        DOC,  # given back whole
+        "Here is a summary of the document. " + DOC[:300],  # a prefix sentence, then the text
+    ],
+)
 def test_the_document_given_back_is_copied(copy):
     from pipeline.config import ChecksConfig
     from pipeline.generate.quality import compression_ratio, copied_share, failed_checks
@@ -141,18 +164,25 @@ def test_the_document_given_back_is_copied(copy):
     assert failed_checks(item, ChecksConfig()) == ["copied"]
 
 
-@pytest.mark.parametrize("good", [
-    "The document explains how to use pdb, Python's debugger: stopping with set_trace, stepping through lines "
-    "and into functions, printing expressions, and setting and listing breakpoints.",
-    "A short guide to the Python debugger's commands.",                         # short: never flagged
-    "Pdb guide: import pdb and call pdb.set_trace() where you want to stop, then step, print and continue.",
-])
+@pytest.mark.parametrize(
+    "good",
+    [
+        "The document explains how to use pdb, Python's debugger: stopping with set_trace, stepping through lines "
+        "and into functions, printing expressions, and setting and listing breakpoints.",
+        "A short guide to the Python debugger's commands.",  # short: never flagged
+        "Pdb guide: import pdb and call pdb.set_trace() where you want to stop, then step, print and continue.",
+    ],
+)
 def test_a_good_summary_passes_every_check(good):
     from pipeline.config import ChecksConfig
     from pipeline.generate.quality import compression_ratio, copied_share, failed_checks, topic_overlap
 
-    item = {"summary": good, "compression_ratio": compression_ratio(good), "copied_share": copied_share(good, DOC),
-            "topic_overlap": topic_overlap(good, DOC)}
+    item = {
+        "summary": good,
+        "compression_ratio": compression_ratio(good),
+        "copied_share": copied_share(good, DOC),
+        "topic_overlap": topic_overlap(good, DOC),
+    }
     assert failed_checks(item, ChecksConfig()) == []
     assert failed_checks({"summary": "x" * 500}, ChecksConfig()) == [], "an item recorded before the checks: none"
 
@@ -162,18 +192,27 @@ def test_a_fluent_summary_of_another_topic_is_off_topic():
     from pipeline.config import ChecksConfig
     from pipeline.generate.quality import compression_ratio, copied_share, failed_checks, topic_overlap
 
-    invented = ("This is a detailed report on the implementation of a new technology in the field of renewable "
-                "energy, covering solar panels, wind turbines and the storage of electricity in batteries.")
-    item = {"summary": invented, "compression_ratio": compression_ratio(invented),
-            "copied_share": copied_share(invented, DOC), "topic_overlap": topic_overlap(invented, DOC)}
+    invented = (
+        "This is a detailed report on the implementation of a new technology in the field of renewable "
+        "energy, covering solar panels, wind turbines and the storage of electricity in batteries."
+    )
+    item = {
+        "summary": invented,
+        "compression_ratio": compression_ratio(invented),
+        "copied_share": copied_share(invented, DOC),
+        "topic_overlap": topic_overlap(invented, DOC),
+    }
     assert item["topic_overlap"] == 0.0 and failed_checks(item, ChecksConfig()) == ["off_topic"]
 
 
-@pytest.mark.parametrize("summary, overlap", [
-    ("Pdb: debugging Python programs, stepping and breakpoints.", 1.0),   # inflections count: debugger/debugging
-    ("The guide covers the Python debugger and its breakpoints, plus unrelated gardening advice.", 3 / 7),
-    ("It is a text.", 1.0),                                               # no topic word: nothing to be off
-])
+@pytest.mark.parametrize(
+    "summary, overlap",
+    [
+        ("Pdb: debugging Python programs, stepping and breakpoints.", 1.0),  # inflections count: debugger/debugging
+        ("The guide covers the Python debugger and its breakpoints, plus unrelated gardening advice.", 3 / 7),
+        ("It is a text.", 1.0),  # no topic word: nothing to be off
+    ],
+)
 def test_topic_overlap_compares_topic_words_not_framing(summary, overlap):
     from pipeline.generate.quality import topic_overlap
 

@@ -10,19 +10,33 @@ from pipeline.generate.requests import build_requests, render_messages, render_p
 
 @pytest.fixture(scope="module")
 def tokenizer(tiny_models):
-    return EnginePool({"small": TierConfig(model=str(tiny_models / "tiny-small"), price_per_gpu_hour=1)}).tokenizer("small")
+    return EnginePool({"small": TierConfig(model=str(tiny_models / "tiny-small"), price_per_gpu_hour=1)}).tokenizer(
+        "small"
+    )
 
 
 def reps(texts):
     n = len(texts)
-    return pa.table({"id": [f"d{i}" for i in range(n)], "text": texts, "tier": ["small"] * n,
-                     "duplicate_of": pa.nulls(n, pa.string())})
+    return pa.table(
+        {
+            "id": [f"d{i}" for i in range(n)],
+            "text": texts,
+            "tier": ["small"] * n,
+            "duplicate_of": pa.nulls(n, pa.string()),
+        }
+    )
 
 
 def test_requests_render_chat_template_and_order_by_prefix(tokenizer):
     texts = ["beta report " * 3, "alpha memo", "gamma " * 5, "delta"]
-    requests, too_long = build_requests(reps(texts), PromptConfig(), SamplingConfig(max_tokens=16),
-                                        RequestsConfig(), {"small": tokenizer}, {"small": 1024})
+    requests, too_long = build_requests(
+        reps(texts),
+        PromptConfig(),
+        SamplingConfig(max_tokens=16),
+        RequestsConfig(),
+        {"small": tokenizer},
+        {"small": 1024},
+    )
     assert too_long.num_rows == 0 and requests.num_rows == 4
     ids = requests["prompt_token_ids"].to_pylist()
     assert ids == sorted(ids)  # shared prefixes adjacent
@@ -46,26 +60,37 @@ def test_prompts_rendered_around_a_marker_equal_full_renders(tokenizer, template
     prompt = PromptConfig()
     tok = tokenizer if template == "tiny model" else TrimmingTemplate(template)
     for texts in (["alpha memo", "Revenue rose 5%.", "gamma " * 5 + "end"], ["  padded  ", "x"]):
-        expected = [tok.apply_chat_template(render_messages(t, prompt), tokenize=False, add_generation_prompt=True)
-                    for t in texts]
+        expected = [
+            tok.apply_chat_template(render_messages(t, prompt), tokenize=False, add_generation_prompt=True)
+            for t in texts
+        ]
         assert render_prompts(tok, texts, prompt) == expected
 
 
 def test_prompt_that_does_not_fit_is_too_long_and_output_budget_is_capped(tokenizer):
-    requests, too_long = build_requests(reps(["word " * 400, "short"]), PromptConfig(), SamplingConfig(max_tokens=500),
-                                        RequestsConfig(), {"small": tokenizer}, {"small": 256})
+    requests, too_long = build_requests(
+        reps(["word " * 400, "short"]),
+        PromptConfig(),
+        SamplingConfig(max_tokens=500),
+        RequestsConfig(),
+        {"small": tokenizer},
+        {"small": 256},
+    )
     assert too_long["id"].to_pylist() == ["d0"] and "context is 256" in too_long["detail"][0].as_py()
     (prompt,) = requests["prompt_token_ids"].to_pylist()
     assert requests["max_tokens"].to_pylist() == [256 - len(prompt)]
 
 
 def completions(rows):
-    return pa.Table.from_pylist([dict(zip(["id", "tier", "prompt_tokens", "cached_prompt_tokens", "output_tokens"], r))
-                                 for r in rows])
+    return pa.Table.from_pylist(
+        [dict(zip(["id", "tier", "prompt_tokens", "cached_prompt_tokens", "output_tokens"], r)) for r in rows]
+    )
 
 
-TIERS = {"small": TierConfig(model="m", price_per_gpu_hour=1.0, gpus=1),
-         "large": TierConfig(model="M", price_per_gpu_hour=1.0, gpus=4)}
+TIERS = {
+    "small": TierConfig(model="m", price_per_gpu_hour=1.0, gpus=1),
+    "large": TierConfig(model="M", price_per_gpu_hour=1.0, gpus=4),
+}
 
 
 def test_baseline_uses_the_largest_tier_rate_without_prefix_cache():
@@ -91,8 +116,9 @@ def test_lost_work_is_only_what_a_dead_worker_measured_and_never_stored():
     from pipeline.generate.pricing import LOST_EPSILON_SECONDS, session_shares
 
     def session(sid, busy, recorded):
-        return SimpleNamespace(session_id=sid, startup_seconds=2.0, busy_seconds=busy, idle_seconds=1.0, gpus=2,
-                               recorded_seconds=recorded)
+        return SimpleNamespace(
+            session_id=sid, startup_seconds=2.0, busy_seconds=busy, idle_seconds=1.0, gpus=2, recorded_seconds=recorded
+        )
 
     recorded = 0.1 + 0.2 + 0.3  # 0.6000000000000001: the sum of a session's shared busy intervals
     sessions = [session("residue", 0.6, recorded - 3e-16), session("killed", 1.1, recorded), session("idle", 0.5, 0.0)]

@@ -13,18 +13,31 @@ from pipeline.generate.reuse import generation_units, resolve
 from pipeline.generate.shadow import summarise_verification, token_f1, wilson_interval
 from pipeline.keys import normalise_text
 
-BASE = ("Acme Corp reported quarterly revenue of 120 million dollars, up from last year. The board approved a new "
-        "dividend and the chief executive said demand for the company's industrial pumps remained strong across "
-        "Europe and Asia. Analysts expect growth to continue into the next fiscal year as new plants open in Ohio.")
+BASE = (
+    "Acme Corp reported quarterly revenue of 120 million dollars, up from last year. The board approved a new "
+    "dividend and the chief executive said demand for the company's industrial pumps remained strong across "
+    "Europe and Asia. Analysts expect growth to continue into the next fiscal year as new plants open in Ohio."
+)
 
 
 def keyed(rows, config: DedupConfig, partitions=None):
-    table = pa.table({"id": [r[0] for r in rows], "tenant": [r[1] for r in rows], "text": [r[2] for r in rows],
-                      "partition": partitions or ["p0"] * len(rows), "tier": ["small"] * len(rows)})
+    table = pa.table(
+        {
+            "id": [r[0] for r in rows],
+            "tenant": [r[1] for r in rows],
+            "text": [r[2] for r in rows],
+            "partition": partitions or ["p0"] * len(rows),
+            "tier": ["small"] * len(rows),
+        }
+    )
     from pipeline.keys import add_item_keys
 
-    return add_item_keys(add_content_hashes(table, config), PromptConfig(), SamplingConfig(),
-                         {"small": TierConfig(model="m", price_per_gpu_hour=1.0)})
+    return add_item_keys(
+        add_content_hashes(table, config),
+        PromptConfig(),
+        SamplingConfig(),
+        {"small": TierConfig(model="m", price_per_gpu_hour=1.0)},
+    )
 
 
 def reuse_of(rows, config=None, embedder=None, partitions=None):
@@ -50,7 +63,11 @@ def test_minhash_estimates_jaccard_and_lsh_finds_close_pairs():
 def test_minhash_signatures_do_not_depend_on_the_batch_and_estimate_jaccard_without_bias():
     rng = random.Random(3)
     vocabulary = [f"v{i}" for i in range(400)]
-    texts = [" ".join(rng.choice(vocabulary) for _ in range(rng.randint(0, 300))) for _ in range(60)] + ["", "one", "a b"]
+    texts = [" ".join(rng.choice(vocabulary) for _ in range(rng.randint(0, 300))) for _ in range(60)] + [
+        "",
+        "one",
+        "a b",
+    ]
     together = minhash.signatures(texts)
     assert all((minhash.signature(t) == together[i]).all() for i, t in enumerate(texts))
     assert (minhash.signatures(texts, 5, 128) == minhash.signatures(texts[::-1], 5, 128)[::-1]).all()
@@ -62,7 +79,7 @@ def test_minhash_signatures_do_not_depend_on_the_batch_and_estimate_jaccard_with
         changed = list(words)
         for _ in range(rng.randint(1, 20)):
             changed[rng.randrange(len(changed))] = f"x{rng.random()}"
-        shingles = [{tuple(w[i:i + 5]) for i in range(len(w) - 4)} for w in (words, changed)]
+        shingles = [{tuple(w[i : i + 5]) for i in range(len(w) - 4)} for w in (words, changed)]
         truth = len(shingles[0] & shingles[1]) / len(shingles[0] | shingles[1])
         errors.append(minhash.jaccard(minhash.signature(t), minhash.signature(" ".join(changed))) - truth)
     assert abs(np.mean(errors)) < 0.02 and np.std(errors) < 0.07
@@ -85,32 +102,47 @@ def test_static_embeddings_are_model2vec_means_whatever_the_batch(static_embedde
     assert np.allclose(together[3], embedder.encode(["alpha"])[0], atol=1e-6), "words past max_tokens are not counted"
 
 
-@pytest.mark.parametrize("changed, guard", [
-    (BASE.replace("approved", "did not approve"), "negation"),
-    (BASE.replace("120", "150"), "numbers"),
-    (BASE.replace("Europe and Asia", "Africa and Asia"), "entities"),
-    (BASE + " " + BASE, "length"),
-])
+@pytest.mark.parametrize(
+    "changed, guard",
+    [
+        (BASE.replace("approved", "did not approve"), "negation"),
+        (BASE.replace("120", "150"), "numbers"),
+        (BASE.replace("Europe and Asia", "Africa and Asia"), "entities"),
+        (BASE + " " + BASE, "length"),
+    ],
+)
 def test_guards_refuse_changed_meaning(changed, guard):
     assert guards.texts_agree(BASE, changed, 1.5) == guard
 
 
 def test_guards_let_headers_footers_and_whitespace_through():
-    assert guards.texts_agree(BASE, "Fwd: Forwarded message from Dana Smith, 3 May. " + BASE + " Sent from my phone", 1.5) is None
+    assert (
+        guards.texts_agree(BASE, "Fwd: Forwarded message from Dana Smith, 3 May. " + BASE + " Sent from my phone", 1.5)
+        is None
+    )
     assert guards.texts_agree(BASE, normalise_text(BASE.replace(" ", "   ")), 1.5) is None
-    assert guards.texts_agree(BASE, "NOT FOR DISTRIBUTION. " + BASE, 1.5) == "negation", "an added 'not' is never boilerplate"
+    assert guards.texts_agree(BASE, "NOT FOR DISTRIBUTION. " + BASE, 1.5) == "negation", (
+        "an added 'not' is never boilerplate"
+    )
 
 
 def test_near_duplicates_reuse_and_changed_meaning_does_not():
-    got, _, stats = reuse_of([
-        ("a", "t1", BASE),
-        ("b", "t1", "Fwd: " + BASE + " Sent from my phone"),
-        ("c", "t1", BASE.replace("approved", "did not approve")),
-        ("d", "t1", BASE.replace("120", "150")),
-        ("e", "t1", "  " + BASE.replace(" ", "  ")),
-    ])
-    assert got == {"a": (None, None), "b": ("near_duplicate", "a"), "c": (None, None), "d": (None, None),
-                   "e": (None, None)}  # e is an exact duplicate: same key, no near/semantic kind
+    got, _, stats = reuse_of(
+        [
+            ("a", "t1", BASE),
+            ("b", "t1", "Fwd: " + BASE + " Sent from my phone"),
+            ("c", "t1", BASE.replace("approved", "did not approve")),
+            ("d", "t1", BASE.replace("120", "150")),
+            ("e", "t1", "  " + BASE.replace(" ", "  ")),
+        ]
+    )
+    assert got == {
+        "a": (None, None),
+        "b": ("near_duplicate", "a"),
+        "c": (None, None),
+        "d": (None, None),
+        "e": (None, None),
+    }  # e is an exact duplicate: same key, no near/semantic kind
     assert stats.refused["numbers"] >= 1  # similar enough to be a candidate; the guard said no
 
 
@@ -126,8 +158,10 @@ def test_no_reuse_across_tenants_unless_shared():
 
 
 def test_guards_off_reuse_even_changed_numbers():
-    got, _, _ = reuse_of([("a", "t", BASE), ("b", "t", BASE.replace("120", "150"))],
-                         DedupConfig(shadow_rate=0.0, guards=False, near_threshold=0.5))
+    got, _, _ = reuse_of(
+        [("a", "t", BASE), ("b", "t", BASE.replace("120", "150"))],
+        DedupConfig(shadow_rate=0.0, guards=False, near_threshold=0.5),
+    )
     assert got["b"] == ("near_duplicate", "a")
 
 
@@ -136,8 +170,9 @@ def test_representative_in_another_partition_travels_with_its_member():
     member = out.to_pylist()[1]
     assert member["gen_id"] == "a" and member["gen_text"] == BASE
     units = generation_units(out.filter(pa.compute.equal(out["partition"], "p1")), {member["gen_key"]})
-    assert units.to_pylist() == [{"id": "a", "text": BASE, "tenant": "t", "scope": "t=t", "tier": "small",
-                                  "item_key": member["gen_key"]}]
+    assert units.to_pylist() == [
+        {"id": "a", "text": BASE, "tenant": "t", "scope": "t=t", "tier": "small", "item_key": member["gen_key"]}
+    ]
 
 
 def test_missing_cache_target_falls_back_to_generating():
@@ -152,15 +187,20 @@ def test_missing_cache_target_falls_back_to_generating():
 def test_semantic_reuse_of_a_paraphrase_with_guards(static_embedder):
     from pipeline.dedup.embed import StaticEmbedder
 
-    paraphrase = ("Acme Corp said its quarterly revenue was 120 million dollars, higher than last year. The board "
-                  "approved a new dividend, and the chief executive said demand for the company's industrial pumps "
-                  "stayed strong in Europe and Asia. Analysts expect more growth next fiscal year as new plants open in Ohio.")
+    paraphrase = (
+        "Acme Corp said its quarterly revenue was 120 million dollars, higher than last year. The board "
+        "approved a new dividend, and the chief executive said demand for the company's industrial pumps "
+        "stayed strong in Europe and Asia. Analysts expect more growth next fiscal year as new plants open in Ohio."
+    )
     embedder = StaticEmbedder(static_embedder)
     v = embedder.encode([BASE, paraphrase, "The weather in Paris was sunny all week."])
     assert v.shape[0] == 3 and np.allclose(np.linalg.norm(v, axis=1), 1.0, atol=1e-5)
     config = DedupConfig(shadow_rate=0.0, near=False, semantic=True, semantic_threshold=0.85)
-    got, out, _ = reuse_of([("a", "t", BASE), ("b", "t", paraphrase),
-                            ("c", "t", paraphrase.replace("120", "90")), ("d", "u", paraphrase)], config, embedder)
+    got, out, _ = reuse_of(
+        [("a", "t", BASE), ("b", "t", paraphrase), ("c", "t", paraphrase.replace("120", "90")), ("d", "u", paraphrase)],
+        config,
+        embedder,
+    )
     assert got == {"a": (None, None), "b": ("semantic", "a"), "c": (None, None), "d": (None, None)}
     assert out["similarity"][1].as_py() >= 0.85
 
@@ -181,9 +221,18 @@ def test_verification_arithmetic():
     assert low == 0.0 and 0.1 < high < 0.2
     low, high = wilson_interval(5, 100)
     assert low < 0.05 < high
-    total = summarise_verification([{"by_kind": {"near_duplicate": {"checked": 10, "false_hits": 1}}},
-                                    {"by_kind": {"near_duplicate": {"checked": 10, "false_hits": 0},
-                                                 "semantic": {"checked": 5, "false_hits": 2}}}], 0.5)
+    total = summarise_verification(
+        [
+            {"by_kind": {"near_duplicate": {"checked": 10, "false_hits": 1}}},
+            {
+                "by_kind": {
+                    "near_duplicate": {"checked": 10, "false_hits": 0},
+                    "semantic": {"checked": 5, "false_hits": 2},
+                }
+            },
+        ],
+        0.5,
+    )
     assert total["checked"] == 25 and total["false_hits"] == 3 and total["false_hit_rate"] == 0.12
     assert total["by_kind"]["semantic"]["false_hit_rate"] == 0.4
 
@@ -192,10 +241,19 @@ def test_a_copy_may_reuse_a_larger_tier_never_a_smaller_one():
     from pipeline.keys import add_item_keys
 
     config = DedupConfig(shadow_rate=0.0)
-    table = pa.table({"id": ["big", "copy", "small", "copy-up"], "tenant": ["t"] * 4,
-                      "text": [BASE, "Fwd: " + BASE, BASE.replace("Ohio", "Texas"), "Fwd: " + BASE.replace("Ohio", "Texas")],
-                      "partition": ["p0"] * 4, "tier": ["large", "small", "small", "large"]})
-    tiers = {"small": TierConfig(model="s", price_per_gpu_hour=1.0), "large": TierConfig(model="l", price_per_gpu_hour=4.0)}
+    table = pa.table(
+        {
+            "id": ["big", "copy", "small", "copy-up"],
+            "tenant": ["t"] * 4,
+            "text": [BASE, "Fwd: " + BASE, BASE.replace("Ohio", "Texas"), "Fwd: " + BASE.replace("Ohio", "Texas")],
+            "partition": ["p0"] * 4,
+            "tier": ["large", "small", "small", "large"],
+        }
+    )
+    tiers = {
+        "small": TierConfig(model="s", price_per_gpu_hour=1.0),
+        "large": TierConfig(model="l", price_per_gpu_hour=4.0),
+    }
     keyed_table = add_item_keys(add_content_hashes(table, config), PromptConfig(), SamplingConfig(), tiers)
     out, _ = cluster_records(keyed_table, config, None, None, {"small": 1.0, "large": 4.0})
     rows = {r["id"]: r for r in out.to_pylist()}

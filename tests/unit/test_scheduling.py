@@ -36,14 +36,24 @@ def test_under_xdist_every_engine_test_goes_to_one_worker(pytestconfig, monkeypa
 
 def test_the_longest_levels_go_out_first(pytestconfig, monkeypatch):
     scheduler = _scheduler(pytestconfig, monkeypatch)
-    scopes = ["tests/unit/test_keys.py::test_a", "tests/integration/test_job.py::test_b",
-              "tests/system/test_airflow.py", "tests/unit/test_keys.py::test_c", "tests/engine/",
-              "tests/system/test_chaos.py::test_d"]
+    scopes = [
+        "tests/unit/test_keys.py::test_a",
+        "tests/integration/test_job.py::test_b",
+        "tests/system/test_airflow.py",
+        "tests/unit/test_keys.py::test_c",
+        "tests/engine/",
+        "tests/system/test_chaos.py::test_d",
+    ]
     scheduler.workqueue = OrderedDict((scope, {}) for scope in scopes)
     scheduler.order_queue()
-    assert list(scheduler.workqueue) == ["tests/engine/", "tests/system/test_airflow.py",
-                                         "tests/system/test_chaos.py::test_d", "tests/integration/test_job.py::test_b",
-                                         "tests/unit/test_keys.py::test_a", "tests/unit/test_keys.py::test_c"]
+    assert list(scheduler.workqueue) == [
+        "tests/engine/",
+        "tests/system/test_airflow.py",
+        "tests/system/test_chaos.py::test_d",
+        "tests/integration/test_job.py::test_b",
+        "tests/unit/test_keys.py::test_a",
+        "tests/unit/test_keys.py::test_c",
+    ]
 
 
 def test_another_distribution_asked_for_is_left_to_xdist(pytestconfig, monkeypatch):

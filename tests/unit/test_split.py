@@ -53,8 +53,9 @@ def test_near_duplicates_always_share_a_part():
     assert len(set(part.tolist())) == 4
 
 
-@pytest.mark.parametrize("dedup", [{}, {"dedup__near": False}, {"dedup__semantic": False}],
-                         ids=["near+semantic", "near off", "semantic off"])
+@pytest.mark.parametrize(
+    "dedup", [{}, {"dedup__near": False}, {"dedup__semantic": False}], ids=["near+semantic", "near off", "semantic off"]
+)
 def test_a_cut_scope_stages_what_the_uncut_one_does_but_semantic_matches_across_parts(make_config, tmp_path, dedup):
     """One tenant, cut into parts of about 40 records: exact and near reuse exactly as uncut (near off: parts
     by item key); a row whose decision differs is a semantic match that the cut separated, or a member whose
@@ -75,8 +76,9 @@ def test_a_cut_scope_stages_what_the_uncut_one_does_but_semantic_matches_across_
         f.write(json.dumps({"id": "d3", "text": "a taken id", "tenant": "acme"}) + "\n")
 
     def staged(shard_rows: int, name: str):
-        config = make_config(root, input__records_per_partition=25, planning__shard_rows=shard_rows,
-                             dedup__shadow_rate=0, **dedup)
+        config = make_config(
+            root, input__records_per_partition=25, planning__shard_rows=shard_rows, dedup__shadow_rate=0, **dedup
+        )
         area = StagingArea(storage.resolve(str(tmp_path / name)), "cut")
         plan = plan_job(config, "cut", area, workers=1)
         records = pa.concat_tables([area.read(p, "records") for p in plan.partitions]).sort_by("id")
@@ -91,17 +93,28 @@ def test_a_cut_scope_stages_what_the_uncut_one_does_but_semantic_matches_across_
     assert cut["id"] == whole["id"] and cut["item_key"] == whole["item_key"]
     kinds = whole["reuse"].to_pylist(), cut["reuse"].to_pylist()
     assert kinds[0].count("near_duplicate") == kinds[1].count("near_duplicate")
-    assert kinds[0].count("near_duplicate") > 20 if dedup.get("dedup__near", True) else not kinds[0].count("near_duplicate")
+    assert (
+        kinds[0].count("near_duplicate") > 20
+        if dedup.get("dedup__near", True)
+        else not kinds[0].count("near_duplicate")
+    )
     semantic_on = dedup.get("dedup__semantic", True)
     assert (kinds[0].count("semantic") >= 5) == semantic_on
-    changed = [i for i, (a, b) in enumerate(zip(whole.to_pylist(), cut.to_pylist()))
-               if (a["gen_key"], a["reuse"]) != (b["gen_key"], b["reuse"])]
+    changed = [
+        i
+        for i, (a, b) in enumerate(zip(whole.to_pylist(), cut.to_pylist()))
+        if (a["gen_key"], a["reuse"]) != (b["gen_key"], b["reuse"])
+    ]
     ids, gen_ids = whole["id"].to_pylist(), whole["gen_id"].to_pylist()
     for i in changed:
-        assert semantic_on and ("semantic" in (kinds[0][i], kinds[1][i]) or kinds[0][i] == kinds[1][i] == "near_duplicate"
-                                or (gen_ids[i] and kinds[0][ids.index(gen_ids[i])] == "semantic")), \
-            (ids[i], kinds[0][i], kinds[1][i])
-    print(f"{dedup}: rows staged differently with the scope cut: {len(changed)} of {kinds[0].count('semantic')} semantic")
+        assert semantic_on and (
+            "semantic" in (kinds[0][i], kinds[1][i])
+            or kinds[0][i] == kinds[1][i] == "near_duplicate"
+            or (gen_ids[i] and kinds[0][ids.index(gen_ids[i])] == "semantic")
+        ), (ids[i], kinds[0][i], kinds[1][i])
+    print(
+        f"{dedup}: rows staged differently with the scope cut: {len(changed)} of {kinds[0].count('semantic')} semantic"
+    )
 
 
 def test_a_cut_scope_counts_its_cache_index_once():

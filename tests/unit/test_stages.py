@@ -50,15 +50,14 @@ def test_each_stage_needs_and_adds_what_it_declares(config, cache):
             assert out.num_rows == table.num_rows, f"{stage.name}: changed the number of records"
 
         # Fed only what it declares it needs, the stage still runs and adds the same columns.
-        alone = stage.fn(table.select(list(stage.needs)),
-                         StageContext(config, "stages", config.input.uri, cache))
+        alone = stage.fn(table.select(list(stage.needs)), StageContext(config, "stages", config.input.uri, cache))
         assert set(alone.column_names) == (set(stage.needs) - set(stage.drops)) | set(stage.adds), stage.name
         table = out
     assert tuple(table.column_names) == STAGED_COLUMNS
     assert table.num_rows > 0
     assert ctx.raw.num_rows == table.num_rows + ctx.quarantine.num_rows  # every record leaves validate once
-    assert set(table["tier"].to_pylist()) == {"small", "large"}       # the route rules ran
-    assert ctx.dedup is not None and ctx.dedup.clusters                 # the corpus has near duplicates
+    assert set(table["tier"].to_pylist()) == {"small", "large"}  # the route rules ran
+    assert ctx.dedup is not None and ctx.dedup.clusters  # the corpus has near duplicates
 
 
 def test_staged_input_checks_the_contracts_and_returns_every_side_output(config, cache):
@@ -73,18 +72,31 @@ def _add(name: str):
     return lambda table, ctx: table.append_column(name, pa.array([1] * table.num_rows))
 
 
-@pytest.mark.parametrize("stage, message", [
-    (Stage("needy", needs=("id", "tier"), adds=(), fn=lambda t, c: t),
-     "stage 'needy' needs columns ['tier'] missing from its input (input has ['id', 'text'])"),
-    (Stage("lazy", needs=("id",), adds=("tier",), fn=lambda t, c: t),
-     "stage 'lazy' broke its contract: did not add declared columns ['tier']"),
-    (Stage("sneaky", needs=("id",), adds=("tier",), fn=lambda t, c: _add("extra")(_add("tier")(t, c), c)),
-     "stage 'sneaky' broke its contract: added undeclared columns ['extra']"),
-    (Stage("doubler", needs=("id",), adds=(), fn=_add("text")),
-     "stage 'doubler' broke its contract: returned columns ['text'] twice"),
-    (Stage("eraser", needs=("id",), adds=(), fn=lambda t, c: t.drop_columns(["text"])),
-     "stage 'eraser' broke its contract: removed ['text'], declared drops []"),
-])
+@pytest.mark.parametrize(
+    "stage, message",
+    [
+        (
+            Stage("needy", needs=("id", "tier"), adds=(), fn=lambda t, c: t),
+            "stage 'needy' needs columns ['tier'] missing from its input (input has ['id', 'text'])",
+        ),
+        (
+            Stage("lazy", needs=("id",), adds=("tier",), fn=lambda t, c: t),
+            "stage 'lazy' broke its contract: did not add declared columns ['tier']",
+        ),
+        (
+            Stage("sneaky", needs=("id",), adds=("tier",), fn=lambda t, c: _add("extra")(_add("tier")(t, c), c)),
+            "stage 'sneaky' broke its contract: added undeclared columns ['extra']",
+        ),
+        (
+            Stage("doubler", needs=("id",), adds=(), fn=_add("text")),
+            "stage 'doubler' broke its contract: returned columns ['text'] twice",
+        ),
+        (
+            Stage("eraser", needs=("id",), adds=(), fn=lambda t, c: t.drop_columns(["text"])),
+            "stage 'eraser' broke its contract: removed ['text'], declared drops []",
+        ),
+    ],
+)
 def test_a_stage_that_breaks_its_contract_is_named(stage, message):
     table = pa.table({"id": ["a", "b"], "text": ["x", "y"]})
     ok = Stage("first", needs=("id",), adds=(), fn=lambda t, c: t)

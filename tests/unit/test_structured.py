@@ -1,6 +1,5 @@
 """Structured output: a JSON schema enforced by vLLM's guided decoding, one retry, then quarantine."""
 
-
 import pytest
 
 from pipeline.config import ConfigError, load_config
@@ -8,8 +7,12 @@ from pipeline.generate.followup import final_output, next_attempt
 from pipeline.keys import escalation_key, retry_key
 from tests.conftest import TINY_CONFIG
 
-SCHEMA = {"type": "object", "properties": {"summary": {"type": "string", "maxLength": 40}},
-          "required": ["summary"], "additionalProperties": False}
+SCHEMA = {
+    "type": "object",
+    "properties": {"summary": {"type": "string", "maxLength": 40}},
+    "required": ["summary"],
+    "additionalProperties": False,
+}
 
 
 def test_a_schema_that_is_not_a_json_schema_is_a_config_error():
@@ -39,13 +42,13 @@ def test_invalid_outputs_are_retried_first_then_valid_ones_escalate(make_config)
     assert next_attempt("k", {"k": cut, retry_key("k"): unsure}, config)[0] == esc, "a valid retry may escalate"
     large_bad = {**cut, "tier": "large"}
     out = final_output("k", {"k": unsure, esc: large_bad}, config)
-    assert out.item is unsure and not out.escalated and len(out.paid) == 2, "an invalid escalation keeps the valid first output"
+    assert out.item is unsure and not out.escalated and len(out.paid) == 2, (
+        "an invalid escalation keeps the valid first output"
+    )
     assert out.attempts == 2, "and is still a paid attempt"
     cached = {**large_bad, "summary": '{"summary":"from the cache"}', "origin": "cache"}
     out = final_output("k", {"k": unsure, esc: cached}, config)
     assert out.escalated and len(out.paid) == 2 and out.attempts == 1, "an escalation the cache served is not paid here"
-
-
 
 
 def test_a_record_whose_escalation_the_cache_served_pays_its_first_attempt_at_its_price(make_config):
@@ -59,16 +62,53 @@ def test_a_record_whose_escalation_the_cache_served_pays_its_first_attempt_at_it
 
     config = make_config(routing=True, route__escalation__min_mean_logprob=-3.0)
     now = datetime.now(timezone.utc)
-    first = {"id": "r1", "tenant": "t", "tier": "small", "model": "m", "summary": "unsure", "mean_logprob": -5.0,
-             "finish_reason": "stop", "prompt_tokens": 10, "cached_prompt_tokens": 0, "output_tokens": 5,
-             "gpu_seconds": 2.0, "baseline_gpu_seconds": 4.0, "created_at": now}
-    cached = {**first, "tier": "large", "summary": "sure", "mean_logprob": -1.0, "gpu_seconds": 0.0,
-              "origin": "cache", "source_job": "earlier", "source_id": "r0", "saved_usd": 0.5}
-    records = pa.table({"id": ["r1"], "tenant": ["t"], "partition": ["p"], "reuse": pa.nulls(1, pa.string()),
-                        "similarity": pa.nulls(1, pa.float64()), "shadow": [False], "route_reason": ["default"],
-                        "item_key": ["k"], "gen_key": ["k"], "text": ["a document"], "scope": ["t=t"], "tier": ["small"], "file": ["f.jsonl"],
-                        "line": [1]})
-    outputs, ledger, _ = assemble_results(records, {"k": first, escalation_key("k", "large"): cached}, {}, config, "j", now)
+    first = {
+        "id": "r1",
+        "tenant": "t",
+        "tier": "small",
+        "model": "m",
+        "summary": "unsure",
+        "mean_logprob": -5.0,
+        "finish_reason": "stop",
+        "prompt_tokens": 10,
+        "cached_prompt_tokens": 0,
+        "output_tokens": 5,
+        "gpu_seconds": 2.0,
+        "baseline_gpu_seconds": 4.0,
+        "created_at": now,
+    }
+    cached = {
+        **first,
+        "tier": "large",
+        "summary": "sure",
+        "mean_logprob": -1.0,
+        "gpu_seconds": 0.0,
+        "origin": "cache",
+        "source_job": "earlier",
+        "source_id": "r0",
+        "saved_usd": 0.5,
+    }
+    records = pa.table(
+        {
+            "id": ["r1"],
+            "tenant": ["t"],
+            "partition": ["p"],
+            "reuse": pa.nulls(1, pa.string()),
+            "similarity": pa.nulls(1, pa.float64()),
+            "shadow": [False],
+            "route_reason": ["default"],
+            "item_key": ["k"],
+            "gen_key": ["k"],
+            "text": ["a document"],
+            "scope": ["t=t"],
+            "tier": ["small"],
+            "file": ["f.jsonl"],
+            "line": [1],
+        }
+    )
+    outputs, ledger, _ = assemble_results(
+        records, {"k": first, escalation_key("k", "large"): cached}, {}, config, "j", now
+    )
     (row,) = ledger.to_pylist()
     assert outputs["summary"].to_pylist() == ["sure"] and row["escalated"] and row["attempts"] == 1
     small = config.tiers["small"].price_per_gpu_hour
@@ -76,7 +116,9 @@ def test_a_record_whose_escalation_the_cache_served_pays_its_first_attempt_at_it
 
 
 @pytest.mark.parametrize("quarantine", [[], ["degenerate"]])
-def test_an_escalation_generated_here_for_a_record_the_cache_served_first_is_paid_by_that_record(make_config, quarantine):
+def test_an_escalation_generated_here_for_a_record_the_cache_served_first_is_paid_by_that_record(
+    make_config, quarantine
+):
     """Review finding: a record whose first attempt was a cache hit and whose escalation ran in this job got a ledger
     row costing nothing (and, quarantined by a check, no row at all): the escalation's GPU time was in no row."""
     from datetime import datetime, timezone
@@ -88,19 +130,58 @@ def test_an_escalation_generated_here_for_a_record_the_cache_served_first_is_pai
 
     config = make_config(routing=True, route__escalation__min_mean_logprob=-3.0, checks__quarantine=quarantine)
     now = datetime.now(timezone.utc)
-    first = {"id": "r0", "tenant": "t", "tier": "small", "model": "m", "summary": "unsure", "mean_logprob": -5.0,
-             "finish_reason": "stop", "prompt_tokens": 10, "cached_prompt_tokens": 0, "output_tokens": 5,
-             "gpu_seconds": 0.0, "baseline_gpu_seconds": 4.0, "created_at": now, "origin": "cache",
-             "source_job": "earlier", "source_id": "r0", "saved_usd": 0.25}
+    first = {
+        "id": "r0",
+        "tenant": "t",
+        "tier": "small",
+        "model": "m",
+        "summary": "unsure",
+        "mean_logprob": -5.0,
+        "finish_reason": "stop",
+        "prompt_tokens": 10,
+        "cached_prompt_tokens": 0,
+        "output_tokens": 5,
+        "gpu_seconds": 0.0,
+        "baseline_gpu_seconds": 4.0,
+        "created_at": now,
+        "origin": "cache",
+        "source_job": "earlier",
+        "source_id": "r0",
+        "saved_usd": 0.25,
+    }
     loop = "again " * 40
-    escalation = {**first, "id": "r1", "tier": "large", "summary": loop, "compression_ratio": compression_ratio(loop),
-                  "mean_logprob": -1.0, "gpu_seconds": 2.0, "origin": None, "saved_usd": None}
-    records = pa.table({"id": ["r1"], "tenant": ["t"], "partition": ["p"], "reuse": pa.nulls(1, pa.string()),
-                        "similarity": pa.nulls(1, pa.float64()), "shadow": [False], "route_reason": ["default"],
-                        "item_key": ["k"], "gen_key": ["k"], "text": ["a document"], "scope": ["t=t"], "tier": ["small"],
-                        "file": ["f.jsonl"], "line": [1]})
-    outputs, ledger, quarantined = assemble_results(records, {"k": first, escalation_key("k", "large"): escalation}, {},
-                                                    config, "j", now)
+    escalation = {
+        **first,
+        "id": "r1",
+        "tier": "large",
+        "summary": loop,
+        "compression_ratio": compression_ratio(loop),
+        "mean_logprob": -1.0,
+        "gpu_seconds": 2.0,
+        "origin": None,
+        "saved_usd": None,
+    }
+    records = pa.table(
+        {
+            "id": ["r1"],
+            "tenant": ["t"],
+            "partition": ["p"],
+            "reuse": pa.nulls(1, pa.string()),
+            "similarity": pa.nulls(1, pa.float64()),
+            "shadow": [False],
+            "route_reason": ["default"],
+            "item_key": ["k"],
+            "gen_key": ["k"],
+            "text": ["a document"],
+            "scope": ["t=t"],
+            "tier": ["small"],
+            "file": ["f.jsonl"],
+            "line": [1],
+        }
+    )
+    outputs, ledger, quarantined = assemble_results(
+        records, {"k": first, escalation_key("k", "large"): escalation}, {}, config, "j", now
+    )
     (row,) = ledger.to_pylist()
     large = config.tiers["large"].price_per_gpu_hour
     assert row["cost_usd"] == pytest.approx(2.0 * large / 3600) and row["attempts"] == 1 and row["escalated"]

@@ -33,15 +33,43 @@ def usd(gpu_seconds: float, price: float) -> float:
     return gpu_seconds * price / 3600.0
 
 
-def row(partition: str, id_: str, tier: str, source: str | None, busy: float, overhead: float, price: float,
-        baseline: float, kind: str = "output", escalated: bool = False, cost: float | None = None) -> dict:
-    return {"job_id": "u", "partition": partition, "id": id_, "tenant": "acme", "tier": tier, "model": f"m-{tier}",
-            "source": source, "kind": kind, "escalated": escalated,
-            "escalation_reason": "low_logprob" if escalated else None, "prompt_tokens": 100,
-            "cached_prompt_tokens": 0, "output_tokens": 20, "gpu_seconds": busy + overhead,
-            "busy_gpu_seconds": busy, "overhead_gpu_seconds": overhead, "price_per_gpu_hour": price,
-            "cost_usd": usd(busy + overhead, price) if cost is None else cost, "baseline_cost_usd": baseline,
-            "saved_cost_usd": 0.0, "quarantined": False, "created_at": datetime(2026, 11, 30, tzinfo=timezone.utc)}
+def row(
+    partition: str,
+    id_: str,
+    tier: str,
+    source: str | None,
+    busy: float,
+    overhead: float,
+    price: float,
+    baseline: float,
+    kind: str = "output",
+    escalated: bool = False,
+    cost: float | None = None,
+) -> dict:
+    return {
+        "job_id": "u",
+        "partition": partition,
+        "id": id_,
+        "tenant": "acme",
+        "tier": tier,
+        "model": f"m-{tier}",
+        "source": source,
+        "kind": kind,
+        "escalated": escalated,
+        "escalation_reason": "low_logprob" if escalated else None,
+        "prompt_tokens": 100,
+        "cached_prompt_tokens": 0,
+        "output_tokens": 20,
+        "gpu_seconds": busy + overhead,
+        "busy_gpu_seconds": busy,
+        "overhead_gpu_seconds": overhead,
+        "price_per_gpu_hour": price,
+        "cost_usd": usd(busy + overhead, price) if cost is None else cost,
+        "baseline_cost_usd": baseline,
+        "saved_cost_usd": 0.0,
+        "quarantined": False,
+        "created_at": datetime(2026, 11, 30, tzinfo=timezone.utc),
+    }
 
 
 def ledger_rows(partition: str = "p0") -> list[dict]:
@@ -51,12 +79,24 @@ def ledger_rows(partition: str = "p0") -> list[dict]:
     blended price that keeps cost = GPU-seconds × price; its baseline (15.6 GPU-s on large) is below what
     it paid, so the old waterfall's "prefix cache and batching" came out negative."""
     esc_cost = usd(9.6, SMALL) + usd(7.2, LARGE)
-    return [row(partition, "a", "small", "generated", 10, 2, SMALL, usd(9, LARGE)),
-            row(partition, "b", "large", "generated", 5, 1, LARGE, usd(7, LARGE)),
-            row(partition, "c", "large", "generated", 14, 2.8, esc_cost * 3600 / 16.8, usd(7.8, LARGE),
-                escalated=True, cost=esc_cost),
-            row(partition, "d", "small", None, 3, 0.6, SMALL, 0.0, kind="failed_attempt"),
-            row(partition, "e", "small", "duplicate_in_job", 0, 0, SMALL, usd(5, LARGE), cost=0.0)]
+    return [
+        row(partition, "a", "small", "generated", 10, 2, SMALL, usd(9, LARGE)),
+        row(partition, "b", "large", "generated", 5, 1, LARGE, usd(7, LARGE)),
+        row(
+            partition,
+            "c",
+            "large",
+            "generated",
+            14,
+            2.8,
+            esc_cost * 3600 / 16.8,
+            usd(7.8, LARGE),
+            escalated=True,
+            cost=esc_cost,
+        ),
+        row(partition, "d", "small", None, 3, 0.6, SMALL, 0.0, kind="failed_attempt"),
+        row(partition, "e", "small", "duplicate_in_job", 0, 0, SMALL, usd(5, LARGE), cost=0.0),
+    ]
 
 
 def ledger_con(rows: list[dict]) -> duckdb.DuckDBPyConnection:
@@ -82,7 +122,9 @@ def test_waterfall_adds_start_up_idle_and_escalation_and_saves_no_negative_prefi
     assert "derived from each row's blended price" in " ".join(notes)
 
     # The old computation (baseline - cost of generated rows on the largest tier) was negative here.
-    old = sum(r["baseline_cost_usd"] - r["cost_usd"] for r in rows if r["source"] == "generated" and r["tier"] == "large")
+    old = sum(
+        r["baseline_cost_usd"] - r["cost_usd"] for r in rows if r["source"] == "generated" and r["tier"] == "large"
+    )
     assert old < 0
 
 
@@ -94,7 +136,9 @@ def test_waterfall_escalation_falls_back_to_above_baseline_when_prices_cannot_sp
     busy_cost = esc["cost_usd"] - usd(2.8, esc["price_per_gpu_hour"])
     assert by["escalation: attempts before it"] == pytest.approx(busy_cost - esc["baseline_cost_usd"])
     assert "cannot be told from the ledger" in " ".join(notes)
-    assert sum(r["baseline_cost_usd"] for r in rows) + sum(by.values()) == pytest.approx(sum(r["cost_usd"] for r in rows))
+    assert sum(r["baseline_cost_usd"] for r in rows) + sum(by.values()) == pytest.approx(
+        sum(r["cost_usd"] for r in rows)
+    )
 
 
 def test_waterfall_reads_a_ledger_without_the_busy_and_overhead_columns():
@@ -105,41 +149,92 @@ def test_waterfall_reads_a_ledger_without_the_busy_and_overhead_columns():
 
 
 ENGINES = {
-    "small": {"workers": 2, "starts": 2, "startup_seconds": 20.0, "busy_seconds": 90.0, "idle_seconds": 10.0,
-              "held_seconds": 120.0, "held_gpu_seconds": 120.0, "utilisation": 0.75, "engine_seconds": 90.0,
-              "gpu_seconds": 120.0, "output_tokens": 4500, "uncached_prompt_tokens": 9000, "items": 40,
-              "model": "m-small", "output_tokens_per_second": 50.0, "efficiency": {"mfu": None},
-              "failed_attempts": 1},
-    "large": {"workers": 1, "starts": 1, "startup_seconds": 30.0, "busy_seconds": 40.0, "idle_seconds": 30.0,
-              "held_seconds": 100.0, "held_gpu_seconds": 200.0, "utilisation": 0.4, "engine_seconds": 40.0,
-              "gpu_seconds": 200.0, "output_tokens": 800, "uncached_prompt_tokens": 2000, "items": 10,
-              "model": "/srv/models/m-large", "output_tokens_per_second": 20.0, "efficiency": {"mfu": None}},
+    "small": {
+        "workers": 2,
+        "starts": 2,
+        "startup_seconds": 20.0,
+        "busy_seconds": 90.0,
+        "idle_seconds": 10.0,
+        "held_seconds": 120.0,
+        "held_gpu_seconds": 120.0,
+        "utilisation": 0.75,
+        "engine_seconds": 90.0,
+        "gpu_seconds": 120.0,
+        "output_tokens": 4500,
+        "uncached_prompt_tokens": 9000,
+        "items": 40,
+        "model": "m-small",
+        "output_tokens_per_second": 50.0,
+        "efficiency": {"mfu": None},
+        "failed_attempts": 1,
+    },
+    "large": {
+        "workers": 1,
+        "starts": 1,
+        "startup_seconds": 30.0,
+        "busy_seconds": 40.0,
+        "idle_seconds": 30.0,
+        "held_seconds": 100.0,
+        "held_gpu_seconds": 200.0,
+        "utilisation": 0.4,
+        "engine_seconds": 40.0,
+        "gpu_seconds": 200.0,
+        "output_tokens": 800,
+        "uncached_prompt_tokens": 2000,
+        "items": 10,
+        "model": "/srv/models/m-large",
+        "output_tokens_per_second": 20.0,
+        "efficiency": {"mfu": None},
+    },
 }
 
 
 def manifest(partition: str = "p0", file: str = "a.jsonl") -> dict:
-    return {"job_id": "u", "largest_tier": "large",
-            "cost": {"cost_usd": 0.0, "baseline_cost_usd": 0.0, "saved_usd": 0.0, "gpu_seconds": 320.0,
-                     "overhead_gpu_seconds": 130.0,
-                     "gpu_seconds_by_kind": {"failed_attempt": 3.6, "output": 316.4}},
-            "engines": ENGINES,
-            "counts": {"records": 5, "outputs": 4, "quarantined": 0, "by_source": {"generated": 3, "duplicate_in_job": 1},
-                       "by_reason": {}, "by_tier": {"small": 2, "large": 2}},
-            "tokens": {"prompt_tokens": 400, "cached_prompt_tokens": 0, "output_tokens": 80},
-            "partitions": {partition: {"file": file, "records": 5, "status": "succeeded", "seconds": 3.5},
-                           "p-short": {"file": "b.jsonl", "records": 1, "status": "succeeded", "seconds": 1.0}},
-            "reuse": {"verification": {"checked": 0}}, "routing": {}}
+    return {
+        "job_id": "u",
+        "largest_tier": "large",
+        "cost": {
+            "cost_usd": 0.0,
+            "baseline_cost_usd": 0.0,
+            "saved_usd": 0.0,
+            "gpu_seconds": 320.0,
+            "overhead_gpu_seconds": 130.0,
+            "gpu_seconds_by_kind": {"failed_attempt": 3.6, "output": 316.4},
+        },
+        "engines": ENGINES,
+        "counts": {
+            "records": 5,
+            "outputs": 4,
+            "quarantined": 0,
+            "by_source": {"generated": 3, "duplicate_in_job": 1},
+            "by_reason": {},
+            "by_tier": {"small": 2, "large": 2},
+        },
+        "tokens": {"prompt_tokens": 400, "cached_prompt_tokens": 0, "output_tokens": 80},
+        "partitions": {
+            partition: {"file": file, "records": 5, "status": "succeeded", "seconds": 3.5},
+            "p-short": {"file": "b.jsonl", "records": 1, "status": "succeeded", "seconds": 1.0},
+        },
+        "reuse": {"verification": {"checked": 0}},
+        "routing": {},
+    }
 
 
 def write_job(out, rows: list[dict], m: dict) -> str:
     root = storage.resolve(str(out))
     commit = new_commit_id(1)
-    empty = {kind: pa.schema([("partition", pa.string()), *schema]).empty_table()
-             for kind, schema in (("outputs", OUTPUTS), ("quarantine", QUARANTINE))}
+    empty = {
+        kind: pa.schema([("partition", pa.string()), *schema]).empty_table()
+        for kind, schema in (("outputs", OUTPUTS), ("quarantine", QUARANTINE))
+    }
     partition = rows[0]["partition"]
-    files = write_files(root, "u", partition, {"ledger": pa.Table.from_pylist(rows, schema=LEDGER), **empty}, "zstd", commit)
+    files = write_files(
+        root, "u", partition, {"ledger": pa.Table.from_pylist(rows, schema=LEDGER), **empty}, "zstd", commit
+    )
     publish(root, "u", partition, commit, files)
-    m["cost"].update(cost_usd=sum(r["cost_usd"] for r in rows), baseline_cost_usd=sum(r["baseline_cost_usd"] for r in rows))
+    m["cost"].update(
+        cost_usd=sum(r["cost_usd"] for r in rows), baseline_cost_usd=sum(r["baseline_cost_usd"] for r in rows)
+    )
     storage.write_bytes_atomic(root, root.join("jobs", "u", "manifest.json"), json.dumps(m).encode())
     return str(out)
 
@@ -155,24 +250,38 @@ def test_report_waterfall_bars_utilisation_table_and_whole_partition_labels(tmp_
     page = build_report(write_job(tmp_path / "out", rows, manifest(LONG_PARTITION, LONG_FILE)), "u")
 
     waterfall = svg(page, "savings")
-    bars = re.findall(r'<text x="[\d.]+" y="[\d.]+" text-anchor="end">([^<]*)</text><rect class="bar" x="([\d.-]+)" '
-                      r'y="[\d.]+" width="([\d.-]+)" height="\d+" fill="[^"]+" data-value="([\d.-]+)"/>', waterfall)
+    bars = re.findall(
+        r'<text x="[\d.]+" y="[\d.]+" text-anchor="end">([^<]*)</text><rect class="bar" x="([\d.-]+)" '
+        r'y="[\d.]+" width="([\d.-]+)" height="\d+" fill="[^"]+" data-value="([\d.-]+)"/>',
+        waterfall,
+    )
     labels = [b[0] for b in bars]
-    assert labels == ["baseline", "− reuse: duplicate in job", "− routing to smaller tiers", "− prefix cache and batching",
-                      "+ engine start-up and idle", "+ escalation: attempts before it", "+ failed attempts and lost work",
-                      "paid"]
+    assert labels == [
+        "baseline",
+        "− reuse: duplicate in job",
+        "− routing to smaller tiers",
+        "− prefix cache and batching",
+        "+ engine start-up and idle",
+        "+ escalation: attempts before it",
+        "+ failed attempts and lost work",
+        "paid",
+    ]
     values = {label: float(v) for label, _, _, v in bars}
     assert all(values[label] > 0 for label in labels if label.startswith("+"))  # costs added: bars going up
     assert all(values[label] < 0 for label in labels if label.startswith("−"))  # savings: bars going down
     assert all(float(x) >= 0 and float(w) > 0 for _, x, w, _ in bars)
     assert values["paid"] == pytest.approx(sum(r["cost_usd"] for r in rows))
-    assert values["baseline"] + sum(v for k, v in values.items() if k[0] in "+−") == pytest.approx(values["paid"], abs=1e-8)
+    assert values["baseline"] + sum(v for k, v in values.items() if k[0] in "+−") == pytest.approx(
+        values["paid"], abs=1e-8
+    )
     assert "engine start-up and idle (ledger overhead_gpu_seconds × price)" in page
 
     from tests.system.test_report import cells
+
     assert cells(page, "engine-utilisation") == [
         ["small", "m-small", "2", "2", "20.0", "90.0", "10.0", "120.0", "120.0", "75.0%", "50", "1"],
-        ["large", "m-large", "1", "1", "30.0", "40.0", "30.0", "100.0", "200.0", "40.0%", "20", "0"]]
+        ["large", "m-large", "1", "1", "30.0", "40.0", "30.0", "100.0", "200.0", "40.0%", "20", "0"],
+    ]
     assert "130.0 of them start-up and idle" in page and "failed attempt 3.6" in page
 
     slow = svg(page, "slowest-partitions")
@@ -196,8 +305,10 @@ def test_run_summary_prints_each_tiers_starts_held_time_and_utilisation():
     console = Console(width=250, record=True)
     console.print(summary_table(m))
     text = console.export_text()
-    assert ("2 starts, 120.0 s held (start-up 20.0, busy 90.0, idle 10.0), utilisation 75%, 50 output tok/s, "
-            "1 failed attempt") in text
+    assert (
+        "2 starts, 120.0 s held (start-up 20.0, busy 90.0, idle 10.0), utilisation 75%, 50 output tok/s, "
+        "1 failed attempt"
+    ) in text
     assert "1 start, 100.0 s held (start-up 30.0, busy 40.0, idle 30.0), utilisation 40%, 20 output tok/s" in text
     assert "320.000 (130.000 engine start-up and idle)" in text
 
@@ -226,14 +337,26 @@ def test_status_shows_live_tier_workers_and_work_units_per_tier(tmp_path, monkey
     out = runner.invoke(app, ["status", "--config", str(TINY_CONFIG), "--job-id", "u", "--format", "json"])
     assert out.exit_code == 0, out.output
     got = json.loads(out.stdout)
-    assert got["work_units"] == {"large": {"pending": 1, "pending_requests": 1},
-                                 "small": {"leased": 1, "leased_requests": 3, "pending": 1, "pending_requests": 2}}
+    assert got["work_units"] == {
+        "large": {"pending": 1, "pending_requests": 1},
+        "small": {"leased": 1, "leased_requests": 3, "pending": 1, "pending_requests": 2},
+    }
     workers = {w["session_id"]: w for w in got["tier_workers"]}
     assert set(workers) == {"s1", "s2"}
     assert workers["s1"] | {"renewed_seconds_ago": 0} == {
-        "job_id": "u", "tier": "small", "worker": "host-a:123", "session_id": "s1", "gpus": 1, "started_engine": True,
-        "held_seconds": 48.0, "startup_seconds": 12.0, "busy_seconds": 30.0, "idle_seconds": 6.0, "utilisation": 0.625,
-        "renewed_seconds_ago": 0}
+        "job_id": "u",
+        "tier": "small",
+        "worker": "host-a:123",
+        "session_id": "s1",
+        "gpus": 1,
+        "started_engine": True,
+        "held_seconds": 48.0,
+        "startup_seconds": 12.0,
+        "busy_seconds": 30.0,
+        "idle_seconds": 6.0,
+        "utilisation": 0.625,
+        "renewed_seconds_ago": 0,
+    }
     assert workers["s2"]["utilisation"] is None and not workers["s2"]["started_engine"]
 
     table = runner.invoke(app, ["status", "--config", str(TINY_CONFIG), "--job-id", "u"])
@@ -260,9 +383,14 @@ def test_headless_progress_lines_say_elapsed_seconds_and_rate(caplog):
         progress.advance(done=4, reused=1, usd=0.5)  # within the interval: no line
         progress.finish()
     lines = [r.getMessage() for r in caplog.records]
-    assert len(lines) == 2 and lines[0].startswith("progress: 0/10 done, 0 committed, 0 reused, 0 quarantined, $0.000000; ")
-    assert re.fullmatch(r"progress: 4/10 done, 4 committed, 1 reused, 0 quarantined, \$0\.500000; \d+ s, "
-                        r"[\d.]+ items/s(, \d+ s left)?", lines[1])
+    assert len(lines) == 2 and lines[0].startswith(
+        "progress: 0/10 done, 0 committed, 0 reused, 0 quarantined, $0.000000; "
+    )
+    assert re.fullmatch(
+        r"progress: 4/10 done, 4 committed, 1 reused, 0 quarantined, \$0\.500000; \d+ s, "
+        r"[\d.]+ items/s(, \d+ s left)?",
+        lines[1],
+    )
 
 
 def test_items_count_as_done_when_stored_not_when_their_partition_commits():
@@ -280,17 +408,39 @@ def test_items_count_as_done_when_stored_not_when_their_partition_commits():
     assert progress.shown == 10  # never past the total
 
 
-@pytest.mark.parametrize("prefix, tokens, caching, says", [
-    ({"hit_ratio": 0.12, "shareable_ratio": 0.2}, 2000, True, "12.0% of prompt tokens cached; sharing allows 20.0%"),
-    ({"hit_ratio": 0.0, "shareable_ratio": 0.046}, 1850, True, "(about 37 tokens shared per prompt; vLLM caches whole "
-                                                                 "blocks, 128 tokens on a CPU, 16 on a GPU"),
-    ({"hit_ratio": 0.0, "shareable_ratio": 0.2}, 2000, False, "(prefix caching is off: tiers.<name>.vllm.enable_prefix_caching)"),
-])
+@pytest.mark.parametrize(
+    "prefix, tokens, caching, says",
+    [
+        (
+            {"hit_ratio": 0.12, "shareable_ratio": 0.2},
+            2000,
+            True,
+            "12.0% of prompt tokens cached; sharing allows 20.0%",
+        ),
+        (
+            {"hit_ratio": 0.0, "shareable_ratio": 0.046},
+            1850,
+            True,
+            "(about 37 tokens shared per prompt; vLLM caches whole blocks, 128 tokens on a CPU, 16 on a GPU",
+        ),
+        (
+            {"hit_ratio": 0.0, "shareable_ratio": 0.2},
+            2000,
+            False,
+            "(prefix caching is off: tiers.<name>.vllm.enable_prefix_caching)",
+        ),
+    ],
+)
 def test_a_prefix_cache_that_hit_nothing_says_why(prefix, tokens, caching, says):
-    """Issue 28: "0.0% cached; sharing allows 4.7%" with no hint why (the demo's shared prefix is shorter than a block)."""
+    """Issue 28: "0.0% cached; sharing allows 4.7%" with no hint why (the demo's shared prefix is shorter than a
+    block)."""
     from pipeline.cli.jobs import prefix_line
 
-    m = {"prefix_cache": prefix, "tokens": {"shareable_prompt_tokens": tokens}, "counts": {"by_source": {"generated": 50}},
-         "engines": {"large": {"levers": {"prefix_caching": caching}}}}
+    m = {
+        "prefix_cache": prefix,
+        "tokens": {"shareable_prompt_tokens": tokens},
+        "counts": {"by_source": {"generated": 50}},
+        "engines": {"large": {"levers": {"prefix_caching": caching}}},
+    }
     assert says in prefix_line(m)
     assert ("(" in prefix_line(m)) == (prefix["hit_ratio"] == 0)

@@ -3,6 +3,7 @@
 Revision ID: 0003
 Revises: 0002
 """
+
 import sqlalchemy as sa
 from alembic import op
 
@@ -13,7 +14,7 @@ depends_on = None
 
 COLUMNS = [
     sa.Column("mean_logprob", sa.Float),  # mean log-probability of the output tokens
-    sa.Column("chunks", sa.Integer),      # map-reduce: chunk summaries this output was reduced from
+    sa.Column("chunks", sa.Integer),  # map-reduce: chunk summaries this output was reduced from
 ]
 
 

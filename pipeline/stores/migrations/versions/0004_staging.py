@@ -3,6 +3,7 @@
 Revision ID: 0004
 Revises: 0003
 """
+
 from alembic import op
 
 revision = "0004"

@@ -3,6 +3,7 @@
 Revision ID: 0005
 Revises: 0004
 """
+
 import sqlalchemy as sa
 from alembic import op
 

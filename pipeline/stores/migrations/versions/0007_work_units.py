@@ -3,6 +3,7 @@
 Revision ID: 0007
 Revises: 0006
 """
+
 import sqlalchemy as sa
 from alembic import op
 

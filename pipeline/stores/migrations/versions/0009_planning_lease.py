@@ -7,6 +7,7 @@ fenced out.
 Revision ID: 0009
 Revises: 0008
 """
+
 import sqlalchemy as sa
 from alembic import op
 

@@ -7,6 +7,7 @@ row per admitted request makes the caps one amount that every worker of the job 
 Revision ID: 0010
 Revises: 0009
 """
+
 import sqlalchemy as sa
 from alembic import op
 

@@ -8,6 +8,7 @@ units it claimed and did not finish, which `unit_claims` keeps for good.
 Revision ID: 0011
 Revises: 0010
 """
+
 import sqlalchemy as sa
 from alembic import op
 
@@ -29,12 +30,16 @@ def upgrade() -> None:
         sa.Column("finished", sa.Integer, nullable=False, server_default="0"),
     )
     # Jobs mid-run keep what the units remember: their current claim and the one they were taken from.
-    op.execute("INSERT INTO unit_claims (job_id, unit_id, epoch, session_id, partition, requests, finished) "
-               "SELECT job_id, unit_id, epoch, session_id, partition, requests, "
-               "CASE WHEN status = 'leased' THEN 0 ELSE 1 END FROM work_units WHERE session_id IS NOT NULL")
-    op.execute("INSERT INTO unit_claims (job_id, unit_id, epoch, session_id, partition, requests) "
-               "SELECT job_id, unit_id, epoch - 1, lost_session, partition, requests FROM work_units "
-               "WHERE lost_session IS NOT NULL AND epoch > 1")
+    op.execute(
+        "INSERT INTO unit_claims (job_id, unit_id, epoch, session_id, partition, requests, finished) "
+        "SELECT job_id, unit_id, epoch, session_id, partition, requests, "
+        "CASE WHEN status = 'leased' THEN 0 ELSE 1 END FROM work_units WHERE session_id IS NOT NULL"
+    )
+    op.execute(
+        "INSERT INTO unit_claims (job_id, unit_id, epoch, session_id, partition, requests) "
+        "SELECT job_id, unit_id, epoch - 1, lost_session, partition, requests FROM work_units "
+        "WHERE lost_session IS NOT NULL AND epoch > 1"
+    )
     with op.batch_alter_table("work_units") as batch:
         batch.drop_column("lost_session")
 

@@ -7,6 +7,7 @@ have none (null).
 Revision ID: 0012
 Revises: 0011
 """
+
 import sqlalchemy as sa
 from alembic import op
 

@@ -8,6 +8,7 @@ of its own, named by a token, and the catalog takes one token with the wave in a
 Revision ID: 0013
 Revises: 0012
 """
+
 import sqlalchemy as sa
 from alembic import op
 

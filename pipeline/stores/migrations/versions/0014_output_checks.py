@@ -3,6 +3,7 @@
 Revision ID: 0014
 Revises: 0013
 """
+
 import sqlalchemy as sa
 from alembic import op
 

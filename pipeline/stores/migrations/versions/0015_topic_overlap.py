@@ -3,6 +3,7 @@
 Revision ID: 0015
 Revises: 0014
 """
+
 import sqlalchemy as sa
 from alembic import op
 

@@ -5,6 +5,7 @@ engine session alive across the upgrade is renewed by its worker's next beat, an
 Revision ID: 0016
 Revises: 0015
 """
+
 import sqlalchemy as sa
 from alembic import op
 
