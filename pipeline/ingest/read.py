@@ -18,6 +18,7 @@ import json
 import re
 import sys
 import zlib
+from collections.abc import Iterator
 
 import pyarrow as pa
 import pyarrow.parquet as pq
@@ -70,26 +71,34 @@ def _excerpt_text(raw, limit: int) -> str | None:
     return _printable(raw[: limit * 4])[:limit]
 
 
-class _Downstream(Exception):
-    """An error of the `batches` consumer, carried through the reader's own error handling."""
-
-
 class _Rows:
     """Column builder for RAW_RECORDS."""
 
-    def __init__(self, relative_path: str, config: InputConfig, batches=None):
-        self.file, self.config, self.batches = relative_path, config, batches
+    def __init__(self, relative_path: str, config: InputConfig, by_partition: bool = False):
+        self.file, self.config, self.by_partition = relative_path, config, by_partition
+        self.ready: list[pa.Table] = []  # whole partitions read, not yet handed on (by_partition)
         self.cols: dict[str, list] = {name: [] for name in RAW_RECORDS.names}
         self.note: str | None = None  # what the manifest should say about this file, if anything
         self._partitions: dict[int, str] = {}
         self.count = 0  # records added, handed on or not
 
-    def add(self, position: int, line: int | None, *, id=None, text=None, tenant=None, metadata=None,
-            error=None, detail=None, raw=None) -> None:
+    def add(
+        self,
+        position: int,
+        line: int | None,
+        *,
+        id=None,
+        text=None,
+        tenant=None,
+        metadata=None,
+        error=None,
+        detail=None,
+        raw=None,
+    ) -> None:
         chunk = position // self.config.records_per_partition  # positions only grow: a chunk is never reopened
         if chunk not in self._partitions:
-            if self.batches is not None:
-                self.flush()  # a new partition begins: hand the last one on
+            if self.by_partition:
+                self.flush()  # a new partition begins: the last one is whole
             self._partitions[chunk] = partition_id(self.file, chunk)
         self.count += 1
         c = self.cols
@@ -108,14 +117,15 @@ class _Rows:
         return self.count
 
     def flush(self) -> None:
-        """Hand the rows held, if any, to `batches`. What fails there is not this file's fault: it is raised as is."""
-        if not self.cols["id"]:
-            return
-        table, self.cols = self.table(), {name: [] for name in RAW_RECORDS.names}
-        try:
-            self.batches(table)
-        except Exception as e:
-            raise _Downstream(e) from e
+        """Move the rows held, if any, to `ready` as one partition's table."""
+        if self.cols["id"]:
+            table, self.cols = self.table(), {name: [] for name in RAW_RECORDS.names}
+            self.ready.append(table)
+
+    def take(self) -> list[pa.Table]:
+        """The partitions read whole since the last take."""
+        ready, self.ready = self.ready, []
+        return ready
 
     def table(self) -> pa.Table:
         try:
@@ -214,8 +224,9 @@ def _add_object(rows: _Rows, position: int, line: int | None, obj: dict, raw, ch
     except RecursionError:
         metadata = ""
     # Counting brackets costs little; only metadata with many of them has its depth measured.
-    if metadata == "" or (metadata and metadata.count("[") + metadata.count("{") > MAX_NESTING
-                          and _nesting(obj["metadata"]) > MAX_NESTING):
+    if metadata == "" or (
+        metadata and metadata.count("[") + metadata.count("{") > MAX_NESTING and _nesting(obj["metadata"]) > MAX_NESTING
+    ):
         metadata = None
         error, detail = error or "too_deeply_nested", detail or f"`metadata` is nested deeper than {MAX_NESTING} levels"
     if error is None and check_unicode:
@@ -253,7 +264,7 @@ def _lines(data: bytes, start: int):
     yield data[start:]
 
 
-def _read_jsonl(rows: _Rows, data: bytes, gzipped: bool) -> None:
+def _read_jsonl(rows: _Rows, data: bytes, gzipped: bool) -> Iterator[pa.Table]:
     damage = None
     if gzipped:
         data, damage = gunzip(data)
@@ -269,8 +280,13 @@ def _read_jsonl(rows: _Rows, data: bytes, gzipped: bool) -> None:
             continue  # blank lines are not records
         if len(line) > max_line:
             peek = _ID_PEEK.search(line[:1024])
-            rows.add(position, number, id=peek.group(1).decode("utf-8", "replace") if peek else None,
-                     error="too_large", raw=line)
+            rows.add(
+                position,
+                number,
+                id=peek.group(1).decode("utf-8", "replace") if peek else None,
+                error="too_large",
+                raw=line,
+            )
         else:
             obj, error, detail = _parse_line(line)
             if error is None and not isinstance(obj, dict):
@@ -280,6 +296,7 @@ def _read_jsonl(rows: _Rows, data: bytes, gzipped: bool) -> None:
             else:
                 _add_object(rows, position, number, obj, line, _SURROGATE_ESCAPE.search(line) is not None)
         position += 1
+        yield from rows.take()
     if damage is not None:
         tail, what = damage
         # `data` ends with a line end here, so `number` is the line the damage starts in.
@@ -306,7 +323,7 @@ def _parquet_rows(table: pa.Table, start: int, stop: int) -> list[tuple[int, dic
     return out
 
 
-def _read_parquet(rows: _Rows, data: bytes) -> None:
+def _read_parquet(rows: _Rows, data: bytes) -> Iterator[pa.Table]:
     parquet = pq.ParquetFile(pa.BufferReader(data))
     names = parquet.schema_arrow.names
     table = parquet.read(columns=[n for n in FIELDS if n in names])
@@ -317,6 +334,7 @@ def _read_parquet(rows: _Rows, data: bytes) -> None:
             else:
                 # to_pylist keeps each value's own type, so a non-string `text` is reported row by row.
                 _add_object(rows, position, position + 1, row, row)
+        yield from rows.take()
 
 
 def _read_text(rows: _Rows, data: bytes) -> None:
@@ -328,25 +346,35 @@ def _read_text(rows: _Rows, data: bytes) -> None:
     rows.add(0, None, id=rows.file, text=text)
 
 
-def read_file(root: storage.Location, relative_path: str, path: str, config: InputConfig,
-              batches=None) -> tuple[pa.Table, str | None]:
-    """All records of one input file, and a note for the manifest when the file held no record.
-    A file that cannot be read at all is one `unreadable_file` row. `batches(table)`: called with each
-    partition's records as soon as they are read, so that a large file's records are never held at once
-    (the table returned is then empty); an error it raises is raised as is."""
-    rows, downstream = _Rows(relative_path, config, batches), None
-    try:
-        _read_rows(rows, root, relative_path, path)
-        if batches is not None:
-            rows.flush()
-    except _Downstream as e:
-        downstream = e.__cause__
-    if downstream is not None:
-        raise downstream  # outside the handler: its own cause and context, not the wrapper's
-    return rows.table(), rows.note
+class FileReader:
+    """One input file's records, read a partition at a time (`partitions()`: planning keys a large file
+    without holding its records at once) or whole (`table()`). A file that cannot be read at all is one
+    `unreadable_file` row; `note` says, once read, why a file gave no record (for the manifest)."""
+
+    def __init__(self, root: storage.Location, relative_path: str, path: str, config: InputConfig):
+        self.root, self.relative_path, self.path, self.config = root, relative_path, path, config
+        self.note: str | None = None
+
+    def partitions(self) -> Iterator[pa.Table]:
+        """Each partition's records as soon as it is read whole, in order. An error of the code that takes
+        them is raised there, never blamed on the file."""
+        rows = _Rows(self.relative_path, self.config, by_partition=True)
+        yield from _read_rows(rows, self.root, self.relative_path, self.path)
+        rows.flush()
+        yield from rows.take()
+        self.note = rows.note
+
+    def table(self) -> pa.Table:
+        """All the file's records in one table."""
+        rows = _Rows(self.relative_path, self.config)
+        for _ in _read_rows(rows, self.root, self.relative_path, self.path):
+            pass
+        self.note = rows.note
+        return rows.table()
 
 
-def _read_rows(rows: _Rows, root: storage.Location, relative_path: str, path: str) -> None:
+def _read_rows(rows: _Rows, root: storage.Location, relative_path: str, path: str) -> Iterator[pa.Table]:
+    """Parse the file into `rows`, yielding each partition read whole (only when `rows` is by_partition)."""
     fmt = input_format(relative_path)
     try:
         try:
@@ -356,9 +384,9 @@ def _read_rows(rows: _Rows, root: storage.Location, relative_path: str, path: st
                 raise  # an object store failing is an outage to retry, not a property of the record
             raise OSError(str(e)) from None
         if fmt == "jsonl":
-            _read_jsonl(rows, data, gzipped=relative_path.lower().endswith(".gz"))
+            yield from _read_jsonl(rows, data, gzipped=relative_path.lower().endswith(".gz"))
         elif fmt == "parquet":
-            _read_parquet(rows, data)
+            yield from _read_parquet(rows, data)
         else:
             _read_text(rows, data)
     except (OSError, EOFError, zlib.error, pa.ArrowException, UnicodeDecodeError) as e:
@@ -370,8 +398,12 @@ def _read_rows(rows: _Rows, root: storage.Location, relative_path: str, path: st
         rows.note = f"{relative_path}: " + ("empty file (0 bytes), no records" if not data else "no records")
 
 
-def read_records(uri: str, config: InputConfig, storage_config: StorageConfig | None = None,
-                 files: list[tuple[str, str, int]] | None = None) -> tuple[pa.Table, list[str]]:
+def read_records(
+    uri: str,
+    config: InputConfig,
+    storage_config: StorageConfig | None = None,
+    files: list[tuple[str, str, int]] | None = None,
+) -> tuple[pa.Table, list[str]]:
     """Every record under `uri` (or in `files`, as `input_files` lists them), and notes on files that
     gave none: skipped for their extension, or empty."""
     root = storage.resolve(uri, storage_config)
@@ -380,10 +412,10 @@ def read_records(uri: str, config: InputConfig, storage_config: StorageConfig | 
         files, notes = input_files(root)
     tables = []
     for relative_path, path, *_ in files:
-        table, note = read_file(root, relative_path, path, config)
-        tables.append(table)
-        if note:
-            notes.append(note)
+        reader = FileReader(root, relative_path, path, config)
+        tables.append(reader.table())
+        if reader.note:
+            notes.append(reader.note)
     if not tables:
         return RAW_RECORDS.empty_table(), notes
     return pa.concat_tables(tables), notes

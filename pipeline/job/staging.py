@@ -17,7 +17,6 @@ import time
 from contextlib import contextmanager
 
 from pipeline.errors import JobError
-from pipeline.ingest.read import input_files
 from pipeline.job import faults
 from pipeline.job.context import JobContext
 from pipeline.job.manifest import current_manifest
@@ -26,6 +25,7 @@ from pipeline.output.write import write_manifest
 from pipeline.plan.streamed import (
     Plan,
     clustered_plan,
+    list_input,
     plan_job,
     plan_keyed,
     plan_shard,
@@ -33,7 +33,6 @@ from pipeline.plan.streamed import (
     planning_pool,
     planning_workers,
 )
-from pipeline.stores import storage
 from pipeline.stores.catalog import utc
 from pipeline.stores.lease import Renewal, worker_is_gone
 
@@ -58,8 +57,9 @@ def ensure_staged(ctx: JobContext, stage=None):
     `stage_input`); its result is returned, or None when the job was staged already."""
     stage = stage or stage_input
     c = ctx.config
-    epoch = ctx.state.claim_staging(ctx.job_id, config_fingerprint(c), c.input.uri, c.output.uri, ctx.worker,
-                                    c.state.lease_seconds)
+    epoch = ctx.state.claim_staging(
+        ctx.job_id, config_fingerprint(c), c.input.uri, c.output.uri, ctx.worker, c.state.lease_seconds
+    )
     if epoch:
         return stage(ctx, epoch)
     announced = None
@@ -68,25 +68,41 @@ def ensure_staged(ctx: JobContext, stage=None):
         if row.status not in ("staging", "staging_failed"):
             break
         gone = row.planner if row.status == "staging" and row.planner and worker_is_gone(row.planner) else None
-        epoch = ctx.state.reclaim_staging(ctx.job_id, c.state.lease_seconds, ctx.worker, gone_planner=gone,
-                                          grace_seconds=min(c.state.lease_seconds / 3, GONE_GRACE_SECONDS))
+        epoch = ctx.state.reclaim_staging(
+            ctx.job_id,
+            c.state.lease_seconds,
+            ctx.worker,
+            gone_planner=gone,
+            grace_seconds=min(c.state.lease_seconds / 3, GONE_GRACE_SECONDS),
+        )
         if epoch:  # the last staging failed, its planner's lease ran out, or its planner is gone
             if gone:
-                log.warning("job %s: its planner %s is gone (no such process on this host); planning it again now "
-                            "instead of when its lease ends", ctx.job_id, gone)
+                log.warning(
+                    "job %s: its planner %s is gone (no such process on this host); planning it again now "
+                    "instead of when its lease ends",
+                    ctx.job_id,
+                    gone,
+                )
             return stage(ctx, epoch)
         if announced != (row.planner, row.planning_epoch):
             announced = (row.planner, row.planning_epoch)
             renewed, ends = row.planning_renewed_at, row.planning_lease_expires_at
-            log.info("job %s waits: planned by worker %s (last renewal %s) until its lease ends at %s (database "
-                     "clock), unless it finishes first", ctx.job_id, row.planner, utc(renewed), utc(ends))
+            log.info(
+                "job %s waits: planned by worker %s (last renewal %s) until its lease ends at %s (database "
+                "clock), unless it finishes first",
+                ctx.job_id,
+                row.planner,
+                utc(renewed),
+                utc(ends),
+            )
         time.sleep(c.state.wait_seconds)
     if row.output_uri != c.output.uri:
         raise JobError(f"job {ctx.job_id} writes to {row.output_uri}, not {c.output.uri}; use that output")
     ctx.check_isolation()
     if row.config_fingerprint != config_fingerprint(c):
-        log.warning("job %s: config changed since it was staged; items whose request changed are generated again",
-                    ctx.job_id)
+        log.warning(
+            "job %s: config changed since it was staged; items whose request changed are generated again", ctx.job_id
+        )
     return None
 
 
@@ -103,8 +119,13 @@ def staging_step(ctx: JobContext, epoch: int):
             return True
         row = ctx.state.job(ctx.job_id)
         if row is not None and row.status == "staging" and row.planning_epoch != epoch:
-            log.warning("job %s: planning claim %d was taken over by another worker (claim %d); what this step "
-                        "plans is not registered", ctx.job_id, epoch, row.planning_epoch)
+            log.warning(
+                "job %s: planning claim %d was taken over by another worker (claim %d); what this step "
+                "plans is not registered",
+                ctx.job_id,
+                epoch,
+                row.planning_epoch,
+            )
         return False
 
     with Renewal(renew, lease, f"planning-{ctx.job_id}"):
@@ -127,31 +148,44 @@ def stage_input(ctx: JobContext, epoch: int) -> None:
 def register_plan(ctx: JobContext, epoch: int, planned: Plan, seconds: float) -> None:
     """Register the planned partitions and mark the job staged, in one transaction fenced by the claim."""
     faults.checkpoint("before_register", ctx.job_id, "")
-    counts = {"records": planned.records, "staging": {
-        "records": planned.records, "partitions": len(planned.partitions), "skipped_files": planned.skipped,
-        "dedup": planned.dedup.as_dict(), "shards": planned.shards, "cut_scopes": {s: len(r) for s, r in planned.cut.items()},
-        "step_seconds": {k: round(v, 3) for k, v in planned.seconds.items()}, "seconds": round(seconds, 3),
-        "isolation": isolation_fingerprint(ctx.config)}}
+    counts = {
+        "records": planned.records,
+        "staging": {
+            "records": planned.records,
+            "partitions": len(planned.partitions),
+            "skipped_files": planned.skipped,
+            "dedup": planned.dedup.as_dict(),
+            "shards": planned.shards,
+            "cut_scopes": {s: len(r) for s, r in planned.cut.items()},
+            "step_seconds": {k: round(v, 3) for k, v in planned.seconds.items()},
+            "seconds": round(seconds, 3),
+            "isolation": isolation_fingerprint(ctx.config),
+        },
+    }
     if not ctx.state.register_partitions(ctx.job_id, epoch, planned.partitions, counts):
         row = ctx.state.job(ctx.job_id)
         if row is not None and row.status not in ("staging", "staging_failed"):
             log.info("job %s: staged meanwhile by another worker; its partitions stand", ctx.job_id)
             return
-        raise JobError(f"job {ctx.job_id}: its planning was taken over by another worker (claim {epoch} superseded); "
-                       "this planning registered nothing")
+        raise JobError(
+            f"job {ctx.job_id}: its planning was taken over by another worker (claim {epoch} superseded); "
+            "this planning registered nothing"
+        )
     write_manifest(ctx.out, ctx.job_id, current_manifest(ctx, partial=True))
 
 
 # -- planning as an orchestrator's tasks: keyed once, one task per shard, staged once -----------------
 def keyed_shards(ctx: JobContext) -> list[int]:
     """Claim the job's staging and key its input (plan/streamed.py step 1): the shards to cluster, [] when staged."""
+
     def keyed(ctx: JobContext, epoch: int) -> list[int]:
         c = ctx.config
-        files, _ = input_files(storage.resolve(c.input.uri, c.storage))
-        workers = planning_workers(c, sum(size for _, _, size in files))
+        listed = list_input(c)
+        workers = planning_workers(c, sum(size for _, _, size in listed[0]))
         with staging_step(ctx, epoch), planning_pool(workers) as pool:
-            return list(range(plan_keyed(c, ctx.job_id, ctx.staging, workers, pool,
-                                               report=ctx.progress.planning).shards))
+            plan = plan_keyed(c, ctx.job_id, ctx.staging, listed, workers, pool, report=ctx.progress.planning)
+            return list(range(plan.shards))
+
     return ensure_staged(ctx, keyed) or []
 
 
@@ -190,5 +224,9 @@ def staged_from_shards(ctx: JobContext) -> None:
             return  # another worker took it over first: ensure_staged waits for it
     started = time.perf_counter()
     with staging_step(ctx, epoch), planning_pool(planning_workers(ctx.config, 0)) as pool:  # in this process unless set
-        register_plan(ctx, epoch, plan_staged(ctx.config, ctx.job_id, ctx.staging, pool, planned, ctx.progress.planning),
-                      time.perf_counter() - started)
+        register_plan(
+            ctx,
+            epoch,
+            plan_staged(ctx.config, ctx.job_id, ctx.staging, pool, planned, ctx.progress.planning),
+            time.perf_counter() - started,
+        )

@@ -45,7 +45,7 @@ from pipeline.config import TokenmillConfig
 from pipeline.dedup.cluster import DedupStats
 from pipeline.dedup.split import shards_of
 from pipeline.errors import JobError
-from pipeline.ingest.read import input_files, read_file
+from pipeline.ingest.read import FileReader, input_files
 from pipeline.ingest.validate import duplicate_rows, quarantine_rows
 from pipeline.plan.shards import ROW, SHARD_COLUMNS, cluster_shard, cut_scopes
 from pipeline.plan.stages import STAGED_COLUMNS, STAGES, StageContext, run_stages
@@ -53,32 +53,42 @@ from pipeline.stores import storage
 
 log = logging.getLogger(__name__)
 
-KEYED_STAGES = STAGES[:-1]              # everything but cluster, which needs the whole scope
-PLAN_BYTES_PER_WORKER = 32 << 20        # input per planning process when `planning.workers` is unset
+KEYED_STAGES = STAGES[:-1]  # everything but cluster, which needs the whole scope
+PLAN_BYTES_PER_WORKER = 32 << 20  # input per planning process when `planning.workers` is unset
 
 
 @dataclass
 class Plan:
     """What planning found, for the catalog and the manifest."""
-    records: int = 0                                    # raw records read, good or bad
+
+    records: int = 0  # raw records read, good or bad
     partitions: dict[str, dict] = field(default_factory=dict)  # partition -> {"file", "records"}
     quarantined: int = 0
-    skipped: list[str] = field(default_factory=list)   # "<file>: why" for files that gave no record
+    skipped: list[str] = field(default_factory=list)  # "<file>: why" for files that gave no record
     dedup: DedupStats = field(default_factory=DedupStats)
     shard_units: list[list[list]] = field(default_factory=list)  # shard -> its [scope, part]s (part 0: a whole scope)
     cut: dict[str, list[int]] = field(default_factory=dict)  # a scope cut into parts -> rows per part (split.py)
     duplicates: dict[str, list[int]] = field(default_factory=dict)  # partition -> rows quarantined as duplicate_id
     seconds: dict[str, float] = field(default_factory=dict)
-    attempt: str = ""      # this planning's token: a shard's figures name the planning they belong to
+    attempt: str = ""  # this planning's token: a shard's figures name the planning they belong to
 
     @property
     def shards(self) -> int:
         return len(self.shard_units)
 
     def to_dict(self) -> dict:
-        return {"records": self.records, "partitions": self.partitions, "quarantined": self.quarantined,
-                "skipped": self.skipped, "dedup": self.dedup.to_dict(), "shard_units": self.shard_units,
-                "cut": self.cut, "duplicates": self.duplicates, "seconds": self.seconds, "attempt": self.attempt}
+        return {
+            "records": self.records,
+            "partitions": self.partitions,
+            "quarantined": self.quarantined,
+            "skipped": self.skipped,
+            "dedup": self.dedup.to_dict(),
+            "shard_units": self.shard_units,
+            "cut": self.cut,
+            "duplicates": self.duplicates,
+            "seconds": self.seconds,
+            "attempt": self.attempt,
+        }
 
     @staticmethod
     def from_dict(data: dict) -> "Plan":
@@ -90,7 +100,9 @@ def planning_workers(config: TokenmillConfig, input_bytes: int) -> int:
     (a pool process costs a second or two to start: small inputs plan faster in this one)."""
     if config.planning.workers:
         return config.planning.workers
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1  # macOS: no affinity
+    cores = (
+        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+    )  # macOS: no affinity
     return max(1, min(cores, input_bytes // PLAN_BYTES_PER_WORKER))
 
 
@@ -120,43 +132,77 @@ def _map(pool: Executor | None, fn, *iterables, step: str = "", report: Report |
                 report(step, len(out), total)
         return out
     except BrokenProcessPool as e:
-        raise JobError(f"a planning process died ({e}): out of memory (lower planning.workers), or a script "
-                       "that starts a job at import time (the pool starts its processes by importing the "
-                       "main module: put the call under `if __name__ == \"__main__\":`)") from None
+        raise JobError(
+            f"a planning process died ({e}): out of memory (lower planning.workers), or a script "
+            "that starts a job at import time (the pool starts its processes by importing the "
+            'main module: put the call under `if __name__ == "__main__":`)'
+        ) from None
 
 
-def plan_job(config: TokenmillConfig, job_id: str, staging, cache=None, workers: int | None = None,
-             report: Report | None = None) -> Plan:
+def plan_job(
+    config: TokenmillConfig, job_id: str, staging, cache=None, workers: int | None = None, report: Report | None = None
+) -> Plan:
     """Plan the job into `staging` (a StagingArea): each partition's `records` (STAGED_COLUMNS) and
     `quarantine`. `cache`: a ResilientStore whose near/semantic index is searched (None: each shard opens
     its own from `config.cache`, when it is enabled). The three steps, in this process and its pool;
     an orchestrator may run them as tasks of their own (`plan_keyed`, `plan_shard` per shard, `plan_staged`).
     `report`: told after each input of each step (Progress.planning)."""
-    listed = input_files(storage.resolve(config.input.uri, config.storage))
+    listed = list_input(config)
     workers = workers or planning_workers(config, sum(size for _, _, size in listed[0]))
     with planning_pool(workers) as pool:
-        plan = plan_keyed(config, job_id, staging, workers, pool, listed, report)
+        plan = plan_keyed(config, job_id, staging, listed, workers, pool, report)
         started = time.perf_counter()
         n = plan.shards
-        _map(pool, plan_shard, [config] * n, [job_id] * n, [staging] * n, range(n), [cache if pool is None else None] * n,
-             step="clustered", report=report)
+        _map(
+            pool,
+            plan_shard,
+            [config] * n,
+            [job_id] * n,
+            [staging] * n,
+            range(n),
+            [cache if pool is None else None] * n,
+            step="clustered",
+            report=report,
+        )
         clustered = time.perf_counter() - started
         plan = plan_staged(config, job_id, staging, pool, report=report)
         plan.seconds["cluster"] = clustered
         return plan
 
 
-def plan_keyed(config: TokenmillConfig, job_id: str, staging, workers: int, pool: Executor | None = None,
-               listed: tuple[list, list[str]] | None = None, report: Report | None = None) -> Plan:
-    """Step 1: key every input file, find ids repeated across files, cut the scopes into shards; the plan
-    so far is saved in the staging area (`plan.json`) for the other steps."""
+def list_input(config: TokenmillConfig) -> tuple[list[tuple[str, str, int]], list[str]]:
+    """The job's input files (relative, full path, bytes) and the notes on files skipped: listed once per
+    planning (ingest/read.py input_files), then handed to every step that needs them."""
+    return input_files(storage.resolve(config.input.uri, config.storage))
+
+
+def plan_keyed(
+    config: TokenmillConfig,
+    job_id: str,
+    staging,
+    listed: tuple[list, list[str]],
+    workers: int,
+    pool: Executor | None = None,
+    report: Report | None = None,
+) -> Plan:
+    """Step 1: key every input file of `listed` (list_input), find ids repeated across files, cut the scopes
+    into shards; the plan so far is saved in the staging area (`plan.json`) for the other steps."""
     plan = Plan()
-    files, plan.skipped = listed or input_files(storage.resolve(config.input.uri, config.storage))  # listed once
+    files, skipped = listed
+    plan.skipped = list(skipped)
     for note in plan.skipped:
         log.warning("input file %s", note)
     started = time.perf_counter()
-    keyed = _map(pool, key_file, [config] * len(files), [job_id] * len(files), [staging] * len(files), files,
-                 step="keyed", report=report)
+    keyed = _map(
+        pool,
+        key_file,
+        [config] * len(files),
+        [job_id] * len(files),
+        [staging] * len(files),
+        files,
+        step="keyed",
+        report=report,
+    )
     plan.seconds["keyed"] = time.perf_counter() - started
 
     started = time.perf_counter()
@@ -195,8 +241,17 @@ def plan_keyed(config: TokenmillConfig, job_id: str, staging, workers: int, pool
 def plan_shard(config: TokenmillConfig, job_id: str, staging, shard: int, cache=None) -> DedupStats:
     """Step 2, once per shard (in any order, on any host that reaches the staging area): cluster its scopes."""
     plan = Plan.from_dict(staging.read_json("plan"))
-    stats = cluster_shard(config, job_id, staging, plan.shard_units[shard], set(plan.cut), list(plan.partitions),
-                          plan.duplicates, cache, shard)
+    stats = cluster_shard(
+        config,
+        job_id,
+        staging,
+        plan.shard_units[shard],
+        set(plan.cut),
+        list(plan.partitions),
+        plan.duplicates,
+        cache,
+        shard,
+    )
     staging.write_json(f"shard-{shard}", {"attempt": plan.attempt, **stats.to_dict()})
     return stats
 
@@ -216,18 +271,36 @@ def clustered_plan(staging) -> Plan | None:
     return plan
 
 
-def plan_staged(config: TokenmillConfig, job_id: str, staging, pool: Executor | None = None,
-                plan: Plan | None = None, report: Report | None = None) -> Plan:
+def plan_staged(
+    config: TokenmillConfig,
+    job_id: str,
+    staging,
+    pool: Executor | None = None,
+    plan: Plan | None = None,
+    report: Report | None = None,
+) -> Plan:
     """Step 3, once every shard is clustered: each partition's staged records and quarantine rows.
     `plan`: what `clustered_plan` returned, when the caller has it already."""
     plan = plan or clustered_plan(staging)
     if plan is None:
-        raise JobError(f"job {job_id} is not keyed, or a shard is not clustered for its latest planning; run "
-                       "the missing steps (under Airflow: clear `plan` with downstream)")
+        raise JobError(
+            f"job {job_id} is not keyed, or a shard is not clustered for its latest planning; run "
+            "the missing steps (under Airflow: clear `plan` with downstream)"
+        )
     started = time.perf_counter()
     parts = list(plan.partitions)
-    _map(pool, stage_partition, [config] * len(parts), [job_id] * len(parts), [staging] * len(parts), parts,
-         [plan.shards] * len(parts), [plan.duplicates.get(p, []) for p in parts], step="staged", report=report)
+    _map(
+        pool,
+        stage_partition,
+        [config] * len(parts),
+        [job_id] * len(parts),
+        [staging] * len(parts),
+        parts,
+        [plan.shards] * len(parts),
+        [plan.duplicates.get(p, []) for p in parts],
+        step="staged",
+        report=report,
+    )
     plan.seconds["staged"] = time.perf_counter() - started
     return plan
 
@@ -236,19 +309,19 @@ def plan_staged(config: TokenmillConfig, job_id: str, staging, pool: Executor | 
 @dataclass
 class KeyedFile:
     file: str
-    raw: int                   # records read
-    quarantined: int           # quarantined by validate (not counting duplicate ids)
+    raw: int  # records read
+    quarantined: int  # quarantined by validate (not counting duplicate ids)
     note: str | None
-    notes: list[str]           # what was asked for and could not be done (e.g. semantic reuse off)
+    notes: list[str]  # what was asked for and could not be done (e.g. semantic reuse off)
     partitions: dict[str, tuple[pa.Array, dict[str, int], int]]  # partition -> (valid ids, rows per scope, raw records)
 
 
 def key_file(config: TokenmillConfig, job_id: str, staging, file: tuple[str, str, int]) -> KeyedFile:
-    """Run the keyed stages on one input file, a partition at a time as the reader hands it on (a file's
+    """Run the keyed stages on one input file, a partition at a time as the reader yields it (a file's
     records are never held at once), and stage each partition's keyed records and quarantine rows."""
     out = KeyedFile(file[0], 0, 0, None, [], {})
 
-    def key_partition(raw: pa.Table) -> None:  # the reader hands on one whole partition at a time
+    def key_partition(raw: pa.Table) -> None:  # one whole partition
         part = raw["partition"][0].as_py()
         ctx = StageContext(config, job_id, config.input.uri, duplicate_ids=False, raw=raw)
         records = run_stages(KEYED_STAGES[1:], raw, ctx)  # read is the reader's, in key_file
@@ -261,14 +334,17 @@ def key_file(config: TokenmillConfig, job_id: str, staging, file: tuple[str, str
         counts = pc.value_counts(records["scope"]).to_pylist()
         out.partitions[part] = (records["id"], {c["values"]: c["counts"] for c in counts}, raw.num_rows)
 
-    _, out.note = read_file(storage.resolve(config.input.uri, config.storage), file[0], file[1], config.input,
-                            batches=key_partition)
+    reader = FileReader(storage.resolve(config.input.uri, config.storage), file[0], file[1], config.input)
+    for raw in reader.partitions():
+        key_partition(raw)
+    out.note = reader.note
     return out
 
 
 # -- staged: one partition ------------------------------------------------------------------------
-def stage_partition(config: TokenmillConfig, job_id: str, staging, partition: str, shards: int,
-                    duplicates: list[int]) -> None:
+def stage_partition(
+    config: TokenmillConfig, job_id: str, staging, partition: str, shards: int, duplicates: list[int]
+) -> None:
     """Join a partition's keyed records with the shards' reuse decisions; stage `records` and `quarantine`."""
     keyed = staging.read(partition, "keyed")
     quarantine = staging.read(partition, "quarantine-read")
@@ -280,8 +356,10 @@ def stage_partition(config: TokenmillConfig, job_id: str, staging, partition: st
         keyed = keyed.filter(pc.invert(dup))
     decided = pa.concat_tables([staging.read(partition, f"reuse-{s}") for s in range(shards)]).sort_by(ROW)
     if decided.num_rows != keyed.num_rows or decided[ROW] != keyed[ROW]:
-        raise JobError(f"partition {partition}: {keyed.num_rows} keyed records but {decided.num_rows} reuse "
-                       "decisions: the staging area holds shards of another plan; stage the job again")
+        raise JobError(
+            f"partition {partition}: {keyed.num_rows} keyed records but {decided.num_rows} reuse "
+            "decisions: the staging area holds shards of another plan; stage the job again"
+        )
     gen_text = _gen_texts(staging, decided["gen_partition"].to_pylist(), decided["gen_row"].to_pylist())
     records = keyed
     for name in ("gen_key", "gen_id", "gen_tier", "reuse", "similarity", "shadow", "features"):

@@ -29,7 +29,9 @@ def config(make_config, sample_corpus):
     first = json.loads((root / "batch-a.jsonl").read_text().splitlines()[0])
     with open(root / "zz-late.jsonl", "w") as f:
         f.write(json.dumps({"id": first["id"], "text": "another text under a taken id", "tenant": "acme"}) + "\n")
-        f.write(json.dumps({"id": "late-near", "text": first["text"] + " Thanks.", "tenant": first.get("tenant")}) + "\n")
+        f.write(
+            json.dumps({"id": "late-near", "text": first["text"] + " Thanks.", "tenant": first.get("tenant")}) + "\n"
+        )
     (root / "zz-bad.jsonl").write_text("{not json\n\n")
     return make_config(root, routing=True, input__records_per_partition=7)
 
@@ -43,8 +45,9 @@ def staged(config, workers: int, tmp_path, name: str) -> tuple[pa.Table, pa.Tabl
 
 
 def ordered(table: pa.Table) -> pa.Table:
-    return table.sort_by([("partition", "ascending"), ("id", "ascending"), ("file", "ascending"),
-                          ("line", "ascending")])
+    return table.sort_by(
+        [("partition", "ascending"), ("id", "ascending"), ("file", "ascending"), ("line", "ascending")]
+    )
 
 
 def test_planned_partitions_equal_the_in_memory_stages_for_any_number_of_workers(config, tmp_path):
@@ -73,7 +76,7 @@ def test_planned_partitions_equal_the_in_memory_stages_for_any_number_of_workers
 def test_shards_hold_whole_units_balanced_by_rows():
     shards = shards_of({("a", 0): 100, ("b", 0): 60, ("c", 0): 50, ("d", 0): 10}, 2)
     assert shards == [[("a", 0), ("d", 0)], [("b", 0), ("c", 0)]]
-    assert shards_of({("a", 0): 5}, 4) == [[("a", 0)]]   # never an empty shard
+    assert shards_of({("a", 0): 5}, 4) == [[("a", 0)]]  # never an empty shard
     assert shards_of({}, 4) == []
     # The parts of a cut scope are units like any other.
     assert shards_of({("a", 0): 50, ("a", 1): 50, ("b", 0): 10}, 2) == [[("a", 0), ("b", 0)], [("a", 1)]]
@@ -132,13 +135,13 @@ def test_stage_refuses_shards_of_an_earlier_planning(config, tmp_path):
     the shards' decisions belong to the earlier planning (its input may have changed since), and are not
     applied."""
     from pipeline.errors import JobError
-    from pipeline.plan.streamed import plan_keyed, plan_shard, plan_staged
+    from pipeline.plan.streamed import list_input, plan_keyed, plan_shard, plan_staged
 
     area = StagingArea(storage.resolve(str(tmp_path / "stale")), "stale")
-    first = plan_keyed(config, "stale", area, workers=2)
+    first = plan_keyed(config, "stale", area, list_input(config), workers=2)
     for shard in range(first.shards):
         plan_shard(config, "stale", area, shard)
-    plan_keyed(config, "stale", area, workers=2)  # planned again; its shards are not clustered
+    plan_keyed(config, "stale", area, list_input(config), workers=2)  # planned again; its shards are not clustered
     with pytest.raises(JobError, match="not clustered for its latest planning"):
         plan_staged(config, "stale", area)
 
@@ -195,13 +198,18 @@ def test_a_staging_step_renews_its_lease_while_it_runs(config):
 
     lease = config.state.lease_seconds = 3.0
     job = JobContext.open(config, "lease")
-    epoch = job.state.claim_staging("lease", config_fingerprint(config), config.input.uri, config.output.uri,
-                                    lease_seconds=lease)
+    epoch = job.state.claim_staging(
+        "lease", config_fingerprint(config), config.input.uri, config.output.uri, lease_seconds=lease
+    )
     claimed = aware(job.state.job("lease").planning_renewed_at)
     with staging_step(job, epoch):  # renews every lease / 3
         # Past the claim's own lease end, with a renewal since: the step's beats keep it.
-        wait_until(lambda: (job.state.db_now() - claimed).total_seconds() > lease
-                   and (aware(job.state.job("lease").planning_renewed_at) - claimed).total_seconds() > lease / 2)
+        wait_until(
+            lambda: (
+                (job.state.db_now() - claimed).total_seconds() > lease
+                and (aware(job.state.job("lease").planning_renewed_at) - claimed).total_seconds() > lease / 2
+            )
+        )
         assert not job.state.reclaim_staging("lease", lease)
     renewed = aware(job.state.job("lease").planning_renewed_at)  # the step ended: no beat moves it again
     wait_until(lambda: (job.state.db_now() - renewed).total_seconds() > lease)
@@ -249,7 +257,9 @@ def test_a_job_of_many_small_files_says_how_planning_goes(make_config, tmp_path,
     folder = tmp_path / "input"
     folder.mkdir()
     for i in range(files):
-        (folder / f"doc-{i:03d}.jsonl").write_text(json.dumps({"id": f"d{i}", "text": f"Document {i} about topic {i}."}) + "\n")
+        (folder / f"doc-{i:03d}.jsonl").write_text(
+            json.dumps({"id": f"d{i}", "text": f"Document {i} about topic {i}."}) + "\n"
+        )
     progress = Progress("log", log_every_seconds=0)  # every step's every input: a line
     with caplog.at_level("INFO", logger="tokenmill.progress"):
         run_job(make_config(folder), job_id="many", progress=progress)
@@ -259,4 +269,6 @@ def test_a_job_of_many_small_files_says_how_planning_goes(make_config, tmp_path,
     assert any(re.match(r"planning: clustered (\d+)/\1 shards; \d+ s elapsed", line) for line in planning)
     assert any(re.match(rf"planning: staged {files}/{files} partitions; \d+ s elapsed", line) for line in planning)
     first_item_line = next(i for i, r in enumerate(caplog.records) if r.getMessage().startswith("progress: "))
-    assert all(caplog.records.index(r) < first_item_line for r in caplog.records if r.getMessage().startswith("planning: "))
+    assert all(
+        caplog.records.index(r) < first_item_line for r in caplog.records if r.getMessage().startswith("planning: ")
+    )

@@ -27,9 +27,20 @@ def test_every_kind_of_bad_input_is_one_quarantine_row(tmp_path):
     raw, valid, quarantine, _ = run(tmp_path)
     assert raw.num_rows == counts["documents"] + counts["bad_records"]
     assert valid.num_rows + quarantine.num_rows == raw.num_rows
-    assert reasons(quarantine) == sorted([
-        "malformed_json", "missing_text", "empty_text", "non_string_text", "missing_id", "duplicate_id",
-        "invalid_utf8", "too_large", "not_an_object", "unreadable_file"])
+    assert reasons(quarantine) == sorted(
+        [
+            "malformed_json",
+            "missing_text",
+            "empty_text",
+            "non_string_text",
+            "missing_id",
+            "duplicate_id",
+            "invalid_utf8",
+            "too_large",
+            "not_an_object",
+            "unreadable_file",
+        ]
+    )
     row = quarantine.filter(pa.compute.equal(quarantine["reason"], "malformed_json")).to_pylist()[0]
     assert row["file"] == "bad.jsonl" and row["line"] == 1 and row["excerpt"].startswith('{"id": "bad-json"')
     assert row["job_id"] == "job-1"
@@ -97,13 +108,16 @@ def test_empty_gzip_file_is_reported_not_silent(tmp_path):
     assert [s for s in skipped if s.startswith("e.jsonl.gz")] == ["e.jsonl.gz: empty file (0 bytes), no records"]
 
 
-@pytest.mark.parametrize("line", [
-    r'{"id": "s", "text": "x \ud800"}',
-    r'{"id": "s\udfff", "text": "x"}',
-    r'{"id": "s", "text": "x", "tenant": "t\ud800"}',
-    r'{"id": "s", "text": "x", "metadata": {"k": "\udc00"}}',
-    r'{"id": "s", "text": "x", "metadata": {"\ud800": 1}}',
-])
+@pytest.mark.parametrize(
+    "line",
+    [
+        r'{"id": "s", "text": "x \ud800"}',
+        r'{"id": "s\udfff", "text": "x"}',
+        r'{"id": "s", "text": "x", "tenant": "t\ud800"}',
+        r'{"id": "s", "text": "x", "metadata": {"k": "\udc00"}}',
+        r'{"id": "s", "text": "x", "metadata": {"\ud800": 1}}',
+    ],
+)
 def test_lone_surrogate_is_one_invalid_unicode_row(tmp_path, line):
     (tmp_path / "a.jsonl").write_text('{"id": "ok", "text": "fine \\ud83d\\ude00"}\n' + line + "\n")
     _, valid, quarantine, _ = run(tmp_path)
@@ -120,14 +134,22 @@ def test_surrogate_escape_in_an_unused_field_is_harmless(tmp_path):
 
 def test_number_too_long_is_one_row(tmp_path):
     digits = "1" * 5000
-    (tmp_path / "a.jsonl").write_text(f'{{"id": "a", "text": "x", "metadata": {{"n": {digits}}}}}\n'
-                                      f'{{"id": {digits}, "text": "x"}}\n{{"id": "b", "text": "y"}}\n')
+    (tmp_path / "a.jsonl").write_text(
+        f'{{"id": "a", "text": "x", "metadata": {{"n": {digits}}}}}\n'
+        f'{{"id": {digits}, "text": "x"}}\n{{"id": "b", "text": "y"}}\n'
+    )
     _, valid, quarantine, _ = run(tmp_path)
     assert valid["id"].to_pylist() == ["b"] and reasons(quarantine) == ["number_too_long"] * 2
 
 
-@pytest.mark.parametrize("line", ["[" * 100_000, '{"id": "a", "text": "x", "metadata": ' + "[" * 100_000,
-                                  '{"id": "a", "text": "x", "metadata": ' + "[" * 500 + "]" * 500 + "}"])
+@pytest.mark.parametrize(
+    "line",
+    [
+        "[" * 100_000,
+        '{"id": "a", "text": "x", "metadata": ' + "[" * 100_000,
+        '{"id": "a", "text": "x", "metadata": ' + "[" * 500 + "]" * 500 + "}",
+    ],
+)
 def test_deep_nesting_is_one_row(tmp_path, line):
     (tmp_path / "a.jsonl").write_text(line + '\n{"id": "b", "text": "y"}\n')
     _, valid, quarantine, _ = run(tmp_path)
@@ -141,11 +163,13 @@ def test_moderate_nesting_is_accepted(tmp_path):
 
 
 def test_what_the_catalog_cannot_store_is_quarantined(tmp_path):
-    lines = [{"id": "long-tenant", "text": "x", "tenant": "t" * 201},
-             {"id": "max-tenant", "text": "x", "tenant": "é" * 200},  # 200 characters: fits String(200)
-             {"id": "nul-tenant", "text": "x", "tenant": "a\x00b"},
-             {"id": "nul\x00id", "text": "x"},
-             {"id": "nul-text", "text": "a\x00b"}]  # text never reaches the catalog: accepted
+    lines = [
+        {"id": "long-tenant", "text": "x", "tenant": "t" * 201},
+        {"id": "max-tenant", "text": "x", "tenant": "é" * 200},  # 200 characters: fits String(200)
+        {"id": "nul-tenant", "text": "x", "tenant": "a\x00b"},
+        {"id": "nul\x00id", "text": "x"},
+        {"id": "nul-text", "text": "a\x00b"},
+    ]  # text never reaches the catalog: accepted
     (tmp_path / "a.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
     _, valid, quarantine, _ = run(tmp_path)
     assert valid["id"].to_pylist() == ["max-tenant", "nul-text"]
@@ -169,20 +193,29 @@ def test_integer_tenant_is_its_decimal_string_like_an_id(tmp_path):
 
 def test_parquet_with_wrong_types_and_bad_utf8_quarantines_row_by_row(tmp_path):
     bad_utf8 = pa.array([b"ok", b"\xff\xfe", b"ok3"]).view(pa.string())
-    pq.write_table(pa.table({"id": ["p1", "p2", "p3"], "text": bad_utf8,
-                             "tenant": pa.array([b"t", b"t", b"t"])}), tmp_path / "a.parquet")
+    pq.write_table(
+        pa.table({"id": ["p1", "p2", "p3"], "text": bad_utf8, "tenant": pa.array([b"t", b"t", b"t"])}),
+        tmp_path / "a.parquet",
+    )
     pq.write_table(pa.table({"id": pa.array([["x"], ["y"]]), "text": ["a", "b"]}), tmp_path / "b.parquet")
     _, valid, quarantine, _ = run(tmp_path)
     assert valid.num_rows == 0
     got = sorted(zip(quarantine["file"].to_pylist(), quarantine["line"].to_pylist(), quarantine["reason"].to_pylist()))
-    assert got == [("a.parquet", 1, "invalid_tenant"), ("a.parquet", 2, "invalid_utf8"),
-                   ("a.parquet", 3, "invalid_tenant"), ("b.parquet", 1, "invalid_id"), ("b.parquet", 2, "invalid_id")]
+    assert got == [
+        ("a.parquet", 1, "invalid_tenant"),
+        ("a.parquet", 2, "invalid_utf8"),
+        ("a.parquet", 3, "invalid_tenant"),
+        ("b.parquet", 1, "invalid_id"),
+        ("b.parquet", 2, "invalid_id"),
+    ]
 
 
 def test_parquet_value_python_cannot_hold_is_one_row(tmp_path):
     when = pa.array([0, 2**62], pa.timestamp("ms"))  # year 146 million: no datetime holds it
-    pq.write_table(pa.table({"id": ["a", "b"], "text": ["x", "y"],
-                             "metadata": pa.StructArray.from_arrays([when], ["when"])}), tmp_path / "a.parquet")
+    pq.write_table(
+        pa.table({"id": ["a", "b"], "text": ["x", "y"], "metadata": pa.StructArray.from_arrays([when], ["when"])}),
+        tmp_path / "a.parquet",
+    )
     _, valid, quarantine, _ = run(tmp_path)
     assert valid["id"].to_pylist() == ["a"] and reasons(quarantine) == ["unreadable_value"]
     assert quarantine["line"].to_pylist() == [2] and "OverflowError" in quarantine["detail"][0].as_py()
@@ -205,8 +238,9 @@ def test_utf8_bom_is_accepted(tmp_path):
 
 def test_lines_split_only_on_newlines(tmp_path):
     # A bare CR inside an object is JSON whitespace, not a line end; CRLF line ends still work.
-    (tmp_path / "a.jsonl").write_bytes(b'{"id": "a",\r"text": "x"}\r\n{"id":\r\r"b", "text": "y"}\r\n'
-                                       b'{"id": "c", "text": "z"}')
+    (tmp_path / "a.jsonl").write_bytes(
+        b'{"id": "a",\r"text": "x"}\r\n{"id":\r\r"b", "text": "y"}\r\n{"id": "c", "text": "z"}'
+    )
     _, valid, quarantine, _ = run(tmp_path)
     assert valid["id"].to_pylist() == ["a", "b", "c"] and valid["line"].to_pylist() == [1, 2, 3]
     assert quarantine.num_rows == 0
@@ -220,8 +254,9 @@ def test_invalid_utf8_text_file(tmp_path):
 
 
 def test_size_limit_counts_utf8_bytes(tmp_path):
-    (tmp_path / "a.jsonl").write_text(json.dumps({"id": "e", "text": "é" * 60}) + "\n"
-                                      + json.dumps({"id": "a", "text": "a" * 100}) + "\n")
+    (tmp_path / "a.jsonl").write_text(
+        json.dumps({"id": "e", "text": "é" * 60}) + "\n" + json.dumps({"id": "a", "text": "a" * 100}) + "\n"
+    )
     _, valid, quarantine, _ = run(tmp_path, max_document_bytes=100)
     assert valid["id"].to_pylist() == ["a"] and quarantine["id"].to_pylist() == ["e"]
 
@@ -236,15 +271,14 @@ def test_partitions_are_stable_and_chunked(tmp_path):
 
 def read_in_batches(tmp_path, name: str, **cfg) -> tuple[pa.Table, list[pa.Table], str | None]:
     """One file read whole, and read a partition at a time (as planning reads it)."""
-    from pipeline.ingest.read import read_file
+    from pipeline.ingest.read import FileReader
     from pipeline.stores import storage
 
     config, root = InputConfig(**cfg), storage.resolve(str(tmp_path))
-    whole, _ = read_file(root, name, str(tmp_path / name), config)
-    batches: list[pa.Table] = []
-    rest, note = read_file(root, name, str(tmp_path / name), config, batches=batches.append)
-    assert rest.num_rows == 0
-    return whole, batches, note
+    whole = FileReader(root, name, str(tmp_path / name), config).table()
+    reader = FileReader(root, name, str(tmp_path / name), config)
+    batches = list(reader.partitions())
+    return whole, batches, reader.note
 
 
 def test_a_file_read_a_partition_at_a_time_gives_what_reading_it_whole_gives(tmp_path):
@@ -265,17 +299,16 @@ def test_a_file_read_a_partition_at_a_time_gives_what_reading_it_whole_gives(tmp
 def test_a_failure_downstream_of_the_reader_is_not_blamed_on_the_file(tmp_path):
     """An error of the batch consumer (a full disk while staging) stops the read as itself: it never becomes
     an `unreadable_file` row that would quarantine the rest of a good file."""
-    from pipeline.ingest.read import read_file
+    from pipeline.ingest.read import FileReader
     from pipeline.stores import storage
 
     (tmp_path / "a.jsonl").write_text("".join(json.dumps({"id": str(i), "text": "x"}) + "\n" for i in range(25)))
-
-    def full_disk(table):
-        raise OSError(28, "No space left on device")
-
+    reader = FileReader(
+        storage.resolve(str(tmp_path)), "a.jsonl", str(tmp_path / "a.jsonl"), InputConfig(records_per_partition=10)
+    )
     with pytest.raises(OSError, match="No space left"):
-        read_file(storage.resolve(str(tmp_path)), "a.jsonl", str(tmp_path / "a.jsonl"),
-                  InputConfig(records_per_partition=10), batches=full_disk)
+        for _ in reader.partitions():
+            raise OSError(28, "No space left on device")  # staging the first partition fails
     whole, batches, note = read_in_batches(tmp_path, "a.jsonl", records_per_partition=10)
     assert [b.num_rows for b in batches] == [10, 10, 5] and whole.num_rows == 25
 
