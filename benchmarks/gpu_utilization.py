@@ -55,8 +55,8 @@ def run_step(step: dict) -> dict:
     from pipeline.job.context import JobContext
     from pipeline.job.drain import drain_tier
     from pipeline.job.manifest import refresh_manifest
+    from pipeline.job.plan import plan
     from pipeline.job.prepare import prepare
-    from pipeline.job.staging import plan
 
     job = JobContext.open(load_config(CONFIG), step["job_id"])
     kind = step["kind"]

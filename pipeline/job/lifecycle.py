@@ -29,9 +29,9 @@ from pipeline.job.commit import commit_ready
 from pipeline.job.context import JobContext, new_job_id
 from pipeline.job.drain import drain
 from pipeline.job.manifest import refresh_manifest
+from pipeline.job.plan import plan
 from pipeline.job.prepare import check_budget, prepare_or_fail
 from pipeline.job.progress import Progress
-from pipeline.job.staging import plan
 from pipeline.stores import storage
 from pipeline.stores.catalog import StateError, StateStore, now
 

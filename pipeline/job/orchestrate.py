@@ -13,7 +13,7 @@ from pathlib import Path
 
 from pipeline.config import TokenmillConfig, load_config
 from pipeline.errors import JobError
-from pipeline.job import staging
+from pipeline.job import plan as plan_step
 from pipeline.job.commit import commit_partition
 from pipeline.job.context import JOB_ID, JobContext
 from pipeline.job.drain import drain_tier
@@ -55,20 +55,20 @@ def planned_shards(config: TokenmillConfig, job_id: str) -> list[int]:
     """Planning's first step (claim the staging, key every input file): the shards left to cluster."""
     ctx = _context(config, job_id)
     ctx.check_engines(list(config.tiers))
-    return staging.keyed_shards(ctx)
+    return plan_step.keyed_shards(ctx)
 
 
 def clustered_shard(config: TokenmillConfig, job_id: str, shard: int) -> dict:
     """One shard's dedup (a CPU task per shard); its figures."""
-    return staging.clustered_shard(_context(config, job_id), shard)
+    return plan_step.clustered_shard(_context(config, job_id), shard)
 
 
 def staged_partitions(config: TokenmillConfig, job_id: str) -> list[str]:
     """Stage the job once (from the clustered shards, or all of planning when no shard task ran; later
     calls return the same partitions) and check the budget before GPU work."""
     ctx = _context(config, job_id)
-    staging.staged_from_shards(ctx)
-    staging.plan(ctx)
+    plan_step.staged_from_shards(ctx)
+    plan_step.plan(ctx)
     partitions = ctx.state.partitions(job_id)
     todo = [p.partition for p in partitions if p.status != "succeeded"]
     if config.budget.active and todo:

@@ -47,9 +47,8 @@ class StageContext:
     job_id: str
     input_uri: str
     cache: object | None = None  # a ResilientStore whose near/semantic index is searched too
-    files: list[tuple[str, str, int]] | None = (
-        None  # from input_files (relative, full path, bytes); None: all of input_uri
-    )
+    # from input_files (relative, full path, bytes); None: all of input_uri
+    files: list[tuple[str, str, int]] | None = None
     duplicate_ids: bool = True  # validate quarantines repeated ids (the planner does it across files)
     raw: pa.Table | None = None  # every record read, good or bad (set by read)
     quarantine: pa.Table | None = None  # rows for the bad ones (set by validate)

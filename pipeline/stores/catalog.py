@@ -41,7 +41,9 @@ class Base(DeclarativeBase):
     pass
 
 
-class Job(Base):
+class JobRow(Base):
+    """A job's row in the catalog (its status, planning lease, counts); the job itself is pipeline.job.Job."""
+
     __tablename__ = "jobs"
 
     job_id: Mapped[str] = mapped_column(String(200), primary_key=True)
@@ -126,7 +128,9 @@ class Item(Base):
 
 
 # The one lease (stores/lease.py) on planning and on partitions
-PLANNING_LEASE = Lease(Job.planner, Job.planning_lease_expires_at, Job.planning_epoch, Job.planning_renewed_at)
+PLANNING_LEASE = Lease(
+    JobRow.planner, JobRow.planning_lease_expires_at, JobRow.planning_epoch, JobRow.planning_renewed_at
+)
 PARTITION_LEASE = Lease(Partition.worker, Partition.lease_expires_at, Partition.epoch, Partition.heartbeat_at)
 
 ITEM_FIELDS = ITEM.names  # the columns after (job_id, item_key); tests check they match the table
@@ -241,7 +245,7 @@ class StateStore:
                 with s.begin():
                     t = self.db_now()
                     s.add(
-                        Job(
+                        JobRow(
                             job_id=job_id,
                             status="staging",
                             config_fingerprint=fingerprint,
@@ -269,17 +273,17 @@ class StateStore:
         that last renewed may have ended while the next one starts). The new claim's epoch, or None when
         the staging is not to be taken over."""
         t = self.db_now()
-        abandoned = (Job.status == "staging") & PLANNING_LEASE.expired(t)
+        abandoned = (JobRow.status == "staging") & PLANNING_LEASE.expired(t)
         if gone_planner is not None:
             abandoned = abandoned | (
-                (Job.status == "staging")
-                & (Job.planner == gone_planner)
-                & (Job.planning_renewed_at < t - timedelta(seconds=grace_seconds))
+                (JobRow.status == "staging")
+                & (JobRow.planner == gone_planner)
+                & (JobRow.planning_renewed_at < t - timedelta(seconds=grace_seconds))
             )
         with self.session() as s, s.begin():
             return PLANNING_LEASE.claim(
                 s,
-                (Job.job_id == job_id) & ((Job.status == "staging_failed") | abandoned),
+                (JobRow.job_id == job_id) & ((JobRow.status == "staging_failed") | abandoned),
                 worker or default_worker(),
                 t,
                 lease_seconds,
@@ -302,14 +306,16 @@ class StateStore:
 
     @staticmethod
     def _planning(job_id: str, epoch: int):
-        return (Job.job_id == job_id) & (Job.status == "staging") & PLANNING_LEASE.fenced(epoch)
+        return (JobRow.job_id == job_id) & (JobRow.status == "staging") & PLANNING_LEASE.fenced(epoch)
 
     def fail_staging(self, job_id: str, epoch: int, error: str) -> bool:
         """Mark the staging of claim `epoch` failed (a rerun takes it over at once); False when fenced out."""
         with self.session() as s, s.begin():
             return (
                 s.execute(
-                    update(Job).where(self._planning(job_id, epoch)).values(status="staging_failed", error=error[:2000])
+                    update(JobRow)
+                    .where(self._planning(job_id, epoch))
+                    .values(status="staging_failed", error=error[:2000])
                 ).rowcount
                 == 1
             )
@@ -320,7 +326,7 @@ class StateStore:
         with self.session() as s, s.begin():
             staged = (
                 s.execute(
-                    update(Job)
+                    update(JobRow)
                     .where(self._planning(job_id, epoch))
                     .values(status="staged", counts=json.dumps(counts), **PLANNING_LEASE.ended())
                 ).rowcount
@@ -330,19 +336,19 @@ class StateStore:
                 self._add_partitions(s, job_id, partitions)
             return staged
 
-    def job(self, job_id: str) -> Job | None:
+    def job(self, job_id: str) -> JobRow | None:
         with self.session() as s:
-            return s.get(Job, job_id)
+            return s.get(JobRow, job_id)
 
     def set_job(self, job_id: str, **values) -> None:
         if "counts" in values and values["counts"] is not None:
             values["counts"] = json.dumps(values["counts"])
         with self.session() as s, s.begin():
-            s.execute(update(Job).where(Job.job_id == job_id).values(**values))
+            s.execute(update(JobRow).where(JobRow.job_id == job_id).values(**values))
 
-    def jobs(self) -> list[Job]:
+    def jobs(self) -> list[JobRow]:
         with self.session() as s:
-            return list(s.scalars(select(Job).order_by(Job.created_at.desc())))
+            return list(s.scalars(select(JobRow).order_by(JobRow.created_at.desc())))
 
     # -- partitions -----------------------------------------------------------------------------
     def add_partitions(self, job_id: str, partitions: dict[str, dict]) -> None:

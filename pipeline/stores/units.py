@@ -32,7 +32,7 @@ from sqlalchemy import BigInteger, DateTime, Float, Integer, String, Text, delet
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Mapped, mapped_column
 
-from pipeline.stores.catalog import DEFAULT_LEASE_SECONDS, Base, Item, Job, StateStore, aware
+from pipeline.stores.catalog import DEFAULT_LEASE_SECONDS, Base, Item, JobRow, StateStore, aware
 from pipeline.stores.lease import Lease, worker_is_gone
 
 IN_CHUNK = 900  # values bound in one IN (...): under SQLite's oldest limit of 999 parameters
@@ -426,7 +426,7 @@ class UnitQueue:
         first writes the job's row, which PostgreSQL locks and SQLite serialises (a write lock), so two
         workers never both see the room that only one of them may take."""
         with self.session() as s, s.begin():
-            s.execute(update(Job).where(Job.job_id == job_id).values(status=Job.status))
+            s.execute(update(JobRow).where(JobRow.job_id == job_id).values(status=JobRow.status))
             planned = self.spent(job_id, prices, s)
             for _, tenant, usd in requests:
                 planned[tenant] = planned.get(tenant, 0.0) + usd

@@ -155,7 +155,7 @@ def test_stage_waits_for_a_planning_in_progress_instead_of_failing_it(config):
 
     from pipeline.job import orchestrate
     from pipeline.job.context import JobContext
-    from pipeline.job.staging import stage_input, staging_step
+    from pipeline.job.plan import stage_input, staging_step
 
     job = JobContext.open(config, "busy")
     assert job.state.claim_staging("busy", config_fingerprint(config), config.input.uri, config.output.uri)  # planning
@@ -187,7 +187,7 @@ def test_a_staging_step_renews_its_lease_while_it_runs(config):
     import time
 
     from pipeline.job.context import JobContext
-    from pipeline.job.staging import staging_step
+    from pipeline.job.plan import staging_step
     from pipeline.stores.catalog import aware
 
     def wait_until(condition):  # on the database's clock; the limit only guards against a hang
@@ -219,13 +219,14 @@ def test_a_staging_step_renews_its_lease_while_it_runs(config):
 def test_a_shard_task_that_failed_once_is_retried_and_the_job_is_staged(config, monkeypatch):
     """Review finding: a failed shard task marks the staging failed; Airflow retries it, and the stage task must
     then take the staging over and register it, not refuse it as "taken over" forever."""
-    from pipeline.job import orchestrate, staging
+    from pipeline.job import orchestrate
+    from pipeline.job import plan as plan_step
     from pipeline.stores.catalog import StateStore
 
     config.planning.workers = 2
     shards = orchestrate.planned_shards(config, "retried")
     assert len(shards) == 2
-    real, calls = staging.plan_shard, []
+    real, calls = plan_step.plan_shard, []
 
     def lost_once(*args, **kwargs):
         calls.append(args)
@@ -233,7 +234,7 @@ def test_a_shard_task_that_failed_once_is_retried_and_the_job_is_staged(config, 
             raise OSError("shard worker lost")
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(staging, "plan_shard", lost_once)
+    monkeypatch.setattr(plan_step, "plan_shard", lost_once)
     with pytest.raises(OSError):
         orchestrate.clustered_shard(config, "retried", shards[0])
     state = StateStore(config.state.url)

@@ -312,7 +312,7 @@ def test_a_killed_planner_is_taken_over_at_once_and_named(make_config, sample_co
     db = tmp_path / "state.db"
     assert scalar(db, "select status from jobs where job_id='planner'") == "staging"
     done = []
-    with caplog.at_level("INFO", logger="pipeline.job.staging"):
+    with caplog.at_level("INFO", logger="pipeline.job.plan"):
         rerun = threading.Thread(
             target=lambda: done.append(run_job(make_config(state__lease_seconds=15), job_id="planner")), daemon=True
         )
