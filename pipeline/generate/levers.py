@@ -23,85 +23,17 @@ from typing import Any
 
 from pipeline.config import TierConfig, VllmArgs
 from pipeline.generate.engine_api import EngineStartError
+from pipeline.generate.vllm_options import vllm_options
 from pipeline.stores.units import SESSION_COUNTERS
 
 log = logging.getLogger(__name__)
 
-# vLLM 0.32: vllm/config/cache.py CacheDType, and the CPU attention backend's supported_kv_cache_dtypes.
-KV_CACHE_DTYPES = (
-    "auto",
-    "float16",
-    "bfloat16",
-    "fp8",
-    "fp8_e4m3",
-    "fp8_e5m2",
-    "fp8_inc",
-    "fp8_ds_mla",
-    "nvfp4_ds_mla",
-    "turboquant_k8v4",
-    "turboquant_4bit_nc",
-    "turboquant_k3v4_nc",
-    "turboquant_3bit_nc",
-    "ultraquant_4bit",
-    "int4_per_token_head",
-)
-CPU_KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3", "fp8_e5m2")
-CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)  # vLLM's CPU attention backend
-# vLLM 0.32: vllm/model_executor/layers/quantization QuantizationMethods.
-QUANTIZATION_METHODS = (
-    "awq",
-    "auto_awq",
-    "fp8",
-    "fbgemm_fp8",
-    "fp_quant",
-    "modelopt",
-    "modelopt_fp4",
-    "modelopt_mxfp8",
-    "modelopt_mixed",
-    "auto_gptq",
-    "gptq",
-    "gptq_marlin",
-    "awq_marlin",
-    "humming",
-    "compressed-tensors",
-    "experts_int8",
-    "quark",
-    "moe_wna16",
-    "torchao",
-    "inc",
-    "mxfp4",
-    "gpt_oss_mxfp4",
-    "deepseek_v4_fp8",
-    "online",
-    "fp8_per_tensor",
-    "fp8_per_block",
-    "fp8_per_channel",
-    "int8_per_channel_weight_only",
-    "nvfp4_per_token",
-    "mxfp8",
-)
 # A checkpoint's quant_method -> the `quantization` values vLLM accepts for it (its overrides).
 COMPATIBLE = {
     "gptq": ("gptq", "gptq_marlin", "auto_gptq", "moe_wna16"),
     "awq": ("awq", "awq_marlin", "auto_awq", "moe_wna16"),
 }
 FOUR_BIT_METHODS = ("compressed-tensors", "gptq", "awq", "auto_gptq", "auto_awq")
-# vLLM 0.32: vllm/config/speculative.py SpeculativeMethod (MTP model types are all served as `mtp`).
-SPECULATIVE_METHODS = (
-    "ngram",
-    "ngram_gpu",
-    "draft_model",
-    "eagle",
-    "eagle3",
-    "mtp",
-    "medusa",
-    "mlp_speculator",
-    "suffix",
-    "dflash",
-    "dspark",
-    "extract_hidden_states",
-    "custom_class",
-)
 NEEDS_DRAFT_MODEL = ("draft_model", "eagle", "eagle3", "medusa", "mlp_speculator", "custom_class")
 # vLLM's metric for each counter an engine session stores (stores/units.py SESSION_COUNTERS, in that order).
 COUNTERS = dict(
@@ -254,10 +186,10 @@ def lever_problems(tier_name: str, tier: TierConfig, flags: Callable[[], set[str
 def _quantization_problems(
     at: str, tier: TierConfig, ckpt: Checkpoint | None, flags: Callable[[], set[str]]
 ) -> list[str]:
-    q, problems = tier.vllm.quantization, []
-    if q is not None and q not in QUANTIZATION_METHODS:
+    q, problems, known = tier.vllm.quantization, [], vllm_options()
+    if q is not None and known is not None and q not in known.quantization_methods:
         problems.append(
-            f"{at}: unknown vllm.quantization {q!r}; vLLM knows {', '.join(QUANTIZATION_METHODS)} "
+            f"{at}: unknown vllm.quantization {q!r}; vLLM knows {', '.join(known.quantization_methods)} "
             "(a pre-quantised checkpoint needs none: vLLM reads its method from config.json)"
         )
     elif (
@@ -305,22 +237,22 @@ def _quantization_problems(
 
 def _kv_problems(at: str, tier: TierConfig, ckpt: Checkpoint | None, flags: Callable[[], set[str]]) -> list[str]:
     kv, head = tier.vllm.kv_cache_dtype, ckpt.head_size if ckpt is not None else None
-    problems = []
-    if tier.device == "cpu" and head is not None and head not in CPU_HEAD_SIZES:
+    problems, known = [], vllm_options()
+    if tier.device == "cpu" and head is not None and known is not None and head not in known.cpu_head_sizes:
         problems.append(
             f"{at}: head size {head} of {tier.model} is not one vLLM's CPU attention supports "
-            f"({', '.join(map(str, CPU_HEAD_SIZES))})"
+            f"({', '.join(map(str, known.cpu_head_sizes))})"
         )
     if kv is None or kv == "auto":
         return problems
-    if kv not in KV_CACHE_DTYPES:
-        return problems + [f"{at}: unknown vllm.kv_cache_dtype {kv!r}; vLLM knows {', '.join(KV_CACHE_DTYPES)}"]
+    if known is not None and kv not in known.kv_cache_dtypes:
+        return problems + [f"{at}: unknown vllm.kv_cache_dtype {kv!r}; vLLM knows {', '.join(known.kv_cache_dtypes)}"]
     if tier.device != "cpu":
         return problems
-    if kv not in CPU_KV_CACHE_DTYPES:
+    if known is not None and kv not in known.cpu_kv_cache_dtypes:
         return problems + [
             f"{at}: vllm.kv_cache_dtype {kv!r} is not one vLLM's CPU attention supports "
-            f"({', '.join(CPU_KV_CACHE_DTYPES)}): use auto or fp8"
+            f"({', '.join(known.cpu_kv_cache_dtypes)}): use auto or fp8"
         ]
     have = flags()
     if "avx512f" not in have and not any(f.startswith("amx") for f in have):
@@ -340,10 +272,11 @@ def _speculative_problems(at: str, spec: dict[str, Any] | None) -> list[str]:
     if spec is None:
         return []
     method, k, where = spec.get("method"), spec.get("num_speculative_tokens"), f"{at}: vllm.speculative_config"
+    known = vllm_options()
     if method is None:
-        return [f"{where} needs a method ({', '.join(SPECULATIVE_METHODS)}), e.g. ngram"]
-    if method not in SPECULATIVE_METHODS:
-        return [f"{where}: unknown method {method!r}; vLLM knows {', '.join(SPECULATIVE_METHODS)}"]
+        return [f"{where} needs a method, e.g. ngram (vLLM's speculative methods)"]
+    if known is not None and method not in known.speculative_methods:
+        return [f"{where}: unknown method {method!r}; vLLM knows {', '.join(known.speculative_methods)}"]
     problems = []
     if k is None and method in ("ngram", "draft_model"):
         problems.append(f"{where}: method {method} needs num_speculative_tokens (e.g. 4)")

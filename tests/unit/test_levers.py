@@ -322,3 +322,33 @@ def test_session_counters_reach_the_engine_figures_and_the_report():
     )
     page = engine_section({"engines": {"t": e}})
     assert 'id="engine-levers"' in page and "ngram ×4" in page and "50.0%" in page
+
+
+def test_vllm_option_literals_are_read_with_nested_aliases():
+    """vLLM's option types are Literal aliases built of other aliases (SpeculativeMethod holds EagleModelTypes,
+    which holds MTPModelTypes): read from the source, flattened in order, each value once."""
+    import ast
+
+    from pipeline.generate.vllm_options import literal
+
+    tree = ast.parse('Inner = Literal["c", "d"]\nMid = Literal["b", Inner]\nTop = Literal["a", Mid, "c", Other]\n')
+    with pytest.raises(KeyError):
+        literal(tree, "Top")  # a name the module does not define: unknown, so the options are too
+    tree = ast.parse('Inner = Literal["c", "d"]\nMid = Literal["b", Inner]\nTop: TypeAlias = Literal["a", Mid, "c"]\n')
+    assert literal(tree, "Top") == ("a", "b", "c", "d")
+
+
+def test_the_installed_vllms_options_are_read_without_importing_it():
+    """What the lever checks compare against comes from the vLLM that will run, not a copied list."""
+    import subprocess
+    import sys
+
+    from pipeline.generate.vllm_options import vllm_options
+
+    read = "import sys; from pipeline.generate.vllm_options import vllm_options as o; o(); print('vllm' in sys.modules)"
+    assert subprocess.run([sys.executable, "-c", read], capture_output=True, text=True).stdout.strip() == "False"
+    options = vllm_options()
+    assert {"auto", "fp8", "fp8_e5m2"} <= set(options.kv_cache_dtypes) >= set(options.cpu_kv_cache_dtypes)
+    assert {"gptq", "awq", "compressed-tensors", "fp8"} <= set(options.quantization_methods)
+    assert {"ngram", "draft_model", "eagle3", "mtp", "suffix"} <= set(options.speculative_methods)
+    assert 64 in options.cpu_head_sizes and all(isinstance(h, int) for h in options.cpu_head_sizes)
