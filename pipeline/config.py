@@ -1,11 +1,10 @@
 """The one typed configuration of a job, built once from YAML plus environment overrides.
 
 Every model forbids unknown fields, so a typo in a YAML file is an error, not a silent default.
-Overrides: `TOKENMILL_<SECTION>__<FIELD>[__<SUBFIELD>...]=value` (value parsed as JSON when it
-is JSON, so `64`, `true` and `[1, 2]` keep their types; any other value is a string). `${VAR}` in string values
-expands from the
-environment, in the YAML, the overrides and the defaults alike; `${TOKENMILL_HOME}` defaults to `./.tokenmill`, made
-absolute.
+Overrides: `TOKENMILL_<SECTION>__<FIELD>[__<SUBFIELD>...]=value`, read by pydantic-settings (a list or
+mapping field's value is JSON, `null` is None, any other value converts to its field's type). `${VAR}` in
+string values expands from the environment, in the YAML, the overrides and the defaults alike;
+`${TOKENMILL_HOME}` defaults to `./.tokenmill`, made absolute.
 `load_run_section` reads the `run:` section alone (the Airflow DAG's shape) and expands nothing else, so parsing
 the DAG needs no secret.
 """
@@ -716,7 +715,7 @@ def load_config(path: str | Path | None, environ: dict[str, str] | None = None, 
         raw = TokenmillConfig.no_plan_section(raw)
     except ValueError as e:
         raise ConfigError(f"{path}: {e}") from None
-    raw = apply_env_overrides(raw, environ)
+    raw = apply_env_overrides(raw, environ, TokenmillConfig)
     for dotted, value in overrides.items():
         if value is not None:
             section, field = dotted.split("__")
@@ -751,7 +750,7 @@ def load_run_section(path: str | Path | None, environ: dict[str, str] | None = N
     if not isinstance(run, dict):
         raise ConfigError(f"{path}: run: must be a mapping")
     overrides = {k: v for k, v in environ.items() if k.startswith(f"{ENV_PREFIX}RUN__")}
-    run = apply_env_overrides({"run": run}, overrides)["run"]
+    run = apply_env_overrides({"run": run}, overrides, TokenmillConfig)["run"]
     try:
         return RunConfig.model_validate(expand(run, environ))
     except ValidationError as e:

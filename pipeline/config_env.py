@@ -7,7 +7,6 @@ and every module that shows a URL (CLI, logs, errors, manifests) can redact it t
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from pathlib import Path
@@ -15,6 +14,8 @@ from typing import Any
 from urllib.parse import unquote
 
 from pydantic import BaseModel
+from pydantic_settings import EnvSettingsSource
+from pydantic_settings.sources.utils import parse_env_vars
 
 ENV_PREFIX = "TOKENMILL_"
 DEFAULT_HOME = "./.tokenmill"
@@ -69,30 +70,29 @@ def expand_defaults(model: BaseModel, environ: dict[str, str]) -> None:
                 setattr(model, name, expanded)
 
 
-def env_value(value: str) -> Any:
-    """JSON where the value is JSON (`64`, `true`, `[1, 2]`, `{"a": 1}`), else the string itself.
+def env_overrides(model: type[BaseModel], environ: dict[str, str]) -> dict:
+    """`TOKENMILL_A__B__C=v` as {a: {b: {c: v}}}, for the fields of `model`, through pydantic-settings' own
+    environment source: a list or mapping field reads its value as JSON, every other field as its own type
+    (pydantic converts `512`, `false`); `null` is None. Names matching no section (TOKENMILL_HOME) are not
+    overrides; a misspelt field inside a section is kept, so that validation names it."""
+    source = EnvSettingsSource(
+        model, env_prefix=ENV_PREFIX, env_nested_delimiter="__", case_sensitive=False, env_parse_none_str="null"
+    )
+    source.env_vars = parse_env_vars(environ, False, False, "null")  # this environment, not the process's
+    return source()
 
-    Not YAML: YAML 1.1 reads `off`, `no` and `on` as booleans, which would corrupt string fields."""
-    try:
-        return json.loads(value)
-    except ValueError:
-        return value
+
+def merged(base: dict, overrides: dict) -> dict:
+    """`base` with `overrides` laid over it, mapping by mapping."""
+    out = dict(base)
+    for key, value in overrides.items():
+        out[key] = merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
+    return out
 
 
-def apply_env_overrides(raw: dict, environ: dict[str, str]) -> dict:
-    """Set `TOKENMILL_A__B__C=v` as raw[a][b][c] = v. TOKENMILL_HOME is not an override."""
-    for name, value in sorted(environ.items()):
-        if not name.startswith(ENV_PREFIX) or "__" not in name:
-            continue
-        path = [p.lower() for p in name[len(ENV_PREFIX) :].split("__")]
-        node = raw
-        for key in path[:-1]:
-            child = node.get(key)
-            if not isinstance(child, dict):
-                child = node[key] = {}
-            node = child
-        node[path[-1]] = env_value(value)
-    return raw
+def apply_env_overrides(raw: dict, environ: dict[str, str], model: type[BaseModel]) -> dict:
+    """The raw config `raw` with the environment's overrides of `model`'s fields laid over it."""
+    return merged(raw, env_overrides(model, environ))
 
 
 def renamed_overrides(environ: dict[str, str]) -> str | None:

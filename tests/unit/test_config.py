@@ -37,17 +37,35 @@ def test_unknown_field_is_an_error_naming_it(tmp_path):
         load_config(path, environ={})
 
 
-def test_env_overrides_nested_fields_with_yaml_types():
+def test_env_overrides_nested_fields_typed_by_the_field(tmp_path):
     raw = apply_env_overrides(
-        {"tiers": {"small": {"vllm": {}}}},
+        {"tiers": {"small": {"vllm": {"dtype": "float32"}}}},
         {
             "TOKENMILL_TIERS__SMALL__VLLM__MAX_NUM_SEQS": "512",
             "TOKENMILL_DEDUP__EXACT": "false",
             "TOKENMILL_HOME": "/ignored",
             "OTHER__X": "1",
         },
+        TokenmillConfig,
     )
-    assert raw == {"tiers": {"small": {"vllm": {"max_num_seqs": 512}}}, "dedup": {"exact": False}}
+    assert raw == {
+        "tiers": {"small": {"vllm": {"dtype": "float32", "max_num_seqs": "512"}}},
+        "dedup": {"exact": "false"},
+    }
+    environ = {
+        "TOKENMILL_HOME": str(tmp_path),
+        "TOKENMILL_TIERS__SMALL__VLLM__MAX_NUM_SEQS": "512",  # an int field
+        "TOKENMILL_DEDUP__EXACT": "false",  # a bool field
+        "TOKENMILL_TENANTS__ACME__ADAPTER_TIER": "small",  # a new key of a mapping of sections
+        "TOKENMILL_INPUT__DEFAULT_TENANT": "007",  # a string field stays a string (JSON would make it 7)
+        "TOKENMILL_RUN__TIER_WORKERS": '{"small": 2}',  # a mapping field: JSON
+    }
+    cfg = load_config(TINY_CONFIG, environ=environ)
+    assert cfg.tiers["small"].vllm.max_num_seqs == 512 and cfg.dedup.exact is False
+    assert cfg.tenants["acme"].adapter_tier == "small" and cfg.input.default_tenant == "007"
+    assert cfg.run.tier_workers == {"small": 2}
+    with pytest.raises(ConfigError, match=r"sampling\.max_tokenz"):
+        load_config(TINY_CONFIG, environ={"TOKENMILL_HOME": str(tmp_path), "TOKENMILL_SAMPLING__MAX_TOKENZ": "3"})
 
 
 def test_env_override_applies_through_load(tmp_path):
