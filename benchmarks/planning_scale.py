@@ -109,7 +109,7 @@ def child(input_dir: str, workers: int, tmp: str, shard_rows: int) -> None:
     import pyarrow as pa
     import pyarrow.parquet as pq
 
-    decisions = pa.concat_tables([area.read(p, "records", columns=["id", "gen_key", "reuse"]) for p in plan.partitions])
+    decisions = pa.concat_tables([area.records(p, columns=["id", "gen_key", "reuse"]) for p in plan.partitions])
     pq.write_table(decisions.sort_by("id"), f"{tmp}/decisions.parquet")
     rss_self = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     rss_workers = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024

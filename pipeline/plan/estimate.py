@@ -233,7 +233,7 @@ def planned_demand(
         plan = plan_job(config, "preflight", area, report=report)
         counts.update(records=plan.records, quarantined=plan.quarantined, skipped_files=plan.skipped)
         for partition in plan.partitions:
-            records = area.read(partition, "records")
+            records = area.records(partition)
             keys = set(records["gen_key"].to_pylist()) - paid
             paid |= keys
             units = generation_units(records, keys)

@@ -58,7 +58,7 @@ def cut_scopes(config: TokenmillConfig, staging, partitions: list[str], big: dic
     positions: dict[str, list[np.ndarray]] = {scope: [] for scope in big}
     sizes = []
     for i, part in enumerate(partitions):
-        sketch = staging.read(part, "sketch", columns=["scope", "item_key", "signature", "embedding"])
+        sketch = staging.sketch(part, columns=["scope", "item_key", "signature", "embedding"])
         sizes.append(sketch.num_rows)
         scopes = np.asarray(sketch["scope"].to_pylist(), object)
         for scope in big:
@@ -88,7 +88,7 @@ def cut_scopes(config: TokenmillConfig, staging, partitions: list[str], big: dic
         for i, rows in where.pop(scope):
             labels[i][rows], at = part[at : at + len(rows)], at + len(rows)
     for part, label in zip(partitions, labels):
-        staging.write(part, "split", pa.table({"part": label}))
+        staging.write_split(part, pa.table({"part": label}))
     log.info(
         "planning: scopes cut in parts of about %d records: %s",
         config.planning.shard_rows,
@@ -110,7 +110,7 @@ class PartitionTexts:
     def text(self, partition: str, row: int) -> str:
         texts = self.loaded.get(partition)
         if texts is None:
-            texts = self.staging.read(partition, "keyed", columns=["text"])["text"]
+            texts = self.staging.keyed(partition, columns=["text"])["text"]
             self.loaded[partition] = texts
             self.size += texts.nbytes
             while self.size > self.budget and len(self.loaded) > 1:
@@ -143,10 +143,10 @@ def cluster_shard(
     parts_of = [(scope, part) for scope, part in units if scope in cut]
     tables = []
     for part in partitions:
-        keyed = staging.read(part, "sketch")
+        keyed = staging.sketch(part)
         keep = pc.is_in(keyed["scope"], wanted)
         if parts_of:
-            label = staging.read(part, "split")["part"]
+            label = staging.split(part)["part"]
             for scope, p in parts_of:
                 keep = pc.or_(keep, pc.and_(pc.equal(keyed["scope"], scope), pc.equal(label, p)))
         if part in duplicates:
@@ -157,7 +157,7 @@ def cluster_shard(
     records = pa.concat_tables(tables)
     if not records.num_rows:  # a shard of no record (an input without a valid one): empty decisions
         for part in partitions:
-            staging.write(part, f"reuse-{shard}", DECISIONS.empty_table())
+            staging.write_reuse(part, shard, DECISIONS.empty_table())
         return DedupStats()
     texts = PartitionTexts(staging, compile_boilerplate(config.dedup.boilerplate_patterns))
     part_of = pc.dictionary_encode(records["partition"].combine_chunks())
@@ -193,6 +193,6 @@ def cluster_shard(
     decided = decided.drop_columns(["partition"])
     offset = 0
     for part, table in zip(partitions, tables):
-        staging.write(part, f"reuse-{shard}", decided.slice(offset, table.num_rows))
+        staging.write_reuse(part, shard, decided.slice(offset, table.num_rows))
         offset += table.num_rows
     return stats

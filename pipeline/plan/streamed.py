@@ -234,13 +234,13 @@ def plan_keyed(
     plan.shard_units = [[list(unit) for unit in shard] for shard in shards] or [[]]
     plan.seconds["ids"] = time.perf_counter() - started
     plan.attempt = uuid.uuid4().hex
-    staging.write_json("plan", plan.to_dict())
+    staging.write_plan(plan.to_dict())
     return plan
 
 
 def plan_shard(config: TokenmillConfig, job_id: str, staging, shard: int, cache=None) -> DedupStats:
     """Step 2, once per shard (in any order, on any host that reaches the staging area): cluster its scopes."""
-    plan = Plan.from_dict(staging.read_json("plan"))
+    plan = Plan.from_dict(staging.plan())
     stats = cluster_shard(
         config,
         job_id,
@@ -252,7 +252,7 @@ def plan_shard(config: TokenmillConfig, job_id: str, staging, shard: int, cache=
         cache,
         shard,
     )
-    staging.write_json(f"shard-{shard}", {"attempt": plan.attempt, **stats.to_dict()})
+    staging.write_shard_figures(shard, {"attempt": plan.attempt, **stats.to_dict()})
     return stats
 
 
@@ -260,8 +260,8 @@ def clustered_plan(staging) -> Plan | None:
     """The plan in `staging` when every one of its shards is clustered for it, else None (not keyed yet,
     a shard still to cluster, or shards left by an earlier planning of the job); with the shards' figures."""
     try:
-        plan = Plan.from_dict(staging.read_json("plan"))
-        shards = [staging.read_json(f"shard-{shard}") for shard in range(plan.shards)]
+        plan = Plan.from_dict(staging.plan())
+        shards = [staging.shard_figures(shard) for shard in range(plan.shards)]
     except (storage.StorageError, TypeError, KeyError):  # none, or one an older version wrote: planned again
         return None
     if any(done.get("attempt") != plan.attempt for done in shards):
@@ -328,9 +328,9 @@ def key_file(config: TokenmillConfig, job_id: str, staging, file: tuple[str, str
         records = records.append_column(ROW, pa.array(range(records.num_rows), pa.int32()))
         out.raw, out.quarantined = out.raw + raw.num_rows, out.quarantined + ctx.quarantine.num_rows
         out.notes.extend(n for n in ctx.notes if n not in out.notes)
-        staging.write(part, "keyed", records)
-        staging.write(part, "sketch", records.select(list(SHARD_COLUMNS)))  # what the shards read: no text
-        staging.write(part, "quarantine-read", ctx.quarantine)
+        staging.write_keyed(part, records)
+        staging.write_sketch(part, records.select(list(SHARD_COLUMNS)))  # what the shards read: no text
+        staging.write_read_quarantine(part, ctx.quarantine)
         counts = pc.value_counts(records["scope"]).to_pylist()
         out.partitions[part] = (records["id"], {c["values"]: c["counts"] for c in counts}, raw.num_rows)
 
@@ -346,15 +346,15 @@ def stage_partition(
     config: TokenmillConfig, job_id: str, staging, partition: str, shards: int, duplicates: list[int]
 ) -> None:
     """Join a partition's keyed records with the shards' reuse decisions; stage `records` and `quarantine`."""
-    keyed = staging.read(partition, "keyed")
-    quarantine = staging.read(partition, "quarantine-read")
+    keyed = staging.keyed(partition)
+    quarantine = staging.read_quarantine(partition)
     if duplicates:
         dup = pc.is_in(keyed[ROW], pa.array(duplicates, pa.int32()))
         bad = keyed.filter(dup)
         reasons = pa.array(["duplicate_id"] * bad.num_rows, pa.string())
         quarantine = pa.concat_tables([quarantine, quarantine_rows(bad, reasons, job_id, config.input.excerpt_chars)])
         keyed = keyed.filter(pc.invert(dup))
-    decided = pa.concat_tables([staging.read(partition, f"reuse-{s}") for s in range(shards)]).sort_by(ROW)
+    decided = pa.concat_tables([staging.reuse(partition, s) for s in range(shards)]).sort_by(ROW)
     if decided.num_rows != keyed.num_rows or decided[ROW] != keyed[ROW]:
         raise JobError(
             f"partition {partition}: {keyed.num_rows} keyed records but {decided.num_rows} reuse "
@@ -365,8 +365,7 @@ def stage_partition(
     for name in ("gen_key", "gen_id", "gen_tier", "reuse", "similarity", "shadow", "features"):
         records = records.append_column(name, decided[name])
     records = records.append_column("gen_text", gen_text)
-    staging.write(partition, "records", records.select(list(STAGED_COLUMNS)))
-    staging.write(partition, "quarantine", quarantine)
+    staging.write_staged(partition, records.select(list(STAGED_COLUMNS)), quarantine)
 
 
 def _gen_texts(staging, partitions: list[str | None], rows: list[int | None]) -> pa.Array:
@@ -377,7 +376,7 @@ def _gen_texts(staging, partitions: list[str | None], rows: list[int | None]) ->
         if part is not None:
             wanted.setdefault(part, []).append((i, row))
     for part, pairs in wanted.items():
-        texts = staging.read(part, "keyed", columns=["text"])["text"]
+        texts = staging.keyed(part, columns=["text"])["text"]
         for i, row in pairs:
             out[i] = texts[row].as_py()
     return pa.array(out, pa.string())

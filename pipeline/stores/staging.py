@@ -24,35 +24,83 @@ from pipeline.stores import storage
 
 
 class StagingArea:
+    """One method per artefact: nothing outside addresses the area's files by name."""
+
     def __init__(self, root: storage.Location, job_id: str):
         self.root, self.job_id = root, job_id
 
-    def path(self, partition: str, name: str) -> str:
-        return self.root.join("_staging", f"job={self.job_id}", f"partition={partition}", name)
+    def _path(self, partition: str, name: str) -> str:
+        return self.root.join("_staging", f"job={self.job_id}", f"partition={partition}", f"{name}.parquet")
 
-    def write(self, partition: str, name: str, table: pa.Table) -> None:
-        storage.write_parquet_atomic(self.root, self.path(partition, f"{name}.parquet"), table, "zstd")
+    def _write(self, partition: str, name: str, table: pa.Table) -> None:
+        storage.write_parquet_atomic(self.root, self._path(partition, name), table, "zstd")
 
-    def read(self, partition: str, name: str, columns: list[str] | None = None) -> pa.Table:
-        return storage.read_parquet(self.root, self.path(partition, f"{name}.parquet"), columns)
+    def _read(self, partition: str, name: str, columns: list[str] | None = None) -> pa.Table:
+        return storage.read_parquet(self.root, self._path(partition, name), columns)
 
-    def write_json(self, name: str, data: dict) -> None:
-        """A job-level file of planning's (`plan.json`, `shard-<n>.json`), beside the partitions."""
-        storage.write_bytes_atomic(
-            self.root, self.root.join("_staging", f"job={self.job_id}", f"{name}.json"), json.dumps(data).encode()
-        )
+    def _json_path(self, name: str) -> str:
+        return self.root.join("_staging", f"job={self.job_id}", f"{name}.json")
 
-    def read_json(self, name: str) -> dict:
-        return json.loads(
-            storage.read_bytes(self.root, self.root.join("_staging", f"job={self.job_id}", f"{name}.json"))
-        )
+    # -- planning's hand-offs between its steps (plan/streamed.py, plan/shards.py) ---------------------
+    def write_plan(self, plan: dict) -> None:
+        """The keyed step's plan (plan.json) for the shard and staged steps."""
+        storage.write_bytes_atomic(self.root, self._json_path("plan"), json.dumps(plan).encode())
+
+    def plan(self) -> dict:
+        return json.loads(storage.read_bytes(self.root, self._json_path("plan")))
+
+    def write_shard_figures(self, shard: int, figures: dict) -> None:
+        """A clustered shard's dedup figures (shard-<n>.json): its presence says the shard is done."""
+        storage.write_bytes_atomic(self.root, self._json_path(f"shard-{shard}"), json.dumps(figures).encode())
+
+    def shard_figures(self, shard: int) -> dict:
+        return json.loads(storage.read_bytes(self.root, self._json_path(f"shard-{shard}")))
+
+    def write_keyed(self, partition: str, records: pa.Table) -> None:
+        """A partition's records after the keyed stages (text included)."""
+        self._write(partition, "keyed", records)
+
+    def keyed(self, partition: str, columns: list[str] | None = None) -> pa.Table:
+        return self._read(partition, "keyed", columns)
+
+    def write_sketch(self, partition: str, sketch: pa.Table) -> None:
+        """What the shards cluster by (scope, key, signature, embedding): the keyed records without text."""
+        self._write(partition, "sketch", sketch)
+
+    def sketch(self, partition: str, columns: list[str] | None = None) -> pa.Table:
+        return self._read(partition, "sketch", columns)
+
+    def write_read_quarantine(self, partition: str, rows: pa.Table) -> None:
+        """The rows the reader and validation quarantined (duplicate ids are added when staged)."""
+        self._write(partition, "quarantine-read", rows)
+
+    def read_quarantine(self, partition: str) -> pa.Table:
+        return self._read(partition, "quarantine-read")
+
+    def write_split(self, partition: str, parts: pa.Table) -> None:
+        """Each record's part of its cut scope (plan/shards.py cut_scopes)."""
+        self._write(partition, "split", parts)
+
+    def split(self, partition: str) -> pa.Table:
+        return self._read(partition, "split")
+
+    def write_reuse(self, partition: str, shard: int, decisions: pa.Table) -> None:
+        """One shard's reuse decisions for the partition's records it clustered."""
+        self._write(partition, f"reuse-{shard}", decisions)
+
+    def reuse(self, partition: str, shard: int) -> pa.Table:
+        return self._read(partition, f"reuse-{shard}")
 
     # -- what planning hands to the other steps ---------------------------------------------------------
-    def records(self, partition: str) -> pa.Table:
-        return self.read(partition, "records")
+    def write_staged(self, partition: str, records: pa.Table, quarantine: pa.Table) -> None:
+        self._write(partition, "records", records)
+        self._write(partition, "quarantine", quarantine)
+
+    def records(self, partition: str, columns: list[str] | None = None) -> pa.Table:
+        return self._read(partition, "records", columns)
 
     def quarantine(self, partition: str) -> pa.Table:
-        return self.read(partition, "quarantine")
+        return self._read(partition, "quarantine")
 
     # -- the generation's waves ------------------------------------------------------------------------
     @staticmethod
@@ -60,14 +108,14 @@ class StagingArea:
         return f"{name}-{wave}-{token}" if token else f"{name}-{wave}"
 
     def write_wave(self, partition: str, wave: int, token: str, tier: str, requests: pa.Table) -> None:
-        self.write(partition, f"{self._wave('wave', wave, token)}-{tier}", requests)
+        self._write(partition, f"{self._wave('wave', wave, token)}-{tier}", requests)
 
     def wave(self, partition: str, wave: int, token: str | None, tier: str) -> pa.Table:
         """Wave `wave`'s requests of `tier` (StorageError when the wave sent none to that tier)."""
-        return self.read(partition, f"{self._wave('wave', wave, token)}-{tier}")
+        return self._read(partition, f"{self._wave('wave', wave, token)}-{tier}")
 
     def write_wave_state(self, partition: str, wave: int, token: str, state: str) -> None:
-        self.write(partition, self._wave("wave-state", wave, token), pa.table({"state": [state]}))
+        self._write(partition, self._wave("wave-state", wave, token), pa.table({"state": [state]}))
 
     def wave_state(self, partition: str, wave: int, token: str | None) -> str:
-        return self.read(partition, self._wave("wave-state", wave, token))["state"][0].as_py()
+        return self._read(partition, self._wave("wave-state", wave, token))["state"][0].as_py()

@@ -39,8 +39,8 @@ def config(make_config, sample_corpus):
 def staged(config, workers: int, tmp_path, name: str) -> tuple[pa.Table, pa.Table, object]:
     area = StagingArea(storage.resolve(str(tmp_path / name)), "plan")
     plan = plan_job(config, "plan", area, workers=workers)
-    records = pa.concat_tables([area.read(p, "records") for p in plan.partitions])
-    quarantine = pa.concat_tables([area.read(p, "quarantine") for p in plan.partitions])
+    records = pa.concat_tables([area.records(p) for p in plan.partitions])
+    quarantine = pa.concat_tables([area.quarantine(p) for p in plan.partitions])
     return records, quarantine, plan
 
 
@@ -113,7 +113,7 @@ def test_planning_as_orchestrator_tasks_stages_what_one_process_stages(config, t
     assert sorted(partitions) == sorted(plan1.partitions)
     assert reused == plan1.dedup.as_dict()["reused"] and reused
     area = JobContext.open(config, "tasks").staging
-    tasks = pa.concat_tables([area.read(p, "records") for p in partitions])
+    tasks = pa.concat_tables([area.records(p) for p in partitions])
     assert not differences(ordered(tasks), ordered(one))
     assert orchestrate.planned_shards(config, "tasks") == [] and orchestrate.clustered_shard(config, "tasks", 0) == {}
     assert orchestrate.staged_partitions(config, "tasks") == partitions

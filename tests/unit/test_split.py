@@ -81,8 +81,8 @@ def test_a_cut_scope_stages_what_the_uncut_one_does_but_semantic_matches_across_
         )
         area = StagingArea(storage.resolve(str(tmp_path / name)), "cut")
         plan = plan_job(config, "cut", area, workers=1)
-        records = pa.concat_tables([area.read(p, "records") for p in plan.partitions]).sort_by("id")
-        quarantined = sum(area.read(p, "quarantine").num_rows for p in plan.partitions)
+        records = pa.concat_tables([area.records(p) for p in plan.partitions]).sort_by("id")
+        quarantined = sum(area.quarantine(p).num_rows for p in plan.partitions)
         assert records.num_rows + quarantined == plan.records == len(docs) + 4  # 3 bad lines, 1 taken id
         return records, plan
 
