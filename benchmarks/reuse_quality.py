@@ -6,7 +6,7 @@
    or MUST NOT (a negation, a changed number, a swapped entity, a different subject with the same
    opening). For every threshold it prints the reuse rate (should-pairs reused) and the false-reuse
    rate (must-not pairs reused), for near (MinHash Jaccard) and semantic (static-embedding cosine)
-   matching, with and without the meaning guards. The defaults in pipeline/config.py come from it.
+   matching, with and without the meaning guards. The defaults in pipeline/config/dedup.py come from it.
 2. Throughput of the dedup stage on this machine, documents of about 2 KB: exact (normalise + hash),
    near (signatures + LSH + guards), semantic (embeddings + exact search + guards).
 

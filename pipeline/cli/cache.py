@@ -15,7 +15,7 @@ def cache_forget(
     tenant: str = typer.Option(..., "--tenant", help="The tenant, exactly as its records name it (no pattern)."),
 ) -> None:
     """Remove exactly one tenant's cached outputs and index segments from the configured cache store."""
-    from pipeline.config_env import url_error
+    from pipeline.config.env import url_error
     from pipeline.keys import tenant_scope
     from pipeline.stores.cache import connect_store, describe_store
 

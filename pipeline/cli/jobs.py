@@ -14,7 +14,7 @@ from rich.text import Text
 from pipeline import JobError, estimate_job, run_job
 from pipeline.cli.common import ConfigOption, app, console, fail, jobs_app, load, state_store, when
 from pipeline.cli.liblog import library_output
-from pipeline.config_env import redact_url
+from pipeline.config.env import redact_url
 from pipeline.generate.quality import CHECKS
 
 InputOption = typer.Option(None, "--input", help="Input folder or URI (overrides input.uri).")

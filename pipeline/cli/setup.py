@@ -17,7 +17,7 @@ from pipeline.config import tokenmill_home
 def config_show(config: Path = ConfigOption, format: str = typer.Option("yaml", help="yaml or json")) -> None:
     """Print the effective config: file, then TOKENMILL_<SECTION>__<FIELD> overrides, ${VAR}s expanded.
     Passwords in URLs are shown as ***."""
-    from pipeline.config_env import redact_strings
+    from pipeline.config.env import redact_strings
 
     cfg = load(config)
     data = redact_strings(cfg.model_dump(mode="json"))

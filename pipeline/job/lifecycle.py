@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from sqlalchemy.exc import OperationalError
 
 from pipeline.config import TokenmillConfig
-from pipeline.config_env import scrub
+from pipeline.config.env import scrub
 from pipeline.errors import JobError
 from pipeline.generate.engine import EnginePool
 from pipeline.job.commit import commit_ready

@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Protocol
 from urllib.parse import quote, urlsplit
 
-from pipeline.config_env import redact_url, scrub, url_error
+from pipeline.config.env import redact_url, scrub, url_error
 
 log = logging.getLogger(__name__)
 

@@ -205,14 +205,14 @@ class StateStore:
             self.engine: Engine = create_engine(url, connect_args=connect_args, pool_pre_ping=True)
             upgrade_schema(url)
         except Exception as e:
-            from pipeline.config_env import url_error
+            from pipeline.config.env import url_error
 
             raise StateError(f"state database {self.safe_url(url)} unreachable: {url_error(e, url)}") from None
 
     @staticmethod
     def safe_url(url: str) -> str:
         """`url` with its password hidden, even one whose raw `@`, `/` or `:` defeats URL parsers."""
-        from pipeline.config_env import redact_url
+        from pipeline.config.env import redact_url
 
         return redact_url(url)
 

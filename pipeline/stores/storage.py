@@ -28,7 +28,7 @@ import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
 from pipeline.config import StorageConfig
-from pipeline.config_env import redact_url, scrub, url_credentials
+from pipeline.config.env import redact_url, scrub, url_credentials
 
 log = logging.getLogger(__name__)
 

@@ -47,10 +47,13 @@ LAYERS = (
     "pipeline.stores",
     "base",
 )
-BASE = {
-    "pipeline.config": {"pipeline.schema", "pipeline.keys", "pipeline.config_env", "pipeline.config_tiers"},
-    "pipeline.config_env": set(),  # base module -> base modules it may import
-    "pipeline.config_tiers": set(),
+CONFIG_MODULES = {
+    "pipeline.config." + p.stem for p in (REPO / "pipeline" / "config").glob("*.py") if p.stem != "__init__"
+}
+BASE = {  # base module -> base modules it may import
+    "pipeline.config": CONFIG_MODULES,  # the package's face re-exports its modules
+    # a module of the config package imports its siblings directly, never the face (an import circle)
+    **{m: CONFIG_MODULES - {m} for m in CONFIG_MODULES},
     "pipeline.errors": set(),
     "pipeline.keys": {"pipeline.config", "pipeline.schema"},
     "pipeline.schema": set(),

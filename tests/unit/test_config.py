@@ -249,7 +249,7 @@ SECRET_URLS = {
 
 @pytest.mark.parametrize("url", SECRET_URLS)
 def test_redact_url_hides_every_password(url):
-    from pipeline.config_env import redact_url
+    from pipeline.config.env import redact_url
 
     assert redact_url(url) == SECRET_URLS[url]
     assert_hidden(redact_url(url))

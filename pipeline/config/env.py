@@ -1,8 +1,9 @@
 """The environment's part in a config: `${VAR}` expansion and `TOKENMILL_<SECTION>__<FIELD>` overrides,
 and the redaction of the secrets it brings in (`redact_url`, `scrub`, `url_error`).
 
-A base module (imports nothing of ours), so that config.py holds only the typed sections and their loading,
-and every module that shows a URL (CLI, logs, errors, manifests) can redact it the same way.
+The config package's base (imports nothing of ours), so that the other modules hold only the typed
+sections and loading, and every module that shows a URL (CLI, logs, errors, manifests) can redact it
+the same way.
 """
 
 from __future__ import annotations

@@ -1,8 +1,7 @@
 """The engine's part of a config: a tier (its model, device and price), its vLLM arguments by vLLM's own
-names (speculative decoding included), and the tenants' LoRA adapters its engine serves; also `Section`,
-the base of every config model.
+names (speculative decoding included), and the tenants' LoRA adapters its engine serves.
 
-A base module (imports nothing of ours). What a tier's levers may be on its device is checked before
+What a tier's levers may be on its device is checked before
 any work by pipeline/generate/levers.py, which reads the model folder; here only the types are checked.
 """
 
@@ -10,14 +9,9 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import Field, model_validator
 
-
-class Section(BaseModel):
-    """Every config model: an unknown field is an error, not a silent default; no number is infinite or NaN
-    (an infinite lease or temperature would fail a job hours in, not at load)."""
-
-    model_config = ConfigDict(extra="forbid", validate_assignment=True, allow_inf_nan=False)
+from pipeline.config.base import Section
 
 
 class SpeculativeConfig(Section):
