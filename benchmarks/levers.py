@@ -68,10 +68,8 @@ REPO = Path(__file__).resolve().parents[1]
 LOCK_PATH = "/tmp/tokenmill-engine.lock"
 SPECULATIVE = {"method": "ngram", "num_speculative_tokens": 4, "prompt_lookup_max": 4, "prompt_lookup_min": 2}
 BLOCK = 128  # vLLM's KV block size on the CPU backend
-LARGE_PRICE, SMALL_PRICE = (
-    2.00,
-    1.00,
-)  # $/device-hour: configs/local.yaml's large tier; the INT8 tier as quality.py prices it
+# $/device-hour: configs/local.yaml's large tier; the INT8 tier as quality.py prices it
+LARGE_PRICE, SMALL_PRICE = 2.00, 1.00
 
 
 # -- the engine lock ------------------------------------------------------------------------------

@@ -43,8 +43,9 @@ class StateConfig(Section):
         gt=0,
         le=7 * 86400,
         description=(
-            "A claimed partition is held this long without a heartbeat; a worker that dies loses "
-            "it after this and another may take over."
+            "Every lease (a job's planning, a partition, a work unit, an engine session) is held this long "
+            "without a renewal (renewed every third of it); a worker that dies loses it after this and "
+            "another may take over (at once, when its process is provably gone from this host)."
         ),
     )
     wait_seconds: float = Field(

@@ -15,8 +15,7 @@ from typing import Any
 from urllib.parse import unquote
 
 from pydantic import BaseModel
-from pydantic_settings import EnvSettingsSource
-from pydantic_settings.sources.utils import parse_env_vars
+from pydantic_settings import EnvSettingsSource, SettingsError
 
 ENV_PREFIX = "TOKENMILL_"
 DEFAULT_HOME = "./.tokenmill"
@@ -74,13 +73,24 @@ def expand_defaults(model: BaseModel, environ: dict[str, str]) -> None:
 def env_overrides(model: type[BaseModel], environ: dict[str, str]) -> dict:
     """`TOKENMILL_A__B__C=v` as {a: {b: {c: v}}}, for the fields of `model`, through pydantic-settings' own
     environment source: a list or mapping field reads its value as JSON, every other field as its own type
-    (pydantic converts `512`, `false`); `null` is None. Names matching no section (TOKENMILL_HOME) are not
-    overrides; a misspelt field inside a section is kept, so that validation names it."""
+    (pydantic converts `512`, `false`); `null` is None. Only names with a `__` are overrides (TOKENMILL_HOME
+    is not); one naming no section of `model` is an error, as a misspelt field inside a section is (kept,
+    so that validation names it). Raises ConfigError."""
+    names = {n: v for n, v in environ.items() if n.upper().startswith(ENV_PREFIX) and "__" in n[len(ENV_PREFIX) :]}
+    unknown = sorted(n for n in names if n[len(ENV_PREFIX) :].split("__")[0].lower() not in model.model_fields)
+    if unknown:
+        raise ConfigError(
+            f"environment override {unknown[0]} names no config section ({', '.join(model.model_fields)})"
+        )
     source = EnvSettingsSource(
         model, env_prefix=ENV_PREFIX, env_nested_delimiter="__", case_sensitive=False, env_parse_none_str="null"
     )
-    source.env_vars = parse_env_vars(environ, False, False, "null")  # this environment, not the process's
-    return source()
+    # This environment, not the process's: names as the source keeps them (case-insensitive: lowered).
+    source.env_vars = {n.lower(): None if v == "null" else v for n, v in names.items()}
+    try:
+        return source()
+    except SettingsError as e:  # a list or mapping field's value that is not JSON
+        raise ConfigError(f"environment override: {e}") from None
 
 
 def merged(base: dict, overrides: dict) -> dict:

@@ -14,7 +14,7 @@ from pipeline.generate.memory_units import generate
 from pipeline.generate.quality import MEASURES, failed_checks
 from pipeline.generate.requests import build_requests
 
-EVAL_TENANT = "eval"  # no tenant's adapter: evals measure the tier's base model
+EVAL_TENANT = "eval"  # a name only: a run with no job serves no tenant's adapter (generate/memory_units.py)
 
 
 @dataclass

@@ -187,7 +187,7 @@ def _quantization_problems(
     at: str, tier: TierConfig, ckpt: Checkpoint | None, flags: Callable[[], set[str]]
 ) -> list[str]:
     q, problems, known = tier.vllm.quantization, [], vllm_options()
-    if q is not None and known is not None and q not in known.quantization_methods:
+    if q is not None and known is not None and known.quantization_methods and q not in known.quantization_methods:
         problems.append(
             f"{at}: unknown vllm.quantization {q!r}; vLLM knows {', '.join(known.quantization_methods)} "
             "(a pre-quantised checkpoint needs none: vLLM reads its method from config.json)"
@@ -238,18 +238,24 @@ def _quantization_problems(
 def _kv_problems(at: str, tier: TierConfig, ckpt: Checkpoint | None, flags: Callable[[], set[str]]) -> list[str]:
     kv, head = tier.vllm.kv_cache_dtype, ckpt.head_size if ckpt is not None else None
     problems, known = [], vllm_options()
-    if tier.device == "cpu" and head is not None and known is not None and head not in known.cpu_head_sizes:
+    if (
+        tier.device == "cpu"
+        and head is not None
+        and known is not None
+        and known.cpu_head_sizes
+        and head not in known.cpu_head_sizes
+    ):
         problems.append(
             f"{at}: head size {head} of {tier.model} is not one vLLM's CPU attention supports "
             f"({', '.join(map(str, known.cpu_head_sizes))})"
         )
     if kv is None or kv == "auto":
         return problems
-    if known is not None and kv not in known.kv_cache_dtypes:
+    if known is not None and known.kv_cache_dtypes and kv not in known.kv_cache_dtypes:
         return problems + [f"{at}: unknown vllm.kv_cache_dtype {kv!r}; vLLM knows {', '.join(known.kv_cache_dtypes)}"]
     if tier.device != "cpu":
         return problems
-    if known is not None and kv not in known.cpu_kv_cache_dtypes:
+    if known is not None and known.cpu_kv_cache_dtypes and kv not in known.cpu_kv_cache_dtypes:
         return problems + [
             f"{at}: vllm.kv_cache_dtype {kv!r} is not one vLLM's CPU attention supports "
             f"({', '.join(known.cpu_kv_cache_dtypes)}): use auto or fp8"
@@ -275,7 +281,7 @@ def _speculative_problems(at: str, spec: dict[str, Any] | None) -> list[str]:
     known = vllm_options()
     if method is None:
         return [f"{where} needs a method, e.g. ngram (vLLM's speculative methods)"]
-    if known is not None and method not in known.speculative_methods:
+    if known is not None and known.speculative_methods and method not in known.speculative_methods:
         return [f"{where}: unknown method {method!r}; vLLM knows {', '.join(known.speculative_methods)}"]
     problems = []
     if k is None and method in ("ngram", "draft_model"):

@@ -8,7 +8,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass, field
 
-from pipeline.config import TokenmillConfig
+from pipeline.config import BudgetConfig, TokenmillConfig
 from pipeline.generate.engine import EnginePool
 from pipeline.generate.worker import Failure, TierWorker, WorkerReport
 from pipeline.stores.lease import default_worker
@@ -103,5 +103,7 @@ def generate(
         units.append(unit)
         by_unit[unit.unit_id] = rows[start : start + UNIT_REQUESTS]
     side = Collected(by_unit)
-    worker = TierWorker(config, tier, run_id, MemoryUnits(units), pool, default_worker(), side)
+    # No job, so no budget (each unit admitted, the batch kept full) and no tenant (the tier's base model).
+    alone = config.model_copy(update={"budget": BudgetConfig(), "tenants": {}})
+    worker = TierWorker(alone, tier, run_id, MemoryUnits(units), pool, default_worker(), side)
     return side, worker.drain()

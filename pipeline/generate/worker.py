@@ -131,7 +131,8 @@ class UnitSource(Protocol):
         recorded: float,
         closed: bool = False,
         counters: dict[str, int | None] | None = None,
-        lease_seconds: float = 0.0,
+        *,
+        lease_seconds: float,
     ) -> None: ...
 
 

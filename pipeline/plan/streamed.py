@@ -100,9 +100,8 @@ def planning_workers(config: TokenmillConfig, input_bytes: int) -> int:
     (a pool process costs a second or two to start: small inputs plan faster in this one)."""
     if config.planning.workers:
         return config.planning.workers
-    cores = (
-        len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-    )  # macOS: no affinity
+    # macOS has no affinity
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     return max(1, min(cores, input_bytes // PLAN_BYTES_PER_WORKER))
 
 

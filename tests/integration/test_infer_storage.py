@@ -39,8 +39,9 @@ def rows(prompts):
     ]
 
 
-def config(model):
-    return TokenmillConfig(tiers={"t": TierConfig(model=model, price_per_gpu_hour=1)}, route={"default_tier": "t"})
+def config(model, **sections):
+    tiers = {"t": TierConfig(model=model, price_per_gpu_hour=1)}
+    return TokenmillConfig(tiers=tiers, route={"default_tier": "t"}, **sections)
 
 
 def test_failed_batch_is_halved_until_the_bad_item_is_alone():
@@ -53,6 +54,15 @@ def test_failed_batch_is_halved_until_the_bad_item_is_alone():
     assert list(done.failed) == ["r2"] and "kernel failure" in done.failed["r2"].detail
     assert report.requests == 8 and all(i["gpu_seconds"] >= 0 for i in done.items.values())
     assert PoisonEngine.calls[0] == 8 and 1 in PoisonEngine.calls
+
+
+def test_a_run_with_no_job_keeps_the_batch_full_under_a_budget_cap():
+    """Review finding: an eval on a config with budget caps ran one unit (256 requests) at a time, the
+    engine's batch emptying at every unit's end; a run with no job admits nothing, so it fills the batch."""
+    c = config("m-poison", budget={"max_job_usd": 5.0})
+    PoisonEngine.calls.clear()
+    done, _ = generate(rows([[i] for i in range(1, 301)]), "t", c, EnginePool(c.tiers, factory=PoisonEngine))
+    assert len(done.items) == 300 and PoisonEngine.calls[0] == 300  # both units in the first step
 
 
 def test_dead_engine_stops_the_job():

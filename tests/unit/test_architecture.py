@@ -396,7 +396,7 @@ def size_problems(tree: ast.AST, where: str, source: list[str]) -> list[str]:
 
 def test_functions_are_small():
     problems = [
-        line for p in python_files("pipeline") for line in size_problems(parse(p), rel(p), p.read_text().splitlines())
+        line for p in python_files("pipeline") for line in size_problems(parse(p), rel(p), p.read_text().split("\n"))
     ]
     assert not problems, "too big to read in one sitting:\n" + "\n".join(problems)
 

@@ -68,6 +68,26 @@ def test_env_overrides_nested_fields_typed_by_the_field(tmp_path):
         load_config(TINY_CONFIG, environ={"TOKENMILL_HOME": str(tmp_path), "TOKENMILL_SAMPLING__MAX_TOKENZ": "3"})
 
 
+@pytest.mark.parametrize(
+    "name, value, error",
+    [
+        ("TOKENMILL_SAMPLNG__MAX_TOKENS", "64", r"TOKENMILL_SAMPLNG__MAX_TOKENS names no config section"),
+        ("TOKENMILL_RUN__TIER_WORKERS", "{bad", r"environment override: .*run"),
+    ],
+)
+def test_a_bad_environment_override_is_a_named_config_error(tmp_path, name, value, error):
+    """Review finding: a misspelt section was ignored (the job ran on the YAML's value) and bad JSON in a
+    mapping override escaped as pydantic-settings' own exception, a traceback in the CLI."""
+    with pytest.raises(ConfigError, match=error):
+        load_config(TINY_CONFIG, environ={"TOKENMILL_HOME": str(tmp_path), name: value})
+
+
+def test_a_variable_without_a_field_path_is_no_override(tmp_path):
+    """TOKENMILL_CACHE=... (no `__`) is not the whole `cache` section; TOKENMILL_HOME and the like are not overrides."""
+    cfg = load_config(TINY_CONFIG, environ={"TOKENMILL_HOME": str(tmp_path), "TOKENMILL_CACHE": "/tmp/x"})
+    assert cfg.cache == load_config(TINY_CONFIG, environ={"TOKENMILL_HOME": str(tmp_path)}).cache
+
+
 def test_env_override_applies_through_load(tmp_path):
     cfg = load_config(TINY_CONFIG, environ={"TOKENMILL_HOME": str(tmp_path), "TOKENMILL_SAMPLING__MAX_TOKENS": "7"})
     assert cfg.sampling.max_tokens == 7
