@@ -58,7 +58,6 @@ if __name__ == "__main__":
         "ROUTE__DEFAULT_TIER": "large",
         "ROUTE__RULES": "[]",
         "ROUTE__ESCALATION__ENABLED": "false",
-        "REQUESTS__ITEMS_PER_ENGINE_CALL": "16",
         "DEDUP__SHADOW_RATE": "0",
     }
     rule = json.dumps([{"name": "audit", "tier": "large", "regex": "^AUDIT REVIEW"}])
@@ -85,7 +84,6 @@ if __name__ == "__main__":
                 "DEDUP__SEMANTIC": "true",
                 "ROUTE__DEFAULT_TIER": "small",
                 "ROUTE__RULES": rule,
-                "REQUESTS__ITEMS_PER_ENGINE_CALL": "512",
                 "CACHE__ENABLED": "true",
             },
         ),

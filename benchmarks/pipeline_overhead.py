@@ -51,7 +51,6 @@ if __name__ == "__main__":
                 "TOKENMILL_RUN__PROGRESS": "off",
                 "TOKENMILL_CACHE__PATH": str(tmp / "cache"),
                 "TOKENMILL_INPUT__RECORDS_PER_PARTITION": str(per_file),
-                "TOKENMILL_REQUESTS__ITEMS_PER_ENGINE_CALL": "4096",
                 **{
                     f"TOKENMILL_TIERS__{t}__{k}": v
                     for t in ("SMALL", "LARGE")

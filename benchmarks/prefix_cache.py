@@ -54,7 +54,6 @@ if __name__ == "__main__":
                     "TOKENMILL_ROUTE__ESCALATION__ENABLED": "false",
                     "TOKENMILL_DEDUP__NEAR": "false",
                     "TOKENMILL_DEDUP__SEMANTIC": "false",
-                    "TOKENMILL_REQUESTS__ITEMS_PER_ENGINE_CALL": "16",
                     "TOKENMILL_REQUESTS__PREFIX_ORDERING": ordering,
                 },
             )
