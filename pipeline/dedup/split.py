@@ -57,12 +57,12 @@ def semantic_positions(vectors: np.ndarray) -> np.ndarray:
     return vectors.astype(np.float32) @ direction
 
 
-def shards_of(unit_rows: dict[tuple[str, int], int], shards: int) -> list[list[tuple[str, int]]]:
-    """Units (scope, part) in at most `shards` shards of about equal rows: the largest unit first, to
-    the lightest shard. Deterministic (ties by name), and empty shards are dropped."""
+def shards_of(scope_rows: dict[tuple[str, int], int], shards: int) -> list[list[tuple[str, int]]]:
+    """Scopes (scope, part) in at most `shards` shards of about equal rows: the largest first, to the
+    lightest shard. Deterministic (ties by name), and empty shards are dropped."""
     heap = [(0, i, []) for i in range(max(1, shards))]
-    for unit, rows in sorted(unit_rows.items(), key=lambda kv: (-kv[1], kv[0])):
-        load, i, units = heapq.heappop(heap)
-        units.append(unit)
-        heapq.heappush(heap, (load + rows, i, units))
-    return [sorted(units) for _, _, units in sorted(heap, key=lambda t: t[1]) if units]
+    for scope, rows in sorted(scope_rows.items(), key=lambda kv: (-kv[1], kv[0])):
+        load, i, scopes = heapq.heappop(heap)
+        scopes.append(scope)
+        heapq.heappush(heap, (load + rows, i, scopes))
+    return [sorted(scopes) for _, _, scopes in sorted(heap, key=lambda t: t[1]) if scopes]

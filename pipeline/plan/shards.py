@@ -1,7 +1,7 @@
 """Planning's cluster step: a job's dedup scopes in shards, each clustered in a process of its own.
 
   cut_scopes      a scope larger than `planning.shard_rows` records is cut into parts (dedup/split.py)
-  cluster_shard   one shard's units (whole scopes, or parts of cut ones): near, semantic and cache reuse
+  cluster_shard   one shard's scopes (whole scopes, or parts of cut ones): near, semantic and cache reuse
                   over the shard's compact columns (keys, signatures, embeddings), texts read back from
                   the staging area only for the pairs the guards compare
 
@@ -125,22 +125,22 @@ def cluster_shard(
     config: TokenmillConfig,
     job_id: str,
     staging,
-    units: list[list],
+    scopes: list[list],
     cut: set[str],
     partitions: list[str],
     duplicates: dict[str, list[int]],
     cache=None,
     shard: int = 0,
 ) -> DedupStats:
-    """Cluster the records of `units` ([scope, part]: a whole scope, or one part of a scope in `cut`), in
+    """Cluster the records of `scopes` ([scope, part]: a whole scope, or one part of a scope in `cut`), in
     job order (`partitions` in order, rows in order), and stage each partition's reuse decisions for them
     (`reuse-<shard>`)."""
     if cache is None and config.cache.enabled:
         from pipeline.stores.cache import open_store
 
         cache = open_store(config.cache)
-    wanted = pa.array([scope for scope, _ in units if scope not in cut], pa.string())
-    parts_of = [(scope, part) for scope, part in units if scope in cut]
+    wanted = pa.array([scope for scope, _ in scopes if scope not in cut], pa.string())
+    parts_of = [(scope, part) for scope, part in scopes if scope in cut]
     tables = []
     for part in partitions:
         keyed = staging.sketch(part)

@@ -66,7 +66,7 @@ class Plan:
     quarantined: int = 0
     skipped: list[str] = field(default_factory=list)  # "<file>: why" for files that gave no record
     dedup: DedupStats = field(default_factory=DedupStats)
-    shard_units: list[list[list]] = field(default_factory=list)  # shard -> its [scope, part]s (part 0: a whole scope)
+    shard_scopes: list[list[list]] = field(default_factory=list)  # shard -> its [scope, part]s (part 0: a whole scope)
     cut: dict[str, list[int]] = field(default_factory=dict)  # a scope cut into parts -> rows per part (split.py)
     duplicates: dict[str, list[int]] = field(default_factory=dict)  # partition -> rows quarantined as duplicate_id
     seconds: dict[str, float] = field(default_factory=dict)
@@ -74,7 +74,7 @@ class Plan:
 
     @property
     def shards(self) -> int:
-        return len(self.shard_units)
+        return len(self.shard_scopes)
 
     def to_dict(self) -> dict:
         return {
@@ -83,7 +83,7 @@ class Plan:
             "quarantined": self.quarantined,
             "skipped": self.skipped,
             "dedup": self.dedup.to_dict(),
-            "shard_units": self.shard_units,
+            "shard_scopes": self.shard_scopes,
             "cut": self.cut,
             "duplicates": self.duplicates,
             "seconds": self.seconds,
@@ -92,6 +92,7 @@ class Plan:
 
     @staticmethod
     def from_dict(data: dict) -> "Plan":
+        data = {("shard_scopes" if k == "shard_units" else k): v for k, v in data.items()}  # plan.json before 0.2
         return Plan(**{**data, "dedup": DedupStats.from_dict(data["dedup"])})
 
 
@@ -226,11 +227,11 @@ def plan_keyed(
     shard_rows = config.planning.shard_rows
     big = {scope: n for scope, n in scope_rows.items() if n > shard_rows}
     plan.cut = cut_scopes(config, staging, list(plan.partitions), big) if big else {}
-    units = {(scope, part): n for scope, rows in plan.cut.items() for part, n in enumerate(rows) if n}
-    units.update({(scope, 0): n for scope, n in scope_rows.items() if scope not in plan.cut})
-    shards = shards_of(units, max(workers, -(-sum(scope_rows.values()) // shard_rows)))
+    scopes = {(scope, part): n for scope, rows in plan.cut.items() for part, n in enumerate(rows) if n}
+    scopes.update({(scope, 0): n for scope, n in scope_rows.items() if scope not in plan.cut})
+    shards = shards_of(scopes, max(workers, -(-sum(scope_rows.values()) // shard_rows)))
     # At least one shard, even with no valid record: every partition's staged step reads its decisions.
-    plan.shard_units = [[list(unit) for unit in shard] for shard in shards] or [[]]
+    plan.shard_scopes = [[list(scope) for scope in shard] for shard in shards] or [[]]
     plan.seconds["ids"] = time.perf_counter() - started
     plan.attempt = uuid.uuid4().hex
     staging.write_plan(plan.to_dict())
@@ -244,7 +245,7 @@ def plan_shard(config: TokenmillConfig, job_id: str, staging, shard: int, cache=
         config,
         job_id,
         staging,
-        plan.shard_units[shard],
+        plan.shard_scopes[shard],
         set(plan.cut),
         list(plan.partitions),
         plan.duplicates,
