@@ -20,10 +20,9 @@ import xxhash
 
 from pipeline.config import TokenmillConfig
 from pipeline.dedup import minhash, split
-from pipeline.dedup.cluster import DedupStats, reuse_columns, reuse_plan
+from pipeline.dedup.cluster import DedupStats
 from pipeline.dedup.sketch import embedding_matrix, signature_matrix
-from pipeline.keys import clean_text, compile_boilerplate
-from pipeline.plan.stages import row_adapters
+from pipeline.plan.stages import StageContext, run_stages, stage_named
 
 log = logging.getLogger(__name__)
 ROW = "_row"  # a keyed record's position in its partition
@@ -102,8 +101,8 @@ class PartitionTexts:
     """Cleaned texts of keyed partitions, read back on demand and kept in a bounded LRU: the guards
     compare few pairs, and those mostly within a few partitions."""
 
-    def __init__(self, staging, boilerplate: list, budget: int = TEXT_CACHE_BYTES):
-        self.staging, self.boilerplate, self.budget = staging, boilerplate, budget
+    def __init__(self, staging, budget: int = TEXT_CACHE_BYTES):
+        self.staging, self.budget = staging, budget
         self.loaded: OrderedDict[str, pa.ChunkedArray] = OrderedDict()
         self.size = 0
 
@@ -118,7 +117,7 @@ class PartitionTexts:
                 self.size -= old.nbytes
         else:
             self.loaded.move_to_end(partition)
-        return clean_text(texts[row].as_py(), self.boilerplate)
+        return texts[row].as_py()
 
 
 def cluster_shard(
@@ -159,20 +158,15 @@ def cluster_shard(
         for part in partitions:
             staging.write_reuse(part, shard, DECISIONS.empty_table())
         return DedupStats()
-    texts = PartitionTexts(staging, compile_boilerplate(config.dedup.boilerplate_patterns))
+    texts = PartitionTexts(staging)
     part_of = pc.dictionary_encode(records["partition"].combine_chunks())
     parts, names = np.asarray(part_of.indices), part_of.dictionary.to_pylist()
     rows = np.asarray(records[ROW].combine_chunks())
-    plan = reuse_plan(
-        records,
-        config.dedup,
-        lambda r: texts.text(names[parts[r]], int(rows[r])),
-        cache,
-        config.tier_prices,
-        row_adapters(config, records),
+    ctx = StageContext(
+        config, job_id, config.input.uri, cache, texts=lambda r: texts.text(names[parts[r]], int(rows[r]))
     )
-    decided = reuse_columns(records, plan, config.dedup)
-    stats = plan.stats
+    decided = run_stages((stage_named("cluster"),), records, ctx)
+    stats = ctx.dedup
     source = np.asarray(decided["gen_source"].combine_chunks())
     elsewhere = source >= 0
     decided = (
@@ -186,7 +180,7 @@ def cluster_shard(
         .append_column("gen_row", pa.array(rows[source], pa.int32(), mask=~elsewhere))
         .cast(pa.schema([("partition", pa.string()), *DECISIONS]))
     )
-    del records, plan
+    del records
     # The decisions keep the records' order: each partition's rows in one run, partitions in order; a
     # zero-copy slice each. (A filter per partition read every row once per partition: a folder of
     # 20,000 one-record files never finished.)

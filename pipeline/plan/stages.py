@@ -1,13 +1,16 @@
 """The CPU stages that planning runs over a job's input, each with a declared contract.
 
-  read -> validate -> content_hash -> route -> item_keys -> sketch -> cluster
+  read -> validate -> content_hash -> route -> item_keys -> sketch -> cluster -> gen_text
 
-Each `Stage` names the columns it needs in its input and the columns it adds (and, for validate,
-drops); `run_stages` runs them in order and checks every contract as it goes (column names only,
-so the check costs nothing next to the stages). Planning (plan.py, for staging and the pre-flight
-estimate alike) runs them up to sketch per input file and cluster per shard of scopes;
-`staged_input` runs them all in memory over a whole input (evaluation sets, tests), with the same
-result (tests/integration/test_plan.py).
+Each `Stage` names the columns it needs in its input and the columns it adds (and drops);
+`run_stages` runs them in order and checks every contract as it goes (column names only, so the
+check costs nothing next to the stages). `staged_input` runs them all in memory over a whole input
+(evaluation sets, tests). Planning (streamed.py, for staging and the pre-flight estimate alike) runs
+the same entries in three steps: read (the file reader, a partition at a time) to sketch per input
+file, cluster per shard of scopes, gen_text per partition, with the same result
+(tests/integration/test_plan.py). A shard carries no texts: the two stages that read them
+(`reads_text`) take them from the table's `text` column, or from `StageContext.texts` when the table
+has none (a shard reads them back from the staging area, a few pairs at a time).
 
 Side outputs that are not columns of the record table (every raw record, quarantine rows, skipped
 files, dedup statistics) are kept on the `StageContext` the stages share.
@@ -24,11 +27,11 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from pipeline.config import TokenmillConfig
-from pipeline.dedup.cluster import DedupStats, add_content_hashes, cluster_records
+from pipeline.dedup.cluster import DedupStats, add_content_hashes, reuse_columns, reuse_plan
 from pipeline.dedup.sketch import sketch_records
 from pipeline.ingest.read import read_records
 from pipeline.ingest.validate import validate_records
-from pipeline.keys import adapter_digest, add_item_keys
+from pipeline.keys import adapter_digest, add_item_keys, clean_text, compile_boilerplate
 from pipeline.route.rules import assign_tiers
 from pipeline.schema import RAW_RECORDS
 
@@ -56,6 +59,8 @@ class StageContext:
     dedup: DedupStats | None = None  # set by cluster
     embedder: object | None = None  # set by sketch: the static embedder, when semantic reuse is on
     notes: list[str] = field(default_factory=list)  # what was asked for and could not be done (set by sketch)
+    # The text of a row of the table a `reads_text` stage runs on, for a table without a `text` column.
+    texts: Callable[[int], str] | None = None
 
 
 @dataclass(frozen=True)
@@ -67,14 +72,35 @@ class Stage:
     adds: tuple[str, ...]
     fn: Callable[[pa.Table, StageContext], pa.Table]
     drops: tuple[str, ...] = ()
+    reads_text: bool = False  # rows' texts: the `text` column, or `StageContext.texts` without one
 
 
-def check_needs(stage: Stage, table: pa.Table) -> None:
+def check_needs(stage: Stage, table: pa.Table, context: StageContext) -> None:
     missing = [c for c in stage.needs if c not in table.column_names]
+    if stage.reads_text and context.texts is None and "text" not in table.column_names:
+        missing.append("text")
     if missing:
         raise StageContractError(
             f"stage {stage.name!r} needs columns {missing} missing from its input (input has {table.column_names})"
         )
+
+
+def texts_of(table: pa.Table, ctx: StageContext) -> Callable[[int], str]:
+    """Row -> text for a `reads_text` stage: the context's source, else the table's own column."""
+    if ctx.texts is not None:
+        return ctx.texts
+    column = table["text"]
+    return lambda row: column[row].as_py()
+
+
+def stage_named(name: str) -> Stage:
+    return next(s for s in STAGES if s.name == name)
+
+
+def stages_between(first: str, last: str) -> tuple[Stage, ...]:
+    """The declared stages from `first` to `last`, both included."""
+    names = [s.name for s in STAGES]
+    return STAGES[names.index(first) : names.index(last) + 1]
 
 
 def check_adds(stage: Stage, before: pa.Table, after: pa.Table) -> None:
@@ -97,7 +123,7 @@ def check_adds(stage: Stage, before: pa.Table, after: pa.Table) -> None:
 def run_stages(stages: tuple[Stage, ...], table: pa.Table, context: StageContext) -> pa.Table:
     """Run `stages` in order on `table`, checking each one's contract before and after."""
     for stage in stages:
-        check_needs(stage, table)
+        check_needs(stage, table, context)
         out = stage.fn(table, context)
         check_adds(stage, table, out)
         table = out
@@ -196,10 +222,24 @@ def row_adapters(config: TokenmillConfig, table: pa.Table) -> list[str | None] |
 
 
 def cluster(table: pa.Table, ctx: StageContext) -> pa.Table:
-    c = ctx.config
-    records, ctx.dedup = cluster_records(table, c.dedup, ctx.embedder, ctx.cache, c.tier_prices, row_adapters(c, table))
-    ctx.dedup.notes.extend(ctx.notes)
-    return records
+    """Near, semantic and cache reuse; `gen_source`: the row whose text a member needs (its representative
+    in another partition), else -1. Texts are read for the pairs the guards compare only."""
+    c, text = ctx.config, texts_of(table, ctx)
+    boilerplate = compile_boilerplate(c.dedup.boilerplate_patterns)
+    plan = reuse_plan(
+        table, c.dedup, lambda row: clean_text(text(row), boilerplate), ctx.cache, c.tier_prices, row_adapters(c, table)
+    )
+    ctx.dedup = plan.stats
+    ctx.dedup.notes.extend(n for n in ctx.notes if n not in ctx.dedup.notes)
+    return reuse_columns(table, plan, c.dedup)
+
+
+def gen_text(table: pa.Table, ctx: StageContext) -> pa.Table:
+    """The raw text each member carries to generate its representative's output in its own partition."""
+    text = texts_of(table, ctx)
+    sources = table["gen_source"].to_pylist()
+    values = pa.array([text(s) if s is not None and s >= 0 else None for s in sources], pa.string())
+    return table.drop_columns(["gen_source"]).append_column("gen_text", values)
 
 
 STAGES: tuple[Stage, ...] = (
@@ -217,10 +257,12 @@ STAGES: tuple[Stage, ...] = (
     Stage("sketch", needs=("text", "item_key"), adds=("signature", "embedding"), fn=sketch),
     Stage(
         "cluster",
-        needs=("id", "text", "tenant", "partition", "tier", "scope", "recipe", "item_key", "signature", "embedding"),
-        adds=("gen_key", "gen_id", "gen_text", "gen_tier", "reuse", "similarity", "shadow", "features"),
+        needs=("id", "tenant", "partition", "tier", "scope", "recipe", "item_key", "signature", "embedding"),
+        adds=("gen_key", "gen_id", "gen_tier", "reuse", "similarity", "shadow", "features", "gen_source"),
         fn=cluster,
+        reads_text=True,
     ),
+    Stage("gen_text", needs=("gen_source",), adds=("gen_text",), drops=("gen_source",), fn=gen_text, reads_text=True),
 )
 STAGED_COLUMNS = columns_after(STAGES)  # what every staged record carries into its partition run
 

@@ -1,13 +1,13 @@
 """Planning: the CPU stages over a job's whole input, streamed file by file and sharded by dedup scope.
 
   keyed    per input file, in parallel, a partition at a time as the file is read: read -> validate ->
-           content_hash -> route -> item_keys -> sketch (stages.py); each partition's keyed records and
-           quarantine rows go to the staging area at once
+           content_hash -> route -> item_keys -> sketch (stages.py, the declared STAGES, as every step
+           here runs them); each partition's keyed records and quarantine rows go to the staging area
   ids      in job order: a record whose id an earlier valid record already has is quarantined
   cluster  per shard of dedup scopes, in parallel (shards.py): near, semantic and cache reuse over the
            shard's compact columns (keys, signatures, embeddings); texts are read back from the staging
            area only for the pairs the guards compare
-  staged   per partition, in parallel: the keyed records with their reuse columns -> `records`
+  staged   per partition, in parallel: the keyed records with their reuse columns -> gen_text -> `records`
 
 No step holds the job's texts: a planning process keeps one file's bytes and one partition's records
 (`input.records_per_partition`), or one shard's dedup index plus a bounded cache of partition texts.
@@ -48,12 +48,14 @@ from pipeline.errors import JobError
 from pipeline.ingest.read import FileReader, input_files
 from pipeline.ingest.validate import duplicate_rows, quarantine_rows
 from pipeline.plan.shards import ROW, SHARD_COLUMNS, cluster_shard, cut_scopes
-from pipeline.plan.stages import STAGED_COLUMNS, STAGES, StageContext, run_stages
+from pipeline.plan.stages import STAGED_COLUMNS, StageContext, run_stages, stage_named, stages_between
 from pipeline.stores import storage
 
 log = logging.getLogger(__name__)
 
-KEYED_STAGES = STAGES[:-1]  # everything but cluster, which needs the whole scope
+# The declared stages by step: read is the file reader's (a partition at a time); cluster needs whole
+# scopes (shards.py); gen_text needs the shards' decisions.
+KEYED_STAGES = stages_between("validate", "sketch")
 PLAN_BYTES_PER_WORKER = 32 << 20  # input per planning process when `planning.workers` is unset
 
 
@@ -324,7 +326,7 @@ def key_file(config: TokenmillConfig, job_id: str, staging, file: tuple[str, str
     def key_partition(raw: pa.Table) -> None:  # one whole partition
         part = raw["partition"][0].as_py()
         ctx = StageContext(config, job_id, config.input.uri, duplicate_ids=False, raw=raw)
-        records = run_stages(KEYED_STAGES[1:], raw, ctx)  # read is the reader's, in key_file
+        records = run_stages(KEYED_STAGES, raw, ctx)
         records = records.append_column(ROW, pa.array(range(records.num_rows), pa.int32()))
         out.raw, out.quarantined = out.raw + raw.num_rows, out.quarantined + ctx.quarantine.num_rows
         out.notes.extend(n for n in ctx.notes if n not in out.notes)
@@ -360,23 +362,27 @@ def stage_partition(
             f"partition {partition}: {keyed.num_rows} keyed records but {decided.num_rows} reuse "
             "decisions: the staging area holds shards of another plan; stage the job again"
         )
-    gen_text = _gen_texts(staging, decided["gen_partition"].to_pylist(), decided["gen_row"].to_pylist())
+    sources, texts = _sources(staging, decided["gen_partition"].to_pylist(), decided["gen_row"].to_pylist())
     records = keyed
     for name in ("gen_key", "gen_id", "gen_tier", "reuse", "similarity", "shadow", "features"):
         records = records.append_column(name, decided[name])
-    records = records.append_column("gen_text", gen_text)
+    records = records.append_column("gen_source", sources)
+    ctx = StageContext(config, job_id, config.input.uri, texts=texts.__getitem__)
+    records = run_stages((stage_named("gen_text"),), records, ctx)
     staging.write_staged(partition, records.select(list(STAGED_COLUMNS)), quarantine)
 
 
-def _gen_texts(staging, partitions: list[str | None], rows: list[int | None]) -> pa.Array:
-    """The raw text of each member's representative in another partition (null for the rest)."""
-    out: list[str | None] = [None] * len(partitions)
+def _sources(staging, partitions: list[str | None], rows: list[int | None]) -> tuple[pa.Array, list[str]]:
+    """(each member's source: an index into the texts, -1 for none; the raw texts of the representatives
+    in other partitions the members carry)."""
+    sources, texts = [-1] * len(partitions), []
     wanted: dict[str, list[tuple[int, int]]] = {}
     for i, (part, row) in enumerate(zip(partitions, rows)):
         if part is not None:
             wanted.setdefault(part, []).append((i, row))
     for part, pairs in wanted.items():
-        texts = staging.keyed(part, columns=["text"])["text"]
+        column = staging.keyed(part, columns=["text"])["text"]
         for i, row in pairs:
-            out[i] = texts[row].as_py()
-    return pa.array(out, pa.string())
+            sources[i] = len(texts)
+            texts.append(column[row].as_py())
+    return pa.array(sources, pa.int64()), texts

@@ -17,6 +17,7 @@ from pipeline.plan.stages import (
     StageContext,
     StageContractError,
     run_stages,
+    stage_named,
     staged_input,
 )
 
@@ -49,8 +50,11 @@ def test_each_stage_needs_and_adds_what_it_declares(config, cache):
         if stage.name not in ("read", "validate"):
             assert out.num_rows == table.num_rows, f"{stage.name}: changed the number of records"
 
-        # Fed only what it declares it needs, the stage still runs and adds the same columns.
-        alone = stage.fn(table.select(list(stage.needs)), StageContext(config, "stages", config.input.uri, cache))
+        # Fed only what it declares it needs, the stage still runs and adds the same columns (a stage that
+        # reads texts gets them from the context, as a shard does).
+        texts = table["text"].to_pylist().__getitem__ if stage.reads_text else None
+        alone_ctx = StageContext(config, "stages", config.input.uri, cache, texts=texts)
+        alone = stage.fn(table.select(list(stage.needs)), alone_ctx)
         assert set(alone.column_names) == (set(stage.needs) - set(stage.drops)) | set(stage.adds), stage.name
         table = out
     assert tuple(table.column_names) == STAGED_COLUMNS
@@ -103,3 +107,18 @@ def test_a_stage_that_breaks_its_contract_is_named(stage, message):
     with pytest.raises(StageContractError) as e:
         run_stages((ok, stage), table, context=None)
     assert str(e.value) == message
+
+
+def test_the_streamed_steps_run_every_declared_stage_once_in_order():
+    """Planning's steps (reader, keyed, per shard, per partition) run the entries of STAGES, no other function."""
+    from pipeline.plan.streamed import KEYED_STAGES
+
+    steps = [stage_named("read"), *KEYED_STAGES, stage_named("cluster"), stage_named("gen_text")]
+    assert tuple(steps) == STAGES
+
+
+def test_a_stage_that_reads_texts_needs_a_text_column_or_a_source(config):
+    cluster = stage_named("cluster")
+    table = pa.table({c: pa.array([], pa.string()) for c in cluster.needs})
+    with pytest.raises(StageContractError, match=r"needs columns \['text'\]"):
+        run_stages((cluster,), table, StageContext(config, "stages", config.input.uri))
