@@ -28,7 +28,7 @@ RAW_RECORDS = pa.schema(
 )
 
 # What the generate stage works from: one row per item key to generate, naming who generates it.
-UNIT = pa.schema([(name, pa.string()) for name in ("id", "text", "tenant", "scope", "tier", "item_key")])
+GENERATION = pa.schema([(name, pa.string()) for name in ("id", "text", "tenant", "scope", "tier", "item_key")])
 
 # What one generation produced (the engine's completion of one request).
 GENERATION_FIELDS = (

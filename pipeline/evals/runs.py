@@ -73,7 +73,13 @@ def tier_run(docs: pa.Table, tier: str, config: TokenmillConfig, pool: EnginePoo
         {
             "prompt_token_ids": r["prompt_token_ids"],
             "max_tokens": r["max_tokens"],
-            "unit": {"item_key": r["id"], "id": r["id"], "tenant": EVAL_TENANT, "scope": "eval", "text": text[r["id"]]},
+            "generation": {
+                "item_key": r["id"],
+                "id": r["id"],
+                "tenant": EVAL_TENANT,
+                "scope": "eval",
+                "text": text[r["id"]],
+            },
         }
         for r in requests.select(["id", "prompt_token_ids", "max_tokens"]).to_pylist()
     ]

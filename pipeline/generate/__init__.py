@@ -5,7 +5,7 @@
   engine_api.py  what every engine speaks: the Engine protocol, Completion, Progressed, errors, tokenizer
   fake_engine.py the deterministic fake engine (tests of logic, overhead benchmarks, dry runs)
   lookup.py    item lookup: this job's paid items (catalog), then exact hits in the cache
-  reuse.py     what each record gets: a paid output, a cached one, or a generation unit
+  reuse.py     what each record gets: a paid output, a cached one, or a generation
   waves.py     a partition's generation waves, with their follow-ups (followup.py: escalation, map-reduce
                chunks, schema retries), derived from what is stored
   worker.py    the tier worker: one engine kept fed with its tier's work units from every partition;

@@ -153,7 +153,7 @@ def final_output(key: str, items: dict[str, dict], config: TokenmillConfig) -> O
 
 
 def next_attempt(key: str, items: dict[str, dict], config: TokenmillConfig) -> tuple[str, dict] | None:
-    """(key, unit changes) of the generation `key` needs next, or None when it is complete: the
+    """(key, changes to the generation) of what `key` needs next, or None when it is complete: the
     step `final_output` would take next, had its item been made."""
     out = final_output(key, items, config)
     if out.item is None:
@@ -202,26 +202,26 @@ def split_for_context(text: str, tokenizer, prompt, context: int, max_tokens: in
     return pieces
 
 
-def record_id(unit: dict) -> str:
-    """The record a unit's generation belongs to (a chunk carries it; its own id names the request)."""
-    return unit.get("record_id", unit["id"])
+def record_id(gen: dict) -> str:
+    """The record a generation belongs to (a chunk carries it; its own id names the request)."""
+    return gen.get("record_id", gen["id"])
 
 
-def is_chunk(unit: dict) -> bool:
-    return "record_id" in unit
+def is_chunk(gen: dict) -> bool:
+    return "record_id" in gen
 
 
-def chunk_units(unit: dict, pieces: list[str]) -> list[dict]:
+def chunk_generations(gen: dict, pieces: list[str]) -> list[dict]:
     # The request id only has to be unique within a round: record ids never contain NUL (validate
     # quarantines them), so `<id>\0chunk<i>` cannot meet another record's id. Nothing parses it back.
     return [
-        {**unit, "id": f"{unit['id']}\x00chunk{i}", "record_id": unit["id"], "text": piece, "item_key": key}
-        for i, (piece, key) in enumerate(zip(pieces, chunk_keys(unit["item_key"], len(pieces))))
+        {**gen, "id": f"{gen['id']}\x00chunk{i}", "record_id": gen["id"], "text": piece, "item_key": key}
+        for i, (piece, key) in enumerate(zip(pieces, chunk_keys(gen["item_key"], len(pieces))))
     ]
 
 
-def reduce_unit(unit: dict, summaries: list[str]) -> dict:
+def reduce_generation(gen: dict, summaries: list[str]) -> dict:
     """The summary of the summaries: the original key, its text replaced by the chunk summaries in order."""
     text = "\n\n".join(f"Part {i + 1} of {len(summaries)}: {s.strip()}" for i, s in enumerate(summaries))
     # `document`: what the final summary must be faithful to is the document, not its chunk summaries
-    return {**unit, "text": text, "chunks": len(summaries), "document": unit.get("document", unit["text"])}
+    return {**gen, "text": text, "chunks": len(summaries), "document": gen.get("document", gen["text"])}

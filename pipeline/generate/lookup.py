@@ -2,7 +2,7 @@
 
 First this job's paid items (the state catalog: any partition's generations, or an earlier attempt's),
 then exact hits in the cache of earlier jobs, stored as this job's items so that reruns find them
-in the catalog. What is still missing becomes generation units (reuse.generation_units).
+in the catalog. What is still missing becomes generations (reuse.generations_for).
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.generate.reuse import cached_items, generation_units, needed_keys, reference_keys, resolve
+from pipeline.generate.reuse import cached_items, generations_for, needed_keys, reference_keys, resolve
 from pipeline.stores.cache import ResilientStore
 from pipeline.stores.catalog import StateStore, now
 
@@ -20,17 +20,21 @@ class ItemLookup:
         self.state, self.cache, self.job_id, self.cache_enabled = state, cache, job_id, cache_enabled
 
     def unpaid(self, partition: str, records: pa.Table) -> tuple[pa.Table, dict[str, dict], pa.Table]:
-        """(records resolved, items at hand by key, generation units for what is not paid for)."""
+        """(records resolved, items at hand by key, generations for what is not paid for)."""
         items = self.items(partition, records, {}, needed_keys(records))
         records = resolve(records, set(items))
         items = self.items(partition, records, items, needed_keys(records))  # keys of records that fell back
-        return records, items, generation_units(records, set(needed_keys(records)) - set(items))
+        return records, items, generations_for(records, set(needed_keys(records)) - set(items))
 
-    def still_unpaid(self, records: pa.Table, units: pa.Table) -> tuple[pa.Table, dict[str, dict], pa.Table]:
-        """Like `unpaid`, for units prepared earlier: drops what has been paid for since."""
+    def still_unpaid(self, records: pa.Table, generations: pa.Table) -> tuple[pa.Table, dict[str, dict], pa.Table]:
+        """Like `unpaid`, for generations prepared earlier: drops what has been paid for since."""
         items = self.state.stored_items(self.job_id, needed_keys(records))
         records = resolve(records, set(items))
-        return records, items, units.filter(pc.invert(pc.is_in(units["item_key"], pa.array(list(items), pa.string()))))
+        return (
+            records,
+            items,
+            generations.filter(pc.invert(pc.is_in(generations["item_key"], pa.array(list(items), pa.string())))),
+        )
 
     def stored(self, keys: list[str]) -> dict[str, dict]:
         """This job's items for `keys`, as the catalog holds them."""
@@ -55,7 +59,7 @@ class ItemLookup:
         return items | self.state.stored_items(self.job_id, list(found)) if found else items
 
     def store_cache_hits(self, partition: str, lookers: dict[str, dict]) -> dict[str, dict]:
-        """Exact cache hits for `lookers` (key -> the unit or record asking: id, tenant, scope), stored as
+        """Exact cache hits for `lookers` (key -> the generation or record asking: id, tenant, scope), stored as
         this job's items so reruns see them; returns them by key."""
         if not lookers or not self.cache_enabled:
             return {}

@@ -67,7 +67,7 @@ class Collected:
 
     def unit_failed(self, unit: WorkUnit, error: str) -> None:
         for row in self.rows[unit.unit_id]:
-            self.failed[row["unit"]["item_key"]] = Failure("engine_error", error, unit, row["unit"])
+            self.failed[row["generation"]["item_key"]] = Failure("engine_error", error, unit, row["generation"])
 
     def more_may_come(self) -> bool:
         return False
@@ -86,7 +86,7 @@ class Collected:
 def generate(
     rows: list[dict], tier: str, config: TokenmillConfig, pool: EnginePool, run_id: str = "memory"
 ) -> tuple[Collected, WorkerReport]:
-    """Run `rows` (prompt_token_ids, max_tokens, unit: item_key, id, tenant, scope, text) on `tier`'s engine
+    """Run `rows` (prompt_token_ids, max_tokens, generation: item_key, id, tenant, scope, text) on `tier`'s engine
     through the tier worker; what finished, by item key, and the worker's report (engine seconds)."""
     units, by_unit = [], {}
     for n, start in enumerate(range(0, len(rows), UNIT_REQUESTS)):

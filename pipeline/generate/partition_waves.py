@@ -55,12 +55,12 @@ class PartitionWaves:
     def planner(self, partition: str) -> WavePlanner:
         return WavePlanner(self.config, self.pool, self.lookup, partition)
 
-    def start(self, partition: str, units: pa.Table, requests: pa.Table, too_long: pa.Table) -> int:
+    def start(self, partition: str, generations: pa.Table, requests: pa.Table, too_long: pa.Table) -> int:
         """Wave 0 of a partition (preparing it again starts over: units no worker holds are withdrawn, and
         of two prepares at once the later one's wave stands). Returns how many requests it enqueued (keys
         other partitions already enqueued are theirs)."""
         self.queue.withdraw(self.job_id, partition)
-        state, rows = self.planner(partition).first(units, requests, too_long)
+        state, rows = self.planner(partition).first(generations, requests, too_long)
         token = self.write(partition, state, rows)
         self.set_generation(partition, 0, "generating", token)
         enqueued = self.enqueue(partition, state.wave, rows)
@@ -79,10 +79,10 @@ class PartitionWaves:
                 tier,
                 pa.table(
                     {
-                        "item_key": [r["unit"]["item_key"] for r in tier_rows],
+                        "item_key": [r["generation"]["item_key"] for r in tier_rows],
                         "prompt_token_ids": pa.array([r["prompt_token_ids"] for r in tier_rows], pa.list_(pa.int32())),
                         "max_tokens": pa.array([r["max_tokens"] for r in tier_rows], pa.int64()),
-                        "unit": [json.dumps(r["unit"], sort_keys=True) for r in tier_rows],
+                        "generation": [json.dumps(r["generation"], sort_keys=True) for r in tier_rows],
                     }
                 ),
             )
@@ -92,7 +92,10 @@ class PartitionWaves:
 
     def enqueue(self, partition: str, wave: int, rows: list[dict]) -> int:
         owned = self.queue.enqueue(
-            self.job_id, partition, wave, {t: [r["unit"]["item_key"] for r in rs] for t, rs in by_tier(rows).items()}
+            self.job_id,
+            partition,
+            wave,
+            {t: [r["generation"]["item_key"] for r in rs] for t, rs in by_tier(rows).items()},
         )
         return sum(len(keys) for keys in owned.values())
 
@@ -113,7 +116,9 @@ class PartitionWaves:
             rows = []
         else:  # (a missing file is a fault of the staging area: the unit fails its partition)
             table = self.staging.wave(unit.partition, unit.wave, p.wave_token, unit.tier)
-            rows = [{**r, "unit": json.loads(r["unit"])} for r in table.to_pylist() if r["item_key"] in owned]
+            rows = [
+                {**r, "generation": json.loads(r["generation"])} for r in table.to_pylist() if r["item_key"] in owned
+            ]
         self.queue.give_up(self.job_id, unit.unit_id, owned - {r["item_key"] for r in rows})
         stored = self.lookup.stored([r["item_key"] for r in rows])
         if stored:

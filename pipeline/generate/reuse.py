@@ -2,7 +2,7 @@
 
 The dedup stage (at staging) said which output each record should reuse (`gen_key`). When a
 partition runs, those keys are looked up: first among this job's paid items (state catalog), then
-in the cache of earlier jobs (exact, by key). Anything still missing becomes a generation unit,
+in the cache of earlier jobs (exact, by key). Anything still missing becomes a generation,
 one per key. A record that was to reuse an earlier job's output that has since gone (expired,
 evicted, the store down) falls back to generating its own: slower, never lost.
 
@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import pyarrow as pa
 
-from pipeline.schema import CACHED_FIELDS, GENERATION_FIELDS, UNIT
+from pipeline.schema import CACHED_FIELDS, GENERATION, GENERATION_FIELDS
 
 
 def effective_keys(records: pa.Table) -> list[str]:
@@ -57,7 +57,7 @@ def resolve(records: pa.Table, available: set[str]) -> pa.Table:
     return records
 
 
-def generation_units(records: pa.Table, missing: set[str]) -> pa.Table:
+def generations_for(records: pa.Table, missing: set[str]) -> pa.Table:
     """One row (id, text, tenant, scope, tier, item_key) per missing key: who generates it, from what text.
 
     A record with that key generates it; otherwise (the representative sits in another partition)
@@ -65,11 +65,11 @@ def generation_units(records: pa.Table, missing: set[str]) -> pa.Table:
     record it summarises, whichever partition pays for it first.
     """
     rows: dict[str, dict] = {}
-    cols = {c: records[c].to_pylist() for c in (*UNIT.names, "gen_key", "gen_id", "gen_text", "gen_tier")}
+    cols = {c: records[c].to_pylist() for c in (*GENERATION.names, "gen_key", "gen_id", "gen_text", "gen_tier")}
     for i in range(records.num_rows):
         key = cols["item_key"][i]
         if key in missing and key not in rows:
-            rows[key] = {c: cols[c][i] for c in UNIT.names}
+            rows[key] = {c: cols[c][i] for c in GENERATION.names}
     for i in range(records.num_rows):
         key = cols["gen_key"][i]
         if key in missing and key not in rows and cols["gen_id"][i] is not None:
@@ -81,7 +81,7 @@ def generation_units(records: pa.Table, missing: set[str]) -> pa.Table:
                 "tier": cols["gen_tier"][i],
                 "item_key": key,
             }
-    return pa.Table.from_pylist(list(rows.values()), schema=UNIT)
+    return pa.Table.from_pylist(list(rows.values()), schema=GENERATION)
 
 
 def cached_items(hits: dict[str, dict], lookers: dict[str, dict], partition: str, created_at) -> dict[str, dict]:

@@ -20,12 +20,19 @@ import pyarrow as pa
 
 from pipeline.config import TokenmillConfig
 from pipeline.generate.engine import EnginePool
-from pipeline.generate.followup import chunk_units, is_chunk, next_attempt, record_id, reduce_unit, split_for_context
+from pipeline.generate.followup import (
+    chunk_generations,
+    is_chunk,
+    next_attempt,
+    record_id,
+    reduce_generation,
+    split_for_context,
+)
 from pipeline.generate.lookup import ItemLookup
 from pipeline.generate.requests import build_requests
-from pipeline.generate.reuse import effective_keys, generation_units, needed_keys
+from pipeline.generate.reuse import effective_keys, generations_for, needed_keys
 from pipeline.keys import chunk_keys
-from pipeline.schema import UNIT
+from pipeline.schema import GENERATION
 
 # A partition needs at most: the base wave (with chunk maps); reduces; schema retries; escalations;
 # escalations of outputs that arrived late (a reduce or a retry); and one to spare.
@@ -37,8 +44,8 @@ class WaveState:
     """What deriving a partition's next wave needs beyond the catalog: JSON in the staging area."""
 
     wave: int = 0
-    known: dict[str, dict] = field(default_factory=dict)  # every unit of this partition, by key
-    chunked: dict[str, dict] = field(default_factory=dict)  # key -> its unit, for documents cut into chunks
+    known: dict[str, dict] = field(default_factory=dict)  # every generation of this partition, by key
+    chunked: dict[str, dict] = field(default_factory=dict)  # key -> its generation, for documents cut into chunks
     tried: list[str] = field(default_factory=list)  # follow-up keys already asked for
     failed: dict[str, list] = field(default_factory=dict)  # key -> [reason, detail, record id]
     waiting: list[str] = field(default_factory=list)  # keys the current wave waits for
@@ -52,11 +59,11 @@ class WaveState:
         return cls(**json.loads(text))
 
 
-def unit_requests(units: pa.Table, config: TokenmillConfig, pool: EnginePool) -> tuple[pa.Table, pa.Table]:
-    """Engine requests for generation units (and the units whose prompts do not fit the context)."""
-    tiers_used = sorted(set(units["tier"].to_pylist()))
+def engine_requests(generations: pa.Table, config: TokenmillConfig, pool: EnginePool) -> tuple[pa.Table, pa.Table]:
+    """Engine requests for generations (and the generations whose prompts do not fit the context)."""
+    tiers_used = sorted(set(generations["tier"].to_pylist()))
     return build_requests(
-        units.append_column("duplicate_of", pa.nulls(units.num_rows, pa.string())),
+        generations.append_column("duplicate_of", pa.nulls(generations.num_rows, pa.string())),
         config.prompt,
         config.sampling,
         config.requests,
@@ -65,8 +72,10 @@ def unit_requests(units: pa.Table, config: TokenmillConfig, pool: EnginePool) ->
     )
 
 
-def _table(units: list[dict]) -> pa.Table:
-    return pa.Table.from_pylist([{**{k: u[k] for k in UNIT.names}, "max_tokens": u.get("max_tokens")} for u in units])
+def _table(generations: list[dict]) -> pa.Table:
+    return pa.Table.from_pylist(
+        [{**{k: u[k] for k in GENERATION.names}, "max_tokens": u.get("max_tokens")} for u in generations]
+    )
 
 
 @dataclass
@@ -76,10 +85,11 @@ class WavePlanner:
     lookup: ItemLookup
     partition: str
 
-    def first(self, units: pa.Table, requests: pa.Table, too_long: pa.Table) -> tuple[WaveState, list[dict]]:
-        """Wave 0 from a partition's prepared units and requests: (state, wave requests with their units)."""
-        state = WaveState(known={u["item_key"]: u for u in units.to_pylist()})
-        by_id = {u["id"]: u for u in units.to_pylist()}
+    def first(self, generations: pa.Table, requests: pa.Table, too_long: pa.Table) -> tuple[WaveState, list[dict]]:
+        """Wave 0 from a partition's prepared generations and requests: (state, its requests with their
+        generations)."""
+        state = WaveState(known={u["item_key"]: u for u in generations.to_pylist()})
+        by_id = {u["id"]: u for u in generations.to_pylist()}
         return state, self.wave_requests(state, by_id, requests, too_long)
 
     def next(
@@ -88,99 +98,102 @@ class WavePlanner:
         """The next wave's requests once the current one is in (None: the partition is generated).
         `items`: the stored items of the partition's keys; `failures`: key -> (reason, detail)."""
         for key, (reason, detail) in failures.items():
-            unit = state.known.get(key) or next((u for u in _chunk_units(state) if u["item_key"] == key), None)
-            state.failed.setdefault(key, [reason, detail, record_id(unit) if unit else ""])
+            gen = state.known.get(key) or next((u for u in _chunk_generations(state) if u["item_key"] == key), None)
+            state.failed.setdefault(key, [reason, detail, record_id(gen) if gen else ""])
         if state.wave + 1 >= MAX_WAVES:
             return None
-        units = self.reduces(state, items) + self.followups(state, records, items)
-        if not units:
+        generations = self.reduces(state, items) + self.followups(state, records, items)
+        if not generations:
             return None
         state.wave += 1
-        state.known.update({u["item_key"]: u for u in units if not is_chunk(u)})
-        requests, too_long = unit_requests(_table(units), self.config, self.pool)
-        return self.wave_requests(state, {u["id"]: u for u in units}, requests, too_long)
+        state.known.update({u["item_key"]: u for u in generations if not is_chunk(u)})
+        requests, too_long = engine_requests(_table(generations), self.config, self.pool)
+        return self.wave_requests(state, {u["id"]: u for u in generations}, requests, too_long)
 
     def wave_requests(
         self, state: WaveState, by_id: dict[str, dict], requests: pa.Table, too_long: pa.Table
     ) -> list[dict]:
-        """Request rows (with `unit`: the unit they generate) of one wave, chunks of the too-long included."""
+        """Request rows (with `generation`: what they generate) of one wave, chunks of the too-long included."""
         chunks = self.split_too_long(state, too_long, by_id)
-        rows = [{**r, "unit": by_id[r["id"]]} for r in requests.to_pylist()]
+        rows = [{**r, "generation": by_id[r["id"]]} for r in requests.to_pylist()]
         state.shareable += sum(r["shareable_tokens"] or 0 for r in rows)
         if chunks:
-            chunk_requests, still_long = unit_requests(_table(chunks), self.config, self.pool)
+            chunk_requests, still_long = engine_requests(_table(chunks), self.config, self.pool)
             chunk_by_id = {u["id"]: u for u in chunks}
             for i, d in zip(still_long["id"].to_pylist(), still_long["detail"].to_pylist()):
                 state.failed.setdefault(chunk_by_id[i]["item_key"], ["too_long", d, record_id(chunk_by_id[i])])
-            rows += [{**r, "unit": chunk_by_id[r["id"]]} for r in chunk_requests.to_pylist()]
-        state.waiting = sorted({r["unit"]["item_key"] for r in rows})
+            rows += [{**r, "generation": chunk_by_id[r["id"]]} for r in chunk_requests.to_pylist()]
+        state.waiting = sorted({r["generation"]["item_key"] for r in rows})
         return rows
 
     def split_too_long(self, state: WaveState, too_long: pa.Table, by_id: dict[str, dict]) -> list[dict]:
         """Map step for documents too long for the context (or `too_long` when chunking is off)."""
         c, pieces_of = self.config, []
         for i, d in zip(too_long["id"].to_pylist(), too_long["detail"].to_pylist()):
-            unit = by_id[i]
-            if unit.get("escalation") or unit.get("retry"):
+            gen = by_id[i]
+            if gen.get("escalation") or gen.get("retry"):
                 continue  # a follow-up that does not fit: the earlier output stands
-            if c.requests.long_documents == "chunk" and not is_chunk(unit) and not unit.get("chunks"):
+            if c.requests.long_documents == "chunk" and not is_chunk(gen) and not gen.get("chunks"):
                 pieces = split_for_context(
-                    unit["text"],
-                    self.pool.tokenizer(unit["tier"]),
+                    gen["text"],
+                    self.pool.tokenizer(gen["tier"]),
                     c.prompt,
-                    self.pool.context_length(unit["tier"]),
+                    self.pool.context_length(gen["tier"]),
                     c.sampling.max_tokens,
                 )
-                state.chunked[unit["item_key"]] = {**unit, "pieces": len(pieces)}
-                pieces_of.extend(chunk_units(unit, pieces))
+                state.chunked[gen["item_key"]] = {**gen, "pieces": len(pieces)}
+                pieces_of.extend(chunk_generations(gen, pieces))
             else:
-                state.failed.setdefault(unit["item_key"], ["too_long", d, record_id(unit)])
+                state.failed.setdefault(gen["item_key"], ["too_long", d, record_id(gen)])
         return pieces_of
 
     def reduces(self, state: WaveState, items: dict[str, dict]) -> list[dict]:
-        """Reduce step: a long document whose chunk summaries are all in becomes one unit over them."""
+        """Reduce step: a long document whose chunk summaries are all in becomes one generation over them."""
         out = []
-        for key, unit in state.chunked.items():
+        for key, gen in state.chunked.items():
             if key in items or key in state.failed or key in state.tried:
                 continue
-            keys = chunk_keys(key, unit["pieces"])
+            keys = chunk_keys(key, gen["pieces"])
             bad = next((state.failed[k] for k in keys if k in state.failed), None)
             if bad:
-                state.failed[key] = [bad[0], f"chunk of a long document: {bad[1]}", unit["id"]]
+                state.failed[key] = [bad[0], f"chunk of a long document: {bad[1]}", gen["id"]]
             elif all(k in items for k in keys):
                 state.tried.append(key)
                 out.append(
-                    reduce_unit({k: v for k, v in unit.items() if k != "pieces"}, [items[k]["summary"] for k in keys])
+                    reduce_generation(
+                        {k: v for k, v in gen.items() if k != "pieces"}, [items[k]["summary"] for k in keys]
+                    )
                 )
         return out
 
     def followups(self, state: WaveState, records: pa.Table, items: dict[str, dict]) -> list[dict]:
-        """Units for the next attempt records need: schema retries and escalations (cache hits: stored, not run)."""
+        """Generations for the next attempt records need: schema retries and escalations (cache hits: stored,
+        not run)."""
         wanted = {}
         for key in sorted(set(effective_keys(records))):
             attempt = next_attempt(key, items, self.config)
             if attempt is None or attempt[0] in state.tried:
                 continue
             target, changes = attempt
-            unit = state.known.get(key)
-            if unit is None:
-                found = generation_units(records, {key}).to_pylist()
+            gen = state.known.get(key)
+            if gen is None:
+                found = generations_for(records, {key}).to_pylist()
                 if not found:
                     continue
-                unit = found[0]
-            wanted[target] = {**unit, "item_key": target, **changes}
+                gen = found[0]
+            wanted[target] = {**gen, "item_key": target, **changes}
             state.tried.append(target)
         found = self.lookup.store_cache_hits(self.partition, wanted)
         return [u for k, u in wanted.items() if k not in found]
 
 
-def _chunk_units(state: WaveState) -> list[dict]:
+def _chunk_generations(state: WaveState) -> list[dict]:
     return [
         {"item_key": k, "id": u["id"]} for u in state.chunked.values() for k in chunk_keys(u["item_key"], u["pieces"])
     ]
 
 
 def partition_keys(records: pa.Table, state: WaveState) -> list[str]:
-    """Every key whose item a partition's outputs may need: its records' keys, units and chunks."""
+    """Every key whose item a partition's outputs may need: its records' keys, generations and chunks."""
     chunks = {k for u in state.chunked.values() for k in chunk_keys(u["item_key"], u["pieces"])}
     return sorted(set(needed_keys(records)) | set(state.known) | chunks | set(state.tried))

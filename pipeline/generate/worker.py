@@ -66,7 +66,7 @@ def forget_idle_between_jobs() -> None:
 @dataclass
 class InFlight:
     unit: WorkUnit
-    row: dict  # the request row (prompt_token_ids, max_tokens, unit)
+    row: dict  # the request row (prompt_token_ids, max_tokens, generation)
     seconds: float = 0.0  # busy wall seconds shared to it so far
     seen: bool = False  # its prefill has been weighed
 
@@ -78,7 +78,7 @@ class Failure:
     reason: str
     detail: str
     unit: WorkUnit
-    request_unit: dict
+    generation: dict
     gpu_seconds: float = 0.0
 
 
@@ -142,7 +142,7 @@ class JobSide(Protocol):
     cache_status: str  # recorded on every item: off | bypassed | miss
 
     def requests(self, unit: WorkUnit) -> list[dict]:
-        """The unit's requests still to run (prompt_token_ids, max_tokens, unit)."""
+        """The unit's requests still to run (prompt_token_ids, max_tokens, generation)."""
 
     def unit_done(self, unit: WorkUnit) -> None:
         """Every request of the unit is in: derive its partition's next wave."""
@@ -313,7 +313,7 @@ class TierWorker:
         for i, row in enumerate(rows):
             rid = f"{unit.unit_id}\x00{i}"
             try:
-                adapter = self.config.adapter(row["unit"]["tenant"], self.tier)
+                adapter = self.config.adapter(row["generation"]["tenant"], self.tier)
                 steps.add(
                     rid,
                     row["prompt_token_ids"],
@@ -322,8 +322,8 @@ class TierWorker:
                     **({"adapter": adapter} if adapter else {}),
                 )
             except Exception as e:  # vLLM refuses a bad request when it is added; the others go on
-                failed[row["unit"]["item_key"]] = Failure(
-                    "engine_error", f"{type(e).__name__}: {e}"[:500], unit, row["unit"]
+                failed[row["generation"]["item_key"]] = Failure(
+                    "engine_error", f"{type(e).__name__}: {e}"[:500], unit, row["generation"]
                 )
                 continue
             self.flight[rid] = InFlight(unit, row)
@@ -382,22 +382,22 @@ class TierWorker:
         )
         model, price = self.config.tiers[self.tier].generator, self.config.tiers[self.tier].price_per_gpu_hour
         for (p, f), g, b in zip(ok, gpu, base):
-            unit, c = f.row["unit"], p.completion
-            key, document = unit["item_key"], unit.get("document", unit["text"])
-            if unit["tenant"] not in digests:  # read once per step: the adapter the engine serves now
-                digests[unit["tenant"]] = adapter_digest(self.config.adapter(unit["tenant"], self.tier))
+            gen, c = f.row["generation"], p.completion
+            key, document = gen["item_key"], gen.get("document", gen["text"])
+            if gen["tenant"] not in digests:  # read once per step: the adapter the engine serves now
+                digests[gen["tenant"]] = adapter_digest(self.config.adapter(gen["tenant"], self.tier))
             items[key] = {
                 "tier": self.tier,
                 "model": model,
-                "adapter_digest": digests[unit["tenant"]],
+                "adapter_digest": digests[gen["tenant"]],
                 "summary": c.text,
                 "prompt_tokens": c.prompt_tokens,
                 "cached_prompt_tokens": c.cached_prompt_tokens,
                 "output_tokens": c.output_tokens,
                 "finish_reason": c.finish_reason,
                 "mean_logprob": c.mean_logprob,
-                "id": record_id(unit),
-                "tenant": unit["tenant"],
+                "id": record_id(gen),
+                "tenant": gen["tenant"],
                 "partition": f.unit.partition,
                 "gpu_seconds": float(g),
                 "baseline_gpu_seconds": float(b),
@@ -406,13 +406,13 @@ class TierWorker:
                 "session_id": f.unit.session_id,
                 # checked once, here, where the output meets the text it summarises
                 **measure(c.text, document),
-                **({"chunks": unit["chunks"]} if unit.get("chunks") else {}),
+                **({"chunks": gen["chunks"]} if gen.get("chunks") else {}),
             }
-            by_scope.setdefault(unit["scope"], {})[key] = cache_value(items[key], self.job_id, float(g) * price / 3600)
+            by_scope.setdefault(gen["scope"], {})[key] = cache_value(items[key], self.job_id, float(g) * price / 3600)
         for p, f in done:
             if p.completion is None:  # failed even alone: its share of the engine's time is a failed attempt
-                failed[f.row["unit"]["item_key"]] = Failure(
-                    "engine_error", p.error, f.unit, f.row["unit"], f.seconds * gpus
+                failed[f.row["generation"]["item_key"]] = Failure(
+                    "engine_error", p.error, f.unit, f.row["generation"], f.seconds * gpus
                 )
         self.recorded += sum(f.seconds for _, f in done)
         # Renewed before every store, so that a worker killed at any point leaves figures that add up: what it

@@ -60,12 +60,12 @@ class BudgetGuard:
     def check_start(self, unpaid: Iterable[tuple[pa.Table, pa.Table]]) -> None:
         """Refuse the job (status `refused`) when spent + the estimate of what is left crosses a cap.
 
-        `unpaid`: (units, requests) of every partition still to run, before any GPU work.
+        `unpaid`: (generations, requests) of every partition still to run, before any GPU work.
         """
         c = self.config
         planned = self.queue.spent(self.job_id, self.prices)
-        for units, requests in unpaid:
-            tenant_of = dict(zip(units["id"].to_pylist(), units["tenant"].to_pylist()))
+        for generations, requests in unpaid:
+            tenant_of = dict(zip(generations["id"].to_pylist(), generations["tenant"].to_pylist()))
             planned = with_estimates(planned, requests, tenant_of, c, self.rates())
         problems = self.problems(planned)
         if problems:

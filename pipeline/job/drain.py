@@ -55,8 +55,8 @@ class TierDrain:
             unit,
             pa.table(
                 {
-                    "item_key": [r["unit"]["item_key"] for r in rows],
-                    "tenant": [r["unit"]["tenant"] for r in rows],
+                    "item_key": [r["generation"]["item_key"] for r in rows],
+                    "tenant": [r["generation"]["tenant"] for r in rows],
                     "tier": [self.tier] * len(rows),
                     "prompt_token_ids": [r["prompt_token_ids"] for r in rows],
                 }
@@ -81,8 +81,8 @@ class TierDrain:
                     "partition": f.unit.partition,
                     "session_id": f.unit.session_id,
                     "kind": "failed_attempt",
-                    "id": f.request_unit.get("record_id", f.request_unit["id"]),
-                    "tenant": f.request_unit["tenant"],
+                    "id": f.generation.get("record_id", f.generation["id"]),
+                    "tenant": f.generation["tenant"],
                     "tier": f.unit.tier,
                     "gpu_seconds": f.gpu_seconds,
                 }

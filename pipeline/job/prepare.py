@@ -14,7 +14,7 @@ import logging
 from sqlalchemy.exc import OperationalError
 
 from pipeline.generate.engine_api import EngineStartError
-from pipeline.generate.waves import unit_requests
+from pipeline.generate.waves import engine_requests
 from pipeline.job import faults
 from pipeline.job.context import JobContext
 from pipeline.stores import storage
@@ -24,18 +24,18 @@ log = logging.getLogger(__name__)
 
 
 def unpaid_requests(ctx: JobContext, partition: str, records) -> tuple:
-    """(records resolved, items at hand by key, generation units, their engine requests, too_long)."""
-    records, items, units = ctx.lookup.unpaid(partition, records)
-    requests, too_long = unit_requests(units, ctx.config, ctx.pool)
-    return records, items, units, requests, too_long
+    """(records resolved, items at hand by key, generations, their engine requests, too_long)."""
+    records, items, generations = ctx.lookup.unpaid(partition, records)
+    requests, too_long = engine_requests(generations, ctx.config, ctx.pool)
+    return records, items, generations, requests, too_long
 
 
 def prepare(ctx: JobContext, partition: str) -> dict:
     """Look up paid and cached items, render and tokenise the rest, enqueue wave 0; what it found."""
     records = ctx.staging.records(partition)
     faults.checkpoint("before_generate", ctx.job_id, partition)
-    _, items, units, requests, too_long = unpaid_requests(ctx, partition, records)
-    enqueued = ctx.waves.start(partition, units, requests, too_long)
+    _, items, generations, requests, too_long = unpaid_requests(ctx, partition, records)
+    enqueued = ctx.waves.start(partition, generations, requests, too_long)
     return {
         "partition": partition,
         "records": records.num_rows,
@@ -63,7 +63,7 @@ def check_budget(ctx: JobContext, partitions: list[str]) -> None:
 
     def unpaid():
         for partition in partitions:
-            _, _, units, requests, _ = unpaid_requests(ctx, partition, ctx.staging.records(partition))
-            yield units, requests
+            _, _, generations, requests, _ = unpaid_requests(ctx, partition, ctx.staging.records(partition))
+            yield generations, requests
 
     ctx.budget.check_start(unpaid())

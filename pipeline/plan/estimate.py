@@ -214,8 +214,8 @@ def planned_demand(
     counted as generated, so the estimate errs high where a warm cache would save."""
     import tempfile
 
-    from pipeline.generate.reuse import generation_units
-    from pipeline.generate.waves import WavePlanner, unit_requests
+    from pipeline.generate.reuse import generations_for
+    from pipeline.generate.waves import WavePlanner, engine_requests
     from pipeline.plan.streamed import plan_job
     from pipeline.stores import storage
     from pipeline.stores.staging import StagingArea
@@ -236,13 +236,13 @@ def planned_demand(
             records = area.records(partition)
             keys = set(records["gen_key"].to_pylist()) - paid
             paid |= keys
-            units = generation_units(records, keys)
-            requests, too_long = unit_requests(units, config, pool)
-            state, rows = WavePlanner(config, pool, None, partition).first(units, requests, too_long)
+            generations = generations_for(records, keys)
+            requests, too_long = engine_requests(generations, config, pool)
+            state, rows = WavePlanner(config, pool, None, partition).first(generations, requests, too_long)
             demand.add(
                 [r["tier"] for r in rows],
                 [len(r["prompt_token_ids"]) for r in rows],
-                [r["unit"]["tenant"] for r in rows],
+                [r["generation"]["tenant"] for r in rows],
             )
             # A reduce per chunked document, over its chunks' summaries (their measured length).
             reduces = list(state.chunked.values())
@@ -255,8 +255,8 @@ def planned_demand(
             failed = pc.is_in(records["gen_key"], pa.array(list(state.failed), pa.string()))
             quarantined = int(pc.sum(failed).as_py() or 0)
             counts["quarantined"] += quarantined
-            counts["to_generate"] += units.num_rows - len(state.failed)  # items, as the run's "generated"
-            counts["duplicates"] += records.num_rows - quarantined - (units.num_rows - len(state.failed))
+            counts["to_generate"] += generations.num_rows - len(state.failed)  # items, as the run's "generated"
+            counts["duplicates"] += records.num_rows - quarantined - (generations.num_rows - len(state.failed))
             counts["requests"] += len(rows) + len(reduces)  # chunks and reduces included
             counts["long_documents"] += len(reduces)
     return demand, counts

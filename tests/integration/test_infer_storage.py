@@ -33,7 +33,7 @@ def rows(prompts):
         {
             "prompt_token_ids": p,
             "max_tokens": 4,
-            "unit": {"item_key": f"r{i}", "id": f"r{i}", "tenant": "t", "scope": "s", "text": "doc"},
+            "generation": {"item_key": f"r{i}", "id": f"r{i}", "tenant": "t", "scope": "s", "text": "doc"},
         }
         for i, p in enumerate(prompts)
     ]

@@ -73,12 +73,12 @@ def test_planned_partitions_equal_the_in_memory_stages_for_any_number_of_workers
     assert late["reuse"] == "near_duplicate" and late["gen_text"]
 
 
-def test_shards_hold_whole_units_balanced_by_rows():
+def test_shards_hold_whole_scopes_balanced_by_rows():
     shards = shards_of({("a", 0): 100, ("b", 0): 60, ("c", 0): 50, ("d", 0): 10}, 2)
     assert shards == [[("a", 0), ("d", 0)], [("b", 0), ("c", 0)]]
     assert shards_of({("a", 0): 5}, 4) == [[("a", 0)]]  # never an empty shard
     assert shards_of({}, 4) == []
-    # The parts of a cut scope are units like any other.
+    # The parts of a cut scope are shard scopes like any other.
     assert shards_of({("a", 0): 50, ("a", 1): 50, ("b", 0): 10}, 2) == [[("a", 0), ("b", 0)], [("a", 1)]]
 
 

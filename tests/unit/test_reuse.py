@@ -9,7 +9,7 @@ import pytest
 from pipeline.config import DedupConfig, PromptConfig, SamplingConfig, TierConfig
 from pipeline.dedup import guards, minhash
 from pipeline.dedup.cluster import add_content_hashes, cluster_records, shadow_selected
-from pipeline.generate.reuse import generation_units, resolve
+from pipeline.generate.reuse import generations_for, resolve
 from pipeline.generate.shadow import summarise_verification, token_f1, wilson_interval
 from pipeline.keys import normalise_text
 
@@ -169,7 +169,7 @@ def test_representative_in_another_partition_travels_with_its_member():
     _, out, _ = reuse_of([("a", "t", BASE), ("b", "t", "Fwd: " + BASE)], partitions=["p0", "p1"])
     member = out.to_pylist()[1]
     assert member["gen_id"] == "a" and member["gen_text"] == BASE
-    units = generation_units(out.filter(pa.compute.equal(out["partition"], "p1")), {member["gen_key"]})
+    units = generations_for(out.filter(pa.compute.equal(out["partition"], "p1")), {member["gen_key"]})
     assert units.to_pylist() == [
         {"id": "a", "text": BASE, "tenant": "t", "scope": "t=t", "tier": "small", "item_key": member["gen_key"]}
     ]
