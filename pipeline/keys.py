@@ -73,6 +73,29 @@ def tenant_scope(tenant: str, shared: set[str]) -> str:
     return "shared" if tenant in shared else f"t={tenant}"
 
 
+def request_template(request: str) -> dict:
+    """What of a batch request (canonical JSON, ingest/batch.py) decides its answer besides the document:
+    the endpoint, the messages around the document's slot and the sampling parameters. Not the model name
+    (a tier answers for every name it serves) nor the format (OpenAI's or Anthropic's)."""
+    parsed = json.loads(request)
+    return {k: parsed[k] for k in ("endpoint", "messages", "document", "params")}
+
+
+def request_scope(scope: str, request: str) -> str:
+    """A batch request's scope: its tenant's, narrowed to requests of the same template, so near and semantic
+    reuse only ever pair requests that differ in their document alone. Unambiguous: tenant scopes begin with
+    `t=` or are `shared`; these begin with `r=` and a fixed-length hash."""
+    template = json.dumps(request_template(request), sort_keys=True, ensure_ascii=False)
+    return f"r={xxhash.xxh3_64_hexdigest(template.encode('utf-8', 'surrogatepass'))}:{scope}"
+
+
+def request_sampling(sampling: SamplingConfig, request: str | None) -> SamplingConfig:
+    """The sampling a record runs with: the config's, with what its batch request sets (checked on reading)."""
+    if request is None:
+        return sampling
+    return sampling.model_copy(update=json.loads(request)["params"])
+
+
 def content_hash(scope: str, text: str, case_fold: bool = False, boilerplate: list[re.Pattern] = ()) -> str:
     """128-bit xxh3 of (scope, normalised text): fast, and collisions are negligible at corpus scale."""
     return xxhash.xxh3_128_hexdigest(key_bytes(scope, normalise_text(text, case_fold, boilerplate)))
@@ -88,6 +111,13 @@ def recipe_hash(model: str, prompt: PromptConfig, sampling: SamplingConfig, adap
     return xxhash.xxh3_64_hexdigest(
         json.dumps(parts + ([adapter_digest] if adapter_digest else []), sort_keys=True).encode()
     )
+
+
+def request_recipe_hash(model: str, request: str, sampling: SamplingConfig, adapter_digest: str | None) -> str:
+    """A batch request's recipe: the model, its template (messages and endpoint) and the sampling it runs
+    with (the config's, with the request's own parameters over them), and the adapter's digest."""
+    parts = [model, "request", request_template(request), request_sampling(sampling, request).keyed(), adapter_digest]
+    return xxhash.xxh3_64_hexdigest(json.dumps(parts, sort_keys=True, ensure_ascii=False).encode())
 
 
 @functools.lru_cache(maxsize=64)
@@ -181,11 +211,16 @@ def add_item_keys(
     tenant's adapter or the sampling parameters changes every key: nothing stale is reused.
     """
     tiers_of, tenants = records["tier"].to_pylist(), records["tenant"].to_pylist()
-    recipe = {
-        (t, n): recipe_hash(tiers[t].generator, prompt, sampling, adapter_digest(adapter_of(n, t)))
-        for t, n in set(zip(tiers_of, tenants))
-    }
-    recipes = [recipe[t, n] for t, n in zip(tiers_of, tenants)]
+    requests = records["request"].to_pylist() if "request" in records.column_names else [None] * len(tenants)
+    recipe = {}
+    for t, n, r in set(zip(tiers_of, tenants, requests)):
+        digest = adapter_digest(adapter_of(n, t))
+        recipe[t, n, r] = (
+            recipe_hash(tiers[t].generator, prompt, sampling, digest)
+            if r is None
+            else request_recipe_hash(tiers[t].generator, r, sampling, digest)
+        )
+    recipes = [recipe[k] for k in zip(tiers_of, tenants, requests)]
     keys = [item_key(r, h) for r, h in zip(recipes, records["content_hash"].to_pylist())]
     return records.append_column("recipe", pa.array(recipes, pa.string())).append_column(
         "item_key", pa.array(keys, pa.string())

@@ -18,6 +18,7 @@ RAW_RECORDS = pa.schema(
         ("text", pa.string()),
         ("tenant", pa.string()),
         ("metadata", pa.string()),  # JSON text of the record's metadata object, or null
+        ("request", pa.string()),  # a batch request's messages, model and sampling (ingest/batch.py), or null
         ("file", pa.string()),  # path relative to the input root
         ("line", pa.int64()),  # 1-based line (JSONL) or row (Parquet); null for .txt/.md
         ("partition", pa.string()),
@@ -27,8 +28,11 @@ RAW_RECORDS = pa.schema(
     ]
 )
 
-# What the generate stage works from: one row per item key to generate, naming who generates it.
-GENERATION = pa.schema([(name, pa.string()) for name in ("id", "text", "tenant", "scope", "tier", "item_key")])
+# What the generate stage works from: one row per item key to generate, naming who generates it
+# (`request`: a batch request's messages and sampling, ingest/batch.py; null for a document).
+GENERATION = pa.schema(
+    [(name, pa.string()) for name in ("id", "text", "tenant", "scope", "tier", "item_key", "request")]
+)
 
 # What one generation produced (the engine's completion of one request).
 GENERATION_FIELDS = (
@@ -200,6 +204,11 @@ REASONS = {
         "a NUL character (the state catalog cannot store it)"
     ),
     "missing_text": "no `text` field, or null",
+    "unsupported_request": "a batch request asks for what tokenmill does not do (the detail names it: tools, n > 1, "
+    "images, another endpoint, an unknown field)",
+    "invalid_request": "a batch request is not well formed (the detail names the field: no messages, no user "
+    "message, a parameter out of range)",
+    "unknown_model": "a batch request's `model` names no tier (tiers.<name>.served_model_names)",
     "non_string_text": "`text` is not a string",
     "empty_text": "`text` is empty or whitespace only",
     "too_large": "the document exceeds input.max_document_bytes",

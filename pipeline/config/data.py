@@ -29,6 +29,15 @@ class InputConfig(Section):
     excerpt_chars: int = Field(
         200, ge=0, description="Characters of the raw input kept in a quarantine row's `excerpt`."
     )
+    format: Literal["auto", "records", "openai", "anthropic"] = Field(
+        "auto",
+        description=(
+            "What a .jsonl file holds: `records` ({id, text, tenant, metadata}), `openai` (OpenAI batch "
+            "requests: custom_id, method, url, body) or `anthropic` (Message Batches requests: custom_id, "
+            "params); `auto`: each file's first object decides (a `custom_id` makes it a batch file). "
+            "docs/batch.md says what a batch request may ask."
+        ),
+    )
 
     _uri_has_no_credentials = field_validator("uri")(no_credentials)
 

@@ -60,6 +60,11 @@ class TokenmillConfig(Section):
         for where, tier in named.items():
             if tier is not None and tier not in self.tiers:
                 raise ValueError(f"{where} {tier!r} is not one of tiers {sorted(self.tiers)}")
+        claimed: dict[str, str] = {}
+        for name, t in self.tiers.items():
+            for served in t.served_model_names:
+                if claimed.setdefault(served, name) != name:
+                    raise ValueError(f"served model name {served!r} is claimed by tiers {claimed[served]} and {name}")
         return self
 
     @property
@@ -82,6 +87,15 @@ class TokenmillConfig(Section):
             if t.adapter is not None:
                 out.setdefault(t.adapter_tier or self.route.default_tier, set()).add(t.adapter)
         return {tier: sorted(paths) for tier, paths in out.items()}
+
+    @property
+    def served_models(self) -> dict[str, str]:
+        """Model name a batch request may ask for -> the tier that serves it."""
+        out: dict[str, str] = {}
+        for name, t in self.tiers.items():
+            for served in (name, t.model, *t.served_model_names):
+                out.setdefault(served, name)
+        return out
 
     @property
     def tier_prices(self) -> dict[str, float]:

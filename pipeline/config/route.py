@@ -142,3 +142,11 @@ class RouteConfig(Section):
     escalation: EscalationConfig = Field(
         default_factory=EscalationConfig, description="Generate-then-verify escalation."
     )
+    requested_model: Literal["tier", "route"] = Field(
+        "tier",
+        description=(
+            "A batch request's `model`: `tier` runs it on the tier that serves that name (its name, its `model` or "
+            "one of its `served_model_names`; another name is quarantined as `unknown_model`); `route`: the rules "
+            "and the router decide, as for documents, and the name is only echoed in the answer."
+        ),
+    )

@@ -180,6 +180,14 @@ class TierConfig(Section):
         ),
     )
     price_per_gpu_hour: float = Field(ge=0, description="USD per GPU-hour, used to turn GPU-seconds into cost.")
+    served_model_names: list[str] = Field(
+        default_factory=list,
+        description=(
+            "Model names a batch request's `model` may give to run on this tier (besides the tier's name and its "
+            "`model`), e.g. `[gpt-4o-mini, claude-3-5-haiku-latest]` so that a file written for another provider "
+            "runs unchanged. Each name belongs to one tier."
+        ),
+    )
     default_tokens_per_gpu_second: float = Field(
         1000.0,
         gt=0,

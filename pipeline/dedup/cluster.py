@@ -40,7 +40,7 @@ import xxhash
 from pipeline.config import DedupConfig
 from pipeline.dedup import guards, minhash, neighbours
 from pipeline.dedup.sketch import Embedder, embedding_matrix, signature_matrix, sketch_records
-from pipeline.keys import clean_text, compile_boilerplate, content_hash, key_bytes, tenant_scope
+from pipeline.keys import clean_text, compile_boilerplate, content_hash, key_bytes, request_scope, tenant_scope
 
 log = logging.getLogger(__name__)
 REUSE_KINDS = ("near_duplicate", "semantic", "cache_near", "cache_semantic")
@@ -104,6 +104,8 @@ def add_content_hashes(records: pa.Table, config: DedupConfig, own_scope: frozen
     shared = set(config.shared_tenants) - own_scope
     boilerplate = compile_boilerplate(config.boilerplate_patterns)
     scopes = [tenant_scope(t, shared) for t in records["tenant"].to_pylist()]
+    if "request" in records.column_names and records["request"].null_count < records.num_rows:
+        scopes = [s if r is None else request_scope(s, r) for s, r in zip(scopes, records["request"].to_pylist())]
     hashes = [
         content_hash(s, x, config.case_fold, boilerplate)
         if config.exact

@@ -9,12 +9,14 @@ prompts sharing a prefix (system prompt, template) run back to back and hit vLLM
 
 from __future__ import annotations
 
+import json
 from typing import Protocol
 
 import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline.config import PromptConfig, RequestsConfig, SamplingConfig
+from pipeline.ingest.batch import messages_for
 
 REQUESTS = pa.schema(
     [
@@ -66,6 +68,31 @@ def render_prompts(tokenizer: Tokenizer, texts: list[str], prompt: PromptConfig)
     return [render(t) for t in texts]
 
 
+def render_rows(tokenizer: Tokenizer, texts: list[str], requests: list[str | None], prompt: PromptConfig) -> list[str]:
+    """Each row's prompt: a document in the prompt template (render_prompts); a batch request's own messages
+    with the text in the document's slot, or a completion request's prompt as given."""
+    out = [None] * len(texts)
+    documents = [i for i, r in enumerate(requests) if r is None]
+    for i, rendered in zip(documents, render_prompts(tokenizer, [texts[i] for i in documents], prompt)):
+        out[i] = rendered
+    for i, request in enumerate(requests):
+        if request is not None:
+            parsed = json.loads(request)
+            out[i] = (
+                texts[i]
+                if parsed["messages"] is None
+                else tokenizer.apply_chat_template(
+                    messages_for(parsed, texts[i]), tokenize=False, add_generation_prompt=True
+                )
+            )
+    return out
+
+
+def requested_max_tokens(request: str | None, default: int) -> int:
+    """The output budget a batch request asks for, else the config's."""
+    return json.loads(request)["params"].get("max_tokens", default) if request is not None else default
+
+
 def build_requests(
     records: pa.Table,
     prompt: PromptConfig,
@@ -81,13 +108,13 @@ def build_requests(
     for tier in sorted(set(reps["tier"].to_pylist())):
         tier_reps = reps.filter(pc.equal(reps["tier"], tier))
         tok, context = tokenizers[tier], context_lengths[tier]
-        rendered = render_prompts(tok, tier_reps["text"].to_pylist(), prompt)
-        # A unit may ask for its own output budget (a schema retry asks for twice the usual).
-        wanted = (
-            tier_reps["max_tokens"].cast(pa.int64()).fill_null(sampling.max_tokens).to_pylist()
-            if "max_tokens" in tier_reps.column_names
-            else [sampling.max_tokens] * tier_reps.num_rows
-        )
+        n = tier_reps.num_rows
+        asks = tier_reps["request"].to_pylist() if "request" in tier_reps.column_names else [None] * n
+        rendered = render_rows(tok, tier_reps["text"].to_pylist(), asks, prompt)
+        # A generation may ask for its own output budget (a schema retry asks for twice the usual), else
+        # its batch request's, else the config's.
+        own = tier_reps["max_tokens"].to_pylist() if "max_tokens" in tier_reps.column_names else [None] * n
+        wanted = [m if m is not None else requested_max_tokens(r, sampling.max_tokens) for m, r in zip(own, asks)]
         budget = dict(zip(tier_reps["id"].to_pylist(), wanted))
         token_ids = tokenize(tok, rendered)
         kept = []

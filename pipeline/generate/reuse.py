@@ -65,7 +65,9 @@ def generations_for(records: pa.Table, missing: set[str]) -> pa.Table:
     record it summarises, whichever partition pays for it first.
     """
     rows: dict[str, dict] = {}
-    cols = {c: records[c].to_pylist() for c in (*GENERATION.names, "gen_key", "gen_id", "gen_text", "gen_tier")}
+    names = (*GENERATION.names, "gen_key", "gen_id", "gen_text", "gen_tier")
+    # (records staged before batch requests existed carry no `request`: all documents)
+    cols = {c: records[c].to_pylist() if c in records.column_names else [None] * records.num_rows for c in names}
     for i in range(records.num_rows):
         key = cols["item_key"][i]
         if key in missing and key not in rows:
@@ -80,6 +82,7 @@ def generations_for(records: pa.Table, missing: set[str]) -> pa.Table:
                 "scope": cols["scope"][i],
                 "tier": cols["gen_tier"][i],
                 "item_key": key,
+                "request": cols["request"][i],  # the representative's template: a scope holds one
             }
     return pa.Table.from_pylist(list(rows.values()), schema=GENERATION)
 

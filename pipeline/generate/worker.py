@@ -32,7 +32,7 @@ from pipeline.generate.levers import counter_delta, read_counters
 from pipeline.generate.pricing import baseline_gpu_seconds, token_weight
 from pipeline.generate.quality import measure
 from pipeline.generate.reuse import cache_value
-from pipeline.keys import adapter_digest
+from pipeline.keys import adapter_digest, request_sampling
 from pipeline.stores.catalog import now
 from pipeline.stores.units import WorkUnit
 
@@ -318,7 +318,7 @@ class TierWorker:
                     rid,
                     row["prompt_token_ids"],
                     row["max_tokens"],
-                    self.config.sampling,
+                    request_sampling(self.config.sampling, row["generation"].get("request")),
                     **({"adapter": adapter} if adapter else {}),
                 )
             except Exception as e:  # vLLM refuses a bad request when it is added; the others go on

@@ -24,6 +24,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from pipeline.config import InputConfig, StorageConfig
+from pipeline.ingest.batch import RequestError, batch_format, parse_request
 from pipeline.ingest.gunzip import gunzip
 from pipeline.schema import RAW_RECORDS
 from pipeline.stores import storage
@@ -81,6 +82,8 @@ class _Rows:
         self.note: str | None = None  # what the manifest should say about this file, if anything
         self._partitions: dict[int, str] = {}
         self.count = 0  # records added, handed on or not
+        # "records", or a batch format ("openai", "anthropic"): forced by input.format, else the first object's
+        self.format = None if config.format == "auto" else config.format
 
     def add(
         self,
@@ -91,6 +94,7 @@ class _Rows:
         text=None,
         tenant=None,
         metadata=None,
+        request=None,
         error=None,
         detail=None,
         raw=None,
@@ -106,6 +110,7 @@ class _Rows:
         c["text"].append(text)
         c["tenant"].append(tenant or self.config.default_tenant)
         c["metadata"].append(metadata)
+        c["request"].append(request)
         c["file"].append(self.file)
         c["line"].append(line)
         c["partition"].append(self._partitions[chunk])
@@ -144,7 +149,7 @@ class _Rows:
                 continue
             self.cols["read_error"][i] = "invalid_unicode"
             self.cols["read_detail"][i] = f"`{bad[0]}` is not valid Unicode text"
-            for name in ("id", "text", "metadata"):
+            for name in ("id", "text", "metadata", "request"):
                 self.cols[name][i] = None
             for name in ("tenant", "file", "partition", "raw_excerpt"):
                 value = self.cols[name][i]
@@ -241,6 +246,32 @@ def _add_object(rows: _Rows, position: int, line: int | None, obj: dict, raw, ch
         rows.add(position, line, id=id_, text=text, tenant=tenant, metadata=metadata)
 
 
+def _add_request(rows: _Rows, position: int, line: int, obj: dict, raw, check_unicode: bool) -> None:
+    """One line of a batch file (ingest/batch.py): a record whose `request` holds what it asks."""
+    try:
+        record = parse_request(obj, rows.format)
+    except RecursionError:  # a schema or message nested deeper than the encoder recurses
+        rows.add(position, line, error="too_deeply_nested", detail="the request nests too deeply", raw=raw)
+        return
+    except RequestError as e:
+        custom_id = obj.get("custom_id")
+        rows.add(
+            position,
+            line,
+            id=custom_id if isinstance(custom_id, str) else None,
+            error=e.reason,
+            detail=e.detail,
+            raw=raw,
+        )
+        return
+    if check_unicode:
+        detail = _unicode_problem({k: record[k] for k in ("id", "text", "tenant", "request")})
+        if detail:
+            rows.add(position, line, error="invalid_unicode", detail=detail, raw=raw)
+            return
+    rows.add(position, line, **record)
+
+
 def _parse_line(line: bytes) -> tuple[object, str | None, str | None]:
     """(the parsed value, error, detail)."""
     try:
@@ -294,7 +325,12 @@ def _read_jsonl(rows: _Rows, data: bytes, gzipped: bool) -> Iterator[pa.Table]:
             if error:
                 rows.add(position, number, error=error, detail=detail, raw=line)
             else:
-                _add_object(rows, position, number, obj, line, _SURROGATE_ESCAPE.search(line) is not None)
+                if rows.format is None:  # the file's first object says what the file holds
+                    rows.format = batch_format(obj) or "records"
+                if rows.format == "records":
+                    _add_object(rows, position, number, obj, line, _SURROGATE_ESCAPE.search(line) is not None)
+                else:
+                    _add_request(rows, position, number, obj, line, _SURROGATE_ESCAPE.search(line) is not None)
         position += 1
         yield from rows.take()
     if damage is not None:
@@ -354,6 +390,7 @@ class FileReader:
     def __init__(self, root: storage.Location, relative_path: str, path: str, config: InputConfig):
         self.root, self.relative_path, self.path, self.config = root, relative_path, path, config
         self.note: str | None = None
+        self.format: str | None = None  # once read: "records", "openai" or "anthropic" (None: no object read)
 
     def partitions(self) -> Iterator[pa.Table]:
         """Each partition's records as soon as it is read whole, in order. An error of the code that takes
@@ -362,14 +399,14 @@ class FileReader:
         yield from _read_rows(rows, self.root, self.relative_path, self.path)
         rows.flush()
         yield from rows.take()
-        self.note = rows.note
+        self.note, self.format = rows.note, rows.format
 
     def table(self) -> pa.Table:
         """All the file's records in one table."""
         rows = _Rows(self.relative_path, self.config)
         for _ in _read_rows(rows, self.root, self.relative_path, self.path):
             pass
-        self.note = rows.note
+        self.note, self.format = rows.note, rows.format
         return rows.table()
 
 

@@ -7,6 +7,8 @@ checked last among valid records, so the first *valid* occurrence of an id wins.
 
 from __future__ import annotations
 
+import json
+
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -46,14 +48,20 @@ def quarantine_rows(
     )
 
 
+def requested_models(raw: pa.Table) -> list[str | None]:
+    """Per row, the model a batch request asks for (None: a document record)."""
+    return [json.loads(r)["model"] if r else None for r in raw["request"].to_pylist()]
+
+
 def validate_records(
-    raw: pa.Table, config: InputConfig, job_id: str, duplicate_ids: bool = True
+    raw: pa.Table, config: InputConfig, job_id: str, duplicate_ids: bool = True, models: dict | None = None
 ) -> tuple[pa.Table, pa.Table]:
     """(valid records, quarantine rows).
 
     Valid records keep every RAW_RECORDS column except the read-error ones (read_error, read_detail,
     raw_excerpt). `duplicate_ids` False: repeated ids are left for the caller (the planner checks
-    them across files, in job order: `duplicate_rows`).
+    them across files, in job order: `duplicate_rows`). `models`: the model names batch requests may ask
+    for (None: any; routing decides the tier).
     """
     n = raw.num_rows
     text_bytes = pc.binary_length(raw["text"].cast(pa.binary()))
@@ -76,6 +84,12 @@ def validate_records(
         ("empty_text", pc.equal(pc.utf8_trim_whitespace(raw["text"]), ""), None),
         ("too_large", pc.greater(text_bytes, config.max_document_bytes), None),
     ]
+    if models is not None and raw["request"].null_count < n:
+        asked = requested_models(raw)
+        names = ", ".join(sorted(models))
+        unknown = [m is not None and m not in models for m in asked]
+        why = [f"`model` {m!r} is served by no tier (served: {names})" if u else None for m, u in zip(asked, unknown)]
+        checks.append(("unknown_model", pa.array(unknown), pa.array(why, pa.string())))
     reason, detail = pa.nulls(n, pa.string()), pa.nulls(n, pa.string())
     for code, failed, why in checks:
         first = pc.and_(pc.is_null(reason), pc.fill_null(failed, False))

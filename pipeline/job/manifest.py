@@ -16,6 +16,7 @@ from pipeline.generate.levers import lever_summary, ratio
 from pipeline.generate.quality import CHECKS
 from pipeline.generate.shadow import summarise_verification
 from pipeline.job.context import JobContext
+from pipeline.output.batch import write_batch_results
 from pipeline.output.commit import publish, published_commit, sweep_leftovers
 from pipeline.output.telemetry import decode_steps, efficiency
 from pipeline.output.write import count_by, write_manifest
@@ -298,5 +299,12 @@ def refresh_manifest(ctx: JobContext) -> dict:
             committed[p.partition] = commit["id"]
     sweep_leftovers(ctx.out, ctx.job_id, committed)  # what kills left behind, so that globbing the folders is exact
     manifest = current_manifest(ctx, partial=any(p.status != "succeeded" for p in parts))
+    batch_files = manifest.get("staging", {}).get("batch_files")
+    if batch_files:  # the answers to batch files, in their own format, from what has committed
+        files = {p.partition: json.loads(p.counts)["commit"]["files"] for p in parts if p.partition in committed}
+        partitions_of: dict[str, list[str]] = {}
+        for p in parts:
+            partitions_of.setdefault(p.file, []).append(p.partition)
+        manifest["batches"] = write_batch_results(ctx.config, ctx.out, ctx.job_id, batch_files, files, partitions_of)
     write_manifest(ctx.out, ctx.job_id, manifest)
     return manifest

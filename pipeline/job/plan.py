@@ -160,6 +160,7 @@ def register_plan(ctx: JobContext, epoch: int, planned: Plan, seconds: float) ->
             "step_seconds": {k: round(v, 3) for k, v in planned.seconds.items()},
             "seconds": round(seconds, 3),
             "isolation": isolation_fingerprint(ctx.config),
+            "batch_files": planned.batch_files,
         },
     }
     if not ctx.state.register_partitions(ctx.job_id, epoch, planned.partitions, counts):

@@ -30,7 +30,7 @@ from pipeline.config import TokenmillConfig
 from pipeline.dedup.cluster import DedupStats, add_content_hashes, reuse_columns, reuse_plan
 from pipeline.dedup.sketch import sketch_records
 from pipeline.ingest.read import read_records
-from pipeline.ingest.validate import validate_records
+from pipeline.ingest.validate import requested_models, validate_records
 from pipeline.keys import adapter_digest, add_item_keys, clean_text, compile_boilerplate
 from pipeline.route.rules import assign_tiers
 from pipeline.schema import RAW_RECORDS
@@ -185,7 +185,9 @@ def read(table: pa.Table, ctx: StageContext) -> pa.Table:
 
 
 def validate(table: pa.Table, ctx: StageContext) -> pa.Table:
-    records, ctx.quarantine = validate_records(table, ctx.config.input, ctx.job_id, ctx.duplicate_ids)
+    c = ctx.config
+    models = c.served_models if c.route.requested_model == "tier" else None
+    records, ctx.quarantine = validate_records(table, c.input, ctx.job_id, ctx.duplicate_ids, models)
     return records
 
 
@@ -197,7 +199,11 @@ def content_hashes(table: pa.Table, ctx: StageContext) -> pa.Table:
 def route(table: pa.Table, ctx: StageContext) -> pa.Table:
     path = ctx.config.route.router
     router = _loaded(_router, path, _stamp(path)) if path else None
-    return assign_tiers(table, ctx.config.route, router)
+    fixed = None
+    if ctx.config.route.requested_model == "tier" and table["request"].null_count < table.num_rows:
+        served = ctx.config.served_models
+        fixed = [served.get(m) if m is not None else None for m in requested_models(table)]
+    return assign_tiers(table, ctx.config.route, router, fixed)
 
 
 def item_keys(table: pa.Table, ctx: StageContext) -> pa.Table:
@@ -246,14 +252,25 @@ STAGES: tuple[Stage, ...] = (
     Stage("read", needs=(), adds=tuple(RAW_RECORDS.names), fn=read),
     Stage(
         "validate",
-        needs=("id", "text", "tenant", "file", "line", "partition", "read_error", "read_detail", "raw_excerpt"),
+        needs=(
+            "id",
+            "text",
+            "tenant",
+            "request",
+            "file",
+            "line",
+            "partition",
+            "read_error",
+            "read_detail",
+            "raw_excerpt",
+        ),
         adds=(),
         drops=("read_error", "read_detail", "raw_excerpt"),
         fn=validate,
     ),
-    Stage("content_hash", needs=("id", "tenant", "text"), adds=("scope", "content_hash"), fn=content_hashes),
-    Stage("route", needs=("text", "tenant", "metadata"), adds=("tier", "route_reason"), fn=route),
-    Stage("item_keys", needs=("tier", "tenant", "content_hash"), adds=("recipe", "item_key"), fn=item_keys),
+    Stage("content_hash", needs=("id", "tenant", "text", "request"), adds=("scope", "content_hash"), fn=content_hashes),
+    Stage("route", needs=("text", "tenant", "metadata", "request"), adds=("tier", "route_reason"), fn=route),
+    Stage("item_keys", needs=("tier", "tenant", "content_hash", "request"), adds=("recipe", "item_key"), fn=item_keys),
     Stage("sketch", needs=("text", "item_key"), adds=("signature", "embedding"), fn=sketch),
     Stage(
         "cluster",

@@ -73,6 +73,7 @@ class Plan:
     duplicates: dict[str, list[int]] = field(default_factory=dict)  # partition -> rows quarantined as duplicate_id
     seconds: dict[str, float] = field(default_factory=dict)
     attempt: str = ""  # this planning's token: a shard's figures name the planning they belong to
+    batch_files: dict[str, str] = field(default_factory=dict)  # input file of batch requests -> its format
 
     @property
     def shards(self) -> int:
@@ -90,6 +91,7 @@ class Plan:
             "duplicates": self.duplicates,
             "seconds": self.seconds,
             "attempt": self.attempt,
+            "batch_files": self.batch_files,
         }
 
     @staticmethod
@@ -217,6 +219,8 @@ def plan_keyed(
         plan.dedup.notes.extend(n for n in result.notes if n not in plan.dedup.notes)
         plan.records += result.raw
         plan.quarantined += result.quarantined
+        if result.format not in (None, "records"):
+            plan.batch_files[result.file] = result.format
         for part, (ids, scopes, raw) in result.partitions.items():
             plan.partitions[part] = {"file": result.file, "records": raw}
             rows = duplicate_rows(ids, seen)
@@ -316,6 +320,7 @@ class KeyedFile:
     note: str | None
     notes: list[str]  # what was asked for and could not be done (e.g. semantic reuse off)
     partitions: dict[str, tuple[pa.Array, dict[str, int], int]]  # partition -> (valid ids, rows per scope, raw records)
+    format: str | None = None  # what the file holds: records, or a batch format (ingest/batch.py)
 
 
 def key_file(config: TokenmillConfig, job_id: str, staging, file: tuple[str, str, int]) -> KeyedFile:
@@ -339,7 +344,7 @@ def key_file(config: TokenmillConfig, job_id: str, staging, file: tuple[str, str
     reader = FileReader(storage.resolve(config.input.uri, config.storage), file[0], file[1], config.input)
     for raw in reader.partitions():
         key_partition(raw)
-    out.note = reader.note
+    out.note, out.format = reader.note, reader.format
     return out
 
 

@@ -28,14 +28,22 @@ def rule_matches(rule: RouteRule, text: str, tenant: str, metadata: dict, patter
     return pattern is None or pattern.search(text) is not None
 
 
-def assign_tiers(records: pa.Table, config: RouteConfig, router=None) -> pa.Table:
-    """Add `tier` and `route_reason`. `router`: a loaded Router (router.py) or None."""
+def assign_tiers(
+    records: pa.Table, config: RouteConfig, router=None, fixed: list[str | None] | None = None
+) -> pa.Table:
+    """Add `tier` and `route_reason`. `router`: a loaded Router (router.py) or None. `fixed`: per row, a tier
+    already chosen (the one a batch request's `model` names: reason `model`), or None."""
     patterns = [re.compile(r.regex) if r.regex else None for r in config.rules]
     texts, tenants = records["text"].to_pylist(), records["tenant"].to_pylist()
     metadata = records["metadata"].to_pylist() if "metadata" in records.column_names else [None] * len(texts)
     tiers: list[str | None] = [None] * len(texts)
     reasons: list[str | None] = [None] * len(texts)
+    for i, tier in enumerate(fixed or ()):
+        if tier is not None:
+            tiers[i], reasons[i] = tier, "model"
     for i, (text, tenant, meta) in enumerate(zip(texts, tenants, metadata)):
+        if tiers[i] is not None:
+            continue
         meta_dict = json.loads(meta) if meta and config.rules else {}
         for rule, pattern in zip(config.rules, patterns):
             if rule_matches(rule, text, tenant, meta_dict if isinstance(meta_dict, dict) else {}, pattern):

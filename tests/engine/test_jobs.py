@@ -10,6 +10,7 @@ check what only the real engine can show. Everything else about jobs runs on the
 
 import json
 from functools import partial
+from pathlib import Path
 
 import pyarrow.compute as pc
 from jsonschema import Draft202012Validator
@@ -69,3 +70,25 @@ def test_speculative_decoding_telemetry_reaches_the_manifest(make_config, tmp_pa
     assert 0.0 <= e["spec_acceptance"] <= 1.0
     assert e["prefix_queries"] > 0 and 0.0 <= e["prefix_cache_hit_rate"] <= 1.0
     assert_exactly_once(tmp_path / "output", "spec", corpus, tmp_path / "state.db")
+
+
+def test_a_file_written_for_vllm_run_batch_runs_unchanged_on_the_real_engine(make_config, tmp_path):
+    """The lines `vllm run-batch` reads, answered in the lines it writes (id, custom_id, response with
+    status_code, request_id and a chat.completion body, error), by vLLM itself through the tier worker."""
+    from tests.integration.test_batch_files import DOC, OTHER, chat, read_jsonl, write_batch
+
+    write_batch(tmp_path / "input", [chat("a", DOC), chat("b", DOC), chat("c", OTHER, temperature=0.0, seed=1)])
+    config = make_config(engine="vllm", tiers__small__served_model_names=["gpt-4o-mini"])
+    manifest = run_job(config, job_id="run-batch").manifest
+    files = manifest["batches"]["nightly.jsonl"]["files"]
+    out = read_jsonl(Path(config.output.uri) / files["output"])
+    assert read_jsonl(Path(config.output.uri) / files["errors"]) == []
+    assert [line["custom_id"] for line in out] == ["a", "b", "c"]
+    for line in out:
+        assert {"id", "custom_id", "response", "error"} <= set(line) and line["error"] is None
+        assert {"status_code", "request_id", "body"} <= set(line["response"])
+        body = line["response"]["body"]
+        assert body["object"] == "chat.completion" and body["choices"][0]["message"]["role"] == "assistant"
+        assert body["usage"]["completion_tokens"] > 0 and body["choices"][0]["finish_reason"] in ("stop", "length")
+    assert out[0]["response"]["body"]["choices"] == out[1]["response"]["body"]["choices"]  # generated once
+    assert manifest["counts"]["by_source"]["duplicate_in_job"] == 1

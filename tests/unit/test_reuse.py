@@ -171,7 +171,15 @@ def test_representative_in_another_partition_travels_with_its_member():
     assert member["gen_id"] == "a" and member["gen_text"] == BASE
     units = generations_for(out.filter(pa.compute.equal(out["partition"], "p1")), {member["gen_key"]})
     assert units.to_pylist() == [
-        {"id": "a", "text": BASE, "tenant": "t", "scope": "t=t", "tier": "small", "item_key": member["gen_key"]}
+        {
+            "id": "a",
+            "text": BASE,
+            "tenant": "t",
+            "scope": "t=t",
+            "tier": "small",
+            "item_key": member["gen_key"],
+            "request": None,
+        }
     ]
 
 

@@ -1,0 +1,210 @@
+"""Output, batch results: the answers to a batch file in the format its client reads back.
+
+For each input file of OpenAI batch requests, next to the Parquet tables:
+  batches/job=<job>/<file>.output.jsonl   one line per answered request (OpenAI's batch output line)
+  batches/job=<job>/<file>.errors.jsonl   one line per request quarantined, failed or not run
+For a file of Anthropic Message Batches requests, one `<file>.results.jsonl` (`succeeded` / `errored`).
+
+Every line of the input file gets exactly one line, in input order: the files are derived from the
+committed partitions (outputs, quarantine, ledger) and the input file read again, never kept on the
+side, so they cannot disagree with the Parquet tables, and a rerun writes the same files again (each
+atomically) instead of adding lines. A reused answer is returned as the answer, under its own
+`custom_id`; the `tokenmill` extension field of each line says where it came from and what it cost.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pyarrow as pa
+import xxhash
+
+from pipeline.config import TokenmillConfig
+from pipeline.ingest.read import FileReader
+from pipeline.schema import REASONS
+from pipeline.stores import storage
+
+BATCHES = "batches"
+# Quarantine reasons that are the server's fault, not the request's (HTTP 500 rather than 400).
+SERVER_ERRORS = {"engine_error", "not_run", "unreadable_file"}
+FINISH = {"stop": "end_turn", "length": "max_tokens"}  # OpenAI's finish_reason -> Anthropic's stop_reason
+
+
+def result_paths(out: storage.Location, job_id: str, file: str, fmt: str) -> dict[str, str]:
+    base = out.join(BATCHES, f"job={job_id}", file)
+    if fmt == "anthropic":
+        return {"results": f"{base}.results.jsonl"}
+    return {"output": f"{base}.output.jsonl", "errors": f"{base}.errors.jsonl"}
+
+
+def write_batch_results(
+    config: TokenmillConfig,
+    out: storage.Location,
+    job_id: str,
+    batch_files: dict[str, str],
+    committed: dict[str, dict[str, str]],
+    partitions_of: dict[str, list[str]],
+) -> dict[str, dict]:
+    """Write the result files of each batch input file (`batch_files`: file -> format); `committed`: a
+    committed partition -> its files (kind -> path under `out`); `partitions_of`: file -> its partitions.
+    Returns, per input file, its result files and request counts (for the manifest)."""
+    summary = {}
+    root = storage.resolve(config.input.uri, config.storage)
+    for file, fmt in sorted(batch_files.items()):
+        tables = {kind: _committed(out, committed, partitions_of.get(file, []), kind) for kind in _KINDS}
+        requests = FileReader(root, file, root.join(file), config.input).table()
+        lines, counts = _result_lines(job_id, fmt, requests, tables)
+        paths = result_paths(out, job_id, file, fmt)
+        for kind, path in paths.items():
+            body = "".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines[kind])
+            storage.write_bytes_atomic(out, path, body.encode())
+        summary[file] = {
+            "format": fmt,
+            "files": {k: p[len(out.path.rstrip("/")) + 1 :] for k, p in paths.items()},
+            "request_counts": counts,
+        }
+    return summary
+
+
+_KINDS = {
+    "outputs": ["id", "summary", "model", "source", "source_id", "prompt_tokens", "cached_prompt_tokens",
+                "output_tokens", "finish_reason", "created_at"],
+    "quarantine": ["id", "file", "line", "reason", "detail"],
+    "ledger": ["id", "cost_usd", "kind"],
+}  # fmt: skip
+
+
+def _committed(out: storage.Location, committed: dict, partitions: list[str], kind: str) -> pa.Table | None:
+    tables = [
+        storage.read_parquet(out, out.join(committed[p][kind]), _KINDS[kind]) for p in partitions if p in committed
+    ]
+    return pa.concat_tables(tables) if tables else None
+
+
+def _result_lines(job_id: str, fmt: str, requests: pa.Table, tables: dict) -> tuple[dict[str, list], dict]:
+    outputs = {r["id"]: r for r in tables["outputs"].to_pylist()} if tables["outputs"] is not None else {}
+    quarantined = {}
+    if tables["quarantine"] is not None:
+        quarantined = {r["line"]: r for r in tables["quarantine"].to_pylist() if r["line"] is not None}
+    cost: dict[str, float] = {}
+    if tables["ledger"] is not None:
+        for r in tables["ledger"].to_pylist():
+            cost[r["id"]] = cost.get(r["id"], 0.0) + (r["cost_usd"] or 0.0)
+    lines: dict[str, list] = {"output": [], "errors": [], "results": []}
+    counts = {"total": 0, "completed": 0, "failed": 0}
+    for row in requests.to_pylist():
+        counts["total"] += 1
+        request = json.loads(row["request"]) if row["request"] else None
+        custom_id, answer = row["id"], outputs.get(row["id"])
+        problem = quarantined.get(row["line"])
+        if problem is None and answer is None:
+            problem = {"reason": "not_run", "detail": "its partition has not committed: rerun the job"}
+        uid = xxhash.xxh3_64_hexdigest(json.dumps([job_id, row["line"], custom_id]).encode())
+        if problem is not None:
+            counts["failed"] += 1
+            reason, message = problem["reason"], problem["detail"] or REASONS.get(problem["reason"], problem["reason"])
+            if fmt == "anthropic":
+                lines["results"].append(_anthropic_error(custom_id, reason, message))
+            else:
+                lines["errors"].append(_openai_error(uid, custom_id, reason, message))
+            continue
+        counts["completed"] += 1
+        extension = {
+            "source": answer["source"],
+            "source_id": answer["source_id"],
+            "cost_usd": round(cost.get(custom_id, 0.0), 10),
+        }
+        if fmt == "anthropic":
+            lines["results"].append(_anthropic_answer(uid, custom_id, request, answer, extension))
+        else:
+            lines["output"].append(_openai_answer(uid, custom_id, request, answer, extension))
+    return lines, counts
+
+
+def _usage(answer: dict) -> dict:
+    prompt, output = answer["prompt_tokens"] or 0, answer["output_tokens"] or 0
+    return {
+        "prompt_tokens": prompt,
+        "completion_tokens": output,
+        "total_tokens": prompt + output,
+        "prompt_tokens_details": {"cached_tokens": answer["cached_prompt_tokens"] or 0},
+    }
+
+
+def _openai_answer(uid: str, custom_id: str, request: dict, answer: dict, extension: dict) -> dict:
+    created = int(answer["created_at"].timestamp()) if answer["created_at"] else 0
+    finish = answer["finish_reason"] if answer["finish_reason"] in ("stop", "length") else "stop"
+    if request["endpoint"] == "/v1/completions":
+        body = {
+            "id": f"cmpl-{uid}",
+            "object": "text_completion",
+            "created": created,
+            "model": request["model"],
+            "choices": [{"index": 0, "text": answer["summary"], "logprobs": None, "finish_reason": finish}],
+            "usage": _usage(answer),
+        }
+    else:
+        body = {
+            "id": f"chatcmpl-{uid}",
+            "object": "chat.completion",
+            "created": created,
+            "model": request["model"],
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": answer["summary"], "refusal": None},
+                    "logprobs": None,
+                    "finish_reason": finish,
+                }
+            ],
+            "usage": _usage(answer),
+        }
+    return {
+        "id": f"batch_req_{uid}",
+        "custom_id": custom_id,
+        "response": {"status_code": 200, "request_id": f"req_{uid}", "body": body},
+        "error": None,
+        "tokenmill": extension,
+    }
+
+
+def _openai_error(uid: str, custom_id: str | None, reason: str, message: str) -> dict:
+    status = 500 if reason in SERVER_ERRORS else 400
+    return {
+        "id": f"batch_req_{uid}",
+        "custom_id": custom_id,
+        "response": {"status_code": status, "request_id": f"req_{uid}", "body": None},
+        "error": {"code": reason, "message": message},
+    }
+
+
+def _anthropic_answer(uid: str, custom_id: str, request: dict, answer: dict, extension: dict) -> dict:
+    usage = _usage(answer)
+    cached = usage["prompt_tokens_details"]["cached_tokens"]
+    message = {
+        "id": f"msg_{uid}",
+        "type": "message",
+        "role": "assistant",
+        "model": request["model"],
+        "content": [{"type": "text", "text": answer["summary"]}],
+        "stop_reason": FINISH.get(answer["finish_reason"], "end_turn"),
+        "stop_sequence": None,
+        "usage": {
+            "input_tokens": usage["prompt_tokens"] - cached,
+            "cache_read_input_tokens": cached,
+            "cache_creation_input_tokens": 0,
+            "output_tokens": usage["completion_tokens"],
+        },
+    }
+    return {"custom_id": custom_id, "result": {"type": "succeeded", "message": message}, "tokenmill": extension}
+
+
+def _anthropic_error(custom_id: str | None, reason: str, message: str) -> dict:
+    kind = "api_error" if reason in SERVER_ERRORS else "invalid_request_error"
+    return {
+        "custom_id": custom_id,
+        "result": {
+            "type": "errored",
+            "error": {"type": "error", "error": {"type": kind, "message": f"{reason}: {message}"}},
+        },
+    }
