@@ -170,6 +170,7 @@ def config_fingerprint(config: TokenmillConfig) -> str:
             "budget": True,
             "cache": True,
             "planning": True,
+            "serve": True,
         },
     )
     if any(t.adapter for t in config.tenants.values()):

@@ -8,6 +8,7 @@ commands of one concern on import:
   setup.py    config show/docs, models tiny/embedder, samples
   cache.py    cache forget
   evals.py    eval (the hold-out set on every tier: quality next to cost)
+  serve.py    serve (the OpenAI-compatible Batch API), api-key
 
 May import everything in pipeline (the top layer); nothing imports it.
 """
@@ -18,7 +19,7 @@ import os
 import sys
 import threading
 
-from pipeline.cli import cache, evals, jobs, ledger, router, setup  # noqa: F401  (registers the commands)
+from pipeline.cli import cache, evals, jobs, ledger, router, serve, setup  # noqa: F401  (registers the commands)
 from pipeline.cli.common import app
 from pipeline.cli.jobs import summary_table
 

@@ -35,6 +35,7 @@ from pipeline.config.env import (
 from pipeline.config.generation import LOOP_KNOBS, CostConfig, PromptConfig, RequestsConfig, SamplingConfig
 from pipeline.config.job import TokenmillConfig, load_config, load_run_section, load_tier_workers
 from pipeline.config.route import ChecksConfig, EscalationConfig, RouteConfig, RouteRule
+from pipeline.config.serve import ServeConfig
 from pipeline.config.tiers import FakeEngineArgs, SpeculativeConfig, TenantConfig, TierConfig, VllmArgs
 
 __all__ = [
@@ -56,6 +57,7 @@ __all__ = [
     "RequestsConfig",
     "RouteConfig",
     "RouteRule",
+    "ServeConfig",
     "RunConfig",
     "SamplingConfig",
     "Section",

@@ -29,6 +29,13 @@ class InputConfig(Section):
     excerpt_chars: int = Field(
         200, ge=0, description="Characters of the raw input kept in a quarantine row's `excerpt`."
     )
+    request_tenant: Literal["metadata", "default"] = Field(
+        "metadata",
+        description=(
+            "A batch request's tenant: `metadata` (its `body.metadata.tenant`, else `default_tenant`) or `default` "
+            "(always `default_tenant`: the API server sets it to the caller's, so no request bills another tenant)."
+        ),
+    )
     format: Literal["auto", "records", "openai", "anthropic"] = Field(
         "auto",
         description=(

@@ -17,6 +17,7 @@ from pipeline.config.dedup import CacheConfig, DedupConfig, PlanningConfig
 from pipeline.config.env import ENV_PREFIX, ConfigError, apply_env_overrides, expand, expand_defaults, renamed_overrides
 from pipeline.config.generation import CostConfig, PromptConfig, RequestsConfig, SamplingConfig
 from pipeline.config.route import ChecksConfig, RouteConfig
+from pipeline.config.serve import ServeConfig
 from pipeline.config.tiers import TenantConfig, TierConfig
 
 
@@ -38,6 +39,7 @@ class TokenmillConfig(Section):
     state: StateConfig = Field(default_factory=StateConfig)
     run: RunConfig = Field(default_factory=RunConfig)
     tenants: dict[str, TenantConfig] = Field(default_factory=dict, description="Per-tenant settings, by tenant name.")
+    serve: ServeConfig = Field(default_factory=ServeConfig)
 
     @model_validator(mode="before")
     @classmethod
@@ -57,6 +59,13 @@ class TokenmillConfig(Section):
             **{f"route.rules[{r.name}].tier": r.tier for r in self.route.rules},
             **{f"tenants.{n}.adapter_tier": t.adapter_tier for n, t in self.tenants.items()},
         }
+        owners: dict[str, str] = {}
+        for name, t in self.tenants.items():
+            for digest in t.api_keys:
+                if owners.setdefault(digest, name) != name:
+                    raise ValueError(
+                        f"an API key (sha256 {digest[:12]}…) belongs to tenants {owners[digest]} and {name}"
+                    )
         for where, tier in named.items():
             if tier is not None and tier not in self.tiers:
                 raise ValueError(f"{where} {tier!r} is not one of tiers {sorted(self.tiers)}")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from pipeline.config.base import Section
 
@@ -229,3 +229,19 @@ class TenantConfig(Section):
             "On other tiers this tenant's requests run the base model."
         ),
     )
+    api_keys: list[str] = Field(
+        default_factory=list,
+        description=(
+            "SHA-256 digests (hex) of the bearer keys that act as this tenant on `tokenmill serve` (`tokenmill serve "
+            "key` makes one). Keys themselves are never stored; a key sees and touches only its tenant's files "
+            "and batches."
+        ),
+    )
+
+    @field_validator("api_keys")
+    @classmethod
+    def _digests(cls, keys: list[str]) -> list[str]:
+        for k in keys:
+            if len(k) != 64 or any(c not in "0123456789abcdef" for c in k):
+                raise ValueError("api_keys holds SHA-256 hex digests of keys (tokenmill serve key), never keys")
+        return keys

@@ -269,6 +269,8 @@ def _add_request(rows: _Rows, position: int, line: int, obj: dict, raw, check_un
         if detail:
             rows.add(position, line, error="invalid_unicode", detail=detail, raw=raw)
             return
+    if rows.config.request_tenant == "default":  # the caller's tenant, whatever the request says
+        record["tenant"] = None
     rows.add(position, line, **record)
 
 

@@ -116,3 +116,16 @@ def test_the_command_exits_with_its_code_after_the_exit_hooks_and_skips_finaliza
     done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=REPO)
     assert done.returncode == code, done.stderr[-1500:]
     assert "exit hook ran" in done.stdout and "finalized" not in done.stdout
+
+
+def test_api_key_prints_a_key_once_and_the_digest_the_config_takes():
+    from pipeline.config import TenantConfig
+    from pipeline.serve.app import key_digest
+
+    out = CliRunner().invoke(app, ["api-key", "--tenant", "acme"]).output
+    key = out.split("key (shown once): ", 1)[1].split()[0]
+    digest = out.split("api_keys: [", 1)[1].split("]")[0]
+    assert key.startswith("tm-") and digest == key_digest(key)
+    assert TenantConfig(api_keys=[digest]).api_keys == [digest]
+    with pytest.raises(ValueError, match="never keys"):
+        TenantConfig(api_keys=[key])  # a key itself is refused: only its digest is stored

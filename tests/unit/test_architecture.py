@@ -3,8 +3,8 @@
 1. Layers (docs/architecture.md): a module may import its own folder and the layers below it,
    never one above. Every import counts: module level, inside functions, under TYPE_CHECKING,
    and `importlib.import_module("pipeline....")` with a literal name.
-       pipeline.cli > pipeline.evals > pipeline.dev > pipeline.job > pipeline.plan > pipeline.output > pipeline.generate
-       > pipeline.route > pipeline.dedup > pipeline.ingest > pipeline.stores
+       pipeline.cli > pipeline.serve > pipeline.evals > pipeline.dev > pipeline.job > pipeline.plan > pipeline.output
+       > pipeline.generate > pipeline.route > pipeline.dedup > pipeline.ingest > pipeline.stores
        > base: pipeline.config, pipeline.schema, pipeline.keys, pipeline.errors (schema and errors import nothing of
          ours)
    The facade pipeline/__init__.py imports pipeline.config, pipeline.job and pipeline.plan only; pipeline.cli may
@@ -35,6 +35,7 @@ CHECKED_TREES = ("pipeline", "benchmarks", "tests", "dags")  # for rule 2
 
 LAYERS = (
     "pipeline.cli",
+    "pipeline.serve",
     "pipeline.evals",
     "pipeline.dev",
     "pipeline.job",

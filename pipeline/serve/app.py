@@ -1,0 +1,226 @@
+"""`tokenmill serve`: an OpenAI-compatible Batch API over tokenmill jobs.
+
+  POST   /v1/files                    upload a batch input file (multipart: file, purpose=batch)
+  GET    /v1/files, /v1/files/{id}    list, retrieve
+  GET    /v1/files/{id}/content       download (inputs, and a batch's output and error files)
+  DELETE /v1/files/{id}
+  POST   /v1/batches                  create: input_file_id, endpoint, completion_window, metadata
+  GET    /v1/batches, /v1/batches/{id}
+  POST   /v1/batches/{id}/cancel
+
+Objects are OpenAI's (the `openai` SDK reads them with `base_url` pointed here), with one extension on a
+batch, `tokenmill`: its job id and what it cost. Every call needs `Authorization: Bearer <key>`; the key's
+SHA-256 names its tenant (`tenants.<name>.api_keys`). A key sees only its tenant's objects: any other id is
+404, exactly as an id that does not exist. Errors are OpenAI's error object with a specific message.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+
+from fastapi import Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, Field
+from starlette.datastructures import UploadFile
+
+from pipeline.config import ServeConfig, TokenmillConfig
+from pipeline.ingest.batch import ANTHROPIC_ENDPOINT, OPENAI_ENDPOINTS
+from pipeline.serve.runner import ACTIVE, WINDOWS
+from pipeline.serve.store import ApiStore, new_id
+
+ENDPOINTS = (*OPENAI_ENDPOINTS, ANTHROPIC_ENDPOINT)
+MAX_METADATA = 16  # OpenAI's limits on a batch's metadata: pairs, and characters per key and value
+MAX_KEY, MAX_VALUE = 64, 512
+
+
+class ApiError(Exception):
+    def __init__(self, status: int, message: str, code: str | None = None, param: str | None = None):
+        super().__init__(message)
+        self.status, self.message, self.code, self.param = status, message, code, param
+
+
+class CreateBatch(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    input_file_id: str
+    endpoint: str
+    completion_window: str
+    metadata: dict[str, str] | None = Field(None)
+
+
+def key_digest(key: str) -> str:
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
+def public(batch: dict) -> dict:
+    """The batch object a client sees: OpenAI's fields, and tokenmill's extension."""
+    out = {k: v for k, v in batch.items() if k not in ("tenant", "cost_usd", "cancel_requested")}
+    if batch["status"] in ACTIVE and batch.get("cancel_requested"):
+        out["status"] = "cancelling"
+    out["tokenmill"] = {"job_id": batch["id"], "cost_usd": batch.get("cost_usd")}
+    return out
+
+
+def public_file(meta: dict) -> dict:
+    return {k: v for k, v in meta.items() if k not in ("tenant", "content", "deleted")}
+
+
+def create_app(config: TokenmillConfig, store: ApiStore) -> FastAPI:
+    app = FastAPI(title="tokenmill Batch API", docs_url=None, redoc_url=None)
+    tenants = {digest: name for name, t in config.tenants.items() for digest in t.api_keys}
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, e: ApiError):
+        kind = "invalid_request_error" if e.status < 500 else "server_error"
+        body = {"error": {"message": e.message, "type": kind, "param": e.param, "code": e.code}}
+        return JSONResponse(body, status_code=e.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, e: RequestValidationError):
+        first = e.errors()[0] if e.errors() else {}
+        where = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
+        message = f"{where}: {first.get('msg', 'invalid request')}" if where else first.get("msg", "invalid request")
+        body = {"error": {"message": message, "type": "invalid_request_error", "param": where, "code": None}}
+        return JSONResponse(body, status_code=400)
+
+    def tenant(request: Request) -> str:
+        """The caller's tenant, named by its bearer key's digest (401 without one)."""
+        header = request.headers.get("authorization", "")
+        scheme, _, key = header.partition(" ")
+        if scheme.lower() != "bearer" or not key.strip():
+            raise ApiError(401, "no API key: send Authorization: Bearer <key>", "invalid_api_key")
+        name = tenants.get(key_digest(key.strip()))
+        if name is None:
+            raise ApiError(401, "unknown API key", "invalid_api_key")
+        return name
+
+    _file_routes(app, store, config.serve, tenant)
+    _batch_routes(app, store, config.serve, tenant)
+    return app
+
+
+def _owned_file(store: ApiStore, file_id: str, who: str) -> dict:
+    meta = store.file(who, file_id)
+    if meta is None:
+        raise ApiError(404, f"no file {file_id!r}", "not_found", "file_id")
+    return meta
+
+
+def _owned_batch(store: ApiStore, batch_id: str, who: str) -> dict:
+    batch = store.batch(who, batch_id)
+    if batch is None:
+        raise ApiError(404, f"no batch {batch_id!r}", "not_found", "batch_id")
+    batch["cancel_requested"] = store.cancel_asked(batch_id)
+    return batch
+
+
+def _file_routes(app: FastAPI, store: ApiStore, limits: ServeConfig, tenant) -> None:
+    too_large = f"file larger than serve.max_file_bytes ({limits.max_file_bytes} bytes)"
+
+    @app.post("/v1/files")
+    async def upload(request: Request, who: str = Depends(tenant)):
+        if int(request.headers.get("content-length") or 0) > limits.max_file_bytes + 65536:  # + the envelope
+            raise ApiError(413, too_large, "too_large")
+        form = await request.form(max_part_size=limits.max_file_bytes)
+        upload, purpose = form.get("file"), form.get("purpose")
+        if purpose != "batch":
+            raise ApiError(400, f"purpose {purpose!r}: only `batch` files are accepted", "invalid_purpose", "purpose")
+        if not isinstance(upload, UploadFile):
+            raise ApiError(400, "no `file` part in the form", "missing_file", "file")
+        data = await upload.read(limits.max_file_bytes + 1)
+        if len(data) > limits.max_file_bytes:
+            raise ApiError(413, too_large, "too_large")
+        return public_file(store.add_file(who, upload.filename or "upload.jsonl", "batch", data))
+
+    @app.get("/v1/files")
+    def list_files(who: str = Depends(tenant)):
+        return {"object": "list", "data": [public_file(f) for f in store.files(who)], "has_more": False}
+
+    @app.get("/v1/files/{file_id}")
+    def get_file(file_id: str, who: str = Depends(tenant)):
+        return public_file(_owned_file(store, file_id, who))
+
+    @app.get("/v1/files/{file_id}/content")
+    def file_content(file_id: str, who: str = Depends(tenant)):
+        return Response(store.content(_owned_file(store, file_id, who)), media_type="application/jsonl")
+
+    @app.delete("/v1/files/{file_id}")
+    def delete_file(file_id: str, who: str = Depends(tenant)):
+        store.delete_file(_owned_file(store, file_id, who))
+        return {"id": file_id, "object": "file", "deleted": True}
+
+
+def new_batch(body: CreateBatch, tenant: str, limits: ServeConfig) -> dict:
+    """A batch object as created (`validating`), after checking what the client asked for."""
+    if body.endpoint not in ENDPOINTS:
+        raise ApiError(400, f"endpoint {body.endpoint!r}: one of {', '.join(ENDPOINTS)}", "invalid_endpoint")
+    if body.completion_window not in limits.completion_windows or body.completion_window not in WINDOWS:
+        allowed = ", ".join(w for w in limits.completion_windows if w in WINDOWS)
+        raise ApiError(400, f"completion_window {body.completion_window!r}: one of {allowed}", "invalid_window")
+    metadata = body.metadata or {}
+    if len(metadata) > MAX_METADATA or any(len(k) > MAX_KEY or len(v) > MAX_VALUE for k, v in metadata.items()):
+        raise ApiError(400, f"metadata: at most {MAX_METADATA} pairs, keys {MAX_KEY} and values {MAX_VALUE} chars")
+    now = int(time.time())
+    return {
+        "id": new_id("batch"),
+        "object": "batch",
+        "endpoint": body.endpoint,
+        "errors": None,
+        "input_file_id": body.input_file_id,
+        "completion_window": body.completion_window,
+        "status": "validating",
+        "output_file_id": None,
+        "error_file_id": None,
+        "created_at": now,
+        "in_progress_at": None,
+        "expires_at": now + WINDOWS[body.completion_window],
+        "finalizing_at": None,
+        "completed_at": None,
+        "failed_at": None,
+        "expired_at": None,
+        "cancelling_at": None,
+        "cancelled_at": None,
+        "request_counts": {"total": 0, "completed": 0, "failed": 0},
+        "metadata": metadata or None,
+        "tenant": tenant,
+    }
+
+
+def _batch_routes(app: FastAPI, store: ApiStore, limits: ServeConfig, tenant) -> None:
+    @app.post("/v1/batches")
+    def create_batch(body: CreateBatch, who: str = Depends(tenant)):
+        batch = new_batch(body, who, limits)
+        if _owned_file(store, body.input_file_id, who)["purpose"] != "batch":
+            raise ApiError(400, f"file {body.input_file_id} is not a batch input file", "invalid_file")
+        store.put_batch(batch)
+        return public(batch)
+
+    @app.get("/v1/batches")
+    def list_batches(limit: int = 20, after: str | None = None, who: str = Depends(tenant)):
+        batches = store.batches(who)
+        if after is not None:
+            ids = [b["id"] for b in batches]
+            batches = batches[ids.index(after) + 1 :] if after in ids else []
+        page = batches[: max(1, min(limit, 100))]
+        data = [public({**b, "cancel_requested": store.cancel_asked(b["id"])}) for b in page]
+        return {
+            "object": "list",
+            "data": data,
+            "first_id": data[0]["id"] if data else None,
+            "last_id": data[-1]["id"] if data else None,
+            "has_more": len(batches) > len(page),
+        }
+
+    @app.get("/v1/batches/{batch_id}")
+    def get_batch(batch_id: str, who: str = Depends(tenant)):
+        return public(_owned_batch(store, batch_id, who))
+
+    @app.post("/v1/batches/{batch_id}/cancel")
+    def cancel_batch(batch_id: str, who: str = Depends(tenant)):
+        batch = _owned_batch(store, batch_id, who)
+        if batch["status"] not in ACTIVE:
+            raise ApiError(409, f"batch {batch_id} is {batch['status']}: only an active batch can be cancelled")
+        store.ask_cancel(batch_id)
+        return public({**batch, "cancel_requested": True})

@@ -1,0 +1,206 @@
+"""The Batch API's runner: each batch is a tokenmill job, run one at a time by the server's own worker.
+
+  validating   the input file counted against `serve.max_requests` and copied where its job reads it
+  in_progress  `tokenmill run --job-id <batch id>` in a child process (its own engines; a kill loses nothing)
+  finalizing   the job's manifest written over what committed, its result files registered as API files
+  completed | failed | cancelled | expired
+
+The batch id is the job id, so a server restarted mid-batch runs the same job again and it continues
+where it stopped, paying for nothing twice (the job's own exactly-once). Cancelling stops the child: what
+it paid for stays paid (items and the cache keep it; a resubmission pays nothing for it) and what
+committed is returned; the requests not answered are in the error file (`not_run`). The runner is the one
+writer of batch objects; the API only asks it to cancel.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import yaml
+
+from pipeline.config import TokenmillConfig, tokenmill_home
+from pipeline.job.orchestrate import job_manifest
+from pipeline.serve.store import ApiStore
+from pipeline.stores import storage
+
+log = logging.getLogger(__name__)
+
+ACTIVE = ("validating", "in_progress", "finalizing", "cancelling")
+WINDOWS = {"24h": 24 * 3600, "48h": 48 * 3600, "7d": 7 * 24 * 3600}  # completion windows the runner can time
+
+
+def job_config(config: TokenmillConfig, store: ApiStore, batch: dict) -> TokenmillConfig:
+    """The job of a batch: the server's config, reading the batch's input as batch requests billed to its tenant."""
+    data = config.model_dump(mode="json")
+    data["input"].update(
+        uri=store.out.uri(store.input_folder(batch["id"])),
+        format="anthropic" if batch["endpoint"] == "/v1/messages" else "openai",
+        default_tenant=batch["tenant"],
+        request_tenant="default",
+    )
+    data["run"]["progress"] = "off"
+    return TokenmillConfig.model_validate(data)
+
+
+class BatchRunner:
+    def __init__(self, config: TokenmillConfig, store: ApiStore, workdir: Path | None = None):
+        self.config, self.store = config, store
+        self.workdir = workdir or Path(tokenmill_home()) / "serve"
+        self.child: subprocess.Popen | None = None
+        self.child_of: str | None = None  # the batch the child runs
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._loop, name="batch-runner", daemon=True)
+
+    def start(self) -> None:
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        """Stop looking for work and stop the child: its batch stays `in_progress` and continues at the next start."""
+        self.stop.set()
+        self.thread.join(timeout=30)
+        self._kill()
+
+    def _loop(self) -> None:
+        while not self.stop.is_set():
+            try:
+                self.step()
+            except Exception:  # a fault of one pass (storage down): logged, the next pass tries again
+                log.exception("batch runner")
+            self.stop.wait(self.config.serve.poll_seconds)
+
+    def step(self) -> None:
+        """One pass: advance the oldest active batch (one job at a time: one set of engines)."""
+        active = [b for b in reversed(self.store.batches()) if b["status"] in ACTIVE]
+        if active:
+            self.advance(active[0])
+
+    def advance(self, batch: dict) -> None:
+        now = int(time.time())
+        if batch["status"] == "validating":
+            self.validate(batch, now)
+        elif self.store.cancel_asked(batch["id"]):
+            batch["cancelling_at"] = batch.get("cancelling_at") or now
+            self.store.put_batch(batch)
+            self._kill()
+            self.finish(batch, "cancelled")
+        elif now >= batch["expires_at"]:
+            self._kill()
+            self.finish(batch, "expired")
+        elif batch["status"] == "finalizing":
+            self.finish(batch, "completed")
+        elif self.child is None or self.child_of != batch["id"]:
+            self._kill()
+            self.launch(batch)
+        elif self.child.poll() is not None:
+            self.child, self.child_of = None, None
+            self.finish(batch, "completed")
+
+    def validate(self, batch: dict, now: int) -> None:
+        meta = self.store.file(batch["tenant"], batch["input_file_id"])
+        problem = None
+        if meta is None:
+            problem = ("invalid_file", f"input file {batch['input_file_id']} no longer exists")
+        else:
+            data = self.store.content(meta)
+            lines = sum(1 for line in data.splitlines() if line.strip())
+            if lines == 0:
+                problem = ("empty_file", "the input file holds no request")
+            elif lines > self.config.serve.max_requests:
+                problem = ("too_many_requests", f"{lines} requests; at most {self.config.serve.max_requests}")
+            else:
+                storage.write_bytes_atomic(self.store.out, f"{self.store.input_folder(batch['id'])}/input.jsonl", data)
+                batch["request_counts"]["total"] = lines
+        if problem:
+            batch.update(status="failed", failed_at=now, errors=_errors(*problem))
+        else:
+            batch.update(status="in_progress", in_progress_at=now)
+        self.store.put_batch(batch)
+
+    def launch(self, batch: dict) -> None:
+        """The batch's job in a child process (again, after a restart: the job continues)."""
+        path = self.workdir / f"{batch['id']}.yaml"
+        config = job_config(self.config, self.store, batch)
+        path.write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+        command = [sys.executable, "-m", "pipeline.cli", "run", "--config", str(path), "--job-id", batch["id"]]
+        # The config is whole in the file: no TOKENMILL_* override of the server's environment applies twice.
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TOKENMILL_") or k == "TOKENMILL_HOME"}
+        out = open(self.workdir / f"{batch['id']}.log", "ab")  # noqa: SIM115 (the child holds it)
+        self.child = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        self.child_of = batch["id"]
+        out.close()
+        log.info("batch %s: job started (pid %d)", batch["id"], self.child.pid)
+
+    def _kill(self) -> None:
+        if self.child is not None and self.child.poll() is None:
+            os.killpg(self.child.pid, signal.SIGTERM)  # the child and its engines' processes
+            try:
+                self.child.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.child.pid, signal.SIGKILL)
+                self.child.wait()
+        self.child, self.child_of = None, None
+
+    def finish(self, batch: dict, status: str) -> None:
+        """Finalize: the job's manifest over what committed; its result files become the batch's files."""
+        now = int(time.time())
+        if batch["status"] != "finalizing":
+            batch.update(status="finalizing", finalizing_at=now)
+            self.store.put_batch(batch)
+        try:
+            manifest = job_manifest(job_config(self.config, self.store, batch), batch["id"])
+        except Exception as e:  # no job at all (it failed before planning): nothing to return
+            batch.update(
+                status="failed", failed_at=now, errors=_errors("job_failed", _last_lines(self.workdir, batch, e))
+            )
+            self.store.put_batch(batch)
+            return
+        results = manifest.get("batches", {}).get("input.jsonl")
+        if results is None:
+            batch.update(status="failed", failed_at=now, errors=_errors("job_failed", _last_lines(self.workdir, batch)))
+            self.store.put_batch(batch)
+            return
+        for kind, key in (("output", "output_file_id"), ("errors", "error_file_id"), ("results", "output_file_id")):
+            path = results["files"].get(kind)
+            if path is None or batch.get(key):
+                continue
+            size = self.store.out.fs.get_file_info(self.store.out.join(path)).size
+            if size or kind != "errors":  # OpenAI sets no error file when nothing failed
+                meta = self.store.register_file(
+                    batch["tenant"], f"{batch['id']}_{kind}.jsonl", "batch_output", self.store.out.join(path), size
+                )
+                batch[key] = meta["id"]
+        counts = results["request_counts"]
+        batch["request_counts"] = {k: counts[k] for k in ("total", "completed", "failed")}
+        batch["usage"] = {
+            "input_tokens": manifest["tokens"]["prompt_tokens"],
+            "output_tokens": manifest["tokens"]["output_tokens"],
+            "input_tokens_details": {"cached_tokens": manifest["tokens"]["cached_prompt_tokens"]},
+        }
+        batch["cost_usd"] = manifest.get("cost", {}).get("cost_usd", 0.0)
+        at = {"completed": "completed_at", "cancelled": "cancelled_at", "expired": "expired_at"}[status]
+        batch.update(status=status, **{at: now})
+        self.store.put_batch(batch)
+        log.info("batch %s: %s, %s", batch["id"], status, json.dumps(batch["request_counts"]))
+
+
+def _errors(code: str, message: str) -> dict:
+    return {"object": "list", "data": [{"code": code, "message": message, "param": None, "line": None}]}
+
+
+def _last_lines(workdir: Path, batch: dict, error: Exception | None = None) -> str:
+    """Why the batch's job failed, for its errors: the exception, or the last lines of its log."""
+    if error is not None:
+        return f"{type(error).__name__}: {error}"[:1000]
+    try:
+        return (workdir / f"{batch['id']}.log").read_text(errors="replace").strip().splitlines()[-1][:1000]
+    except (OSError, IndexError):
+        return "the job wrote no result"
