@@ -1,0 +1,154 @@
+"""Batch API: one OpenAI batch file through vLLM's own batch runner (`python -m vllm.entrypoints.openai.run_batch`,
+the peer) and through tokenmill, on the same model, prompt and sampling, one after the other.
+
+Two files: REQUESTS chat requests of which about 30% are exact or near duplicates of others (one word
+changed) and two are longer than the model's context; and REQUESTS distinct requests with
+no duplicate. The peer holds its engine for its whole run, so its engine-seconds are its wall seconds;
+tokenmill's are what its manifest says its engines were held (start-up, busy and idle). Printed per file:
+wall seconds, engine-seconds, requests answered, errors, and tokenmill's engine-seconds over the peer's.
+Targets: every request answered by tokenmill; at most 0.75x the peer's engine-seconds on the first file
+and at most 1.1x on the second. Semantic reuse's shadow sample is off (`dedup.shadow_rate: 0`) and so is
+escalation, so that both do the same work per request. The model: configs/tiny.yaml's small tier (random
+weights: every answer runs to max_tokens, the same on both sides).
+
+Usage: python benchmarks/batch_api.py [REQUESTS] (default 200)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+SYSTEM = "You are a careful analyst. Summarize documents faithfully and briefly."
+
+
+def request(custom_id: str, text: str) -> dict:
+    return {
+        "custom_id": custom_id,
+        "method": "POST",
+        "url": "/v1/chat/completions",
+        "body": {
+            "model": "gpt-4o-mini",
+            "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"Summarize:\n\n{text}"}],
+            "max_tokens": 32,
+            "temperature": 0,
+        },
+    }
+
+
+def batch_files(folder: Path, n: int, rng: random.Random) -> tuple[dict[str, Path], int]:
+    """({"duplicates": a file with ~30% duplicates and 2 over-long documents, "distinct": one with none},
+    how many duplicates the first holds)."""
+    from pipeline.dev.samples import synthetic_document
+
+    def lines(texts: list[str]) -> str:
+        return "".join(json.dumps(request(f"r{i}", t)) + "\n" for i, t in enumerate(texts))
+
+    originals = [synthetic_document(rng, 10) for _ in range(int(n * 0.7) - 2)]
+    texts = list(originals)
+    while len(texts) < n - 2:
+        source = rng.choice(originals)
+        # exact, or a near copy: one common word changed (no number, date or name, which the guards protect)
+        texts.append(source if rng.random() < 0.5 else source.replace(" the ", " this ", 1))
+    planted = len(texts) - len(originals)
+    texts += [" ".join(synthetic_document(rng, 10) for _ in range(8)) for _ in range(2)]  # over the context
+    rng.shuffle(texts)
+    paths = {}
+    for name, body in (
+        ("duplicates", lines(texts)),
+        ("distinct", lines([synthetic_document(rng, 10) for _ in range(n)])),
+    ):
+        (folder / name).mkdir(parents=True)
+        paths[name] = folder / name / "batch.jsonl"
+        paths[name].write_text(body)
+    return paths, planted
+
+
+def peer(path: Path, out: Path, tier) -> dict:
+    """vLLM's own batch runner over the file: wall seconds (its engine-seconds), answered, errors."""
+    v = tier.vllm
+    command = [
+        sys.executable, "-m", "vllm.entrypoints.openai.run_batch", "-i", str(path), "-o", str(out),
+        "--model", tier.model, "--served-model-name", "gpt-4o-mini", "--max-model-len", str(v.max_model_len),
+        "--max-num-seqs", str(v.max_num_seqs), "--max-num-batched-tokens", str(v.max_num_batched_tokens),
+        "--dtype", v.dtype or "auto", "--enforce-eager", "--enable-prefix-caching",
+    ]  # fmt: skip
+    env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(tier.cpu_kvcache_space_gib)}
+    started = time.perf_counter()
+    done = subprocess.run(command, env=env, capture_output=True, text=True)
+    seconds = time.perf_counter() - started
+    if done.returncode != 0:
+        raise SystemExit(f"run_batch failed ({done.returncode}): {done.stderr[-2000:]}")
+    results = [json.loads(line) for line in out.read_text().splitlines()]
+    answered = sum(1 for r in results if r.get("error") is None and (r.get("response") or {}).get("status_code") == 200)
+    return {"wall_seconds": round(seconds, 1), "engine_seconds": round(seconds, 1), "answered": answered,
+            "errors": len(results) - answered}  # fmt: skip
+
+
+def tokenmill(folder: Path, work: Path, name: str) -> dict:
+    from pipeline import load_config, run_job
+    from pipeline.generate.engine import shutdown_engines
+
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TOKENMILL_") or k == "TOKENMILL_HOME"}
+    env.update(
+        {
+            "TOKENMILL_INPUT__URI": str(folder),
+            "TOKENMILL_OUTPUT__URI": str(work / name / "out"),
+            "TOKENMILL_STATE__URL": f"sqlite:///{work / name}/state.db",
+            "TOKENMILL_CACHE__PATH": str(work / name / "cache"),
+            "TOKENMILL_RUN__PROGRESS": "off",
+            "TOKENMILL_DEDUP__SHADOW_RATE": "0",
+            "TOKENMILL_ROUTE__ESCALATION__ENABLED": "false",
+            "TOKENMILL_TIERS__SMALL__SERVED_MODEL_NAMES": '["gpt-4o-mini"]',
+            "TOKENMILL_SAMPLING__MAX_TOKENS": "32",
+        }
+    )
+    config = load_config(Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml", environ=env)
+    started = time.perf_counter()
+    manifest = run_job(config, job_id=f"batch-{name}", release_engines=True).manifest
+    seconds = time.perf_counter() - started
+    shutdown_engines()
+    counts = manifest["batches"]["batch.jsonl"]["request_counts"]
+    engines = manifest["engines"].values()
+    figure = {
+        k: round(sum(e.get(f"{k}_seconds", 0.0) for e in engines), 1) for k in ("held", "startup", "busy", "idle")
+    }
+    return {
+        "wall_seconds": round(seconds, 1),
+        "engine_seconds": figure.pop("held"),
+        **{f"engine_{k}_seconds": v for k, v in figure.items()},
+        "answered": counts["completed"],
+        "errors": counts["failed"],
+        "by_source": manifest["counts"]["by_source"],
+    }
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from benchmarks.common import emit
+    from pipeline import load_config
+
+    n = int(sys.argv[1]) if len(sys.argv) > 1 else 200
+    tier = load_config(Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml").tiers["small"]
+    with tempfile.TemporaryDirectory(dir="/dev/shm" if os.path.isdir("/dev/shm") else None) as tmp:
+        work = Path(tmp)
+        files, planted = batch_files(work / "in", n, random.Random(11))
+        figures = {}
+        for name, path in files.items():
+            theirs = peer(path, work / f"{name}-peer.jsonl", tier)
+            ours = tokenmill(path.parent, work, name)
+            figures[name] = {
+                "requests": n,
+                "planted_duplicates": planted if name == "duplicates" else 0,
+                "peer (vllm run_batch)": theirs,
+                "tokenmill": ours,
+                "engine_seconds_ratio": round(ours["engine_seconds"] / theirs["engine_seconds"], 3),
+                "target_ratio": 0.75 if name == "duplicates" else 1.1,
+            }
+        emit("batch_api", {"model": tier.model.rsplit("/", 1)[-1], **figures})
