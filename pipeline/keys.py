@@ -73,27 +73,31 @@ def tenant_scope(tenant: str, shared: set[str]) -> str:
     return "shared" if tenant in shared else f"t={tenant}"
 
 
-def request_template(request: str) -> dict:
-    """What of a batch request (canonical JSON, ingest/batch.py) decides its answer besides the document:
-    the endpoint, the messages around the document's slot and the sampling parameters. Not the model name
-    (a tier answers for every name it serves) nor the format (OpenAI's or Anthropic's)."""
+def request_sampling(sampling: SamplingConfig, request: str | None) -> SamplingConfig:
+    """The sampling a record runs with: for a batch request, what it sets (checked on reading) over the config's
+    defaults, but never the config's output schema or stop strings, which are for document records: a request
+    gets JSON or a stop only when it asks for them."""
+    if request is None:
+        return sampling
+    return sampling.model_copy(update={"json_schema": None, "stop": [], **json.loads(request)["params"]})
+
+
+def request_template(request: str, sampling: SamplingConfig) -> dict:
+    """What of a batch request (canonical JSON, ingest/batch.py) decides its answer besides the document: the
+    endpoint, the messages around the document's slot and the sampling it runs with (effective: an explicit
+    default and an unset one are the same). Not the model name (a tier answers for every name it serves) nor
+    the format (OpenAI's or Anthropic's)."""
     parsed = json.loads(request)
-    return {k: parsed[k] for k in ("endpoint", "messages", "document", "params")}
+    template = {k: parsed[k] for k in ("endpoint", "messages", "document")}
+    return {**template, "sampling": request_sampling(sampling, request).keyed()}
 
 
-def request_scope(scope: str, request: str) -> str:
+def request_scope(scope: str, request: str, sampling: SamplingConfig) -> str:
     """A batch request's scope: its tenant's, narrowed to requests of the same template, so near and semantic
     reuse only ever pair requests that differ in their document alone. Unambiguous: tenant scopes begin with
     `t=` or are `shared`; these begin with `r=` and a fixed-length hash."""
-    template = json.dumps(request_template(request), sort_keys=True, ensure_ascii=False)
+    template = json.dumps(request_template(request, sampling), sort_keys=True, ensure_ascii=False)
     return f"r={xxhash.xxh3_64_hexdigest(template.encode('utf-8', 'surrogatepass'))}:{scope}"
-
-
-def request_sampling(sampling: SamplingConfig, request: str | None) -> SamplingConfig:
-    """The sampling a record runs with: the config's, with what its batch request sets (checked on reading)."""
-    if request is None:
-        return sampling
-    return sampling.model_copy(update=json.loads(request)["params"])
 
 
 def content_hash(scope: str, text: str, case_fold: bool = False, boilerplate: list[re.Pattern] = ()) -> str:
@@ -116,7 +120,7 @@ def recipe_hash(model: str, prompt: PromptConfig, sampling: SamplingConfig, adap
 def request_recipe_hash(model: str, request: str, sampling: SamplingConfig, adapter_digest: str | None) -> str:
     """A batch request's recipe: the model, its template (messages and endpoint) and the sampling it runs
     with (the config's, with the request's own parameters over them), and the adapter's digest."""
-    parts = [model, "request", request_template(request), request_sampling(sampling, request).keyed(), adapter_digest]
+    parts = [model, "request", request_template(request, sampling), adapter_digest]
     return xxhash.xxh3_64_hexdigest(json.dumps(parts, sort_keys=True, ensure_ascii=False).encode())
 
 
@@ -171,6 +175,7 @@ def config_fingerprint(config: TokenmillConfig) -> str:
             "cache": True,
             "planning": True,
             "serve": True,
+            "tenants": {"__all__": {"api_keys"}},  # who may call the API changes no output
         },
     )
     if any(t.adapter for t in config.tenants.values()):

@@ -14,13 +14,15 @@ class ServeConfig(Section):
         200 << 20, gt=0, description="Largest upload (`POST /v1/files`) accepted; larger ones are refused (413)."
     )
     max_requests: int = Field(
-        50_000, gt=0, description="Most request lines in one batch's input file; a larger file is refused at creation."
+        50_000,
+        gt=0,
+        description="Most request lines in one batch's input file; a batch over it fails while `validating`.",
     )
     completion_windows: list[str] = Field(
-        default_factory=lambda: ["24h"],
+        ["24h"],
         description=(
-            "`completion_window` values a batch may ask for. A batch not finished within its window is `expired`: "
-            "what finished is returned, the rest is in the error file as `batch_expired`."
+            "`completion_window` values a batch may ask for (of 24h, 48h, 7d). A batch not finished within its "
+            "window is `expired`: what committed is returned, the rest is in the error file as `not_run`."
         ),
     )
     poll_seconds: float = Field(

@@ -232,9 +232,9 @@ class TenantConfig(Section):
     api_keys: list[str] = Field(
         default_factory=list,
         description=(
-            "SHA-256 digests (hex) of the bearer keys that act as this tenant on `tokenmill serve` (`tokenmill serve "
-            "key` makes one). Keys themselves are never stored; a key sees and touches only its tenant's files "
-            "and batches."
+            "SHA-256 digests (hex) of the bearer keys that act as this tenant on `tokenmill serve` "
+            "(`tokenmill api-key` makes one). Keys themselves are never stored; a key sees and touches only "
+            "its tenant's files and batches."
         ),
     )
 
@@ -243,5 +243,5 @@ class TenantConfig(Section):
     def _digests(cls, keys: list[str]) -> list[str]:
         for k in keys:
             if len(k) != 64 or any(c not in "0123456789abcdef" for c in k):
-                raise ValueError("api_keys holds SHA-256 hex digests of keys (tokenmill serve key), never keys")
+                raise ValueError("api_keys holds SHA-256 hex digests of keys (tokenmill api-key), never keys")
         return keys

@@ -37,7 +37,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import xxhash
 
-from pipeline.config import DedupConfig
+from pipeline.config import DedupConfig, SamplingConfig
 from pipeline.dedup import guards, minhash, neighbours
 from pipeline.dedup.sketch import Embedder, embedding_matrix, signature_matrix, sketch_records
 from pipeline.keys import clean_text, compile_boilerplate, content_hash, key_bytes, request_scope, tenant_scope
@@ -96,7 +96,12 @@ class DedupStats:
         }
 
 
-def add_content_hashes(records: pa.Table, config: DedupConfig, own_scope: frozenset[str] = frozenset()) -> pa.Table:
+def add_content_hashes(
+    records: pa.Table,
+    config: DedupConfig,
+    own_scope: frozenset[str] = frozenset(),
+    sampling: SamplingConfig | None = None,
+) -> pa.Table:
     """Add `scope` and `content_hash`: equal for exact duplicates; the record's id joins it when exact dedup is off.
 
     `own_scope`: tenants that keep their own scope even when listed in `shared_tenants` (those with a
@@ -105,7 +110,9 @@ def add_content_hashes(records: pa.Table, config: DedupConfig, own_scope: frozen
     boilerplate = compile_boilerplate(config.boilerplate_patterns)
     scopes = [tenant_scope(t, shared) for t in records["tenant"].to_pylist()]
     if "request" in records.column_names and records["request"].null_count < records.num_rows:
-        scopes = [s if r is None else request_scope(s, r) for s, r in zip(scopes, records["request"].to_pylist())]
+        sampling = sampling or SamplingConfig()
+        requests = records["request"].to_pylist()
+        scopes = [s if r is None else request_scope(s, r, sampling) for s, r in zip(scopes, requests)]
     hashes = [
         content_hash(s, x, config.case_fold, boilerplate)
         if config.exact

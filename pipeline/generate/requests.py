@@ -30,7 +30,9 @@ REQUESTS = pa.schema(
         ),  # prompt tokens shared with its neighbour in sorted order: what prefix caching can skip
     ]
 )
-TOO_LONG = pa.schema([("id", pa.string()), ("detail", pa.string())])
+# Rows that cannot be sent: their prompt does not fit (`too_long`), or a batch request's messages are refused by
+# the model's chat template (`invalid_request`: e.g. roles that do not alternate).
+TOO_LONG = pa.schema([("id", pa.string()), ("detail", pa.string()), ("reason", pa.string())])
 
 
 class Tokenizer(Protocol):
@@ -68,24 +70,31 @@ def render_prompts(tokenizer: Tokenizer, texts: list[str], prompt: PromptConfig)
     return [render(t) for t in texts]
 
 
-def render_rows(tokenizer: Tokenizer, texts: list[str], requests: list[str | None], prompt: PromptConfig) -> list[str]:
-    """Each row's prompt: a document in the prompt template (render_prompts); a batch request's own messages
-    with the text in the document's slot, or a completion request's prompt as given."""
-    out = [None] * len(texts)
+def render_rows(
+    tokenizer: Tokenizer, texts: list[str], requests: list[str | None], prompt: PromptConfig
+) -> tuple[list[str | None], dict[int, str]]:
+    """(each row's prompt, why a row has none). A document goes in the prompt template (render_prompts); a batch
+    request's own messages take the text in the document's slot, or a completion request's prompt is given
+    as is. A request whose messages the model's chat template refuses gets no prompt, only the reason."""
+    out: list[str | None] = [None] * len(texts)
+    refused: dict[int, str] = {}
     documents = [i for i, r in enumerate(requests) if r is None]
     for i, rendered in zip(documents, render_prompts(tokenizer, [texts[i] for i in documents], prompt)):
         out[i] = rendered
     for i, request in enumerate(requests):
-        if request is not None:
-            parsed = json.loads(request)
-            out[i] = (
-                texts[i]
-                if parsed["messages"] is None
-                else tokenizer.apply_chat_template(
-                    messages_for(parsed, texts[i]), tokenize=False, add_generation_prompt=True
-                )
+        if request is None:
+            continue
+        parsed = json.loads(request)
+        if parsed["messages"] is None:
+            out[i] = texts[i]
+            continue
+        try:
+            out[i] = tokenizer.apply_chat_template(
+                messages_for(parsed, texts[i]), tokenize=False, add_generation_prompt=True
             )
-    return out
+        except Exception as e:  # Jinja's raise_exception, or a template's own checks: this request only
+            refused[i] = f"the model's chat template refused the messages: {e}"[:500]
+    return out, refused
 
 
 def requested_max_tokens(request: str | None, default: int) -> int:
@@ -104,13 +113,17 @@ def build_requests(
     """(requests, too_long) for the representatives in `records` (rows with `duplicate_of` null)."""
     reps = records.filter(pc.is_null(records["duplicate_of"]))
     requests: list[pa.Table] = []
-    too_long_ids, too_long_detail = [], []
+    unfit: list[tuple[str, str, str]] = []  # (id, detail, reason)
     for tier in sorted(set(reps["tier"].to_pylist())):
         tier_reps = reps.filter(pc.equal(reps["tier"], tier))
         tok, context = tokenizers[tier], context_lengths[tier]
         n = tier_reps.num_rows
         asks = tier_reps["request"].to_pylist() if "request" in tier_reps.column_names else [None] * n
-        rendered = render_rows(tok, tier_reps["text"].to_pylist(), asks, prompt)
+        rendered, refused = render_rows(tok, tier_reps["text"].to_pylist(), asks, prompt)
+        ids_of = tier_reps["id"].to_pylist()
+        for i, why in refused.items():
+            unfit.append((ids_of[i], why, "invalid_request"))
+        rendered = [r if r is not None else "" for r in rendered]
         # A generation may ask for its own output budget (a schema retry asks for twice the usual), else
         # its batch request's, else the config's.
         own = tier_reps["max_tokens"].to_pylist() if "max_tokens" in tier_reps.column_names else [None] * n
@@ -118,10 +131,11 @@ def build_requests(
         budget = dict(zip(tier_reps["id"].to_pylist(), wanted))
         token_ids = tokenize(tok, rendered)
         kept = []
-        for id_, ids in zip(tier_reps["id"].to_pylist(), token_ids):
+        for n_row, (id_, ids) in enumerate(zip(ids_of, token_ids)):
+            if n_row in refused:
+                continue
             if len(ids) >= context:  # at least one output token must fit
-                too_long_ids.append(id_)
-                too_long_detail.append(f"{len(ids)} prompt tokens; tier {tier} context is {context}")
+                unfit.append((id_, f"{len(ids)} prompt tokens; tier {tier} context is {context}", "too_long"))
             else:
                 kept.append((ids, id_))
         # What prefix sharing allows in theory: each prompt's common prefix with its neighbour in sorted order.
@@ -146,7 +160,7 @@ def build_requests(
             )
         )
     table = pa.concat_tables(requests) if requests else REQUESTS.empty_table()
-    return table, pa.table({"id": too_long_ids, "detail": too_long_detail}, schema=TOO_LONG)
+    return table, pa.Table.from_pylist([dict(zip(TOO_LONG.names, u)) for u in unfit], schema=TOO_LONG)
 
 
 def tokenize(tokenizer: Tokenizer, texts: list[str]) -> list[list[int]]:

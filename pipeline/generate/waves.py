@@ -120,8 +120,10 @@ class WavePlanner:
         if chunks:
             chunk_requests, still_long = engine_requests(_table(chunks), self.config, self.pool)
             chunk_by_id = {u["id"]: u for u in chunks}
-            for i, d in zip(still_long["id"].to_pylist(), still_long["detail"].to_pylist()):
-                state.failed.setdefault(chunk_by_id[i]["item_key"], ["too_long", d, record_id(chunk_by_id[i])])
+            for u in still_long.to_pylist():
+                state.failed.setdefault(
+                    chunk_by_id[u["id"]]["item_key"], [u["reason"], u["detail"], record_id(chunk_by_id[u["id"]])]
+                )
             rows += [{**r, "generation": chunk_by_id[r["id"]]} for r in chunk_requests.to_pylist()]
         state.waiting = sorted({r["generation"]["item_key"] for r in rows})
         return rows
@@ -129,11 +131,13 @@ class WavePlanner:
     def split_too_long(self, state: WaveState, too_long: pa.Table, by_id: dict[str, dict]) -> list[dict]:
         """Map step for documents too long for the context (or `too_long` when chunking is off)."""
         c, pieces_of = self.config, []
-        for i, d in zip(too_long["id"].to_pylist(), too_long["detail"].to_pylist()):
-            gen = by_id[i]
+        for u in too_long.to_pylist():
+            gen, d = by_id[u["id"]], u["detail"]
             if gen.get("escalation") or gen.get("retry"):
                 continue  # a follow-up that does not fit: the earlier output stands
-            if c.requests.long_documents == "chunk" and not is_chunk(gen) and not gen.get("chunks"):
+            if u["reason"] != "too_long":  # a request its model cannot render: no piece of it would do
+                state.failed.setdefault(gen["item_key"], [u["reason"], d, record_id(gen)])
+            elif c.requests.long_documents == "chunk" and not is_chunk(gen) and not gen.get("chunks"):
                 pieces = split_for_context(
                     gen["text"],
                     self.pool.tokenizer(gen["tier"]),

@@ -155,12 +155,14 @@ def _messages(body: dict, fmt: str) -> tuple[list[dict], int, str]:
     if fmt == "anthropic" and body.get("system") is not None:
         messages.append({"role": "system", "content": _content(body["system"], "`system`")})
     for i, m in enumerate(raw):
-        if not isinstance(m, dict) or m.get("role") not in ROLES:
-            role = m.get("role") if isinstance(m, dict) else None
+        role = m.get("role") if isinstance(m, dict) else None
+        if not isinstance(role, str) or role not in ROLES:
             raise RequestError("unsupported_request", f"message {i}: role {role!r} (system, user, assistant only)")
         if fmt == "anthropic" and ROLES[m["role"]] == "system":
             raise RequestError("invalid_request", f"message {i}: Anthropic requests put the system prompt in `system`")
         messages.append({"role": ROLES[m["role"]], "content": _content(m.get("content"), f"message {i}")})
+    if messages[-1]["role"] == "assistant":
+        raise RequestError("unsupported_request", "a final assistant message (a prefill to continue)")
     users = [i for i, m in enumerate(messages) if m["role"] == "user"]
     if not users:
         raise RequestError("invalid_request", "no user message")
@@ -187,8 +189,15 @@ def _number(body: dict, name: str, low: float, high: float) -> float | None:
     value = body.get(name)
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
         raise RequestError("invalid_request", f"`{name}` is not a number")
+    if (
+        isinstance(value, int)
+        and not -(2**53) <= value <= 2**53
+        or isinstance(value, float)
+        and not math.isfinite(value)
+    ):
+        raise RequestError("invalid_request", f"`{name}` is out of range")
     if not low <= value <= high:
         raise RequestError("invalid_request", f"`{name}` is {value}; it must be within [{low}, {high}]")
     return value
@@ -241,7 +250,8 @@ def _response_format(value) -> dict | None:
     if kind == "json_object":
         return {"type": "object"}
     if kind == "json_schema":
-        schema = (value.get("json_schema") or {}).get("schema")
+        inner = value.get("json_schema")
+        schema = inner.get("schema") if isinstance(inner, dict) else None
         if not isinstance(schema, dict):
             raise RequestError("invalid_request", "`response_format.json_schema.schema` is not an object")
         return schema

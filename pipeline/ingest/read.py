@@ -248,21 +248,21 @@ def _add_object(rows: _Rows, position: int, line: int | None, obj: dict, raw, ch
 
 def _add_request(rows: _Rows, position: int, line: int, obj: dict, raw, check_unicode: bool) -> None:
     """One line of a batch file (ingest/batch.py): a record whose `request` holds what it asks."""
+    custom_id = obj.get("custom_id")
+    custom_id = custom_id if isinstance(custom_id, str) else None
+    if _nesting(obj) > MAX_NESTING:  # later stages parse the request again, with less recursion left
+        detail = f"the request is nested deeper than {MAX_NESTING} levels"
+        rows.add(position, line, id=custom_id, error="too_deeply_nested", detail=detail, raw=raw)
+        return
     try:
         record = parse_request(obj, rows.format)
-    except RecursionError:  # a schema or message nested deeper than the encoder recurses
-        rows.add(position, line, error="too_deeply_nested", detail="the request nests too deeply", raw=raw)
-        return
     except RequestError as e:
-        custom_id = obj.get("custom_id")
-        rows.add(
-            position,
-            line,
-            id=custom_id if isinstance(custom_id, str) else None,
-            error=e.reason,
-            detail=e.detail,
-            raw=raw,
-        )
+        rows.add(position, line, id=custom_id, error=e.reason, detail=e.detail, raw=raw)
+        return
+    except (TypeError, ValueError, AttributeError, OverflowError, RecursionError) as e:
+        # The net under parse_request's own checks: a value of a shape none of them foresaw.
+        detail = f"a field of an unexpected type or size ({type(e).__name__})"
+        rows.add(position, line, id=custom_id, error="invalid_request", detail=detail, raw=raw)
         return
     if check_unicode:
         detail = _unicode_problem({k: record[k] for k in ("id", "text", "tenant", "request")})

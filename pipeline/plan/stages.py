@@ -193,7 +193,7 @@ def validate(table: pa.Table, ctx: StageContext) -> pa.Table:
 
 def content_hashes(table: pa.Table, ctx: StageContext) -> pa.Table:
     adapted = frozenset(n for n, t in ctx.config.tenants.items() if t.adapter is not None)
-    return add_content_hashes(table, ctx.config.dedup, adapted)
+    return add_content_hashes(table, ctx.config.dedup, adapted, ctx.config.sampling)
 
 
 def route(table: pa.Table, ctx: StageContext) -> pa.Table:

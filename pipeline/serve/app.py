@@ -56,7 +56,7 @@ def key_digest(key: str) -> str:
 
 def public(batch: dict) -> dict:
     """The batch object a client sees: OpenAI's fields, and tokenmill's extension."""
-    out = {k: v for k, v in batch.items() if k not in ("tenant", "cost_usd", "cancel_requested")}
+    out = {k: v for k, v in batch.items() if k not in ("tenant", "cost_usd", "cancel_requested", "attempts")}
     if batch["status"] in ACTIVE and batch.get("cancel_requested"):
         out["status"] = "cancelling"
     out["tokenmill"] = {"job_id": batch["id"], "cost_usd": batch.get("cost_usd")}
@@ -67,9 +67,63 @@ def public_file(meta: dict) -> dict:
     return {k: v for k, v in meta.items() if k not in ("tenant", "content", "deleted")}
 
 
+class _TooLarge(Exception):
+    pass
+
+
+def _error_body(message: str, code: str) -> dict:
+    return {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": code}}
+
+
+class Guard:
+    """Before any route reads a body: the bearer key must name a tenant (401), and the body may not exceed
+    its cap (413), counted as it streams in, whatever `content-length` says (a chunked upload has none).
+    Uploads may carry `serve.max_file_bytes` plus the multipart envelope; any other body MAX_BODY."""
+
+    MAX_BODY = 1 << 20
+
+    def __init__(self, app, tenants: dict[str, str], limits: ServeConfig):
+        self.app, self.tenants, self.limits = app, tenants, limits
+
+    async def __call__(self, scope, receive, send):
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        headers = {k.lower(): v for k, v in scope["headers"]}
+        scheme, _, key = headers.get(b"authorization", b"").decode("latin-1").partition(" ")
+        if scheme.lower() != "bearer" or key_digest(key.strip()) not in self.tenants:
+            body = _error_body("no API key, or an unknown one: send Authorization: Bearer <key>", "invalid_api_key")
+            return await JSONResponse(body, status_code=401)(scope, receive, send)
+        upload = scope["method"] == "POST" and scope["path"] == "/v1/files"
+        cap = self.limits.max_file_bytes + 65536 if upload else self.MAX_BODY
+        too_large = _error_body(f"request body over {cap} bytes (serve.max_file_bytes for uploads)", "too_large")
+        if int(headers.get(b"content-length") or 0) > cap:
+            return await JSONResponse(too_large, status_code=413)(scope, receive, send)
+        received, started = 0, False
+
+        async def counted():
+            nonlocal received
+            message = await receive()
+            received += len(message.get("body", b""))
+            if received > cap:
+                raise _TooLarge
+            return message
+
+        async def sending(message):
+            nonlocal started
+            started = True
+            await send(message)
+
+        try:
+            await self.app(scope, counted, sending)
+        except _TooLarge:
+            if not started:
+                await JSONResponse(too_large, status_code=413)(scope, receive, send)
+
+
 def create_app(config: TokenmillConfig, store: ApiStore) -> FastAPI:
     app = FastAPI(title="tokenmill Batch API", docs_url=None, redoc_url=None)
     tenants = {digest: name for name, t in config.tenants.items() for digest in t.api_keys}
+    app.add_middleware(Guard, tenants=tenants, limits=config.serve)
 
     @app.exception_handler(ApiError)
     async def api_error(request: Request, e: ApiError):
@@ -121,9 +175,8 @@ def _file_routes(app: FastAPI, store: ApiStore, limits: ServeConfig, tenant) -> 
 
     @app.post("/v1/files")
     async def upload(request: Request, who: str = Depends(tenant)):
-        if int(request.headers.get("content-length") or 0) > limits.max_file_bytes + 65536:  # + the envelope
-            raise ApiError(413, too_large, "too_large")
-        form = await request.form(max_part_size=limits.max_file_bytes)
+        # One file part and one field (`purpose`); the Guard caps the bytes of the whole body.
+        form = await request.form(max_files=1, max_fields=2, max_part_size=1024)
         upload, purpose = form.get("file"), form.get("purpose")
         if purpose != "batch":
             raise ApiError(400, f"purpose {purpose!r}: only `batch` files are accepted", "invalid_purpose", "purpose")

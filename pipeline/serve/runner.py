@@ -30,10 +30,14 @@ from pipeline.config import TokenmillConfig, tokenmill_home
 from pipeline.job.orchestrate import job_manifest
 from pipeline.serve.store import ApiStore
 from pipeline.stores import storage
+from pipeline.stores.catalog import StateStore
 
 log = logging.getLogger(__name__)
 
 ACTIVE = ("validating", "in_progress", "finalizing", "cancelling")
+MAX_ATTEMPTS = 3  # runs of a batch's job that exit with an error before the batch is finalised with what it has
+MAX_FAULTS = 5  # passes in a row that fail on one batch (storage, catalog) before it is failed, unblocking the queue
+JOB_FAILED = "the batch's job failed; the server's log names the cause (look for the batch id)"
 WINDOWS = {"24h": 24 * 3600, "48h": 48 * 3600, "7d": 7 * 24 * 3600}  # completion windows the runner can time
 
 
@@ -57,6 +61,7 @@ class BatchRunner:
         self.child: subprocess.Popen | None = None
         self.child_of: str | None = None  # the batch the child runs
         self.stop = threading.Event()
+        self.faults: dict[str, int] = {}  # batch id -> passes in a row that raised on it
         self.thread = threading.Thread(target=self._loop, name="batch-runner", daemon=True)
 
     def start(self) -> None:
@@ -78,30 +83,51 @@ class BatchRunner:
             self.stop.wait(self.config.serve.poll_seconds)
 
     def step(self) -> None:
-        """One pass: advance the oldest active batch (one job at a time: one set of engines)."""
+        """One pass: end every active batch asked to cancel or past its window, wherever it is in the queue;
+        then advance the oldest (one job at a time: one set of engines)."""
         active = [b for b in reversed(self.store.batches()) if b["status"] in ACTIVE]
+        now = int(time.time())
+        for batch in active[1:]:
+            if self.store.cancel_asked(batch["id"]) or now >= batch["expires_at"]:
+                self.guarded(batch)
         if active:
-            self.advance(active[0])
+            self.guarded(active[0])
+
+    def guarded(self, batch: dict) -> None:
+        """Advance `batch`; one that fails MAX_FAULTS passes in a row is failed, so it cannot block the queue."""
+        try:
+            self.advance(batch)
+            self.faults.pop(batch["id"], None)
+        except Exception:
+            self.faults[batch["id"]] = n = self.faults.get(batch["id"], 0) + 1
+            log.exception("batch %s: pass %d failed", batch["id"], n)
+            if n >= MAX_FAULTS:
+                self._kill(batch["id"])
+                batch.update(status="failed", failed_at=int(time.time()), errors=_errors("job_failed", JOB_FAILED))
+                self.store.put_batch(batch)
 
     def advance(self, batch: dict) -> None:
         now = int(time.time())
-        if batch["status"] == "validating":
-            self.validate(batch, now)
-        elif self.store.cancel_asked(batch["id"]):
+        if self.store.cancel_asked(batch["id"]):
             batch["cancelling_at"] = batch.get("cancelling_at") or now
-            self.store.put_batch(batch)
-            self._kill()
+            self._kill(batch["id"])
             self.finish(batch, "cancelled")
         elif now >= batch["expires_at"]:
-            self._kill()
+            self._kill(batch["id"])
             self.finish(batch, "expired")
+        elif batch["status"] == "validating":
+            self.validate(batch, now)
         elif batch["status"] == "finalizing":
             self.finish(batch, "completed")
         elif self.child is None or self.child_of != batch["id"]:
             self._kill()
             self.launch(batch)
         elif self.child.poll() is not None:
+            code = self.child.returncode
             self.child, self.child_of = None, None
+            if code != 0 and batch.get("attempts", 0) < MAX_ATTEMPTS:
+                log.warning("batch %s: its job exited %d; running it again (it continues)", batch["id"], code)
+                return  # launched again on the next pass
             self.finish(batch, "completed")
 
     def validate(self, batch: dict, now: int) -> None:
@@ -111,7 +137,7 @@ class BatchRunner:
             problem = ("invalid_file", f"input file {batch['input_file_id']} no longer exists")
         else:
             data = self.store.content(meta)
-            lines = sum(1 for line in data.splitlines() if line.strip())
+            lines = sum(1 for line in data.split(b"\n") if line.strip())  # as the reader counts them
             if lines == 0:
                 problem = ("empty_file", "the input file holds no request")
             elif lines > self.config.serve.max_requests:
@@ -129,7 +155,12 @@ class BatchRunner:
         """The batch's job in a child process (again, after a restart: the job continues)."""
         path = self.workdir / f"{batch['id']}.yaml"
         config = job_config(self.config, self.store, batch)
-        path.write_text(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+        # The config whole, its secrets expanded: readable by this user alone, deleted when the batch ends.
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+        batch["attempts"] = batch.get("attempts", 0) + 1
+        self.store.put_batch(batch)
         command = [sys.executable, "-m", "pipeline.cli", "run", "--config", str(path), "--job-id", batch["id"]]
         # The config is whole in the file: no TOKENMILL_* override of the server's environment applies twice.
         env = {k: v for k, v in os.environ.items() if not k.startswith("TOKENMILL_") or k == "TOKENMILL_HOME"}
@@ -139,7 +170,10 @@ class BatchRunner:
         out.close()
         log.info("batch %s: job started (pid %d)", batch["id"], self.child.pid)
 
-    def _kill(self) -> None:
+    def _kill(self, batch_id: str | None = None) -> None:
+        """Stop the child (only when it runs `batch_id`, if given)."""
+        if batch_id is not None and self.child_of != batch_id:
+            return
         if self.child is not None and self.child.poll() is None:
             os.killpg(self.child.pid, signal.SIGTERM)  # the child and its engines' processes
             try:
@@ -155,18 +189,20 @@ class BatchRunner:
         if batch["status"] != "finalizing":
             batch.update(status="finalizing", finalizing_at=now)
             self.store.put_batch(batch)
-        try:
-            manifest = job_manifest(job_config(self.config, self.store, batch), batch["id"])
-        except Exception as e:  # no job at all (it failed before planning): nothing to return
-            batch.update(
-                status="failed", failed_at=now, errors=_errors("job_failed", _last_lines(self.workdir, batch, e))
-            )
-            self.store.put_batch(batch)
+        (self.workdir / f"{batch['id']}.yaml").unlink(missing_ok=True)
+        config = job_config(self.config, self.store, batch)
+        if StateStore(config.state.url).job(batch["id"]) is None:  # its job never began: nothing was paid
+            self.end_unstarted(batch, status, now)
             return
+        manifest = job_manifest(config, batch["id"])
         results = manifest.get("batches", {}).get("input.jsonl")
-        if results is None:
-            batch.update(status="failed", failed_at=now, errors=_errors("job_failed", _last_lines(self.workdir, batch)))
-            self.store.put_batch(batch)
+        if results is None:  # planning never finished: nothing answered
+            log.error("batch %s: its job wrote no results; its log: %s", batch["id"], _last_line(self.workdir, batch))
+            if status == "completed":
+                batch.update(status="failed", failed_at=now, errors=_errors("job_failed", JOB_FAILED))
+                self.store.put_batch(batch)
+            else:
+                self.end_unstarted(batch, status, now)
             return
         for kind, key in (("output", "output_file_id"), ("errors", "error_file_id"), ("results", "output_file_id")):
             path = results["files"].get(kind)
@@ -191,15 +227,21 @@ class BatchRunner:
         self.store.put_batch(batch)
         log.info("batch %s: %s, %s", batch["id"], status, json.dumps(batch["request_counts"]))
 
+    def end_unstarted(self, batch: dict, status: str, now: int) -> None:
+        """A batch cancelled or expired before its job answered anything: every request unanswered."""
+        counts = batch["request_counts"]
+        batch["request_counts"] = {**counts, "completed": 0, "failed": counts["total"]}
+        at = {"cancelled": "cancelled_at", "expired": "expired_at", "completed": "failed_at"}[status]
+        batch.update(status="failed" if status == "completed" else status, **{at: now})
+        self.store.put_batch(batch)
+
 
 def _errors(code: str, message: str) -> dict:
     return {"object": "list", "data": [{"code": code, "message": message, "param": None, "line": None}]}
 
 
-def _last_lines(workdir: Path, batch: dict, error: Exception | None = None) -> str:
-    """Why the batch's job failed, for its errors: the exception, or the last lines of its log."""
-    if error is not None:
-        return f"{type(error).__name__}: {error}"[:1000]
+def _last_line(workdir: Path, batch: dict) -> str:
+    """The last line of the batch's job log, for the server's log (never for the tenant: it may name paths)."""
     try:
         return (workdir / f"{batch['id']}.log").read_text(errors="replace").strip().splitlines()[-1][:1000]
     except (OSError, IndexError):

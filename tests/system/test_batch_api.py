@@ -9,6 +9,7 @@ import threading
 import time
 from pathlib import Path
 
+import httpx
 import openai
 import pyarrow.parquet as pq
 import pytest
@@ -126,7 +127,7 @@ def test_the_openai_sdk_runs_a_batch_and_the_same_file_again_costs_nothing(confi
 
 
 def test_a_key_sees_and_touches_only_its_own_tenants_objects(config_for, tmp_path):
-    with Server(config_for(), tmp_path / "serve") as server:
+    with Server(config_for(serve__max_file_bytes=65536), tmp_path / "serve") as server:
         acme, globex = server.client("acme"), server.client("globex")
         uploaded = acme.files.create(file=batch_file(tmp_path, [chat("a", DOC)]).open("rb"), purpose="batch")
         batch = acme.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h")
@@ -140,12 +141,26 @@ def test_a_key_sees_and_touches_only_its_own_tenants_objects(config_for, tmp_pat
             lambda: globex.batches.create(
                 input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="24h"
             ),
-            lambda: globex.files.retrieve("file-../../_api/batches/x"),
         ):
             with pytest.raises(openai.NotFoundError):
                 call()
         with pytest.raises(openai.AuthenticationError):
             server.client(key="tm-not-a-key").files.list()
+        # An id is never a path: the store refuses one that names another object's file.
+        assert server.store.file("acme", "file-../../_api/batches/x") is None
+        assert server.store.batch(None, "batch-../files/x") is None
+        # The key is checked before any body is read, and a body is capped as it streams in (chunked: no length).
+        url = f"http://127.0.0.1:{server.port}/v1"
+        assert httpx.post(f"{url}/batches", content=b"{" * (4 << 20)).status_code == 401
+        acme_key = {"Authorization": f"Bearer {KEYS['acme']}", "Content-Type": "multipart/form-data; boundary=b"}
+
+        def chunked():  # a well-formed upload of 512 KiB, over the 64 KiB cap
+            yield b'--b\r\nContent-Disposition: form-data; name="file"; filename="a.jsonl"\r\n\r\n'
+            for _ in range(64):
+                yield b"x" * 8192
+            yield b"\r\n--b--\r\n"
+
+        assert httpx.post(f"{url}/files", headers=acme_key, content=chunked()).status_code == 413
         with pytest.raises(openai.BadRequestError, match="completion_window"):
             acme.batches.create(input_file_id=uploaded.id, endpoint="/v1/chat/completions", completion_window="1h")
         with pytest.raises(openai.BadRequestError, match="endpoint"):
@@ -187,6 +202,11 @@ def test_cancel_mid_run_keeps_what_was_paid_for(config_for, tmp_path):
     config = config_for(tiers__small__fake__stall_after=3)
     with Server(config, tmp_path / "serve") as server:
         client, batch, lines = stalled_batch(server, tmp_path, 3)
+        # A batch queued behind it is cancelled where it stands, without running.
+        queued = submit(client, batch_file(tmp_path, [chat("q", DOC)], "queued.jsonl"))
+        client.batches.cancel(queued.id)
+        ended = wait_for(client, queued.id, ("cancelled",))
+        assert ended.output_file_id is None and ended.request_counts.completed == 0
         assert client.batches.cancel(batch.id).status == "cancelling"
         cancelled = wait_for(client, batch.id, ("cancelled",))
         assert cancelled.cancelling_at and cancelled.cancelled_at

@@ -89,12 +89,67 @@ def test_keys_depend_on_the_template_and_sampling_never_on_the_model_name():
         return parse_request(line(**body), "openai")["request"]
 
     base, sampling = request(), SamplingConfig()
-    assert request_scope("t=a", base) == request_scope("t=a", request(model="other-name"))
-    assert request_scope("t=a", base) != request_scope("t=a", request(temperature=0.3))
-    assert request_scope("t=a", base).startswith("r=") and request_scope("t=a", base).endswith(":t=a")
+    scope = request_scope("t=a", base, sampling)
+    assert scope == request_scope("t=a", request(model="other-name"), sampling)
+    assert scope == request_scope("t=a", request(temperature=0.0), sampling)  # the effective value is the default's
+    assert scope != request_scope("t=a", request(temperature=0.3), sampling)
+    assert scope.startswith("r=") and scope.endswith(":t=a")
     recipe = request_recipe_hash("model-path", base, sampling, None)
     assert recipe == request_recipe_hash("model-path", request(model="other-name"), sampling, None)
     assert recipe != request_recipe_hash("model-path", request(seed=4), sampling, None)
     assert recipe != request_recipe_hash("model-path", base, sampling, "adapter-digest")
     assert request_sampling(sampling, request(max_tokens=7, top_p=0.5)).max_tokens == 7
     assert request_sampling(sampling, None) is sampling
+    # The config's output schema and stop strings are for documents: a request gets them only when it asks.
+    strict = SamplingConfig(json_schema={"type": "object"}, stop=["END"])
+    assert request_sampling(strict, base).json_schema is None and request_sampling(strict, base).stop == []
+    asked = request(response_format={"type": "json_object"})
+    assert request_sampling(strict, asked).json_schema == {"type": "object"}
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"messages": [{"role": ["user"], "content": "x"}]},
+        {"temperature": 10**400},
+        {"response_format": {"type": "json_schema", "json_schema": "x"}},
+        {"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "Sure"}]},
+        {"seed": 2**70},
+    ],
+)
+def test_a_hostile_request_line_is_a_quarantine_row_never_a_traceback(body, tmp_path):
+    """Each of these once escaped the parser's checks (a list as a role, a 400-digit number, a string where
+    an object belongs); the reader quarantines the line and reads on."""
+    from pipeline.config import InputConfig
+    from pipeline.ingest.read import FileReader
+    from pipeline.stores import storage
+
+    nested = {**line(), "body": {**line()["body"], "metadata": {"deep": json.loads("[" * 150 + "]" * 150)}}}
+    lines = [line(**body), nested, line()]
+    (tmp_path / "b.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    table = FileReader(storage.resolve(str(tmp_path)), "b.jsonl", str(tmp_path / "b.jsonl"), InputConfig()).table()
+    errors = table["read_error"].to_pylist()
+    assert errors[0] in ("invalid_request", "unsupported_request") and errors[1] == "too_deeply_nested"
+    assert errors[2] is None and table["request"][2].as_py() is not None
+
+
+def test_a_request_its_models_chat_template_refuses_is_refused_alone():
+    from pipeline.config import PromptConfig
+    from pipeline.generate.requests import render_rows
+
+    class Template:
+        def apply_chat_template(self, messages, tokenize, add_generation_prompt):
+            if [m["role"] for m in messages][:2] == ["user", "assistant"] and len(messages) > 2:
+                raise ValueError("Conversation roles must alternate user/assistant/user/assistant")
+            return "|".join(m["content"] for m in messages)
+
+    turns = [
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": "hello"},
+        {"role": "user", "content": "d"},
+    ]
+    fine = parse_request(line(), "openai")["request"]
+    refused = parse_request(line(messages=turns), "openai")["request"]
+    out, why = render_rows(Template(), ["doc a", "doc b"], [fine, refused], PromptConfig())
+    assert out[0] == "Be brief.|doc a" and out[1] is None
+    assert "alternate" in why[1] and 0 not in why
