@@ -125,7 +125,7 @@ class BatchRunner:
         elif self.child.poll() is not None:
             code = self.child.returncode
             self.child, self.child_of = None, None
-            if code != 0 and batch.get("attempts", 0) < MAX_ATTEMPTS:
+            if code != 0 and batch.get("attempts", 0) < MAX_ATTEMPTS and not self.refused(batch):
                 log.warning("batch %s: its job exited %d; running it again (it continues)", batch["id"], code)
                 return  # launched again on the next pass
             self.finish(batch, "completed")
@@ -191,8 +191,15 @@ class BatchRunner:
             self.store.put_batch(batch)
         (self.workdir / f"{batch['id']}.yaml").unlink(missing_ok=True)
         config = job_config(self.config, self.store, batch)
-        if StateStore(config.state.url).job(batch["id"]) is None:  # its job never began: nothing was paid
+        job = StateStore(config.state.url).job(batch["id"])
+        if job is None:  # its job never began: nothing was paid
             self.end_unstarted(batch, status, now)
+            return
+        if job.status == "refused":  # a budget cap: the job's estimate says by how much, before any GPU work
+            counts = batch["request_counts"]
+            batch["request_counts"] = {**counts, "completed": 0, "failed": counts["total"]}
+            batch.update(status="failed", failed_at=now, errors=_errors("budget_exceeded", job.error or "budget"))
+            self.store.put_batch(batch)
             return
         manifest = job_manifest(config, batch["id"])
         results = manifest.get("batches", {}).get("input.jsonl")
@@ -226,6 +233,11 @@ class BatchRunner:
         batch.update(status=status, **{at: now})
         self.store.put_batch(batch)
         log.info("batch %s: %s, %s", batch["id"], status, json.dumps(batch["request_counts"]))
+
+    def refused(self, batch: dict) -> bool:
+        """Whether the batch's job was refused at a budget cap (running it again would be refused again)."""
+        job = StateStore(self.config.state.url).job(batch["id"])
+        return job is not None and job.status == "refused"
 
     def end_unstarted(self, batch: dict, status: str, now: int) -> None:
         """A batch cancelled or expired before its job answered anything: every request unanswered."""

@@ -235,3 +235,13 @@ def test_a_restarted_server_resumes_its_batch_and_pays_nothing_twice(config_for,
         generated = [r for r in ledger if r["kind"] == "output" and r["source"] == "generated"]
         assert len(generated) == len({r["id"] for r in generated}) == len(lines)
         assert all(r["attempts"] == 1 for r in generated)
+
+
+def test_a_batch_over_its_tenants_budget_is_refused_with_the_estimate_before_any_gpu_work(config_for, tmp_path):
+    with Server(config_for(budget__default_tenant_usd=1e-9), tmp_path / "serve") as server:
+        client = server.client()
+        done = wait_for(client, submit(client, batch_file(tmp_path, batch_lines())).id, ("failed", "completed"))
+        assert done.status == "failed" and done.errors.data[0].code == "budget_exceeded"
+        assert "estimated" in done.errors.data[0].message and "acme" in done.errors.data[0].message
+        assert done.request_counts.completed == 0 and done.request_counts.failed == done.request_counts.total == 13
+        assert done.output_file_id is None
