@@ -21,6 +21,7 @@ import xxhash
 
 from pipeline.config import TokenmillConfig
 from pipeline.ingest.read import FileReader
+from pipeline.output.commit import relative
 from pipeline.schema import REASONS
 from pipeline.stores import storage
 
@@ -60,7 +61,7 @@ def write_batch_results(
             storage.write_bytes_atomic(out, path, body.encode())
         summary[file] = {
             "format": fmt,
-            "files": {k: p[len(out.path.rstrip("/")) + 1 :] for k, p in paths.items()},
+            "files": {k: relative(out, p) for k, p in paths.items()},
             "request_counts": counts,
         }
     return summary

@@ -18,6 +18,7 @@ import time
 
 import pyarrow.fs as pafs
 
+from pipeline.output.commit import relative
 from pipeline.stores import storage
 
 
@@ -61,7 +62,7 @@ class ApiStore:
             "purpose": purpose,
             "status": "processed",
             "tenant": tenant,
-            "content": content[len(self.out.path.rstrip("/")) + 1 :],
+            "content": relative(self.out, content),
         }
         self._write(self._path("files", f"{meta['id']}.json"), meta)
         return meta
