@@ -14,6 +14,7 @@ writer of batch objects; the API only asks it to cancel.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -190,26 +191,21 @@ class BatchRunner:
             batch.update(status="finalizing", finalizing_at=now)
             self.store.put_batch(batch)
         (self.workdir / f"{batch['id']}.yaml").unlink(missing_ok=True)
-        config = job_config(self.config, self.store, batch)
-        job = StateStore(config.state.url).job(batch["id"])
-        if job is None:  # its job never began: nothing was paid
-            self.end_unstarted(batch, status, now)
+        job = self.state.job(batch["id"])
+        ended = "failed" if status == "completed" else status  # how a batch with no answer ends
+        if job is not None and job.status == "refused":  # a budget cap: the estimate says by how much
+            self.end_unanswered(batch, "failed", now, _errors("budget_exceeded", job.error or "budget"))
             return
-        if job.status == "refused":  # a budget cap: the job's estimate says by how much, before any GPU work
-            counts = batch["request_counts"]
-            batch["request_counts"] = {**counts, "completed": 0, "failed": counts["total"]}
-            batch.update(status="failed", failed_at=now, errors=_errors("budget_exceeded", job.error or "budget"))
-            self.store.put_batch(batch)
-            return
-        manifest = job_manifest(config, batch["id"])
-        results = manifest.get("batches", {}).get("input.jsonl")
+        results = None
+        if job is not None:  # else its job never began: nothing was paid
+            manifest = job_manifest(job_config(self.config, self.store, batch), batch["id"])
+            results = manifest.get("batches", {}).get("input.jsonl")
         if results is None:  # planning never finished: nothing answered
-            log.error("batch %s: its job wrote no results; its log: %s", batch["id"], _last_line(self.workdir, batch))
-            if status == "completed":
-                batch.update(status="failed", failed_at=now, errors=_errors("job_failed", JOB_FAILED))
-                self.store.put_batch(batch)
-            else:
-                self.end_unstarted(batch, status, now)
+            if job is not None:
+                log.error(
+                    "batch %s: its job wrote no results; its log: %s", batch["id"], _last_line(self.workdir, batch)
+                )
+            self.end_unanswered(batch, ended, now, _errors("job_failed", JOB_FAILED) if ended == "failed" else None)
             return
         for kind, key in (("output", "output_file_id"), ("errors", "error_file_id"), ("results", "output_file_id")):
             path = results["files"].get(kind)
@@ -234,17 +230,21 @@ class BatchRunner:
         self.store.put_batch(batch)
         log.info("batch %s: %s, %s", batch["id"], status, json.dumps(batch["request_counts"]))
 
+    @functools.cached_property
+    def state(self) -> StateStore:
+        """The jobs' catalog, opened once (opening one checks its schema)."""
+        return StateStore(self.config.state.url)
+
     def refused(self, batch: dict) -> bool:
         """Whether the batch's job was refused at a budget cap (running it again would be refused again)."""
-        job = StateStore(self.config.state.url).job(batch["id"])
+        job = self.state.job(batch["id"])
         return job is not None and job.status == "refused"
 
-    def end_unstarted(self, batch: dict, status: str, now: int) -> None:
-        """A batch cancelled or expired before its job answered anything: every request unanswered."""
+    def end_unanswered(self, batch: dict, status: str, now: int, errors: dict | None = None) -> None:
+        """End a batch (`cancelled`, `expired` or `failed`) whose job answered nothing: every request failed."""
         counts = batch["request_counts"]
         batch["request_counts"] = {**counts, "completed": 0, "failed": counts["total"]}
-        at = {"cancelled": "cancelled_at", "expired": "expired_at", "completed": "failed_at"}[status]
-        batch.update(status="failed" if status == "completed" else status, **{at: now})
+        batch.update(status=status, **{f"{status}_at": now}, **({"errors": errors} if errors else {}))
         self.store.put_batch(batch)
 
 
