@@ -90,9 +90,11 @@ class Guard:
             return await self.app(scope, receive, send)
         headers = {k.lower(): v for k, v in scope["headers"]}
         scheme, _, key = headers.get(b"authorization", b"").decode("latin-1").partition(" ")
-        if scheme.lower() != "bearer" or key_digest(key.strip()) not in self.tenants:
+        name = self.tenants.get(key_digest(key.strip())) if scheme.lower() == "bearer" else None
+        if name is None:
             body = _error_body("no API key, or an unknown one: send Authorization: Bearer <key>", "invalid_api_key")
             return await JSONResponse(body, status_code=401)(scope, receive, send)
+        scope.setdefault("state", {})["tenant"] = name  # what the routes' `tenant` dependency hands them
         upload = scope["method"] == "POST" and scope["path"] == "/v1/files"
         cap = self.limits.max_file_bytes + 65536 if upload else self.MAX_BODY
         too_large = _error_body(f"request body over {cap} bytes (serve.max_file_bytes for uploads)", "too_large")
@@ -140,15 +142,8 @@ def create_app(config: TokenmillConfig, store: ApiStore) -> FastAPI:
         return JSONResponse(body, status_code=400)
 
     def tenant(request: Request) -> str:
-        """The caller's tenant, named by its bearer key's digest (401 without one)."""
-        header = request.headers.get("authorization", "")
-        scheme, _, key = header.partition(" ")
-        if scheme.lower() != "bearer" or not key.strip():
-            raise ApiError(401, "no API key: send Authorization: Bearer <key>", "invalid_api_key")
-        name = tenants.get(key_digest(key.strip()))
-        if name is None:
-            raise ApiError(401, "unknown API key", "invalid_api_key")
-        return name
+        """The caller's tenant, as the Guard found it from the bearer key (it answered 401 to any other call)."""
+        return request.state.tenant
 
     _file_routes(app, store, config.serve, tenant)
     _batch_routes(app, store, config.serve, tenant)
