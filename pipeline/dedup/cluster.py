@@ -167,19 +167,32 @@ def cluster_records(
     output), never a lower one. Without it, only the same tier. `adapters`: per row, the digest of the
     LoRA adapter it runs with; a record only reuses outputs made with its own (none: the base model).
 
-    In memory, for a table that fits: a job's planning (pipeline/plan/streamed.py) runs the same steps,
-    `sketch_records` per file and `reuse_plan` per shard of scopes, with texts read back on demand."""
+    In memory, for a table that fits: a job's planning (pipeline/plan/stages.py) runs the same steps,
+    `sketch_records` per file and `cluster_rows` per shard of scopes, with texts read back on demand."""
     sketched = records
     if "signature" not in records.column_names:
         sketched = sketch_records(records, config, embedder, cache is not None)
-    boilerplate = compile_boilerplate(config.boilerplate_patterns)
     raw = records["text"].to_pylist()
-    plan = reuse_plan(sketched, config, lambda row: clean_text(raw[row], boilerplate), cache, tier_rank, adapters)
-    out = reuse_columns(sketched, plan, config)
+    out, stats = cluster_rows(sketched, config, raw.__getitem__, cache, tier_rank, adapters)
     gen_text = pa.array([raw[s] if s >= 0 else None for s in out["gen_source"].to_pylist()], pa.string())
     return out.drop_columns(["gen_source"]).append_column("gen_text", gen_text).select(
         [c for c in sketched.column_names] + list(REUSE_COLUMNS)
-    ), plan.stats
+    ), stats
+
+
+def cluster_rows(
+    records: pa.Table,
+    config: DedupConfig,
+    text_of,
+    cache=None,
+    tier_rank: dict[str, float] | None = None,
+    adapters: list[str | None] | None = None,
+) -> tuple[pa.Table, DedupStats]:
+    """Sketched records with the reuse columns and `gen_source` (reuse_columns), and the statistics.
+    `text_of(row)`: the row's raw text, read only for the pairs the guards compare."""
+    boilerplate = compile_boilerplate(config.boilerplate_patterns)
+    plan = reuse_plan(records, config, lambda row: clean_text(text_of(row), boilerplate), cache, tier_rank, adapters)
+    return reuse_columns(records, plan, config), plan.stats
 
 
 REUSE_COLUMNS = ("gen_key", "gen_id", "gen_text", "gen_tier", "reuse", "similarity", "shadow", "features")

@@ -27,11 +27,11 @@ from dataclasses import dataclass, field
 import pyarrow as pa
 
 from pipeline.config import TokenmillConfig
-from pipeline.dedup.cluster import DedupStats, add_content_hashes, reuse_columns, reuse_plan
+from pipeline.dedup.cluster import DedupStats, add_content_hashes, cluster_rows
 from pipeline.dedup.sketch import sketch_records
 from pipeline.ingest.read import read_records
 from pipeline.ingest.validate import requested_models, validate_records
-from pipeline.keys import adapter_digest, add_item_keys, clean_text, compile_boilerplate
+from pipeline.keys import adapter_digest, add_item_keys
 from pipeline.route.rules import assign_tiers
 from pipeline.schema import RAW_RECORDS
 
@@ -230,14 +230,12 @@ def row_adapters(config: TokenmillConfig, table: pa.Table) -> list[str | None] |
 def cluster(table: pa.Table, ctx: StageContext) -> pa.Table:
     """Near, semantic and cache reuse; `gen_source`: the row whose text a member needs (its representative
     in another partition), else -1. Texts are read for the pairs the guards compare only."""
-    c, text = ctx.config, texts_of(table, ctx)
-    boilerplate = compile_boilerplate(c.dedup.boilerplate_patterns)
-    plan = reuse_plan(
-        table, c.dedup, lambda row: clean_text(text(row), boilerplate), ctx.cache, c.tier_prices, row_adapters(c, table)
+    c = ctx.config
+    out, ctx.dedup = cluster_rows(
+        table, c.dedup, texts_of(table, ctx), ctx.cache, c.tier_prices, row_adapters(c, table)
     )
-    ctx.dedup = plan.stats
     ctx.dedup.notes.extend(n for n in ctx.notes if n not in ctx.dedup.notes)
-    return reuse_columns(table, plan, c.dedup)
+    return out
 
 
 def gen_text(table: pa.Table, ctx: StageContext) -> pa.Table:
