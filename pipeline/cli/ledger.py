@@ -134,6 +134,69 @@ def ledger_sql(
     print_table(table, format)
 
 
+@ledger_app.command("export")
+def ledger_export(
+    output: str = OutputOption,
+    to: Path = typer.Option(..., "--to", help="File to write: .parquet or .csv (chosen by the extension)."),
+    format: str = typer.Option("focus", "--format", help="focus: FinOps FOCUS 1.2 cost and usage rows."),
+    basis: str = typer.Option(
+        "allocation",
+        "--basis",
+        help="allocation (busy + start-up and idle shares: reconciles to the ledger's cost_usd) or usage (busy only).",
+    ),
+    job_id: Optional[str] = typer.Option(None, "--job-id", help="Only this job."),
+    tenant: Optional[str] = typer.Option(
+        None, "--tenant", help="Only this tenant (lost work, having none, is left out)."
+    ),
+    since: Optional[datetime] = typer.Option(
+        None, "--since", formats=["%Y-%m-%d"], help="From this day (UTC), inclusive."
+    ),
+    until: Optional[datetime] = typer.Option(
+        None, "--until", formats=["%Y-%m-%d"], help="To this day (UTC), inclusive."
+    ),
+    account: str = typer.Option("tokenmill", "--billing-account", help="BillingAccountId and BillingAccountName."),
+    config: Optional[Path] = LedgerConfigOption,
+) -> None:
+    """Write the ledger's rows as a FOCUS 1.2 file for FinOps tools (docs/analyst.md#focus-export)."""
+    import pyarrow.compute as pc
+
+    from pipeline.output.focus import BASES, FocusError, read_ledger, to_focus
+
+    if format != "focus":
+        fail(f"--format must be focus, not {format}")
+    if basis not in BASES:
+        fail(f"--basis must be {' or '.join(BASES)}, not {basis}")
+    suffix = to.suffix.lower()
+    if suffix not in (".parquet", ".csv"):
+        fail(f"--to must end in .parquet or .csv, not {to.name}")
+    try:
+        ledger = read_ledger(
+            _connect(output, config), job_id, tenant, since.date() if since else None, until.date() if until else None
+        )
+        focus = to_focus(ledger, basis, account)
+    except FocusError as e:
+        fail(str(e))
+    _write_export(focus, to, suffix)
+    total = pc.sum(focus["BilledCost"]).as_py() or 0
+    typer.echo(f"wrote {focus.num_rows} FOCUS rows ({basis} basis, BilledCost {total} USD) to {to}")
+
+
+def _write_export(table, to: Path, suffix: str) -> None:
+    """Parquet or CSV, written beside `to` and renamed over it: a reader never sees half a file."""
+    import pyarrow.csv as pacsv
+    import pyarrow.parquet as pq
+
+    from pipeline.output.focus import csv_ready
+
+    to.parent.mkdir(parents=True, exist_ok=True)
+    partial = to.with_name(f".{to.name}.partial")
+    if suffix == ".csv":
+        pacsv.write_csv(csv_ready(table), partial)
+    else:
+        pq.write_table(table, partial, compression="zstd")
+    partial.replace(to)
+
+
 def _eval_result(path: Optional[Path]):
     """--eval PATH, else the latest `tokenmill eval` result under $TOKENMILL_HOME when there is one."""
     from pipeline.config import tokenmill_home
