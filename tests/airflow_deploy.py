@@ -1,4 +1,5 @@
-"""A real Airflow 3 deployment for tests: api-server, scheduler (LocalExecutor) and dag-processor.
+"""A real Airflow 3 deployment for tests: api-server, scheduler and dag-processor, with the LocalExecutor
+or with the CeleryExecutor and Celery workers, each its own process with its own queues and environment.
 
 Not `dag.test()`: each service is its own process, as in production. The scheduler's LocalExecutor
 forks real task processes, which talk to the api-server's execution API (never to the metadata
@@ -20,6 +21,12 @@ that tasks reach the execution API (a wrong base URL fails every task). REST cal
 a real client would with the simple auth manager: a user and password from its passwords file,
 exchanged for a JWT at `POST /auth/token`. `stop()` ends every service with its process group and
 every process it started (task processes, engine processes), however they were spawned.
+
+CeleryExecutor (`executor="CeleryExecutor", broker_url=<redis URL>`): the scheduler sends each task
+to its queue on the broker; `start_worker(name, queues, env=...)` starts `airflow celery worker
+--queues ...` as a process of its own, whose task processes report `name` as their hostname (so a task
+instance's `hostname` says which worker ran it); `kill_worker(name)` SIGKILLs it with every process
+it started. The result backend is the metadata database.
 
 Fault hook: `fault_hook_env(dir, spec_file)` gives PYTHONPATH and TOKENMILL_TEST_FAULTS for a
 `sitecustomize` that registers an injector through `pipeline.job.faults.inject` in every process that
@@ -49,6 +56,16 @@ import httpx
 from tests.servers import free_port
 
 SERVICES = ("api-server", "scheduler", "dag-processor")
+# What a Celery worker's task processes call for their hostname (`[core] hostname_callable`): the
+# worker's name, so that workers sharing this host are told apart in the task instances' `hostname`.
+_WORKER_NAME_MODULE = "tokenmill_test_worker_name"
+_WORKER_NAME_SOURCE = '''"""Written by tests/airflow_deploy.py: a Celery worker's name, its tasks' hostname."""
+import os
+
+
+def hostname() -> str:
+    return os.environ["TOKENMILL_TEST_WORKER"]
+'''
 FINISHED = ("success", "failed")
 ENGINE_LOCK = "/tmp/tokenmill-engine.lock"  # held around anything that starts vLLM on this machine
 
@@ -214,7 +231,8 @@ def _end_with_parent() -> None:
 
 
 class AirflowDeployment:
-    """api-server + scheduler (LocalExecutor) + dag-processor under an isolated AIRFLOW_HOME."""
+    """api-server + scheduler + dag-processor under an isolated AIRFLOW_HOME; with the CeleryExecutor,
+    the Celery workers the caller starts."""
 
     USER = "tokenmill-test"
 
@@ -228,11 +246,18 @@ class AirflowDeployment:
         python: str = sys.executable,
         drop_env: tuple[str, ...] = ("AIRFLOW",),
         preload: tuple[str, ...] = (),
+        executor: str = "LocalExecutor",
+        broker_url: str | None = None,
     ):
         """env: added to the services' environment (and so to every task process's); drop_env: prefixes
         of this process's variables the services do not inherit (pass `env` the ones to keep); preload:
         modules the scheduler imports at start, so that the task processes it forks have them (each
-        would otherwise import them again: seconds of CPU per task)."""
+        would otherwise import them again: seconds of CPU per task); executor: LocalExecutor, or
+        CeleryExecutor with `broker_url` (Redis)."""
+        if executor == "CeleryExecutor" and not broker_url:
+            raise ValueError("the CeleryExecutor needs a broker_url")
+        self.executor, self.broker_url = executor, broker_url
+        self.workers: dict[str, subprocess.Popen] = {}
         self.home, self.dags_folder, self.conn = Path(home), Path(dags_folder), sql_alchemy_conn
         self.drop_env, self.preload = drop_env, preload
         self.extra_env, self.parallelism, self.python = dict(env or {}), parallelism, python
@@ -256,7 +281,7 @@ class AirflowDeployment:
                 "AIRFLOW_HOME": str(self.home),
                 "AIRFLOW__CORE__DAGS_FOLDER": str(self.dags_folder),
                 "AIRFLOW__CORE__LOAD_EXAMPLES": "False",
-                "AIRFLOW__CORE__EXECUTOR": "LocalExecutor",
+                "AIRFLOW__CORE__EXECUTOR": self.executor,
                 "AIRFLOW__CORE__PARALLELISM": str(self.parallelism),
                 "AIRFLOW__CORE__DAGBAG_IMPORT_TIMEOUT": "180",
                 "AIRFLOW__CORE__DAG_FILE_PROCESSOR_TIMEOUT": "240",
@@ -288,6 +313,17 @@ class AirflowDeployment:
         )
         if (async_url := _async_url(self.conn)) is not None:
             env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN_ASYNC"] = async_url
+        if self.executor == "CeleryExecutor":
+            env.update(
+                {
+                    "AIRFLOW__CELERY__BROKER_URL": self.broker_url,
+                    "AIRFLOW__CELERY__RESULT_BACKEND": f"db+{self.conn}",
+                    # infra/README.md's settings: a message is acknowledged when its task ends, and a worker
+                    # reserves one task per slot, so a killed worker strands no task it had not started.
+                    "AIRFLOW__CELERY__TASK_ACKS_LATE": "True",
+                    "AIRFLOW__CELERY__WORKER_PREFETCH_MULTIPLIER": "1",
+                }
+            )
         env.update(self.extra_env)
         return env
 
@@ -315,31 +351,70 @@ class AirflowDeployment:
             self.airflow("db", "migrate")
             env = self.environ()
             for name in SERVICES:
-                log = open(self.home / f"{name}.log", "ab")
                 args = [name] + (
                     ["--host", "127.0.0.1", "--port", str(self.port), "--workers", "1"] if name == "api-server" else []
                 )
-                # A session of its own: stop() ends the service's whole process group.
-                self.procs[name] = subprocess.Popen(
-                    [self.python, "-m", "airflow", *args],
-                    env=env,
-                    cwd=self.home,
-                    stdin=subprocess.DEVNULL,
-                    stdout=log,
-                    stderr=subprocess.STDOUT,
-                    start_new_session=True,
-                    preexec_fn=_end_with_parent,
-                )
-                log.close()
+                self.procs[name] = self._spawn(args, env, name)
             self.wait_healthy(timeout)
         except BaseException:
             self.stop()
             raise
 
+    def _spawn(self, args: list[str], env: dict[str, str], log_name: str) -> subprocess.Popen:
+        """`airflow <args>` as a process in a session of its own (stop() ends its whole process group),
+        its output to `<home>/<log_name>.log`."""
+        with open(self.home / f"{log_name}.log", "ab") as log:
+            return subprocess.Popen(
+                [self.python, "-m", "airflow", *args],
+                env=env,
+                cwd=self.home,
+                stdin=subprocess.DEVNULL,
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+                preexec_fn=_end_with_parent,
+            )
+
+    def start_worker(self, name: str, queues: list[str], concurrency: int = 1, env: dict[str, str] | None = None):
+        """A Celery worker consuming `queues` with `concurrency` task slots; `env` is added to its
+        environment only (e.g. the tiers its GPUs serve). Its task processes report `name` as hostname."""
+        lib = self.home / "worker-lib"
+        lib.mkdir(exist_ok=True)
+        (lib / f"{_WORKER_NAME_MODULE}.py").write_text(_WORKER_NAME_SOURCE)
+        base = self.environ()
+        worker_env = {
+            **base,
+            "PYTHONPATH": os.pathsep.join(p for p in (str(lib), base.get("PYTHONPATH", "")) if p),
+            "AIRFLOW__CORE__HOSTNAME_CALLABLE": f"{_WORKER_NAME_MODULE}.hostname",
+            "TOKENMILL_TEST_WORKER": name,
+            **(env or {}),
+        }
+        args = ["celery", "worker", "--queues", ",".join(queues), "--concurrency", str(concurrency)]
+        args += ["--celery-hostname", f"{name}@%h", "--without-gossip", "--without-mingle", "--skip-serve-logs"]
+        self.workers[name] = self._spawn(args, worker_env, f"worker-{name}")
+        return self.workers[name]
+
+    def kill_worker(self, name: str) -> None:
+        """SIGKILL a Celery worker and every process it started (pool, task supervisors, task processes):
+        a machine lost mid-task, with no chance to hand anything back."""
+        import psutil
+
+        proc = self.workers.pop(name)
+        try:
+            family = [psutil.Process(proc.pid), *psutil.Process(proc.pid).children(recursive=True)]
+        except psutil.Error:
+            family = []
+        for p in family:
+            with contextlib.suppress(psutil.Error):
+                p.kill()
+        psutil.wait_procs(family, timeout=30)
+        proc.wait()
+
     def _write_preload(self) -> None:
         """airflow_local_settings.py, which every Airflow process imports from $AIRFLOW_HOME/config at
-        start: in the scheduler it imports `preload`. The LocalExecutor's workers are forked from the
-        scheduler and fork each task process, which so inherits the modules (a deployment's usual tuning)."""
+        start: in the scheduler and in Celery workers it imports `preload`. The LocalExecutor's workers are
+        forked from the scheduler, a Celery worker's pool from the worker, and they fork each task process,
+        which so inherits the modules (a deployment's usual tuning)."""
         if not self.preload:
             return
         config = self.home / "config"
@@ -347,7 +422,7 @@ class AirflowDeployment:
         (config / "airflow_local_settings.py").write_text(
             "# Written by tests/airflow_deploy.py: modules the scheduler's forked task processes inherit.\n"
             "import importlib\nimport sys\n\n"
-            f"if 'scheduler' in sys.argv[1:2]:\n    for name in {list(self.preload)!r}:\n"
+            f"if sys.argv[1:2] in (['scheduler'], ['celery']):\n    for name in {list(self.preload)!r}:\n"
             "        importlib.import_module(name)\n"
         )
 
@@ -368,13 +443,14 @@ class AirflowDeployment:
         raise AirflowError(f"not healthy after {timeout:.0f} s: {health}\n{self.log_tails()}")
 
     def check_alive(self) -> None:
-        dead = {n: p.returncode for n, p in self.procs.items() if p.poll() is not None}
+        procs = {**self.procs, **{f"worker-{w}": p for w, p in self.workers.items()}}
+        dead = {n: p.returncode for n, p in procs.items() if p.poll() is not None}
         if dead:
             raise AirflowError(f"Airflow services exited: {dead}\n{self.log_tails()}")
 
     def log_tails(self, chars: int = 3000) -> str:
         out = []
-        for name in SERVICES:
+        for name in (*SERVICES, *(f"worker-{w}" for w in self.workers)):
             log = self.home / f"{name}.log"
             if log.exists():
                 out.append(f"--- {name}.log (tail)\n{log.read_text(errors='replace')[-chars:]}")
@@ -386,7 +462,8 @@ class AirflowDeployment:
         import psutil
 
         self._client.close()
-        procs, self.procs = self.procs, {}
+        procs, self.procs = {**self.procs, **self.workers}, {}
+        self.workers = {}
         descendants: list[psutil.Process] = []
         for p in procs.values():
             with contextlib.suppress(psutil.Error):
@@ -479,6 +556,10 @@ class AirflowDeployment:
         if run_id:
             body["dag_run_id"] = run_id
         return self.api("POST", f"/dags/{dag_id}/dagRuns", body)["dag_run_id"]
+
+    def dag_runs(self, dag_id: str) -> list[dict]:
+        """Every run of a DAG (triggered, scheduled or asset-triggered), oldest first."""
+        return self.api("GET", f"/dags/{dag_id}/dagRuns", params={"limit": 100, "order_by": "id"})["dag_runs"]
 
     def dag_run(self, dag_id: str, run_id: str) -> dict:
         return self.api("GET", f"/dags/{dag_id}/dagRuns/{run_id}")

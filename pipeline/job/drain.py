@@ -11,6 +11,7 @@ unit left and none can still come; it never commits (the commit step does, once 
 from __future__ import annotations
 
 import logging
+import os
 from collections import Counter
 
 import pyarrow as pa
@@ -22,6 +23,21 @@ from pipeline.stores.catalog import ItemsRefused
 from pipeline.stores.units import UNFINISHED, WorkUnit
 
 log = logging.getLogger(__name__)
+
+# A GPU worker host names the tiers its GPUs are provisioned for (`small`, or `small,large`): a queue
+# misrouted to it (a worker started with the wrong `--queues`) then fails the task at once, naming both,
+# instead of loading a model onto a GPU sized for another. Unset: the host serves every tier.
+WORKER_TIERS_ENV = "TOKENMILL_WORKER_TIERS"
+
+
+def check_worker_serves(tier: str) -> None:
+    """Raise unless this host may serve `tier` (TOKENMILL_WORKER_TIERS)."""
+    serves = [t.strip() for t in os.environ.get(WORKER_TIERS_ENV, "").split(",") if t.strip()]
+    if serves and tier not in serves:
+        raise JobError(
+            f"this worker serves tiers {', '.join(serves)} ({WORKER_TIERS_ENV}); a drain of tier {tier!r} "
+            f"reached it: check that its Celery worker consumes only the queues gpu-{' and gpu-'.join(serves)}"
+        )
 
 
 class TierDrain:
@@ -131,11 +147,13 @@ def drain_tier(ctx: JobContext, tier: str) -> dict:
     engine; what the engine's time went to."""
     if tier not in ctx.config.tiers:
         raise JobError(f"no tier {tier!r} in the config (tiers: {', '.join(ctx.config.tiers)})")
+    check_worker_serves(tier)
     ctx.check_engines([tier])
     ctx.check_isolation()  # an adapter retrained since the stage task: its outputs would get the old keys
     report = drain(ctx, tier, release=True)
     return {
         "tier": tier,
+        "worker": ctx.worker,  # host:pid of the task process: which worker ran it, in its own words
         "session": report.session_id,
         "units": report.units,
         "requests": report.requests,
