@@ -1,5 +1,9 @@
 """Nightly summarisation: plan -> cluster (CPU, per shard of tenant scopes) -> stage -> prepare (CPU,
 per partition) -> drain (GPU, per tier worker) -> commit (CPU, per partition) -> summary -> outcome.
+`summary` updates the Assets `nightly_summarization.{outputs,ledger,quarantine}`, each event's extra
+naming the job, its output root and what it committed: a downstream DAG is scheduled on them. Where
+Airflow's OpenLineage provider is configured, its COMPLETE event carries the job's lineage (input prefix
+-> the three tables, row counts, cost: pipeline/job/lineage.py).
 
 Wiring only: every task calls one function of pipeline.job.orchestrate, which is idempotent, so retries
 and cleared tasks never pay twice. `prepare[p]` turns a partition's unpaid requests into work units in
@@ -21,7 +25,7 @@ from datetime import timedelta
 from pathlib import Path
 
 import pendulum
-from airflow.sdk import Param, dag, get_current_context, task
+from airflow.sdk import Asset, Param, dag, get_current_context, task
 
 from pipeline.config import load_run_section, load_tier_workers
 from pipeline.job import orchestrate
@@ -30,6 +34,19 @@ CONFIG = os.environ.get("TOKENMILL_CONFIG", str(Path(__file__).resolve().parents
 DAG_ID = "nightly_summarization"
 RUN = load_run_section(CONFIG)  # schedule and retries; nothing else is read or expanded at parse time
 TIER_WORKERS = load_tier_workers(CONFIG)  # tier -> GPU worker tasks
+# What `summary` updates, for downstream DAGs to be scheduled on (e.g. dags/ledger_rollup.py).
+ASSETS = {t: Asset(name=f"{DAG_ID}.{t}", uri=orchestrate.table_asset_uri(DAG_ID, t)) for t in orchestrate.TABLES}
+_SUMMARY: dict = {}  # the manifest `summary` returned, in its task process, for its OpenLineage event
+
+
+def _summary_lineage(task_instance):
+    """Airflow's OpenLineage provider calls this when `summary` succeeds (only where the provider is
+    installed and a transport configured): input prefix -> the three tables, with rows and cost."""
+    from airflow.providers.openlineage.extractors import OperatorLineage
+
+    from pipeline.job.lineage import summary_lineage
+
+    return OperatorLineage(**summary_lineage(_SUMMARY["manifest"])) if "manifest" in _SUMMARY else None
 
 
 def _job():
@@ -85,9 +102,14 @@ def nightly_summarization():
         get_current_context()["partition"] = partition
         return orchestrate.committed_partition(*_job(), partition)
 
-    @task(trigger_rule="all_done")
+    @task(trigger_rule="all_done", outlets=list(ASSETS.values()))
     def summary() -> dict:
-        return orchestrate.job_manifest(*_job())
+        manifest = orchestrate.job_manifest(*_job())
+        events = get_current_context()["outlet_events"]
+        for table, extra in orchestrate.table_updates(manifest).items():
+            events[ASSETS[table]].extra = extra
+        _SUMMARY["manifest"] = manifest
+        return manifest
 
     @task
     def outcome(manifest: dict) -> str:
@@ -111,6 +133,7 @@ def nightly_summarization():
         )
         prepared >> workers >> committed
     manifest = summary()
+    manifest.operator.get_openlineage_facets_on_complete = _summary_lineage  # what the provider looks for
     committed >> manifest
     outcome(manifest)
 

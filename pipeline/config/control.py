@@ -54,10 +54,11 @@ class StateConfig(Section):
 
 
 class RunConfig(Section):
-    schedule: str = Field(
+    schedule: str | None = Field(
         "0 2 * * *",
         description=(
-            "Cron schedule of the Airflow DAG (`dags/nightly_summarization.py`); nightly at 02:00 UTC by default."
+            "Cron schedule of the Airflow DAG (`dags/nightly_summarization.py`); nightly at 02:00 UTC by default. "
+            "null: no schedule, the DAG runs only when triggered (its REST API, the UI, another DAG)."
         ),
     )
     retries: int = Field(

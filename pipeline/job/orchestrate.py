@@ -9,6 +9,7 @@ plain JSON-able values, so they pass through XCom and can be called from any sch
 from __future__ import annotations
 
 import re
+from decimal import Decimal
 from pathlib import Path
 
 from pipeline.config import TokenmillConfig, load_config
@@ -100,6 +101,51 @@ def committed_partition(config: TokenmillConfig, job_id: str, partition: str) ->
 def job_manifest(config: TokenmillConfig, job_id: str) -> dict:
     """Write and return the manifest over whatever has committed; never raises for failed partitions."""
     return refresh_manifest(_context(config, job_id))
+
+
+# The tables a job updates, as the orchestrator's assets (Airflow Assets): a downstream DAG (an analyst's
+# load into the warehouse, a FinOps export) is scheduled on "the ledger was updated", not on a clock.
+TABLES = ("outputs", "ledger", "quarantine")
+
+
+def table_asset_uri(dag_id: str, table: str) -> str:
+    """The asset URI of one of a DAG's tables. One per DAG and table, not per output root: the root can
+    change per run (`{date}`, the `output_uri` param), so each event's extra names the one it updated.
+    (`x-` is the URI scheme Airflow leaves to users.)"""
+    if table not in TABLES:
+        raise ValueError(f"no table {table!r} (tables: {', '.join(TABLES)})")
+    return f"x-tokenmill://{dag_id}/{table}"
+
+
+def table_updates(manifest: dict) -> dict[str, dict]:
+    """table -> what one asset event says of it: which job and output root, the partitions committed so
+    far, the job's rows in it (outputs, quarantine) or its cost (ledger). JSON-able: the event's `extra`."""
+    counts, cost = manifest["counts"], manifest["cost"]
+    committed = sorted(p for p, v in manifest["partitions"].items() if v["status"] == "succeeded")
+    common = {
+        "job_id": manifest["job_id"],
+        "output_uri": manifest["output_uri"],
+        "status": manifest["status"],
+        "partitions_committed": len(committed),
+        "partitions": len(manifest["partitions"]),
+    }
+    return {
+        "outputs": {**common, "rows": counts["outputs"]},
+        "ledger": {**common, "cost_usd": cost["cost_usd"], "gpu_seconds": cost["gpu_seconds"]},
+        "quarantine": {**common, "rows": counts["quarantined"]},
+    }
+
+
+def cost_rollup(config_path: str, output_uri: str, job_id: str) -> dict:
+    """One job's items, tokens, GPU-seconds and cost by tenant and tier, read from the committed ledger
+    (what a downstream DAG scheduled on the ledger asset computes); numbers as plain floats and ints."""
+    from pipeline.output.ledger import connect, summary
+
+    config = load_config(Path(config_path))
+    table = summary(connect(output_uri, config.storage), ["tenant", "tier"], job_id)
+    # DuckDB's sums of decimals are Decimals, which an orchestrator's XCom need not carry.
+    rows = [{k: float(v) if isinstance(v, Decimal) else v for k, v in r.items()} for r in table.to_pylist()]
+    return {"job_id": job_id, "output_uri": output_uri, "by_tenant_tier": rows}
 
 
 def job_outcome(manifest: dict) -> str:

@@ -15,29 +15,37 @@ of pipeline/job/faults.py); deleting the file removes the faults.
 from __future__ import annotations
 
 import json
-import os
-from pathlib import Path
 
 import pytest
 
 from pipeline.dev.samples import write_sample_corpus
-from tests.airflow_deploy import AirflowDeployment, airflow_database, fault_hook_env, write_faults
-from tests.conftest import FAKE_ENGINE, REPO, TINY_CONFIG, read_kind
+from tests.airflow_deploy import AirflowDeployment, airflow_database, write_faults
+from tests.conftest import REPO, TINY_CONFIG, read_kind
 from tests.jobs import assert_exactly_once
+from tests.nightly_dag import (
+    DAG_ID,
+    PRELOAD,
+    check_engine_starts,
+    check_ledger_is_held_time,
+    commit_records,
+    drain_reports,
+    job_id,
+    ledger_by_partition,
+    manifest,
+    paid_items,
+    tokenmill_env,
+)
 
 pytestmark = pytest.mark.airflow_deploy
 
-DAG_ID = "nightly_summarization"
+ROLLUP = "ledger_rollup"  # the downstream DAG scheduled on the ledger asset
 RUN_DATE = "2026-11-29"
-JOB_ID = f"{DAG_ID}-{RUN_DATE}"
+JOB_ID = job_id(RUN_DATE)
 DOCUMENTS = 24
 RECORDS_PER_PARTITION = 10  # a partition per file of the corpus's seven (each costs two task processes)
 TIER_WORKERS = {"small": 2, "large": 1}  # drain tasks per tier; each tier's pool has one slot (one GPU)
 # The failing partitions (input file, chunk) and where: in prepare, before its lookups and requests;
 # in commit, with outputs assembled and nothing written.
-# What every task process imports (the DAG's module, the fake engine's tokenizer class): the scheduler
-# imports them once and its task processes inherit them, instead of paying seconds each.
-PRELOAD = ("pipeline.job.orchestrate", "pipeline.generate.fake_engine", "transformers.tokenization_utils_tokenizers")
 VICTIMS = {"before_generate": ("batch-a.jsonl", 0), "before_commit": ("batch-b.jsonl.gz", 0)}
 
 
@@ -46,16 +54,16 @@ def airflow(tmp_path, tiny_models, static_embedder, postgres_admin_url):
     """The deployment with this test's tokenmill settings in every task process's environment, the
     GPU pools created and the DAG parsed and unpaused. (No engine lock: its tier workers run the fake engine.)"""
     env = {
-        "TOKENMILL_HOME": os.environ["TOKENMILL_HOME"],  # the tiny models (conftest)
-        "TOKENMILL_CONFIG": str(TINY_CONFIG),  # the DAG's shape at parse time: tier names, run section
-        "TOKENMILL_STATE__URL": f"sqlite:///{tmp_path}/state.db",
-        "TOKENMILL_CACHE__PATH": str(tmp_path / "cache"),
-        "TOKENMILL_INPUT__RECORDS_PER_PARTITION": str(RECORDS_PER_PARTITION),
-        "TOKENMILL_RUN__TIER_WORKERS": json.dumps(TIER_WORKERS),
-        "TOKENMILL_RUN__RETRIES": "0",  # a failure fails its task at once
-        "TOKENMILL_RUN__PROGRESS": "log",
-        **FAKE_ENGINE,  # Airflow is what is tested here; the tier workers drain the fake engine
-        **fault_hook_env(tmp_path / "hook", tmp_path / "faults.json"),
+        **tokenmill_env(tmp_path, RECORDS_PER_PARTITION, TIER_WORKERS),
+        # Runs from the scheduler too, for the asset-triggered ledger_rollup; none from a clock: the nightly
+        # DAG gets no schedule (triggered runs only), so unpausing it starts nothing beside the test's run.
+        "AIRFLOW__SCHEDULER__USE_JOB_SCHEDULE": "True",
+        "TOKENMILL_RUN__SCHEDULE": "null",
+        # OpenLineage through the provider's file transport: every task's events, one JSON line each.
+        "AIRFLOW__OPENLINEAGE__TRANSPORT": json.dumps(
+            {"type": "file", "log_file_path": str(tmp_path / "openlineage.jsonl"), "append": True}
+        ),
+        "AIRFLOW__OPENLINEAGE__NAMESPACE": "tokenmill-test",
     }
     with airflow_database(postgres_admin_url) as db:
         af = AirflowDeployment(
@@ -65,55 +73,15 @@ def airflow(tmp_path, tiny_models, static_embedder, postgres_admin_url):
         try:
             for tier in TIER_WORKERS:
                 af.create_pool(f"gpu-{tier}", 1, f"{tier} tier GPU workers")
-            af.wait_for_dag(DAG_ID)
-            af.unpause(DAG_ID)
+            for dag_id in (DAG_ID, ROLLUP):
+                af.wait_for_dag(dag_id)
+                af.unpause(dag_id)
             yield af
         finally:
             af.stop()
 
 
-def _manifest(output: Path) -> dict:
-    return json.loads((output / "jobs" / JOB_ID / "manifest.json").read_text())
-
-
-def _commit_records(output: Path) -> dict[str, bytes]:
-    folder = output / "_commits" / f"job={JOB_ID}"
-    return {f.stem.removeprefix("partition="): f.read_bytes() for f in folder.glob("partition=*.json")}
-
-
-def _ledger_by_partition(output: Path) -> dict[str, list[tuple]]:
-    """partition -> its ledger rows (kind, id, gpu_seconds), sorted."""
-    out: dict[str, list[tuple]] = {}
-    for row in read_kind(output, "ledger", JOB_ID).select(["partition", "kind", "id", "gpu_seconds"]).to_pylist():
-        out.setdefault(row["partition"], []).append((row["kind"], row["id"] or "", row["gpu_seconds"]))
-    return {p: sorted(rows) for p, rows in out.items()}
-
-
-def _paid_items(state_db: Path) -> dict[str, int]:
-    """partition -> paid-for items (generations) the catalog holds for it."""
-    import sqlite3
-
-    with sqlite3.connect(state_db, timeout=30) as c:
-        return dict(c.execute("select partition, count(*) from items where job_id=? group by partition", (JOB_ID,)))
-
-
-def _drain_reports(af: AirflowDeployment, run_id: str) -> dict[str, list[dict]]:
-    """tier -> what each of its drain tasks returned (units, engine_started, ...)."""
-    return {
-        tier: [af.xcom(DAG_ID, run_id, f"drain_{tier}", i) or {} for i in range(n)] for tier, n in TIER_WORKERS.items()
-    }
-
-
-def _check_engine_starts(drains: dict[str, list[dict]]) -> dict[str, int]:
-    """A drain worker starts its tier's engine once if it had work, and not at all if not (the second
-    small one: its pool's one slot frees only when the first has drained the tier). Returns starts per tier."""
-    for tier, reports in drains.items():
-        assert all(r.get("engine_started") == (r.get("units", 0) > 0) for r in reports), (tier, reports)
-    return {tier: sum(1 for r in reports if r.get("units", 0) > 0) for tier, reports in drains.items()}
-
-
 def test_dag_under_scheduler_fails_two_partitions_then_reruns_them_alone(airflow: AirflowDeployment, tmp_path):
-    from pipeline.config import load_config
     from pipeline.ingest.read import partition_id
     from pipeline.stores.catalog import StateStore
 
@@ -159,19 +127,19 @@ def test_dag_under_scheduler_fails_two_partitions_then_reruns_them_alone(airflow
     )
     assert all(v == "success" for (t, _), v in states.items() if t.startswith("drain_")), (states, failed_logs)
     assert states[("summary", None)] == "success" and states[("outcome", None)] == "failed", (states, failed_logs)
-    paid = _paid_items(state_db)
+    paid = paid_items(state_db, JOB_ID)
     assert early not in paid and paid.get(late)  # the late victim's generations are paid for already
 
     # Each tier's engine started once per drain worker that had work, not once per partition.
-    first = _check_engine_starts(_drain_reports(af, run_id))
-    engines = _manifest(output)["engines"]
+    first = check_engine_starts(drain_reports(af, run_id, TIER_WORKERS))
+    engines = manifest(output, JOB_ID)["engines"]
     assert {t: engines.get(t, {}).get("starts", 0) for t in TIER_WORKERS} == first, engines
     assert first["small"] >= 1 and first["large"] >= 1, first  # both tiers had work (routing rules, escalation)
 
     # 2. The workers are back: clear both victims' prepare with downstream; only they run again.
     faults.unlink()
     before = {p: (v.status, v.attempts) for p, v in partitions.items()}
-    commits, ledger = _commit_records(output), _ledger_by_partition(output)
+    commits, ledger = commit_records(output, JOB_ID), ledger_by_partition(output, JOB_ID)
     assert set(commits) == set(others) and set(ledger) <= set(others)  # (all-bad partitions: no ledger rows)
     indexes = {p: af.map_index(DAG_ID, run_id, "prepare", p) for p in victims.values()}
     cleared = af.clear(DAG_ID, run_id, [["prepare", i] for i in indexes.values()], include_downstream=True)
@@ -187,30 +155,81 @@ def test_dag_under_scheduler_fails_two_partitions_then_reruns_them_alone(airflow
     after = {p.partition: (p.status, p.attempts) for p in state.partitions(JOB_ID)}
     assert after[early][0] == "succeeded" and after[late][0] == "succeeded"
     assert {p: after[p] for p in others} == {p: before[p] for p in others}  # committed partitions: not re-run
-    new_commits, new_ledger, new_paid = _commit_records(output), _ledger_by_partition(output), _paid_items(state_db)
+    new_commits, new_ledger, new_paid = (
+        commit_records(output, JOB_ID),
+        ledger_by_partition(output, JOB_ID),
+        paid_items(state_db, JOB_ID),
+    )
     assert {p: new_commits[p] for p in others} == commits  # their commits unchanged
     assert {p: new_ledger.get(p) for p in others} == {p: ledger.get(p) for p in others}  # nothing charged again
     assert early in new_ledger and late in new_ledger
     assert new_paid.get(early) and {p: n for p, n in new_paid.items() if p != early} == paid  # nothing paid twice
 
     # Engines: the re-run started them again only for the early victim's work.
-    second = _check_engine_starts(_drain_reports(af, run_id))
-    engines = _manifest(output)["engines"]
+    second = check_engine_starts(drain_reports(af, run_id, TIER_WORKERS))
+    engines = manifest(output, JOB_ID)["engines"]
     assert {t: engines.get(t, {}).get("starts", 0) for t in TIER_WORKERS} == {
         t: first[t] + second[t] for t in TIER_WORKERS
     }, (first, second, engines)
     assert second["small"] + second["large"] >= 1, second
 
-    # The ledger carries exactly the engines' held time × GPUs (start-up and idle included).
-    config = load_config(TINY_CONFIG)
-    held = sum(e["held_seconds"] * config.tiers[tier].gpus for tier, e in engines.items())
-    charged = sum(read_kind(output, "ledger", JOB_ID)["gpu_seconds"].to_pylist())
-    assert held > 0 and charged == pytest.approx(held, rel=1e-6), engines
+    check_ledger_is_held_time(output, JOB_ID)
 
     # Every record accounted once: no id twice among the outputs, then the suite's full check.
     ids = read_kind(output, "outputs", JOB_ID)["id"].to_pylist()
     assert len(ids) == len(set(ids))
     assert_exactly_once(output, JOB_ID, corpus, state_db)
 
+    # The downstream DAG scheduled on the ledger asset ran after the commits, on the committed ledger;
+    # the OpenLineage event of the last `summary` says input prefix -> the three tables, rows and cost.
+    check_rollup_after_commits(af, run_id, output)
+    check_lineage(tmp_path / "openlineage.jsonl", tmp_path / "input", output)
+
     # The catalog kept each failure's cause, even where the partition's commit task ran after it.
     assert all(f"injected: {point} lost" in cause for point, cause in causes.items()), causes
+
+
+def check_rollup_after_commits(af: AirflowDeployment, run_id: str, output) -> None:
+    """Each `summary` (the run's, the re-run's) updated the ledger asset; each update ran `ledger_rollup`
+    after the nightly DAG's commit tasks, and the last one read the ledger as committed."""
+    import time
+    from datetime import datetime
+
+    deadline = time.monotonic() + 180  # a guard against a hang: both updates have happened by now
+    while not (
+        (runs := af.dag_runs(ROLLUP)) and len(runs) >= 2 and all(r["state"] in ("success", "failed") for r in runs)
+    ):
+        af.check_alive()
+        assert time.monotonic() < deadline, (runs, af.log_tails())
+        time.sleep(1.0)
+    assert [r["state"] for r in runs] == ["success"] * len(runs), af.failed_logs(ROLLUP, runs[-1]["dag_run_id"])
+    commits_end = max(
+        datetime.fromisoformat(ti["end_date"]) for ti in af.task_instances(DAG_ID, run_id) if ti["task_id"] == "commit"
+    )
+    assert datetime.fromisoformat(runs[-1]["start_date"]) > commits_end
+    result = af.xcom(ROLLUP, runs[-1]["dag_run_id"], "rollup")[-1]
+    assert result["job_id"] == JOB_ID and result["output_uri"] == str(output)
+    ledger = read_kind(output, "ledger", JOB_ID)
+    assert sum(r["items"] for r in result["by_tenant_tier"]) == ledger.num_rows
+    assert sum(r["cost_usd"] for r in result["by_tenant_tier"]) == pytest.approx(sum(ledger["cost_usd"].to_pylist()))
+
+
+def check_lineage(events_file, input_dir, output) -> None:
+    events = [json.loads(line) for line in events_file.read_text().splitlines() if line.strip()]
+    done = [
+        e for e in events if e["eventType"] == "COMPLETE" and e["job"]["name"] == f"{DAG_ID}.summary" and e["outputs"]
+    ]
+    assert done, sorted({(e["eventType"], e["job"]["name"]) for e in events})
+    event = done[-1]  # the re-run's summary, over every partition
+    assert event["job"]["namespace"] == "tokenmill-test"
+    assert [(d["namespace"], d["name"]) for d in event["inputs"]] == [("file", str(input_dir))]
+    outs = {d["name"]: d for d in event["outputs"]}
+    assert set(outs) == {f"{output}/{t}" for t in ("outputs", "ledger", "quarantine")}
+    assert {d["namespace"] for d in outs.values()} == {"file"}
+    rows = {t: read_kind(output, t, JOB_ID).num_rows for t in ("outputs", "quarantine")}
+    for t, n in rows.items():
+        assert outs[f"{output}/{t}"]["outputFacets"]["outputStatistics"]["rowCount"] == n
+    facet = event["run"]["facets"]["tokenmill_job"]
+    assert facet["jobId"] == JOB_ID and facet["status"] == "succeeded"
+    assert facet["partitionsCommitted"] == facet["partitions"] and facet["outputs"] == rows["outputs"]
+    assert facet["costUsd"] == pytest.approx(sum(read_kind(output, "ledger", JOB_ID)["cost_usd"].to_pylist()))

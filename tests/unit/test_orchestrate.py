@@ -44,3 +44,67 @@ def test_valid_job_ids_pass():
 
     for job_id in ("a", "nightly_summarization-2026-11-01", "x" * 128, new_job_id()):
         check_job_id(job_id)
+
+
+def test_a_gpu_worker_refuses_a_drain_of_a_tier_it_does_not_serve(monkeypatch):
+    from pipeline.job.drain import WORKER_TIERS_ENV, check_worker_serves
+
+    monkeypatch.delenv(WORKER_TIERS_ENV, raising=False)
+    check_worker_serves("large")  # unset: a host that serves every tier (the embedded default)
+    monkeypatch.setenv(WORKER_TIERS_ENV, "small, medium")
+    check_worker_serves("small")
+    check_worker_serves("medium")
+    with pytest.raises(JobError, match=r"serves tiers small, medium .* tier 'large'.*gpu-small and gpu-medium"):
+        check_worker_serves("large")
+
+
+def test_table_assets_name_the_dag_and_table_and_each_update_names_its_job():
+    from pipeline.job.orchestrate import TABLES, table_asset_uri, table_updates
+
+    assert [table_asset_uri("nightly", t) for t in TABLES] == [
+        "x-tokenmill://nightly/outputs",
+        "x-tokenmill://nightly/ledger",
+        "x-tokenmill://nightly/quarantine",
+    ]
+    with pytest.raises(ValueError, match="no table 'items'"):
+        table_asset_uri("nightly", "items")
+    manifest = {
+        "job_id": "nightly-2026-12-01",
+        "output_uri": "s3://summaries/out",
+        "status": "incomplete",
+        "counts": {"outputs": 7, "quarantined": 2},
+        "cost": {"cost_usd": 0.25, "gpu_seconds": 90.0},
+        "partitions": {"a": {"status": "succeeded"}, "b": {"status": "failed"}},
+    }
+    updates = table_updates(manifest)
+    assert set(updates) == set(TABLES)
+    assert all(
+        u["job_id"] == "nightly-2026-12-01" and u["output_uri"] == "s3://summaries/out" for u in updates.values()
+    )
+    assert all(u["partitions_committed"] == 1 and u["partitions"] == 2 for u in updates.values())
+    assert updates["outputs"]["rows"] == 7 and updates["quarantine"]["rows"] == 2
+    assert updates["ledger"]["cost_usd"] == 0.25 and updates["ledger"]["gpu_seconds"] == 90.0
+
+
+def test_lineage_names_datasets_by_the_openlineage_naming_spec():
+    from pipeline.job.lineage import dataset_name, summary_lineage
+
+    assert dataset_name("/data/in/2026-12-01") == ("file", "/data/in/2026-12-01")
+    assert dataset_name("file:///data/in") == ("file", "/data/in")
+    assert dataset_name("s3://incoming/2026-12-01/") == ("s3://incoming", "2026-12-01/")
+    manifest = {
+        "job_id": "j",
+        "status": "incomplete",
+        "input_uri": "s3://incoming/day",
+        "output_uri": "s3://summaries/tokenmill/",
+        "counts": {"records": 10, "outputs": 7, "quarantined": 3},
+        "cost": {"cost_usd": 0.5, "gpu_seconds": 60.0},
+        "partitions": {"a": {"status": "succeeded"}, "b": {"status": "failed"}},
+    }
+    lineage = summary_lineage(manifest)
+    assert [(d.namespace, d.name) for d in lineage["inputs"]] == [("s3://incoming", "day")]
+    assert [d.name for d in lineage["outputs"]] == ["tokenmill/outputs", "tokenmill/ledger", "tokenmill/quarantine"]
+    rows = [(d.outputFacets or {}).get("outputStatistics") for d in lineage["outputs"]]
+    assert [r.rowCount if r else None for r in rows] == [7, None, 3]
+    facet = lineage["run_facets"]["tokenmill_job"]
+    assert (facet.partitions, facet.partitionsCommitted, facet.costUsd) == (2, 1, 0.5)
