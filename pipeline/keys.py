@@ -175,6 +175,7 @@ def config_fingerprint(config: TokenmillConfig) -> str:
             "cache": True,
             "planning": True,
             "serve": True,
+            "metrics": True,  # where a run is watched from changes no output
             "tenants": {"__all__": {"api_keys"}},  # who may call the API changes no output
         },
     )

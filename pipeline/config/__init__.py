@@ -11,13 +11,13 @@ the DAG needs no secret.
 A package per domain, each section's fields documented beside them (`tokenmill config docs` renders
 docs/config.md from them): `data` (input, output, storage), `dedup` (dedup, planning, cache), `generation`
 (prompt, sampling, requests, cost), `route` (routing, escalation, output checks), `tiers` (tiers, vLLM
-arguments, tenants), `control` (budget, state, run), `job` (TokenmillConfig and loading it), `env` (the
+arguments, tenants), `control` (budget, state, run, metrics), `job` (TokenmillConfig and loading it), `env` (the
 environment's part: overrides, `${VAR}` expansion, redaction of the secrets it brings), `base` (Section).
 Modules import one another directly, never this package's face, which only re-exports them.
 """
 
 from pipeline.config.base import Section, no_credentials
-from pipeline.config.control import BudgetConfig, RunConfig, StateConfig
+from pipeline.config.control import BudgetConfig, MetricsConfig, RunConfig, StateConfig
 from pipeline.config.data import InputConfig, OutputConfig, StorageConfig
 from pipeline.config.dedup import CacheConfig, DedupConfig, PlanningConfig
 from pipeline.config.env import (
@@ -51,6 +51,7 @@ __all__ = [
     "EscalationConfig",
     "FakeEngineArgs",
     "InputConfig",
+    "MetricsConfig",
     "OutputConfig",
     "PlanningConfig",
     "PromptConfig",

@@ -1,4 +1,5 @@
-"""The job's control: budget caps, the state catalog and its leases, the orchestrator's shape."""
+"""The job's control: budget caps, the state catalog and its leases, the orchestrator's shape, what a run
+exports for Prometheus."""
 
 from __future__ import annotations
 
@@ -79,3 +80,39 @@ class RunConfig(Section):
             "once and drains that tier's work units from every partition."
         ),
     )
+
+
+class MetricsConfig(Section):
+    """Prometheus metrics (docs/ops.md, "Watching a run"): each tier worker serves them over HTTP; the short CPU
+    steps (prepare, commit) push theirs to a Pushgateway. Off by default: no port opened, nothing pushed."""
+
+    port: int | None = Field(
+        None,
+        ge=0,
+        le=65535,
+        description=(
+            "Port each tier worker (and `tokenmill run`, from its first drain) serves `/metrics` on; unset or 0: "
+            "no endpoint. A port already in use is logged and skipped: the job goes on unwatched."
+        ),
+    )
+    host: str = Field("127.0.0.1", description="Address the metrics endpoint listens on (`0.0.0.0`: every interface).")
+    pushgateway_url: str | None = Field(
+        None,
+        description=(
+            "Prometheus Pushgateway (e.g. `http://pushgateway:9091`) the processes that serve no endpoint push to "
+            "at the end of each prepare, drain and commit; unset: nothing is pushed. A push that fails is logged, "
+            "never a task's failure."
+        ),
+    )
+    job_label: str = Field(
+        "tokenmill",
+        min_length=1,
+        description="The `job` label of pushed groups (grouped further by `job_id` and `instance`, the worker).",
+    )
+    push_timeout_seconds: float = Field(
+        5.0, gt=0, le=300, description="How long one push may take before it is given up (and logged)."
+    )
+
+    @property
+    def serving(self) -> bool:
+        return bool(self.port)

@@ -11,7 +11,7 @@ import yaml
 from pydantic import Field, ValidationError, model_validator
 
 from pipeline.config.base import Section
-from pipeline.config.control import BudgetConfig, RunConfig, StateConfig
+from pipeline.config.control import BudgetConfig, MetricsConfig, RunConfig, StateConfig
 from pipeline.config.data import InputConfig, OutputConfig, StorageConfig
 from pipeline.config.dedup import CacheConfig, DedupConfig, PlanningConfig
 from pipeline.config.env import ENV_PREFIX, ConfigError, apply_env_overrides, expand, expand_defaults, renamed_overrides
@@ -40,6 +40,7 @@ class TokenmillConfig(Section):
     run: RunConfig = Field(default_factory=RunConfig)
     tenants: dict[str, TenantConfig] = Field(default_factory=dict, description="Per-tenant settings, by tenant name.")
     serve: ServeConfig = Field(default_factory=ServeConfig)
+    metrics: MetricsConfig = Field(default_factory=MetricsConfig)
 
     @model_validator(mode="before")
     @classmethod

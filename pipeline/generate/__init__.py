@@ -11,6 +11,7 @@
   worker.py    the tier worker: one engine kept fed with its tier's work units from every partition;
                it measures start-up, busy and idle time and prices each finished request (pricing.py)
   shadow.py    shadow verification: the measured false-hit rate of near/semantic reuse
+  metrics.py   the Prometheus metrics of a run (one registry): served by tier workers, pushed by CPU steps
 
 Layer: may import pipeline.route, pipeline.dedup, pipeline.ingest, pipeline.stores and the base;
 never pipeline.output or pipeline.job. tests/unit/test_architecture.py enforces this.

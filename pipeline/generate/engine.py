@@ -116,6 +116,12 @@ class VllmEngine:
 
         return engine_counters(self.llm)
 
+    def gauges(self) -> dict[str, float]:
+        """vLLM's scheduler and KV-cache gauges as its last step set them (levers.engine_gauges)."""
+        from pipeline.generate.levers import engine_gauges
+
+        return engine_gauges(self.llm)
+
 
 class _engine_death:
     """vLLM's EngineDeadError as ours: the job stops (retrying would fail every item)."""

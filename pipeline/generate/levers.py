@@ -9,7 +9,8 @@ W4A16 (GPTQ/AWQ/pack-quantized) in bfloat16 only, FP8 weights; online `quantizat
 an FP8 KV cache with AVX-512 or AMX and a head size divisible by 32.
 
 `lever_summary` is what the manifest shows per tier; `engine_counters` reads a running engine's
-speculative-decoding and prefix-cache counters (vLLM's own metrics), `counter_delta` one session's share.
+speculative-decoding and prefix-cache counters (vLLM's own metrics), `counter_delta` one session's share;
+`engine_gauges` its scheduler and KV-cache gauges, which the metrics endpoint re-exports (generate/metrics.py).
 """
 
 from __future__ import annotations
@@ -47,6 +48,14 @@ COUNTERS = dict(
         ),
     )
 )
+
+# vLLM's gauges the metrics endpoint re-exports: its name -> the attribute of vLLM's Prometheus stat logger
+# (vllm/v1/metrics/loggers.py) holding one child per engine index.
+GAUGES = {
+    "vllm:num_requests_running": "gauge_scheduler_running",
+    "vllm:num_requests_waiting": "gauge_scheduler_waiting",
+    "vllm:kv_cache_usage_perc": "gauge_kv_cache_usage",
+}
 
 
 class LeverError(EngineStartError):
@@ -338,10 +347,7 @@ def engine_counters(llm) -> dict[str, int | None]:
     registry when another engine starts, so the registry (`LLM.get_metrics()`) is only the fallback."""
     out: dict[str, int | None] = dict.fromkeys(COUNTERS)
     try:
-        manager = getattr(llm.llm_engine, "logger_manager", None)
-        prom = next(
-            (lg for lg in getattr(manager, "stat_loggers", ()) if hasattr(lg, "counter_prefix_cache_queries")), None
-        )
+        prom = prometheus_logger(llm, "counter_prefix_cache_queries")
         out.update(_own_counters(prom) if prom is not None else _registry_counters(llm))
     except Exception as e:  # telemetry must never cost a job
         log.debug("engine counters unreadable: %s: %s", type(e).__name__, e)
@@ -369,6 +375,46 @@ def _own_counters(prom) -> dict[str, int]:
         out["spec_drafted"] = total(spec.counter_spec_decode_num_draft_tokens)
         out["spec_accepted"] = total(spec.counter_spec_decode_num_accepted_tokens)
     return out
+
+
+def prometheus_logger(llm, attribute: str):
+    """The engine's own Prometheus stat logger (the one holding `attribute`), or None."""
+    manager = getattr(llm.llm_engine, "logger_manager", None)
+    return next((lg for lg in getattr(manager, "stat_loggers", ()) if hasattr(lg, attribute)), None)
+
+
+def engine_gauges(llm) -> dict[str, float]:
+    """vLLM's GAUGES as the engine last set them (requests running and waiting, KV-cache use), summed over its
+    engine indexes (data parallel); {} when unreadable. Never raises: a scrape must not cost a job.
+
+    Read from the engine's own logger, as the counters are (vLLM unregisters an engine's metrics from the
+    process's registry when another engine starts)."""
+    try:
+        prom = prometheus_logger(llm, "gauge_scheduler_running")
+        if prom is None:
+            return {}
+        return {
+            name: float(
+                sum(s.value for child in getattr(prom, attr).values() for m in child.collect() for s in m.samples)
+            )
+            for name, attr in GAUGES.items()
+            if isinstance(getattr(prom, attr, None), dict)
+        }
+    except Exception as e:
+        log.debug("engine gauges unreadable: %s: %s", type(e).__name__, e)
+        return {}
+
+
+def read_gauges(engine) -> dict[str, float]:
+    """An engine's vLLM gauges (`gauges()`), or {} for one that keeps none (the fake engine, test doubles)."""
+    gauges = getattr(engine, "gauges", None)
+    if not callable(gauges):
+        return {}
+    try:
+        return gauges()
+    except Exception as e:
+        log.debug("engine gauges unreadable: %s: %s", type(e).__name__, e)
+        return {}
 
 
 def _registry_counters(llm) -> dict[str, int]:

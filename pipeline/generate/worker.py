@@ -9,7 +9,8 @@ finish and the scheduler always has work to choose from while any remains. Every
 is held is start-up, busy (requests in flight) or idle (none), measured here and renewed into the
 engine session (stores/units.py); each busy interval is shared among the requests in flight by the
 token weight of what it advanced (prefill the first time a request shows output, decode per token),
-so the items' busy GPU-seconds add up exactly to the busy time.
+so the items' busy GPU-seconds add up exactly to the busy time. The same seconds, the generations and their
+tokens go to the process's Prometheus counters as they are measured (generate/metrics.py).
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ import numpy as np
 import pyarrow as pa
 
 from pipeline.config import TokenmillConfig
+from pipeline.generate import metrics
 from pipeline.generate.engine import STARTUP_SECONDS, EnginePool, stepper
 from pipeline.generate.engine_api import Progressed
 from pipeline.generate.followup import record_id
@@ -180,6 +182,7 @@ class TierWorker:
     recorded: float = 0.0
     session_id: str = ""
     report: WorkerReport | None = None
+    meter: metrics.EngineMeter | None = None
 
     def drain(self) -> WorkerReport:
         self.report = report = WorkerReport(self.tier)
@@ -216,6 +219,9 @@ class TierWorker:
         report.idle_seconds = time.perf_counter() - _FREE_SINCE.pop(engine) if engine in _FREE_SINCE else 0.0
         self.batch = batch_size(engine, tier.vllm.max_num_seqs)
         report.session_id = self.session_id = f"{self.worker}/{self.tier}/{secrets.token_hex(4)}"
+        self.meter = metrics.EngineMeter(self.tier)
+        self.meter.watch(engine)
+        self.publish()
         self.queue.open_session(
             self.session_id,
             self.job_id,
@@ -262,6 +268,7 @@ class TierWorker:
                 self.queue.beat_session(
                     sid, report.busy_seconds, report.idle_seconds, self.recorded, lease_seconds=lease
                 )
+                self.publish(depth=True)
 
     def close_session(self, engine, counted: dict) -> None:
         """Shut the engine down (`release`) or keep it for the next session; close the session."""
@@ -281,6 +288,16 @@ class TierWorker:
             counters=counted,
             lease_seconds=self.config.state.lease_seconds,
         )
+        self.publish(depth=True)
+        self.meter.unwatch()
+
+    def publish(self, depth: bool = False) -> None:
+        """The session's seconds so far to the metrics (and, with `depth`, the tier's claimable units: a query, made
+        only when something reads the metrics)."""
+        r = self.report
+        self.meter.publish(r.startup_seconds, r.busy_seconds, r.idle_seconds)
+        if depth and metrics.wanted(self.config.metrics):
+            metrics.queue_depth(self.tier, self.queue.claimable(self.job_id, self.tier))
 
     def fill(self) -> int:
         # Twice the scheduler's batch: as requests finish, the next ones are already waiting in vLLM. Under
@@ -304,6 +321,7 @@ class TierWorker:
             return
         if rows and not self.job.admit(unit, rows):
             self.queue.finish(self.job_id, unit, "deferred")
+            metrics.deferred(self.tier)
             log.warning("tier %s: unit %s deferred at a budget cap", self.tier, unit.unit_id)
             return
         report.units += 1
@@ -425,6 +443,8 @@ class TierWorker:
             lease_seconds=self.config.state.lease_seconds,
         )
         self.job.store(items, failed)
+        metrics.generated(self.tier, items.values(), price)
+        self.publish()
         self.job.cache_put(by_scope)
         for _, f in done:
             self.remaining[f.unit.unit_id] -= 1

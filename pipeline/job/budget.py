@@ -17,6 +17,7 @@ import pyarrow.compute as pc
 
 from pipeline.config import TokenmillConfig
 from pipeline.errors import JobError
+from pipeline.generate import metrics
 from pipeline.plan.estimate import budget_problems, estimate_usd, with_estimates
 from pipeline.plan.rates import tier_rates
 from pipeline.stores.catalog import StateStore
@@ -55,7 +56,23 @@ class BudgetGuard:
         problems = self.queue.reserve(self.job_id, unit, requests, self.prices, self.problems)
         if problems:
             self.reason = "; ".join(problems)
+        if metrics.wanted(self.config.metrics):
+            metrics.budget_left(self.remaining())
         return not problems
+
+    def remaining(self) -> dict[tuple[str, str | None], float]:
+        """USD left under each cap, (`job`, None) or (`tenant`, its name): the cap less what the job spent and
+        reserved (negative: crossed)."""
+        b = self.config.budget
+        spent = self.queue.spent(self.job_id, self.prices)
+        left: dict[tuple[str, str | None], float] = {}
+        if b.max_job_usd is not None:
+            left[("job", None)] = b.max_job_usd - sum(spent.values())
+        for tenant in sorted(set(spent) | set(b.max_tenant_usd)):
+            cap = b.tenant_cap(tenant)
+            if cap is not None:
+                left[("tenant", tenant)] = cap - spent.get(tenant, 0.0)
+        return left
 
     def check_start(self, unpaid: Iterable[tuple[pa.Table, pa.Table]]) -> None:
         """Refuse the job (status `refused`) when spent + the estimate of what is left crosses a cap.

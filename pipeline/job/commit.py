@@ -22,6 +22,7 @@ from sqlalchemy.exc import OperationalError
 
 from pipeline.dedup.index import generated_segments
 from pipeline.errors import JobError
+from pipeline.generate import metrics
 from pipeline.generate.engine_api import EngineDeadError, EngineStartError
 from pipeline.generate.followup import related_keys
 from pipeline.generate.reuse import cache_value, needed_keys
@@ -71,7 +72,28 @@ class PartitionCommit:
         return self.state.finish_partition(self.job_id, self.partition, self.ctx.worker, self.epoch, status, **fields)
 
     def run(self) -> None:
-        """Run the claimed partition to its end state: succeeded, deferred or failed."""
+        """Run the claimed partition to its end state (succeeded, deferred or failed), then report to the metrics."""
+        metrics.begin(self.config, self.job_id)
+        try:
+            self.run_claimed()
+        finally:
+            self.report()
+
+    def report(self) -> None:
+        """The figures a commit adds to the metrics beside its ledger's (budget left, units still claimable), then
+        the push of a process that serves no endpoint. Never raises: the partition's end state is what counts."""
+        ctx = self.ctx
+        try:
+            if metrics.wanted(self.config.metrics):
+                if ctx.budget.active:
+                    metrics.budget_left(ctx.budget.remaining())
+                for tier in self.config.tiers:
+                    metrics.queue_depth(tier, ctx.queue.claimable(self.job_id, tier))
+        except Exception as e:  # the catalog gone: the commit's own error says so
+            log.debug("metrics after commit unreadable: %s: %s", type(e).__name__, e)
+        metrics.push(self.config.metrics, self.job_id, ctx.worker)
+
+    def run_claimed(self) -> None:
         partition = self.partition
         try:
             lease = self.config.state.lease_seconds
@@ -209,6 +231,7 @@ class PartitionCommit:
                 f"partition {partition}: lease lost to another worker (claim epoch {self.epoch} "
                 f"superseded); its commit was fenced out and wrote nothing visible"
             )
+        metrics.committed(ledger, quarantine)
         try:
             faults.checkpoint("before_publish", self.job_id, partition)
             publish(ctx.out, self.job_id, partition, commit, files)

@@ -17,6 +17,7 @@ from collections import Counter
 import pyarrow as pa
 
 from pipeline.errors import JobError
+from pipeline.generate import metrics
 from pipeline.generate.worker import Failure, TierWorker, WorkerReport
 from pipeline.job.context import JobContext
 from pipeline.stores.catalog import ItemsRefused
@@ -135,11 +136,17 @@ def release_gone(ctx: JobContext) -> bool:
 
 def drain(ctx: JobContext, tier: str, release: bool = False) -> WorkerReport:
     """Run one tier worker for this job until its tier has no unit left or to come; `release`: shut the
-    tier's engine down at the end (this process will not use it again)."""
+    tier's engine down at the end (this process will not use it again). The process serves its metrics from
+    here on (`metrics.port`), or pushes them at the end when it serves none (`metrics.pushgateway_url`)."""
+    metrics.serve(ctx.config.metrics)
+    metrics.begin(ctx.config, ctx.job_id)
     release_gone(ctx)
-    return TierWorker(
-        ctx.config, tier, ctx.job_id, ctx.queue, ctx.pool, ctx.worker, TierDrain(ctx, tier), release
-    ).drain()
+    try:
+        return TierWorker(
+            ctx.config, tier, ctx.job_id, ctx.queue, ctx.pool, ctx.worker, TierDrain(ctx, tier), release
+        ).drain()
+    finally:
+        metrics.push(ctx.config.metrics, ctx.job_id, ctx.worker)
 
 
 def drain_tier(ctx: JobContext, tier: str) -> dict:

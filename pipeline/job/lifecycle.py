@@ -17,6 +17,7 @@ that a rerun (or a second worker) picks up exactly what is not done and pays for
 from __future__ import annotations
 
 import logging
+import time
 from dataclasses import dataclass
 
 from sqlalchemy.exc import OperationalError
@@ -24,14 +25,16 @@ from sqlalchemy.exc import OperationalError
 from pipeline.config import TokenmillConfig
 from pipeline.config.env import scrub
 from pipeline.errors import JobError
+from pipeline.generate import metrics
 from pipeline.generate.engine import EnginePool
 from pipeline.job.commit import commit_ready
 from pipeline.job.context import JobContext, new_job_id
 from pipeline.job.drain import drain
 from pipeline.job.manifest import refresh_manifest
 from pipeline.job.plan import plan
-from pipeline.job.prepare import check_budget, prepare_or_fail
+from pipeline.job.prepare import check_budget, expected_engine_seconds, prepare_or_fail
 from pipeline.job.progress import Progress
+from pipeline.plan.estimate import Demand
 from pipeline.stores import storage
 from pipeline.stores.catalog import StateError, StateStore, now
 
@@ -107,9 +110,7 @@ class Job:
         tried: set[str] = set()
         announced: set[tuple] = set()
         try:
-            for p in to_run:
-                if p.status != "running" or p.partition in forced:
-                    prepare_or_fail(ctx, p.partition)
+            self.prepare(to_run, forced)
             while True:
                 for tier in ctx.drain_order():
                     drain(ctx, tier, release=release_engines)
@@ -117,7 +118,22 @@ class Job:
                     break
         finally:
             ctx.progress.finish()
+            metrics.expect_end(None)
         return self.finish()
+
+    def prepare(self, to_run: list, forced: list[str]) -> None:
+        """Prepare the partitions to run; when the run is watched (docs/ops.md), its expected end: now plus the
+        high end of the estimate of what it prepared."""
+        ctx = self.ctx
+        demand = Demand() if ctx.config.metrics.serving or ctx.config.metrics.pushgateway_url else None
+        for p in to_run:
+            if p.status != "running" or p.partition in forced:
+                prepare_or_fail(ctx, p.partition, demand)
+        if demand is not None:
+            try:
+                metrics.expect_end(time.time() + expected_engine_seconds(ctx, demand))
+            except Exception as e:  # no estimate is no reason to stop a job
+                log.warning("no expected end for job %s: %s: %s", ctx.job_id, type(e).__name__, e)
 
     # -- finish -----------------------------------------------------------------------------------
     def finish(self) -> JobResult:

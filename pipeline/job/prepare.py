@@ -13,10 +13,12 @@ import logging
 
 from sqlalchemy.exc import OperationalError
 
+from pipeline.generate import metrics
 from pipeline.generate.engine_api import EngineStartError
 from pipeline.generate.waves import engine_requests
 from pipeline.job import faults
 from pipeline.job.context import JobContext
+from pipeline.plan.estimate import Demand, price_demand
 from pipeline.stores import storage
 from pipeline.stores.catalog import StateError
 
@@ -30,12 +32,16 @@ def unpaid_requests(ctx: JobContext, partition: str, records) -> tuple:
     return records, items, generations, requests, too_long
 
 
-def prepare(ctx: JobContext, partition: str) -> dict:
-    """Look up paid and cached items, render and tokenise the rest, enqueue wave 0; what it found."""
+def prepare(ctx: JobContext, partition: str, demand: Demand | None = None) -> dict:
+    """Look up paid and cached items, render and tokenise the rest, enqueue wave 0; what it found. `demand`:
+    where to add the requests enqueued, for the run's estimate of its end (`expected_engine_seconds`)."""
     records = ctx.staging.records(partition)
     faults.checkpoint("before_generate", ctx.job_id, partition)
     _, items, generations, requests, too_long = unpaid_requests(ctx, partition, records)
     enqueued = ctx.waves.start(partition, generations, requests, too_long)
+    if demand is not None and requests.num_rows:
+        demand.add_requests(requests, dict(zip(generations["id"].to_pylist(), generations["tenant"].to_pylist())))
+    report_prepared(ctx)
     return {
         "partition": partition,
         "records": records.num_rows,
@@ -46,10 +52,34 @@ def prepare(ctx: JobContext, partition: str) -> dict:
     }
 
 
-def prepare_or_fail(ctx: JobContext, partition: str) -> None:
+def report_prepared(ctx: JobContext) -> None:
+    """The queue a prepare leaves, to the metrics; then the push of a process that serves no endpoint."""
+    metrics.begin(ctx.config, ctx.job_id)
+    if metrics.wanted(ctx.config.metrics):
+        for tier in ctx.config.tiers:
+            metrics.queue_depth(tier, ctx.queue.claimable(ctx.job_id, tier))
+    metrics.push(ctx.config.metrics, ctx.job_id, ctx.worker)
+
+
+def expected_engine_seconds(ctx: JobContext, demand: Demand) -> float:
+    """Engine seconds the high end of the estimate gives `demand` (busy, escalations, start-up and idle), its tiers
+    drained one after the other as one process does: each tier's USD back to seconds at its price per hour. A tier
+    priced at 0 tells no time and adds none."""
+    if not demand.cells:
+        return 0.0
+    priced = price_demand(demand, ctx.config, ctx.budget.rates())
+    seconds = 0.0
+    for name, tier in priced["tiers"].items():
+        per_hour = ctx.config.tier_prices.get(name, 0.0)
+        if per_hour > 0:
+            seconds += tier["est_usd_high"] * 3600 / per_hour
+    return seconds
+
+
+def prepare_or_fail(ctx: JobContext, partition: str, demand: Demand | None = None) -> None:
     """`prepare`, failing that partition alone on an error of its own (it says why; a rerun prepares it again)."""
     try:
-        prepare(ctx, partition)
+        prepare(ctx, partition, demand)
     except (EngineStartError, StateError, OperationalError):
         raise  # every partition would fail the same way
     except Exception as e:

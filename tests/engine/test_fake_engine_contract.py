@@ -119,3 +119,17 @@ def test_both_engines_count_the_same_prompt_cached_tokens_and_counters(engines):
     # From cold: nothing; a 256-token prefix hits one block (its second holds the last token); a longer
     # prompt over the same 300 hits both; 130 tokens hit one.
     assert seen["vllm"][0] == [0, 128, 256, 128]
+
+
+def test_the_real_engine_reports_the_vllm_gauges_the_metrics_endpoint_re_exports(engines):
+    """generate/metrics.py re-exports vLLM's scheduler and KV-cache gauges per tier, read from the engine's own
+    Prometheus logger (levers.engine_gauges); the fake engine keeps none, so only here is that read real."""
+    from pipeline.generate.levers import GAUGES, read_gauges
+
+    by_kind, tokenizer = engines
+    drain(by_kind["vllm"], [("gauges", tokenizer.encode(TEXTS[0]), 4)], SamplingConfig(max_tokens=4))
+    gauges = read_gauges(by_kind["vllm"])
+    assert set(gauges) == set(GAUGES), gauges
+    assert gauges["vllm:num_requests_waiting"] == 0 and gauges["vllm:num_requests_running"] >= 0
+    assert 0 <= gauges["vllm:kv_cache_usage_perc"] <= 1
+    assert read_gauges(by_kind["fake"]) == {}

@@ -180,3 +180,69 @@ def test_infra_readme_names_the_pools_to_create():
 def test_single_host_tokenmill_config_is_valid():
     config = single_host_config()
     assert config.storage.s3_endpoint_url == "http://s3:8333" and "{date}" in config.input.uri
+
+
+# -- watching a run: the alert rules and the Grafana dashboard against the metrics the code exports ------
+
+METRIC = re.compile(r"\b(tokenmill_[a-z0-9_]+)\b")
+
+
+def alert_rules() -> list[dict]:
+    rules = yaml.safe_load((INFRA / "prometheus" / "alerts.yml").read_text())
+    return [rule for group in rules["groups"] for rule in group["rules"]]
+
+
+def dashboard() -> dict:
+    return json.loads((INFRA / "grafana" / "tokenmill-dashboard.json").read_text())
+
+
+def dashboard_expressions(board: dict) -> list[str]:
+    queries = [v["query"]["query"] for v in board["templating"]["list"] if v["type"] == "query"]
+    return [t["expr"] for p in board["panels"] for t in p["targets"]] + queries
+
+
+def test_alert_rules_are_a_prometheus_rules_file_on_exported_metrics():
+    from pipeline.generate.metrics import metric_names
+
+    rules, exported = alert_rules(), metric_names()
+    assert {r["alert"] for r in rules} == {
+        "TokenmillEngineUnderused",
+        "TokenmillBudgetCapReached",
+        "TokenmillQuarantineShareHigh",
+        "TokenmillJobPastExpectedEnd",
+    }
+    for rule in rules:
+        assert set(rule) <= {"alert", "expr", "for", "labels", "annotations"}, rule["alert"]
+        assert rule["labels"]["severity"] in ("warning", "critical") and rule["annotations"]["summary"]
+        assert re.fullmatch(r"\d+[smh]", rule.get("for", "0m")), rule["alert"]
+        assert rule["expr"].count("(") == rule["expr"].count(")"), rule["alert"]
+        used = set(METRIC.findall(rule["expr"]))
+        assert used and used <= exported, f"{rule['alert']} uses {sorted(used - exported)}, not exported"
+
+
+def test_dashboard_is_grafana_json_on_exported_metrics():
+    from pipeline.generate.metrics import metric_names
+
+    board, exported = dashboard(), metric_names()
+    assert board["uid"] and board["schemaVersion"] >= 36 and board["title"] == "tokenmill"
+    ids = [p["id"] for p in board["panels"]]
+    assert len(ids) == len(set(ids))
+    for p in board["panels"]:
+        assert p["targets"] and all(t["expr"] and t["refId"] for t in p["targets"]), p["title"]
+        assert {"h", "w", "x", "y"} <= set(p["gridPos"]) and p["gridPos"]["x"] + p["gridPos"]["w"] <= 24
+    used = {name for expr in dashboard_expressions(board) for name in METRIC.findall(expr)}
+    assert used <= exported, f"the dashboard queries {sorted(used - exported)}, not exported"
+    # every panel the runbook names (docs/ops.md, "Watching a run"), each fed by its metrics
+    for metric in (
+        "tokenmill_generations_total",
+        "tokenmill_items_total",
+        "tokenmill_output_tokens_total",
+        "tokenmill_engine_utilisation_ratio",
+        "tokenmill_engine_seconds_total",
+        "tokenmill_cost_usd_total",
+        "tokenmill_budget_remaining_usd",
+        "tokenmill_queue_units",
+        "tokenmill_vllm_num_requests_running",
+        "tokenmill_vllm_kv_cache_usage_perc",
+    ):
+        assert metric in used, metric
