@@ -24,7 +24,12 @@ class InputConfig(Section):
         200_000, gt=0, description="Documents whose text is larger (UTF-8 bytes) are quarantined as `too_large`."
     )
     records_per_partition: int = Field(
-        10_000, gt=0, description="A file with more records is split into partitions of this many records."
+        10_000,
+        gt=0,
+        description=(
+            "A file with more records is split into partitions of this many records; runs of one-document files "
+            "(.txt, .md) are packed into partitions of up to this many files (and 64 MB)."
+        ),
     )
     excerpt_chars: int = Field(
         200, ge=0, description="Characters of the raw input kept in a quarantine row's `excerpt`."

@@ -54,6 +54,45 @@ def partition_id(relative_path: str, chunk: int) -> str:
     return f"{hashlib.sha1(relative_path.encode()).hexdigest()[:10]}-{chunk:05d}"
 
 
+# A pack of one-document files holds at most this many bytes of input, whatever records_per_partition
+# allows: a planning process reads a whole partition's texts at once.
+PACK_BYTES = 64 << 20
+
+
+def packs(files: list[tuple[str, str, int]], records_per_partition: int, max_bytes: int = PACK_BYTES) -> list[list]:
+    """The input files (input_files) in groups, each read as one partition or more: consecutive one-document
+    files (.txt, .md: a record each) packed up to `records_per_partition` files and `max_bytes`, any other
+    file alone (it is split into partitions by records as it is read). In job order. So a folder of
+    20,000 one-document files is a few partitions, not 20,000 (each a set of staged files, work units,
+    a commit and an Airflow task)."""
+    groups: list[list] = []
+    run: list = []
+    run_bytes = 0
+    for file in files:
+        if not file[0].lower().endswith(TEXT_SUFFIXES):
+            if run:
+                groups.append(run)
+                run, run_bytes = [], 0
+            groups.append([file])
+            continue
+        if run and (len(run) >= records_per_partition or run_bytes + file[2] > max_bytes):
+            groups.append(run)
+            run, run_bytes = [], 0
+        run.append(file)
+        run_bytes += file[2]
+    if run:
+        groups.append(run)
+    return groups
+
+
+def pack_partition(paths: list[str]) -> str:
+    """A pack's partition id: its first and last file and how many (the listing, in job order, decides
+    the packs, so a rerun of the job packs the same files the same way). One file alone keeps its own."""
+    if len(paths) == 1:
+        return partition_id(paths[0], 0)
+    return partition_id(f"{paths[0]}\0{paths[-1]}\0{len(paths)}", 0)
+
+
 def _printable(value: str) -> str:
     """`value` with lone surrogates written as escapes, so that Arrow can store it."""
     return value.encode("utf-8", "backslashreplace").decode("utf-8")
@@ -75,8 +114,11 @@ def _excerpt_text(raw, limit: int) -> str | None:
 class _Rows:
     """Column builder for RAW_RECORDS."""
 
-    def __init__(self, relative_path: str, config: InputConfig, by_partition: bool = False):
+    def __init__(
+        self, relative_path: str, config: InputConfig, by_partition: bool = False, partition: str | None = None
+    ):
         self.file, self.config, self.by_partition = relative_path, config, by_partition
+        self.partition = partition  # a pack's: every row of this file goes there
         self.ready: list[pa.Table] = []  # whole partitions read, not yet handed on (by_partition)
         self.cols: dict[str, list] = {name: [] for name in RAW_RECORDS.names}
         self.note: str | None = None  # what the manifest should say about this file, if anything
@@ -103,7 +145,7 @@ class _Rows:
         if chunk not in self._partitions:
             if self.by_partition:
                 self.flush()  # a new partition begins: the last one is whole
-            self._partitions[chunk] = partition_id(self.file, chunk)
+            self._partitions[chunk] = self.partition or partition_id(self.file, chunk)
         self.count += 1
         c = self.cols
         c["id"].append(id)
@@ -389,15 +431,19 @@ class FileReader:
     without holding its records at once) or whole (`table()`). A file that cannot be read at all is one
     `unreadable_file` row; `note` says, once read, why a file gave no record (for the manifest)."""
 
-    def __init__(self, root: storage.Location, relative_path: str, path: str, config: InputConfig):
+    def __init__(
+        self, root: storage.Location, relative_path: str, path: str, config: InputConfig, partition: str | None = None
+    ):
+        """`partition`: the pack's this one-document file is read into (packs), instead of its own."""
         self.root, self.relative_path, self.path, self.config = root, relative_path, path, config
+        self.partition = partition
         self.note: str | None = None
         self.format: str | None = None  # once read: "records", "openai" or "anthropic" (None: no object read)
 
     def partitions(self) -> Iterator[pa.Table]:
         """Each partition's records as soon as it is read whole, in order. An error of the code that takes
         them is raised there, never blamed on the file."""
-        rows = _Rows(self.relative_path, self.config, by_partition=True)
+        rows = _Rows(self.relative_path, self.config, by_partition=True, partition=self.partition)
         yield from _read_rows(rows, self.root, self.relative_path, self.path)
         rows.flush()
         yield from rows.take()
@@ -405,7 +451,7 @@ class FileReader:
 
     def table(self) -> pa.Table:
         """All the file's records in one table."""
-        rows = _Rows(self.relative_path, self.config)
+        rows = _Rows(self.relative_path, self.config, partition=self.partition)
         for _ in _read_rows(rows, self.root, self.relative_path, self.path):
             pass
         self.note, self.format = rows.note, rows.format
@@ -450,11 +496,13 @@ def read_records(
     if files is None:
         files, notes = input_files(root)
     tables = []
-    for relative_path, path, *_ in files:
-        reader = FileReader(root, relative_path, path, config)
-        tables.append(reader.table())
-        if reader.note:
-            notes.append(reader.note)
+    for group in packs(files, config.records_per_partition):
+        pack = pack_partition([f[0] for f in group]) if len(group) > 1 else None
+        for relative_path, path, *_ in group:
+            reader = FileReader(root, relative_path, path, config, partition=pack)
+            tables.append(reader.table())
+            if reader.note:
+                notes.append(reader.note)
     if not tables:
         return RAW_RECORDS.empty_table(), notes
     return pa.concat_tables(tables), notes

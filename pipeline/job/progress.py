@@ -15,7 +15,7 @@ import time
 log = logging.getLogger("tokenmill.progress")
 
 
-PLANNING_UNITS = {"keyed": "input files", "clustered": "shards", "staged": "partitions"}
+PLANNING_UNITS = {"keyed": "input files or packs", "clustered": "shards", "staged": "partitions"}
 
 
 class Progress:

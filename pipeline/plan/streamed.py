@@ -1,8 +1,9 @@
 """Planning: the CPU stages over a job's whole input, streamed file by file and sharded by dedup scope.
 
-  keyed    per input file, in parallel, a partition at a time as the file is read: read -> validate ->
-           content_hash -> route -> item_keys -> sketch (stages.py, the declared STAGES, as every step
-           here runs them); each partition's keyed records and quarantine rows go to the staging area
+  keyed    per input file, in parallel, a partition at a time as the file is read (one-document files
+           packed: ingest/read.py `packs`): read -> validate -> content_hash -> route -> item_keys ->
+           sketch (stages.py, the declared STAGES, as every step here runs them); each partition's
+           keyed records and quarantine rows go to the staging area
   ids      in job order: a record whose id an earlier valid record already has is quarantined
   cluster  per shard of dedup scopes, in parallel (shards.py): near, semantic and cache reuse over the
            shard's compact columns (keys, signatures, embeddings); texts are read back from the staging
@@ -45,7 +46,7 @@ from pipeline.config import TokenmillConfig
 from pipeline.dedup.cluster import DedupStats
 from pipeline.dedup.split import shards_of
 from pipeline.errors import JobError
-from pipeline.ingest.read import FileReader, input_files
+from pipeline.ingest.read import FileReader, input_files, pack_partition, packs
 from pipeline.ingest.validate import duplicate_rows, quarantine_rows
 from pipeline.plan.shards import ROW, SHARD_COLUMNS, cluster_shard, cut_scopes
 from pipeline.plan.stages import STAGED_COLUMNS, StageContext, run_stages, stage_named, stages_between
@@ -197,13 +198,14 @@ def plan_keyed(
     for note in plan.skipped:
         log.warning("input file %s", note)
     started = time.perf_counter()
+    groups = packs(files, config.input.records_per_partition)
     keyed = _map(
         pool,
-        key_file,
-        [config] * len(files),
-        [job_id] * len(files),
-        [staging] * len(files),
-        files,
+        key_files,
+        [config] * len(groups),
+        [job_id] * len(groups),
+        [staging] * len(groups),
+        groups,
         step="keyed",
         report=report,
     )
@@ -213,9 +215,9 @@ def plan_keyed(
     seen: set[str] = set()
     scope_rows: dict[str, int] = {}
     for result in keyed:
-        if result.note:
-            plan.skipped.append(result.note)
-            log.warning("input file %s", result.note)
+        for note in result.file_notes:
+            plan.skipped.append(note)
+            log.warning("input file %s", note)
         plan.dedup.notes.extend(n for n in result.notes if n not in plan.dedup.notes)
         plan.records += result.raw
         plan.quarantined += result.quarantined
@@ -314,19 +316,21 @@ def plan_staged(
 # -- keyed: one input file ------------------------------------------------------------------------
 @dataclass
 class KeyedFile:
-    file: str
+    file: str  # the file, or a pack's `first … last (n files)`
     raw: int  # records read
     quarantined: int  # quarantined by validate (not counting duplicate ids)
-    note: str | None
+    file_notes: list[str]  # why a file gave no record (empty, unreadable), for the manifest
     notes: list[str]  # what was asked for and could not be done (e.g. semantic reuse off)
     partitions: dict[str, tuple[pa.Array, dict[str, int], int]]  # partition -> (valid ids, rows per scope, raw records)
     format: str | None = None  # what the file holds: records, or a batch format (ingest/batch.py)
 
 
-def key_file(config: TokenmillConfig, job_id: str, staging, file: tuple[str, str, int]) -> KeyedFile:
+def key_files(config: TokenmillConfig, job_id: str, staging, files: list[tuple[str, str, int]]) -> KeyedFile:
     """Run the keyed stages on one input file, a partition at a time as the reader yields it (a file's
-    records are never held at once), and stage each partition's keyed records and quarantine rows."""
-    out = KeyedFile(file[0], 0, 0, None, [], {})
+    records are never held at once), or on a pack of one-document files (ingest/read.py `packs`) as one
+    partition; stage each partition's keyed records and quarantine rows."""
+    name = files[0][0] if len(files) == 1 else f"{files[0][0]} … {files[-1][0]} ({len(files)} files)"
+    out = KeyedFile(name, 0, 0, [], [], {})
 
     def key_partition(raw: pa.Table) -> None:  # one whole partition
         part = raw["partition"][0].as_py()
@@ -341,10 +345,20 @@ def key_file(config: TokenmillConfig, job_id: str, staging, file: tuple[str, str
         counts = pc.value_counts(records["scope"]).to_pylist()
         out.partitions[part] = (records["id"], {c["values"]: c["counts"] for c in counts}, raw.num_rows)
 
-    reader = FileReader(storage.resolve(config.input.uri, config.storage), file[0], file[1], config.input)
-    for raw in reader.partitions():
-        key_partition(raw)
-    out.note, out.format = reader.note, reader.format
+    root = storage.resolve(config.input.uri, config.storage)
+    if len(files) == 1:
+        reader = FileReader(root, files[0][0], files[0][1], config.input)
+        for raw in reader.partitions():
+            key_partition(raw)
+        out.file_notes, out.format = [reader.note] if reader.note else [], reader.format
+        return out
+    pack, tables = pack_partition([f[0] for f in files]), []
+    for relative, path, _ in files:
+        reader = FileReader(root, relative, path, config.input, partition=pack)
+        tables.append(reader.table())
+        out.file_notes += [reader.note] if reader.note else []
+    key_partition(pa.concat_tables(tables))
+    out.format = "records"  # one-document files: never a batch file
     return out
 
 

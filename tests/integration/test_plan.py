@@ -265,7 +265,11 @@ def test_a_job_of_many_small_files_says_how_planning_goes(make_config, tmp_path,
     with caplog.at_level("INFO", logger="tokenmill.progress"):
         run_job(make_config(folder), job_id="many", progress=progress)
     planning = [r.getMessage() for r in caplog.records if r.getMessage().startswith("planning: ")]
-    keyed = [int(m.group(1)) for line in planning if (m := re.match(r"planning: keyed (\d+)/30 input files; ", line))]
+    keyed = [
+        int(m.group(1))
+        for line in planning
+        if (m := re.match(r"planning: keyed (\d+)/30 input files or packs; ", line))
+    ]
     assert keyed == list(range(1, files + 1))
     assert any(re.match(r"planning: clustered (\d+)/\1 shards; \d+ s elapsed", line) for line in planning)
     assert any(re.match(rf"planning: staged {files}/{files} partitions; \d+ s elapsed", line) for line in planning)
@@ -273,3 +277,36 @@ def test_a_job_of_many_small_files_says_how_planning_goes(make_config, tmp_path,
     assert all(
         caplog.records.index(r) < first_item_line for r in caplog.records if r.getMessage().startswith("planning: ")
     )
+
+
+def test_a_folder_of_one_document_files_is_packed_into_few_partitions(make_config, tmp_path):
+    """Issue 30, item 1: 20,000 one-document .txt files were 20,000 partitions (staged files, work units, a
+    commit and an Airflow task each). They are packed into partitions of records_per_partition files; ids,
+    files and texts stay each file's own, streamed planning equals the in-memory stages, every record once."""
+    from pipeline import run_job
+    from pipeline.ingest.read import partition_id
+    from tests.jobs import assert_exactly_once
+
+    folder = tmp_path / "input"
+    (folder / "docs").mkdir(parents=True)
+    names = [f"docs/{i:04d}.txt" for i in range(600)]
+    for i, name in enumerate(names):
+        (folder / name).write_text(f"Report {i % 200}: the plant in district {i % 200} shipped {i % 200} units.")
+    (folder / "docs" / "0100.txt").write_bytes(b"\xff\xfe not utf-8")  # a bad file in a pack: quarantined alone
+    config = make_config(folder, input__records_per_partition=250)
+
+    whole = staged_input(config, "pack")
+    one, q1, plan1 = staged(config, 1, tmp_path, "one")
+    two, q2, _ = staged(config, 2, tmp_path, "two")
+    assert len(plan1.partitions) == 3 and partition_id(names[0], 0) not in plan1.partitions  # 250 + 250 + 100
+    assert sorted(v["records"] for v in plan1.partitions.values()) == [100, 250, 250]
+    assert not differences(ordered(one), ordered(whole.records.select(list(STAGED_COLUMNS))))
+    assert not differences(ordered(two), ordered(one)) and not differences(ordered(q2), ordered(q1))
+    assert one.num_rows == 599 and q1["reason"].to_pylist() == ["invalid_utf8"]
+    assert set(one["id"].to_pylist()) == set(one["file"].to_pylist()) == set(names) - {"docs/0100.txt"}
+    assert len(set(one["gen_key"].to_pylist())) == 200  # 200 texts three times: across packs, one generation each
+
+    result = run_job(config, job_id="packed")
+    assert result.manifest["status"] == "succeeded" and len(result.manifest["partitions"]) == 3
+    ids = [n for n in names if n != "docs/0100.txt"]
+    assert_exactly_once(config.output.uri, "packed", {"ids": ids, "bad_records": 1}, tmp_path / "state.db")

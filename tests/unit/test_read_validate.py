@@ -338,3 +338,24 @@ def test_a_parquet_column_name_that_is_not_utf8_is_one_unreadable_file_row(tmp_p
     _, valid, quarantine, _ = run(tmp_path)
     assert valid.num_rows == 0 and reasons(quarantine) == ["unreadable_file"]
     assert "UnicodeDecodeError" in quarantine["detail"][0].as_py()
+
+
+def test_one_document_files_are_packed_into_partitions_by_count_and_bytes():
+    from pipeline.ingest.read import pack_partition, packs
+
+    files = [(f"notes/{i:03d}.txt", f"/in/notes/{i:03d}.txt", 100) for i in range(5)]
+    files += [("z.jsonl", "/in/z.jsonl", 10), ("zz/a.md", "/in/zz/a.md", 100), ("zz/b.md", "/in/zz/b.md", 100)]
+    groups = [[f[0] for f in g] for g in packs(files, records_per_partition=2)]
+    # Runs of one-document files, cut at records_per_partition; any other file alone, and it ends a run.
+    assert groups == [
+        ["notes/000.txt", "notes/001.txt"],
+        ["notes/002.txt", "notes/003.txt"],
+        ["notes/004.txt"],
+        ["z.jsonl"],
+        ["zz/a.md", "zz/b.md"],
+    ]
+    assert [len(g) for g in packs(files[:5], records_per_partition=10, max_bytes=250)] == [2, 2, 1]  # bytes cap
+    assert [len(g) for g in packs(files[:5], records_per_partition=10_000)] == [5]
+    # A pack's id is its listing's: the same files give the same id, another run of files another.
+    assert pack_partition(groups[0]) == pack_partition(list(groups[0])) != pack_partition(groups[1])
+    assert pack_partition(["z.jsonl"]) == partition_id("z.jsonl", 0)  # alone: the file's own
