@@ -14,12 +14,15 @@ each estimate sees only the ledger it is meant to learn from:
 Per corpus: the estimate's low / mid / high against the actual cost (the manifest's cost.cost_usd, what
 `tokenmill run` prints as "cost": busy time, engine start-up and idle), the midpoint's error, whether the
 range holds the actual, and predicted against measured output tokens and escalations. The estimate of the
-history job itself, made with no ledger (configured defaults), is printed too.
+history job itself, made with no ledger, is printed too: priced by the hardware projection of each tier's model on
+its device (pipeline/plan/hardware.py; this CPU's limits from the cached probe), the first night's estimate of a new
+deployment. `--cold-only` runs just that job and its estimate (one engine start per tier).
 
 Run it under the engine lock (one engine on the machine at a time), after `make models`:
 
     flock /tmp/tokenmill-engine.lock python benchmarks/estimate_accuracy.py [--config configs/local.yaml]
-        [--history-documents 24] [--holdout-documents 40] [--variants 10] [--set section__field=value ...]
+        [--history-documents 24] [--holdout-documents 40] [--variants 10] [--cold-only]
+        [--set section__field=value ...]
 
 Prints one JSON line (benchmarks/common.py `emit`).
 """
@@ -128,6 +131,22 @@ def compare(est: dict, manifest: dict, ledger: dict, learned_from: str) -> dict:
     }
 
 
+def no_ledger_figures(est: dict, manifest: dict) -> dict:
+    """How the no-ledger estimate compares with the bill: midpoint / actual (target within 1.5× either way), the
+    range's width (high / low, target at most 4×), and per tier the projected busy seconds against the engine's."""
+    actual = manifest["cost"]["cost_usd"]
+    ratio = est["est_usd"] / actual if actual else None
+    return {
+        "mid_over_actual": round(ratio, 3) if ratio else None,
+        "mid_within_1_5x": (1 / 1.5 <= ratio <= 1.5) if ratio else None,
+        "range_width": round(est["est_usd_high"] / est["est_usd_low"], 2) if est["est_usd_low"] else None,
+        "engines": {
+            t: {k: e.get(k) for k in ("busy_seconds", "startup_seconds", "idle_seconds", "output_tokens")}
+            for t, e in manifest.get("engines", {}).items()
+        },
+    }
+
+
 def run(path: Path, env: dict, job_id: str) -> dict:
     """`tokenmill run` in a process of its own; its manifest (vLLM logs to stdout, so not `--json`)."""
     r = subprocess.run(
@@ -156,6 +175,7 @@ def main(argv: list[str] | None = None) -> None:
         help="config override, as TOKENMILL_SECTION__FIELD (repeatable)",
     )
     parser.add_argument("--workdir", type=Path, default=None, help="keep inputs and outputs here (default: a temp dir)")
+    parser.add_argument("--cold-only", action="store_true", help="only the no-ledger estimate and its job")
     args = parser.parse_args(argv)
     overrides = dict(s.split("=", 1) for s in args.set)
     started = time.monotonic()
@@ -165,10 +185,11 @@ def main(argv: list[str] | None = None) -> None:
 
     env = env_for(work, "history", inputs["history"], overrides)
     history_cfg = load_config(args.config, environ=env)
-    cold = estimate_job(history_cfg)  # no ledger under its output root yet: configured defaults
+    cold = estimate_job(history_cfg)  # no ledger under its output root yet: the hardware projection
     history = run(args.config, env, "history")
-    results = {"history": compare(cold, history, measured(history_cfg, "history"), "nothing (configured defaults)")}
-    for name in ("demo", "holdout"):
+    results = {"history": compare(cold, history, measured(history_cfg, "history"), "nothing (hardware projection)")}
+    results["history"].update(no_ledger_figures(cold, history))
+    for name in () if args.cold_only else ("demo", "holdout"):
         # Estimated from the history job's ledger alone (its output root), then run in a root of its own.
         est = estimate_job(
             load_config(

@@ -297,13 +297,62 @@ def _estimate_table(cfg, est: dict) -> Table:
     return table
 
 
+def _projection_table(p: dict) -> Table:
+    """The what-if projection (plan/whatif.py), titled as one."""
+    prices = ", ".join(f"{t} ${usd:g}" for t, usd in p["price_per_gpu_hour"].items())
+    table = Table(title=f"projection (not measured) on {p['hardware']}, per GPU-hour: {prices}")
+    # A lever's effect: the tier's busy time with it against without it (negative: it saves).
+    for column in ("tier", "model", "engine-hours", "GPU-hours", "USD", "projected effect of each lever"):
+        table.add_column(
+            column, justify="left" if column in ("tier", "model", "projected effect of each lever") else "right"
+        )
+    for name, t in p["tiers"].items():
+        effects = ", ".join(
+            f"{lever}{' (on)' if e['on'] else ''} {-e['saving']:+.0%}"
+            + (f" @{e['acceptance']:.0%}" if "acceptance" in e else "")
+            for lever, e in t["levers_effect"].items()
+        )
+        table.add_row(
+            name,
+            f"{t['model']} ({t['parameters'] / 1e9:.2f} B)",
+            f"{t['engine_hours']:.3g}",
+            f"{t['gpu_hours']:.3g}",
+            f"${t['usd']:.4f}",
+            effects,
+        )
+    table.add_row("all", "", "", "", f"${p['usd']:.4f}", "")
+    for share, s in p["shares"].items():
+        table.add_row(
+            f"{share} share", "", "", "", f"${s['usd_without']:.4f} without", f"{-s['saving']:+.0%} as planned"
+        )
+    for api, usd in p["api_batch_usd"].items():
+        table.add_row("same tokens", api, "", "", f"${usd:.4f}", f"list price, {p['api_prices_date']}")
+    return table
+
+
 @app.command("estimate")
 def estimate(
     config: Path = ConfigOption,
     input: Optional[str] = InputOption,
     format: str = typer.Option("table", "--format", help="table or json"),
+    hardware: Optional[str] = typer.Option(
+        None, "--hardware", help="What-if: project the job on GPUs it does not have, e.g. H100-SXM:8 (per tier)."
+    ),
+    tier: Optional[list[str]] = typer.Option(
+        None,
+        "--tier",
+        help="What-if: a tier's model and levers, NAME=MODEL[:fp8|:int4|:kv-fp8|:spec=ACCEPTANCE] (a preset such "
+        "as Llama-3.1-70B, or a model folder); repeatable. Unnamed tiers keep their configured model.",
+    ),
+    price_per_gpu_hour: Optional[float] = typer.Option(
+        None, "--price-per-gpu-hour", help="What-if: USD per GPU-hour (default: each tier's configured price)."
+    ),
+    api_prices: Optional[Path] = typer.Option(
+        None, "--api-prices", help="What-if: JSON of batch API prices, {name: {input, output}} USD per 1M tokens."
+    ),
 ) -> None:
-    """Pre-flight estimate: records, duplicates, share per tier, tokens and dollars, before any GPU work."""
+    """Pre-flight estimate: records, duplicates, share per tier, tokens and dollars, before any GPU work. With
+    --hardware, also the projection of the same job on other GPUs, models and levers, beside batch APIs' prices."""
     from pipeline.generate.engine_api import EngineStartError
     from pipeline.job.progress import Progress
     from pipeline.plan.estimate import budget_problems
@@ -320,11 +369,33 @@ def estimate(
     except (StorageError, EngineStartError) as e:
         fail(str(e))
     est["budget_problems"] = budget_problems(cfg, est["est_usd"], est["tenants"]) if cfg.budget.active else []
+    if hardware:
+        est.update(_what_if(cfg, est, hardware, tier or [], price_per_gpu_hour, api_prices))
+    elif tier or price_per_gpu_hour is not None or api_prices:
+        fail("--tier, --price-per-gpu-hour and --api-prices are what-if options: give --hardware too")
     if format == "json":
         typer.echo(json.dumps(est, indent=2))
         return
     console.print(_estimate_table(cfg, est))
     console.print(est["note"])
+    if "projection" in est:
+        console.print(_projection_table(est["projection"]))
+
+
+def _what_if(cfg, est: dict, hardware: str, tiers: list[str], price: float | None, prices: Path | None) -> dict:
+    from pipeline.plan import whatif
+
+    try:
+        name, gpus = whatif.parse_hardware(hardware)
+        specs = dict(whatif.parse_tier(t) for t in tiers)
+        unknown = set(specs) - set(cfg.tiers)
+        if unknown:
+            raise ValueError(f"--tier names no tier of this config: {', '.join(sorted(unknown))}")
+        table = json.loads(prices.read_text()) if prices else None
+        prices = price if price is not None else {n: t.price_per_gpu_hour for n, t in cfg.tiers.items()}
+        return whatif.project_job(est, cfg, name, gpus, specs, prices, table)
+    except (ValueError, OSError) as e:
+        fail(str(e))
 
 
 @app.command("plan", hidden=True, context_settings={"allow_extra_args": True, "ignore_unknown_options": True})

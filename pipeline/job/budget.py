@@ -18,7 +18,7 @@ import pyarrow.compute as pc
 from pipeline.config import TokenmillConfig
 from pipeline.errors import JobError
 from pipeline.generate import metrics
-from pipeline.plan.estimate import budget_problems, estimate_usd, with_estimates
+from pipeline.plan.estimate import Demand, budget_problems, estimate_usd, with_estimates, with_priors
 from pipeline.plan.rates import tier_rates
 from pipeline.stores.catalog import StateStore
 from pipeline.stores.units import UnitQueue, WorkUnit
@@ -80,10 +80,18 @@ class BudgetGuard:
         `unpaid`: (generations, requests) of every partition still to run, before any GPU work.
         """
         c = self.config
-        planned = self.queue.spent(self.job_id, self.prices)
+        tiers, prompts, tenants = [], [], []  # per request: what pricing needs, not its token ids
         for generations, requests in unpaid:
             tenant_of = dict(zip(generations["id"].to_pylist(), generations["tenant"].to_pylist()))
-            planned = with_estimates(planned, requests, tenant_of, c, self.rates())
+            tiers += requests["tier"].to_pylist()
+            prompts += pc.list_value_length(requests["prompt_token_ids"]).to_pylist()
+            tenants += [tenant_of[i] for i in requests["id"].to_pylist()]
+        # A tier with no ledger yet is priced by the hardware projection of its share of these requests, as
+        # `tokenmill estimate` prices it (plan/estimate.py with_priors); the admissions that follow use the same.
+        demand = Demand()
+        demand.add(tiers, prompts, tenants)
+        self._rates = with_priors(c, self.rates(), demand)
+        planned = with_estimates(self.queue.spent(self.job_id, self.prices), tiers, prompts, tenants, c, self._rates)
         problems = self.problems(planned)
         if problems:
             reason = (

@@ -18,7 +18,7 @@ from pipeline.generate.shadow import summarise_verification
 from pipeline.job.context import JobContext
 from pipeline.output.batch import write_batch_results
 from pipeline.output.commit import publish, published_commit, sweep_leftovers
-from pipeline.output.telemetry import decode_steps, efficiency
+from pipeline.output.telemetry import decode_steps, tier_efficiency
 from pipeline.output.write import count_by, write_manifest
 from pipeline.stores.catalog import aware, now
 from pipeline.stores.units import SESSION_COUNTERS
@@ -191,7 +191,7 @@ def engine_figures(config: TokenmillConfig, engines: dict, sessions: list) -> di
         e["prefix_cache_hit_rate"] = ratio(e.get("prefix_hits"), e.get("prefix_queries"))
         if tier in config.tiers:
             t = config.tiers[tier]
-            e["efficiency"] = efficiency(t.gpu_model, t.model, t.gpus, t.vllm.max_num_seqs, e)
+            e["efficiency"] = tier_efficiency(t, e)  # a CPU tier: against the measured limits
             e["levers"] = lever_summary(t)
     return engines
 

@@ -6,7 +6,9 @@
 - Memory-bandwidth utilisation (MBU): decode reads every weight once per engine step. Steps are
   estimated as, per engine call, ceil(items / max_num_seqs) × mean output tokens; weight bytes come
   from the checkpoint's safetensors headers. KV-cache reads are left out, so MBU reads low.
-Both need the tier's `gpu_model` (see GPU_PEAKS); CPU tiers report tokens per second only.
+Both divide by the device's peaks: a GPU tier's `gpu_model` (GPU_PEAKS, output/devices.py), or on a CPU tier this
+machine's limits as the probe measured them (`devices.cpu_peaks`: memory bandwidth and float32 matmul FLOP/s),
+so a CPU figure reads against what numpy reaches here, not a datasheet. The fake engine reports neither.
 """
 
 from __future__ import annotations
@@ -17,15 +19,9 @@ import struct
 from functools import lru_cache
 from pathlib import Path
 
-# Dense (no sparsity) peaks from NVIDIA's datasheets: HBM bytes/s, and FLOP/s per weight dtype class.
-GPU_PEAKS = {
-    "H200": {"bandwidth": 4.8e12, "flops": {"16bit": 989e12, "8bit": 1979e12}},
-    "H100-SXM": {"bandwidth": 3.35e12, "flops": {"16bit": 989e12, "8bit": 1979e12}},
-    "H100-PCIE": {"bandwidth": 2.0e12, "flops": {"16bit": 756e12, "8bit": 1513e12}},
-    "A100-80GB": {"bandwidth": 2.039e12, "flops": {"16bit": 312e12, "8bit": 624e12}},
-    "L40S": {"bandwidth": 0.864e12, "flops": {"16bit": 181e12, "8bit": 362e12}},
-    "L4": {"bandwidth": 0.3e12, "flops": {"16bit": 121e12, "8bit": 242e12}},
-}
+from pipeline.output.devices import GPU_PEAKS, cpu_peaks
+
+__all__ = ["GPU_PEAKS", "checkpoint_size", "decode_steps", "efficiency", "tier_efficiency"]
 _DTYPE_BYTES = {
     "F64": 8,
     "F32": 4,
@@ -62,21 +58,45 @@ def checkpoint_size(model_path: str) -> tuple[int, int] | None:
     return params, nbytes
 
 
-def efficiency(gpu_model: str | None, model_path: str, gpus: int, max_num_seqs: int | None, engine: dict) -> dict:
-    """Achieved fractions of the GPU's limits for one tier's engine totals (see module doc)."""
+def tier_efficiency(tier, engine: dict, home=None, probe=None) -> dict:
+    """`efficiency` for a tier's config: its GPU model's peaks, or on a CPU tier this machine's measured limits
+    (the cached probe: `home`, `probe` as devices.cpu_peaks). The fake engine runs no model: against a named GPU
+    it gives the arithmetic (tests), against this CPU nothing."""
+    if tier.device == "cpu" and not tier.gpu_model:
+        if tier.engine != "vllm":
+            return {"gpu_model": None, "mfu": None, "mbu": None, "note": "fake engine: no model runs"}
+        peaks = cpu_peaks(home, probe)
+        out = efficiency("cpu", tier.model, tier.gpus, tier.vllm.max_num_seqs, engine, peaks)
+        out["gpu_model"], out["device"] = None, "cpu (measured: output/devices.py probe)"
+        return out
+    return efficiency(tier.gpu_model, tier.model, tier.gpus, tier.vllm.max_num_seqs, engine)
+
+
+def efficiency(
+    gpu_model: str | None,
+    model_path: str,
+    gpus: int,
+    max_num_seqs: int | None,
+    engine: dict,
+    peaks: dict | None = None,
+) -> dict:
+    """Achieved fractions of the device's limits for one tier's engine totals (see module doc): `peaks` when given
+    (a CPU's measured ones), else GPU_PEAKS[gpu_model]."""
     seconds = engine.get("engine_seconds") or 0.0
     out = {"gpu_model": gpu_model, "mfu": None, "mbu": None}
     size = checkpoint_size(model_path)
-    if not gpu_model or gpu_model not in GPU_PEAKS or not size or not seconds:
+    peak = peaks or GPU_PEAKS.get(gpu_model or "")
+    if not peak or not size or not seconds:
         out["note"] = (
             "unknown GPU model: set tiers.<name>.gpu_model to one of " + ", ".join(GPU_PEAKS)
-            if gpu_model not in GPU_PEAKS
+            if not peak
             else "no engine time or no safetensors checkpoint"
         )
         return out
     params, weight_bytes = size
-    peak = GPU_PEAKS[gpu_model]
-    dtype_class = "8bit" if weight_bytes <= params * 1.01 else "16bit"
+    bytes_per_param = weight_bytes / params
+    dtype_class = "8bit" if bytes_per_param <= 1.01 else "16bit" if bytes_per_param <= 2.01 else "32bit"
+    dtype_class = dtype_class if dtype_class in peak["flops"] else "16bit"
     tokens = engine.get("uncached_prompt_tokens", 0) + engine.get("output_tokens", 0)
     out["mfu"] = 2 * params * tokens / (seconds * gpus * peak["flops"][dtype_class])
     steps = engine.get("decode_steps_estimate", 0)

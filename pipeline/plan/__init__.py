@@ -6,7 +6,11 @@
                pool, into the staging area (plan_job; plan_keyed, plan_shard, plan_staged as tasks)
   shards.py    the cluster stage per shard of tenant scopes; a scope too large for one process cut
   estimate.py  the pre-flight estimate (`tokenmill estimate`, estimate_job): the job's own planning, priced
-  rates.py     what earlier ledgers measured per tier and model, with spreads (tier_rates)
+  rates.py     what earlier ledgers measured per tier and model, with spreads (tier_rates); with none, the
+               hardware projection (prior_rate)
+  hardware.py  a tier's throughput from first principles: its model's config.json, its batch and its device's
+               limits (a roofline with efficiency factors calibrated on published results: docs/estimate.md)
+  whatif.py    the job projected on other GPUs, models and levers (`tokenmill estimate --hardware`)
 
 Layer: below pipeline.job (whose plan step runs it), above pipeline.output; may import every stage
 below it, pipeline.stores and the base. tests/unit/test_architecture.py enforces this.

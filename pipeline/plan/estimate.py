@@ -3,8 +3,9 @@
 The requests a job would send (per item: tier, prompt tokens, tenant) are priced (`price_demand`) with what
 earlier ledgers under the output root measured for the same tier and model (`tier_rates`): busy GPU-seconds
 per weighted token, the prefix-cache share of prompt tokens, output tokens per item, the share of items
-escalated, and the engine's start-up and idle per job, each with its spread; with no history, configured
-defaults and a wide range that says so. Low / mid / high USD per tier, per tenant and for the job.
+escalated, and the engine's start-up and idle per job, each with its spread; with no history, the projection of
+the tier's model on its device (plan/hardware.py, `with_priors`; a range at most 4× wide), else configured defaults
+and a wide range that says so. Low / mid / high USD per tier, per tenant and for the job.
 """
 
 from __future__ import annotations
@@ -16,15 +17,16 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline.config import TokenmillConfig
-from pipeline.plan.rates import ZERO, Range, TierRate, tier_rates
+from pipeline.plan.rates import ZERO, Range, TierRate, prior_rate, tier_rates
 
 log = logging.getLogger(__name__)
 
 NOTE = (
     "est_usd is the midpoint, est_usd_low-est_usd_high the range. Counted: each item at its tier's throughput, "
-    "prefix-cache share, output length and escalation rate measured in earlier ledgers (else configured "
-    "defaults), escalations on the escalation tier, each engine's start-up and idle, documents too long for the "
-    "context as the run cuts them (a request per chunk, a reduce each). Not counted: reuse from earlier jobs' "
+    "prefix-cache share, output length and escalation rate measured in earlier ledgers (else the "
+    "hardware projection, else configured defaults), escalations on the escalation tier, each engine's start-up "
+    "and idle, documents too long for the context as the run cuts them (a request per chunk, a reduce each). "
+    "Not counted: reuse from earlier jobs' "
     "cache (inputs it holds cost less), shadow verification (dedup.shadow_rate of near/semantic reuses), schema "
     "retries, failed attempts."
 )
@@ -172,17 +174,18 @@ def estimate_usd(
 
 def with_estimates(
     totals: dict[str, float],
-    requests: pa.Table,
-    tenant_of: dict[str, str],
+    tiers: Sequence[str],
+    prompt_tokens: Sequence[int],
+    tenants: Sequence[str],
     config: TokenmillConfig,
     rates: dict[str, TierRate],
 ) -> dict[str, float]:
-    """USD per tenant: `totals` plus the midpoint cost of `requests` and their expected escalations (ids mapped
-    to tenants by `tenant_of`): busy time only, as the budget guard counts spend."""
+    """USD per tenant: `totals` plus the midpoint cost of requests (each one's tier, prompt tokens and tenant)
+    and their expected escalations: busy time only, as the budget guard counts spend."""
     out = dict(totals)
-    usd = estimate_usd(requests["tier"], pc.list_value_length(requests["prompt_token_ids"]), config, rates, True)
-    for id_, cost in zip(requests["id"].to_pylist(), usd):
-        out[tenant_of[id_]] = out.get(tenant_of[id_], 0.0) + cost
+    usd = estimate_usd(pa.array(tiers, pa.string()), pa.array(prompt_tokens, pa.int64()), config, rates, True)
+    for tenant, cost in zip(tenants, usd):
+        out[tenant] = out.get(tenant, 0.0) + cost
     return out
 
 
@@ -202,7 +205,19 @@ def estimate_job(config: TokenmillConfig, pool=None, input_uri: str | None = Non
         pool = EnginePool(config.tiers)
     rates = tier_rates(config, config.output.uri)
     demand, counts = planned_demand(config, pool, rates, input_uri, report)
+    rates = with_priors(config, rates, demand)
     return {**counts, **price_demand(demand, config, rates), "note": NOTE}
+
+
+def with_priors(config: TokenmillConfig, rates: dict[str, TierRate], demand: Demand, home=None, probe=None) -> dict:
+    """`rates`, each tier with no history (`jobs` 0) priced by the hardware projection of its share of `demand`
+    where one can be made (rates.prior_rate); measured rates stand."""
+    out = dict(rates)
+    for name in config.tiers:
+        items, prompt = demand.tier(name)
+        if rates[name].jobs == 0 and items:
+            out[name] = prior_rate(config, name, items, prompt, home, probe) or rates[name]
+    return out
 
 
 def planned_demand(

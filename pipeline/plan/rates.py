@@ -22,6 +22,13 @@ THIN_RATE_SPREAD = 0.25  # show how runs differ with the machine's load; engine 
 THIN_OVERHEAD_SPREAD = 0.5  # on 2 shared cores for one model)
 DEFAULT_RATE_FACTOR = 4.0  # no history: the configured throughput may be off by this factor either way, and
 DEFAULT_OVERHEAD = 60.0  # an engine's start-up and idle 0-60 s (× GPUs); unmeasured: the middle of the range
+# No history but a known device and model (plan/hardware.py): the projection's throughput within ×1/1.5-×1.5 (its
+# calibration rows fall within ±30%; a CPU shared with other work varies more), outputs at 75-100% of max_tokens
+# (summaries run near their cap; a ledger measures it), start-up and idle ×1/2-×2 of the declared figure: busy and
+# start-up each at most 3-4× wide, so the job's range is too.
+PRIOR_RATE_SPREAD = 1.5
+PRIOR_OUTPUT_LOW = 0.75
+PRIOR_OVERHEAD_SPREAD = 2.0
 
 
 @dataclass(frozen=True)
@@ -199,6 +206,42 @@ def _configured(config: TokenmillConfig, name: str) -> TierRate:
         Measured(k, default=Range(1.0, k, k)),
         Measured(0.5, default=Range(0.0, 0.5, 1.0)) if escalates else None,
         Range(0.0, 0.5, 1.0).times(DEFAULT_OVERHEAD * config.tiers[name].gpus),
+    )
+
+
+def prior_rate(
+    config: TokenmillConfig, name: str, items: float, prompt_tokens: float, home=None, probe=None
+) -> TierRate | None:
+    """Tier `name`'s rate from the hardware projection (plan/hardware.py) for `items` requests of `prompt_tokens`
+    in all, for a tier with no history; None where it cannot project (the fake engine, a GPU tier without a known
+    `gpu_model`, a model whose config.json is not readable): the configured default stands there."""
+    from pipeline.plan import hardware
+
+    tier = config.tiers[name]
+    model = hardware.tier_shape(tier) if tier.engine == "vllm" and items > 0 else None
+    device = hardware.tier_device(tier, home, probe) if model else None
+    if model is None or device is None:
+        return None
+    shape, levers = model
+    k = float(config.sampling.max_tokens)
+    p = hardware.project(shape, device, hardware.tier_workload(tier, shape, levers, items, prompt_tokens / items, k))
+    mid = p.seconds * tier.gpus / max(_weight(config, prompt_tokens, 0, k * items), 1e-12)
+    start = hardware.startup_seconds(shape, device) * tier.gpus
+    configured = _configured(config, name)
+    return TierRate(
+        mid,
+        k,
+        f"projection (no ledger of this tier's model yet): {device.name}"
+        f"{f' ×{device.count}' if device.count > 1 else ''}, {shape.params / 1e6:,.1f} M parameters at "
+        f"{shape.weight_bits}-bit, batch {p.batch:.0f}: {items * k / p.seconds:,.0f} output tok/s; range: throughput "
+        f"×{1 / PRIOR_RATE_SPREAD:.2g}-×{PRIOR_RATE_SPREAD:g}, output {PRIOR_OUTPUT_LOW:.0%}-100% of max_tokens"
+        + (", escalations 0-100%" if configured.escalation is not None else "")
+        + f", engine start-up and idle {start / PRIOR_OVERHEAD_SPREAD:.0f}-{start * PRIOR_OVERHEAD_SPREAD:.0f} s",
+        Range(mid / PRIOR_RATE_SPREAD, mid, mid * PRIOR_RATE_SPREAD),
+        ZERO,
+        Measured(k, default=Range(PRIOR_OUTPUT_LOW * k, k, k)),
+        configured.escalation,
+        Range(start / PRIOR_OVERHEAD_SPREAD, start, start * PRIOR_OVERHEAD_SPREAD),
     )
 
 

@@ -387,3 +387,28 @@ def test_a_second_drain_task_admits_against_what_the_first_spent(make_config, sa
     assert orchestrate.drained_tier(config, "dag", "small")["units"] == 1  # its real cost crosses the cap
     assert orchestrate.drained_tier(config, "dag", "large")["units"] == 0  # a fresh process, the same cap
     assert units("done") == {"small": 1} and "large" in units("deferred")
+
+
+def test_the_budget_guard_prices_a_tier_with_no_ledger_by_its_hardware_projection(make_config, tmp_path):
+    """Reproducer (issue 30): with no ledger yet, `tokenmill estimate` priced a real tier from the hardware
+    projection but the guard that refuses a job from its configured default, so the two disagreed. The
+    guard now prices the job's unpaid requests the way the estimate does, and says so when it refuses."""
+    import uuid
+
+    import pyarrow as pa
+
+    from pipeline.job.budget import BudgetGuard
+    from pipeline.plan.rates import tier_rates
+    from pipeline.stores.units import UnitQueue
+
+    store = StateStore(f"sqlite:///{tmp_path}/guard.db")
+    config = make_config(engine="vllm", budget__max_job_usd=1e-9)  # no engine starts: nothing is generated
+    job = f"b-{uuid.uuid4().hex[:6]}"
+    guard = BudgetGuard(config, store, UnitQueue(store), job)
+    assert {r.method for r in tier_rates(config, config.output.uri).values()} != {"projection"}  # no ledger
+    ids = [f"d{i}" for i in range(40)]
+    generations = pa.table({"id": ids, "tenant": ["acme"] * 40})
+    requests = pa.table({"id": ids, "tier": ["small"] * 40, "prompt_token_ids": [[1] * 300] * 40})
+    with pytest.raises(JobError, match=r"refused before any GPU work: .*projection \(no ledger of this tier"):
+        guard.check_start([(generations, requests)])
+    assert guard.rates()["small"].method.startswith("projection")  # and the admissions that follow price alike

@@ -1,0 +1,41 @@
+"""`tokenmill estimate --hardware ...`: tonight's staged job projected on hardware it does not have, labelled a
+projection in the table and the JSON alike."""
+
+import json
+
+from typer.testing import CliRunner
+
+from pipeline.cli import app
+from tests.conftest import FAKE_ENGINE, ONE_TIER, TINY_CONFIG
+
+
+def test_what_if_prices_the_staged_job_on_other_gpus_as_a_projection(tiny_models, sample_corpus, tmp_path, monkeypatch):
+    for key, value in {**ONE_TIER, **FAKE_ENGINE, "TOKENMILL_OUTPUT__URI": str(tmp_path / "output")}.items():
+        monkeypatch.setenv(key, value)
+    base = ["estimate", "--config", str(TINY_CONFIG), "--input", str(sample_corpus[0])]
+    what_if = ["--hardware", "H100-SXM:8", "--tier", "small=Llama-3.1-70B:fp8", "--price-per-gpu-hour", "2.5"]
+    runner = CliRunner()
+    out = runner.invoke(app, [*base, *what_if, "--format", "json"])
+    assert out.exit_code == 0, out.output
+    est = json.loads(out.stdout)
+    p = est["projection"]
+    assert p["label"].startswith("projection") and p["hardware"] == "H100-SXM ×8 per tier"
+    small = p["tiers"]["small"]
+    assert small["model"] == "Llama-3.1-70B:fp8" and small["levers"] == ["fp8"]
+    assert small["items"] == est["tiers"]["small"]["items"] and small["engine_hours"] > 0
+    assert small["usd"] == small["gpu_hours"] * 2.5 and p["usd"] == small["usd"]
+    effects = small["levers_effect"]
+    assert effects["fp8"]["on"] and effects["fp8"]["saving"] > 0  # FP8 weights: less to read and faster matmuls
+    assert not effects["kv-fp8"]["on"] and effects["spec"]["acceptance"] == 0.7
+    assert p["shares"]["reuse"]["duplicates"] == est["duplicates"] > 0
+    assert set(p["api_batch_usd"]) >= {"openai gpt-4o-mini (batch)", "anthropic claude-haiku-4.5 (batch)"}
+    assert all(v > 0 for v in p["api_batch_usd"].values()) and p["api_prices_date"]
+
+    table = runner.invoke(app, [*base, *what_if])
+    assert table.exit_code == 0, table.output
+    assert "projection (not measured) on H100-SXM ×8" in table.stdout and "same tokens" in table.stdout
+
+    bad = runner.invoke(app, [*base, "--hardware", "TPU:4"])
+    assert bad.exit_code == 2 and "unknown hardware" in bad.stderr
+    orphan = runner.invoke(app, [*base, "--tier", "small=Llama-3.1-8B"])
+    assert orphan.exit_code == 2 and "give --hardware too" in orphan.stderr
