@@ -51,7 +51,7 @@ def _summary_lineage(task_instance):
 
 def _job():
     ctx = get_current_context()
-    return orchestrate.job_from_params(ctx["params"], DAG_ID, ctx["ds"])
+    return orchestrate.job_from_params(ctx["params"], DAG_ID, ctx.get("ds"))  # no `ds`: a run with no logical date
 
 
 @dag(
@@ -72,6 +72,11 @@ def _job():
         "input_uri": Param(None, type=["null", "string"], description="overrides input.uri; {date} = run date"),
         "output_uri": Param(None, type=["null", "string"], description="overrides output.uri; {date} = run date"),
         "run_date": Param(None, type=["null", "string"], description="YYYY-MM-DD; default: the run's logical date"),
+        "job_id": Param(None, type=["null", "string"], description="the job's id; default: <dag id>-<run date>"),
+        "tenant": Param(None, type=["null", "string"], description="bill every record to this tenant (Batch API)"),
+        "input_format": Param(
+            None, type=["null", "string"], description="auto, records, openai or anthropic: overrides input.format"
+        ),
     },
 )
 def nightly_summarization():

@@ -35,10 +35,11 @@ from pipeline.config.env import (
 from pipeline.config.generation import LOOP_KNOBS, CostConfig, PromptConfig, RequestsConfig, SamplingConfig
 from pipeline.config.job import TokenmillConfig, load_config, load_run_section, load_tier_workers
 from pipeline.config.route import ChecksConfig, EscalationConfig, RouteConfig, RouteRule
-from pipeline.config.serve import ServeConfig
+from pipeline.config.serve import AirflowTriggerConfig, ServeConfig
 from pipeline.config.tiers import FakeEngineArgs, SpeculativeConfig, TenantConfig, TierConfig, VllmArgs
 
 __all__ = [
+    "AirflowTriggerConfig",
     "DEFAULT_HOME",
     "ENV_PREFIX",
     "LOOP_KNOBS",

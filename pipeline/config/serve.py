@@ -7,6 +7,23 @@ from pydantic import Field
 from pipeline.config.base import Section
 
 
+class AirflowTriggerConfig(Section):
+    """Run each batch as a run of the nightly DAG on the Airflow deployment instead of in a child process."""
+
+    url: str = Field(description="Airflow's api-server (e.g. `http://airflow-apiserver:8080`).")
+    dag_id: str = Field("nightly_summarization", min_length=1, description="The DAG a batch runs as.")
+    username: str = Field(description="The Airflow user that triggers runs (`POST /auth/token`).")
+    password: str = Field(description="Its password: put it in the environment as `${VAR}`, never in the file.")
+    config: str = Field(
+        description=(
+            "The tokenmill config **on the Airflow workers** (the DAG's `config` param). Its `state.url` and "
+            "`output.uri` must be this server's: the server reads the batch's progress from the same catalog "
+            "and its results from the same output root."
+        )
+    )
+    timeout_seconds: float = Field(30.0, gt=0, description="How long one call to Airflow's REST API may take.")
+
+
 class ServeConfig(Section):
     host: str = Field("127.0.0.1", description="Address `tokenmill serve` listens on.")
     port: int = Field(8000, ge=1, le=65535, description="Port `tokenmill serve` listens on.")
@@ -27,4 +44,11 @@ class ServeConfig(Section):
     )
     poll_seconds: float = Field(
         1.0, gt=0, description="How often the server's batch runner looks for work and for cancellations."
+    )
+    airflow: AirflowTriggerConfig | None = Field(
+        None,
+        description=(
+            "Run batches on Airflow (a run of `airflow.dag_id` per batch, through its REST API); unset: in a "
+            "child process of the server (`tokenmill run`), the embedded default."
+        ),
     )

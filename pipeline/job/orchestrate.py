@@ -9,6 +9,7 @@ plain JSON-able values, so they pass through XCom and can be called from any sch
 from __future__ import annotations
 
 import re
+from datetime import date
 from decimal import Decimal
 from pathlib import Path
 
@@ -32,20 +33,41 @@ def job_id_for(prefix: str, run_date: str) -> str:
 
 
 def job_config(
-    config_path: str, run_date: str, input_uri: str | None = None, output_uri: str | None = None
+    config_path: str,
+    run_date: str,
+    input_uri: str | None = None,
+    output_uri: str | None = None,
+    tenant: str | None = None,
+    input_format: str | None = None,
 ) -> TokenmillConfig:
-    """The config with the task's URIs; `{date}` in either URI becomes the run date (YYYY-MM-DD)."""
-    config = load_config(Path(config_path), input__uri=input_uri, output__uri=output_uri)
+    """The config with the task's URIs; `{date}` in either URI becomes the run date (YYYY-MM-DD). `tenant`:
+    every record billed to it, batch requests' own tenants ignored (a Batch API batch is its caller's);
+    `input_format`: the input's format forced (`input.format`)."""
+    billed = {"input__default_tenant": tenant, "input__request_tenant": "default"} if tenant else {}
+    config = load_config(
+        Path(config_path), input__uri=input_uri, output__uri=output_uri, input__format=input_format, **billed
+    )
     config.input.uri = config.input.uri.replace("{date}", run_date)
     config.output.uri = config.output.uri.replace("{date}", run_date)
     return config
 
 
-def job_from_params(params: dict, dag_id: str, logical_date: str) -> tuple[TokenmillConfig, str]:
-    """(config, job id) from a DAG run's params: config path, URIs, and the run date (default: logical date)."""
-    run_date = params.get("run_date") or logical_date
-    config = job_config(params["config"], run_date, params.get("input_uri"), params.get("output_uri"))
-    return config, job_id_for(dag_id, run_date)
+def job_from_params(params: dict, dag_id: str, logical_date: str | None) -> tuple[TokenmillConfig, str]:
+    """(config, job id) from a DAG run's params: config path, URIs, the run date (default: the logical date,
+    else today), the job id (default `<dag id>-<run date>`), the tenant billed and the input's format."""
+    run_date = params.get("run_date") or logical_date or date.today().isoformat()
+    config = job_config(
+        params["config"],
+        run_date,
+        params.get("input_uri"),
+        params.get("output_uri"),
+        params.get("tenant"),
+        params.get("input_format"),
+    )
+    job_id = params.get("job_id")
+    if job_id is not None and not JOB_ID.fullmatch(job_id):
+        raise JobError(f"job id {job_id!r} is not valid")
+    return config, job_id or job_id_for(dag_id, run_date)
 
 
 def _context(config: TokenmillConfig, job_id: str) -> JobContext:

@@ -1,7 +1,8 @@
 """The Batch API's runner: each batch is a tokenmill job, run one at a time by the server's own worker.
 
   validating   the input file counted against `serve.max_requests` and copied where its job reads it
-  in_progress  `tokenmill run --job-id <batch id>` in a child process (its own engines; a kill loses nothing)
+  in_progress  `tokenmill run --job-id <batch id>` in a child process (its own engines; a kill loses nothing),
+               or, with `serve.airflow`, a run of the nightly DAG on the Airflow deployment (its GPU workers)
   finalizing   the job's manifest written over what committed, its result files registered as API files
   completed | failed | cancelled | expired
 
@@ -59,8 +60,8 @@ class BatchRunner:
     def __init__(self, config: TokenmillConfig, store: ApiStore, workdir: Path | None = None):
         self.config, self.store = config, store
         self.workdir = workdir or Path(tokenmill_home()) / "serve"
-        self.child: subprocess.Popen | None = None
-        self.child_of: str | None = None  # the batch the child runs
+        trigger = config.serve.airflow
+        self.jobs = AirflowRuns(trigger) if trigger is not None else ChildProcess(self.workdir)
         self.stop = threading.Event()
         self.faults: dict[str, int] = {}  # batch id -> passes in a row that raised on it
         self.thread = threading.Thread(target=self._loop, name="batch-runner", daemon=True)
@@ -70,10 +71,11 @@ class BatchRunner:
         self.thread.start()
 
     def close(self) -> None:
-        """Stop looking for work and stop the child: its batch stays `in_progress` and continues at the next start."""
+        """Stop looking for work and stop the child (an Airflow run goes on): its batch stays `in_progress` and
+        continues at the next start."""
         self.stop.set()
         self.thread.join(timeout=30)
-        self._kill()
+        self.jobs.close()
 
     def _loop(self) -> None:
         while not self.stop.is_set():
@@ -103,7 +105,7 @@ class BatchRunner:
             self.faults[batch["id"]] = n = self.faults.get(batch["id"], 0) + 1
             log.exception("batch %s: pass %d failed", batch["id"], n)
             if n >= MAX_FAULTS:
-                self._kill(batch["id"])
+                self.jobs.stop(batch)
                 batch.update(status="failed", failed_at=int(time.time()), errors=_errors("job_failed", JOB_FAILED))
                 self.store.put_batch(batch)
 
@@ -111,21 +113,20 @@ class BatchRunner:
         now = int(time.time())
         if self.store.cancel_asked(batch["id"]):
             batch["cancelling_at"] = batch.get("cancelling_at") or now
-            self._kill(batch["id"])
+            self.jobs.stop(batch)
             self.finish(batch, "cancelled")
         elif now >= batch["expires_at"]:
-            self._kill(batch["id"])
+            self.jobs.stop(batch)
             self.finish(batch, "expired")
         elif batch["status"] == "validating":
             self.validate(batch, now)
         elif batch["status"] == "finalizing":
             self.finish(batch, "completed")
-        elif self.child is None or self.child_of != batch["id"]:
-            self._kill()
+        elif not self.jobs.runs(batch):
             self.launch(batch)
-        elif self.child.poll() is not None:
-            code = self.child.returncode
-            self.child, self.child_of = None, None
+        elif (code := self.jobs.exit_code(batch)) is not None:
+            self.jobs.forget(batch)
+            self.store.put_batch(batch)
             if code != 0 and batch.get("attempts", 0) < MAX_ATTEMPTS and not self.refused(batch):
                 log.warning("batch %s: its job exited %d; running it again (it continues)", batch["id"], code)
                 return  # launched again on the next pass
@@ -153,36 +154,10 @@ class BatchRunner:
         self.store.put_batch(batch)
 
     def launch(self, batch: dict) -> None:
-        """The batch's job in a child process (again, after a restart: the job continues)."""
-        path = self.workdir / f"{batch['id']}.yaml"
-        config = job_config(self.config, self.store, batch)
-        # The config whole, its secrets expanded: readable by this user alone, deleted when the batch ends.
-        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+        """The batch's job, started (again, after a restart or a failed attempt: the job continues)."""
         batch["attempts"] = batch.get("attempts", 0) + 1
+        self.jobs.start(batch, job_config(self.config, self.store, batch))
         self.store.put_batch(batch)
-        command = [sys.executable, "-m", "pipeline.cli", "run", "--config", str(path), "--job-id", batch["id"]]
-        # The config is whole in the file: no TOKENMILL_* override of the server's environment applies twice.
-        env = {k: v for k, v in os.environ.items() if not k.startswith("TOKENMILL_") or k == "TOKENMILL_HOME"}
-        out = open(self.workdir / f"{batch['id']}.log", "ab")  # noqa: SIM115 (the child holds it)
-        self.child = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        self.child_of = batch["id"]
-        out.close()
-        log.info("batch %s: job started (pid %d)", batch["id"], self.child.pid)
-
-    def _kill(self, batch_id: str | None = None) -> None:
-        """Stop the child (only when it runs `batch_id`, if given)."""
-        if batch_id is not None and self.child_of != batch_id:
-            return
-        if self.child is not None and self.child.poll() is None:
-            os.killpg(self.child.pid, signal.SIGTERM)  # the child and its engines' processes
-            try:
-                self.child.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.child.pid, signal.SIGKILL)
-                self.child.wait()
-        self.child, self.child_of = None, None
 
     def finish(self, batch: dict, status: str) -> None:
         """Finalize: the job's manifest over what committed; its result files become the batch's files."""
@@ -190,7 +165,7 @@ class BatchRunner:
         if batch["status"] != "finalizing":
             batch.update(status="finalizing", finalizing_at=now)
             self.store.put_batch(batch)
-        (self.workdir / f"{batch['id']}.yaml").unlink(missing_ok=True)
+        self.jobs.ended(batch)
         job = self.state.job(batch["id"])
         ended = "failed" if status == "completed" else status  # how a batch with no answer ends
         if job is not None and job.status == "refused":  # a budget cap: the estimate says by how much
@@ -202,9 +177,7 @@ class BatchRunner:
             results = manifest.get("batches", {}).get("input.jsonl")
         if results is None:  # planning never finished: nothing answered
             if job is not None:
-                log.error(
-                    "batch %s: its job wrote no results; its log: %s", batch["id"], _last_line(self.workdir, batch)
-                )
+                log.error("batch %s: its job wrote no results; %s", batch["id"], self.jobs.where_to_look(batch))
             self.end_unanswered(batch, ended, now, _errors("job_failed", JOB_FAILED) if ended == "failed" else None)
             return
         for kind, key in (("output", "output_file_id"), ("errors", "error_file_id"), ("results", "output_file_id")):
@@ -248,13 +221,141 @@ class BatchRunner:
         self.store.put_batch(batch)
 
 
+class ChildProcess:
+    """Each batch's job as `tokenmill run` in a child process of the server (the embedded default): one at a time."""
+
+    def __init__(self, workdir: Path):
+        self.workdir = workdir
+        self.child: subprocess.Popen | None = None
+        self.child_of: str | None = None  # the batch the child runs
+
+    def runs(self, batch: dict) -> bool:
+        return self.child is not None and self.child_of == batch["id"]
+
+    def start(self, batch: dict, config: TokenmillConfig) -> None:
+        self.stop()  # another batch's child, if any: one job (one set of engines) at a time
+        path = self.workdir / f"{batch['id']}.yaml"
+        # The config whole, its secrets expanded: readable by this user alone, deleted when the batch ends.
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
+        command = [sys.executable, "-m", "pipeline.cli", "run", "--config", str(path), "--job-id", batch["id"]]
+        # The config is whole in the file: no TOKENMILL_* override of the server's environment applies twice.
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TOKENMILL_") or k == "TOKENMILL_HOME"}
+        out = open(self.workdir / f"{batch['id']}.log", "ab")  # noqa: SIM115 (the child holds it)
+        self.child = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        self.child_of = batch["id"]
+        out.close()
+        log.info("batch %s: job started (pid %d)", batch["id"], self.child.pid)
+
+    def exit_code(self, batch: dict) -> int | None:
+        return self.child.poll() if self.runs(batch) else None
+
+    def forget(self, batch: dict) -> None:
+        self.child, self.child_of = None, None
+
+    def stop(self, batch: dict | None = None) -> None:
+        """Stop the child (only when it runs `batch`, if given)."""
+        if batch is not None and self.child_of != batch["id"]:
+            return
+        if self.child is not None and self.child.poll() is None:
+            os.killpg(self.child.pid, signal.SIGTERM)  # the child and its engines' processes
+            try:
+                self.child.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.child.pid, signal.SIGKILL)
+                self.child.wait()
+        self.child, self.child_of = None, None
+
+    def ended(self, batch: dict) -> None:
+        (self.workdir / f"{batch['id']}.yaml").unlink(missing_ok=True)
+
+    def close(self) -> None:
+        self.stop()
+
+    def where_to_look(self, batch: dict) -> str:
+        """The last line of the batch's job log, for the server's log (never for the tenant: it may name paths)."""
+        try:
+            last = (self.workdir / f"{batch['id']}.log").read_text(errors="replace").strip().splitlines()[-1]
+            return f"its log: {last[:1000]}"
+        except (OSError, IndexError):
+            return "its job wrote no log"
+
+
+class AirflowRuns:
+    """Each batch's job as a run of the nightly DAG on Airflow (`serve.airflow`), through its REST API: the
+    deployment's GPU workers run it, this server only triggers, watches and stops it. The run's id is kept on
+    the batch, so a server restarted mid-batch watches the same run instead of starting another."""
+
+    def __init__(self, trigger):
+        import httpx
+
+        self.trigger = trigger
+        self.client = httpx.Client(base_url=trigger.url.rstrip("/"), timeout=trigger.timeout_seconds)
+        self.token: str | None = None
+
+    def call(self, method: str, path: str, body: dict | None = None) -> dict:
+        """One REST call under /api/v2, with a JWT from `POST /auth/token` (fetched again once it expires)."""
+        for attempt in (0, 1):
+            if self.token is None:
+                r = self.client.post(
+                    "/auth/token", json={"username": self.trigger.username, "password": self.trigger.password}
+                )
+                if r.status_code >= 300:
+                    raise RuntimeError(f"Airflow refused the serve user's login: {r.status_code}")
+                self.token = r.json()["access_token"]
+            r = self.client.request(
+                method, f"/api/v2{path}", json=body, headers={"Authorization": f"Bearer {self.token}"}
+            )
+            if r.status_code == 401 and attempt == 0:
+                self.token = None
+                continue
+            if r.status_code >= 300:
+                raise RuntimeError(f"Airflow {method} {path}: {r.status_code} {r.text[:500]}")
+            return r.json() if r.content else {}
+        raise AssertionError("unreachable")
+
+    def runs(self, batch: dict) -> bool:
+        return batch.get("airflow_run") is not None
+
+    def start(self, batch: dict, config: TokenmillConfig) -> None:
+        run_id = f"tokenmill-batch-{batch['id']}-{batch['attempts']}"
+        conf = {
+            "config": self.trigger.config,
+            "input_uri": config.input.uri,
+            "output_uri": config.output.uri,
+            "job_id": batch["id"],
+            "tenant": batch["tenant"],
+            "input_format": config.input.format,
+        }
+        self.call(
+            "POST", f"/dags/{self.trigger.dag_id}/dagRuns", {"dag_run_id": run_id, "logical_date": None, "conf": conf}
+        )
+        batch["airflow_run"] = run_id
+        log.info("batch %s: job started as Airflow run %s of %s", batch["id"], run_id, self.trigger.dag_id)
+
+    def exit_code(self, batch: dict) -> int | None:
+        """0 when the run succeeded, 1 when it failed, None while it is queued or running."""
+        state = self.call("GET", f"/dags/{self.trigger.dag_id}/dagRuns/{batch['airflow_run']}")["state"]
+        return {"success": 0, "failed": 1}.get(state)
+
+    def forget(self, batch: dict) -> None:
+        batch.pop("airflow_run", None)
+
+    def stop(self, batch: dict | None = None) -> None:
+        """Fail the batch's run: Airflow stops its running tasks; what they paid for stays paid."""
+        if batch is not None and batch.get("airflow_run") and self.exit_code(batch) is None:
+            self.call("PATCH", f"/dags/{self.trigger.dag_id}/dagRuns/{batch['airflow_run']}", {"state": "failed"})
+
+    def ended(self, batch: dict) -> None:
+        pass
+
+    def close(self) -> None:
+        self.client.close()
+
+    def where_to_look(self, batch: dict) -> str:
+        return f"its Airflow run {batch.get('airflow_run')} of {self.trigger.dag_id}: see its failed tasks' logs"
+
+
 def _errors(code: str, message: str) -> dict:
     return {"object": "list", "data": [{"code": code, "message": message, "param": None, "line": None}]}
-
-
-def _last_line(workdir: Path, batch: dict) -> str:
-    """The last line of the batch's job log, for the server's log (never for the tenant: it may name paths)."""
-    try:
-        return (workdir / f"{batch['id']}.log").read_text(errors="replace").strip().splitlines()[-1][:1000]
-    except (OSError, IndexError):
-        return "the job wrote no result"

@@ -23,6 +23,21 @@ def test_each_date_is_its_own_job_with_dated_uris(tmp_path, monkeypatch):
     assert job_id_for("a b", "2026/11/01") == "a-b-2026-11-01"
 
 
+def test_a_batch_api_run_names_its_job_tenant_and_format(tmp_path, monkeypatch):
+    """What `tokenmill serve` passes when it triggers the DAG for a batch (serve.airflow)."""
+    monkeypatch.setenv("TOKENMILL_HOME", str(tmp_path))
+    params = {"config": str(TINY_CONFIG), "job_id": "batch_0123abcd", "tenant": "acme", "input_format": "openai"}
+    config, job_id = job_from_params(params, "nightly_summarization", None)  # a run with no logical date
+    assert job_id == "batch_0123abcd"
+    assert (config.input.default_tenant, config.input.request_tenant, config.input.format) == (
+        "acme",
+        "default",
+        "openai",
+    )
+    with pytest.raises(JobError, match="is not valid"):
+        job_from_params({**params, "job_id": "../other"}, "nightly_summarization", None)
+
+
 def test_outcome_fails_when_a_partition_did_not_commit():
     assert job_outcome({"partitions": {"p1": {"status": "succeeded"}}}) == "succeeded"
     with pytest.raises(JobError, match="1 of 2 partitions not committed: p2 failed"):
