@@ -7,13 +7,15 @@ returned. Both deployment tests (LocalExecutor, CeleryExecutor) check the same p
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sqlite3
+from collections.abc import Iterator
 from pathlib import Path
 
-from tests.airflow_deploy import AirflowDeployment, fault_hook_env
-from tests.conftest import FAKE_ENGINE, TINY_CONFIG, read_kind
+from tests.airflow_deploy import AirflowDeployment, airflow_database, fault_hook_env
+from tests.conftest import FAKE_ENGINE, REPO, TINY_CONFIG, read_kind
 
 DAG_ID = "nightly_summarization"
 # What every task process imports (the DAG's module, the fake engine's tokenizer class): the scheduler
@@ -40,6 +42,44 @@ def tokenmill_env(tmp_path: Path, records_per_partition: int, tier_workers: dict
         **FAKE_ENGINE,  # Airflow is what is tested here; the tier workers drain the fake engine
         **fault_hook_env(tmp_path / "hook", tmp_path / "faults.json"),
     }
+
+
+@contextlib.contextmanager
+def deployment(
+    tmp_path: Path,
+    admin_url: str,
+    env: dict[str, str],
+    pools: dict[str, int],
+    dags: tuple[str, ...] = (DAG_ID,),
+    workers: tuple = (),
+    **options,
+) -> Iterator[AirflowDeployment]:
+    """The repo's DAGs on a real Airflow deployment over a throwaway metadata database on `admin_url`: `env` in
+    every service's (so every task process's) environment, the GPU pools `gpu-<tier>` with `pools[tier]`
+    slots, the Celery `workers` ((name, queues, kwargs) each) started, `dags` parsed and unpaused.
+    `options`: AirflowDeployment's (executor, broker_url, ...)."""
+    with airflow_database(admin_url) as db:
+        af = AirflowDeployment(
+            tmp_path / "airflow",
+            REPO / "dags",
+            db,
+            env=env,
+            drop_env=("AIRFLOW", "TOKENMILL_"),
+            preload=PRELOAD,
+            **options,
+        )
+        af.start()
+        try:
+            for tier, slots in pools.items():
+                af.create_pool(f"gpu-{tier}", slots, f"{tier} tier GPUs")
+            for name, queues, kwargs in workers:
+                af.start_worker(name, queues, **kwargs)
+            for dag_id in dags:
+                af.wait_for_dag(dag_id)
+                af.unpause(dag_id)
+            yield af
+        finally:
+            af.stop()
 
 
 def manifest(output: Path, job: str) -> dict:

@@ -24,15 +24,15 @@ import psutil
 import pytest
 
 from pipeline.dev.samples import write_sample_corpus
-from tests.airflow_deploy import AirflowDeployment, airflow_database, write_faults
-from tests.conftest import REPO, read_kind
+from tests.airflow_deploy import AirflowDeployment, write_faults
+from tests.conftest import read_kind
 from tests.jobs import assert_exactly_once, scalar
 from tests.nightly_dag import (
     DAG_ID,
-    PRELOAD,
     check_engine_starts,
     check_ledger_is_held_time,
     commit_records,
+    deployment,
     drain_reports,
     job_id,
     ledger_by_partition,
@@ -63,33 +63,15 @@ def celery_airflow(tmp_path, tiny_models, static_embedder, postgres_admin_url, r
         **tokenmill_env(tmp_path, RECORDS_PER_PARTITION, TIER_WORKERS),
         "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": str(HEARTBEAT_TIMEOUT),
     }
-    with airflow_database(postgres_admin_url) as db:
-        af = AirflowDeployment(
-            tmp_path / "airflow",
-            REPO / "dags",
-            db,
-            env=env,
-            drop_env=("AIRFLOW", "TOKENMILL_"),
-            preload=PRELOAD,
-            executor="CeleryExecutor",
-            broker_url=redis_server.url,
-        )
-        af.start()
-        try:
-            for tier, slots in GPUS.items():
-                af.create_pool(f"gpu-{tier}", slots, f"{tier} tier GPUs")
-            af.start_worker("cpu", ["default"], concurrency=4)
-            stall = {
-                "TOKENMILL_TIERS__SMALL__FAKE__STALL_AFTER": "4",
-                "TOKENMILL_TIERS__SMALL__FAKE__STEP_SECONDS": "0.01",
-            }
-            af.start_worker("small-a", ["gpu-small"], env=_gpu_worker_env("small", **stall))
-            af.start_worker("large", ["gpu-large"], env=_gpu_worker_env("large"))
-            af.wait_for_dag(DAG_ID)
-            af.unpause(DAG_ID)
-            yield af
-        finally:
-            af.stop()
+    stall = {"TOKENMILL_TIERS__SMALL__FAKE__STALL_AFTER": "4", "TOKENMILL_TIERS__SMALL__FAKE__STEP_SECONDS": "0.01"}
+    workers = (
+        ("cpu", ["default"], {"concurrency": 4}),
+        ("small-a", ["gpu-small"], {"env": _gpu_worker_env("small", **stall)}),
+        ("large", ["gpu-large"], {"env": _gpu_worker_env("large")}),
+    )
+    celery = {"executor": "CeleryExecutor", "broker_url": redis_server.url}
+    with deployment(tmp_path, postgres_admin_url, env, GPUS, workers=workers, **celery) as af:
+        yield af
 
 
 def _where_ran(af: AirflowDeployment, run_id: str) -> dict[tuple[str, int], tuple[str, str, str]]:

@@ -19,15 +19,15 @@ import json
 import pytest
 
 from pipeline.dev.samples import write_sample_corpus
-from tests.airflow_deploy import AirflowDeployment, airflow_database, write_faults
-from tests.conftest import REPO, TINY_CONFIG, read_kind
+from tests.airflow_deploy import AirflowDeployment, write_faults
+from tests.conftest import TINY_CONFIG, read_kind
 from tests.jobs import assert_exactly_once
 from tests.nightly_dag import (
     DAG_ID,
-    PRELOAD,
     check_engine_starts,
     check_ledger_is_held_time,
     commit_records,
+    deployment,
     drain_reports,
     job_id,
     ledger_by_partition,
@@ -65,20 +65,8 @@ def airflow(tmp_path, tiny_models, static_embedder, postgres_admin_url):
         ),
         "AIRFLOW__OPENLINEAGE__NAMESPACE": "tokenmill-test",
     }
-    with airflow_database(postgres_admin_url) as db:
-        af = AirflowDeployment(
-            tmp_path / "airflow", REPO / "dags", db, env=env, drop_env=("AIRFLOW", "TOKENMILL_"), preload=PRELOAD
-        )
-        af.start()
-        try:
-            for tier in TIER_WORKERS:
-                af.create_pool(f"gpu-{tier}", 1, f"{tier} tier GPU workers")
-            for dag_id in (DAG_ID, ROLLUP):
-                af.wait_for_dag(dag_id)
-                af.unpause(dag_id)
-            yield af
-        finally:
-            af.stop()
+    with deployment(tmp_path, postgres_admin_url, env, dict.fromkeys(TIER_WORKERS, 1), (DAG_ID, ROLLUP)) as af:
+        yield af
 
 
 def test_dag_under_scheduler_fails_two_partitions_then_reruns_them_alone(airflow: AirflowDeployment, tmp_path):
