@@ -8,7 +8,14 @@ from typing import Any, Literal
 
 from pydantic import BaseModel
 
-from pipeline.config import SpeculativeConfig, TenantConfig, TierConfig, TokenmillConfig, VllmArgs
+from pipeline.config import (
+    AirflowTriggerConfig,
+    SpeculativeConfig,
+    TenantConfig,
+    TierConfig,
+    TokenmillConfig,
+    VllmArgs,
+)
 from pipeline.config.tiers import FakeEngineArgs
 
 
@@ -85,6 +92,13 @@ def reference_markdown() -> str:
                 model,
                 "Building engine requests. Named `plan:` (and `TOKENMILL_PLAN__*`) until 0.1: "
                 "the old name is refused with an error naming the new one.",
+            )
+        elif name == "serve":
+            section(name, model)
+            section(
+                "serve.airflow",
+                AirflowTriggerConfig,
+                "Optional: each batch runs as a run of the nightly DAG on this Airflow deployment (docs/batch.md).",
             )
         elif isinstance(model, type) and issubclass(model, BaseModel):
             section(name, model)

@@ -12,10 +12,10 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline.serve.app import key_digest
-from tests.airflow_deploy import AirflowDeployment, airflow_database
-from tests.conftest import REPO, TINY_CONFIG
+from tests.airflow_deploy import AirflowDeployment
+from tests.conftest import TINY_CONFIG
 from tests.integration.test_batch_files import batch_lines
-from tests.nightly_dag import DAG_ID, PRELOAD, tokenmill_env
+from tests.nightly_dag import DAG_ID, deployment, tokenmill_env
 from tests.system.test_batch_api import KEYS, Server, batch_file, lines_of, submit, wait_for
 
 pytestmark = pytest.mark.airflow_deploy
@@ -29,19 +29,8 @@ def airflow(tmp_path, tiny_models, static_embedder, postgres_admin_url):
         "TOKENMILL_TIERS__SMALL__SERVED_MODEL_NAMES": json.dumps(["gpt-4o-mini"]),
         "TOKENMILL_DEDUP__SHADOW_RATE": "0",
     }
-    with airflow_database(postgres_admin_url) as db:
-        af = AirflowDeployment(
-            tmp_path / "airflow", REPO / "dags", db, env=env, drop_env=("AIRFLOW", "TOKENMILL_"), preload=PRELOAD
-        )
-        af.start()
-        try:
-            for tier in ("small", "large"):
-                af.create_pool(f"gpu-{tier}", 1, f"{tier} tier GPU workers")
-            af.wait_for_dag(DAG_ID)
-            af.unpause(DAG_ID)
-            yield af
-        finally:
-            af.stop()
+    with deployment(tmp_path, postgres_admin_url, env, {"small": 1, "large": 1}) as af:
+        yield af
 
 
 def test_a_batch_runs_as_a_run_of_the_nightly_dag_on_airflow(airflow: AirflowDeployment, make_config, tmp_path):
@@ -61,6 +50,7 @@ def test_a_batch_runs_as_a_run_of_the_nightly_dag_on_airflow(airflow: AirflowDep
         client = server.client()
         batch = submit(client, batch_file(tmp_path, batch_lines()))
         done = wait_for(client, batch.id, ("completed", "failed"))
+        output, errors = lines_of(client, done.output_file_id), lines_of(client, done.error_file_id)
     assert done.status == "completed", done.errors
 
     # The batch's job ran as an Airflow run of the DAG, under the batch's id, and its drains did the GPU work.
@@ -71,7 +61,6 @@ def test_a_batch_runs_as_a_run_of_the_nightly_dag_on_airflow(airflow: AirflowDep
     assert airflow.xcom(DAG_ID, run_id, "summary")["job_id"] == batch.id
 
     # The same answers as the child-process runner gives (tests/system/test_batch_api.py), billed to the caller.
-    output, errors = lines_of(client, done.output_file_id), lines_of(client, done.error_file_id)
     assert len(output) + len(errors) == len(batch_lines()) and done.request_counts.completed == len(output) == 6
     rows = pq.read_table(Path(config.output.uri) / "outputs").to_pylist()
     summaries = {r["id"]: r["summary"] for r in rows}
