@@ -73,7 +73,9 @@ def _job():
         "output_uri": Param(None, type=["null", "string"], description="overrides output.uri; {date} = run date"),
         "run_date": Param(None, type=["null", "string"], description="YYYY-MM-DD; default: the run's logical date"),
         "job_id": Param(None, type=["null", "string"], description="the job's id; default: <dag id>-<run date>"),
-        "tenant": Param(None, type=["null", "string"], description="bill every record to this tenant (Batch API)"),
+        "tenant": Param(
+            None, type=["null", "string"], description="default tenant, and every batch request's (Batch API)"
+        ),
         "input_format": Param(
             None, type=["null", "string"], description="auto, records, openai or anthropic: overrides input.format"
         ),

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from pydantic import Field
+from pydantic import Field, SecretStr
 
 from pipeline.config.base import Section
 
@@ -13,7 +13,9 @@ class AirflowTriggerConfig(Section):
     url: str = Field(description="Airflow's api-server (e.g. `http://airflow-apiserver:8080`).")
     dag_id: str = Field("nightly_summarization", min_length=1, description="The DAG a batch runs as.")
     username: str = Field(description="The Airflow user that triggers runs (`POST /auth/token`).")
-    password: str = Field(description="Its password: put it in the environment as `${VAR}`, never in the file.")
+    password: SecretStr = Field(
+        description="Its password: put it in the environment as `${VAR}`, never in the file (shown as `**********`)."
+    )
     config: str = Field(
         description=(
             "The tokenmill config **on the Airflow workers** (the DAG's `config` param). Its `state.url` and "

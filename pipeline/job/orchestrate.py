@@ -40,9 +40,9 @@ def job_config(
     tenant: str | None = None,
     input_format: str | None = None,
 ) -> TokenmillConfig:
-    """The config with the task's URIs; `{date}` in either URI becomes the run date (YYYY-MM-DD). `tenant`:
-    every record billed to it, batch requests' own tenants ignored (a Batch API batch is its caller's);
-    `input_format`: the input's format forced (`input.format`)."""
+    """The config with the task's URIs; `{date}` in either URI becomes the run date (YYYY-MM-DD). `tenant`: the
+    default tenant (of records that name none, and of .txt/.md files), and every batch request's, their own
+    `metadata.tenant` ignored (a Batch API batch is its caller's); `input_format`: `input.format` forced."""
     billed = {"input__default_tenant": tenant, "input__request_tenant": "default"} if tenant else {}
     config = load_config(
         Path(config_path), input__uri=input_uri, output__uri=output_uri, input__format=input_format, **billed

@@ -54,9 +54,13 @@ def key_digest(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
+# What the runner keeps on a batch for itself: never shown to a client (the Airflow run's params name paths).
+INTERNAL = ("tenant", "cost_usd", "cancel_requested", "attempts", "airflow_run", "airflow_conf")
+
+
 def public(batch: dict) -> dict:
     """The batch object a client sees: OpenAI's fields, and tokenmill's extension."""
-    out = {k: v for k, v in batch.items() if k not in ("tenant", "cost_usd", "cancel_requested", "attempts")}
+    out = {k: v for k, v in batch.items() if k not in INTERNAL}
     if batch["status"] in ACTIVE and batch.get("cancel_requested"):
         out["status"] = "cancelling"
     out["tokenmill"] = {"job_id": batch["id"], "cost_usd": batch.get("cost_usd")}

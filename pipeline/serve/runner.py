@@ -101,23 +101,29 @@ class BatchRunner:
         try:
             self.advance(batch)
             self.faults.pop(batch["id"], None)
+        except AirflowUnavailable as e:  # Airflow restarting or down: the batch did nothing wrong; asked again
+            log.warning("batch %s: Airflow did not answer (%s); trying again", batch["id"], e)
         except Exception:
             self.faults[batch["id"]] = n = self.faults.get(batch["id"], 0) + 1
             log.exception("batch %s: pass %d failed", batch["id"], n)
             if n >= MAX_FAULTS:
-                self.jobs.stop(batch)
+                try:
+                    self.jobs.stop(batch)
+                except Exception:  # failed all the same, so it cannot block the queue
+                    log.exception("batch %s: its job could not be stopped", batch["id"])
                 batch.update(status="failed", failed_at=int(time.time()), errors=_errors("job_failed", JOB_FAILED))
                 self.store.put_batch(batch)
 
     def advance(self, batch: dict) -> None:
         now = int(time.time())
-        if self.store.cancel_asked(batch["id"]):
+        ending = (
+            "cancelled" if self.store.cancel_asked(batch["id"]) else "expired" if now >= batch["expires_at"] else None
+        )
+        if ending == "cancelled":
             batch["cancelling_at"] = batch.get("cancelling_at") or now
-            self.jobs.stop(batch)
-            self.finish(batch, "cancelled")
-        elif now >= batch["expires_at"]:
-            self.jobs.stop(batch)
-            self.finish(batch, "expired")
+        if ending is not None:
+            if self.jobs.stop(batch):  # else its tasks are still ending: what they commit is returned too
+                self.finish(batch, ending)
         elif batch["status"] == "validating":
             self.validate(batch, now)
         elif batch["status"] == "finalizing":
@@ -156,8 +162,7 @@ class BatchRunner:
     def launch(self, batch: dict) -> None:
         """The batch's job, started (again, after a restart or a failed attempt: the job continues)."""
         batch["attempts"] = batch.get("attempts", 0) + 1
-        self.jobs.start(batch, job_config(self.config, self.store, batch))
-        self.store.put_batch(batch)
+        self.jobs.start(batch, job_config(self.config, self.store, batch), lambda: self.store.put_batch(batch))
 
     def finish(self, batch: dict, status: str) -> None:
         """Finalize: the job's manifest over what committed; its result files become the batch's files."""
@@ -232,7 +237,7 @@ class ChildProcess:
     def runs(self, batch: dict) -> bool:
         return self.child is not None and self.child_of == batch["id"]
 
-    def start(self, batch: dict, config: TokenmillConfig) -> None:
+    def start(self, batch: dict, config: TokenmillConfig, save) -> None:
         self.stop()  # another batch's child, if any: one job (one set of engines) at a time
         path = self.workdir / f"{batch['id']}.yaml"
         # The config whole, its secrets expanded: readable by this user alone, deleted when the batch ends.
@@ -246,6 +251,7 @@ class ChildProcess:
         self.child = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
         self.child_of = batch["id"]
         out.close()
+        save()
         log.info("batch %s: job started (pid %d)", batch["id"], self.child.pid)
 
     def exit_code(self, batch: dict) -> int | None:
@@ -254,10 +260,10 @@ class ChildProcess:
     def forget(self, batch: dict) -> None:
         self.child, self.child_of = None, None
 
-    def stop(self, batch: dict | None = None) -> None:
-        """Stop the child (only when it runs `batch`, if given)."""
+    def stop(self, batch: dict | None = None) -> bool:
+        """Stop the child (only when it runs `batch`, if given); True: it has ended."""
         if batch is not None and self.child_of != batch["id"]:
-            return
+            return True
         if self.child is not None and self.child.poll() is None:
             os.killpg(self.child.pid, signal.SIGTERM)  # the child and its engines' processes
             try:
@@ -266,6 +272,7 @@ class ChildProcess:
                 os.killpg(self.child.pid, signal.SIGKILL)
                 self.child.wait()
         self.child, self.child_of = None, None
+        return True
 
     def ended(self, batch: dict) -> None:
         (self.workdir / f"{batch['id']}.yaml").unlink(missing_ok=True)
@@ -282,45 +289,67 @@ class ChildProcess:
             return "its job wrote no log"
 
 
+class AirflowUnavailable(RuntimeError):
+    """Airflow's API did not answer (down, restarting, a 5xx): not the batch's fault; asked again next pass."""
+
+
 class AirflowRuns:
     """Each batch's job as a run of the nightly DAG on Airflow (`serve.airflow`), through its REST API: the
     deployment's GPU workers run it, this server only triggers, watches and stops it. The run's id is kept on
-    the batch, so a server restarted mid-batch watches the same run instead of starting another."""
+    the batch before the run is created, so a server restarted at any moment watches (or creates) that same
+    run instead of starting another."""
 
-    def __init__(self, trigger):
+    ACTIVE_TASKS = ("scheduled", "queued", "running", "restarting", "up_for_retry", "up_for_reschedule", "deferred")
+
+    def __init__(self, trigger, transport=None):
+        """`transport`: an httpx transport in place of the network (tests)."""
         import httpx
 
         self.trigger = trigger
-        self.client = httpx.Client(base_url=trigger.url.rstrip("/"), timeout=trigger.timeout_seconds)
+        self.client = httpx.Client(
+            base_url=trigger.url.rstrip("/"), timeout=trigger.timeout_seconds, transport=transport
+        )
         self.token: str | None = None
 
-    def call(self, method: str, path: str, body: dict | None = None) -> dict:
-        """One REST call under /api/v2, with a JWT from `POST /auth/token` (fetched again once it expires)."""
+    def call(self, method: str, path: str, body: dict | None = None, params: dict | None = None) -> dict | None:
+        """One REST call under /api/v2 with a JWT from `POST /auth/token` (fetched again once refused); None
+        for a 404. Raises AirflowUnavailable when Airflow does not answer or answers 5xx."""
+        import httpx
+
         for attempt in (0, 1):
-            if self.token is None:
-                r = self.client.post(
-                    "/auth/token", json={"username": self.trigger.username, "password": self.trigger.password}
-                )
-                if r.status_code >= 300:
-                    raise RuntimeError(f"Airflow refused the serve user's login: {r.status_code}")
-                self.token = r.json()["access_token"]
-            r = self.client.request(
-                method, f"/api/v2{path}", json=body, headers={"Authorization": f"Bearer {self.token}"}
-            )
+            try:
+                if self.token is None:
+                    password = self.trigger.password.get_secret_value()
+                    r = self.client.post("/auth/token", json={"username": self.trigger.username, "password": password})
+                    self.check(r, "POST /auth/token")
+                    self.token = r.json()["access_token"]
+                headers = {"Authorization": f"Bearer {self.token}"}
+                r = self.client.request(method, f"/api/v2{path}", json=body, params=params, headers=headers)
+            except httpx.TransportError as e:
+                raise AirflowUnavailable(f"{type(e).__name__}: {e}") from None
             if r.status_code == 401 and attempt == 0:
-                self.token = None
+                self.token = None  # expired: log in again, once
                 continue
-            if r.status_code >= 300:
-                raise RuntimeError(f"Airflow {method} {path}: {r.status_code} {r.text[:500]}")
+            if r.status_code == 404:
+                return None
+            self.check(r, f"{method} {path}")
             return r.json() if r.content else {}
-        raise AssertionError("unreachable")
+        raise AirflowUnavailable("Airflow refused a fresh token")
+
+    @staticmethod
+    def check(response, what: str) -> None:
+        if response.status_code >= 500:
+            raise AirflowUnavailable(f"{what}: {response.status_code}")
+        if response.status_code >= 300:
+            raise RuntimeError(f"Airflow {what}: {response.status_code} {response.text[:500]}")
 
     def runs(self, batch: dict) -> bool:
         return batch.get("airflow_run") is not None
 
-    def start(self, batch: dict, config: TokenmillConfig) -> None:
-        run_id = f"tokenmill-batch-{batch['id']}-{batch['attempts']}"
-        conf = {
+    def start(self, batch: dict, config: TokenmillConfig, save) -> None:
+        """Name the run on the batch and save it (`save`), then create the run with the job's params."""
+        batch["airflow_run"] = f"tokenmill-batch-{batch['id']}-{batch['attempts']}"
+        batch["airflow_conf"] = {
             "config": self.trigger.config,
             "input_uri": config.input.uri,
             "output_uri": config.output.uri,
@@ -328,24 +357,53 @@ class AirflowRuns:
             "tenant": batch["tenant"],
             "input_format": config.input.format,
         }
-        self.call(
-            "POST", f"/dags/{self.trigger.dag_id}/dagRuns", {"dag_run_id": run_id, "logical_date": None, "conf": conf}
+        save()
+        self.create(batch)
+
+    def create(self, batch: dict) -> None:
+        path = f"/dags/{self.trigger.dag_id}/dagRuns"
+        body = {"dag_run_id": batch["airflow_run"], "logical_date": None, "conf": batch["airflow_conf"]}
+        try:
+            self.call("POST", path, body)
+        except RuntimeError as e:
+            if " 409 " not in str(e):
+                raise
+            log.info("batch %s: Airflow run %s exists already: watching it", batch["id"], batch["airflow_run"])
+            return
+        log.info(
+            "batch %s: job started as Airflow run %s of %s", batch["id"], batch["airflow_run"], self.trigger.dag_id
         )
-        batch["airflow_run"] = run_id
-        log.info("batch %s: job started as Airflow run %s of %s", batch["id"], run_id, self.trigger.dag_id)
+
+    def state(self, batch: dict) -> str | None:
+        run = self.call("GET", f"/dags/{self.trigger.dag_id}/dagRuns/{batch['airflow_run']}")
+        return None if run is None else run["state"]
 
     def exit_code(self, batch: dict) -> int | None:
-        """0 when the run succeeded, 1 when it failed, None while it is queued or running."""
-        state = self.call("GET", f"/dags/{self.trigger.dag_id}/dagRuns/{batch['airflow_run']}")["state"]
+        """0 when the run succeeded, 1 when it failed, None while it is queued or running. A run Airflow does not
+        have (never created: the server stopped in between; or deleted) is created: the job continues."""
+        state = self.state(batch)
+        if state is None:
+            self.create(batch)
+            return None
         return {"success": 0, "failed": 1}.get(state)
 
     def forget(self, batch: dict) -> None:
         batch.pop("airflow_run", None)
+        batch.pop("airflow_conf", None)
 
-    def stop(self, batch: dict | None = None) -> None:
-        """Fail the batch's run: Airflow stops its running tasks; what they paid for stays paid."""
-        if batch is not None and batch.get("airflow_run") and self.exit_code(batch) is None:
+    def stop(self, batch: dict | None = None) -> bool:
+        """Fail the batch's run (Airflow then stops its tasks; what they paid for stays paid). True once none
+        of its tasks runs any longer, so that what is returned is all the run will commit."""
+        if batch is None or not self.runs(batch):
+            return True
+        state = self.state(batch)
+        if state in ("queued", "running"):
             self.call("PATCH", f"/dags/{self.trigger.dag_id}/dagRuns/{batch['airflow_run']}", {"state": "failed"})
+        elif state is None:
+            return True
+        path = f"/dags/{self.trigger.dag_id}/dagRuns/{batch['airflow_run']}/taskInstances"
+        tasks = (self.call("GET", path, params={"limit": 1000}) or {}).get("task_instances", [])
+        return not any(t["state"] in self.ACTIVE_TASKS for t in tasks)
 
     def ended(self, batch: dict) -> None:
         pass

@@ -1,0 +1,139 @@
+"""The Batch API's Airflow runner (`serve.airflow`, pipeline/serve/runner.py AirflowRuns) against a scripted
+Airflow REST API (httpx.MockTransport): what it does when Airflow is down, answers 5xx, forgets a run, refuses
+a token, or keeps tasks running after a cancel. The happy path on a real deployment is
+tests/system/test_airflow_batch.py."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+
+from pipeline.config import AirflowTriggerConfig
+from pipeline.serve.runner import MAX_FAULTS, AirflowRuns, AirflowUnavailable, BatchRunner
+
+RUN = "tokenmill-batch-batch-1-1"
+RUN_PATH = f"/api/v2/dags/nightly_summarization/dagRuns/{RUN}"
+
+
+class FakeAirflow:
+    """Airflow's REST API as far as the runner uses it: tokens, runs, their task instances."""
+
+    def __init__(self):
+        self.runs: dict[str, dict] = {}
+        self.tasks: list[dict] = []
+        self.calls: list[tuple[str, str]] = []
+        self.down = False  # connection refused
+        self.status: int | None = None  # every call answers this instead
+        self.stale_tokens = 0  # tokens refused (401) before one is taken
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        self.calls.append((request.method, request.url.path))
+        if self.down:
+            raise httpx.ConnectError("connection refused", request=request)
+        if self.status is not None:
+            return httpx.Response(self.status, json={"detail": "scripted"})
+        if request.url.path == "/auth/token":
+            return httpx.Response(201, json={"access_token": "t"})
+        if self.stale_tokens:
+            self.stale_tokens -= 1
+            return httpx.Response(401, json={"detail": "token expired"})
+        path, method = request.url.path, request.method
+        if method == "POST" and path.endswith("/dagRuns"):
+            body = httpx.Request("POST", "/", content=request.content).read()
+            run_id = __import__("json").loads(body)["dag_run_id"]
+            if run_id in self.runs:
+                return httpx.Response(409, json={"detail": "exists"})
+            self.runs[run_id] = {"dag_run_id": run_id, "state": "queued"}
+            return httpx.Response(200, json=self.runs[run_id])
+        run_id = path.split("/dagRuns/")[-1].split("/")[0]
+        if run_id not in self.runs:
+            return httpx.Response(404, json={"detail": "not found"})
+        if path.endswith("/taskInstances"):
+            return httpx.Response(200, json={"task_instances": self.tasks})
+        if method == "PATCH":
+            self.runs[run_id]["state"] = "failed"
+        return httpx.Response(200, json=self.runs[run_id])
+
+
+def _trigger() -> AirflowTriggerConfig:
+    return AirflowTriggerConfig(url="http://airflow:8080", username="u", password="s3cret", config="/c.yaml")
+
+
+@pytest.fixture
+def airflow():
+    return FakeAirflow()
+
+
+def _runs(airflow) -> AirflowRuns:
+    return AirflowRuns(_trigger(), transport=httpx.MockTransport(airflow))
+
+
+def _batch() -> dict:
+    return {"id": "batch-1", "tenant": "acme", "attempts": 1}
+
+
+class _Config:
+    class input:  # noqa: N801 (the config's shape)
+        uri, format = "s3://out/_api/inputs/batch-1", "openai"
+
+    class output:  # noqa: N801
+        uri = "s3://out"
+
+
+def test_the_run_is_named_and_saved_before_it_is_created_so_a_restart_finds_it(airflow):
+    runs, batch, saved = _runs(airflow), _batch(), []
+    airflow.down = True
+    with pytest.raises(AirflowUnavailable):
+        runs.start(batch, _Config, lambda: saved.append(dict(batch)))
+    assert saved and saved[0]["airflow_run"] == RUN and saved[0]["airflow_conf"]["tenant"] == "acme"
+    # The server restarts: the run it named does not exist yet; watching it creates it, once.
+    airflow.down = False
+    assert runs.runs(batch) and runs.exit_code(batch) is None and set(airflow.runs) == {RUN}
+    runs.create(batch)  # created twice (a 409): adopted, not an error
+    assert set(airflow.runs) == {RUN}
+    airflow.runs[RUN]["state"] = "success"
+    assert runs.exit_code(batch) == 0
+
+
+def test_an_expired_token_is_fetched_again_and_the_password_never_shows(airflow):
+    runs, batch = _runs(airflow), _batch()
+    runs.start(batch, _Config, lambda: None)
+    airflow.stale_tokens = 1
+    assert runs.exit_code(batch) is None
+    assert [c for c in airflow.calls if c[1] == "/auth/token"] == [("POST", "/auth/token")] * 2
+    assert "s3cret" not in repr(_trigger()) and "s3cret" not in _trigger().model_dump_json()
+
+
+def test_a_cancel_waits_until_the_runs_tasks_have_ended(airflow):
+    runs, batch = _runs(airflow), _batch()
+    runs.start(batch, _Config, lambda: None)
+    airflow.runs[RUN]["state"] = "running"
+    airflow.tasks = [{"task_id": "commit", "state": "running"}, {"task_id": "prepare", "state": "success"}]
+    assert runs.stop(batch) is False and airflow.runs[RUN]["state"] == "failed"  # failed, its commit still ending
+    assert ("PATCH", RUN_PATH) in airflow.calls
+    airflow.tasks[0]["state"] = "failed"
+    assert runs.stop(batch) is True
+    assert [c for c in airflow.calls if c[0] == "PATCH"] == [("PATCH", RUN_PATH)]  # failed once
+
+
+def test_airflow_down_is_not_the_batchs_fault_but_a_refusing_airflow_fails_it(make_config, airflow, tmp_path):
+    from pipeline.serve.store import ApiStore
+    from pipeline.stores import storage
+
+    config = make_config(serve__airflow=_trigger().model_dump() | {"password": "s3cret"})
+    store = ApiStore(storage.resolve(str(tmp_path / "out")))
+    runner = BatchRunner(config, store, tmp_path / "serve")
+    runner.jobs = _runs(airflow)
+    batch = {**_batch(), "status": "in_progress", "expires_at": 2**40, "request_counts": {"total": 1}}
+    runner.jobs.start(batch, _Config, lambda: None)  # its run is on Airflow, running
+    airflow.runs[RUN]["state"] = "running"
+    store.put_batch(batch)
+    airflow.down = True
+    for _ in range(MAX_FAULTS + 2):  # Airflow restarting: the batch waits, however long
+        runner.guarded(batch)
+    assert store.batch(None, "batch-1")["status"] == "in_progress" and not runner.faults
+    airflow.down, airflow.status = False, 403  # a refusal that will not pass: failed, and the queue moves on
+    for _ in range(MAX_FAULTS):
+        runner.guarded(batch)
+    failed = store.batch(None, "batch-1")
+    assert failed["status"] == "failed" and failed["errors"]["data"][0]["code"] == "job_failed"
