@@ -5,7 +5,8 @@ engines come and go) its metrics in prometheus_client's default one, and a scrap
 nor lose them by accident. Its `vllm:*` gauges are re-exported here instead, read from each watched engine at
 scrape time (`VllmGauges`): nothing runs for them between scrapes.
 
-Labels are bounded: tenant, tier, outcome, state, kind, cap (and model and gpus on the tier's info series). No
+Labels are bounded: tenant (configured tenants, the default and the first 100 others a process sees; then
+`other`), tier, outcome, state, kind, cap (and model and gpus on the tier's info series). No
 document id, item key, partition, session or job id is ever a label of a counter or gauge; the job a process
 works on is the one `tokenmill_job_info{job_id}` series (joined on in queries), and the Pushgateway's grouping
 key. A label whose value is missing (a lost-work ledger row has no tenant) reads `none`.
@@ -268,8 +269,19 @@ def push(config: MetricsConfig, job_id: str, instance: str) -> bool:
 # -- what the steps record ------------------------------------------------------------------------------
 
 
+# Tenants come from the input (a record's `tenant`): a hostile file could mint a series per record. A label
+# names the config's tenants and its default tenant always, and the first MAX_TENANT_LABELS others a process
+# sees; any further one reads `other`.
+MAX_TENANT_LABELS = 100
+CONFIGURED_TENANTS: set[str] = set()
+SEEN_TENANTS: set[str] = set()
+OTHER = "other"
+
+
 def begin(config: TokenmillConfig, job_id: str) -> None:
-    """This process works on `job_id` now, with `config`'s tiers: the info series."""
+    """This process works on `job_id` now, with `config`'s tiers and tenants: the info series, the tenant labels."""
+    CONFIGURED_TENANTS.clear()
+    CONFIGURED_TENANTS.update({*config.tenants, config.input.default_tenant})
     JOB_INFO.clear()
     JOB_INFO.labels(job_id).set(1)
     TIER_INFO.clear()
@@ -281,11 +293,23 @@ def label(value) -> str:
     return NONE if value is None or value == "" else str(value)
 
 
+def tenant_label(tenant) -> str:
+    """A tenant as a label: by name if configured, the default, or among the first MAX_TENANT_LABELS others
+    seen; else `other`."""
+    name = label(tenant)
+    if name == NONE or name in CONFIGURED_TENANTS or name in SEEN_TENANTS:
+        return name
+    if len(SEEN_TENANTS) < MAX_TENANT_LABELS:
+        SEEN_TENANTS.add(name)
+        return name
+    return OTHER
+
+
 def generated(tier: str, items: Iterable[dict], price_per_gpu_hour: float) -> None:
     """Generations a tier worker just stored: one increment per tenant and counter per engine step."""
     by_tenant: dict[str, list[float]] = {}
     for item in items:
-        n = by_tenant.setdefault(label(item["tenant"]), [0, 0, 0, 0, 0.0])
+        n = by_tenant.setdefault(tenant_label(item["tenant"]), [0, 0, 0, 0, 0.0])
         n[0] += 1
         n[1] += item["prompt_tokens"]
         n[2] += item["cached_prompt_tokens"]
@@ -335,7 +359,7 @@ def deferred(tier: str) -> None:
 def budget_left(left: dict[tuple[str, str], float]) -> None:
     """USD left under each cap: (cap, tenant) -> USD, cap `job` (tenant `none`) or `tenant`."""
     for (cap, tenant), usd in left.items():
-        BUDGET_LEFT.labels(cap, label(tenant)).set(usd)
+        BUDGET_LEFT.labels(cap, tenant_label(tenant)).set(usd)
 
 
 def expect_end(timestamp: float | None) -> None:
@@ -355,16 +379,16 @@ def committed(ledger: pa.Table, quarantine: pa.Table) -> None:
         .aggregate([([], "count_all")])
         .to_pylist()
     ):
-        ITEMS.labels(label(row["tenant"]), label(row["tier"]), row["outcome"]).inc(row["count_all"])
+        ITEMS.labels(tenant_label(row["tenant"]), label(row["tier"]), row["outcome"]).inc(row["count_all"])
     invalid = ledger.filter(pc.equal(ledger["kind"], "invalid_output"))
     tier_of = dict(zip(invalid["id"].to_pylist(), invalid["tier"].to_pylist()))
     counts: dict[tuple[str, str], int] = {}
     for id_, tenant in zip(quarantine["id"].to_pylist(), quarantine["tenant"].to_pylist()):
-        key = (label(tenant), label(tier_of.get(id_)))
+        key = (tenant_label(tenant), label(tier_of.get(id_)))
         counts[key] = counts.get(key, 0) + 1
     for (tenant, tier), n in counts.items():
         ITEMS.labels(tenant, tier, "quarantined").inc(n)
     for row in ledger.group_by(["tenant", "tier"]).aggregate([("cost_usd", "sum")]).to_pylist():
-        COST.labels(label(row["tenant"]), label(row["tier"])).inc(row["cost_usd_sum"] or 0.0)
+        COST.labels(tenant_label(row["tenant"]), label(row["tier"])).inc(row["cost_usd_sum"] or 0.0)
     for row in ledger.group_by(["tier", "kind"]).aggregate([("gpu_seconds", "sum")]).to_pylist():
         GPU_SECONDS.labels(label(row["tier"]), label(row["kind"])).inc(row["gpu_seconds_sum"] or 0.0)

@@ -231,11 +231,11 @@ class PartitionCommit:
                 f"partition {partition}: lease lost to another worker (claim epoch {self.epoch} "
                 f"superseded); its commit was fenced out and wrote nothing visible"
             )
-        metrics.committed(ledger, quarantine)
         try:
             faults.checkpoint("before_publish", self.job_id, partition)
             publish(ctx.out, self.job_id, partition, commit, files)
             ctx.progress.advance(done=outputs.num_rows, quarantined=quarantine.num_rows, partition=partition)
+            metrics.committed(ledger, quarantine)  # in here: telemetry never downgrades a committed partition
         except Exception as e:  # committed in the catalog: never downgrade it; the record follows
             log.warning(
                 "partition %s committed, but its commit record could not be written yet (%s); "

@@ -119,6 +119,7 @@ class Job:
         finally:
             ctx.progress.finish()
             metrics.expect_end(None)
+            metrics.push(ctx.config.metrics, ctx.job_id, ctx.worker)  # the job is over: no stale expected end
         return self.finish()
 
     def prepare(self, to_run: list, forced: list[str]) -> None:

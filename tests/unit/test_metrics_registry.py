@@ -118,3 +118,20 @@ def test_a_commit_counts_outcomes_and_money_with_missing_labels_as_none():
     )
     assert value("tokenmill_items_total", tenant="t-unit", tier="none", outcome="quarantined") >= 1
     assert value("tokenmill_cost_usd_total", tenant="none", tier="small") == lost + 0.25
+
+
+def test_tenant_labels_are_bounded_whatever_the_input_holds(make_config):
+    """A records file can name a new tenant on every line: past the configured ones, the default and the first
+    MAX_TENANT_LABELS others, every tenant reads `other`, so a hostile file cannot mint a series per record."""
+    from pipeline.generate import metrics
+
+    metrics.begin(make_config(tenants__acme={}), "j")
+    seen = set(metrics.SEEN_TENANTS)
+    metrics.SEEN_TENANTS.clear()
+    try:
+        names = [metrics.tenant_label(f"t{i}") for i in range(metrics.MAX_TENANT_LABELS + 50)]
+        assert len(set(names)) == metrics.MAX_TENANT_LABELS + 1 and names[-1] == metrics.OTHER
+        assert metrics.tenant_label("acme") == "acme" and metrics.tenant_label(None) == metrics.NONE  # configured
+    finally:  # the process's labels as they were, for the tests after this one
+        metrics.SEEN_TENANTS.clear()
+        metrics.SEEN_TENANTS.update(seen)
