@@ -16,6 +16,7 @@ import logging
 import time
 from contextlib import contextmanager
 
+from pipeline.config import redact_url
 from pipeline.errors import JobError
 from pipeline.job import faults
 from pipeline.job.context import JobContext
@@ -98,6 +99,11 @@ def ensure_staged(ctx: JobContext, stage=None):
         time.sleep(c.state.wait_seconds)
     if row.output_uri != c.output.uri:
         raise JobError(f"job {ctx.job_id} writes to {row.output_uri}, not {c.output.uri}; use that output")
+    if row.input_uri != c.input.uri:  # a job id reused for other input (a DAG run's `job_id` param): not this job
+        raise JobError(
+            f"job {ctx.job_id} reads {redact_url(row.input_uri)}, not {redact_url(c.input.uri)}; "
+            "a job's input is fixed once staged: give the other input a job id of its own"
+        )
     ctx.check_isolation()
     if row.config_fingerprint != config_fingerprint(c):
         log.warning(

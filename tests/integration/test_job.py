@@ -193,3 +193,15 @@ def test_progress_counts_items_as_they_are_stored_before_any_partition_commits(m
     shown, committed = seen[0]
     assert committed == 0 and shown > 0
     assert progress.shown == progress.done == progress.total  # and at the end, every record committed
+
+
+def test_a_job_id_given_again_for_other_input_is_refused(make_config, sample_corpus, tmp_path):
+    """Reproducer (review): a DAG run's `job_id` param naming a job staged over other input quietly continued
+    that job (its partitions, its results) and reported success for input it never read."""
+    from pipeline.dev.samples import write_sample_corpus
+
+    config = make_config()
+    assert run_job(config, job_id="given").manifest["status"] == "succeeded"
+    write_sample_corpus(tmp_path / "other", documents=5)
+    with pytest.raises(JobError, match=r"a job's input is fixed once staged"):
+        run_job(make_config(tmp_path / "other"), job_id="given")
