@@ -95,6 +95,8 @@ def connect(output_uri: str, storage_config: StorageConfig | None = None) -> duc
     committed = committed_files(root)
     for kind, schema in (("ledger", LEDGER), ("outputs", OUTPUTS), ("quarantine", QUARANTINE)):
         con.register(kind, _dataset(root, kind, schema, committed[kind]))
+    # Days are UTC days (`--since`, `--until`, `day`), whatever the machine's time zone.
+    con.execute("SET TimeZone = 'UTC'")
     con.execute("SET enable_external_access = false")
     con.execute("SET lock_configuration = true")
     return con

@@ -241,3 +241,21 @@ def test_ledger_over_s3(s3_server, s3_client, tmp_path):
     fake_job(storage.resolve("s3://ledgers/root", config), "s3job", datetime(2026, 11, 29, tzinfo=timezone.utc), 20, 1)
     rows = summary(connect("s3://ledgers/root", config), ["job"]).to_pylist()
     assert rows[0]["job"] == "s3job" and rows[0]["items"] == 60
+
+
+def test_ledger_days_are_utc_days_whatever_the_machines_time_zone(tmp_path, monkeypatch):
+    """Reproducer (review): under TZ=America/New_York a row created 2026-11-20T02:00Z was on 2026-11-19 for
+    `--since`/`--until` and `by day`, while the FOCUS billing periods and the docs say UTC days."""
+    import time
+
+    from pipeline.output.ledger import connect
+
+    monkeypatch.setenv("TZ", "America/New_York")
+    time.tzset()
+    try:
+        con = connect(str(tmp_path / "empty-output"))
+        day = con.sql("SELECT CAST(TIMESTAMPTZ '2026-11-20 02:00:00+00' AS DATE)").fetchall()[0][0]
+        assert str(day) == "2026-11-20"
+    finally:
+        monkeypatch.delenv("TZ")
+        time.tzset()
