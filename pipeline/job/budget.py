@@ -87,7 +87,8 @@ class BudgetGuard:
             prompts += pc.list_value_length(requests["prompt_token_ids"]).to_pylist()
             tenants += [tenant_of[i] for i in requests["id"].to_pylist()]
         # A tier with no ledger yet is priced by the hardware projection of its share of these requests, as
-        # `tokenmill estimate` prices it (plan/estimate.py with_priors); the admissions that follow use the same.
+        # `tokenmill estimate` prices it (plan/estimate.py with_priors); so do this process's admissions (a drain
+        # task of the Airflow DAG, another process, prices such a tier by its configured default until a ledger exists).
         demand = Demand()
         demand.add(tiers, prompts, tenants)
         self._rates = with_priors(c, self.rates(), demand)

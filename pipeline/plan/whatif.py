@@ -35,7 +35,6 @@ API_PRICES = {
         "source": "https://platform.claude.com/docs/en/build-with-claude/batch-processing",
     },
 }
-DEFAULT_ACCEPTANCE = 0.7  # speculative decoding's acceptance when a lever names none (n-gram: 76-83% measured here)
 
 
 @dataclass(frozen=True)
@@ -44,7 +43,7 @@ class TierSpec:
 
     shape: hardware.ModelShape
     levers: frozenset[str]
-    acceptance: float = DEFAULT_ACCEPTANCE
+    acceptance: float = hardware.DEFAULT_ACCEPTANCE
     label: str = ""
 
 
@@ -54,6 +53,8 @@ def parse_hardware(text: str) -> tuple[str, int]:
     match = next((n for n in hardware.GPU_PEAKS if n.lower() == name.strip().lower()), None)
     if match is None:
         raise ValueError(f"unknown hardware {name!r}: one of {', '.join(hardware.GPU_PEAKS)}")
+    if count and (not count.isdigit() or int(count) < 1):
+        raise ValueError(f"--hardware {text!r}: the count after ':' is a number of devices, at least 1")
     return match, int(count or 1)
 
 
@@ -66,13 +67,15 @@ def parse_tier(text: str) -> tuple[str, TierSpec]:
     shape = hardware.read_shape(model)
     if shape is None:
         raise ValueError(f"--tier {text!r}: no config.json at {model!r} and no preset ({', '.join(hardware.PRESETS)})")
-    on, acceptance = set(), DEFAULT_ACCEPTANCE
+    on, acceptance = set(), hardware.DEFAULT_ACCEPTANCE
     for lever in levers:
         key, _, value = lever.partition("=")
         if key not in hardware.LEVERS:
             raise ValueError(f"--tier {text!r}: unknown lever {key!r} (one of {', '.join(hardware.LEVERS)})")
         on.add(key)
         acceptance = float(value) if key == "spec" and value else acceptance
+    if not 0.0 <= acceptance <= 1.0:
+        raise ValueError(f"--tier {text!r}: spec acceptance {acceptance} is a share, between 0 and 1")
     return name.strip(), TierSpec(_applied(shape, on), frozenset(on), acceptance, rest)
 
 

@@ -166,3 +166,15 @@ def test_cpu_tier_efficiency_against_the_measured_limits(make_config, tmp_path):
     assert e["device"].startswith("cpu") and "32bit" in e["note"]
     fake = tier_efficiency(make_config().tiers["small"], engine, tmp_path, lambda: FAKE_CPU)
     assert fake["mfu"] is None and "fake" in fake["note"]
+
+
+def test_what_if_refuses_a_device_count_or_an_acceptance_that_cannot_be():
+    """Reproducer (review): `--hardware H100-SXM:0` ended in a ZeroDivisionError traceback; `spec=1.7` was taken."""
+    from pipeline.plan.whatif import parse_hardware, parse_tier
+
+    for bad in ("H100-SXM:0", "H100-SXM:-2", "H100-SXM:x"):
+        with pytest.raises(ValueError, match="at least 1"):
+            parse_hardware(bad)
+    assert parse_hardware("h100-sxm:8") == ("H100-SXM", 8)
+    with pytest.raises(ValueError, match="between 0 and 1"):
+        parse_tier("small=Llama-3.1-8B:spec=1.7")
