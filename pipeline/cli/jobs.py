@@ -16,6 +16,7 @@ from pipeline.cli.common import ConfigOption, app, console, fail, jobs_app, load
 from pipeline.cli.liblog import library_output
 from pipeline.config.env import redact_url
 from pipeline.generate.quality import CHECKS
+from pipeline.output.telemetry import device_name
 
 InputOption = typer.Option(None, "--input", help="Input folder or URI (overrides input.uri).")
 VerboseOption = typer.Option(
@@ -64,7 +65,7 @@ def engine_line(e: dict) -> str:
     if tps:
         parts.append(f"{tps:.0f} output tok/s")
     if eff.get("mfu") is not None:
-        parts.append(f"MFU {eff['mfu']:.1%}, MBU {eff['mbu']:.1%} ({eff['gpu_model']})")
+        parts.append(f"MFU {eff['mfu']:.1%}, MBU {eff['mbu']:.1%} (of {device_name(eff)})")
     if e.get("failed_attempts"):
         n = e["failed_attempts"]
         parts.append(f"{n} failed attempt{'' if n == 1 else 's'}")

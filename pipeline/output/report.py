@@ -30,6 +30,7 @@ from markupsafe import Markup
 from pipeline.generate.quality import CHECKS
 from pipeline.output.charts import bar_chart, fmt_usd, waterfall
 from pipeline.output.ledger import DOCUMENTS, MONEY, summary
+from pipeline.output.telemetry import device_name
 from pipeline.stores import storage
 
 
@@ -37,7 +38,7 @@ def _efficiency_line(eff: dict) -> str:
     if eff.get("mfu") is None:
         return f"hardware efficiency not computed ({eff.get('note', 'no data')})"
     return (
-        f"MFU {eff['mfu']:.1%}, memory-bandwidth use {eff['mbu']:.1%} of a {eff['gpu_model']} "
+        f"MFU {eff['mfu']:.1%}, memory-bandwidth use {eff['mbu']:.1%} of {device_name(eff)} "
         f"({eff['note']}; estimates, see docs/analyst.md)"
     )
 

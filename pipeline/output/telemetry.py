@@ -67,9 +67,14 @@ def tier_efficiency(tier, engine: dict, home=None, probe=None) -> dict:
             return {"gpu_model": None, "mfu": None, "mbu": None, "note": "fake engine: no model runs"}
         peaks = cpu_peaks(home, probe)
         out = efficiency("cpu", tier.model, tier.gpus, tier.vllm.max_num_seqs, engine, peaks)
-        out["gpu_model"], out["device"] = None, "cpu (measured: output/devices.py probe)"
+        out["gpu_model"], out["device"] = None, "this CPU, as measured"
         return out
     return efficiency(tier.gpu_model, tier.model, tier.gpus, tier.vllm.max_num_seqs, engine)
+
+
+def device_name(eff: dict) -> str:
+    """What an efficiency figure is measured against, for a sentence: `a H100-SXM`, or `this CPU, as measured`."""
+    return eff.get("device") or f"a {eff['gpu_model']}"
 
 
 def efficiency(

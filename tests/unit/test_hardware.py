@@ -163,9 +163,13 @@ def test_cpu_tier_efficiency_against_the_measured_limits(make_config, tmp_path):
     params, weight_bytes = checkpoint_size(tier.model)
     assert e["mfu"] == pytest.approx(2 * params * 24_000 / (10.0 * 100e9))
     assert e["mbu"] == pytest.approx(weight_bytes * 96 / (10.0 * 10e9))
-    assert e["device"].startswith("cpu") and "32bit" in e["note"]
+    assert e["device"] == "this CPU, as measured" and "32bit" in e["note"]
     fake = tier_efficiency(make_config().tiers["small"], engine, tmp_path, lambda: FAKE_CPU)
     assert fake["mfu"] is None and "fake" in fake["note"]
+    # The job summary and the report say what it is measured against (`make demo` printed "(None)").
+    from pipeline.cli.jobs import engine_line
+
+    assert engine_line({"efficiency": e}).endswith(f"MFU {e['mfu']:.1%}, MBU {e['mbu']:.1%} (of this CPU, as measured)")
 
 
 def test_what_if_refuses_a_device_count_or_an_acceptance_that_cannot_be():
