@@ -55,7 +55,7 @@ from decimal import Decimal
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from pipeline.output.ledger import LedgerError
+from pipeline.output.ledger import LedgerError, ledger_where
 
 BASES = ("allocation", "usage")
 SCALE = 18
@@ -337,19 +337,8 @@ def csv_ready(focus: pa.Table) -> pa.Table:
 
 def export_sql(job_id: str | None = None, tenant: str | None = None, since=None, until=None) -> tuple[str, list]:
     """SQL over the `ledger` view (pipeline.output.ledger.connect) for the rows to export, in a stable order."""
-    where, params = [], []
-    for clause, value in (
-        ("job_id = ?", job_id),
-        ("tenant = ?", tenant),
-        ("CAST(created_at AS DATE) >= ?", since),
-        ("CAST(created_at AS DATE) <= ?", until),
-    ):
-        if value is not None:
-            where.append(clause)
-            params.append(value)
-    sql = f"SELECT {', '.join((*LEDGER_COLUMNS, 'created_at'))} FROM ledger"
-    if where:
-        sql += " WHERE " + " AND ".join(where)
+    where, params = ledger_where(job_id, tenant, since, until)
+    sql = f"SELECT {', '.join((*LEDGER_COLUMNS, 'created_at'))} FROM ledger{where}"
     return sql + " ORDER BY created_at, job_id, partition, kind, id", params
 
 

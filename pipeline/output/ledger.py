@@ -102,6 +102,23 @@ def connect(output_uri: str, storage_config: StorageConfig | None = None) -> duc
     return con
 
 
+def ledger_where(
+    job_id: str | None = None, tenant: str | None = None, since: date | None = None, until: date | None = None
+) -> tuple[str, list]:
+    """(` WHERE ...` or '', its parameters) selecting ledger rows by job, tenant and UTC day (both inclusive)."""
+    where, params = [], []
+    for clause, value in (
+        ("job_id = ?", job_id),
+        ("tenant = ?", tenant),
+        ("CAST(created_at AS DATE) >= ?", since),
+        ("CAST(created_at AS DATE) <= ?", until),
+    ):
+        if value is not None:
+            where.append(clause)
+            params.append(value)
+    return (" WHERE " + " AND ".join(where) if where else ""), params
+
+
 def summary_sql(
     by: list[str], job_id: str | None = None, since: date | None = None, until: date | None = None
 ) -> tuple[str, list]:
@@ -110,19 +127,8 @@ def summary_sql(
         raise LedgerError(f"cannot group by {', '.join(unknown)}; choose from {', '.join(GROUP_KEYS)}")
     keys = [f"{GROUP_KEYS[b]} AS {b}" for b in by]
     measures = [f"{sql} AS {name}" for name, sql in MEASURES.items()]
-    where, params = [], []
-    if job_id:
-        where.append("job_id = ?")
-        params.append(job_id)
-    if since:
-        where.append("CAST(created_at AS DATE) >= ?")
-        params.append(since)
-    if until:
-        where.append("CAST(created_at AS DATE) <= ?")
-        params.append(until)
-    sql = f"SELECT {', '.join(keys + measures)} FROM ledger"
-    if where:
-        sql += " WHERE " + " AND ".join(where)
+    where, params = ledger_where(job_id or None, since=since or None, until=until or None)
+    sql = f"SELECT {', '.join(keys + measures)} FROM ledger{where}"
     if by:
         sql += f" GROUP BY {', '.join(GROUP_KEYS[b] for b in by)} ORDER BY {', '.join(b for b in by)}"
     return sql, params
