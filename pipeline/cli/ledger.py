@@ -17,6 +17,10 @@ OutputOption = typer.Option(
 )
 LedgerConfigOption = typer.Option(None, "--config", "-c", help="Config for storage settings (S3 endpoint, region).")
 FormatOption = typer.Option("table", "--format", help="table, csv or json")
+# The ledger's row filters, shared by the commands that read it (output.ledger.ledger_where).
+JobIdOption = typer.Option(None, "--job-id", help="Only this job.")
+SinceOption = typer.Option(None, "--since", formats=["%Y-%m-%d"], help="From this day (UTC), inclusive.")
+UntilOption = typer.Option(None, "--until", formats=["%Y-%m-%d"], help="To this day (UTC), inclusive.")
 
 
 def _plain(v):
@@ -94,13 +98,9 @@ def ledger_summary(
         "--by",
         help="Comma-separated: tenant, tier, model, adapter, source, job, partition, day (or '' for one total row).",
     ),
-    job_id: Optional[str] = typer.Option(None, "--job-id", help="Only this job."),
-    since: Optional[datetime] = typer.Option(
-        None, "--since", formats=["%Y-%m-%d"], help="From this day (UTC), inclusive."
-    ),
-    until: Optional[datetime] = typer.Option(
-        None, "--until", formats=["%Y-%m-%d"], help="To this day (UTC), inclusive."
-    ),
+    job_id: Optional[str] = JobIdOption,
+    since: Optional[datetime] = SinceOption,
+    until: Optional[datetime] = UntilOption,
     format: str = FormatOption,
     config: Optional[Path] = LedgerConfigOption,
 ) -> None:
@@ -144,16 +144,12 @@ def ledger_export(
         "--basis",
         help="allocation (busy + start-up and idle shares: reconciles to the ledger's cost_usd) or usage (busy only).",
     ),
-    job_id: Optional[str] = typer.Option(None, "--job-id", help="Only this job."),
+    job_id: Optional[str] = JobIdOption,
     tenant: Optional[str] = typer.Option(
         None, "--tenant", help="Only this tenant (lost work, having none, is left out)."
     ),
-    since: Optional[datetime] = typer.Option(
-        None, "--since", formats=["%Y-%m-%d"], help="From this day (UTC), inclusive."
-    ),
-    until: Optional[datetime] = typer.Option(
-        None, "--until", formats=["%Y-%m-%d"], help="To this day (UTC), inclusive."
-    ),
+    since: Optional[datetime] = SinceOption,
+    until: Optional[datetime] = UntilOption,
     account: str = typer.Option("tokenmill", "--billing-account", help="BillingAccountId and BillingAccountName."),
     config: Optional[Path] = LedgerConfigOption,
 ) -> None:
