@@ -40,7 +40,9 @@ JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 
 def check_job_id(job_id: str) -> None:
     if not JOB_ID.fullmatch(job_id):
-        raise JobError(f"job id {job_id!r} must be 1-128 characters of letters, digits, '.', '_' or '-'")
+        raise JobError(
+            f"job id {job_id!r} is not valid: it must be 1-128 characters of letters, digits, '.', '_' or '-'"
+        )
 
 
 def new_job_id() -> str:

@@ -17,7 +17,7 @@ from pipeline.config import TokenmillConfig, load_config
 from pipeline.errors import JobError
 from pipeline.job import plan as plan_step
 from pipeline.job.commit import commit_partition
-from pipeline.job.context import JOB_ID, JobContext
+from pipeline.job.context import JobContext, check_job_id
 from pipeline.job.drain import drain_tier
 from pipeline.job.manifest import refresh_manifest
 from pipeline.job.prepare import check_budget, prepare
@@ -27,8 +27,7 @@ from pipeline.job.progress import Progress
 def job_id_for(prefix: str, run_date: str) -> str:
     """One job per scheduled date: `<prefix>-<YYYY-MM-DD>`, so a backfill gives each date its own job."""
     job_id = re.sub(r"[^A-Za-z0-9._-]", "-", f"{prefix}-{run_date}")
-    if not JOB_ID.fullmatch(job_id):
-        raise JobError(f"job id {job_id!r} is not valid")
+    check_job_id(job_id)
     return job_id
 
 
@@ -65,8 +64,8 @@ def job_from_params(params: dict, dag_id: str, logical_date: str | None) -> tupl
         params.get("input_format"),
     )
     job_id = params.get("job_id")
-    if job_id is not None and not JOB_ID.fullmatch(job_id):
-        raise JobError(f"job id {job_id!r} is not valid")
+    if job_id is not None:
+        check_job_id(job_id)
     return config, job_id or job_id_for(dag_id, run_date)
 
 
