@@ -293,6 +293,14 @@ class AirflowUnavailable(RuntimeError):
     """Airflow's API did not answer (down, restarting, a 5xx): not the batch's fault; asked again next pass."""
 
 
+class AirflowRefused(RuntimeError):
+    """Airflow answered a call with a 4xx (other than 401 and 404, which `call` handles): `status` says which."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status = status
+
+
 class AirflowRuns:
     """Each batch's job as a run of the nightly DAG on Airflow (`serve.airflow`), through its REST API: the
     deployment's GPU workers run it, this server only triggers, watches and stops it. The run's id is kept on
@@ -341,7 +349,7 @@ class AirflowRuns:
         if response.status_code >= 500:
             raise AirflowUnavailable(f"{what}: {response.status_code}")
         if response.status_code >= 300:
-            raise RuntimeError(f"Airflow {what}: {response.status_code} {response.text[:500]}")
+            raise AirflowRefused(response.status_code, f"Airflow {what}: {response.status_code} {response.text[:500]}")
 
     def runs(self, batch: dict) -> bool:
         return batch.get("airflow_run") is not None
@@ -365,8 +373,8 @@ class AirflowRuns:
         body = {"dag_run_id": batch["airflow_run"], "logical_date": None, "conf": batch["airflow_conf"]}
         try:
             self.call("POST", path, body)
-        except RuntimeError as e:
-            if " 409 " not in str(e):
+        except AirflowRefused as e:
+            if e.status != 409:  # 409: a run of that id exists (created before a restart): it is this batch's
                 raise
             log.info("batch %s: Airflow run %s exists already: watching it", batch["id"], batch["airflow_run"])
             return
