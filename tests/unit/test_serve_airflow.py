@@ -5,6 +5,8 @@ tests/system/test_airflow_batch.py."""
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import pytest
 
@@ -39,8 +41,7 @@ class FakeAirflow:
             return httpx.Response(401, json={"detail": "token expired"})
         path, method = request.url.path, request.method
         if method == "POST" and path.endswith("/dagRuns"):
-            body = httpx.Request("POST", "/", content=request.content).read()
-            run_id = __import__("json").loads(body)["dag_run_id"]
+            run_id = json.loads(request.content)["dag_run_id"]
             if run_id in self.runs:
                 return httpx.Response(409, json={"detail": "exists"})
             self.runs[run_id] = {"dag_run_id": run_id, "state": "queued"}
