@@ -442,6 +442,16 @@ class AirflowDeployment:
             time.sleep(1.0)
         raise AirflowError(f"not healthy after {timeout:.0f} s: {health}\n{self.log_tails()}")
 
+    def wait_until(self, condition, limit: float = 300.0, poll: float = 0.5) -> None:
+        """Poll until `condition()` holds, the services alive; `limit` only guards against a hang (the state
+        waited for is made to happen)."""
+        deadline = time.monotonic() + limit
+        while not condition():
+            self.check_alive()
+            if time.monotonic() > deadline:
+                raise AirflowError(f"not reached in {limit:.0f} s\n{self.log_tails()}")
+            time.sleep(poll)
+
     def check_alive(self) -> None:
         procs = {**self.procs, **{f"worker-{w}": p for w, p in self.workers.items()}}
         dead = {n: p.returncode for n, p in procs.items() if p.poll() is not None}

@@ -98,17 +98,6 @@ def _held_by(af: AirflowDeployment, worker: str, state_db) -> bool:
     return any(int(h.rpartition(":")[2]) in pids for (h,) in holders if h and h.rpartition(":")[2].isdigit())
 
 
-def _wait_until(af: AirflowDeployment, condition, limit: float = 300.0) -> None:
-    """Poll until `condition` holds; `limit` only guards against a hang (the state is made to happen)."""
-    import time
-
-    deadline = time.monotonic() + limit
-    while not condition():
-        af.check_alive()
-        assert time.monotonic() < deadline, f"not reached in {limit:.0f} s\n{af.log_tails()}"
-        time.sleep(0.5)
-
-
 def test_celery_topology_routes_each_tier_to_its_workers_and_survives_a_killed_worker(
     celery_airflow: AirflowDeployment, tmp_path
 ):
@@ -124,7 +113,7 @@ def test_celery_topology_routes_each_tier_to_its_workers_and_survives_a_killed_w
 
     # 1. The run; `small-a` is killed with work in flight, `small-b` replaces it.
     run_id = af.trigger(DAG_ID, conf, logical_date=f"{RUN_DATE}T00:00:00Z")
-    _wait_until(af, lambda: _held_by(af, "small-a", state_db))
+    af.wait_until(lambda: _held_by(af, "small-a", state_db))
     af.kill_worker("small-a")
     af.start_worker("small-b", ["gpu-small"], env=_gpu_worker_env("small"))
     run = af.wait_for_run(DAG_ID, run_id, timeout=600)

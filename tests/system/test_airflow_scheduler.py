@@ -180,16 +180,14 @@ def test_dag_under_scheduler_fails_two_partitions_then_reruns_them_alone(airflow
 def check_rollup_after_commits(af: AirflowDeployment, run_id: str, output) -> None:
     """Each `summary` (the run's, the re-run's) updated the ledger asset; each update ran `ledger_rollup`
     after the nightly DAG's commit tasks, and the last one read the ledger as committed."""
-    import time
     from datetime import datetime
 
-    deadline = time.monotonic() + 180  # a guard against a hang: both updates have happened by now
-    while not (
-        (runs := af.dag_runs(ROLLUP)) and len(runs) >= 2 and all(r["state"] in ("success", "failed") for r in runs)
-    ):
-        af.check_alive()
-        assert time.monotonic() < deadline, (runs, af.log_tails())
-        time.sleep(1.0)
+    def finished() -> bool:  # both updates have happened by now: each rollup run to its end
+        runs = af.dag_runs(ROLLUP)
+        return len(runs) >= 2 and all(r["state"] in ("success", "failed") for r in runs)
+
+    af.wait_until(finished, limit=180, poll=1.0)
+    runs = af.dag_runs(ROLLUP)
     assert [r["state"] for r in runs] == ["success"] * len(runs), af.failed_logs(ROLLUP, runs[-1]["dag_run_id"])
     commits_end = max(
         datetime.fromisoformat(ti["end_date"]) for ti in af.task_instances(DAG_ID, run_id) if ti["task_id"] == "commit"
