@@ -253,19 +253,20 @@ def test_estimate_from_one_job_holds_the_next_corpus_escalations_included(make_c
     assert est["tiers"]["large"]["escalated_in"]["items"] == pytest.approx(esc["items"])
     assert all(t["method"].startswith("measured: ") for t in est["tiers"].values())
 
-    manifest = run_job(config, job_id="second", release_engines=True).manifest
-    actual = manifest["cost"]["cost_usd"]
+    run_job(config, job_id="second", release_engines=True)
     second = [r for r in read_kind(tmp_path / "output", "ledger", "second").to_pylist() if r["source"] == "generated"]
     assert len(second) == est["to_generate"]  # nothing reused from the first job: the estimate's count holds
     # Which items escalate is a hash of each request (the fake engine): the same on every run, but another corpus
     # escalates another share, which is why the cost range, not the count, is the promise.
     assert 0.5 < esc["items"] / sum(bool(r["escalated"]) for r in second) < 2
     # Not a vacuous range (one job of history: start-up and idle ±50%, the escalation rate's binomial interval),
-    # and the bill of the same order. Whether the range holds the bill is a matter of measured seconds, so it is
-    # measured where seconds are real, by benchmarks/estimate_accuracy.py on the real model (RESULTS.md §10),
-    # not asserted here: wall-clock noise of a fake engine's steps once put the bill 0.6% above the range.
+    # and the work it prices of the same order as the work done. The bill itself is wall-clock seconds: whether the
+    # range holds it is measured where seconds are real, by benchmarks/estimate_accuracy.py on the real model
+    # (RESULTS.md §10), not asserted here. A CI run under load once held the second job's engines 30× longer
+    # than the first job's and failed a bill-to-estimate ratio; token counts do not depend on the machine's load.
     assert est["est_usd_low"] < est["est_usd"] < est["est_usd_high"] < 5 * est["est_usd_low"]
-    assert 0.25 < est["est_usd"] / actual < 4
+    predicted = sum(t["est_output_tokens"] for t in est["tiers"].values())
+    assert 0.5 < predicted / sum(r["output_tokens"] for r in second) < 2
 
 
 def test_the_caps_are_one_amount_that_every_worker_of_the_job_reserves_from(store):
