@@ -189,12 +189,15 @@ def with_estimates(
     return out
 
 
-def estimate_job(config: TokenmillConfig, pool=None, input_uri: str | None = None, report=None) -> dict:
+def estimate_job(
+    config: TokenmillConfig, pool=None, input_uri: str | None = None, report=None, cached: bool = False
+) -> dict:
     """The pre-flight estimate, on the run's own path up to the GPU: the job's planning (read, validate,
     dedup, route; `plan_job`, into a scratch staging area) and each partition's first wave as `prepare`
     builds it (requests rendered and tokenised, documents too long for the context cut into chunks, a
     reduce per chunked document), priced with what earlier ledgers measured. `pool`: an EnginePool (its
-    tokenizers are used; no engine starts); `report`: planning's progress (Progress.planning)."""
+    tokenizers are used; no engine starts); `report`: planning's progress (Progress.planning); `cached`:
+    exact hits in the cache of earlier jobs are free (planned_demand)."""
     from pipeline.generate.adapters import adapter_problems
     from pipeline.generate.levers import check_levers
 
@@ -204,7 +207,7 @@ def estimate_job(config: TokenmillConfig, pool=None, input_uri: str | None = Non
 
         pool = EnginePool(config.tiers)
     rates = tier_rates(config, config.output.uri)
-    demand, counts = planned_demand(config, pool, rates, input_uri, report)
+    demand, counts = planned_demand(config, pool, rates, input_uri, report, cached)
     rates = with_priors(config, rates, demand)
     return {**counts, **price_demand(demand, config, rates), "note": NOTE}
 
@@ -221,19 +224,29 @@ def with_priors(config: TokenmillConfig, rates: dict[str, TierRate], demand: Dem
 
 
 def planned_demand(
-    config: TokenmillConfig, pool, rates: dict[str, TierRate], input_uri: str | None = None, report=None
+    config: TokenmillConfig,
+    pool,
+    rates: dict[str, TierRate],
+    input_uri: str | None = None,
+    report=None,
+    cached: bool = False,
 ) -> tuple[Demand, dict]:
     """What the job would send to the engines, as a Demand, and the counts the estimate prints.
 
-    Earlier jobs' cache is not searched (the planning runs with the cache off): what it holds is
-    counted as generated, so the estimate errs high where a warm cache would save."""
+    Earlier jobs' near and semantic cache is not searched (the planning runs with the cache off): what it
+    would reuse is counted as generated, so the estimate errs high where a warm cache would save. With
+    `cached`, exact hits in the cache are looked up (read only) and cost nothing, as the run's lookup
+    (generate/lookup.py) will find them: a file submitted again is estimated at what it will cost, $0."""
     import tempfile
 
     from pipeline.generate.reuse import generations_for
     from pipeline.generate.waves import WavePlanner, engine_requests
     from pipeline.plan.streamed import plan_job
     from pipeline.stores import storage
+    from pipeline.stores.cache import open_store
     from pipeline.stores.staging import StagingArea
+
+    cache = open_store(config.cache) if cached else None
 
     config = config.model_copy(
         update={
@@ -243,6 +256,8 @@ def planned_demand(
     )
     demand, paid = Demand(), set()  # keys some partition already generates: one generation per key per job
     counts = {"records": 0, "quarantined": 0, "duplicates": 0, "to_generate": 0, "requests": 0, "long_documents": 0}
+    if cached:
+        counts["cache_hits"] = 0  # records answered by an exact hit in earlier jobs' cache
     with tempfile.TemporaryDirectory(prefix="tokenmill-estimate-") as scratch:
         area = StagingArea(storage.resolve(scratch), "preflight")
         plan = plan_job(config, "preflight", area, report=report)
@@ -251,6 +266,12 @@ def planned_demand(
             records = area.records(partition)
             keys = set(records["gen_key"].to_pylist()) - paid
             paid |= keys
+            if cache is not None:
+                hits = exact_hits(cache, records, keys)
+                keys -= hits
+                hit = pc.is_in(records["gen_key"], pa.array(list(hits), pa.string()))
+                counts["cache_hits"] += int(pc.sum(hit).as_py() or 0)
+                records = records.filter(pc.invert(hit))
             generations = generations_for(records, keys)
             requests, too_long = engine_requests(generations, config, pool)
             state, rows = WavePlanner(config, pool, None, partition).first(generations, requests, too_long)
@@ -275,6 +296,15 @@ def planned_demand(
             counts["requests"] += len(rows) + len(reduces)  # chunks and reduces included
             counts["long_documents"] += len(reduces)
     return demand, counts
+
+
+def exact_hits(cache, records: pa.Table, keys: set[str]) -> set[str]:
+    """The `keys` (generation keys of `records`) the cache holds an output for, looked up in their scopes."""
+    scope_of = dict(zip(records["gen_key"].to_pylist(), records["scope"].to_pylist()))
+    hits: set[str] = set()
+    for scope in sorted({scope_of[k] for k in keys}):
+        hits |= set(cache.get_many(scope, [k for k in keys if scope_of[k] == scope]))
+    return hits
 
 
 def budget_problems(config: TokenmillConfig, job_usd: float, tenant_usd: dict[str, float]) -> list[str]:

@@ -17,7 +17,9 @@ SHA-256 names its tenant (`tenants.<name>.api_keys`). A key sees only its tenant
 from __future__ import annotations
 
 import hashlib
+import tempfile
 import time
+from pathlib import Path
 
 from fastapi import Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -27,7 +29,8 @@ from starlette.datastructures import UploadFile
 
 from pipeline.config import ServeConfig, TokenmillConfig
 from pipeline.ingest.batch import ANTHROPIC_ENDPOINT, OPENAI_ENDPOINTS
-from pipeline.serve.runner import ACTIVE, WINDOWS
+from pipeline.plan.estimate import budget_problems, estimate_job
+from pipeline.serve.runner import ACTIVE, WINDOWS, job_config, request_lines
 from pipeline.serve.store import ApiStore, new_id
 
 ENDPOINTS = (*OPENAI_ENDPOINTS, ANTHROPIC_ENDPOINT)
@@ -150,7 +153,7 @@ def create_app(config: TokenmillConfig, store: ApiStore) -> FastAPI:
         return request.state.tenant
 
     _file_routes(app, store, config.serve, tenant)
-    _batch_routes(app, store, config.serve, tenant)
+    _batch_routes(app, store, config, tenant)
     return app
 
 
@@ -240,12 +243,37 @@ def new_batch(body: CreateBatch, tenant: str, limits: ServeConfig) -> dict:
     }
 
 
-def _batch_routes(app: FastAPI, store: ApiStore, limits: ServeConfig, tenant) -> None:
+def check_budget(config: TokenmillConfig, store: ApiStore, batch: dict, data: bytes) -> None:
+    """With `budget:` caps, refuse a batch (400, `budget_exceeded`) whose estimate crosses one, in the call that
+    creates it, with the estimate. The estimate is `tokenmill estimate`'s on the batch's own job, exact cache hits
+    free (a file submitted again costs nothing): it plans and tokenises the file inside this call. The job checks
+    the caps again when it starts, against what it has spent by then."""
+    with tempfile.TemporaryDirectory(prefix="tokenmill-admission-") as folder:
+        Path(folder, "input.jsonl").write_bytes(data)
+        est = estimate_job(job_config(config, store, batch), input_uri=folder, cached=True)
+    problems = budget_problems(config, est["est_usd"], est["tenants"])
+    if problems:
+        message = (
+            f"refused before any work: estimated {'; '.join(problems)} (range ${est['est_usd_low']:.6f}-"
+            f"${est['est_usd_high']:.6f} for {est['to_generate']} generations; {est['cache_hits']} requests "
+            f"answered by the cache at $0)"
+        )
+        raise ApiError(400, message, "budget_exceeded")
+
+
+def _batch_routes(app: FastAPI, store: ApiStore, config: TokenmillConfig, tenant) -> None:
+    limits = config.serve
+
     @app.post("/v1/batches")
     def create_batch(body: CreateBatch, who: str = Depends(tenant)):
         batch = new_batch(body, who, limits)
-        if _owned_file(store, body.input_file_id, who)["purpose"] != "batch":
+        meta = _owned_file(store, body.input_file_id, who)
+        if meta["purpose"] != "batch":
             raise ApiError(400, f"file {body.input_file_id} is not a batch input file", "invalid_file")
+        data = store.content(meta)
+        # Over serve.max_requests the runner fails it in `validating` without estimating a file that size here.
+        if config.budget.active and request_lines(data) <= limits.max_requests:
+            check_budget(config, store, batch, data)
         store.put_batch(batch)
         return public(batch)
 

@@ -43,6 +43,11 @@ JOB_FAILED = "the batch's job failed; the server's log names the cause (look for
 WINDOWS = {"24h": 24 * 3600, "48h": 48 * 3600, "7d": 7 * 24 * 3600}  # completion windows the runner can time
 
 
+def request_lines(data: bytes) -> int:
+    """The requests of a batch input file, as the reader counts them: its lines that are not blank."""
+    return sum(1 for line in data.split(b"\n") if line.strip())
+
+
 def job_config(config: TokenmillConfig, store: ApiStore, batch: dict) -> TokenmillConfig:
     """The job of a batch: the server's config, reading the batch's input as batch requests billed to its tenant."""
     data = config.model_dump(mode="json")
@@ -145,7 +150,7 @@ class BatchRunner:
             problem = ("invalid_file", f"input file {batch['input_file_id']} no longer exists")
         else:
             data = self.store.content(meta)
-            lines = sum(1 for line in data.split(b"\n") if line.strip())  # as the reader counts them
+            lines = request_lines(data)
             if lines == 0:
                 problem = ("empty_file", "the input file holds no request")
             elif lines > self.config.serve.max_requests:

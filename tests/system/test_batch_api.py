@@ -237,11 +237,24 @@ def test_a_restarted_server_resumes_its_batch_and_pays_nothing_twice(config_for,
         assert all(r["attempts"] == 1 for r in generated)
 
 
-def test_a_batch_over_its_tenants_budget_is_refused_with_the_estimate_before_any_gpu_work(config_for, tmp_path):
+def test_a_batch_over_its_tenants_budget_is_refused_when_created_and_the_same_file_again_is_not(config_for, tmp_path):
+    """With budget caps, `POST /v1/batches` estimates the batch's job and refuses one that would cross its tenant's
+    cap, with the estimate, before the batch exists. Exact cache hits count as free: the file paid for once
+    is created under the same cap and completes at $0."""
+    lines = batch_lines()
+    with Server(config_for(), tmp_path / "serve") as server:  # no cap: the file is paid for once
+        client = server.client()
+        first = wait_for(client, submit(client, batch_file(tmp_path, lines)).id, ("completed", "failed"))
+        assert first.status == "completed" and first.model_extra["tokenmill"]["cost_usd"] > 0
     with Server(config_for(budget__default_tenant_usd=1e-9), tmp_path / "serve") as server:
         client = server.client()
-        done = wait_for(client, submit(client, batch_file(tmp_path, batch_lines())).id, ("failed", "completed"))
-        assert done.status == "failed" and done.errors.data[0].code == "budget_exceeded"
-        assert "estimated" in done.errors.data[0].message and "acme" in done.errors.data[0].message
-        assert done.request_counts.completed == 0 and done.request_counts.failed == done.request_counts.total == 13
-        assert done.output_file_id is None
+        new = [chat(f"n{i}", f"{OTHER} Entry {i} of the bakery's register.") for i in range(3)]
+        with pytest.raises(openai.BadRequestError) as refused:
+            submit(client, batch_file(tmp_path, new, "new.jsonl"))
+        error = refused.value.body
+        assert error["code"] == "budget_exceeded" and "estimated" in error["message"] and "acme" in error["message"]
+        assert "3 generations" in error["message"]
+        assert [b.id for b in client.batches.list().data] == [first.id]  # the refused batch was never created
+        again = wait_for(client, submit(client, batch_file(tmp_path, lines, "again.jsonl")).id, ("completed", "failed"))
+        assert again.status == "completed" and again.model_extra["tokenmill"]["cost_usd"] == 0
+        assert again.request_counts.completed == first.request_counts.completed
