@@ -216,6 +216,8 @@ REASONS = {
     "too_long": "the prompt does not fit the tier's context length",
     "engine_error": "the engine failed on this item even when run alone",
     "invalid_output": "the output broke sampling.json_schema, also after one retry (its cost is in the ledger)",
+    "cancelled": "its job was cancelled (a cancelled batch) before this record was answered",
+    "expired": "its job's time ran out (a batch's completion_window) before this record was answered",
     **{
         check: f"the served output {what}, also after escalation, and checks.quarantine lists `{check}` "
         "(its cost is in the ledger)"

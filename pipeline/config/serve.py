@@ -41,7 +41,7 @@ class ServeConfig(Section):
         ["24h"],
         description=(
             "`completion_window` values a batch may ask for (of 24h, 48h, 7d). A batch not finished within its "
-            "window is `expired`: what committed is returned, the rest is in the error file as `not_run`."
+            "window is `expired`: what it answered is returned, the rest is in the error file as `batch_expired`."
         ),
     )
     poll_seconds: float = Field(

@@ -24,8 +24,8 @@ from pipeline.dedup.index import generated_segments
 from pipeline.errors import JobError
 from pipeline.generate import metrics
 from pipeline.generate.engine_api import EngineDeadError, EngineStartError
-from pipeline.generate.followup import related_keys
-from pipeline.generate.reuse import cache_value, needed_keys
+from pipeline.generate.followup import final_output, related_keys
+from pipeline.generate.reuse import cache_value, effective_keys, needed_keys
 from pipeline.generate.shadow import verify_shadows
 from pipeline.generate.waves import partition_keys
 from pipeline.job import faults
@@ -71,11 +71,12 @@ class PartitionCommit:
         """Set this claim's end state; False when the claim was fenced out (another worker took over)."""
         return self.state.finish_partition(self.job_id, self.partition, self.ctx.worker, self.epoch, status, **fields)
 
-    def run(self) -> None:
-        """Run the claimed partition to its end state (succeeded, deferred or failed), then report to the metrics."""
+    def run(self, step=None) -> None:
+        """Run the claimed partition to its end state (succeeded, deferred or failed), then report to the metrics.
+        `step(beat)`: what commits it (default: generate_and_commit)."""
         metrics.begin(self.config, self.job_id)
         try:
-            self.run_claimed()
+            self.run_claimed(step or self.generate_and_commit)
         finally:
             self.report()
 
@@ -93,7 +94,7 @@ class PartitionCommit:
             log.debug("metrics after commit unreadable: %s: %s", type(e).__name__, e)
         metrics.push(self.config.metrics, self.job_id, ctx.worker)
 
-    def run_claimed(self) -> None:
+    def run_claimed(self, step) -> None:
         partition = self.partition
         try:
             lease = self.config.state.lease_seconds
@@ -102,7 +103,7 @@ class PartitionCommit:
                 lease,
                 f"lease-{partition}",
             ) as beat:
-                self.generate_and_commit(beat)
+                step(beat)
         except BudgetReached as e:
             log.warning("partition %s deferred: %s", partition, e)
             self.finish("deferred", error=str(e))
@@ -149,6 +150,29 @@ class PartitionCommit:
         items = ctx.lookup.stored(partition_keys(records, state))
         failed = {k: tuple(v) for k, v in state.failed.items()}
         self.commit(beat, records, quarantine, items, failed, state.shareable, started)
+
+    def commit_stopped(self, beat: Renewal, reason: str, detail: str) -> None:
+        """Commit a partition of a job stopped for good (its batch cancelled or expired; none of its workers
+        runs) with what it has, generating nothing: an output for every record whose answer is paid for, or
+        in the cache of earlier jobs (free), every other record quarantined as `reason`."""
+        ctx, partition, started = self.ctx, self.partition, time.perf_counter()
+        ctx.engine_time.wait_for_engines(lambda: not beat.lost)  # a killed worker's session: gone at once
+        p = ctx.partition(partition)
+        records, quarantine = ctx.staging.records(partition), ctx.staging.quarantine(partition)
+        if p.generation in ("generating", "generated"):
+            state = ctx.waves.state_of(p)
+            items = ctx.lookup.stored(partition_keys(records, state))
+            failed, shareable = {k: tuple(v) for k, v in state.failed.items()}, state.shareable
+        else:  # never prepared (or its prepare failed): what this job's other partitions or the cache hold
+            records, items, _ = ctx.lookup.unpaid(partition, records)
+            failed, shareable = {}, 0
+        items |= ctx.lookup.stored(
+            [k for k in related_keys(needed_keys(records), items, self.config) if k not in items]
+        )
+        for id_, key in zip(records["id"].to_pylist(), effective_keys(records)):
+            if key not in failed and final_output(key, items, self.config).item is None:
+                failed[key] = (reason, detail, id_)
+        self.commit(beat, records, quarantine, items, failed, shareable, started)
 
     def cache_full_costs(self, records: pa.Table, items: dict[str, dict], ratio) -> None:
         """Cache this partition's generations again at what the ledger says they cost, start-up and
@@ -312,6 +336,22 @@ def take_over_gone_holders(ctx: JobContext, held: list, announced: set[tuple]) -
                 utc(p.lease_expires_at),
             )
     return released
+
+
+def commit_stopped(ctx: JobContext, reason: str, detail: str) -> list[str]:
+    """Commit every partition of a job stopped for good with what it has (PartitionCommit.commit_stopped): what
+    was paid for is returned, not only kept. The caller makes sure none of the job's workers runs (their claims
+    are taken over). Returns the partitions that could not be committed (each says why in the catalog)."""
+    left = []
+    for p in ctx.state.partitions(ctx.job_id):
+        if p.status == "succeeded":
+            continue
+        run = PartitionCommit(ctx, p.partition)
+        if run.claim(force=True):
+            run.run(lambda beat, run=run: run.commit_stopped(beat, reason, detail))
+        if ctx.partition(p.partition).status != "succeeded":
+            left.append(p.partition)
+    return left
 
 
 def commit_partition(ctx: JobContext, partition: str) -> dict:

@@ -27,7 +27,7 @@ from pipeline.config.env import scrub
 from pipeline.errors import JobError
 from pipeline.generate import metrics
 from pipeline.generate.engine import EnginePool
-from pipeline.job.commit import commit_ready
+from pipeline.job.commit import commit_ready, commit_stopped
 from pipeline.job.context import JobContext, new_job_id
 from pipeline.job.drain import drain
 from pipeline.job.manifest import refresh_manifest
@@ -135,6 +135,18 @@ class Job:
                 metrics.expect_end(time.time() + expected_engine_seconds(ctx, demand))
             except Exception as e:  # no estimate is no reason to stop a job
                 log.warning("no expected end for job %s: %s: %s", ctx.job_id, type(e).__name__, e)
+
+    def end_stopped(self, status: str, detail: str) -> dict:
+        """End a job stopped for good (`cancelled` or `expired`, as its batch; none of its workers runs): every
+        partition not committed is committed with what it has (commit.commit_stopped), the records it had not
+        answered quarantined as `status` with `detail`. Returns the manifest; the job's status is `status`."""
+        ctx = self.ctx
+        left = commit_stopped(ctx, status, detail)
+        manifest = refresh_manifest(ctx)
+        error = f"{detail}; {len(left)} partitions not committed: {', '.join(left[:5])}" if left else detail
+        counts = {**manifest["counts"], "staging": manifest.get("staging", {})}
+        ctx.state.set_job(ctx.job_id, status=status, finished_at=now(), error=error, counts=counts)
+        return manifest
 
     # -- finish -----------------------------------------------------------------------------------
     def finish(self) -> JobResult:

@@ -29,6 +29,8 @@ BATCHES = "batches"
 # Quarantine reasons that are the server's fault, not the request's (HTTP 500 rather than 400).
 SERVER_ERRORS = {"engine_error", "not_run", "unreadable_file"}
 FINISH = {"stop": "end_turn", "length": "max_tokens"}  # OpenAI's finish_reason -> Anthropic's stop_reason
+# Requests a stopped batch never answered: no response, OpenAI's error code, Anthropic's result type.
+STOPPED = {"expired": ("batch_expired", "expired"), "cancelled": ("batch_cancelled", "canceled")}
 
 
 def result_paths(out: storage.Location, job_id: str, file: str, fmt: str) -> dict[str, str]:
@@ -170,6 +172,9 @@ def _openai_answer(uid: str, custom_id: str, request: dict, answer: dict, extens
 
 
 def _openai_error(uid: str, custom_id: str | None, reason: str, message: str) -> dict:
+    if reason in STOPPED:
+        error = {"code": STOPPED[reason][0], "message": message}
+        return {"id": f"batch_req_{uid}", "custom_id": custom_id, "response": None, "error": error}
     status = 500 if reason in SERVER_ERRORS else 400
     return {
         "id": f"batch_req_{uid}",
@@ -201,6 +206,8 @@ def _anthropic_answer(uid: str, custom_id: str, request: dict, answer: dict, ext
 
 
 def _anthropic_error(custom_id: str | None, reason: str, message: str) -> dict:
+    if reason in STOPPED:
+        return {"custom_id": custom_id, "result": {"type": STOPPED[reason][1]}}
     kind = "api_error" if reason in SERVER_ERRORS else "invalid_request_error"
     return {
         "custom_id": custom_id,

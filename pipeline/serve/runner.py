@@ -7,10 +7,10 @@
   completed | failed | cancelled | expired
 
 The batch id is the job id, so a server restarted mid-batch runs the same job again and it continues
-where it stopped, paying for nothing twice (the job's own exactly-once). Cancelling stops the child: what
-it paid for stays paid (items and the cache keep it; a resubmission pays nothing for it) and what
-committed is returned; the requests not answered are in the error file (`not_run`). The runner is the one
-writer of batch objects; the API only asks it to cancel.
+where it stopped, paying for nothing twice (the job's own exactly-once). Cancelling (or expiry) stops the child;
+then every partition of the job is committed with the answers it has (job/lifecycle.py `end_stopped`), so
+what was paid for is returned, and the requests not answered are in the error file (`batch_cancelled`,
+`batch_expired`). The runner is the one writer of batch objects; the API only asks it to cancel.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from pathlib import Path
 import yaml
 
 from pipeline.config import TokenmillConfig, tokenmill_home
+from pipeline.job.lifecycle import Job
 from pipeline.job.orchestrate import job_manifest
 from pipeline.serve.store import ApiStore
 from pipeline.stores import storage
@@ -181,6 +182,10 @@ class BatchRunner:
         if job is not None and job.status == "refused":  # a budget cap: the estimate says by how much
             self.end_unanswered(batch, "failed", now, _errors("budget_exceeded", job.error or "budget"))
             return
+        if job is not None and status != "completed" and job.status not in ("staging", "staging_failed", status):
+            # Cancelled or expired after planning: what was paid for is returned, not only kept for a resubmission.
+            detail = f"the batch was {status} before this request was answered"
+            Job.open(job_config(self.config, self.store, batch), batch["id"]).end_stopped(status, detail)
         results = None
         if job is not None:  # else its job never began: nothing was paid
             manifest = job_manifest(job_config(self.config, self.store, batch), batch["id"])

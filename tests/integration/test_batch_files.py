@@ -10,6 +10,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline import run_job
+from tests.conftest import read_kind
 
 SYSTEM = "You are a careful analyst. Summarize documents faithfully and briefly."
 DOC = (
@@ -163,6 +164,40 @@ def test_an_anthropic_batch_file_gets_one_results_file(make_config, tmp_path):
     assert message["usage"]["output_tokens"] <= 20 and message["stop_reason"] in ("end_turn", "max_tokens")
     assert "max_tokens" in out[3]["result"]["error"]["error"]["message"]
     assert out[4]["result"]["error"]["error"]["type"] == "invalid_request_error"
+
+
+def test_a_stopped_job_returns_what_it_has_and_says_the_rest_expired(make_config, tmp_path):
+    """A batch's job stopped for good (its window over) after planning: each partition is committed with what it
+    has, a cache hit of an earlier job included; the requests it never answered are `expired`, every line
+    still once. (The Batch API's cancel takes the same path: tests/system/test_batch_api.py.)"""
+    from pipeline.job.lifecycle import Job
+    from pipeline.job.plan import plan
+    from pipeline.job.prepare import prepare_or_fail
+
+    def request(custom_id, text, **params):
+        messages = [{"role": "user", "content": f"Summarize:\n\n{text}"}]
+        return {"custom_id": custom_id, "params": {"model": "claude-haiku", "max_tokens": 20, "messages": messages}}
+
+    config = make_config(tiers__small__served_model_names=["claude-haiku"], dedup__shadow_rate=0)
+    write_batch(tmp_path / "input", [request("a1", DOC)], "messages.jsonl")
+    run_job(config, job_id="first")  # pays for a1's answer, and caches it
+    write_batch(tmp_path / "input", [request("a1", DOC), request("a2", OTHER), {"custom_id": "a3"}], "messages.jsonl")
+    job = Job.open(config, "second")
+    plan(job.ctx)
+    for p in job.ctx.state.partitions("second"):
+        prepare_or_fail(job.ctx, p.partition)  # its requests are queued; no tier worker runs them
+    manifest = job.end_stopped("expired", "the batch's completion_window ended before this request ran")
+    out = results(config, manifest, "messages.jsonl")["results"]
+    assert [(r["custom_id"], r["result"]["type"]) for r in out] == [
+        ("a1", "succeeded"),
+        ("a2", "expired"),
+        ("a3", "errored"),
+    ]
+    assert job.ctx.state.job("second").status == "expired"
+    ledger = read_kind(tmp_path / "output", "ledger", "second").to_pylist()
+    assert [(r["id"], r["source"], r["cost_usd"]) for r in ledger] == [("a1", "cache_exact", 0.0)]
+    quarantine = {r["id"]: r["reason"] for r in read_kind(tmp_path / "output", "quarantine", "second").to_pylist()}
+    assert quarantine["a2"] == "expired"
 
 
 def test_a_document_file_beside_a_batch_file_writes_no_batch_results(make_config, tmp_path):

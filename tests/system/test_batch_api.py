@@ -210,8 +210,17 @@ def test_cancel_mid_run_keeps_what_was_paid_for(config_for, tmp_path):
         assert client.batches.cancel(batch.id).status == "cancelling"
         cancelled = wait_for(client, batch.id, ("cancelled",))
         assert cancelled.cancelling_at and cancelled.cancelled_at
-        errors = lines_of(client, cancelled.error_file_id)
-        assert len(lines_of(client, cancelled.output_file_id)) + len(errors) == len(lines)
+        # The three answers paid for before the cancel are returned; the other requests were never run.
+        output, errors = lines_of(client, cancelled.output_file_id), lines_of(client, cancelled.error_file_id)
+        assert len(output) == cancelled.request_counts.completed == 3
+        assert all(line["tokenmill"]["source"] == "generated" for line in output)
+        assert len(errors) == cancelled.request_counts.failed == len(lines) - 3
+        assert all(e["response"] is None and e["error"]["code"] == "batch_cancelled" for e in errors)
+        assert sorted(line["custom_id"] for line in output + errors) == sorted(line["custom_id"] for line in lines)
+        ledger = read_kind(Path(server.runner.config.output.uri), "ledger", batch.id).to_pylist()
+        paid = [r for r in ledger if r["kind"] == "output"]
+        assert sorted(r["id"] for r in paid) == sorted(line["custom_id"] for line in output)
+        assert cancelled.model_extra["tokenmill"]["cost_usd"] == pytest.approx(sum(r["cost_usd"] for r in ledger))
     # What the cancelled batch paid for is not paid again: submitted anew, three answers come from the cache.
     with Server(config_for(), tmp_path / "serve2") as server:
         client = server.client()
