@@ -9,9 +9,11 @@ wall seconds, engine-seconds, requests answered, errors, and tokenmill's engine-
 Targets: every request answered by tokenmill; at most 0.75x the peer's engine-seconds on the first file
 and at most 1.1x on the second. Semantic reuse's shadow sample is off (`dedup.shadow_rate: 0`) and so is
 escalation, so that both do the same work per request. The model: configs/tiny.yaml's small tier (random
-weights: every answer runs to max_tokens, the same on both sides).
+weights: every answer runs to max_tokens, the same on both sides); with `--real`, configs/local.yaml's large
+tier, SmolLM2-135M-Instruct in float32 (`tokenmill models real`), where generation, not the engine's start-up,
+is most of the work, as on a GPU's night of real documents.
 
-Usage: python benchmarks/batch_api.py [REQUESTS] (default 200)
+Usage: python benchmarks/batch_api.py [REQUESTS (200)] [--real] [--max-tokens N (32)] [--files duplicates,distinct]
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ from pathlib import Path
 SYSTEM = "You are a careful analyst. Summarize documents faithfully and briefly."
 
 
-def request(custom_id: str, text: str) -> dict:
+def request(custom_id: str, text: str, max_tokens: int) -> dict:
     return {
         "custom_id": custom_id,
         "method": "POST",
@@ -36,19 +38,19 @@ def request(custom_id: str, text: str) -> dict:
         "body": {
             "model": "gpt-4o-mini",
             "messages": [{"role": "system", "content": SYSTEM}, {"role": "user", "content": f"Summarize:\n\n{text}"}],
-            "max_tokens": 32,
+            "max_tokens": max_tokens,
             "temperature": 0,
         },
     }
 
 
-def batch_files(folder: Path, n: int, rng: random.Random) -> tuple[dict[str, Path], int]:
+def batch_files(folder: Path, n: int, rng: random.Random, max_tokens: int) -> tuple[dict[str, Path], int]:
     """({"duplicates": a file with ~30% duplicates and 2 over-long documents, "distinct": one with none},
     how many duplicates the first holds)."""
     from pipeline.dev.samples import synthetic_document
 
     def lines(texts: list[str]) -> str:
-        return "".join(json.dumps(request(f"r{i}", t)) + "\n" for i, t in enumerate(texts))
+        return "".join(json.dumps(request(f"r{i}", t, max_tokens)) + "\n" for i, t in enumerate(texts))
 
     originals = [synthetic_document(rng, 10) for _ in range(int(n * 0.7) - 2)]
     texts = list(originals)
@@ -91,7 +93,7 @@ def peer(path: Path, out: Path, tier) -> dict:
             "errors": len(results) - answered}  # fmt: skip
 
 
-def tokenmill(folder: Path, work: Path, name: str) -> dict:
+def tokenmill(folder: Path, work: Path, name: str, config_path: Path, tier: str, max_tokens: int) -> dict:
     from pipeline import load_config, run_job
     from pipeline.generate.engine import shutdown_engines
 
@@ -105,11 +107,13 @@ def tokenmill(folder: Path, work: Path, name: str) -> dict:
             "TOKENMILL_RUN__PROGRESS": "off",
             "TOKENMILL_DEDUP__SHADOW_RATE": "0",
             "TOKENMILL_ROUTE__ESCALATION__ENABLED": "false",
-            "TOKENMILL_TIERS__SMALL__SERVED_MODEL_NAMES": '["gpt-4o-mini"]',
-            "TOKENMILL_SAMPLING__MAX_TOKENS": "32",
+            f"TOKENMILL_TIERS__{tier.upper()}__SERVED_MODEL_NAMES": '["gpt-4o-mini"]',
+            "TOKENMILL_SAMPLING__MAX_TOKENS": str(max_tokens),
+            # (configs/local.yaml's loop knob: the peer's requests ask for none, so neither do tokenmill's)
+            "TOKENMILL_SAMPLING__FREQUENCY_PENALTY": "0",
         }
     )
-    config = load_config(Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml", environ=env)
+    config = load_config(config_path, environ=env)
     started = time.perf_counter()
     manifest = run_job(config, job_id=f"batch-{name}", release_engines=True).manifest
     seconds = time.perf_counter() - started
@@ -130,25 +134,35 @@ def tokenmill(folder: Path, work: Path, name: str) -> dict:
 
 
 if __name__ == "__main__":
+    import argparse
+
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from benchmarks.common import emit
     from pipeline import load_config
 
-    n = int(sys.argv[1]) if len(sys.argv) > 1 else 200
-    tier = load_config(Path(__file__).resolve().parents[1] / "configs" / "tiny.yaml").tiers["small"]
+    args = argparse.ArgumentParser()
+    args.add_argument("requests", type=int, nargs="?", default=200)
+    args.add_argument("--real", action="store_true", help="configs/local.yaml's large tier: SmolLM2-135M float32")
+    args.add_argument("--max-tokens", type=int, default=32)
+    args.add_argument("--files", default="duplicates,distinct")
+    a = args.parse_args()
+    config_path = Path(__file__).resolve().parents[1] / "configs" / ("local.yaml" if a.real else "tiny.yaml")
+    tier_name = "large" if a.real else "small"
+    tier = load_config(config_path).tiers[tier_name]
     with tempfile.TemporaryDirectory(dir="/dev/shm" if os.path.isdir("/dev/shm") else None) as tmp:
         work = Path(tmp)
-        files, planted = batch_files(work / "in", n, random.Random(11))
+        files, planted = batch_files(work / "in", a.requests, random.Random(11), a.max_tokens)
         figures = {}
-        for name, path in files.items():
+        for name in a.files.split(","):
+            path = files[name]
             theirs = peer(path, work / f"{name}-peer.jsonl", tier)
-            ours = tokenmill(path.parent, work, name)
+            ours = tokenmill(path.parent, work, name, config_path, tier_name, a.max_tokens)
             figures[name] = {
-                "requests": n,
+                "requests": a.requests,
                 "planted_duplicates": planted if name == "duplicates" else 0,
                 "peer (vllm run_batch)": theirs,
                 "tokenmill": ours,
                 "engine_seconds_ratio": round(ours["engine_seconds"] / theirs["engine_seconds"], 3),
                 "target_ratio": 0.75 if name == "duplicates" else 1.1,
             }
-        emit("batch_api", {"model": tier.model.rsplit("/", 1)[-1], **figures})
+        emit("batch_api", {"model": tier.model.rsplit("/", 1)[-1], "max_tokens": a.max_tokens, **figures})
