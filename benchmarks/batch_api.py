@@ -93,7 +93,11 @@ def peer(path: Path, out: Path, tier) -> dict:
             "errors": len(results) - answered}  # fmt: skip
 
 
-def tokenmill(folder: Path, work: Path, name: str, config_path: Path, tier: str, max_tokens: int) -> dict:
+def tokenmill(
+    folder: Path, work: Path, name: str, config_path: Path, tier: str, max_tokens: int, job_id: str | None = None
+) -> dict:
+    """tokenmill over the batch file(s) in `folder`: its output, catalog and cache under `work/name` (kept from
+    one call to the next with the same `name`: a later night's job reuses an earlier one's answers)."""
     from pipeline import load_config, run_job
     from pipeline.generate.engine import shutdown_engines
 
@@ -115,10 +119,10 @@ def tokenmill(folder: Path, work: Path, name: str, config_path: Path, tier: str,
     )
     config = load_config(config_path, environ=env)
     started = time.perf_counter()
-    manifest = run_job(config, job_id=f"batch-{name}", release_engines=True).manifest
+    manifest = run_job(config, job_id=job_id or f"batch-{name}", release_engines=True).manifest
     seconds = time.perf_counter() - started
     shutdown_engines()
-    counts = manifest["batches"]["batch.jsonl"]["request_counts"]
+    counts = next(iter(manifest["batches"].values()))["request_counts"]
     engines = manifest["engines"].values()
     figure = {
         k: round(sum(e.get(f"{k}_seconds", 0.0) for e in engines), 1) for k in ("held", "startup", "busy", "idle")
