@@ -199,6 +199,13 @@ class PartitionWaves:
         with self.state.session() as s, s.begin():
             return s.execute(update(Partition).where(*where).values(**values)).rowcount == 1
 
+    def stop(self, partition: str) -> None:
+        """End a partition's generation where it stands (its job stopped for good): the units no worker holds
+        are withdrawn, and the current wave is its last (`generated`), so no unit of it serves a request again."""
+        self.queue.withdraw(self.job_id, partition)
+        p = self.state.partition(self.job_id, partition)
+        self.set_generation(partition, p.wave, "generated")
+
     def fail(self, partition: str, error: str) -> None:
         """A partition whose generation could not go on: its units are withdrawn, the others go on."""
         self.queue.withdraw(self.job_id, partition)

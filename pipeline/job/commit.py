@@ -146,33 +146,42 @@ class PartitionCommit:
         ctx.engine_time.wait_for_engines(lambda: not beat.lost)
         records = ctx.staging.records(partition)
         quarantine = ctx.staging.quarantine(partition)
-        state = ctx.waves.state_of(p)
-        items = ctx.lookup.stored(partition_keys(records, state))
-        failed = {k: tuple(v) for k, v in state.failed.items()}
-        self.commit(beat, records, quarantine, items, failed, state.shareable, started)
+        self.commit(beat, records, quarantine, *self.generated(p, records), started)
+
+    def generated(self, p, records: pa.Table) -> tuple[dict[str, dict], dict[str, tuple], int]:
+        """What the partition's generation has made, as its current wave's state says: (its items by key, keys
+        given up on with why, prompt tokens its requests could share)."""
+        state = self.ctx.waves.state_of(p)
+        items = self.ctx.lookup.stored(partition_keys(records, state))
+        return items, {k: tuple(v) for k, v in state.failed.items()}, state.shareable
 
     def commit_stopped(self, beat: Renewal, reason: str, detail: str) -> None:
         """Commit a partition of a job stopped for good (its batch cancelled or expired; none of its workers
-        runs) with what it has, generating nothing: an output for every record whose answer is paid for, or
-        in the cache of earlier jobs (free), every other record quarantined as `reason`."""
+        runs) with what it has, generating nothing more: an output for every record whose answer is paid for,
+        or in the cache of earlier jobs (free), every other record quarantined as `reason`. What was paid for a
+        record left unanswered (a long document's chunk summaries) is in the ledger as `unfinished` rows."""
         ctx, partition, started = self.ctx, self.partition, time.perf_counter()
+        prepared = ctx.partition(partition).generation in ("generating", "generated")
+        if prepared:
+            ctx.waves.stop(partition)
         ctx.engine_time.wait_for_engines(lambda: not beat.lost)  # a killed worker's session: gone at once
-        p = ctx.partition(partition)
         records, quarantine = ctx.staging.records(partition), ctx.staging.quarantine(partition)
-        if p.generation in ("generating", "generated"):
-            state = ctx.waves.state_of(p)
-            items = ctx.lookup.stored(partition_keys(records, state))
-            failed, shareable = {k: tuple(v) for k, v in state.failed.items()}, state.shareable
-        else:  # never prepared (or its prepare failed): what this job's other partitions or the cache hold
+        if prepared:
+            items, failed, shareable = self.generated(ctx.partition(partition), records)
+        else:  # never prepared (or its generation failed): what this job's partitions or the cache hold
             records, items, _ = ctx.lookup.unpaid(partition, records)
             failed, shareable = {}, 0
         items |= ctx.lookup.stored(
             [k for k in related_keys(needed_keys(records), items, self.config) if k not in items]
         )
+        stopped = set()
         for id_, key in zip(records["id"].to_pylist(), effective_keys(records)):
             if key not in failed and final_output(key, items, self.config).item is None:
                 failed[key] = (reason, detail, id_)
-        self.commit(beat, records, quarantine, items, failed, shareable, started)
+                stopped.add(id_)
+        # What was paid for them (a long document's chunk summaries whose reduce never ran): no output carries it.
+        unfinished = ctx.state.generated_for(self.job_id, partition, stopped) if stopped else []
+        self.commit(beat, records, quarantine, items, failed, shareable, started, unfinished)
 
     def cache_full_costs(self, records: pa.Table, items: dict[str, dict], ratio) -> None:
         """Cache this partition's generations again at what the ledger says they cost, start-up and
@@ -204,17 +213,18 @@ class PartitionCommit:
         failed: dict[str, tuple[str, str, str]],
         shareable: int,
         started: float,
+        unfinished: list[dict] = (),
     ) -> None:
         """Assemble the partition's rows, check that every record is accounted for, write the files,
-        commit in the catalog (fenced by the claim's epoch), then publish the commit (output/commit.py)."""
+        commit in the catalog (fenced by the claim's epoch), then publish the commit (output/commit.py).
+        `unfinished`: items paid for records left without an answer (a stopped job), charged as such."""
         c, ctx, partition = self.config, self.ctx, self.partition
         items |= ctx.lookup.stored([k for k in related_keys(needed_keys(records), items, c) if k not in items])
         shares = ctx.engine_time.shares()
         ratio = ctx.engine_time.overhead_ratio(shares)
         outputs, ledger, late_quarantine = assemble_results(records, items, failed, c, self.job_id, now(), ratio)
-        ledger = pa.concat_tables(
-            [ledger, charge_rows(ctx.engine_time.charges(partition, shares), c, self.job_id, now())]
-        )
+        charges = ctx.engine_time.charges(partition, shares) + unfinished_charges(partition, unfinished, ratio)
+        ledger = pa.concat_tables([ledger, charge_rows(charges, c, self.job_id, now())])
         quarantine = pa.concat_tables([quarantine, late_quarantine])
         expected = ctx.partition(partition).records
         if outputs.num_rows + quarantine.num_rows != expected:  # the invariant every row depends on
@@ -267,6 +277,23 @@ class PartitionCommit:
                 partition,
                 e,
             )
+
+
+def unfinished_charges(partition: str, items: list[dict], ratio) -> list[dict]:
+    """Charges (output/write.py charge_rows) for items paid for records a stopped job left unanswered, each
+    with its engine's start-up and idle share per busy second (`ratio`), as any generation carries."""
+    return [
+        {
+            "partition": partition,
+            "id": item["id"],
+            "tenant": item["tenant"],
+            "tier": item["tier"],
+            "kind": "unfinished",
+            "busy_gpu_seconds": item["gpu_seconds"],
+            "overhead_gpu_seconds": item["gpu_seconds"] * ratio(item),
+        }
+        for item in items
+    ]
 
 
 def commit_ready(ctx: JobContext, forced: list[str], tried: set[str], announced: set[tuple]) -> bool:
@@ -346,8 +373,10 @@ def commit_stopped(ctx: JobContext, reason: str, detail: str) -> list[str]:
     for p in ctx.state.partitions(ctx.job_id):
         if p.status == "succeeded":
             continue
+        if p.status == "running" and worker_is_gone(p.worker):  # a killed worker's claim: taken over at once
+            ctx.state.release_gone_holder(ctx.job_id, p.partition, p.worker)
         run = PartitionCommit(ctx, p.partition)
-        if run.claim(force=True):
+        if run.claim():  # (one still held by another host's worker: its lease ends, the caller tries again)
             run.run(lambda beat, run=run: run.commit_stopped(beat, reason, detail))
         if ctx.partition(p.partition).status != "succeeded":
             left.append(p.partition)

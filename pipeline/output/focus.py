@@ -203,6 +203,7 @@ def charge_description(row: dict, basis: str) -> str:
         "invalid_output": f"GPU time on {engine} for an output that was then quarantined",
         "failed_attempt": f"GPU time on {engine} of a request the engine failed on",
         "lost": f"GPU time on {engine} lost with a tier worker that died (no record owns it)",
+        "unfinished": f"GPU time on {engine} for a request its stopped job left unanswered",
     }.get(row["kind"])
     if what is None:
         if row["source"] not in (None, "generated"):

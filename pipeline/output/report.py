@@ -47,7 +47,7 @@ def _rows(con: duckdb.DuckDBPyConnection, sql: str, params: list) -> list[tuple]
     return [tuple(float(v) if isinstance(v, Decimal) else v for v in r) for r in con.execute(sql, params).fetchall()]
 
 
-CHARGES = ("failed_attempt", "lost")
+CHARGES = ("failed_attempt", "lost", "unfinished")
 
 
 def _tier_prices(con: duckdb.DuckDBPyConnection, job_id: str) -> dict[str, float | None]:

@@ -29,6 +29,7 @@ from pathlib import Path
 import yaml
 
 from pipeline.config import TokenmillConfig, tokenmill_home
+from pipeline.errors import JobError
 from pipeline.job.lifecycle import Job
 from pipeline.job.orchestrate import job_manifest
 from pipeline.serve.store import ApiStore
@@ -41,6 +42,8 @@ ACTIVE = ("validating", "in_progress", "finalizing", "cancelling")
 MAX_ATTEMPTS = 3  # runs of a batch's job that exit with an error before the batch is finalised with what it has
 MAX_FAULTS = 5  # passes in a row that fail on one batch (storage, catalog) before it is failed, unblocking the queue
 JOB_FAILED = "the batch's job failed; the server's log names the cause (look for the batch id)"
+# Job statuses that a stopped batch's job is not committed from: planning never finished, or it is over.
+STOPPED_ALREADY = ("staging", "staging_failed", "succeeded")
 WINDOWS = {"24h": 24 * 3600, "48h": 48 * 3600, "7d": 7 * 24 * 3600}  # completion windows the runner can time
 
 
@@ -182,13 +185,20 @@ class BatchRunner:
         if job is not None and job.status == "refused":  # a budget cap: the estimate says by how much
             self.end_unanswered(batch, "failed", now, _errors("budget_exceeded", job.error or "budget"))
             return
-        if job is not None and status != "completed" and job.status not in ("staging", "staging_failed", status):
+        config = job_config(self.config, self.store, batch)
+        if job is not None and status != "completed" and job.status not in STOPPED_ALREADY + (status,):
             # Cancelled or expired after planning: what was paid for is returned, not only kept for a resubmission.
             detail = f"the batch was {status} before this request was answered"
-            Job.open(job_config(self.config, self.store, batch), batch["id"]).end_stopped(status, detail)
+            left = Job.open(config, batch["id"]).end_stopped(status, detail)
+            failed = [p for p in left if p.status != "running"]
+            if failed:  # counted as a fault of this pass: MAX_FAULTS of them fail the batch
+                raise JobError(f"partition {failed[0].partition} could not be committed: {failed[0].last_error}")
+            if left:  # held by a worker elsewhere: committed once its lease ends (the batch stays `cancelling`)
+                log.info("batch %s: %d partitions wait for their holders' leases to end", batch["id"], len(left))
+                return
         results = None
         if job is not None:  # else its job never began: nothing was paid
-            manifest = job_manifest(job_config(self.config, self.store, batch), batch["id"])
+            manifest = job_manifest(config, batch["id"])
             results = manifest.get("batches", {}).get("input.jsonl")
         if results is None:  # planning never finished: nothing answered
             if job is not None:

@@ -49,7 +49,7 @@ class JobRow(Base):
     job_id: Mapped[str] = mapped_column(String(200), primary_key=True)
     status: Mapped[str] = mapped_column(
         String(20)
-    )  # staging | staging_failed | staged | running | succeeded | failed | deferred | refused
+    )  # staging | staging_failed | staged | running | succeeded | failed | deferred | refused | cancelled | expired
     config_fingerprint: Mapped[str] = mapped_column(String(64))
     input_uri: Mapped[str] = mapped_column(Text)
     output_uri: Mapped[str] = mapped_column(Text)
@@ -454,6 +454,16 @@ class StateStore:
                     item["created_at"] = aware(item["created_at"])
                     out[item.pop("item_key")] = item
         return out
+
+    def generated_for(self, job_id: str, partition: str, ids: set[str]) -> list[dict]:
+        """The items the partition paid to generate for the records `ids` (chunk summaries, attempts), with
+        their keys (`item_key`); reused ones (an `origin`) cost nothing and are left out."""
+        table = Item.__table__
+        columns = [table.c.item_key, *(table.c[f] for f in ITEM_FIELDS)]
+        where = [table.c.job_id == job_id, table.c.partition == partition, table.c.origin.is_(None)]
+        with self.session() as s:
+            rows = [dict(r) for r in s.execute(select(*columns).where(*where)).mappings()]
+        return [r for r in rows if r["id"] in ids]
 
     def store_items(self, job_id: str, items: dict[str, dict]) -> None:
         """Record paid-for generations; a key stored by another worker first keeps its first value.

@@ -10,7 +10,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from pipeline import run_job
+from pipeline.job.manifest import refresh_manifest
 from tests.conftest import read_kind
+from tests.jobs import assert_exactly_once
 
 SYSTEM = "You are a careful analyst. Summarize documents faithfully and briefly."
 DOC = (
@@ -167,37 +169,60 @@ def test_an_anthropic_batch_file_gets_one_results_file(make_config, tmp_path):
 
 
 def test_a_stopped_job_returns_what_it_has_and_says_the_rest_expired(make_config, tmp_path):
-    """A batch's job stopped for good (its window over) after planning: each partition is committed with what it
-    has, a cache hit of an earlier job included; the requests it never answered are `expired`, every line
-    still once. (The Batch API's cancel takes the same path: tests/system/test_batch_api.py.)"""
+    """A batch's job stopped for good (its window over) after its first wave: each partition is committed with
+    what it has, a cache hit of an earlier job included; the long document whose chunks were summarised but
+    whose reduce never ran is `expired`, its chunks' GPU time in `unfinished` ledger rows; every line once,
+    every GPU-second in the ledger. (The Batch API's cancel takes the same path: tests/system/test_batch_api.py.)"""
+    from pipeline.job import faults
+    from pipeline.job.drain import drain
     from pipeline.job.lifecycle import Job
     from pipeline.job.plan import plan
     from pipeline.job.prepare import prepare_or_fail
 
-    def request(custom_id, text, **params):
+    def request(custom_id, text):
         messages = [{"role": "user", "content": f"Summarize:\n\n{text}"}]
         return {"custom_id": custom_id, "params": {"model": "claude-haiku", "max_tokens": 20, "messages": messages}}
 
     config = make_config(tiers__small__served_model_names=["claude-haiku"], dedup__shadow_rate=0)
     write_batch(tmp_path / "input", [request("a1", DOC)], "messages.jsonl")
     run_job(config, job_id="first")  # pays for a1's answer, and caches it
-    write_batch(tmp_path / "input", [request("a1", DOC), request("a2", OTHER), {"custom_id": "a3"}], "messages.jsonl")
+    long = "revenue growth customer order shipment " * 900  # over the tiny tier's context: map, then reduce
+    lines = [request("a1", DOC), request("a2", OTHER), {"custom_id": "a3"}, request("a4", long)]
+    write_batch(tmp_path / "input", lines, "messages.jsonl")
     job = Job.open(config, "second")
     plan(job.ctx)
-    for p in job.ctx.state.partitions("second"):
-        prepare_or_fail(job.ctx, p.partition)  # its requests are queued; no tier worker runs them
-    manifest = job.end_stopped("expired", "the batch's completion_window ended before this request ran")
-    out = results(config, manifest, "messages.jsonl")["results"]
+    waves = []
+
+    def stop_after_the_first_wave(point, job_id, partition):
+        if point == "wave_written" and job_id == "second":
+            waves.append(partition)
+            if len(waves) > 1:  # the reduce's wave: the job stops here, as a killed worker would leave it
+                raise OSError("stopped")
+
+    with faults.inject(stop_after_the_first_wave):
+        for p in job.ctx.state.partitions("second"):
+            prepare_or_fail(job.ctx, p.partition)
+        drain(job.ctx, "small")
+    assert job.end_stopped("expired", "the batch's completion_window ended before this request ran") == []
+    assert job.ctx.state.job("second").status == "expired"
+    out = results(config, refresh_manifest(job.ctx), "messages.jsonl")["results"]
     assert [(r["custom_id"], r["result"]["type"]) for r in out] == [
         ("a1", "succeeded"),
-        ("a2", "expired"),
+        ("a2", "succeeded"),
         ("a3", "errored"),
+        ("a4", "expired"),
     ]
-    assert job.ctx.state.job("second").status == "expired"
     ledger = read_kind(tmp_path / "output", "ledger", "second").to_pylist()
-    assert [(r["id"], r["source"], r["cost_usd"]) for r in ledger] == [("a1", "cache_exact", 0.0)]
+    assert {r["id"]: r["source"] for r in ledger if r["kind"] == "output"} == {"a1": "cache_exact", "a2": "generated"}
+    unfinished = [r for r in ledger if r["kind"] == "unfinished"]
+    assert len(unfinished) >= 2 and {r["id"] for r in unfinished} == {"a4"}  # its chunk summaries, paid
     quarantine = {r["id"]: r["reason"] for r in read_kind(tmp_path / "output", "quarantine", "second").to_pylist()}
-    assert quarantine["a2"] == "expired"
+    assert quarantine["a4"] == "expired"
+    state_db = config.state.url.removeprefix("sqlite:///")
+    assert_exactly_once(tmp_path / "output", "second", {"ids": ["a1", "a2", "a4"], "bad_records": 1}, state_db)
+    # Nothing of it runs again: a later run of the job finds every partition committed and no unit to serve.
+    assert all(p.status == "succeeded" for p in job.ctx.state.partitions("second"))
+    assert not job.ctx.queue.claimable("second", "small")
 
 
 def test_a_document_file_beside_a_batch_file_writes_no_batch_results(make_config, tmp_path):

@@ -21,6 +21,7 @@ from pipeline.serve.store import ApiStore
 from pipeline.stores import storage
 from tests.conftest import read_kind
 from tests.integration.test_batch_files import DOC, OTHER, batch_lines, chat
+from tests.jobs import assert_exactly_once
 
 KEYS = {"acme": "tm-acme-secret", "globex": "tm-globex-secret"}
 DEADLINE = 240  # seconds a batch may take to reach the state a test waits for (it gets there by itself)
@@ -217,10 +218,13 @@ def test_cancel_mid_run_keeps_what_was_paid_for(config_for, tmp_path):
         assert len(errors) == cancelled.request_counts.failed == len(lines) - 3
         assert all(e["response"] is None and e["error"]["code"] == "batch_cancelled" for e in errors)
         assert sorted(line["custom_id"] for line in output + errors) == sorted(line["custom_id"] for line in lines)
-        ledger = read_kind(Path(server.runner.config.output.uri), "ledger", batch.id).to_pylist()
-        paid = [r for r in ledger if r["kind"] == "output"]
-        assert sorted(r["id"] for r in paid) == sorted(line["custom_id"] for line in output)
-        assert cancelled.model_extra["tokenmill"]["cost_usd"] == pytest.approx(sum(r["cost_usd"] for r in ledger))
+        # Every request in one place, every paid generation and engine-second in the ledger exactly once.
+        ids = [line["custom_id"] for line in lines]
+        state_db = server.runner.config.state.url.removeprefix("sqlite:///")
+        answered = assert_exactly_once(
+            Path(server.runner.config.output.uri), batch.id, {"ids": ids, "bad_records": 0}, state_db
+        )
+        assert sorted(answered["id"].to_pylist()) == sorted(line["custom_id"] for line in output)
     # What the cancelled batch paid for is not paid again: submitted anew, three answers come from the cache.
     with Server(config_for(), tmp_path / "serve2") as server:
         client = server.client()
