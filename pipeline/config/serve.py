@@ -32,6 +32,13 @@ class ServeConfig(Section):
     max_file_bytes: int = Field(
         200 << 20, gt=0, description="Largest upload (`POST /v1/files`) accepted; larger ones are refused (413)."
     )
+    estimate_max_requests: int = Field(
+        20_000,
+        ge=0,
+        description="With budget caps, `POST /v1/batches` estimates a batch of at most this many requests before "
+        "creating it and refuses one over its tenant's cap (400, `budget_exceeded`); a larger batch is created and "
+        "its job refused when it starts, as `failed`. 0: never in the call.",
+    )
     max_requests: int = Field(
         50_000,
         gt=0,

@@ -84,7 +84,8 @@ def _usd(r: Range) -> dict:
 
 def price_demand(demand: Demand, config: TokenmillConfig, rates: dict[str, TierRate]) -> dict:
     """Low / mid / high USD of `demand`: `tiers` (what each tier's engine runs: its items, escalations into it,
-    one start-up and idle when it has work), `tenants` (midpoints), `tenant_ranges`, `est_usd` (+ `_low`, `_high`).
+    one start-up and idle when it has work), `tenants` (midpoints), `tenant_ranges`, `tenants_busy_usd` (the
+    budget guard's figure), `est_usd` (+ `_low`, `_high`).
     Each end takes every range at that end: within a job they move together (machine load, corpus)."""
     n_all, cost, tiers = sum(c[0] for c in demand.cells.values()), {}, {}
     for name in sorted({t for t, _ in demand.cells}):
@@ -127,7 +128,7 @@ def price_demand(demand: Demand, config: TokenmillConfig, rates: dict[str, TierR
             k: had.get(k, 0.0) + v * items for k, v in (("items_low", e.low), ("items", e.mid), ("items_high", e.high))
         }
         into["est_output_tokens"] += out.mid * e.mid * items
-    tenants, job = {}, ZERO
+    tenants, job, busy_only = {}, ZERO, {}
     for name, entry in tiers.items():
         own = {tenant: r for (t, tenant), r in cost.items() if t == name}
         works = [
@@ -140,6 +141,7 @@ def price_demand(demand: Demand, config: TokenmillConfig, rates: dict[str, TierR
         for tenant, r in own.items():
             share = overhead.times(r.mid / busy if busy else 1 / len(own))
             tenants[tenant], total = tenants.get(tenant, ZERO) + r + share, total + r
+            busy_only[tenant] = busy_only.get(tenant, 0.0) + float(r.mid)
         entry.update(_usd(total))
         job = job + total
     tenants = dict(sorted(tenants.items()))
@@ -147,6 +149,8 @@ def price_demand(demand: Demand, config: TokenmillConfig, rates: dict[str, TierR
         "tiers": tiers,
         "tenants": {t: float(r.mid) for t, r in tenants.items()},
         "tenant_ranges": {t: _usd(r) for t, r in tenants.items()},
+        # busy time only (escalations in), midpoints: what the budget guard counts against the caps
+        "tenants_busy_usd": dict(sorted(busy_only.items())),
         **_usd(job),
     }
 
@@ -258,43 +262,47 @@ def planned_demand(
     counts = {"records": 0, "quarantined": 0, "duplicates": 0, "to_generate": 0, "requests": 0, "long_documents": 0}
     if cached:
         counts["cache_hits"] = 0  # records answered by an exact hit in earlier jobs' cache
-    with tempfile.TemporaryDirectory(prefix="tokenmill-estimate-") as scratch:
-        area = StagingArea(storage.resolve(scratch), "preflight")
-        plan = plan_job(config, "preflight", area, report=report)
-        counts.update(records=plan.records, quarantined=plan.quarantined, skipped_files=plan.skipped)
-        for partition in plan.partitions:
-            records = area.records(partition)
-            keys = set(records["gen_key"].to_pylist()) - paid
-            paid |= keys
-            if cache is not None:
-                hits = exact_hits(cache, records, keys)
-                keys -= hits
-                hit = pc.is_in(records["gen_key"], pa.array(list(hits), pa.string()))
-                counts["cache_hits"] += int(pc.sum(hit).as_py() or 0)
-                records = records.filter(pc.invert(hit))
-            generations = generations_for(records, keys)
-            requests, too_long = engine_requests(generations, config, pool)
-            state, rows = WavePlanner(config, pool, None, partition).first(generations, requests, too_long)
-            demand.add(
-                [r["tier"] for r in rows],
-                [len(r["prompt_token_ids"]) for r in rows],
-                [r["generation"]["tenant"] for r in rows],
-            )
-            # A reduce per chunked document, over its chunks' summaries (their measured length).
-            reduces = list(state.chunked.values())
-            demand.add(
-                [u["tier"] for u in reduces],
-                [round(u["pieces"] * rates[u["tier"]].output_tokens_per_item) for u in reduces],
-                [u["tenant"] for u in reduces],
-            )
-            # As a run counts them: every record of a key that cannot be generated is quarantined.
-            failed = pc.is_in(records["gen_key"], pa.array(list(state.failed), pa.string()))
-            quarantined = int(pc.sum(failed).as_py() or 0)
-            counts["quarantined"] += quarantined
-            counts["to_generate"] += generations.num_rows - len(state.failed)  # items, as the run's "generated"
-            counts["duplicates"] += records.num_rows - quarantined - (generations.num_rows - len(state.failed))
-            counts["requests"] += len(rows) + len(reduces)  # chunks and reduces included
-            counts["long_documents"] += len(reduces)
+    try:
+        with tempfile.TemporaryDirectory(prefix="tokenmill-estimate-") as scratch:
+            area = StagingArea(storage.resolve(scratch), "preflight")
+            plan = plan_job(config, "preflight", area, report=report)
+            counts.update(records=plan.records, quarantined=plan.quarantined, skipped_files=plan.skipped)
+            for partition in plan.partitions:
+                records = area.records(partition)
+                keys = set(records["gen_key"].to_pylist()) - paid
+                paid |= keys
+                if cache is not None:
+                    hits = exact_hits(cache, records, keys)
+                    keys -= hits
+                    hit = pc.is_in(records["gen_key"], pa.array(list(hits), pa.string()))
+                    counts["cache_hits"] += int(pc.sum(hit).as_py() or 0)
+                    records = records.filter(pc.invert(hit))
+                generations = generations_for(records, keys)
+                requests, too_long = engine_requests(generations, config, pool)
+                state, rows = WavePlanner(config, pool, None, partition).first(generations, requests, too_long)
+                demand.add(
+                    [r["tier"] for r in rows],
+                    [len(r["prompt_token_ids"]) for r in rows],
+                    [r["generation"]["tenant"] for r in rows],
+                )
+                # A reduce per chunked document, over its chunks' summaries (their measured length).
+                reduces = list(state.chunked.values())
+                demand.add(
+                    [u["tier"] for u in reduces],
+                    [round(u["pieces"] * rates[u["tier"]].output_tokens_per_item) for u in reduces],
+                    [u["tenant"] for u in reduces],
+                )
+                # As a run counts them: every record of a key that cannot be generated is quarantined.
+                failed = pc.is_in(records["gen_key"], pa.array(list(state.failed), pa.string()))
+                quarantined = int(pc.sum(failed).as_py() or 0)
+                counts["quarantined"] += quarantined
+                counts["to_generate"] += generations.num_rows - len(state.failed)  # items, as the run's "generated"
+                counts["duplicates"] += records.num_rows - quarantined - (generations.num_rows - len(state.failed))
+                counts["requests"] += len(rows) + len(reduces)  # chunks and reduces included
+                counts["long_documents"] += len(reduces)
+    finally:
+        if cache is not None:
+            cache.close()
     return demand, counts
 
 

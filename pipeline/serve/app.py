@@ -17,7 +17,9 @@ SHA-256 names its tenant (`tenants.<name>.api_keys`). A key sees only its tenant
 from __future__ import annotations
 
 import hashlib
+import logging
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -36,6 +38,7 @@ from pipeline.serve.store import ApiStore, new_id
 ENDPOINTS = (*OPENAI_ENDPOINTS, ANTHROPIC_ENDPOINT)
 MAX_METADATA = 16  # OpenAI's limits on a batch's metadata: pairs, and characters per key and value
 MAX_KEY, MAX_VALUE = 64, 512
+log = logging.getLogger(__name__)
 
 
 class ApiError(Exception):
@@ -243,26 +246,53 @@ def new_batch(body: CreateBatch, tenant: str, limits: ServeConfig) -> dict:
     }
 
 
-def check_budget(config: TokenmillConfig, store: ApiStore, batch: dict, data: bytes) -> None:
-    """With `budget:` caps, refuse a batch (400, `budget_exceeded`) whose estimate crosses one, in the call that
-    creates it, with the estimate. The estimate is `tokenmill estimate`'s on the batch's own job, exact cache hits
-    free (a file submitted again costs nothing): it plans and tokenises the file inside this call. The job checks
-    the caps again when it starts, against what it has spent by then."""
-    with tempfile.TemporaryDirectory(prefix="tokenmill-admission-") as folder:
-        Path(folder, "input.jsonl").write_bytes(data)
-        est = estimate_job(job_config(config, store, batch), input_uri=folder, cached=True)
-    problems = budget_problems(config, est["est_usd"], est["tenants"])
-    if problems:
-        message = (
-            f"refused before any work: estimated {'; '.join(problems)} (range ${est['est_usd_low']:.6f}-"
-            f"${est['est_usd_high']:.6f} for {est['to_generate']} generations; {est['cache_hits']} requests "
-            f"answered by the cache at $0)"
+class BudgetCheck:
+    """With `budget:` caps, a batch whose estimate crosses its tenant's (or the job) cap is refused in the call that
+    creates it (400, `budget_exceeded`), with the estimate. The estimate is `tokenmill estimate`'s on the batch's
+    own job, exact cache hits free (a file submitted again costs nothing), compared as the job's budget guard
+    compares (busy time, escalations in): it plans and tokenises the file inside the call, so one runs at a time
+    (another caller gets 429 and retries) and only for files of at most `serve.estimate_max_requests` requests.
+    The job checks the caps again when it starts, against what it has spent by then, and before every engine call."""
+
+    def __init__(self, config: TokenmillConfig, store: ApiStore):
+        self.config, self.store = config, store
+        self.running = threading.Lock()
+
+    def applies(self, tenant: str) -> bool:
+        b = self.config.budget
+        return self.config.serve.estimate_max_requests > 0 and (
+            b.max_job_usd is not None or b.tenant_cap(tenant) is not None
         )
-        raise ApiError(400, message, "budget_exceeded")
+
+    def check(self, batch: dict, data: bytes) -> None:
+        if request_lines(data) > self.config.serve.estimate_max_requests:
+            return  # too large to plan inside a call: its job's own check refuses it when it starts
+        if not self.running.acquire(blocking=False):
+            raise ApiError(429, "another batch is being estimated against its budget: retry", "estimate_busy")
+        try:
+            with tempfile.TemporaryDirectory(prefix="tokenmill-admission-") as folder:
+                Path(folder, "input.jsonl").write_bytes(data)
+                est = estimate_job(job_config(self.config, self.store, batch), input_uri=folder, cached=True)
+        except Exception:  # no estimate is no reason to refuse: the job's own check still applies
+            log.exception(
+                "batch %s: no budget estimate in the call; its job checks the caps when it starts", batch["id"]
+            )
+            return
+        finally:
+            self.running.release()
+        busy = est["tenants_busy_usd"]
+        problems = budget_problems(self.config, sum(busy.values()), busy)
+        if problems:
+            message = (
+                f"refused before any work: estimated {'; '.join(problems)} (the whole job, start-up and idle in: "
+                f"${est['est_usd_low']:.6f}-${est['est_usd_high']:.6f}; {est['to_generate']} generations, "
+                f"{est['cache_hits']} requests answered by the cache at $0)"
+            )
+            raise ApiError(400, message, "budget_exceeded")
 
 
 def _batch_routes(app: FastAPI, store: ApiStore, config: TokenmillConfig, tenant) -> None:
-    limits = config.serve
+    limits, budget = config.serve, BudgetCheck(config, store)
 
     @app.post("/v1/batches")
     def create_batch(body: CreateBatch, who: str = Depends(tenant)):
@@ -270,10 +300,8 @@ def _batch_routes(app: FastAPI, store: ApiStore, config: TokenmillConfig, tenant
         meta = _owned_file(store, body.input_file_id, who)
         if meta["purpose"] != "batch":
             raise ApiError(400, f"file {body.input_file_id} is not a batch input file", "invalid_file")
-        data = store.content(meta)
-        # Over serve.max_requests the runner fails it in `validating` without estimating a file that size here.
-        if config.budget.active and request_lines(data) <= limits.max_requests:
-            check_budget(config, store, batch, data)
+        if budget.applies(who):
+            budget.check(batch, store.content(meta))
         store.put_batch(batch)
         return public(batch)
 
