@@ -72,6 +72,21 @@ def batch_files(folder: Path, n: int, rng: random.Random, max_tokens: int) -> tu
     return paths, planted
 
 
+def model_tier(real: bool) -> tuple[Path, str, object]:
+    """(config file, tier name, tier config) both sides run: configs/local.yaml's large tier (SmolLM2-135M float32)
+    when `real`, else configs/tiny.yaml's small tier (random weights)."""
+    from pipeline import load_config
+
+    config_path = Path(__file__).resolve().parents[1] / "configs" / ("local.yaml" if real else "tiny.yaml")
+    name = "large" if real else "small"
+    return config_path, name, load_config(config_path).tiers[name]
+
+
+def scratch() -> tempfile.TemporaryDirectory:
+    """The run's work folder: in memory where the machine has /dev/shm."""
+    return tempfile.TemporaryDirectory(dir="/dev/shm" if os.path.isdir("/dev/shm") else None)
+
+
 def peer(path: Path, out: Path, tier) -> dict:
     """vLLM's own batch runner over the file: wall seconds (its engine-seconds), answered, errors."""
     v = tier.vllm
@@ -142,7 +157,6 @@ if __name__ == "__main__":
 
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from benchmarks.common import emit
-    from pipeline import load_config
 
     args = argparse.ArgumentParser()
     args.add_argument("requests", type=int, nargs="?", default=200)
@@ -150,10 +164,8 @@ if __name__ == "__main__":
     args.add_argument("--max-tokens", type=int, default=32)
     args.add_argument("--files", default="duplicates,distinct")
     a = args.parse_args()
-    config_path = Path(__file__).resolve().parents[1] / "configs" / ("local.yaml" if a.real else "tiny.yaml")
-    tier_name = "large" if a.real else "small"
-    tier = load_config(config_path).tiers[tier_name]
-    with tempfile.TemporaryDirectory(dir="/dev/shm" if os.path.isdir("/dev/shm") else None) as tmp:
+    config_path, tier_name, tier = model_tier(a.real)
+    with scratch() as tmp:
         work = Path(tmp)
         files, planted = batch_files(work / "in", a.requests, random.Random(11), a.max_tokens)
         figures = {}

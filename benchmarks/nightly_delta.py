@@ -18,15 +18,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import sys
-import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from benchmarks.batch_api import peer, request, tokenmill  # noqa: E402
+from benchmarks.batch_api import model_tier, peer, request, scratch, tokenmill  # noqa: E402
 from benchmarks.common import emit  # noqa: E402
 
 
@@ -55,17 +53,13 @@ def write_night(folder: Path, docs: dict[str, str], max_tokens: int) -> Path:
 
 
 if __name__ == "__main__":
-    from pipeline import load_config
-
     args = argparse.ArgumentParser()
     args.add_argument("documents", type=int, nargs="?", default=200)
     args.add_argument("--tiny", action="store_true", help="configs/tiny.yaml's small tier (random weights)")
     args.add_argument("--max-tokens", type=int, default=64)
     a = args.parse_args()
-    config_path = Path(__file__).resolve().parents[1] / "configs" / ("tiny.yaml" if a.tiny else "local.yaml")
-    tier_name = "small" if a.tiny else "large"
-    tier = load_config(config_path).tiers[tier_name]
-    with tempfile.TemporaryDirectory(dir="/dev/shm" if os.path.isdir("/dev/shm") else None) as tmp:
+    config_path, tier_name, tier = model_tier(not a.tiny)
+    with scratch() as tmp:
         work = Path(tmp)
         first, second, changed = nights(a.documents, random.Random(30))
         figures: dict = {"documents": a.documents, "night_2_changes": changed}
