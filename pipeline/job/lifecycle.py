@@ -136,14 +136,15 @@ class Job:
             except Exception as e:  # no estimate is no reason to stop a job
                 log.warning("no expected end for job %s: %s: %s", ctx.job_id, type(e).__name__, e)
 
-    def end_stopped(self, status: str, detail: str) -> list:
-        """End a job stopped for good (`cancelled` or `expired`, as its batch; none of its workers runs): every
-        partition not committed is committed with what it has (commit.commit_stopped), the records it had not
-        answered quarantined as `status` with `detail`; then the job's status is `status`. Returns the
+    def end_stopped(self, status: str, detail: str, reason: str | None = None) -> list:
+        """End a job stopped for good (`cancelled` or `expired`, as its batch, or `refused` at a budget cap; none
+        of its workers runs): every partition not committed is committed with what it has (commit.commit_stopped),
+        the records it had not answered quarantined as `reason` (default: `status`) with `detail`; then the
+        job's status is `status`. Returns the
         partitions that could not be committed yet (held by a worker whose lease runs, or failed: each says
         why), with the job's status unchanged: call again."""
         ctx = self.ctx
-        left = commit_stopped(ctx, status, detail)
+        left = commit_stopped(ctx, reason or status, detail)
         if left:
             return [p for p in ctx.state.partitions(ctx.job_id) if p.partition in left]
         manifest = refresh_manifest(ctx)

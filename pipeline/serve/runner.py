@@ -42,8 +42,6 @@ ACTIVE = ("validating", "in_progress", "finalizing", "cancelling")
 MAX_ATTEMPTS = 3  # runs of a batch's job that exit with an error before the batch is finalised with what it has
 MAX_FAULTS = 5  # passes in a row that fail on one batch (storage, catalog) before it is failed, unblocking the queue
 JOB_FAILED = "the batch's job failed; the server's log names the cause (look for the batch id)"
-# Job statuses that a stopped batch's job is not committed from: planning never finished, or it is over.
-STOPPED_ALREADY = ("staging", "staging_failed", "succeeded")
 WINDOWS = {"24h": 24 * 3600, "48h": 48 * 3600, "7d": 7 * 24 * 3600}  # completion windows the runner can time
 
 
@@ -182,20 +180,22 @@ class BatchRunner:
         self.jobs.ended(batch)
         job = self.state.job(batch["id"])
         ended = "failed" if status == "completed" else status  # how a batch with no answer ends
-        if job is not None and job.status == "refused":  # a budget cap: the estimate says by how much
+        refused = job is not None and job.status == "refused"  # a budget cap: the estimate says by how much
+        if refused and not self.state.paid_any(batch["id"]):
             self.end_unanswered(batch, "failed", now, _errors("budget_exceeded", job.error or "budget"))
             return
         config = job_config(self.config, self.store, batch)
-        if job is not None and status != "completed" and job.status not in STOPPED_ALREADY + (status,):
-            # Cancelled or expired after planning: what was paid for is returned, not only kept for a resubmission.
-            detail = f"the batch was {status} before this request was answered"
-            left = Job.open(config, batch["id"]).end_stopped(status, detail)
-            failed = [p for p in left if p.status != "running"]
-            if failed:  # counted as a fault of this pass: MAX_FAULTS of them fail the batch
-                raise JobError(f"partition {failed[0].partition} could not be committed: {failed[0].last_error}")
-            if left:  # held by a worker elsewhere: committed once its lease ends (the batch stays `cancelling`)
-                log.info("batch %s: %d partitions wait for their holders' leases to end", batch["id"], len(left))
+        if (refused or status != "completed") and self.uncommitted(job):
+            # Cancelled, expired or refused after paying for some: what was paid for is returned, not only kept.
+            reason, detail = (
+                ("budget_exceeded", job.error or "budget")
+                if refused
+                else (status, f"the batch was {status} before this request was answered")
+            )
+            if not self.return_what_was_paid(batch, config, job.status if refused else status, reason, detail):
                 return
+        if refused:
+            batch["errors"] = _errors("budget_exceeded", job.error or "budget")
         results = None
         if job is not None:  # else its job never began: nothing was paid
             manifest = job_manifest(config, batch["id"])
@@ -227,6 +227,24 @@ class BatchRunner:
         batch.update(status=status, **{at: now})
         self.store.put_batch(batch)
         log.info("batch %s: %s, %s", batch["id"], status, json.dumps(batch["request_counts"]))
+
+    def uncommitted(self, job) -> bool:
+        """Whether the job planned (its partitions exist) and some partition of it is not committed."""
+        if job is None or job.status in ("staging", "staging_failed"):
+            return False
+        return any(p.status != "succeeded" for p in self.state.partitions(job.job_id))
+
+    def return_what_was_paid(self, batch: dict, config: TokenmillConfig, status: str, reason: str, detail: str) -> bool:
+        """Commit every partition of the batch's stopped job with the answers it has (job/lifecycle.py
+        `end_stopped`; the rest quarantined as `reason`). False while a partition's holder elsewhere keeps its
+        lease: the next pass tries again (the batch stays `cancelling`)."""
+        left = Job.open(config, batch["id"]).end_stopped(status, detail, reason)
+        failed = [p for p in left if p.status != "running"]
+        if failed:  # counted as a fault of this pass: MAX_FAULTS of them fail the batch
+            raise JobError(f"partition {failed[0].partition} could not be committed: {failed[0].last_error}")
+        if left:
+            log.info("batch %s: %d partitions wait for their holders' leases to end", batch["id"], len(left))
+        return not left
 
     @functools.cached_property
     def state(self) -> StateStore:

@@ -455,6 +455,11 @@ class StateStore:
                     out[item.pop("item_key")] = item
         return out
 
+    def paid_any(self, job_id: str) -> bool:
+        """Whether the job holds any item (paid for, or reused from the cache)."""
+        with self.session() as s:
+            return s.scalar(select(Item.item_key).where(Item.job_id == job_id).limit(1)) is not None
+
     def generated_for(self, job_id: str, partition: str, ids: set[str]) -> list[dict]:
         """The items the partition paid to generate for the records `ids` (chunk summaries, attempts), with
         their keys (`item_key`); reused ones (an `origin`) cost nothing and are left out."""

@@ -250,6 +250,24 @@ def test_a_restarted_server_resumes_its_batch_and_pays_nothing_twice(config_for,
         assert all(r["attempts"] == 1 for r in generated)
 
 
+def test_a_job_refused_at_a_cap_after_paying_for_some_returns_what_it_paid_for(config_for, tmp_path):
+    """A batch whose job paid for three answers, then (its server restarted under a lower cap) is refused when it
+    starts again: the three answers are returned, the other requests are `budget_exceeded` errors."""
+    with Server(config_for(tiers__small__fake__stall_after=3), tmp_path / "serve") as server:
+        client, batch, lines = stalled_batch(server, tmp_path, 3)
+    with Server(config_for(budget__default_tenant_usd=1e-9), tmp_path / "serve") as server:
+        client = server.client()
+        done = wait_for(client, batch.id, ("completed", "failed"))
+        assert done.status == "completed" and done.errors.data[0].code == "budget_exceeded"
+        output, errors = lines_of(client, done.output_file_id), lines_of(client, done.error_file_id)
+        assert len(output) == done.request_counts.completed == 3
+        assert len(errors) == done.request_counts.failed == len(lines) - 3
+        assert {e["error"]["code"] for e in errors} == {"budget_exceeded"}
+        ids = [line["custom_id"] for line in lines]
+        state_db = server.runner.config.state.url.removeprefix("sqlite:///")
+        assert_exactly_once(Path(server.runner.config.output.uri), batch.id, {"ids": ids, "bad_records": 0}, state_db)
+
+
 def test_a_batch_over_its_tenants_budget_is_refused_when_created_and_the_same_file_again_is_not(config_for, tmp_path):
     """With budget caps, `POST /v1/batches` estimates the batch's job and refuses one that would cross its tenant's
     cap, with the estimate, before the batch exists. Exact cache hits count as free: the file paid for once
