@@ -167,7 +167,7 @@ LEDGER = pa.schema(
         (
             "kind",
             pa.string(),
-        ),  # output | invalid_output (quarantined: schema or a check) | failed_attempt | lost: what the GPU time bought
+        ),  # output | invalid_output (quarantined: schema or a check) | failed_attempt | lost | unfinished
         ("created_at", pa.timestamp("us", tz="UTC")),
     ]
 )
@@ -218,8 +218,8 @@ REASONS = {
     "invalid_output": "the output broke sampling.json_schema, also after one retry (its cost is in the ledger)",
     "cancelled": "its job was cancelled (a cancelled batch) before this record was answered",
     "expired": "its job's time ran out (a batch's completion_window) before this record was answered",
-    "budget_exceeded": "its job reached a budget cap (budget.*) before this record was answered; what it paid "
-    "for is kept: submitted again under a higher cap, the rest is generated and nothing twice",
+    "budget_exceeded": "its job reached a budget cap (budget.*) before this record was answered; the answers it "
+    "paid for are in the cache: submitted again under a higher cap, they cost nothing",
     **{
         check: f"the served output {what}, also after escalation, and checks.quarantine lists `{check}` "
         "(its cost is in the ledger)"

@@ -36,8 +36,8 @@ class ServeConfig(Section):
         20_000,
         ge=0,
         description="With budget caps, `POST /v1/batches` estimates a batch of at most this many requests before "
-        "creating it and refuses one over its tenant's cap (400, `budget_exceeded`); a larger batch is created and "
-        "its job refused when it starts, as `failed`. 0: never in the call.",
+        "creating it and refuses one over a cap (400, `budget_exceeded`); a larger batch is created and its job "
+        "checks the caps when it starts. 0: never in the call.",
     )
     max_requests: int = Field(
         50_000,

@@ -119,7 +119,7 @@ COST = Counter(
 )
 GPU_SECONDS = Counter(
     "tokenmill_gpu_seconds",
-    "GPU-seconds of the committed ledger rows, by kind (output, invalid_output, failed_attempt, lost).",
+    "GPU-seconds of the committed ledger rows, by kind (output, invalid_output, failed_attempt, lost, unfinished).",
     ["tier", "kind"],
     registry=REGISTRY,
 )

@@ -174,14 +174,10 @@ class PartitionCommit:
         items |= ctx.lookup.stored(
             [k for k in related_keys(needed_keys(records), items, self.config) if k not in items]
         )
-        stopped = set()
         for id_, key in zip(records["id"].to_pylist(), effective_keys(records)):
             if key not in failed and final_output(key, items, self.config).item is None:
                 failed[key] = (reason, detail, id_)
-                stopped.add(id_)
-        # What was paid for them (a long document's chunk summaries whose reduce never ran): no output carries it.
-        unfinished = ctx.state.generated_for(self.job_id, partition, stopped) if stopped else []
-        self.commit(beat, records, quarantine, items, failed, shareable, started, unfinished)
+        self.commit(beat, records, quarantine, items, failed, shareable, started)
 
     def cache_full_costs(self, records: pa.Table, items: dict[str, dict], ratio) -> None:
         """Cache this partition's generations again at what the ledger says they cost, start-up and
@@ -213,16 +209,19 @@ class PartitionCommit:
         failed: dict[str, tuple[str, str, str]],
         shareable: int,
         started: float,
-        unfinished: list[dict] = (),
     ) -> None:
         """Assemble the partition's rows, check that every record is accounted for, write the files,
         commit in the catalog (fenced by the claim's epoch), then publish the commit (output/commit.py).
-        `unfinished`: items paid for records left without an answer (a stopped job), charged as such."""
+        What was paid for a record left without an answer and without a ledger row of its own (a long
+        document's chunk summaries when a chunk failed, or when its job stopped before the reduce) is
+        charged as `unfinished` rows, so the ledger holds every paid generation."""
         c, ctx, partition = self.config, self.ctx, self.partition
         items |= ctx.lookup.stored([k for k in related_keys(needed_keys(records), items, c) if k not in items])
         shares = ctx.engine_time.shares()
         ratio = ctx.engine_time.overhead_ratio(shares)
         outputs, ledger, late_quarantine = assemble_results(records, items, failed, c, self.job_id, now(), ratio)
+        unanswered = set(late_quarantine["id"].to_pylist()) - set(ledger["id"].to_pylist())
+        unfinished = ctx.state.generated_for(self.job_id, sorted(unanswered)) if unanswered else []
         charges = ctx.engine_time.charges(partition, shares) + unfinished_charges(partition, unfinished, ratio)
         ledger = pa.concat_tables([ledger, charge_rows(charges, c, self.job_id, now())])
         quarantine = pa.concat_tables([quarantine, late_quarantine])

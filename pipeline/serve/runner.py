@@ -71,6 +71,8 @@ class BatchRunner:
         self.jobs = AirflowRuns(trigger) if trigger is not None else ChildProcess(self.workdir)
         self.stop = threading.Event()
         self.faults: dict[str, int] = {}  # batch id -> passes in a row that raised on it
+        self.stopping: dict[str, Job] = {}  # batch id -> its stopped job, while a partition's holder keeps it
+        self.waiting: dict[str, float] = {}  # batch id -> since when it waits for such a holder (monotonic)
         self.thread = threading.Thread(target=self._loop, name="batch-runner", daemon=True)
 
     def start(self) -> None:
@@ -180,13 +182,14 @@ class BatchRunner:
         self.jobs.ended(batch)
         job = self.state.job(batch["id"])
         ended = "failed" if status == "completed" else status  # how a batch with no answer ends
-        refused = job is not None and job.status == "refused"  # a budget cap: the estimate says by how much
-        if refused and not self.state.paid_any(batch["id"]):
+        # A budget cap (refused when it started, or deferred mid-run every time it ran): its error says by how much.
+        refused = job is not None and job.status in ("refused", "deferred")
+        if refused and not self.state.has_items(batch["id"]):
             self.end_unanswered(batch, "failed", now, _errors("budget_exceeded", job.error or "budget"))
             return
         config = job_config(self.config, self.store, batch)
-        if (refused or status != "completed") and self.uncommitted(job):
-            # Cancelled, expired or refused after paying for some: what was paid for is returned, not only kept.
+        if (refused or status != "completed") and self.planned(job):
+            # Cancelled, expired or stopped at a cap after answering some: what was paid for is returned.
             reason, detail = (
                 ("budget_exceeded", job.error or "budget")
                 if refused
@@ -228,23 +231,30 @@ class BatchRunner:
         self.store.put_batch(batch)
         log.info("batch %s: %s, %s", batch["id"], status, json.dumps(batch["request_counts"]))
 
-    def uncommitted(self, job) -> bool:
-        """Whether the job planned (its partitions exist) and some partition of it is not committed."""
-        if job is None or job.status in ("staging", "staging_failed"):
-            return False
-        return any(p.status != "succeeded" for p in self.state.partitions(job.job_id))
+    @staticmethod
+    def planned(job) -> bool:
+        """Whether the job planned: its partitions exist (each is committed, or can be with what it has)."""
+        return job is not None and job.status not in ("staging", "staging_failed", "succeeded")
 
     def return_what_was_paid(self, batch: dict, config: TokenmillConfig, status: str, reason: str, detail: str) -> bool:
         """Commit every partition of the batch's stopped job with the answers it has (job/lifecycle.py
-        `end_stopped`; the rest quarantined as `reason`). False while a partition's holder elsewhere keeps its
-        lease: the next pass tries again (the batch stays `cancelling`)."""
-        left = Job.open(config, batch["id"]).end_stopped(status, detail, reason)
+        `end_stopped`; the rest quarantined as `reason`), and set the job's status. False while a partition's
+        holder elsewhere keeps its lease: the next pass tries again (the batch stays `finalizing`, shown as
+        `cancelling` when cancelled), for at most two leases; then each pass counts as a fault."""
+        job = self.stopping.get(batch["id"]) or Job.open(config, batch["id"])
+        left = job.end_stopped(status, detail, reason)
         failed = [p for p in left if p.status != "running"]
-        if failed:  # counted as a fault of this pass: MAX_FAULTS of them fail the batch
-            raise JobError(f"partition {failed[0].partition} could not be committed: {failed[0].last_error}")
+        waited = time.monotonic() - self.waiting.setdefault(batch["id"], time.monotonic())
+        if failed or waited > 2 * self.config.state.lease_seconds:  # a fault of this pass: MAX_FAULTS fail it
+            p = (failed or left)[0]
+            raise JobError(f"partition {p.partition} could not be committed: {p.status}: {p.last_error}")
         if left:
+            self.stopping[batch["id"]] = job  # one catalog connection while it waits, not one per pass
             log.info("batch %s: %d partitions wait for their holders' leases to end", batch["id"], len(left))
-        return not left
+            return False
+        self.stopping.pop(batch["id"], None)
+        self.waiting.pop(batch["id"], None)
+        return True
 
     @functools.cached_property
     def state(self) -> StateStore:

@@ -455,20 +455,23 @@ class StateStore:
                     out[item.pop("item_key")] = item
         return out
 
-    def paid_any(self, job_id: str) -> bool:
-        """Whether the job holds any item (paid for, or reused from the cache)."""
+    def has_items(self, job_id: str) -> bool:
+        """Whether the job holds any item (paid for, or an exact cache hit stored as its own)."""
         with self.session() as s:
             return s.scalar(select(Item.item_key).where(Item.job_id == job_id).limit(1)) is not None
 
-    def generated_for(self, job_id: str, partition: str, ids: set[str]) -> list[dict]:
-        """The items the partition paid to generate for the records `ids` (chunk summaries, attempts), with
-        their keys (`item_key`); reused ones (an `origin`) cost nothing and are left out."""
+    def generated_for(self, job_id: str, ids: list[str]) -> list[dict]:
+        """The items the job paid to generate for the records `ids` (each item names the record whose key it
+        is for, whichever partition enqueued it), with their keys (`item_key`); reused ones (an `origin`) cost
+        nothing and are left out."""
         table = Item.__table__
         columns = [table.c.item_key, *(table.c[f] for f in ITEM_FIELDS)]
-        where = [table.c.job_id == job_id, table.c.partition == partition, table.c.origin.is_(None)]
+        rows = []
         with self.session() as s:
-            rows = [dict(r) for r in s.execute(select(*columns).where(*where)).mappings()]
-        return [r for r in rows if r["id"] in ids]
+            for start in range(0, len(ids), 900):  # under SQLite's oldest limit of 999 parameters
+                where = [table.c.job_id == job_id, table.c.id.in_(ids[start : start + 900]), table.c.origin.is_(None)]
+                rows += [dict(r) for r in s.execute(select(*columns).where(*where)).mappings()]
+        return rows
 
     def store_items(self, job_id: str, items: dict[str, dict]) -> None:
         """Record paid-for generations; a key stored by another worker first keeps its first value.

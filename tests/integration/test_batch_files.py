@@ -169,10 +169,11 @@ def test_an_anthropic_batch_file_gets_one_results_file(make_config, tmp_path):
 
 
 def test_a_stopped_job_returns_what_it_has_and_says_the_rest_expired(make_config, tmp_path):
-    """A batch's job stopped for good (its window over) after its first wave: each partition is committed with
-    what it has, a cache hit of an earlier job included; the long document whose chunks were summarised but
-    whose reduce never ran is `expired`, its chunks' GPU time in `unfinished` ledger rows; every line once,
-    every GPU-second in the ledger. (The Batch API's cancel takes the same path: tests/system/test_batch_api.py.)"""
+    """A batch's job stopped for good (its window over) after its first wave: each partition (two requests each)
+    is committed with what it has, a cache hit of an earlier job included; the long document whose chunks were
+    summarised but whose reduce never ran is `expired`, and so is its copy in another partition, its chunks'
+    GPU time in `unfinished` ledger rows once; every line once, every GPU-second in the ledger. (The Batch
+    API's cancel takes the same path: tests/system/test_batch_api.py.)"""
     from pipeline.job import faults
     from pipeline.job.drain import drain
     from pipeline.job.lifecycle import Job
@@ -183,11 +184,13 @@ def test_a_stopped_job_returns_what_it_has_and_says_the_rest_expired(make_config
         messages = [{"role": "user", "content": f"Summarize:\n\n{text}"}]
         return {"custom_id": custom_id, "params": {"model": "claude-haiku", "max_tokens": 20, "messages": messages}}
 
-    config = make_config(tiers__small__served_model_names=["claude-haiku"], dedup__shadow_rate=0)
+    config = make_config(
+        tiers__small__served_model_names=["claude-haiku"], dedup__shadow_rate=0, input__records_per_partition=2
+    )
     write_batch(tmp_path / "input", [request("a1", DOC)], "messages.jsonl")
     run_job(config, job_id="first")  # pays for a1's answer, and caches it
     long = "revenue growth customer order shipment " * 900  # over the tiny tier's context: map, then reduce
-    lines = [request("a1", DOC), request("a2", OTHER), {"custom_id": "a3"}, request("a4", long)]
+    lines = [request("a1", DOC), request("a2", OTHER), {"custom_id": "a3"}, request("a4", long), request("a5", long)]
     write_batch(tmp_path / "input", lines, "messages.jsonl")
     job = Job.open(config, "second")
     plan(job.ctx)
@@ -196,7 +199,7 @@ def test_a_stopped_job_returns_what_it_has_and_says_the_rest_expired(make_config
     def stop_after_the_first_wave(point, job_id, partition):
         if point == "wave_written" and job_id == "second":
             waves.append(partition)
-            if len(waves) > 1:  # the reduce's wave: the job stops here, as a killed worker would leave it
+            if waves.count(partition) > 1:  # the reduce's wave: the job stops here, as a killed worker leaves it
                 raise OSError("stopped")
 
     with faults.inject(stop_after_the_first_wave):
@@ -211,15 +214,17 @@ def test_a_stopped_job_returns_what_it_has_and_says_the_rest_expired(make_config
         ("a2", "succeeded"),
         ("a3", "errored"),
         ("a4", "expired"),
+        ("a5", "expired"),
     ]
     ledger = read_kind(tmp_path / "output", "ledger", "second").to_pylist()
     assert {r["id"]: r["source"] for r in ledger if r["kind"] == "output"} == {"a1": "cache_exact", "a2": "generated"}
     unfinished = [r for r in ledger if r["kind"] == "unfinished"]
-    assert len(unfinished) >= 2 and {r["id"] for r in unfinished} == {"a4"}  # its chunk summaries, paid
+    assert len(unfinished) >= 2 and len({r["id"] for r in unfinished}) == 1  # one copy's chunk summaries, paid
     quarantine = {r["id"]: r["reason"] for r in read_kind(tmp_path / "output", "quarantine", "second").to_pylist()}
-    assert quarantine["a4"] == "expired"
+    assert quarantine["a4"] == quarantine["a5"] == "expired"
+    assert len({p.partition for p in job.ctx.state.partitions("second")}) == 3
     state_db = config.state.url.removeprefix("sqlite:///")
-    assert_exactly_once(tmp_path / "output", "second", {"ids": ["a1", "a2", "a4"], "bad_records": 1}, state_db)
+    assert_exactly_once(tmp_path / "output", "second", {"ids": ["a1", "a2", "a4", "a5"], "bad_records": 1}, state_db)
     # Nothing of it runs again: a later run of the job finds every partition committed and no unit to serve.
     assert all(p.status == "succeeded" for p in job.ctx.state.partitions("second"))
     assert not job.ctx.queue.claimable("second", "small")
