@@ -12,7 +12,6 @@ It is regular expressions and set look-ups only, fast enough to run on every out
 
 from __future__ import annotations
 
-import functools
 import re
 import zlib
 from functools import lru_cache
@@ -305,7 +304,7 @@ _LETTERS = re.compile(r"[A-Za-z\u00C0-\u024F\u0370-\u03FF\u0400-\u04FF]{4,}")
 _STEM = 6  # letters kept of a stemmed word
 
 
-@functools.lru_cache(maxsize=1 << 16)  # pure, and a corpus repeats its words: measured 4.2M calls per 20k outputs
+@lru_cache(maxsize=1 << 16)  # pure, and a corpus repeats its words: measured 4.2M calls per 20k outputs
 def _stem(word: str) -> str:
     """A lemma without a lemmatiser: an ending off ("stepping", "steps" -> "step", "debugger" -> "debug"),
     then the first 6 letters ("compression" -> "compre"), so that a form of a document's word counts as it."""
