@@ -63,9 +63,7 @@ class ItemLookup:
         this job's items so reruns see them; returns them by key."""
         if not lookers or not self.cache_enabled:
             return {}
-        hits: dict[str, dict] = {}
-        for scope in sorted({v["scope"] for v in lookers.values()}):
-            hits |= self.cache.get_many(scope, [k for k, v in lookers.items() if v["scope"] == scope])
+        hits = self.cache.get_scoped({k: v["scope"] for k, v in lookers.items()})
         found = cached_items(hits, lookers, partition, now()) if hits else {}
         if found:
             self.state.store_items(self.job_id, found)
@@ -76,7 +74,5 @@ class ItemLookup:
         refs = set(reference_keys(records))
         out = {k: items[k]["summary"] for k in refs if k in items}
         scope_of = dict(zip(records["gen_key"].to_pylist(), records["scope"].to_pylist()))
-        for scope in {scope_of[k] for k in refs - set(out)}:
-            hits = self.cache.get_many(scope, [k for k in refs - set(out) if scope_of[k] == scope])
-            out.update({k: v["summary"] for k, v in hits.items()})
-        return out
+        hits = self.cache.get_scoped({k: scope_of[k] for k in refs - set(out)})
+        return out | {k: v["summary"] for k, v in hits.items()}

@@ -10,6 +10,7 @@ and a wide range that says so. Low / mid / high USD per tier, per tenant and for
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Mapping, Sequence
 
@@ -250,8 +251,7 @@ def planned_demand(
     from pipeline.stores.cache import open_store
     from pipeline.stores.staging import StagingArea
 
-    cache = open_store(config.cache) if cached else None
-
+    cache_config = config.cache
     config = config.model_copy(
         update={
             "input": config.input.model_copy(update={"uri": input_uri or config.input.uri}),
@@ -262,57 +262,51 @@ def planned_demand(
     counts = {"records": 0, "quarantined": 0, "duplicates": 0, "to_generate": 0, "requests": 0, "long_documents": 0}
     if cached:
         counts["cache_hits"] = 0  # records answered by an exact hit in earlier jobs' cache
-    try:
-        with tempfile.TemporaryDirectory(prefix="tokenmill-estimate-") as scratch:
-            area = StagingArea(storage.resolve(scratch), "preflight")
-            plan = plan_job(config, "preflight", area, report=report)
-            counts.update(records=plan.records, quarantined=plan.quarantined, skipped_files=plan.skipped)
-            for partition in plan.partitions:
-                records = area.records(partition)
-                keys = set(records["gen_key"].to_pylist()) - paid
-                paid |= keys
-                if cache is not None:
-                    hits = exact_hits(cache, records, keys)
-                    keys -= hits
-                    hit = pc.is_in(records["gen_key"], pa.array(list(hits), pa.string()))
-                    counts["cache_hits"] += int(pc.sum(hit).as_py() or 0)
-                    records = records.filter(pc.invert(hit))
-                generations = generations_for(records, keys)
-                requests, too_long = engine_requests(generations, config, pool)
-                state, rows = WavePlanner(config, pool, None, partition).first(generations, requests, too_long)
-                demand.add(
-                    [r["tier"] for r in rows],
-                    [len(r["prompt_token_ids"]) for r in rows],
-                    [r["generation"]["tenant"] for r in rows],
-                )
-                # A reduce per chunked document, over its chunks' summaries (their measured length).
-                reduces = list(state.chunked.values())
-                demand.add(
-                    [u["tier"] for u in reduces],
-                    [round(u["pieces"] * rates[u["tier"]].output_tokens_per_item) for u in reduces],
-                    [u["tenant"] for u in reduces],
-                )
-                # As a run counts them: every record of a key that cannot be generated is quarantined.
-                failed = pc.is_in(records["gen_key"], pa.array(list(state.failed), pa.string()))
-                quarantined = int(pc.sum(failed).as_py() or 0)
-                counts["quarantined"] += quarantined
-                counts["to_generate"] += generations.num_rows - len(state.failed)  # items, as the run's "generated"
-                counts["duplicates"] += records.num_rows - quarantined - (generations.num_rows - len(state.failed))
-                counts["requests"] += len(rows) + len(reduces)  # chunks and reduces included
-                counts["long_documents"] += len(reduces)
-    finally:
-        if cache is not None:
-            cache.close()
+    # The cache as configured (`config` turns it off for planning), opened only to look exact hits up.
+    opened = contextlib.closing(open_store(cache_config)) if cached else contextlib.nullcontext()
+    with tempfile.TemporaryDirectory(prefix="tokenmill-estimate-") as scratch, opened as cache:
+        area = StagingArea(storage.resolve(scratch), "preflight")
+        plan = plan_job(config, "preflight", area, report=report)
+        counts.update(records=plan.records, quarantined=plan.quarantined, skipped_files=plan.skipped)
+        for partition in plan.partitions:
+            records = area.records(partition)
+            keys = set(records["gen_key"].to_pylist()) - paid
+            paid |= keys
+            if cached:
+                records, keys, hits = without_cache_hits(cache, records, keys)
+                counts["cache_hits"] += hits
+            generations = generations_for(records, keys)
+            requests, too_long = engine_requests(generations, config, pool)
+            state, rows = WavePlanner(config, pool, None, partition).first(generations, requests, too_long)
+            demand.add(
+                [r["tier"] for r in rows],
+                [len(r["prompt_token_ids"]) for r in rows],
+                [r["generation"]["tenant"] for r in rows],
+            )
+            # A reduce per chunked document, over its chunks' summaries (their measured length).
+            reduces = list(state.chunked.values())
+            demand.add(
+                [u["tier"] for u in reduces],
+                [round(u["pieces"] * rates[u["tier"]].output_tokens_per_item) for u in reduces],
+                [u["tenant"] for u in reduces],
+            )
+            # As a run counts them: every record of a key that cannot be generated is quarantined.
+            failed = pc.is_in(records["gen_key"], pa.array(list(state.failed), pa.string()))
+            quarantined = int(pc.sum(failed).as_py() or 0)
+            counts["quarantined"] += quarantined
+            counts["to_generate"] += generations.num_rows - len(state.failed)  # items, as the run's "generated"
+            counts["duplicates"] += records.num_rows - quarantined - (generations.num_rows - len(state.failed))
+            counts["requests"] += len(rows) + len(reduces)  # chunks and reduces included
+            counts["long_documents"] += len(reduces)
     return demand, counts
 
 
-def exact_hits(cache, records: pa.Table, keys: set[str]) -> set[str]:
-    """The `keys` (generation keys of `records`) the cache holds an output for, looked up in their scopes."""
+def without_cache_hits(cache, records: pa.Table, keys: set[str]) -> tuple[pa.Table, set[str], int]:
+    """(`records` and `keys` less those whose generation key the cache answers, how many records it answers)."""
     scope_of = dict(zip(records["gen_key"].to_pylist(), records["scope"].to_pylist()))
-    hits: set[str] = set()
-    for scope in sorted({scope_of[k] for k in keys}):
-        hits |= set(cache.get_many(scope, [k for k in keys if scope_of[k] == scope]))
-    return hits
+    hits = set(cache.get_scoped({k: scope_of[k] for k in keys}))
+    hit = pc.is_in(records["gen_key"], pa.array(list(hits), pa.string()))
+    return records.filter(pc.invert(hit)), keys - hits, int(pc.sum(hit).as_py() or 0)
 
 
 def budget_problems(config: TokenmillConfig, job_usd: float, tenant_usd: dict[str, float]) -> list[str]:

@@ -225,6 +225,13 @@ class ResilientStore:
     def get_many(self, scope: str, keys: list[str]) -> dict[str, dict]:
         return self._call("read", lambda: self.store.get_many(scope, keys), {}) if keys else {}
 
+    def get_scoped(self, scope_of: dict[str, str]) -> dict[str, dict]:
+        """The values held for keys each in its own scope (`scope_of`: key -> scope), one read per scope."""
+        hits: dict[str, dict] = {}
+        for scope in sorted(set(scope_of.values())):
+            hits |= self.get_many(scope, [k for k, s in scope_of.items() if s == scope])
+        return hits
+
     def put_many(self, scope: str, values: dict[str, dict]) -> None:
         if values:
             self._call("write", lambda: self.store.put_many(scope, values), None)
