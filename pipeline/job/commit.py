@@ -171,13 +171,7 @@ class PartitionCommit:
         else:  # never prepared (or its generation failed): what this job's partitions or the cache hold
             records, items, _ = ctx.lookup.unpaid(partition, records)
             failed, shareable = {}, 0
-        items |= ctx.lookup.stored(
-            [k for k in related_keys(needed_keys(records), items, self.config) if k not in items]
-        )
-        for id_, key in zip(records["id"].to_pylist(), effective_keys(records)):
-            if key not in failed and final_output(key, items, self.config).item is None:
-                failed[key] = (reason, detail, id_)
-        self.commit(beat, records, quarantine, items, failed, shareable, started)
+        self.commit(beat, records, quarantine, items, failed, shareable, started, stopped=(reason, detail))
 
     def cache_full_costs(self, records: pa.Table, items: dict[str, dict], ratio) -> None:
         """Cache this partition's generations again at what the ledger says they cost, start-up and
@@ -209,14 +203,18 @@ class PartitionCommit:
         failed: dict[str, tuple[str, str, str]],
         shareable: int,
         started: float,
+        stopped: tuple[str, str] | None = None,
     ) -> None:
         """Assemble the partition's rows, check that every record is accounted for, write the files,
         commit in the catalog (fenced by the claim's epoch), then publish the commit (output/commit.py).
+        `stopped` (reason, detail): the job generates no more, and a record with no answer yet is quarantined so.
         What was paid for a record left without an answer and without a ledger row of its own (a long
         document's chunk summaries when a chunk failed, or when its job stopped before the reduce) is
         charged as `unfinished` rows, so the ledger holds every paid generation."""
         c, ctx, partition = self.config, self.ctx, self.partition
         items |= ctx.lookup.stored([k for k in related_keys(needed_keys(records), items, c) if k not in items])
+        if stopped is not None:
+            failed = failed | unanswered_keys(records, items, failed, c, *stopped)
         shares = ctx.engine_time.shares()
         ratio = ctx.engine_time.overhead_ratio(shares)
         outputs, ledger, late_quarantine = assemble_results(records, items, failed, c, self.job_id, now(), ratio)
@@ -276,6 +274,18 @@ class PartitionCommit:
                 partition,
                 e,
             )
+
+
+def unanswered_keys(
+    records: pa.Table, items: dict[str, dict], failed: dict, config, reason: str, detail: str
+) -> dict[str, tuple[str, str, str]]:
+    """The keys of `records` with no answer among `items` and no failure of their own, each to be quarantined
+    as `reason` (with the id of the first record that asks for it, as `failed` names the record tried)."""
+    out: dict[str, tuple[str, str, str]] = {}
+    for id_, key in zip(records["id"].to_pylist(), effective_keys(records)):
+        if key not in failed and key not in out and final_output(key, items, config).item is None:
+            out[key] = (reason, detail, id_)
+    return out
 
 
 def unfinished_charges(partition: str, items: list[dict], ratio) -> list[dict]:
