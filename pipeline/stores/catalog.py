@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import fcntl
 import json
+from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
@@ -439,21 +440,22 @@ class StateStore:
             return result.rowcount == 1
 
     # -- items ----------------------------------------------------------------------------------
-    def stored_items(self, job_id: str, keys: list[str]) -> dict[str, dict]:
-        out: dict[str, dict] = {}
+    def _items_where(self, job_id: str, column: str, values: list[str], *where) -> Iterator[dict]:
+        """The job's items whose `column` is one of `values` (and `where`), each a dict with its `item_key`."""
         table = Item.__table__
         columns = [table.c.item_key, *(table.c[f] for f in ITEM_FIELDS)]
         with self.session() as s:
-            for start in range(0, len(keys), 900):  # under SQLite's oldest limit of 999 parameters
-                chunk = keys[start : start + 900]
+            for start in range(0, len(values), 900):  # under SQLite's oldest limit of 999 parameters
+                chunk = values[start : start + 900]
                 # Core rows, not ORM objects: tens of thousands of items per partition.
-                for row in s.execute(
-                    select(*columns).where(table.c.job_id == job_id, table.c.item_key.in_(chunk))
-                ).mappings():
+                query = select(*columns).where(table.c.job_id == job_id, table.c[column].in_(chunk), *where)
+                for row in s.execute(query).mappings():
                     item = dict(row)
                     item["created_at"] = aware(item["created_at"])
-                    out[item.pop("item_key")] = item
-        return out
+                    yield item
+
+    def stored_items(self, job_id: str, keys: list[str]) -> dict[str, dict]:
+        return {item.pop("item_key"): item for item in self._items_where(job_id, "item_key", keys)}
 
     def has_items(self, job_id: str) -> bool:
         """Whether the job holds any item (paid for, or an exact cache hit stored as its own)."""
@@ -464,14 +466,7 @@ class StateStore:
         """The items the job paid to generate for the records `ids` (each item names the record whose key it
         is for, whichever partition enqueued it), with their keys (`item_key`); reused ones (an `origin`) cost
         nothing and are left out."""
-        table = Item.__table__
-        columns = [table.c.item_key, *(table.c[f] for f in ITEM_FIELDS)]
-        rows = []
-        with self.session() as s:
-            for start in range(0, len(ids), 900):  # under SQLite's oldest limit of 999 parameters
-                where = [table.c.job_id == job_id, table.c.id.in_(ids[start : start + 900]), table.c.origin.is_(None)]
-                rows += [dict(r) for r in s.execute(select(*columns).where(*where)).mappings()]
-        return rows
+        return list(self._items_where(job_id, "id", ids, Item.__table__.c.origin.is_(None)))
 
     def store_items(self, job_id: str, items: dict[str, dict]) -> None:
         """Record paid-for generations; a key stored by another worker first keeps its first value.
