@@ -140,9 +140,8 @@ class Job:
         """End a job stopped for good (`cancelled` or `expired`, as its batch, or `refused` at a budget cap; none
         of its workers runs): every partition not committed is committed with what it has (commit.commit_stopped),
         the records it had not answered quarantined as `reason` (default: `status`) with `detail`; then the
-        job's status is `status`. Returns the
-        partitions that could not be committed yet (held by a worker whose lease runs, or failed: each says
-        why), with the job's status unchanged: call again."""
+        job's status is `status`. Returns the partitions that could not be committed yet (held by a worker
+        whose lease runs, or failed: each says why), with the job's status unchanged: call again."""
         ctx = self.ctx
         left = commit_stopped(ctx, reason or status, detail)
         if left:

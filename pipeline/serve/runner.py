@@ -190,15 +190,13 @@ class BatchRunner:
         config = job_config(self.config, self.store, batch)
         if (refused or status != "completed") and self.planned(job):
             # Cancelled, expired or stopped at a cap after answering some: what was paid for is returned.
-            reason, detail = (
-                ("budget_exceeded", job.error or "budget")
-                if refused
-                else (status, f"the batch was {status} before this request was answered")
-            )
-            if not self.return_what_was_paid(batch, config, job.status if refused else status, reason, detail):
+            if refused:
+                stop = (job.status, "budget_exceeded", job.error or "budget")
+                batch["errors"] = _errors("budget_exceeded", stop[2])
+            else:
+                stop = (status, status, f"the batch was {status} before this request was answered")
+            if not self.return_what_was_paid(batch, config, *stop):
                 return
-        if refused:
-            batch["errors"] = _errors("budget_exceeded", job.error or "budget")
         results = None
         if job is not None:  # else its job never began: nothing was paid
             manifest = job_manifest(config, batch["id"])
