@@ -97,6 +97,16 @@ def lines_of(client: openai.OpenAI, file_id: str | None) -> list[dict]:
     return [json.loads(line) for line in client.files.content(file_id).text.splitlines()] if file_id else []
 
 
+def every_request_once(server: Server, batch_id: str, lines: list[dict]):
+    """Every request of the batch in one output or quarantine row, every paid generation and engine-second in
+    its ledger exactly once (tests/jobs.py); returns the outputs."""
+    ids = [line["custom_id"] for line in lines]
+    state_db = server.runner.config.state.url.removeprefix("sqlite:///")
+    return assert_exactly_once(
+        Path(server.runner.config.output.uri), batch_id, {"ids": ids, "bad_records": 0}, state_db
+    )
+
+
 def test_the_openai_sdk_runs_a_batch_and_the_same_file_again_costs_nothing(config_for, tmp_path):
     config = config_for()
     with Server(config, tmp_path / "serve") as server:
@@ -218,12 +228,7 @@ def test_cancel_mid_run_keeps_what_was_paid_for(config_for, tmp_path):
         assert len(errors) == cancelled.request_counts.failed == len(lines) - 3
         assert all(e["response"] is None and e["error"]["code"] == "batch_cancelled" for e in errors)
         assert sorted(line["custom_id"] for line in output + errors) == sorted(line["custom_id"] for line in lines)
-        # Every request in one place, every paid generation and engine-second in the ledger exactly once.
-        ids = [line["custom_id"] for line in lines]
-        state_db = server.runner.config.state.url.removeprefix("sqlite:///")
-        answered = assert_exactly_once(
-            Path(server.runner.config.output.uri), batch.id, {"ids": ids, "bad_records": 0}, state_db
-        )
+        answered = every_request_once(server, batch.id, lines)
         assert sorted(answered["id"].to_pylist()) == sorted(line["custom_id"] for line in output)
     # What the cancelled batch paid for is not paid again: submitted anew, three answers come from the cache.
     with Server(config_for(), tmp_path / "serve2") as server:
@@ -263,9 +268,7 @@ def test_a_job_refused_at_a_cap_after_paying_for_some_returns_what_it_paid_for(c
         assert len(output) == done.request_counts.completed == 3
         assert len(errors) == done.request_counts.failed == len(lines) - 3
         assert {e["error"]["code"] for e in errors} == {"budget_exceeded"}
-        ids = [line["custom_id"] for line in lines]
-        state_db = server.runner.config.state.url.removeprefix("sqlite:///")
-        assert_exactly_once(Path(server.runner.config.output.uri), batch.id, {"ids": ids, "bad_records": 0}, state_db)
+        every_request_once(server, batch.id, lines)
 
 
 def test_a_batch_over_its_tenants_budget_is_refused_when_created_and_the_same_file_again_is_not(config_for, tmp_path):
