@@ -218,8 +218,10 @@ class PartitionCommit:
         shares = ctx.engine_time.shares()
         ratio = ctx.engine_time.overhead_ratio(shares)
         outputs, ledger, late_quarantine = assemble_results(records, items, failed, c, self.job_id, now(), ratio)
-        unanswered = set(late_quarantine["id"].to_pylist()) - set(ledger["id"].to_pylist())
-        unfinished = ctx.state.generated_for(self.job_id, sorted(unanswered)) if unanswered else []
+        unfinished = []  # (a partition with nothing quarantined here, the common case, looks nothing up)
+        if late_quarantine.num_rows:
+            unanswered = set(late_quarantine["id"].to_pylist()) - set(ledger["id"].to_pylist())
+            unfinished = ctx.state.generated_for(self.job_id, sorted(unanswered)) if unanswered else []
         charges = ctx.engine_time.charges(partition, shares) + unfinished_charges(partition, unfinished, ratio)
         ledger = pa.concat_tables([ledger, charge_rows(charges, c, self.job_id, now())])
         quarantine = pa.concat_tables([quarantine, late_quarantine])
