@@ -55,8 +55,8 @@ def test_a_batch_runs_as_a_run_of_the_nightly_dag_on_airflow(airflow: AirflowDep
 
     # The batch's job ran as an Airflow run of the DAG, under the batch's id, and its drains did the GPU work.
     run_id = f"tokenmill-batch-{batch.id}-1"
-    assert airflow.dag_run(DAG_ID, run_id)["state"] == "success"
     states = airflow.task_states(DAG_ID, run_id)
+    assert airflow.dag_run(DAG_ID, run_id)["state"] == "success", (states, airflow.failed_logs(DAG_ID, run_id))
     assert states[("drain_small", "small 0")] == "success", states
     assert airflow.xcom(DAG_ID, run_id, "summary")["job_id"] == batch.id
 
