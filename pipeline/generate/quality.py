@@ -12,6 +12,7 @@ It is regular expressions and set look-ups only, fast enough to run on every out
 
 from __future__ import annotations
 
+import functools
 import re
 import zlib
 from functools import lru_cache
@@ -138,19 +139,56 @@ def _number_key(text: str) -> str:
 
 
 class _Document:
-    """What the summary's terms are looked up in: the document's words, numbers and months."""
+    """What a summary's terms and words are looked up in, each part computed on first use and once per
+    document (`measure` runs every check against one): its words, numbers and months, its word tokens
+    in order (copied runs) and its topic words."""
 
     def __init__(self, text: str):
-        lowered = text.lower()
-        self.lowered = " ".join(lowered.split())
-        self.words = set(_DOC_TOKEN.findall(lowered)) | {w.strip("'’-") for w in _WORD.findall(lowered)}
-        numbers = {_number_key(n) for n in _NUMBER.findall(text)}
+        self.text = text
+        self.lowercase = text.lower()
+
+    @functools.cached_property
+    def lowered(self) -> str:
+        return " ".join(self.lowercase.split())
+
+    @functools.cached_property
+    def tokens(self) -> list[str]:
+        return _DOC_TOKEN.findall(self.lowercase)
+
+    @functools.cached_property
+    def words(self) -> set[str]:
+        return set(self.tokens) | {w.strip("'’-") for w in _WORD.findall(self.lowercase)}
+
+    @functools.cached_property
+    def numbers(self) -> set[str]:
+        numbers = {_number_key(n) for n in _NUMBER.findall(self.text)}
         numbers |= {_NUMBER_WORDS[w] for w in self.words & _NUMBER_WORDS.keys()}
         # A version's leading parts count as present ("2.0" of "2.0.1"): a summary may round it.
         numbers |= {".".join(n.split(".")[:i]) for n in set(numbers) if "." in n for i in range(1, n.count(".") + 1)}
-        self.numbers = numbers
-        self.months = {_MONTH_OF[w] for w in self.words if w in _MONTH_OF}
-        self.months |= {int(m) for _, m, _ in _DATES[0].findall(text) if 1 <= int(m) <= 12}  # ISO dates' months
+        return numbers
+
+    @functools.cached_property
+    def months(self) -> set[int]:
+        months = {_MONTH_OF[w] for w in self.words if w in _MONTH_OF}
+        return months | {int(m) for _, m, _ in _DATES[0].findall(self.text) if 1 <= int(m) <= 12}  # ISO dates' months
+
+    @functools.cached_property
+    def runs(self) -> str:
+        """Its tokens joined by single spaces, padded: a run of words is in it iff it is in the text."""
+        return f" {' '.join(self.tokens)} "
+
+    @functools.cached_property
+    def topic_words(self) -> set[str]:
+        """`topic_words` of the text, from its tokens: a run of letters never spans two of them, and most
+        tokens are plain words, which need no regular expression."""
+        words = set()
+        for token in set(self.tokens):
+            if token.isascii() and token.isalpha():
+                if len(token) >= 4:
+                    words.add(token)
+            else:
+                words.update(_LETTERS.findall(token))
+        return {_stem(w) for w in words - _COMMON - _FRAMING}
 
     def has_word(self, word: str) -> bool:
         w = word.lower().strip("'’-&")
@@ -241,9 +279,9 @@ def _without_headings(text: str) -> str:
     return "\n".join(lines)
 
 
-def unfaithful_terms(summary: str, document: str) -> list[str]:
+def unfaithful_terms(summary: str, document: str | _Document) -> list[str]:
     """Sorted unique numbers, dates and capitalised names that `summary` states and `document` lacks."""
-    doc = _Document(document)
+    doc = document if isinstance(document, _Document) else _Document(document)
     flagged: set[str] = set()
     rest = _check_dates(summary, doc, flagged)
     rest = _blank(_STRUCTURE_COUNT, _blank(_LIST_MARKER, rest))
@@ -277,15 +315,15 @@ def compression_ratio(summary: str) -> float:
     return min(ratio(summary), ratio(summary[len(summary) // 2 :]))
 
 
-def copied_share(summary: str, document: str) -> float:
+def copied_share(summary: str, document: str | _Document) -> float:
     """Share of the output's 6-word runs found verbatim in its document (1.0: every one, a copy of the text)."""
     words = _DOC_TOKEN.findall(summary.lower())
-    runs = {tuple(words[i : i + _SHINGLE]) for i in range(len(words) - _SHINGLE + 1)}
+    runs = {" ".join(words[i : i + _SHINGLE]) for i in range(len(words) - _SHINGLE + 1)}
     if not runs:
         return 0.0
-    doc = _DOC_TOKEN.findall(document.lower())
-    found = {tuple(doc[i : i + _SHINGLE]) for i in range(len(doc) - _SHINGLE + 1)}
-    return len(runs & found) / len(runs)
+    doc = document if isinstance(document, _Document) else _Document(document)
+    # A substring search in the document's words (C speed), not a set of all its runs built per output.
+    return sum(f" {run} " in doc.runs for run in runs) / len(runs)
 
 
 # Words that say what a text is, not what it is about: a summary's framing, never its topic.
@@ -317,17 +355,20 @@ def _stem(word: str) -> str:
     return word[:_STEM]
 
 
-def _topic_words(text: str) -> set[str]:
+def topic_words(text: str) -> set[str]:
     """A text's topic words: content words of 4 letters or more, neither common nor framing, stemmed."""
-    return {_stem(w) for w in _LETTERS.findall(text.lower()) if w not in _COMMON and w not in _FRAMING}
+    return {_stem(w) for w in set(_LETTERS.findall(text.lower())) - _COMMON - _FRAMING}
 
 
-def topic_overlap(summary: str, document: str) -> float:
+def topic_overlap(summary: str, document: str | _Document) -> float:
     """Share of the summary's topic words that its document holds too (1.0 when it has none: nothing to
     be off). A summary of the document talks about the document's things; one that invents a topic ("a
     report on renewable energy" for a licence text) shares almost none of them."""
-    words = _topic_words(summary)
-    return len(words & _topic_words(document)) / len(words) if words else 1.0
+    words = topic_words(summary)
+    if not words:
+        return 1.0
+    doc = document if isinstance(document, _Document) else _Document(document)
+    return len(words & doc.topic_words) / len(words)
 
 
 # The output checks, in the order they are reported, and the item field each is measured by (stored with
@@ -338,12 +379,13 @@ CHECKS = tuple(MEASURES)
 
 def measure(summary: str, document: str) -> dict:
     """What the output checks read, measured once where an output meets the text it summarises (the item's
-    fields: stored and cached with it)."""
+    fields: stored and cached with it). The document is read once for all of them, each part on first use."""
+    doc = _Document(document)
     return {
-        "unfaithful_terms": len(unfaithful_terms(summary, document)),
+        "unfaithful_terms": len(unfaithful_terms(summary, doc)),
         "compression_ratio": compression_ratio(summary),
-        "copied_share": copied_share(summary, document),
-        "topic_overlap": topic_overlap(summary, document),
+        "copied_share": copied_share(summary, doc),
+        "topic_overlap": topic_overlap(summary, doc),
     }
 
 
@@ -357,10 +399,6 @@ def failed_checks(item: dict, checks) -> list[str]:
         failed.append("degenerate")
     if share is not None and len(summary.split()) >= checks.min_words and share > checks.copied_above:
         failed.append("copied")
-    if (
-        overlap is not None
-        and len(_topic_words(summary)) >= checks.min_topic_words
-        and overlap < checks.off_topic_below
-    ):
+    if overlap is not None and len(topic_words(summary)) >= checks.min_topic_words and overlap < checks.off_topic_below:
         failed.append("off_topic")
     return failed

@@ -1,11 +1,14 @@
 """ROUGE-L and unfaithful terms (pipeline/generate/quality.py), on real sentences (no engine)."""
 
+import re
 import time
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from rouge_score import rouge_scorer
 
-from pipeline.generate.quality import rouge_l, unfaithful_terms
+from pipeline.generate.quality import copied_share, measure, rouge_l, topic_overlap, topic_words, unfaithful_terms
 
 GZIP = (
     "The gzip command reduces the size of the named files using Lempel-Ziv coding (LZ77). Whenever "
@@ -237,3 +240,42 @@ def test_a_summary_in_a_script_without_spaces_is_not_judged_off_topic():
     summary = "本文介绍了如何使用调试器设置断点、逐行执行代码以及打印表达式的值，帮助开发者定位程序中的错误。"
     assert topic_overlap(summary, doc) == 1.0
     assert failed_checks({"summary": summary, "topic_overlap": topic_overlap(summary, doc)}, ChecksConfig()) == []
+
+
+# The checks read a document once (`measure`), by faster means than their definitions: held to the definitions.
+_WORDS = [
+    "gzip",
+    "files",
+    "code",
+    "Lempel",
+    "Ziv",
+    "compressing",
+    "the",
+    "über",
+    "Москва",
+    "漢字",
+    "ab_cd",
+    "v1.2",
+    "2024",
+]
+_TEXT = st.lists(st.tuples(st.sampled_from(_WORDS), st.sampled_from([" ", "  ", "-", "'", ", ", ".\n", "_", "3"]))).map(
+    lambda pairs: "".join(w + sep for w, sep in pairs)
+)
+
+
+def _runs(text: str) -> set[tuple]:
+    words = re.findall(r"\w+", text.lower())
+    return {tuple(words[i : i + 6]) for i in range(len(words) - 5)}
+
+
+@settings(max_examples=300, deadline=None)
+@given(summary=_TEXT, document=_TEXT)
+def test_measures_read_the_document_once_and_agree_with_their_definitions(summary, document):
+    runs = _runs(summary)
+    copied = len(runs & _runs(document)) / len(runs) if runs else 0.0
+    assert copied_share(summary, document) == copied
+    mine = topic_words(summary)
+    assert topic_overlap(summary, document) == (len(mine & topic_words(document)) / len(mine) if mine else 1.0)
+    measures = measure(summary, document)
+    assert measures["copied_share"] == copied
+    assert measures["unfaithful_terms"] == len(unfaithful_terms(summary, document))
