@@ -222,6 +222,8 @@ def _model_path_problem(model: str) -> str | None:
 
 
 _ENGINES: dict[str, Engine] = {}  # process-wide: one engine per distinct tier configuration
+# Tier fields that price, name or describe a tier's work, not how its engine runs it.
+NOT_THE_ENGINE = {"price_per_gpu_hour", "served_model_names", "default_tokens_per_gpu_second", "gpu_model"}
 # engine -> seconds its start took (an engine session's start-up). Weak keys: an engine stopped and collected
 # takes its entry along, so a later engine at the same address never inherits it.
 STARTUP_SECONDS: weakref.WeakKeyDictionary[Engine, float] = weakref.WeakKeyDictionary()
@@ -283,11 +285,11 @@ class EnginePool:
         return int(getattr(self.tokenizer(name), "model_max_length", 4096))
 
     def _key(self, name: str) -> str:
-        # Adapters by content: an adapter retrained in place gets an engine that loads the new weights.
+        # Adapters by content: an adapter retrained in place gets an engine that loads the new weights. What only
+        # prices or names a tier's work is left out: a tier repriced or served under another name keeps its engine.
         adapters = [(path, adapter_digest(path)) for path in self.adapters.get(name, [])]
-        return json.dumps(
-            [self._factory_of(name).__qualname__, self.tiers[name].model_dump(mode="json"), adapters], sort_keys=True
-        )
+        tier = self.tiers[name].model_dump(mode="json", exclude=NOT_THE_ENGINE)
+        return json.dumps([self._factory_of(name).__qualname__, tier, adapters], sort_keys=True)
 
     def _factory_of(self, name: str) -> Callable[..., Engine]:
         return self.factory or ENGINES[self.tiers[name].engine]
