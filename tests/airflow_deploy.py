@@ -309,6 +309,11 @@ class AirflowDeployment:
                 "AIRFLOW__DAG_PROCESSOR__MIN_FILE_PROCESS_INTERVAL": "600",
                 "AIRFLOW__DAG_PROCESSOR__PARSING_PROCESSES": "1",
                 "AIRFLOW__LOGGING__BASE_LOG_FOLDER": str(self.home / "logs"),
+                # A task's calls to the execution API (start, heartbeat, XCom) time out after 5 s by default, and
+                # three failed heartbeats kill it: on 2 cores with the rest of the suite (vLLM, model builds)
+                # beside it, the one api-server process answers late, not never. A task ends by its own result.
+                "AIRFLOW__WORKERS__EXECUTION_API_TIMEOUT": "60",
+                "AIRFLOW__WORKERS__MAX_FAILED_HEARTBEATS": "20",
             }
         )
         if (async_url := _async_url(self.conn)) is not None:
