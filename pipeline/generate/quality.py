@@ -179,8 +179,11 @@ class _Document:
 
     @functools.cached_property
     def topic_words(self) -> set[str]:
-        """`topic_words` of the text, from its tokens: a run of letters never spans two of them, and most
-        tokens are plain words, which need no regular expression."""
+        """`topic_words` of the text, from its tokens: most are plain words, which need no regular expression,
+        and a run of letters never spans two of them, unless the text holds one of the few letters of
+        `_LETTERS` that are not word characters (×, ÷, Greek and Cyrillic signs): then by the definition."""
+        if _LETTER_NOT_WORD.search(self.lowercase):
+            return topic_words(self.lowercase)
         words = set()
         for token in set(self.tokens):
             if token.isascii() and token.isalpha():
@@ -338,8 +341,10 @@ important different specific related based following given well also like make m
 )
 # Words of scripts that separate words with spaces (Latin, Greek, Cyrillic): a text in another script (Chinese,
 # Japanese, Thai) has no topic words here, so the check does not judge it rather than judge it wrong.
-_LETTERS = re.compile(r"[A-Za-z\u00C0-\u024F\u0370-\u03FF\u0400-\u04FF]{4,}")
+_LETTER = r"[A-Za-z\u00C0-\u024F\u0370-\u03FF\u0400-\u04FF]"
+_LETTERS = re.compile(_LETTER + "{4,}")
 _STEM = 6  # letters kept of a stemmed word
+_LETTER_NOT_WORD = re.compile(r"(?!\w)" + _LETTER)  # one of those letters that is no word character (×, ÷)
 
 
 @lru_cache(maxsize=1 << 16)  # pure, and a corpus repeats its words: measured 4.2M calls per 20k outputs

@@ -8,7 +8,15 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from rouge_score import rouge_scorer
 
-from pipeline.generate.quality import copied_share, measure, rouge_l, topic_overlap, topic_words, unfaithful_terms
+from pipeline.generate.quality import (
+    compression_ratio,
+    copied_share,
+    measure,
+    rouge_l,
+    topic_overlap,
+    topic_words,
+    unfaithful_terms,
+)
 
 GZIP = (
     "The gzip command reduces the size of the named files using Lempel-Ziv coding (LZ77). Whenever "
@@ -243,22 +251,11 @@ def test_a_summary_in_a_script_without_spaces_is_not_judged_off_topic():
 
 
 # The checks read a document once (`measure`), by faster means than their definitions: held to the definitions.
-_WORDS = [
-    "gzip",
-    "files",
-    "code",
-    "Lempel",
-    "Ziv",
-    "compressing",
-    "the",
-    "über",
-    "Москва",
-    "漢字",
-    "ab_cd",
-    "v1.2",
-    "2024",
-]
-_TEXT = st.lists(st.tuples(st.sampled_from(_WORDS), st.sampled_from([" ", "  ", "-", "'", ", ", ".\n", "_", "3"]))).map(
+_WORDS = ["gzip", "files", "code", "Lempel", "Ziv", "compressing", "the", "über", "Москва", "漢字", "ab_cd", "v1.2"]
+# Letters that are no word characters, and case folding that changes a text's length.
+_WORDS += ["2024", "width×height", "İstanbul", "straße", "it’s", "είναι\u037eαθηνα", "abc÷defg"]
+_SEPARATORS = [" ", "  ", "-", "'", ", ", ".\n", "_", "3", "×", "÷", "\u0387", "\u0483"]
+_TEXT = st.lists(st.tuples(st.sampled_from(_WORDS), st.sampled_from(_SEPARATORS))).map(
     lambda pairs: "".join(w + sep for w, sep in pairs)
 )
 
@@ -277,5 +274,6 @@ def test_measures_read_the_document_once_and_agree_with_their_definitions(summar
     mine = topic_words(summary)
     assert topic_overlap(summary, document) == (len(mine & topic_words(document)) / len(mine) if mine else 1.0)
     measures = measure(summary, document)
-    assert measures["copied_share"] == copied
+    assert measures["copied_share"] == copied and measures["topic_overlap"] == topic_overlap(summary, document)
+    assert measures["compression_ratio"] == compression_ratio(summary)
     assert measures["unfaithful_terms"] == len(unfaithful_terms(summary, document))
