@@ -1,7 +1,6 @@
 """ROUGE-L and unfaithful terms (pipeline/generate/quality.py), on real sentences (no engine)."""
 
 import re
-import time
 
 import pytest
 from hypothesis import given, settings
@@ -96,15 +95,6 @@ def test_sentence_openers_are_not_names():
 def test_terms_are_sorted_and_unique():
     terms = unfaithful_terms("Oracle paid 5 and Oracle paid 5 again, then Cisco paid 7.", "a company paid.")
     assert terms == ["5", "7", "Cisco", "Oracle"]
-
-
-def test_fast_enough_to_run_on_every_output():
-    document = GZIP * 12  # about 6 KB
-    summary = "Gzip 1.12 by Gailly and Adler shrinks text by 60-70%; Microsoft ships 3 copies since May 2021."
-    start = time.perf_counter()
-    for _ in range(200):
-        unfaithful_terms(summary, document)
-    assert (time.perf_counter() - start) / 200 < 0.01
 
 
 @pytest.mark.parametrize(
