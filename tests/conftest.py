@@ -57,11 +57,13 @@ def seed_cpu_probe(home: Path, bandwidth: float = 10e9, flops: float = 100e9) ->
 
 
 # The models the tests build (tiny checkpoints, the static embedder, demo adapters, the real model's
-# variants) take minutes of CPU; they are built once per machine and reused by every session and xdist
+# variants) take minutes of CPU; they are built once per machine (the user's cache folder, as pip's wheels
+# and Hugging Face's models are, so a fresh clone finds them too) and reused by every session and xdist
 # worker, each under a folder named by its key (built_once), so a change to a builder, a library or an
 # argument builds anew and a reused folder is exactly what a build would write. TOKENMILL_TEST_MODELS
 # moves the folder.
-MODEL_CACHE = Path(os.environ.get("TOKENMILL_TEST_MODELS", REPO / ".pytest_cache" / "tokenmill-models"))
+_USER_CACHE = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+MODEL_CACHE = Path(os.environ.get("TOKENMILL_TEST_MODELS") or _USER_CACHE / "tokenmill" / "test-models")
 MODEL_LIBRARIES = (
     "torch",
     "transformers",
