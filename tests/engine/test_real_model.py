@@ -211,6 +211,14 @@ def test_eval_scores_every_saving_and_writes_its_choice_into_the_config(real_mod
     config = tmp_path / "local.yaml"
     shutil.copyfile(LOCAL, config)
     out = tmp_path / "eval"
+    # The hold-out set's first 6 documents and their variants (the least that leaves the test half 3 documents):
+    # every part of the report is filled at about half the generations, on the suite's critical path.
+    lines = [json.loads(line) for line in holdout.read_text().splitlines()]
+    documents = [d for d in lines if "variant_of" not in d][:6]
+    ids = {d["id"] for d in documents}
+    variants = [v for v in lines if v.get("variant_of") in ids]
+    holdout = tmp_path / "holdout.jsonl"
+    holdout.write_text("".join(json.dumps(d) + "\n" for d in documents + variants))
     result = CliRunner().invoke(
         app,
         [
@@ -237,7 +245,7 @@ def test_eval_scores_every_saving_and_writes_its_choice_into_the_config(real_mod
     # INT8 weights change the greedy outputs: measurably, not totally.
     assert 0.0 < tiers["small"]["rouge_l_vs_baseline"] < 1.0 and tiers["small"]["identical_share"] < 1.0
     assert tiers["small"]["cost_per_1k_usd"] < tiers["large"]["cost_per_1k_usd"]
-    assert report["holdout"]["documents"] == 10 and report["holdout"]["variants"] == 8
+    assert report["holdout"]["documents"] == 6 and report["holdout"]["variants"] == len(variants) > 0
     # Each output check's rate per tier with its interval, and the sampling knobs of configs/local.yaml
     # measured against none on the small tier.
     for section in tiers.values():
@@ -254,10 +262,9 @@ def test_eval_scores_every_saving_and_writes_its_choice_into_the_config(real_mod
     assert chosen["quality_kept"] >= 0.5 and chosen["cost_per_1k_usd"] <= routing["all_large"]["cost_per_1k_usd"]
     labels = (out / "labels.jsonl").read_text().splitlines()
     assert len(labels) == routing["train_documents"] + routing["test_documents"]
-    assert (
-        report["reuse"]["labelled"]["should_reuse"]["pairs"] + report["reuse"]["labelled"]["must_not_reuse"]["pairs"]
-        == 8
-    )
+    assert report["reuse"]["labelled"]["should_reuse"]["pairs"] + report["reuse"]["labelled"]["must_not_reuse"][
+        "pairs"
+    ] == len(variants)
     # The config now carries the chosen policy, and loads.
     from pipeline.config import load_config
 
