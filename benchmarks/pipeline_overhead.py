@@ -12,7 +12,16 @@ Many small files (issue 30): planning alone over folders of FILES one-document .
 200,000 by default), packed into partitions of `input.records_per_partition`: docs/s for each size (linear
 in the records when the two are close), the partitions they make and the seconds per planning step.
 
-Usage: python benchmarks/pipeline_overhead.py [DOCS] [--small-files 20000,200000] [--skip-end-to-end]
+The CPU side scaled out (issue 30): the same corpus run as an orchestrator runs it, each step's tasks
+(pipeline/job/orchestrate.py) on a pool of N processes, as Airflow's mapped tasks on N CPU slots: `prepare`
+per partition, one `drain` per tier (the fake engine; both tiers' at once when N >= 2, as their GPU workers
+run), `commit` per partition. Planning runs first in the parent with its own processes
+(`planning.workers`). The pool's processes are started and warm before the clock starts and live across
+tasks, so an Airflow task's start-up (seconds each) is not counted. Printed per N: each step's seconds and
+docs/s end to end (`--processes 1,2`).
+
+Usage: python benchmarks/pipeline_overhead.py [DOCS] [--small-files 20000,200000|0] [--skip-end-to-end]
+       [--processes 1,2]
 """
 
 from __future__ import annotations
@@ -50,27 +59,37 @@ def tiny_config(tmp: Path, records_per_partition: int):
     )
 
 
+PER_FILE = 10_000  # records per input file, and per partition
+
+
+def write_corpus(folder: Path, docs: int) -> list[str]:
+    """`docs` documents of about 2 KB in files of PER_FILE: 2,000 texts, each 50 times with its own "Reference <n>."
+    at the end (every document a near and semantic neighbour of 49 others, which the number guard refuses: the
+    dedup's worst case, nothing reused). The 2,000 texts."""
+    from pipeline.dev.samples import synthetic_document
+
+    rng = random.Random(5)
+    folder.mkdir(parents=True)
+    pool_of_texts = [synthetic_document(rng, 22) for _ in range(2000)]  # ~2 KB each
+    for f in range(0, docs, PER_FILE):
+        with open(folder / f"part-{f // PER_FILE:03d}.jsonl", "w") as out:
+            for i in range(f, min(docs, f + PER_FILE)):
+                text = pool_of_texts[i % len(pool_of_texts)] + f" Reference {i}."
+                out.write(json.dumps({"id": f"d{i}", "text": text, "tenant": f"t{i % 3}"}) + "\n")
+    return pool_of_texts
+
+
 def end_to_end(docs: int) -> None:
     from pipeline import run_job
-    from pipeline.dev.samples import synthetic_document
     from pipeline.generate.engine_api import load_tokenizer
     from pipeline.generate.requests import render_prompts, tokenize
 
-    rng = random.Random(5)
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
-        (tmp / "in").mkdir()
-        pool_of_texts = [synthetic_document(rng, 22) for _ in range(2000)]  # ~2 KB each
-        per_file = 10_000
-        n = 0
-        for f in range(0, docs, per_file):
-            with open(tmp / "in" / f"part-{f // per_file:03d}.jsonl", "w") as out:
-                for i in range(f, min(docs, f + per_file)):
-                    text = pool_of_texts[i % len(pool_of_texts)] + f" Reference {i}."
-                    out.write(json.dumps({"id": f"d{i}", "text": text, "tenant": f"t{i % 3}"}) + "\n")
-                    n += 1
+        pool_of_texts = write_corpus(tmp / "in", docs)
+        n = docs
         size = sum(p.stat().st_size for p in (tmp / "in").iterdir())
-        config = tiny_config(tmp, per_file)
+        config = tiny_config(tmp, PER_FILE)
         started = time.perf_counter()
         manifest = run_job(config, job_id="bench").manifest
         seconds = time.perf_counter() - started
@@ -101,6 +120,62 @@ def end_to_end(docs: int) -> None:
                 "outputs": manifest["counts"]["outputs"],
             },
         )
+
+
+def _warm(barrier) -> None:
+    import pipeline.job.orchestrate  # noqa: F401 (a task process's imports, paid before the clock starts)
+
+    barrier.wait()  # every process of the pool started and warm before the first task
+
+
+def _step(args):
+    """One task: (orchestrate function name, config, job id, argument)."""
+    from pipeline.job import orchestrate
+
+    name, config, job_id, arg = args
+    return getattr(orchestrate, name)(config, job_id, arg)
+
+
+def mapped(docs: int, processes: int) -> dict:
+    """The job as an orchestrator runs it: each step's tasks on a pool of `processes` processes."""
+    import multiprocessing
+
+    from pipeline.job import orchestrate
+    from pipeline.job.context import JobContext
+
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp = Path(tmp)
+        write_corpus(tmp / "in", docs)
+        config = tiny_config(tmp, PER_FILE)
+        context = multiprocessing.get_context("spawn")
+        barrier = context.Manager().Barrier(processes + 1)
+        with context.Pool(processes, initializer=_warm, initargs=(barrier,)) as pool:
+            barrier.wait()
+            seconds = {}
+            started = time.perf_counter()
+            partitions = orchestrate.staged_partitions(config, "bench")
+            seconds["plan"] = time.perf_counter() - started
+            for step, args in (
+                ("prepare", [("prepared_partition", config, "bench", p) for p in partitions]),
+                (
+                    "drain",
+                    [("drained_tier", config, "bench", t) for t in JobContext.open(config, "bench").drain_order()],
+                ),
+                ("commit", [("committed_partition", config, "bench", p) for p in partitions]),
+            ):
+                at = time.perf_counter()
+                pool.map(_step, args, chunksize=1)
+                seconds[step] = time.perf_counter() - at
+            total = time.perf_counter() - started
+        manifest = orchestrate.job_manifest(config, "bench")
+    return {
+        "processes": processes,
+        "partitions": len(partitions),
+        "seconds": round(total, 2),
+        "docs_per_second": round(docs / total),
+        "step_seconds": {k: round(v, 2) for k, v in seconds.items()},
+        "outputs": manifest["counts"]["outputs"],
+    }
 
 
 def small_files(files: int, records_per_partition: int = 10_000) -> dict:
@@ -135,25 +210,33 @@ def small_files(files: int, records_per_partition: int = 10_000) -> dict:
 
 
 if __name__ == "__main__":
+    import argparse
+
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
     from benchmarks.common import emit
 
-    args = sys.argv[1:]
-    sizes = [20_000, 200_000]
-    if "--small-files" in args:
-        i = args.index("--small-files")
-        sizes = [int(n) for n in args[i + 1].split(",")]
-        del args[i : i + 2]
-    skip = "--skip-end-to-end" in args
-    args = [a for a in args if a != "--skip-end-to-end"]
-    if not skip:
-        end_to_end(int(args[0]) if args else 100_000)
-    cases = [small_files(n) for n in sizes]
-    emit(
-        "pipeline_overhead_small_files",
-        {
-            "what": "planning alone (read, validate, key, dedup, stage) over one-document .txt files, packed",
-            "records_per_partition": 10_000,
-            "cases": cases,
-        },
-    )
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("docs", nargs="?", type=int, default=100_000)
+    parser.add_argument("--small-files", default="20000,200000", help="file counts; 0: none")
+    parser.add_argument("--skip-end-to-end", action="store_true")
+    parser.add_argument("--processes", default="", help="e.g. 1,2: the job's steps as tasks on N processes")
+    args = parser.parse_args()
+    if not args.skip_end_to_end:
+        end_to_end(args.docs)
+    processes = [int(n) for n in args.processes.split(",") if n]
+    if processes:
+        cases = [mapped(args.docs, n) for n in processes]
+        emit(
+            "pipeline_overhead_mapped",
+            {"documents": args.docs, "what": "each step's tasks on N processes", "cases": cases},
+        )
+    sizes = [int(n) for n in args.small_files.split(",") if int(n)]
+    if sizes:
+        emit(
+            "pipeline_overhead_small_files",
+            {
+                "what": "planning alone (read, validate, key, dedup, stage) over one-document .txt files, packed",
+                "records_per_partition": 10_000,
+                "cases": [small_files(n) for n in sizes],
+            },
+        )
