@@ -12,10 +12,9 @@ It is regular expressions and set look-ups only, fast enough to run on every out
 
 from __future__ import annotations
 
-import functools
 import re
 import zlib
-from functools import lru_cache
+from functools import cached_property, lru_cache
 
 from pipeline.dedup.guards import NUMBER
 
@@ -147,19 +146,19 @@ class _Document:
         self.text = text
         self.lowercase = text.lower()
 
-    @functools.cached_property
+    @cached_property
     def lowered(self) -> str:
         return " ".join(self.lowercase.split())
 
-    @functools.cached_property
+    @cached_property
     def tokens(self) -> list[str]:
         return _DOC_TOKEN.findall(self.lowercase)
 
-    @functools.cached_property
+    @cached_property
     def words(self) -> set[str]:
         return set(self.tokens) | {w.strip("'’-") for w in _WORD.findall(self.lowercase)}
 
-    @functools.cached_property
+    @cached_property
     def numbers(self) -> set[str]:
         numbers = {_number_key(n) for n in _NUMBER.findall(self.text)}
         numbers |= {_NUMBER_WORDS[w] for w in self.words & _NUMBER_WORDS.keys()}
@@ -167,17 +166,17 @@ class _Document:
         numbers |= {".".join(n.split(".")[:i]) for n in set(numbers) if "." in n for i in range(1, n.count(".") + 1)}
         return numbers
 
-    @functools.cached_property
+    @cached_property
     def months(self) -> set[int]:
         months = {_MONTH_OF[w] for w in self.words if w in _MONTH_OF}
         return months | {int(m) for _, m, _ in _DATES[0].findall(self.text) if 1 <= int(m) <= 12}  # ISO dates' months
 
-    @functools.cached_property
+    @cached_property
     def runs(self) -> str:
         """Its tokens joined by single spaces, padded: a run of words is in it iff it is in the text."""
         return f" {' '.join(self.tokens)} "
 
-    @functools.cached_property
+    @cached_property
     def topic_words(self) -> set[str]:
         """`topic_words` of the text, from its tokens: most are plain words, which need no regular expression,
         and a run of letters never spans two of them, unless the text holds one of the few letters of
