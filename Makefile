@@ -114,6 +114,7 @@ fuzz: install
 bench: models
 	$(PY) benchmarks/engine.py
 	$(PY) benchmarks/pipeline_overhead.py
+	$(PY) benchmarks/pipeline_overhead.py 20000 --skip-end-to-end --processes 1,2 --small-files 0
 	$(PY) benchmarks/reuse_quality.py
 	$(PY) benchmarks/cost_levers.py
 	$(PY) benchmarks/prefix_cache.py
