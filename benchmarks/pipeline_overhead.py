@@ -148,7 +148,7 @@ def mapped(docs: int, processes: int) -> dict:
         write_corpus(tmp / "in", docs)
         config = tiny_config(tmp, PER_FILE)
         context = multiprocessing.get_context("spawn")
-        barrier = context.Manager().Barrier(processes + 1)
+        barrier = context.Barrier(processes + 1)  # handed to each process as it starts
         with context.Pool(processes, initializer=_warm, initargs=(barrier,)) as pool:
             barrier.wait()
             seconds = {}
