@@ -147,6 +147,7 @@ class FakeEngine:
             self.tokenizer = load_tokenizer(tier.model)
         except Exception as e:
             raise EngineStartError(f"fake engine: cannot load the tokenizer of {tier.model}: {e}") from e
+        self.codec = _Codec(self.tokenizer)
         self.tier, self.fake = tier, tier.fake
         # The model by its folder's name: the same answers wherever the folder lies (a test session's tmp).
         self.model_name = Path(tier.model).expanduser().name or tier.model
@@ -254,19 +255,17 @@ class FakeEngine:
         seed = xxhash.xxh3_64_intdigest(json.dumps(request, separators=(",", ":")).encode())
         if sampling.json_schema is not None:
             text = json.dumps(instance(sampling.json_schema, seed), separators=(",", ":"))
-            ids = self.tokenizer.encode(text, add_special_tokens=False)
+            ids = self.codec.encode(text)
             wanted = len(ids)
         elif (seed >> 20) % 10_000 < self.fake.loop_share * 10_000:  # a loop runs to max_tokens
             wanted = max_tokens
-            ids = self.tokenizer.encode(
-                " ".join([WORDS[seed % len(WORDS)]] * (max_tokens + 8)), add_special_tokens=False
-            )
+            ids = self.codec.encode(" ".join([WORDS[seed % len(WORDS)]] * (max_tokens + 8)))
         else:
             wanted, vocabulary = self.fake.output_tokens or max_tokens, self.vocabulary(prompt)
-            ids = self.tokenizer.encode(words(seed, min(wanted, max_tokens) + 8, vocabulary), add_special_tokens=False)
+            ids = self.codec.encode(words(seed, min(wanted, max_tokens) + 8, vocabulary))
             while len(ids) < min(wanted, max_tokens):  # a tokenizer that merges words: draw more of them
                 seed = xxhash.xxh3_64_intdigest(str(seed).encode())
-                ids += self.tokenizer.encode(" " + words(seed, max_tokens, vocabulary), add_special_tokens=False)
+                ids += self.codec.encode(" " + words(seed, max_tokens, vocabulary))
         ids = ids[: min(wanted, max_tokens)]
         low, high = self.fake.mean_logprob
         logprob = low + (high - low) * ((seed >> 11) / 2**53)
@@ -276,7 +275,7 @@ class FakeEngine:
         """What an answer is drawn from: function words and up to len(WORDS) of the prompt's own words (4 letters
         or more, spread over their sorted list). So an answer talks about its document, as a summary does, and
         passes the `off_topic` check; its words come in random order, so it neither loops nor copies."""
-        found = sorted(set(_TOPIC.findall(self.tokenizer.decode(prompt).lower())))
+        found = sorted(set(_TOPIC.findall(self.codec.decode(prompt).lower())))
         return FILLER + tuple(found[:: max(1, math.ceil(len(found) / len(WORDS)))])
 
     def prefill(self, prompt: list[int], adapter: str | None) -> int:
@@ -299,7 +298,7 @@ class FakeEngine:
 
     def completion(self, r: _Request) -> Completion:
         return Completion(
-            text=self.tokenizer.decode(r.token_ids, skip_special_tokens=True),
+            text=self.codec.decode(r.token_ids, skip_special_tokens=True),
             prompt_tokens=len(r.prompt),
             cached_prompt_tokens=r.cached,
             output_tokens=len(r.token_ids),
@@ -307,6 +306,32 @@ class FakeEngine:
             token_ids=tuple(r.token_ids),
             mean_logprob=r.mean_logprob if r.token_ids else None,
         )
+
+
+class _Codec:
+    """The tokenizer's encode and decode without special tokens added; through its Rust tokenizer when that gives
+    the same ids and text (no padding, truncation or clean-up of spaces): the wrapper's checks of every id cost
+    more than the work, on every prompt the engine reads and every answer it writes."""
+
+    def __init__(self, tokenizer):
+        backend = getattr(tokenizer, "backend_tokenizer", None)
+        plain = (
+            backend is not None
+            and backend.padding is None
+            and backend.truncation is None
+            and not getattr(tokenizer, "clean_up_tokenization_spaces", False)
+        )
+        self.tokenizer, self.backend = tokenizer, backend if plain else None
+
+    def encode(self, text: str) -> list[int]:
+        if self.backend is None:
+            return self.tokenizer.encode(text, add_special_tokens=False)
+        return self.backend.encode(text, add_special_tokens=False).ids
+
+    def decode(self, ids, skip_special_tokens: bool = False) -> str:
+        if self.backend is None:
+            return self.tokenizer.decode(ids, skip_special_tokens=skip_special_tokens)
+        return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
 
 def words(seed: int, n: int, vocabulary: tuple[str, ...] = WORDS) -> str:

@@ -1,0 +1,31 @@
+"""The fake engine reads prompts and writes answers as the tier's tokenizer does (tests/engine holds it to vLLM)."""
+
+from __future__ import annotations
+
+import re
+
+from pipeline.config import SamplingConfig
+from pipeline.generate.engine_api import load_tokenizer
+from pipeline.generate.fake_engine import FILLER, FakeEngine
+
+TEXTS = [
+    "Quarterly revenue grew in every region; the board approved a larger budget for logistics.",
+    "Naïve café owners in Zürich reported déjà vu — 東京 offices opened, ✓ twice.\tTabs\nand  spaces.",
+    "<|bos|>Special tokens inside a document stay text: <|end|> audit</s><|im_end|>",
+]
+
+
+def test_answers_decode_and_draw_words_as_the_tokenizer_wrapper_does(make_config):
+    tier = make_config(engine="fake").tiers["small"]
+    engine, tokenizer = FakeEngine(tier), load_tokenizer(tier.model)
+    prompts = [tokenizer.encode(t, add_special_tokens=False) for t in TEXTS]
+    answers = engine.generate(prompts, [40] * len(prompts), SamplingConfig(temperature=0.0))
+    for prompt, answer in zip(prompts, answers):
+        assert answer.text == tokenizer.decode(list(answer.token_ids), skip_special_tokens=True)
+        assert (
+            list(answer.token_ids) == tokenizer.encode(answer.text, add_special_tokens=False)[: len(answer.token_ids)]
+        )
+        # Its words are the prompt's own (4 letters or more, as the wrapper decodes it) and filler words, as the
+        # last one perhaps cut at its token limit.
+        drawn = set(re.findall(r"[^\W\d_]{4,}", tokenizer.decode(prompt).lower())) | set(FILLER)
+        assert set(answer.text.split()[:-1]) <= drawn
