@@ -353,25 +353,26 @@ class TierWorker:
 
     def share(self, dt: float, progressed: list[Progressed]) -> None:
         """Share one busy interval among the requests in flight by the token weight of what it advanced."""
-        cost = self.config.cost
-        ids = list(self.flight)
-        weights = np.zeros(len(ids))
-        index = {rid: i for i, rid in enumerate(ids)}
+        prompt, cached, output, advanced = [], [], [], []
         for p in progressed:
             f = self.flight.get(p.request_id)
             if f is None:
                 continue
-            prompt = len(f.row["prompt_token_ids"])
-            cached = p.completion.cached_prompt_tokens if p.completion is not None else 0
-            w = token_weight(
-                [0 if f.seen else prompt], [0 if f.seen else cached], [p.output_tokens - f.row.get("_out", 0)], cost
-            )[0]
+            prompt.append(0 if f.seen else len(f.row["prompt_token_ids"]))
+            cached.append(0 if f.seen or p.completion is None else p.completion.cached_prompt_tokens)
+            output.append(p.output_tokens - f.row.get("_out", 0))
             f.seen, f.row["_out"] = True, p.output_tokens
-            weights[index[p.request_id]] = w
-        if weights.sum() <= 0:  # nothing visible advanced (a prefill in progress): share evenly
-            weights[:] = 1.0
-        for rid, share in zip(ids, weights / weights.sum()):
-            self.flight[rid].seconds += dt * share
+            advanced.append(f)
+        # One array operation a step, not one per request: a step advances every request in the batch.
+        weights = token_weight(prompt, cached, output, self.config.cost) if advanced else np.zeros(0)
+        total = weights.sum()
+        if total <= 0:  # nothing visible advanced (a prefill in progress): share evenly
+            each = dt / len(self.flight)
+            for f in self.flight.values():
+                f.seconds += each
+            return
+        for f, share in zip(advanced, weights / total):
+            f.seconds += dt * float(share)
 
     def record(self, finished: list[Progressed], gpus: int) -> None:
         """Price and store the requests that finished in one step; finish the units they complete."""
