@@ -14,7 +14,7 @@ wave after any other worker finished the last one, and deriving it twice gives t
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 
 import pyarrow as pa
 
@@ -52,7 +52,8 @@ class WaveState:
     shareable: int = 0  # prompt tokens prefix sharing could save
 
     def dumps(self) -> str:
-        return json.dumps(asdict(self), sort_keys=True)
+        # Its fields as they are, not `asdict`: that deep-copies every generation (documents included) first.
+        return json.dumps({f.name: getattr(self, f.name) for f in fields(self)}, sort_keys=True)
 
     @classmethod
     def loads(cls, text: str) -> WaveState:
