@@ -30,6 +30,7 @@ from datetime import datetime
 
 from sqlalchemy import BigInteger, DateTime, Float, Integer, String, Text, delete, func, select, true, update
 from sqlalchemy.dialects import postgresql, sqlite
+from sqlalchemy.engine import Row
 from sqlalchemy.orm import Mapped, mapped_column
 
 from pipeline.stores.catalog import DEFAULT_LEASE_SECONDS, Base, Item, JobRow, StateStore, aware
@@ -463,12 +464,14 @@ class UnitQueue:
                         .values(state=state, reason=reason, detail=detail)
                     )
 
-    def key_states(self, job_id: str, keys: list[str]) -> dict[str, UnitKey]:
+    def key_states(self, job_id: str, keys: list[str]) -> dict[str, Row]:
+        """key -> (state, reason, detail) of each key enqueued, as named rows: plain columns, not ORM objects
+        (a partition's wave asks for every one of its keys each time it checks whether the wave is in)."""
+        cols = (UnitKey.item_key, UnitKey.state, UnitKey.reason, UnitKey.detail)
         out = {}
         with self.session() as s:
             for chunk in in_chunks(keys):
-                for row in s.scalars(select(UnitKey).where(UnitKey.job_id == job_id, UnitKey.item_key.in_(chunk))):
-                    s.expunge(row)
+                for row in s.execute(select(*cols).where(UnitKey.job_id == job_id, UnitKey.item_key.in_(chunk))):
                     out[row.item_key] = row
         return out
 
