@@ -178,19 +178,7 @@ class _Document:
 
     @cached_property
     def topic_words(self) -> set[str]:
-        """`topic_words` of the text, from its tokens: most are plain words, which need no regular expression,
-        and a run of letters never spans two of them, unless the text holds one of the few letters of
-        `_LETTERS` that are not word characters (×, ÷, Greek and Cyrillic signs): then by the definition."""
-        if _LETTER_NOT_WORD.search(self.lowercase):
-            return topic_words(self.lowercase)
-        words = set()
-        for token in set(self.tokens):
-            if token.isascii() and token.isalpha():
-                if len(token) >= 4:
-                    words.add(token)
-            else:
-                words.update(_LETTERS.findall(token))
-        return {_stem(w) for w in words - _COMMON - _FRAMING}
+        return topic_words(self.lowercase)
 
     def has_word(self, word: str) -> bool:
         w = word.lower().strip("'’-&")
@@ -343,7 +331,6 @@ important different specific related based following given well also like make m
 _LETTER = r"[A-Za-z\u00C0-\u024F\u0370-\u03FF\u0400-\u04FF]"
 _LETTERS = re.compile(_LETTER + "{4,}")
 _STEM = 6  # letters kept of a stemmed word
-_LETTER_NOT_WORD = re.compile(r"(?!\w)" + _LETTER)  # one of those letters that is no word character (×, ÷)
 
 
 @lru_cache(maxsize=1 << 16)  # pure, and a corpus repeats its words: measured 4.2M calls per 20k outputs
