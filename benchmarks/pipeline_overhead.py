@@ -14,11 +14,11 @@ in the records when the two are close), the partitions they make and the seconds
 
 The CPU side scaled out (issue 30): the same corpus run as an orchestrator runs it, each step's tasks
 (pipeline/job/orchestrate.py) on a pool of N processes, as Airflow's mapped tasks on N CPU slots: `prepare`
-per partition, one `drain` per tier (the fake engine; both tiers' at once when N >= 2, as their GPU workers
-run), `commit` per partition. Planning runs first in the parent with its own processes
+per partition, N `drain` tasks per tier (`run.tier_workers: N`: N tier workers of the fake engine sharing the
+tier's units, the escalation tier's after the others, as N GPU hosts with a CPU each), `commit` per partition. Planning runs first in the parent with its own processes
 (`planning.workers`). The pool's processes are started and warm before the clock starts and live across
-tasks, so an Airflow task's start-up (seconds each) is not counted. Printed per N: each step's seconds and
-docs/s end to end (`--processes 1,2`).
+tasks, so an Airflow task's start-up (seconds each) is not counted. Printed per N: each step's seconds, each tier
+worker's units, requests and seconds, and docs/s end to end (`--processes 1,2`).
 
 Usage: python benchmarks/pipeline_overhead.py [DOCS] [--small-files 20000,200000|0] [--skip-end-to-end]
        [--processes 1,2]
@@ -129,15 +129,18 @@ def _warm(barrier) -> None:
 
 
 def _step(args):
-    """One task: (orchestrate function name, config, job id, argument)."""
+    """One task: (orchestrate function name, config, job id, argument); its result and its seconds."""
     from pipeline.job import orchestrate
 
     name, config, job_id, arg = args
-    return getattr(orchestrate, name)(config, job_id, arg)
+    started = time.perf_counter()
+    result = getattr(orchestrate, name)(config, job_id, arg)
+    return result, time.perf_counter() - started
 
 
 def mapped(docs: int, processes: int) -> dict:
-    """The job as an orchestrator runs it: each step's tasks on a pool of `processes` processes."""
+    """The job as an orchestrator runs it: each step's tasks on a pool of `processes` processes, with as many
+    tier workers per tier (`run.tier_workers`), as GPU hosts with a CPU each: they share their tier's units."""
     import multiprocessing
 
     from pipeline.job import orchestrate
@@ -151,7 +154,7 @@ def mapped(docs: int, processes: int) -> dict:
         barrier = context.Barrier(processes + 1)  # handed to each process as it starts
         with context.Pool(processes, initializer=_warm, initargs=(barrier,)) as pool:
             barrier.wait()
-            seconds = {}
+            seconds, drains = {}, []
             started = time.perf_counter()
             partitions = orchestrate.staged_partitions(config, "bench")
             seconds["plan"] = time.perf_counter() - started
@@ -159,13 +162,21 @@ def mapped(docs: int, processes: int) -> dict:
                 ("prepare", [("prepared_partition", config, "bench", p) for p in partitions]),
                 (
                     "drain",
-                    [("drained_tier", config, "bench", t) for t in JobContext.open(config, "bench").drain_order()],
+                    [
+                        ("drained_tier", config, "bench", t)
+                        for t in JobContext.open(config, "bench").drain_order()
+                        for _ in range(processes)
+                    ],
                 ),
                 ("commit", [("committed_partition", config, "bench", p) for p in partitions]),
             ):
                 at = time.perf_counter()
-                pool.map(_step, args, chunksize=1)
+                done = pool.map(_step, args, chunksize=1)
                 seconds[step] = time.perf_counter() - at
+                if step == "drain":
+                    drains = [
+                        {**{k: r[k] for k in ("tier", "units", "requests")}, "seconds": round(s, 2)} for r, s in done
+                    ]
             total = time.perf_counter() - started
         manifest = orchestrate.job_manifest(config, "bench")
     return {
@@ -174,6 +185,7 @@ def mapped(docs: int, processes: int) -> dict:
         "seconds": round(total, 2),
         "docs_per_second": round(docs / total),
         "step_seconds": {k: round(v, 2) for k, v in seconds.items()},
+        "tier_workers": drains,
         "outputs": manifest["counts"]["outputs"],
     }
 
