@@ -67,6 +67,29 @@ class Progressed:
 _PLAIN_TOKENIZERS = {None, "PreTrainedTokenizerFast", "TokenizersBackend"}
 
 
+def plain_backend(tokenizer):
+    """The tokenizer's Rust tokenizer when calling it directly gives the wrapper's ids and text: a wrapper that
+    overrides none of encoding and decoding, with no padding, truncation or clean-up of spaces (the wrapper's
+    checks of every id cost more than the work on every prompt). None otherwise: use the wrapper."""
+    from transformers import PreTrainedTokenizerFast
+
+    backend = getattr(tokenizer, "backend_tokenizer", None)
+    kind = type(tokenizer)
+    if (
+        backend is None
+        or not isinstance(tokenizer, PreTrainedTokenizerFast)
+        or any(getattr(kind, m) is not getattr(PreTrainedTokenizerFast, m) for m in _CODEC_METHODS)
+        or backend.padding is not None
+        or backend.truncation is not None
+        or getattr(tokenizer, "clean_up_tokenization_spaces", False)
+    ):
+        return None
+    return backend
+
+
+_CODEC_METHODS = ("encode", "_encode_plus", "decode", "_decode", "__call__")
+
+
 def load_tokenizer(model: str):
     """The tier's tokenizer (with its chat template). A plain tokenizer.json loads without
     `AutoTokenizer`, whose import pulls in torch and every model family (5 s, once per process,

@@ -42,7 +42,7 @@ from pathlib import Path
 import xxhash
 
 from pipeline.config import LOOP_KNOBS, SamplingConfig, TierConfig
-from pipeline.generate.engine_api import Completion, EngineStartError, Progressed, load_tokenizer
+from pipeline.generate.engine_api import Completion, EngineStartError, Progressed, load_tokenizer, plain_backend
 
 # Words the fake answers with: common English, so the tier's tokenizer splits them as it would real text.
 WORDS = (
@@ -309,19 +309,11 @@ class FakeEngine:
 
 
 class _Codec:
-    """The tokenizer's encode and decode without special tokens added; through its Rust tokenizer when that gives
-    the same ids and text (no padding, truncation or clean-up of spaces): the wrapper's checks of every id cost
-    more than the work, on every prompt the engine reads and every answer it writes."""
+    """The tokenizer's encode and decode without special tokens added, through its Rust tokenizer where that gives
+    the same ids and text (engine_api.plain_backend): on every prompt the engine reads and every answer it writes."""
 
     def __init__(self, tokenizer):
-        backend = getattr(tokenizer, "backend_tokenizer", None)
-        plain = (
-            backend is not None
-            and backend.padding is None
-            and backend.truncation is None
-            and not getattr(tokenizer, "clean_up_tokenization_spaces", False)
-        )
-        self.tokenizer, self.backend = tokenizer, backend if plain else None
+        self.tokenizer, self.backend = tokenizer, plain_backend(tokenizer)
 
     def encode(self, text: str) -> list[int]:
         if self.backend is None:

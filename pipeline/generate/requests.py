@@ -16,6 +16,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline.config import PromptConfig, RequestsConfig, SamplingConfig
+from pipeline.generate.engine_api import plain_backend
 from pipeline.ingest.batch import messages_for
 
 REQUESTS = pa.schema(
@@ -167,13 +168,8 @@ def tokenize(tokenizer: Tokenizer, texts: list[str]) -> list[list[int]]:
     """Token ids of already-rendered prompts (no special tokens added: the template has them)."""
     if not texts:
         return []
-    backend = getattr(tokenizer, "backend_tokenizer", None)
-    if (
-        backend is not None
-        and hasattr(backend, "encode_batch_fast")
-        and backend.padding is None
-        and backend.truncation is None
-    ):
+    backend = plain_backend(tokenizer)
+    if backend is not None and hasattr(backend, "encode_batch_fast"):
         # The Rust tokenizer without offsets: the same ids, about 30% faster than the Python wrapper.
         return [e.ids for e in backend.encode_batch_fast(texts, add_special_tokens=False)]
     return tokenizer(texts, add_special_tokens=False)["input_ids"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import re
 
 from pipeline.config import SamplingConfig
-from pipeline.generate.engine_api import load_tokenizer
+from pipeline.generate.engine_api import load_tokenizer, plain_backend
 from pipeline.generate.fake_engine import FILLER, FakeEngine
 
 TEXTS = [
@@ -18,6 +18,7 @@ TEXTS = [
 def test_answers_decode_and_draw_words_as_the_tokenizer_wrapper_does(make_config):
     tier = make_config(engine="fake").tiers["small"]
     engine, tokenizer = FakeEngine(tier), load_tokenizer(tier.model)
+    assert plain_backend(tokenizer) is not None  # the fast path is the one under test
     prompts = [tokenizer.encode(t, add_special_tokens=False) for t in TEXTS]
     answers = engine.generate(prompts, [40] * len(prompts), SamplingConfig(temperature=0.0))
     for prompt, answer in zip(prompts, answers):
