@@ -14,7 +14,7 @@ wave after any other worker finished the last one, and deriving it twice gives t
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 
 import pyarrow as pa
 
@@ -53,7 +53,7 @@ class WaveState:
 
     def dumps(self) -> str:
         # Its fields as they are, not `asdict`: that deep-copies every generation (documents included) first.
-        return json.dumps({f.name: getattr(self, f.name) for f in fields(self)}, sort_keys=True)
+        return json.dumps(vars(self), sort_keys=True)
 
     @classmethod
     def loads(cls, text: str) -> WaveState:

@@ -364,7 +364,7 @@ class TierWorker:
             f.seen, f.row["_out"] = True, p.output_tokens
             advanced.append(f)
         # One array operation a step, not one per request: a step advances every request in the batch.
-        weights = token_weight(prompt, cached, output, self.config.cost) if advanced else np.zeros(0)
+        weights = token_weight(prompt, cached, output, self.config.cost)
         total = weights.sum()
         if total <= 0:  # nothing visible advanced (a prefill in progress): share evenly
             each = dt / len(self.flight)
