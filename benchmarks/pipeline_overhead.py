@@ -14,8 +14,9 @@ in the records when the two are close), the partitions they make and the seconds
 
 The CPU side scaled out (issue 30): the same corpus run as an orchestrator runs it, each step's tasks
 (pipeline/job/orchestrate.py) on a pool of N processes, as Airflow's mapped tasks on N CPU slots: `prepare`
-per partition, N `drain` tasks per tier (`run.tier_workers: N`: N tier workers of the fake engine sharing the
-tier's units, the escalation tier's after the others, as N GPU hosts with a CPU each), `commit` per partition. Planning runs first in the parent with its own processes
+per partition, N `drain` tasks per tier (as `run.tier_workers: N` would run them: N tier workers of the fake
+engine sharing the tier's units, the escalation tier's after the others', as N GPU hosts with a CPU each),
+`commit` per partition. Planning runs first in the parent with its own processes
 (`planning.workers`). The pool's processes are started and warm before the clock starts and live across
 tasks, so an Airflow task's start-up (seconds each) is not counted. Printed per N: each step's seconds, each tier
 worker's units, requests and seconds, and docs/s end to end (`--processes 1,2`).
@@ -140,7 +141,7 @@ def _step(args):
 
 def mapped(docs: int, processes: int) -> dict:
     """The job as an orchestrator runs it: each step's tasks on a pool of `processes` processes, with as many
-    tier workers per tier (`run.tier_workers`), as GPU hosts with a CPU each: they share their tier's units."""
+    tier workers per tier (as `run.tier_workers` would), as GPU hosts with a CPU each: they share the tier's units."""
     import multiprocessing
 
     from pipeline.job import orchestrate
