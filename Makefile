@@ -124,7 +124,7 @@ bench: models
 	$(PY) benchmarks/planning_scale.py --documents 20000,100000 --workers 1,2 --reference
 	$(PY) benchmarks/planning_scale.py --documents 100000 --workers 2 --tenants 1 --shard-rows 25000 --reference
 	$(PY) benchmarks/batch_api.py 200
-	$(PY) benchmarks/nightly_delta.py 200
+	$(PY) benchmarks/nightly_delta.py 400
 	$(PY) benchmarks/hardware_projection.py
 	$(PIP) install --quiet faiss-cpu==1.15.1 usearch==2.26.6  # the libraries neighbours.py measures ours against
 	OMP_NUM_THREADS=2 $(PY) benchmarks/neighbours.py --rows 100000,1000000 --hnsw-max-rows 100000
