@@ -67,10 +67,15 @@ class Progressed:
 _PLAIN_TOKENIZERS = {None, "PreTrainedTokenizerFast", "TokenizersBackend"}
 
 
+# What a wrapper may override to encode or decode otherwise than its Rust tokenizer does.
+_CODEC_METHODS = ("encode", "_encode_plus", "decode", "_decode", "__call__")
+
+
 def plain_backend(tokenizer):
     """The tokenizer's Rust tokenizer when calling it directly gives the wrapper's ids and text: a wrapper that
-    overrides none of encoding and decoding, with no padding, truncation or clean-up of spaces (the wrapper's
-    checks of every id cost more than the work on every prompt). None otherwise: use the wrapper."""
+    overrides none of encoding and decoding, with no padding, truncation, splitting of special tokens (the
+    wrapper sets that on the Rust tokenizer at each call) or clean-up of spaces (the wrapper's checks of every id
+    cost more than the work on every prompt). None otherwise: use the wrapper."""
     from transformers import PreTrainedTokenizerFast
 
     backend = getattr(tokenizer, "backend_tokenizer", None)
@@ -81,13 +86,12 @@ def plain_backend(tokenizer):
         or any(getattr(kind, m) is not getattr(PreTrainedTokenizerFast, m) for m in _CODEC_METHODS)
         or backend.padding is not None
         or backend.truncation is not None
+        or getattr(tokenizer, "split_special_tokens", False)
+        or getattr(backend, "encode_special_tokens", False)
         or getattr(tokenizer, "clean_up_tokenization_spaces", False)
     ):
         return None
     return backend
-
-
-_CODEC_METHODS = ("encode", "_encode_plus", "decode", "_decode", "__call__")
 
 
 def load_tokenizer(model: str):

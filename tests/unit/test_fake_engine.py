@@ -30,3 +30,21 @@ def test_answers_decode_and_draw_words_as_the_tokenizer_wrapper_does(make_config
         # last one perhaps cut at its token limit.
         drawn = set(re.findall(r"[^\W\d_]{4,}", tokenizer.decode(prompt).lower())) | set(FILLER)
         assert set(answer.text.split()[:-1]) <= drawn
+
+
+def test_the_rust_tokenizer_is_called_directly_only_where_it_gives_the_wrappers_ids(make_config):
+    """Padding, truncation, special tokens split into pieces, or a wrapper that encodes or decodes in its own way:
+    the wrapper is used (the same prompt would otherwise get other ids than the ones checked and priced)."""
+    model = make_config(engine="fake").tiers["small"].model
+    assert plain_backend(load_tokenizer(model)) is not None
+
+    split = load_tokenizer(model)
+    split.split_special_tokens = True
+    padded = load_tokenizer(model)
+    padded.backend_tokenizer.enable_padding()
+    truncated = load_tokenizer(model)
+    truncated.backend_tokenizer.enable_truncation(8)
+    own = load_tokenizer(model)
+    own.__class__ = type("OwnDecode", (type(own),), {"_decode": lambda self, ids, **kw: "x"})
+    for tokenizer in (split, padded, truncated, own):
+        assert plain_backend(tokenizer) is None
