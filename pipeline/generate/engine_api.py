@@ -72,10 +72,10 @@ _CODEC_METHODS = ("encode", "_encode_plus", "decode", "_decode", "__call__")
 
 
 def plain_backend(tokenizer):
-    """The tokenizer's Rust tokenizer when calling it directly gives the wrapper's ids and text: a wrapper that
-    overrides none of encoding and decoding, with no padding, truncation, splitting of special tokens (the
-    wrapper sets that on the Rust tokenizer at each call) or clean-up of spaces (the wrapper's checks of every id
-    cost more than the work on every prompt). None otherwise: use the wrapper."""
+    """The tokenizer's Rust tokenizer, to call directly (the wrapper's checks of every id cost more than the work,
+    on every prompt), where that gives the wrapper's ids and text: a wrapper that overrides none of encoding and
+    decoding, with no padding, truncation, splitting of special tokens (the wrapper sets that on the Rust
+    tokenizer at each call) or clean-up of spaces. None otherwise: use the wrapper."""
     from transformers import PreTrainedTokenizerFast
 
     backend = getattr(tokenizer, "backend_tokenizer", None)
