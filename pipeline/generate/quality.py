@@ -146,6 +146,11 @@ class _Document:
         self.text = text
         self.lowercase = text.lower()
 
+    @classmethod
+    def of(cls, document: str | _Document) -> _Document:
+        """The document as read for the checks: as given when `measure` has read it already, else read now."""
+        return document if isinstance(document, _Document) else cls(document)
+
     @cached_property
     def lowered(self) -> str:
         return " ".join(self.lowercase.split())
@@ -271,7 +276,7 @@ def _without_headings(text: str) -> str:
 
 def unfaithful_terms(summary: str, document: str | _Document) -> list[str]:
     """Sorted unique numbers, dates and capitalised names that `summary` states and `document` lacks."""
-    doc = document if isinstance(document, _Document) else _Document(document)
+    doc = _Document.of(document)
     flagged: set[str] = set()
     rest = _check_dates(summary, doc, flagged)
     rest = _blank(_STRUCTURE_COUNT, _blank(_LIST_MARKER, rest))
@@ -311,7 +316,7 @@ def copied_share(summary: str, document: str | _Document) -> float:
     runs = {" ".join(words[i : i + _SHINGLE]) for i in range(len(words) - _SHINGLE + 1)}
     if not runs:
         return 0.0
-    doc = document if isinstance(document, _Document) else _Document(document)
+    doc = _Document.of(document)
     # A substring search in the document's words (C speed), not a set of all its runs built per output.
     return sum(f" {run} " in doc.runs for run in runs) / len(runs)
 
@@ -328,8 +333,7 @@ important different specific related based following given well also like make m
 )
 # Words of scripts that separate words with spaces (Latin, Greek, Cyrillic): a text in another script (Chinese,
 # Japanese, Thai) has no topic words here, so the check does not judge it rather than judge it wrong.
-_LETTER = r"[A-Za-z\u00C0-\u024F\u0370-\u03FF\u0400-\u04FF]"
-_LETTERS = re.compile(_LETTER + "{4,}")
+_LETTERS = re.compile(r"[A-Za-z\u00C0-\u024F\u0370-\u03FF\u0400-\u04FF]{4,}")
 _STEM = 6  # letters kept of a stemmed word
 
 
@@ -358,7 +362,7 @@ def topic_overlap(summary: str, document: str | _Document) -> float:
     words = topic_words(summary)
     if not words:
         return 1.0
-    doc = document if isinstance(document, _Document) else _Document(document)
+    doc = _Document.of(document)
     return len(words & doc.topic_words) / len(words)
 
 
