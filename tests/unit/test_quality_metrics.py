@@ -240,7 +240,8 @@ def test_a_summary_in_a_script_without_spaces_is_not_judged_off_topic():
     assert failed_checks({"summary": summary, "topic_overlap": topic_overlap(summary, doc)}, ChecksConfig()) == []
 
 
-# The checks read a document once (`measure`), by faster means than their definitions: held to the definitions.
+# The checks read a document once (`measure`), copied runs by a faster means than their definition (a substring
+# search): every measure held to its definition, through `measure` and alone.
 _WORDS = ["gzip", "files", "code", "Lempel", "Ziv", "compressing", "the", "über", "Москва", "漢字", "ab_cd", "v1.2"]
 # Letters that are no word characters, and case folding that changes a text's length.
 _WORDS += ["2024", "width×height", "İstanbul", "straße", "it’s", "είναι\u037eαθηνα", "abc÷defg"]
