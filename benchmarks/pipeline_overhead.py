@@ -88,7 +88,6 @@ def end_to_end(docs: int) -> None:
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
         pool_of_texts = write_corpus(tmp / "in", docs)
-        n = docs
         size = sum(p.stat().st_size for p in (tmp / "in").iterdir())
         config = tiny_config(tmp, PER_FILE)
         started = time.perf_counter()
@@ -99,7 +98,7 @@ def end_to_end(docs: int) -> None:
         # The ceiling set by exact prompt tokenisation: the same prompts rendered and tokenised alone.
         tier = config.largest_tier
         tokenizer = load_tokenizer(config.tiers[tier].model)
-        sample = [pool_of_texts[i % len(pool_of_texts)] + f" Reference {i}." for i in range(min(n, 20_000))]
+        sample = [pool_of_texts[i % len(pool_of_texts)] + f" Reference {i}." for i in range(min(docs, 20_000))]
         started = time.perf_counter()
         tokenize(tokenizer, render_prompts(tokenizer, sample, config.prompt))
         tokenise_rate = len(sample) / (time.perf_counter() - started)
@@ -107,10 +106,10 @@ def end_to_end(docs: int) -> None:
             "pipeline_overhead",
             {
                 "engine": "fake (no inference)",
-                "documents": n,
+                "documents": docs,
                 "input_mb": round(size / 1e6, 1),
                 "seconds": round(seconds, 2),
-                "docs_per_second": round(n / seconds),
+                "docs_per_second": round(docs / seconds),
                 "target_docs_per_second": 5000,
                 "staging_seconds (read, validate, dedup, route, write staged partitions)": staging_s,
                 "partition_seconds (lookup, tokenise, store, price, write)": round(part_s, 2),
@@ -155,7 +154,7 @@ def mapped(docs: int, processes: int) -> dict:
         barrier = context.Barrier(processes + 1)  # handed to each process as it starts
         with context.Pool(processes, initializer=_warm, initargs=(barrier,)) as pool:
             barrier.wait()
-            seconds, drains = {}, []
+            seconds, results = {}, {}
             started = time.perf_counter()
             partitions = orchestrate.staged_partitions(config, "bench")
             seconds["plan"] = time.perf_counter() - started
@@ -172,12 +171,8 @@ def mapped(docs: int, processes: int) -> dict:
                 ("commit", [("committed_partition", config, "bench", p) for p in partitions]),
             ):
                 at = time.perf_counter()
-                done = pool.map(_step, args, chunksize=1)
+                results[step] = pool.map(_step, args, chunksize=1)
                 seconds[step] = time.perf_counter() - at
-                if step == "drain":
-                    drains = [
-                        {**{k: r[k] for k in ("tier", "units", "requests")}, "seconds": round(s, 2)} for r, s in done
-                    ]
             total = time.perf_counter() - started
         manifest = orchestrate.job_manifest(config, "bench")
     return {
@@ -186,7 +181,9 @@ def mapped(docs: int, processes: int) -> dict:
         "seconds": round(total, 2),
         "docs_per_second": round(docs / total),
         "step_seconds": {k: round(v, 2) for k, v in seconds.items()},
-        "tier_workers": drains,
+        "tier_workers": [
+            {**{k: r[k] for k in ("tier", "units", "requests")}, "seconds": round(s, 2)} for r, s in results["drain"]
+        ],
         "outputs": manifest["counts"]["outputs"],
     }
 
