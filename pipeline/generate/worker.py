@@ -187,8 +187,14 @@ class TierWorker:
     def drain(self) -> WorkerReport:
         self.report = report = WorkerReport(self.tier)
         # The engine starts only once there is a unit to run: a tier waiting for escalations holds no GPU.
-        while not self.claimable():
-            if not self.job.more_may_come():
+        while True:
+            # Asked first, then the queue: a feeder finishes its unit only after enqueueing what it escalates, so
+            # once none is seen unfinished, every unit it will ever send is claimable by then. The other order
+            # loses a unit enqueued between the two questions (the feeder done, this tier's queue seen empty).
+            more = self.job.more_may_come()
+            if self.claimable():
+                break
+            if not more:
                 return report  # nothing for this tier: no engine start, no session
             time.sleep(self.config.state.wait_seconds)
         engine = self.open_session()
