@@ -206,7 +206,9 @@ def charge_description(row: dict, basis: str) -> str:
         "unfinished": f"GPU time on {engine} for a request its stopped job left unanswered",
     }.get(row["kind"])
     if what is None:
-        if row["source"] not in (None, "generated"):
+        if (
+            row["source"] not in (None, "generated") and not row["gpu_seconds"]
+        ):  # a reused output's paid attempt has time
             return f"Summary reused ({row['source']}) from an earlier generation on {engine}: no GPU time"
         what = f"GPU time on {engine} that generated a summary"
     time_share = "busy time only" if basis == "usage" else "busy time and its share of engine start-up and idle"

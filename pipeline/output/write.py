@@ -149,9 +149,12 @@ def assemble_results(
             if item is None:
                 continue
         first = paid[0]
-        source, source_id, source_job, similarity = record_source(row, first)
+        # The source names what made the served output (an escalation or retry made here after a cache hit
+        # is generated); what the record pays follows who made its first attempt.
+        source, source_id, source_job, similarity = record_source(row, item)
         generated = source == "generated"
-        charged, costs = record_costs(row["id"], outcome, generated, config, overhead_ratio)
+        first_here = record_source(row, first)[0] == "generated"
+        charged, costs = record_costs(row["id"], outcome, first_here, config, overhead_ratio)
         if refusal and not charged:
             continue  # a copy of an invalid output: quarantined, paid nothing
         values = {
@@ -176,7 +179,7 @@ def assemble_results(
             **check_flags(item, config, bool(refusal)),
             "chunks": first.get("chunks") or 0,
             "source_job": source_job or (None if generated else job_id),
-            "cache_status": first.get("cache_status") if generated or first.get("origin") == "cache" else None,
+            "cache_status": item.get("cache_status") if generated or item.get("origin") == "cache" else None,
             "kind": "invalid_output" if refusal else "output",
             "quarantined": bool(refusal),
             **costs,

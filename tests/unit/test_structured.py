@@ -113,6 +113,9 @@ def test_a_record_whose_escalation_the_cache_served_pays_its_first_attempt_at_it
     assert outputs["summary"].to_pylist() == ["sure"] and row["escalated"] and row["attempts"] == 1
     small = config.tiers["small"].price_per_gpu_hour
     assert row["price_per_gpu_hour"] == small and row["cost_usd"] == pytest.approx(2.0 * small / 3600)
+    assert (row["source"], row["source_id"], row["source_job"]) == ("cache_exact", "r0", "earlier"), (
+        "the source names what made the served output: the cache"
+    )
 
 
 @pytest.mark.parametrize("quarantine", [[], ["degenerate"]])
@@ -160,6 +163,7 @@ def test_an_escalation_generated_here_for_a_record_the_cache_served_first_is_pai
         "gpu_seconds": 2.0,
         "origin": None,
         "saved_usd": None,
+        "cache_status": "miss",
     }
     records = pa.table(
         {
@@ -189,3 +193,9 @@ def test_an_escalation_generated_here_for_a_record_the_cache_served_first_is_pai
     assert row["degenerate"] and not row["acceptable"]
     assert (outputs.num_rows, quarantined.num_rows) == ((0, 1) if quarantine else (1, 0))
     assert row["quarantined"] == bool(quarantine)
+    assert (row["source"], row["source_id"], row["source_job"], row["cache_status"]) == (
+        "generated",
+        None,
+        None,
+        "miss",
+    ), "the served output was generated here, not taken from the cache"
