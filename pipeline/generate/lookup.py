@@ -61,12 +61,25 @@ class ItemLookup:
     def store_cache_hits(self, partition: str, lookers: dict[str, dict]) -> dict[str, dict]:
         """Exact cache hits for `lookers` (key -> the generation or record asking: id, tenant, scope), stored as
         this job's items so reruns see them; returns them by key."""
+        return self.store_hits(partition, self.cache_hits(lookers))
+
+    def cache_hits(self, lookers: dict[str, dict]) -> dict[str, dict]:
+        """Exact cache hits for `lookers`, not stored: key -> {"value": the cache's value, "looker": who asked
+        (id, tenant, scope)}, plain JSON, to be stored later by `store_hits`."""
         if not lookers or not self.cache_enabled:
             return {}
         hits = self.cache.get_scoped({k: v["scope"] for k, v in lookers.items()})
-        found = cached_items(hits, lookers, partition, now()) if hits else {}
-        if found:
-            self.state.store_items(self.job_id, found)
+        return {
+            k: {"value": v, "looker": {f: lookers[k][f] for f in ("id", "tenant", "scope")}} for k, v in hits.items()
+        }
+
+    def store_hits(self, partition: str, hits: dict[str, dict]) -> dict[str, dict]:
+        """Store cache hits found by `cache_hits` as this job's items (a key stored first keeps its value)."""
+        if not hits:
+            return {}
+        lookers = {k: h["looker"] for k, h in hits.items()}
+        found = cached_items({k: h["value"] for k, h in hits.items()}, lookers, partition, now())
+        self.state.store_items(self.job_id, found)
         return found
 
     def reference_outputs(self, records: pa.Table, items: dict[str, dict]) -> dict[str, str]:

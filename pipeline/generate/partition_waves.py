@@ -9,7 +9,8 @@ A partition's wave state lives in the staging area, its wave number, the token o
 that stands and its generation status (generating | generated | failed) in its catalog row. Workers
 racing to derive the same wave may derive different ones (one found a follow-up in the reuse cache,
 the other did not): each writes its files under a token of its own, one compare-and-set in the
-catalog takes one token with the wave, and only its taker enqueues the wave's keys.
+catalog takes one token with the wave, and only its taker enqueues the wave's keys. Cache hits a
+derivation found are in its state and stored once it stands, so a derivation that lost stores nothing.
 """
 
 from __future__ import annotations
@@ -109,7 +110,7 @@ class PartitionWaves:
         Keys it owns that its partition's current wave does not request (enqueued by a prepare that a later
         prepare superseded, or by a wave of a partition that failed since) are given up: their rows are
         deleted, so a partition waiting on one finds it unowned and enqueues it itself. Keys whose item is
-        stored already (by a derivation that lost its race after storing cache hits) are done, not run."""
+        stored already (a unit taken over after its worker stored them) are done, not run."""
         p = self.state.partition(self.job_id, unit.partition)
         owned = self.queue.owned_keys(self.job_id, unit.unit_id)
         if p is None or p.generation != "generating" or p.wave != unit.wave:
@@ -142,6 +143,10 @@ class PartitionWaves:
                 return  # still generating (here, or in the partition that enqueued the key first)
             records = self.staging.records(partition)
             items = self.lookup.stored(partition_keys(records, state))
+            unstored = {k: h for k, h in state.hits.items() if k not in items}
+            if unstored:  # the standing derivation's cache hits (its taker may have died before storing them)
+                self.lookup.store_hits(partition, unstored)
+                items = self.lookup.stored(partition_keys(records, state))
             failures = {k: (v.reason, v.detail) for k, v in keys.items() if v.state == "failed" and k not in items}
             rows = self.planner(partition).next(state, records, items, failures)
             token = self.write(partition, state, rows or [])
@@ -155,7 +160,8 @@ class PartitionWaves:
                 return  # another worker's derivation of this wave was taken first: its files are the wave
             if rows is None:
                 return
-            self.enqueue(partition, state.wave, rows)
+            if rows:
+                self.enqueue(partition, state.wave, rows)
 
     def still_generating(self, partition: str) -> bool:
         """True while the partition's generation can still move: after deriving what it can, it is generating

@@ -3,8 +3,8 @@
 Wave 0 is the partition's prepared requests, plus the chunks of documents too long for the context
 (map). When every key a wave waits for is in (stored by a tier worker, or failed), the next wave is
 derived from what is stored: the summary of a long document's chunk summaries (reduce), schema
-retries and escalations (followup.next_attempt); follow-ups found in the cache are stored and not
-run. The partition is generated when a wave derives nothing.
+retries and escalations (followup.next_attempt); follow-ups found in the cache are not run: the
+derivation the catalog takes stores them. The partition is generated when a wave derives nothing.
 
 The planner is pure over its inputs (records, stored items, key failures) and a small state that
 the job keeps in its staging area between waves (`WaveState`), so any worker can derive the next
@@ -35,8 +35,8 @@ from pipeline.keys import chunk_keys
 from pipeline.schema import GENERATION
 
 # A partition needs at most: the base wave (with chunk maps); reduces; schema retries; escalations;
-# escalations of outputs that arrived late (a reduce or a retry); and one to spare.
-MAX_WAVES = 6
+# escalations of outputs that arrived late (a reduce or a retry); a wave of cache hits only; and one to spare.
+MAX_WAVES = 7
 
 
 @dataclass
@@ -49,6 +49,9 @@ class WaveState:
     tried: list[str] = field(default_factory=list)  # follow-up keys already asked for
     failed: dict[str, list] = field(default_factory=dict)  # key -> [reason, detail, record id]
     waiting: list[str] = field(default_factory=list)  # keys the current wave waits for
+    # Follow-ups found in the cache (key -> cache value and who asked): stored as items only once the catalog
+    # took this derivation, so a derivation that loses its race stores nothing.
+    hits: dict[str, dict] = field(default_factory=dict)
     shareable: int = 0  # prompt tokens prefix sharing could save
 
     def dumps(self) -> str:
@@ -103,10 +106,14 @@ class WavePlanner:
             state.failed.setdefault(key, [reason, detail, record_id(gen) if gen else ""])
         if state.wave + 1 >= MAX_WAVES:
             return None
+        hits_before = len(state.hits)
         generations = self.reduces(state, items) + self.followups(state, records, items)
-        if not generations:
+        if not generations and len(state.hits) == hits_before:
             return None
-        state.wave += 1
+        state.wave += 1  # (a wave of cache hits only waits for nothing: the next derivation stores them first)
+        if not generations:
+            state.waiting = []
+            return []
         state.known.update({u["item_key"]: u for u in generations if not is_chunk(u)})
         requests, too_long = engine_requests(_table(generations), self.config, self.pool)
         return self.wave_requests(state, {u["id"]: u for u in generations}, requests, too_long)
@@ -172,8 +179,8 @@ class WavePlanner:
         return out
 
     def followups(self, state: WaveState, records: pa.Table, items: dict[str, dict]) -> list[dict]:
-        """Generations for the next attempt records need: schema retries and escalations (cache hits: stored,
-        not run)."""
+        """Generations for the next attempt records need: schema retries and escalations (cache hits: kept in
+        `state.hits`, not run)."""
         wanted = {}
         for key in sorted(set(effective_keys(records))):
             attempt = next_attempt(key, items, self.config)
@@ -188,7 +195,8 @@ class WavePlanner:
                 gen = found[0]
             wanted[target] = {**gen, "item_key": target, **changes}
             state.tried.append(target)
-        found = self.lookup.store_cache_hits(self.partition, wanted)
+        found = self.lookup.cache_hits(wanted)
+        state.hits.update(found)
         return [u for k, u in wanted.items() if k not in found]
 
 

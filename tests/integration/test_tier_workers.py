@@ -275,10 +275,11 @@ def test_workers_deriving_one_wave_at_once_enqueue_only_the_wave_that_stands(mak
     assert_exactly_once(tmp_path / "output", "race", sample_corpus[1], tmp_path / "state.db")
 
 
-def test_a_derivation_that_lost_after_storing_cache_hits_costs_nothing_again(make_config, sample_corpus, tmp_path):
-    """The other order (review of issue 31's fix): the worker that found the escalations in the cache stores
-    them, then loses the race to one that could not reach the cache and enqueued them to run. Stored keys
-    are done when their unit starts, not generated and paid a second time."""
+def test_a_derivation_that_lost_its_race_stores_nothing(make_config, sample_corpus, tmp_path):
+    """The other order: the worker that found the escalations in the cache loses the race to one that could
+    not reach the cache and enqueued them to run. It stored its cache hits before its compare-and-set, so the
+    wave that stood was half another derivation's. Now the loser stores nothing: the partition's escalations
+    are the standing wave's, generated and paid once, and the ledger still adds up."""
     from pipeline.job.context import JobContext
 
     config, no_cache = make_config(**ESCALATE_ALL), make_config(**ESCALATE_ALL, cache__enabled=False)
@@ -292,12 +293,17 @@ def test_a_derivation_that_lost_after_storing_cache_hits_costs_nothing_again(mak
         units = c.execute(
             "select count(*) from work_units where job_id='race' and partition=? and wave = 1", raced
         ).fetchone()[0]
-        busy = c.execute(
-            "select coalesce(sum(busy_seconds), 0) from engine_sessions where job_id='race' and tier='large'"
-        ).fetchone()[0]
+        origins = [
+            o
+            for (o,) in c.execute(
+                "select origin from items where job_id='race' and partition=? and tier='large'", raced
+            )
+        ]
     assert units > 0, "the winner's escalations were enqueued"
-    assert busy == 0, "and found stored: none generated again (a second generation is not stored, only paid)"
+    assert origins and set(origins) == {None}, "the losing derivation stored its cache hits"
     assert_exactly_once(tmp_path / "output", "race", sample_corpus[1], tmp_path / "state.db")
+    ledger = read_kind(tmp_path / "output", "ledger", "race")
+    assert pc.sum(ledger["gpu_seconds"]).as_py() == pytest.approx(held_gpu_seconds(tmp_path / "state.db", "race"))
 
 
 def test_a_session_that_generated_nothing_is_charged_once_whole(make_config, tmp_path):
