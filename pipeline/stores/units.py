@@ -28,7 +28,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import datetime
 
-from sqlalchemy import BigInteger, DateTime, Float, Integer, String, Text, delete, func, select, true, update
+from sqlalchemy import BigInteger, DateTime, Float, Integer, String, Text, delete, func, or_, select, true, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Row
 from sqlalchemy.orm import Mapped, mapped_column
@@ -268,8 +268,17 @@ class UnitQueue:
             return set(self._owned(s, job_id, uid))
 
     def withdraw(self, job_id: str, partition: str) -> int:
-        """Remove a partition's units no worker holds (pending or deferred) and free their keys, so that
-        preparing it again starts over; units a worker holds finish, and their keys stay theirs."""
+        """Remove a partition's units no live worker holds (pending, deferred, or leased by a worker that is
+        provably gone or whose lease ran out) and free their keys, so that preparing it again starts over and
+        an ended partition leaves no unit to claim; units a live worker holds finish, and their keys stay
+        theirs. (A dead worker's claims stay in `unit_claims`: its lost work is still charged.)"""
+        t = self.state.db_now()
+        dead = [
+            self._unit(job_id, u.unit_id) & UNIT_LEASE.fenced(u.epoch, u.worker)
+            for u in self.units(job_id, partition)
+            if u.status == "leased" and worker_is_gone(u.worker)
+        ]
+        nobody = WorkUnit.status.in_(("pending", "deferred")) | ((WorkUnit.status == "leased") & UNIT_LEASE.expired(t))
         with self.session() as s, s.begin():
             gone = list(
                 s.scalars(
@@ -277,7 +286,7 @@ class UnitQueue:
                     .where(
                         WorkUnit.job_id == job_id,
                         WorkUnit.partition == partition,
-                        WorkUnit.status.in_(("pending", "deferred")),
+                        or_(nobody, *((WorkUnit.status == "leased") & d for d in dead)),
                     )
                     .returning(WorkUnit.unit_id)
                 )
