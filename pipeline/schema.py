@@ -162,7 +162,10 @@ LEDGER = pa.schema(
         ("price_per_gpu_hour", pa.float64()),
         ("cost_usd", pa.float64()),
         ("baseline_cost_usd", pa.float64()),  # same item, no dedup and no cache, on the largest tier
-        ("saved_cost_usd", pa.float64()),  # reused items: what the generation they reuse cost; else 0
+        (
+            "saved_cost_usd",
+            pa.float64(),
+        ),  # reused items: what the generation they reuse cost; generated: what the cache served of it
         ("quarantined", pa.bool_()),  # paid, but the output broke sampling.json_schema: no output row, a quarantine row
         (
             "kind",

@@ -1,7 +1,7 @@
 """Generation waves: what a partition asks of the tier workers, one wave at a time.
 
 Wave 0 is the partition's prepared requests, plus the chunks of documents too long for the context
-(map). When every key a wave waits for is in (stored by a tier worker, or failed), the next wave is
+(map; chunk summaries the cache holds are not run). When every key a wave waits for is in (stored by a tier worker, or failed), the next wave is
 derived from what is stored: the summary of a long document's chunk summaries (reduce), schema
 retries and escalations (followup.next_attempt); follow-ups found in the cache are not run: the
 derivation the catalog takes stores them. The partition is generated when a wave derives nothing.
@@ -123,6 +123,10 @@ class WavePlanner:
     ) -> list[dict]:
         """Request rows (with `generation`: what they generate) of one wave, chunks of the too-long included."""
         chunks = self.split_too_long(state, too_long, by_id)
+        if chunks:  # chunk summaries are looked up like any other key: a document seen before pays none again
+            found = self.lookup.cache_hits({u["item_key"]: {**u, "id": record_id(u)} for u in chunks})
+            state.hits.update(found)
+            chunks = [u for u in chunks if u["item_key"] not in found]
         rows = [{**r, "generation": by_id[r["id"]]} for r in requests.to_pylist()]
         state.shareable += sum(r["shareable_tokens"] or 0 for r in rows)
         if chunks:

@@ -105,7 +105,7 @@ def record_costs(
         "price_per_gpu_hour": paid_price(config, fresh, item, cost, busy + overhead),
         "cost_usd": cost,
         "baseline_cost_usd": baseline * config.tiers[config.largest_tier].price_per_gpu_hour / 3600.0,
-        "saved_cost_usd": 0.0 if generated else made_usd - cost,
+        "saved_cost_usd": made_usd - cost,  # a generated row's: what the cache served of it (chunk summaries)
     }
 
 

@@ -225,3 +225,35 @@ def test_a_job_is_not_continued_under_other_tenant_isolation(make_config, tmp_pa
         run_job(make_config(), job_id="iso", partitions=[next(iter(first["partitions"]))])  # a forced rerun too
     with pytest.raises(JobError, match="new job id"):
         run_job(make_config(), job_id="iso")
+
+
+def test_a_long_document_seen_before_pays_nothing_for_its_chunk_summaries(make_config, tmp_path):
+    """Chunk summaries were never looked up in the cache: a long document whose first job stopped after its
+    chunks (here: its reduce step failed) paid for every chunk again in the next job. Now chunk keys are
+    looked up like any other key: the next job pays for the reduce alone."""
+    import sqlite3
+
+    from pipeline.job import faults
+
+    write_jsonl(tmp_path / "input" / "a.jsonl", [{"id": "long", "tenant": "acme", "text": REPORT * 40}])
+    config = make_config()
+    writes = []
+
+    def fail_the_reduce(point, job_id, partition):
+        if point == "wave_written" and job_id == "first":
+            writes.append(partition)
+            if len(writes) == 2:  # wave 0 (the chunks) ran; the reduce is derived
+                raise OSError("worker lost before the reduce")
+
+    with faults.inject(fail_the_reduce), pytest.raises(Exception, match="1 of"):
+        run_job(config, job_id="first")
+    m = run_job(config, job_id="second").manifest
+    with sqlite3.connect(tmp_path / "state.db") as c:
+        origins = dict(
+            c.execute("select coalesce(origin, 'generated'), count(*) from items where job_id='second' group by 1")
+        )
+        chunks_first = c.execute("select count(*) from items where job_id='first'").fetchone()[0]
+    assert chunks_first > 1 and origins == {"cache": chunks_first, "generated": 1}, (chunks_first, origins)
+    (row,) = read_kind(tmp_path / "output", "ledger", "second").to_pylist()
+    assert row["source"] == "generated" and row["chunks"] == chunks_first and row["attempts"] == 1
+    assert m["cost"]["cost_usd"] == pytest.approx(row["cost_usd"]) and row["saved_cost_usd"] > 0
