@@ -128,6 +128,38 @@ class Item(Base):
     session_id: Mapped[str | None] = mapped_column(String(200), nullable=True)  # engine session (units.py)
 
 
+class SpentTotal(Base):
+    """GPU-seconds a job has paid per tenant and tier (its stored items and failed attempts): a running total
+    that the statements storing them add to, so that admission under a budget cap reads a row per tenant and
+    tier, not every item of the job, while it holds the job row's lock."""
+
+    __tablename__ = "budget_spent"
+
+    job_id: Mapped[str] = mapped_column(String(200), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(200), primary_key=True)  # "" for GPU time of no tenant
+    tier: Mapped[str] = mapped_column(String(100), primary_key=True)
+    gpu_seconds: Mapped[float] = mapped_column(Float)
+
+
+def add_spent(s: Session, job_id: str, paid: list[tuple[str | None, str, float | None]]) -> None:
+    """Add (tenant, tier, GPU-seconds) rows just inserted to the job's running totals, in the caller's
+    transaction (in a fixed order: two workers storing at once never wait on each other crosswise)."""
+    totals: dict[tuple[str, str], float] = {}
+    for tenant, tier, seconds in paid:
+        if seconds:
+            totals[(tenant or "", tier)] = totals.get((tenant or "", tier), 0.0) + seconds
+    if not totals:
+        return
+    dialect = postgresql if s.get_bind().dialect.name == "postgresql" else sqlite
+    statement = dialect.insert(SpentTotal)
+    statement = statement.on_conflict_do_update(
+        index_elements=["job_id", "tenant", "tier"],
+        set_={"gpu_seconds": SpentTotal.gpu_seconds + statement.excluded.gpu_seconds},
+    )
+    for (tenant, tier), seconds in sorted(totals.items()):
+        s.execute(statement, {"job_id": job_id, "tenant": tenant, "tier": tier, "gpu_seconds": seconds})
+
+
 # The one lease (stores/lease.py) on planning and on partitions
 PLANNING_LEASE = Lease(
     JobRow.planner, JobRow.planning_lease_expires_at, JobRow.planning_epoch, JobRow.planning_renewed_at
@@ -498,9 +530,10 @@ class StateStore:
         by_shape: dict[tuple, list[dict]] = {}  # an executemany needs the same columns in every row
         for row in rows:
             by_shape.setdefault(tuple(sorted(row)), []).append(row)
+        statement = statement.returning(Item.tenant, Item.tier, Item.gpu_seconds)  # the rows inserted, only
         with self.session() as s, s.begin():
             for same in by_shape.values():
-                s.execute(statement, same)  # Core executemany: ORM objects cost more than the SQL
+                add_spent(s, same[0]["job_id"], list(s.execute(statement, same)))  # Core executemany
 
     def release_gone_holder(self, job_id: str, partition: str, holder: str) -> bool:
         """End the lease of `holder`'s claim now, because its process is provably gone (worker_is_gone),

@@ -28,12 +28,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from datetime import datetime
 
-from sqlalchemy import BigInteger, DateTime, Float, Integer, String, Text, delete, func, or_, select, true, update
+from sqlalchemy import BigInteger, DateTime, Float, Integer, String, Text, delete, func, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Row
 from sqlalchemy.orm import Mapped, mapped_column
 
-from pipeline.stores.catalog import DEFAULT_LEASE_SECONDS, Base, Item, JobRow, StateStore, aware
+from pipeline.stores.catalog import DEFAULT_LEASE_SECONDS, Base, Item, JobRow, SpentTotal, StateStore, add_spent, aware
 from pipeline.stores.lease import Lease, worker_is_gone
 
 IN_CHUNK = 900  # values bound in one IN (...): under SQLite's oldest limit of 999 parameters
@@ -398,14 +398,10 @@ class UnitQueue:
         if s is None:
             with self.session() as s:
                 return self.spent(job_id, prices, s)
-        out: dict[str, float] = {}
-        for table, paid in ((Item, true()), (Charge, Charge.kind == "failed_attempt")):  # (not lost work: no tenant)
-            for tenant, tier, seconds in s.execute(
-                select(table.tenant, table.tier, func.sum(table.gpu_seconds))
-                .where(table.job_id == job_id, paid)
-                .group_by(table.tenant, table.tier)
-            ):
-                out[tenant] = out.get(tenant, 0.0) + (seconds or 0.0) * prices.get(tier, 0.0) / 3600
+        out: dict[str | None, float] = {}
+        totals = select(SpentTotal.tenant, SpentTotal.tier, SpentTotal.gpu_seconds).where(SpentTotal.job_id == job_id)
+        for tenant, tier, seconds in s.execute(totals):  # running totals: a row per tenant and tier
+            out[tenant or None] = out.get(tenant or None, 0.0) + seconds * prices.get(tier, 0.0) / 3600
         t = self.state.db_now()
         stored = select(Item.item_key).where(Item.job_id == job_id, Item.item_key == Reservation.item_key).exists()
         for tenant, usd in s.execute(
@@ -590,11 +586,14 @@ class UnitQueue:
     # -- charges --------------------------------------------------------------------------------
     def add_charges(self, job_id: str, rows: list[dict]) -> None:
         if rows:
+            statement = self._insert(Charge).on_conflict_do_nothing(index_elements=["job_id", "charge_id"])
             with self.session() as s, s.begin():
-                s.execute(
-                    self._insert(Charge).on_conflict_do_nothing(index_elements=["job_id", "charge_id"]),
+                added = s.execute(
+                    statement.returning(Charge.kind, Charge.tenant, Charge.tier, Charge.gpu_seconds),
                     [{"job_id": job_id, **r} for r in rows],
                 )
+                # (not lost work: it has no tenant, and a cap admits engine calls, not their takeovers)
+                add_spent(s, job_id, [(tenant, tier, g) for kind, tenant, tier, g in added if kind == "failed_attempt"])
 
     def unfinished_claims(self, job_id: str, session_id: str) -> list[UnitClaim]:
         """The claims `session_id` made and did not finish (its unit taken over, or still leased to it)."""

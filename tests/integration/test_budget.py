@@ -413,3 +413,48 @@ def test_the_budget_guard_prices_a_tier_with_no_ledger_by_its_hardware_projectio
     with pytest.raises(JobError, match=r"refused before any GPU work: .*projection \(no ledger of this tier"):
         guard.check_start([(generations, requests)])
     assert guard.rates()["small"].method.startswith("projection")  # and the admissions that follow price alike
+
+
+def test_admission_reads_running_totals_not_every_item_of_the_job(store):
+    """Admission under a cap summed every item and failed attempt of the job while it held the job row's lock:
+    O(items) per admission, every worker of the job queued behind it. Now the statements that store items and
+    failed attempts add to a running total per tenant and tier, and admission reads that (the same amounts:
+    a key stored twice counts once, lost work not at all)."""
+    import uuid
+
+    from sqlalchemy import event
+
+    from pipeline.stores.catalog import now
+    from pipeline.stores.units import UnitQueue
+
+    job = f"t-{uuid.uuid4().hex[:6]}"
+    assert store.claim_staging(job, "fp", "in", "out")
+    prices, queue = {"small": 3600.0, "large": 7200.0}, UnitQueue(store)
+    base = dict(partition="p", model="m", summary="s", prompt_tokens=1, cached_prompt_tokens=0, output_tokens=1)
+    base |= dict(finish_reason="stop", baseline_gpu_seconds=0.0, created_at=now())
+    items = {
+        f"k{i}": {**base, "id": f"r{i}", "tenant": ["acme", "zen"][i % 2], "tier": ["small", "large"][i % 3 == 0]}
+        | {"gpu_seconds": 0.01 * (i + 1)}
+        for i in range(30)
+    }
+    store.store_items(job, dict(list(items.items())[:20]))
+    store.store_items(job, items)  # the first twenty again: stored once, counted once
+    charge = dict(partition="p", session_id="s", id="r0", tenant="acme", tier="small", gpu_seconds=0.5)
+    queue.add_charges(job, [{"charge_id": "f", "kind": "failed_attempt", **charge}])
+    queue.add_charges(job, [{"charge_id": "f", "kind": "failed_attempt", **charge}])  # once
+    queue.add_charges(job, [{"charge_id": "l", "kind": "lost", **charge, "tenant": None}])  # no tenant's
+    expected: dict[str, float] = {"acme": 0.5}
+    for item in items.values():
+        expected[item["tenant"]] = expected.get(item["tenant"], 0.0) + item["gpu_seconds"] * prices[item["tier"]] / 3600
+    assert queue.spent(job, prices) == pytest.approx(expected)
+
+    queue.enqueue(job, "p", 0, {"small": ["new"]})
+    unit = queue.claim(job, "small", "w", "sw", lease_seconds=60)
+    statements: list[str] = []
+    listen = lambda conn, cursor, sql, *args: statements.append(sql.lower())  # noqa: E731
+    event.listen(queue.state.engine, "before_cursor_execute", listen)
+    try:
+        assert queue.reserve(job, unit, [("new", "acme", 0.1)], prices, lambda planned: []) == []
+    finally:
+        event.remove(queue.state.engine, "before_cursor_execute", listen)
+    assert statements and not [s for s in statements if "sum(items." in s or "sum(charges." in s], statements
