@@ -295,6 +295,7 @@ class UnitQueue:
                 s.execute(
                     delete(UnitKey).where(UnitKey.job_id == job_id, UnitKey.state != "done", UnitKey.unit_id.in_(chunk))
                 )
+                s.execute(delete(Reservation).where(Reservation.job_id == job_id, Reservation.unit_id.in_(chunk)))
         return len(gone)
 
     # -- claim, renew, finish -------------------------------------------------------------------
@@ -326,6 +327,12 @@ class UnitQueue:
                     session_id=session_id,
                     partition=unit.partition,
                     requests=unit.requests,
+                )
+            )
+            # The claims taken over are dead: what they reserved counts no more, so it goes in this commit.
+            s.execute(
+                delete(Reservation).where(
+                    Reservation.job_id == job_id, Reservation.unit_id == unit.unit_id, Reservation.epoch <= unit.epoch
                 )
             )
             s.expire(unit)

@@ -458,3 +458,38 @@ def test_admission_reads_running_totals_not_every_item_of_the_job(store):
     finally:
         event.remove(queue.state.engine, "before_cursor_execute", listen)
     assert statements and not [s for s in statements if "sum(items." in s or "sum(charges." in s], statements
+
+
+def test_reservations_of_claims_taken_over_or_withdrawn_are_deleted_by_that_step(store):
+    """A reservation counts only while its claim is live, but its row stayed for good once the claim was taken
+    over or its unit withdrawn: the table grew with every dead worker. The claim that takes a unit over, and
+    the withdrawal that removes it, now delete the rows they make dead; a live claim's stay."""
+    import uuid
+
+    from sqlalchemy import func, select
+
+    from pipeline.stores.units import Reservation, UnitQueue
+
+    job = f"r-{uuid.uuid4().hex[:6]}"
+    assert store.claim_staging(job, "fp", "in", "out")
+    queue, prices, room = UnitQueue(store), {"small": 3600.0}, lambda planned: []
+
+    def rows() -> dict[str, int]:
+        with store.session() as s:
+            q = select(Reservation.unit_id, func.count()).where(Reservation.job_id == job).group_by(Reservation.unit_id)
+            return dict(s.execute(q).all())
+
+    queue.enqueue(job, "p1", 0, {"small": ["k1", "k2"]})
+    queue.enqueue(job, "p2", 0, {"small": ["k3"]})
+    dead = queue.claim(job, "small", "a", "sa", lease_seconds=60)
+    live = queue.claim(job, "small", "b", "sb", lease_seconds=60)
+    assert queue.reserve(job, dead, [("k1", "acme", 0.1), ("k2", "acme", 0.1)], prices, room) == []
+    assert queue.reserve(job, live, [("k3", "acme", 0.1)], prices, room) == []
+    assert rows() == {"p1/0/small": 2, "p2/0/small": 1}
+    queue.renew(job, "sa", lease_seconds=-5)  # a died: its claim runs out
+    taken = queue.claim(job, "small", "c", "sc", lease_seconds=60)
+    assert taken.unit_id == dead.unit_id and rows() == {"p2/0/small": 1}, "the claim taken over reserves nothing"
+    assert queue.reserve(job, taken, [("k1", "acme", 0.1)], prices, room) == []
+    queue.renew(job, "sc", lease_seconds=-5)  # c died too; then p1 is prepared again
+    assert queue.withdraw(job, "p1") == 1 and rows() == {"p2/0/small": 1}
+    assert queue.spent(job, prices) == {"acme": pytest.approx(0.1)}

@@ -3,7 +3,8 @@
 Admission under a budget cap summed every item and failed attempt of the job while holding the job
 row's lock, so each admission cost O(items) and serialised every worker of the job behind it. The
 statements that store items and failed attempts now add to this total; admission reads it. Jobs
-carried over get their totals from what they have stored.
+carried over get their totals from what they have stored, and reservations no live claim holds
+(claims taken over, units withdrawn: never deleted before) are deleted.
 
 Revision ID: 0017
 Revises: 0016
@@ -32,6 +33,14 @@ def upgrade() -> None:
         " SELECT job_id, tenant, tier, gpu_seconds FROM items"
         " UNION ALL SELECT job_id, coalesce(tenant, ''), tier, gpu_seconds FROM charges WHERE kind = 'failed_attempt'"
         ") AS paid GROUP BY job_id, tenant, tier HAVING sum(gpu_seconds) > 0"
+    )
+
+    # Reservations of claims taken over or units withdrawn were never deleted: the claim or withdrawal that
+    # ends them deletes them now; those left from before go here.
+    op.execute(
+        "DELETE FROM budget_reservations WHERE NOT EXISTS (SELECT 1 FROM work_units w"
+        " WHERE w.job_id = budget_reservations.job_id AND w.unit_id = budget_reservations.unit_id"
+        " AND w.epoch = budget_reservations.epoch AND w.status = 'leased')"
     )
 
 
