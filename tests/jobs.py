@@ -62,12 +62,23 @@ def wait_for(condition, proc, limit: float = 120.0) -> bool:
 
 
 def scalar(db, sql):
+    """One value from the state catalog: `db` a SQLite file, or a database URL (PostgreSQL)."""
+    if "://" in str(db):
+        from sqlalchemy import create_engine, text
+
+        engine = create_engine(str(db))
+        try:
+            with engine.connect() as c:
+                return c.execute(text(sql)).scalar()
+        finally:
+            engine.dispose()
     with sqlite3.connect(db, timeout=30) as c:
         return c.execute(sql).fetchone()[0]
 
 
 def assert_exactly_once(output, job_id, corpus, state_db):
-    """Every input record in exactly one output or quarantine row, and every paid generation charged once.
+    """Every input record in exactly one output or quarantine row, and every paid generation charged once
+    (`state_db`: the catalog's SQLite file or database URL).
 
     `corpus`: {"ids": the good records' ids, "bad_records": how many records are bad} (write_sample_corpus's
     counts). Bad records may have no id, or repeat a good one (duplicate_id), so they are counted."""
@@ -100,14 +111,14 @@ def assert_exactly_once(output, job_id, corpus, state_db):
         scalar(state_db, f"select sum(gpu_seconds) from items where job_id='{job_id}'") or 0.0
     )
     # Every GPU-second the job's engines were held is in exactly one ledger row, and priced at its tier.
-    with sqlite3.connect(state_db, timeout=30) as c:
-        held = (
-            c.execute(
-                "select sum((startup_seconds + busy_seconds + idle_seconds) * gpus) from engine_sessions "
-                f"where job_id='{job_id}'"
-            ).fetchone()[0]
-            or 0.0
+    held = (
+        scalar(
+            state_db,
+            "select sum((startup_seconds + busy_seconds + idle_seconds) * gpus) from engine_sessions "
+            f"where job_id='{job_id}'",
         )
+        or 0.0
+    )
     by_kind: dict[str, float] = {}
     for r in full_ledger.to_pylist():
         by_kind[r["kind"]] = by_kind.get(r["kind"], 0.0) + r["gpu_seconds"]

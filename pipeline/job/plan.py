@@ -34,6 +34,7 @@ from pipeline.plan.streamed import (
     planning_pool,
     planning_workers,
 )
+from pipeline.stores import storage
 from pipeline.stores.catalog import utc
 from pipeline.stores.lease import Renewal, worker_is_gone
 
@@ -44,8 +45,13 @@ GONE_GRACE_SECONDS = 15.0
 
 
 def plan(ctx: JobContext) -> None:
-    """The plan step: check every tier's engine on this host (each drain checks its own again, where GPU
-    tasks run elsewhere), then plan the job unless it is planned already."""
+    """The plan step: check that the output root can be written and every tier's engine on this host (each
+    drain checks its own again, where GPU tasks run elsewhere), then plan the job unless it is planned
+    already."""
+    try:
+        storage.check_writable(ctx.out)
+    except storage.StorageError as e:
+        raise JobError(f"output root {e}: nothing was run; make it writable or set output.uri") from None
     ctx.check_engines(list(ctx.config.tiers))
     ensure_staged(ctx)
 

@@ -12,6 +12,7 @@ the same folder and a rename; an S3 object appears only when its upload complete
 
 from __future__ import annotations
 
+import errno
 import functools
 import io
 import logging
@@ -133,6 +134,24 @@ def resolve(uri: str, config: StorageConfig | None = None) -> Location:
     except (pa.ArrowInvalid, OSError) as e:
         raise StorageError(f"{shown}: {scrub(str(e), uri)}") from None
     return Location(fs, path.rstrip("/") or "/")
+
+
+def check_writable(root: Location) -> None:
+    """Raise StorageError naming the root when a local root cannot be written (a read-only mount, no
+    permission, a path through a file): said before any work, not by a partition's first write after
+    engines started. An empty file is created and deleted. Object stores are not probed: a write costs a
+    request there, and their first write's error names the object."""
+    if root.scheme:
+        return
+    probe = root.join(f".tokenmill-write-check-{uuid.uuid4().hex}")
+    try:
+        os.makedirs(root.path, exist_ok=True)
+        with open(probe, "xb"):
+            pass
+        os.remove(probe)
+    except OSError as e:
+        why = f"{e.strerror} ({errno.errorcode.get(e.errno, e.errno)})" if e.strerror else str(e)
+        raise StorageError(f"{root.path} cannot be written: {why}") from None
 
 
 def _error(root: Location, path: str, e: Exception) -> StorageError:

@@ -1,0 +1,98 @@
+"""Faults of the places a job keeps its work: a full disk during a commit, an output root that cannot be written,
+and the state database restarted mid-drain. Each ends, after a rerun, with every record in exactly one row and
+the ledger equal to the GPU time held."""
+
+import errno
+import os
+import subprocess
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from pipeline import run_job
+from pipeline.errors import JobError
+from pipeline.stores import storage
+from tests.jobs import assert_exactly_once, scalar
+
+
+def leftovers(output: Path) -> list[str]:
+    """Temporary files a write left behind."""
+    return [str(p) for p in output.rglob("*") if storage.temporary_target(p.name) is not None]
+
+
+def test_a_full_disk_during_commits_fails_those_commits_and_a_rerun_completes_them(
+    make_config, sample_corpus, tmp_path, monkeypatch
+):
+    """ENOSPC from the disk (injected where the storage layer writes a local file, after half the bytes went
+    out): once on a partition's ledger file, before its catalog commit, and once on another's commit record,
+    after it. Neither leaves a partial file or a record of a half-written partition."""
+    config = make_config(input__records_per_partition=10)
+    real, full = storage._write_local_durably, {}
+
+    def full_disk(path: str, data: bytes) -> None:
+        kind = "ledger" if "/ledger/" in path else "record" if "/_commits/" in path else None
+        if kind is None or kind in full:
+            return real(path, data)
+        full[kind] = path
+        with open(path, "wb") as f:
+            f.write(data[: len(data) // 2])
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(storage, "_write_local_durably", full_disk)
+    with pytest.raises(JobError, match="No space left on device") as failed:
+        run_job(config, job_id="full")
+    assert set(full) == {"ledger", "record"}
+    ledger_file = storage.temporary_target(Path(full["ledger"]).name)
+    partitions = scalar(tmp_path / "state.db", "select count(*) from partitions where job_id='full'")
+    assert f"1 of {partitions} partitions not committed" in str(failed.value)
+    assert f"{ledger_file}: [Errno 28] No space left on device" in str(failed.value), "it names the object"
+    output = tmp_path / "output"
+    assert leftovers(output) == []
+    # The partition whose record the disk refused had committed in the catalog: the job's manifest write
+    # published its record from there, so it is not run again.
+    record = Path(full["record"]).with_name(storage.temporary_target(Path(full["record"]).name))
+    assert record.exists()
+    monkeypatch.setattr(storage, "_write_local_durably", real)  # space freed
+    assert run_job(config, job_id="full").manifest["status"] == "succeeded"
+    assert_exactly_once(output, "full", sample_corpus[1], tmp_path / "state.db")
+    assert leftovers(output) == []
+
+
+@contextmanager
+def read_only(folder: Path):
+    """`folder` made unwritable for real: a read-only bind mount as root (whom file modes do not stop), its
+    mode otherwise."""
+    if os.geteuid() != 0:
+        folder.chmod(0o555)
+        try:
+            yield "Permission denied"
+        finally:
+            folder.chmod(0o755)
+        return
+    subprocess.run(["mount", "--bind", str(folder), str(folder)], check=True)
+    try:
+        subprocess.run(["mount", "-o", "remount,ro,bind", str(folder)], check=True)
+        yield "Read-only file system"
+    finally:
+        subprocess.run(["umount", str(folder)], check=True)
+
+
+def test_an_output_root_that_cannot_be_written_is_one_clear_error_before_any_gpu_work(
+    make_config, sample_corpus, tmp_path
+):
+    """A read-only output root failed the job at its first staged file, naming a file under `_staging`; now
+    the run checks the root first and says so, before staging, any engine or any catalog row."""
+    config, output = make_config(), tmp_path / "output"
+    output.mkdir()
+    with read_only(output) as why:
+        with pytest.raises(JobError) as refused:
+            run_job(config, job_id="ro")
+    code = "EROFS" if why == "Read-only file system" else "EACCES"
+    assert str(refused.value) == (
+        f"output root {output} cannot be written: {why} ({code}): nothing was run; make it writable or set output.uri"
+    )
+    assert scalar(tmp_path / "state.db", "select count(*) from jobs") == 0, "nothing was staged"
+    assert list(output.iterdir()) == []
+    assert run_job(config, job_id="ro").manifest["status"] == "succeeded"
+    assert_exactly_once(output, "ro", sample_corpus[1], tmp_path / "state.db")
