@@ -1,10 +1,11 @@
 """Generation waves: what a partition asks of the tier workers, one wave at a time.
 
 Wave 0 is the partition's prepared requests, plus the chunks of documents too long for the context
-(map; chunk summaries the cache holds are not run). When every key a wave waits for is in (stored by a tier worker, or failed), the next wave is
-derived from what is stored: the summary of a long document's chunk summaries (reduce), schema
-retries and escalations (followup.next_attempt); follow-ups found in the cache are not run: the
-derivation the catalog takes stores them. The partition is generated when a wave derives nothing.
+(map; chunk summaries the cache holds are not run). When every key a wave waits for is in (stored by
+a tier worker, or failed), the next wave is derived from what is stored: the summary of a long
+document's chunk summaries (reduce), schema retries and escalations (followup.next_attempt);
+follow-ups found in the cache are not run: the derivation the catalog takes stores them. The
+partition is generated when a wave derives nothing.
 
 The planner is pure over its inputs (records, stored items, key failures) and a small state that
 the job keeps in its staging area between waves (`WaveState`), so any worker can derive the next
