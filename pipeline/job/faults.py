@@ -16,12 +16,18 @@ Points, in the order a job meets them (`partition` is "" at the job's own points
   before_publish    committed in the catalog; the commit record readers honour is not written yet
 An injector that raises fails the partition at that point, exactly as a real fault would there.
 Injectors are process-wide (the Airflow DAG's `dag.test()` runs tasks in the test's process).
+
+The disk itself: `inject_storage(fn)` calls `fn(path, data)` before the storage layer writes each local file
+(its temporary name, then renamed into place); an `fn` that raises OSError (ENOSPC, EIO) fails that write
+exactly as the disk would, after writing to `path` whatever part it chose to.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+
+from pipeline.stores import storage
 
 Injector = Callable[[str, str, str], None]  # (point, job_id, partition)
 POINTS = ("before_register", "before_generate", "wave_written", "before_commit", "before_publish")
@@ -36,6 +42,16 @@ def inject(injector: Injector) -> Iterator[None]:
         yield
     finally:
         _injectors.remove(injector)
+
+
+@contextmanager
+def inject_storage(injector: Callable[[str, bytes], None]) -> Iterator[None]:
+    """Run `injector(path, data)` before every local file write of the storage layer while the block lasts."""
+    storage.WRITE_FAULTS.append(injector)
+    try:
+        yield
+    finally:
+        storage.WRITE_FAULTS.remove(injector)
 
 
 def checkpoint(point: str, job_id: str, partition: str) -> None:

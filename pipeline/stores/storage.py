@@ -20,6 +20,7 @@ import os
 import re
 import stat
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from urllib.parse import urlparse
@@ -317,7 +318,15 @@ def _put_object(root: Location, path: str, data: bytes) -> None:
         raise _error(root, path, e) from None
 
 
+# Fault injection's seam into the storage layer (pipeline/job/faults.py, `inject_storage`): each is called with
+# a local file's temporary path and bytes before they are written; one that raises OSError fails the write as
+# the disk would (having written to the path what it chose to first).
+WRITE_FAULTS: list[Callable[[str, bytes], None]] = []
+
+
 def _write_local_durably(path: str, data: bytes) -> None:
+    for fault in list(WRITE_FAULTS):
+        fault(path, data)
     with open(path, "wb") as f:
         f.write(data)
         f.flush()

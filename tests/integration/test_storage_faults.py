@@ -12,6 +12,7 @@ import pytest
 
 from pipeline import run_job
 from pipeline.errors import JobError
+from pipeline.job import faults
 from pipeline.stores import storage
 from tests.jobs import assert_exactly_once, scalar
 
@@ -22,25 +23,24 @@ def leftovers(output: Path) -> list[str]:
 
 
 def test_a_full_disk_during_commits_fails_those_commits_and_a_rerun_completes_them(
-    make_config, sample_corpus, tmp_path, monkeypatch
+    make_config, sample_corpus, tmp_path
 ):
     """ENOSPC from the disk (injected where the storage layer writes a local file, after half the bytes went
     out): once on a partition's ledger file, before its catalog commit, and once on another's commit record,
     after it. Neither leaves a partial file or a record of a half-written partition."""
     config = make_config(input__records_per_partition=10)
-    real, full = storage._write_local_durably, {}
+    full: dict[str, str] = {}
 
     def full_disk(path: str, data: bytes) -> None:
         kind = "ledger" if "/ledger/" in path else "record" if "/_commits/" in path else None
         if kind is None or kind in full:
-            return real(path, data)
+            return
         full[kind] = path
         with open(path, "wb") as f:
             f.write(data[: len(data) // 2])
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(storage, "_write_local_durably", full_disk)
-    with pytest.raises(JobError, match="No space left on device") as failed:
+    with faults.inject_storage(full_disk), pytest.raises(JobError, match="No space left on device") as failed:
         run_job(config, job_id="full")
     assert set(full) == {"ledger", "record"}
     ledger_file = storage.temporary_target(Path(full["ledger"]).name)
@@ -53,7 +53,7 @@ def test_a_full_disk_during_commits_fails_those_commits_and_a_rerun_completes_th
     # published its record from there, so it is not run again.
     record = Path(full["record"]).with_name(storage.temporary_target(Path(full["record"]).name))
     assert record.exists()
-    monkeypatch.setattr(storage, "_write_local_durably", real)  # space freed
+    # space freed
     assert run_job(config, job_id="full").manifest["status"] == "succeeded"
     assert_exactly_once(output, "full", sample_corpus[1], tmp_path / "state.db")
     assert leftovers(output) == []
@@ -123,8 +123,6 @@ def test_the_state_database_restarted_mid_drain_loses_no_record_and_no_gpu_secon
     ledger."""
     import socket
     import sys
-
-    from pipeline.job import faults
 
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()  # reaped: the first run's worker name is a process that no longer exists
