@@ -37,7 +37,7 @@ in its last scrape interval is lost when its process exits, the ledger keeps it)
 short-lived, serve nothing and push their registry to the Pushgateway (`metrics.pushgateway_url`) at the end of
 each step, grouped by `job_id` and `instance` (the worker, host:pid), so that each process's group holds its own
 counts and `sum()` over groups adds them up. A process that serves never pushes (its counts would be in
-Prometheus twice). Groups outlive their processes: delete a finished job's groups (docs/ops.md).
+Prometheus twice). Groups outlive their processes: `tokenmill tables maintain` deletes those of finished jobs.
 """
 
 from __future__ import annotations
@@ -264,6 +264,27 @@ def push(config: MetricsConfig, job_id: str, instance: str) -> bool:
             "metrics: push to %s failed (%s: %s); going on", redact_url(config.pushgateway_url), type(e).__name__, e
         )
         return False
+
+
+def pushed_groups(config: MetricsConfig) -> list[dict[str, str]]:
+    """The grouping labels of every group of `metrics.job_label` on the Pushgateway (its /api/v1/metrics)."""
+    import json
+    import urllib.request
+
+    url = f"{config.pushgateway_url.rstrip('/')}/api/v1/metrics"
+    with urllib.request.urlopen(url, timeout=config.push_timeout_seconds) as answer:
+        groups = json.load(answer).get("data") or []
+    return [g["labels"] for g in groups if g.get("labels", {}).get("job") == config.job_label]
+
+
+def delete_group(config: MetricsConfig, labels: dict[str, str]) -> None:
+    """Delete one pushed group (`labels`: its job, job_id and instance) from the Pushgateway."""
+    from prometheus_client import delete_from_gateway
+
+    key = {k: v for k, v in labels.items() if k != "job"}
+    delete_from_gateway(
+        config.pushgateway_url, job=config.job_label, grouping_key=key, timeout=config.push_timeout_seconds
+    )
 
 
 # -- what the steps record ------------------------------------------------------------------------------

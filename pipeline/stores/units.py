@@ -461,6 +461,22 @@ class UnitQueue:
                 )
             return found
 
+    def delete_dead_reservations(self) -> int:
+        """Delete the reservations no live claim holds (its unit not leased at their epoch any more): the step
+        that ends a claim deletes its own; these are what a version before that left. How many went."""
+        live = (
+            select(WorkUnit.unit_id)
+            .where(
+                WorkUnit.job_id == Reservation.job_id,
+                WorkUnit.unit_id == Reservation.unit_id,
+                WorkUnit.epoch == Reservation.epoch,
+                WorkUnit.status == "leased",
+            )
+            .exists()
+        )
+        with self.session() as s, s.begin():
+            return s.execute(delete(Reservation).where(~live)).rowcount
+
     def set_keys(self, job_id: str, states: dict[str, tuple[str, str | None, str | None]]) -> None:
         """key -> (state, reason, detail), in one transaction: one statement per state and IN_CHUNK keys, not
         one per key (a step finishing a batch stores thousands)."""
