@@ -207,8 +207,9 @@ class PartitionWaves:
 
     def stop(self, partition: str) -> None:
         """End a partition's generation where it stands (its job stopped for good): the units no worker holds
-        are withdrawn, and the current wave is its last (`generated`), so no unit of it serves a request again."""
-        self.queue.withdraw(self.job_id, partition)
+        are withdrawn (a dead worker's too: nobody drains them now), and the current wave is its last
+        (`generated`), so no unit of it serves a request again."""
+        self.queue.withdraw(self.job_id, partition, dead_too=True)
         p = self.state.partition(self.job_id, partition)
         self.set_generation(partition, p.wave, "generated")
 

@@ -267,18 +267,21 @@ class UnitQueue:
         with self.session() as s:
             return set(self._owned(s, job_id, uid))
 
-    def withdraw(self, job_id: str, partition: str) -> int:
-        """Remove a partition's units no live worker holds (pending, deferred, or leased by a worker that is
-        provably gone or whose lease ran out) and free their keys, so that preparing it again starts over and
-        an ended partition leaves no unit to claim; units a live worker holds finish, and their keys stay
-        theirs. (A dead worker's claims stay in `unit_claims`: its lost work is still charged.)"""
-        t = self.state.db_now()
-        dead = [
-            self._unit(job_id, u.unit_id) & UNIT_LEASE.fenced(u.epoch, u.worker)
-            for u in self.units(job_id, partition)
-            if u.status == "leased" and worker_is_gone(u.worker)
-        ]
-        nobody = WorkUnit.status.in_(("pending", "deferred")) | ((WorkUnit.status == "leased") & UNIT_LEASE.expired(t))
+    def withdraw(self, job_id: str, partition: str, dead_too: bool = False) -> int:
+        """Remove a partition's units no worker holds (pending or deferred) and free their keys, so that
+        preparing it again starts over; units a worker holds finish, and their keys stay theirs (a dead
+        worker's are taken over by the drain, which says so). `dead_too` (a partition ended for good, whose
+        units nobody will drain): also those leased by a worker that is provably gone or whose lease ran out.
+        (A dead worker's claims stay in `unit_claims`: its lost work is still charged.)"""
+        nobody = WorkUnit.status.in_(("pending", "deferred"))
+        if dead_too:
+            dead = [
+                self._unit(job_id, u.unit_id) & UNIT_LEASE.fenced(u.epoch, u.worker)
+                for u in self.units(job_id, partition)
+                if u.status == "leased" and worker_is_gone(u.worker)
+            ]
+            expired = (WorkUnit.status == "leased") & UNIT_LEASE.expired(self.state.db_now())
+            nobody = or_(nobody, expired, *((WorkUnit.status == "leased") & d for d in dead))
         with self.session() as s, s.begin():
             gone = list(
                 s.scalars(
@@ -286,7 +289,7 @@ class UnitQueue:
                     .where(
                         WorkUnit.job_id == job_id,
                         WorkUnit.partition == partition,
-                        or_(nobody, *((WorkUnit.status == "leased") & d for d in dead)),
+                        nobody,
                     )
                     .returning(WorkUnit.unit_id)
                 )

@@ -490,6 +490,6 @@ def test_reservations_of_claims_taken_over_or_withdrawn_are_deleted_by_that_step
     taken = queue.claim(job, "small", "c", "sc", lease_seconds=60)
     assert taken.unit_id == dead.unit_id and rows() == {"p2/0/small": 1}, "the claim taken over reserves nothing"
     assert queue.reserve(job, taken, [("k1", "acme", 0.1)], prices, room) == []
-    queue.renew(job, "sc", lease_seconds=-5)  # c died too; then p1 is prepared again
-    assert queue.withdraw(job, "p1") == 1 and rows() == {"p2/0/small": 1}
+    queue.renew(job, "sc", lease_seconds=-5)  # c died too; then p1 is ended where it stands
+    assert queue.withdraw(job, "p1", dead_too=True) == 1 and rows() == {"p2/0/small": 1}
     assert queue.spent(job, prices) == {"acme": pytest.approx(0.1)}

@@ -113,10 +113,10 @@ def test_unit_queue_leases_and_takeover(tmp_path, postgres_url):
 
 
 def test_ending_a_partition_withdraws_the_units_of_its_dead_workers_too(tmp_path, postgres_url):
-    """A partition ended where it stands (its job stopped for good) or prepared again withdrew only the units
-    no worker had claimed: one leased by a killed worker stayed `leased`, to be claimed (an engine started for
-    it) once its lease ran out. Now a unit whose worker is provably gone, or whose lease ran out, goes too;
-    a live worker's unit finishes."""
+    """A partition ended where it stands (its job stopped for good) withdrew only the units no worker had
+    claimed: one leased by a killed worker stayed `leased`, to be claimed (an engine started for it) once its
+    lease ran out. Now a unit whose worker is provably gone, or whose lease ran out, goes too; a live worker's
+    unit finishes."""
     import os
     import socket
     import subprocess
@@ -131,7 +131,8 @@ def test_ending_a_partition_withdraws_the_units_of_its_dead_workers_too(tmp_path
         q.enqueue(job, "p1", 0, {"small": ["k1"], "large": ["k2"], "xl": ["k3"]})
         held = {t: q.claim(job, t, w, f"s-{t}", lease_seconds=60) for t, w in (("small", killed), ("large", live))}
         q.claim(job, "xl", live, "s-xl", lease_seconds=-5)  # its lease already ran out
-        assert q.withdraw(job, "p1") == 2
+        assert q.withdraw(job, "p1") == 0, "preparing it again leaves a dead worker's units to the drain"
+        assert q.withdraw(job, "p1", dead_too=True) == 2
         assert [(u.unit_id, u.status) for u in q.units(job, "p1")] == [("p1/0/large", "leased")]
         assert [c.unit_id for c in q.unfinished_claims(job, "s-small")] == ["p1/0/small"], "its lost work is charged"
         assert not q.finish(job, held["small"]) and q.finish(job, held["large"])
