@@ -51,6 +51,28 @@ class ServeConfig(Section):
             "window is `expired`: what it answered is returned, the rest is in the error file as `batch_expired`."
         ),
     )
+    max_active_batches: int = Field(
+        50,
+        gt=0,
+        description="Most batches one tenant may have queued or running (`validating` to `finalizing`); a create "
+        "over it is refused (429, `too_many_batches`). The runner takes the tenants' queued batches in turn.",
+    )
+    estimate_queue: int = Field(
+        4,
+        ge=0,
+        description="With budget caps, how many creates of one tenant may wait while another of its batches is "
+        "estimated (one estimate per tenant at a time; tenants do not wait for each other); one more is refused "
+        "(429, `estimate_busy`).",
+    )
+    header_timeout_seconds: float = Field(
+        10.0,
+        gt=0,
+        description="A connection whose request headers are not complete this long after it opened (or after its "
+        "last response) is closed.",
+    )
+    keep_alive_seconds: float = Field(
+        5.0, gt=0, description="An idle keep-alive connection is closed after this long without a new request."
+    )
     poll_seconds: float = Field(
         1.0, gt=0, description="How often the server's batch runner looks for work and for cancellations."
     )
