@@ -332,7 +332,9 @@ def _batch_routes(app: FastAPI, store: ApiStore, config: TokenmillConfig, tenant
             raise ApiError(400, f"file {body.input_file_id} is not a batch input file", "invalid_file")
         if budget.applies(who):
             budget.check(batch, store.content(meta))
-        store.put_batch(batch)
+        if not store.add_batch(batch, limits.max_active_batches):
+            message = f"this tenant has {limits.max_active_batches} batches queued or running: retry when one ends"
+            raise ApiError(429, message, "too_many_batches")
         return public(batch)
 
     @app.get("/v1/batches")
