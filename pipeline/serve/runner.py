@@ -43,6 +43,7 @@ from pipeline.stores import storage
 from pipeline.stores.catalog import StateStore
 from pipeline.stores.lease import Renewal, default_worker
 from pipeline.stores.runners import RunnerLeases
+from pipeline.stores.staging import StagingArea
 
 log = logging.getLogger(__name__)
 
@@ -181,7 +182,7 @@ class BatchRunner:
                 except Exception:  # failed all the same, so it cannot block the queue
                     log.exception("batch %s: its job could not be stopped", batch["id"])
                 batch.update(status="failed", failed_at=int(time.time()), errors=_errors("job_failed", JOB_FAILED))
-                self.store.put_batch(batch)
+                self.put_ended(batch)
 
     def advance(self, batch: dict) -> None:
         now = int(time.time())
@@ -286,7 +287,7 @@ class BatchRunner:
         batch["cost_usd"] = manifest.get("cost", {}).get("cost_usd", 0.0)
         at = {"completed": "completed_at", "cancelled": "cancelled_at", "expired": "expired_at"}[status]
         batch.update(status=status, **{at: now})
-        self.store.put_batch(batch)
+        self.put_ended(batch)
         log.info("batch %s: %s, %s", batch["id"], status, json.dumps(batch["request_counts"]))
 
     @staticmethod
@@ -324,12 +325,19 @@ class BatchRunner:
         job = self.state.job(batch["id"])
         return job is not None and job.status == "refused"
 
+    def put_ended(self, batch: dict) -> None:
+        """Write the ended batch, then remove the copies of its input the server made: the job's input file
+        and its staged records (the client's upload stays until the client deletes it)."""
+        self.store.put_batch(batch)
+        self.store.remove_input(batch["id"])
+        StagingArea(self.store.out, batch["id"]).remove()
+
     def end_unanswered(self, batch: dict, status: str, now: int, errors: dict | None = None) -> None:
         """End a batch (`cancelled`, `expired` or `failed`) whose job answered nothing: every request failed."""
         counts = batch["request_counts"]
         batch["request_counts"] = {**counts, "completed": 0, "failed": counts["total"]}
         batch.update(status=status, **{f"{status}_at": now}, **({"errors": errors} if errors else {}))
-        self.store.put_batch(batch)
+        self.put_ended(batch)
 
 
 class ChildProcess:

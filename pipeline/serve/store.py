@@ -23,6 +23,7 @@ import pyarrow.fs as pafs
 
 from pipeline.output.commit import relative
 from pipeline.stores import storage
+from pipeline.stores.staging import StagingArea
 
 ACTIVE = ("validating", "in_progress", "finalizing", "cancelling")
 
@@ -87,13 +88,19 @@ class ApiStore:
         return storage.read_bytes(self.out, self.out.join(meta["content"]))
 
     def delete_file(self, meta: dict) -> None:
-        """Its content removed (an upload's; a job's result files stay with the job), its metadata marked."""
+        """Its content removed (an upload's; a job's result files stay with the job), its metadata marked, and
+        what the ended batches made from it copied (their job's input and staged records) removed: the runner
+        removes them when a batch ends, so this finds some only in an output root from before it did."""
         if meta["content"].startswith("_api/files/"):
             try:
                 self.out.fs.delete_file(self.out.join(meta["content"]))
             except FileNotFoundError:
                 pass
         self._write(self._path("files", f"{meta['id']}.json"), {**meta, "deleted": True})
+        for batch in self.batches(meta["tenant"]):
+            if batch["input_file_id"] == meta["id"] and batch["status"] not in ACTIVE:
+                self.remove_input(batch["id"])
+                StagingArea(self.out, batch["id"]).remove()
 
     # -- batches ---------------------------------------------------------------------------------------
     def put_batch(self, batch: dict) -> None:
@@ -175,6 +182,12 @@ class ApiStore:
 
     def input_folder(self, batch_id: str) -> str:
         return self._path("inputs", batch_id)
+
+    def remove_input(self, batch_id: str) -> None:
+        """Delete the copy of a batch's input its job read (the batch has ended)."""
+        folder = self.input_folder(batch_id)
+        if self.out.fs.get_file_info(folder).type != pafs.FileType.NotFound:
+            self.out.fs.delete_dir(folder)
 
     def _names(self, kind: str) -> list[str]:
         """The ids of the JSON objects under `_api/<kind>/`."""
