@@ -73,6 +73,13 @@ class ServeConfig(Section):
     keep_alive_seconds: float = Field(
         5.0, gt=0, description="An idle keep-alive connection is closed after this long without a new request."
     )
+    file_retention_days: float | None = Field(
+        None,
+        gt=0,
+        description="Files (uploads and batches' result files) older than this are deleted by the batch runner, "
+        "as a client's `DELETE /v1/files/{id}` would (an active batch's input is kept until it ends); unset: kept "
+        "until a client deletes them. A batch's own copies of its input are removed when it ends, whatever this says.",
+    )
     poll_seconds: float = Field(
         1.0, gt=0, description="How often the server's batch runner looks for work and for cancellations."
     )

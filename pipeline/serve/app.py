@@ -207,7 +207,9 @@ def _file_routes(app: FastAPI, store: ApiStore, limits: ServeConfig, tenant) -> 
 
     @app.delete("/v1/files/{file_id}")
     def delete_file(file_id: str, who: str = Depends(tenant)):
-        store.delete_file(_owned_file(store, file_id, who))
+        meta = _owned_file(store, file_id, who)
+        store.delete_file(meta)
+        store.remove_copies(meta)
         return {"id": file_id, "object": "file", "deleted": True}
 
 

@@ -85,6 +85,7 @@ class BatchRunner:
         self.last_tenant: str | None = None  # whose batch was taken last (tenants take turns)
         self.holder, self.epoch = default_worker(), None  # this server's claim of the runner lease, while held
         self.renewal: Renewal | None = None
+        self.next_sweep = 0.0  # when the retention sweep runs next (monotonic)
         self.thread = threading.Thread(target=self._loop, name="batch-runner", daemon=True)
 
     def start(self) -> None:
@@ -107,6 +108,7 @@ class BatchRunner:
             try:
                 if self.holds_lease():
                     self.step()
+                    self.sweep_files()
             except Exception:  # a fault of one pass (storage down): logged, the next pass tries again
                 log.exception("batch runner")
             self.stop.wait(self.config.serve.poll_seconds)
@@ -155,6 +157,22 @@ class BatchRunner:
                 self.guarded(batch)
         if current is not None:
             self.guarded(current)
+
+    def sweep_files(self, every: float = 3600) -> int:
+        """Delete the files older than `serve.file_retention_days` (at most once every `every` seconds: it reads
+        every file's metadata), except the input of an active batch. How many it deleted."""
+        days = self.config.serve.file_retention_days
+        if days is None or time.monotonic() < self.next_sweep:
+            return 0
+        self.next_sweep = time.monotonic() + every
+        cutoff = time.time() - days * 86400
+        in_use = {b["input_file_id"] for b in self.store.active_batches()}
+        old = [f for f in self.store.all_files() if f["created_at"] < cutoff and f["id"] not in in_use]
+        for meta in old:
+            self.store.delete_file(meta)
+        if old:
+            log.info("%d files older than serve.file_retention_days (%s) deleted", len(old), days)
+        return len(old)
 
     def next_turn(self, queued: list[dict]) -> dict | None:
         """The oldest queued batch of the tenant after the one taken last (tenants in turn, by name): a tenant

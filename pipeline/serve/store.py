@@ -87,16 +87,23 @@ class ApiStore:
     def content(self, meta: dict) -> bytes:
         return storage.read_bytes(self.out, self.out.join(meta["content"]))
 
+    def all_files(self) -> list[dict]:
+        """Every file not deleted, of any tenant (the runner's retention sweep)."""
+        return [f for f in self._all("files") if not f.get("deleted")]
+
     def delete_file(self, meta: dict) -> None:
-        """Its content removed (an upload's; a job's result files stay with the job), its metadata marked, and
-        what the ended batches made from it copied (their job's input and staged records) removed: the runner
-        removes them when a batch ends, so this finds some only in an output root from before it did."""
+        """Its content removed (an upload's; a job's result files stay with the job), its metadata marked."""
         if meta["content"].startswith("_api/files/"):
             try:
                 self.out.fs.delete_file(self.out.join(meta["content"]))
             except FileNotFoundError:
                 pass
         self._write(self._path("files", f"{meta['id']}.json"), {**meta, "deleted": True})
+
+    def remove_copies(self, meta: dict) -> None:
+        """Remove what the ended batches made from a deleted file copied (their job's input and staged
+        records): the runner removes them when a batch ends, so this finds some only in an output root from
+        before it did. Reads the tenant's batches: for a client's delete, not for a sweep of many files."""
         for batch in self.batches(meta["tenant"]):
             if batch["input_file_id"] == meta["id"] and batch["status"] not in ACTIVE:
                 self.remove_input(batch["id"])

@@ -169,3 +169,20 @@ def test_a_tenant_over_its_cap_of_active_batches_is_refused_and_others_are_not(m
     assert create("globex").status_code == 200
     store.put_batch({**store.batch(None, first.json()["id"]), "status": "completed"})
     assert create("acme").status_code == 200  # one ended: room again
+
+
+def test_files_past_their_retention_are_deleted_except_an_active_batchs_input(runner_for):
+    runner = runner_for(serve__file_retention_days=1)
+    store = runner.store
+    old, recent, in_use = (store.add_file("acme", f"{n}.jsonl", "batch", b"{}\n") for n in ("old", "recent", "used"))
+    for meta in (old, in_use):  # uploaded two days ago
+        storage.write_bytes_atomic(
+            store.out,
+            store.out.join("_api", "files", f"{meta['id']}.json"),
+            json.dumps({**meta, "created_at": meta["created_at"] - 2 * 86400}).encode(),
+        )
+    store.put_batch({**batch(1, "acme"), "input_file_id": in_use["id"]})
+    assert runner.sweep_files() == 1 and runner.sweep_files() == 0  # once an hour at most
+    assert store.file("acme", old["id"]) is None
+    assert store.file("acme", recent["id"]) and store.file("acme", in_use["id"])
+    assert not os.path.exists(os.path.join(store.out.path, "_api", "files", f"{old['id']}.jsonl"))
