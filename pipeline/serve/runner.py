@@ -9,7 +9,7 @@
 The batch id is the job id, so a server restarted mid-batch runs the same job again and it continues
 where it stopped, paying for nothing twice (the job's own exactly-once). One server per output root runs
 batches: the holder of the runner lease (stores/runners.py); another serves the API only until the lease is
-free. The child dies with the server (PR_SET_PDEATHSIG), and its process session is recorded in a pidfile, so
+free. The child dies with the server (PR_SET_PDEATHSIG), and its process group is recorded in a pidfile, so
 a server that claims the lease kills whatever a hard-killed server before it left running: never two runs of
 one job side by side. Queued batches are taken from the tenants in turn (`next_turn`), each tenant's oldest.
 Cancelling (or expiry) stops the child; then every partition of the job is committed with the answers it has
@@ -385,14 +385,14 @@ class ChildProcess:
         log.info("batch %s: job started (pid %d)", batch["id"], self.child.pid)
 
     def spawn(self, batch_id: str, command: list[str], env: dict | None = None) -> None:
-        """Start `command` as the child running `batch_id`, dying with this server, its session in a pidfile."""
+        """Start `command` as the child running `batch_id`, dying with this server, its process group in a pidfile."""
         out = open(self.workdir / f"{batch_id}.log", "ab")  # noqa: SIM115 (the child holds it)
         self.child = subprocess.Popen(
             command,
             stdout=out,
             stderr=subprocess.STDOUT,
             env=env,
-            start_new_session=True,  # its own session: its engines' processes too, so they can be found and killed
+            start_new_session=True,  # its own process group, its engines' processes in it: found and killed as one
             preexec_fn=functools.partial(_die_with_parent, os.getpid()),
         )
         self.child_of = batch_id
@@ -420,13 +420,13 @@ class ChildProcess:
                 os.killpg(self.child.pid, signal.SIGKILL)
                 self.child.wait()
         if self.child is not None:
-            kill_session(self.child.pid, None)  # an engine process that outlived its job's SIGTERM
+            kill_group(self.child.pid, None)  # an engine process that outlived its job's SIGTERM
             self._pidfile(self.child_of).unlink(missing_ok=True)
         self.child, self.child_of = None, None
         return True
 
     def reap(self, batch_id: str | None = None) -> int:
-        """Kill the process sessions that the pidfiles of earlier servers record (of `batch_id`, or all): jobs
+        """Kill the process groups that the pidfiles of earlier servers record (of `batch_id`, or all): jobs
         left running by a server that was hard-killed (their engines, if their job itself died). How many
         processes were killed."""
         killed = 0
@@ -437,7 +437,7 @@ class ChildProcess:
                 recorded = json.loads(path.read_text())
             except (OSError, ValueError):
                 continue
-            killed += kill_session(recorded["pid"], recorded.get("started"))
+            killed += kill_group(recorded["pid"], recorded.get("started"))
             path.unlink(missing_ok=True)
         return killed
 
@@ -610,13 +610,13 @@ def _die_with_parent(parent: int) -> None:
 
 
 def _stat(pid: int) -> tuple[str, int, int] | None:
-    """A process's state, session id and start time (clock ticks after boot), from /proc; None: none runs."""
+    """A process's state, process group and start time (clock ticks after boot), from /proc; None: none runs."""
     try:
         with open(f"/proc/{pid}/stat") as f:
             fields = f.read().rpartition(")")[2].split()
     except (OSError, ValueError):
         return None
-    return fields[0], int(fields[3]), int(fields[19])
+    return fields[0], int(fields[2]), int(fields[19])
 
 
 def _started(pid: int) -> int | None:
@@ -624,18 +624,18 @@ def _started(pid: int) -> int | None:
     return None if stat is None else stat[2]
 
 
-def kill_session(sid: int, started: int | None) -> int:
-    """SIGKILL every process of the session `sid` (its leader was started at `started`, when known), and wait
-    until they are gone. A session whose leader runs with another start time is another's (the pid was reused):
-    left alone. A pid is never reused while a process of its session lives, so the members of a session whose
-    leader died are its own. How many processes were killed."""
-    leader = _stat(sid)
+def kill_group(group: int, started: int | None) -> int:
+    """SIGKILL every process of the process group `group` (its leader was started at `started`, when known), and
+    wait until they are gone. A group whose leader runs with another start time is another's (the pid was
+    reused): left alone. A pid is never reused while a process of its group lives, so the members of a group
+    whose leader died are its own. How many processes were killed."""
+    leader = _stat(group)
     if leader is not None and started is not None and leader[2] != started:
         return 0
 
     def members() -> list[int]:
         pids = (int(p) for p in os.listdir("/proc") if p.isdigit())
-        return [p for p in pids if (st := _stat(p)) is not None and st[1] == sid and st[0] != "Z"]
+        return [p for p in pids if (st := _stat(p)) is not None and st[1] == group and st[0] != "Z"]
 
     found = members()
     for pid in found:

@@ -15,7 +15,7 @@ import pytest
 from fastapi.testclient import TestClient
 
 from pipeline.serve.app import create_app, key_digest
-from pipeline.serve.runner import BatchRunner, ChildProcess, kill_session
+from pipeline.serve.runner import BatchRunner, ChildProcess, kill_group
 from pipeline.serve.store import ApiStore
 from pipeline.stores import storage
 from tests.conftest import REPO
@@ -48,15 +48,15 @@ def until(condition, what: str, seconds: float = 30) -> None:
         time.sleep(0.05)
 
 
-def session(sid: int) -> list[int]:
-    def sid_of(pid: str) -> int | None:
+def group(pgid: int) -> list[int]:
+    def pgid_of(pid: str) -> int | None:
         try:
             with open(f"/proc/{pid}/stat") as f:
-                return int(f.read().rpartition(")")[2].split()[3])
+                return int(f.read().rpartition(")")[2].split()[2])
         except (OSError, ValueError):
             return None
 
-    return [int(p) for p in os.listdir("/proc") if p.isdigit() and sid_of(p) == sid and alive(int(p))]
+    return [int(p) for p in os.listdir("/proc") if p.isdigit() and pgid_of(p) == pgid and alive(int(p))]
 
 
 def test_a_hard_killed_servers_job_dies_with_it_and_a_cancel_after_a_restart_kills_what_is_left(tmp_path):
@@ -66,24 +66,24 @@ def test_a_hard_killed_servers_job_dies_with_it_and_a_cancel_after_a_restart_kil
     server = subprocess.Popen([sys.executable, "-c", SERVER, str(workdir)], stdout=subprocess.PIPE, env=env, text=True)
     child = int(server.stdout.readline())
     until(lambda: (workdir / "batch-orphan.log").read_text().startswith("engine started"), "the job's engine")
-    assert len(session(child)) == 2  # the job and its engine
+    assert len(group(child)) == 2  # the job and its engine
     try:
         server.send_signal(signal.SIGKILL)  # the server OOM-killed: no handler of it runs
         server.wait()
         until(lambda: not alive(child), "the job outlived its server")
         # Its engine, a process of the job's own, is left: the restarted server's cancel of the batch kills it.
-        assert len(session(child)) == 1
+        assert len(group(child)) == 1
         restarted = ChildProcess(workdir)
         assert restarted.stop({"id": "batch-orphan"}) is True
-        assert session(child) == [] and not (workdir / "batch-orphan.pid").exists()
+        assert group(child) == [] and not (workdir / "batch-orphan.pid").exists()
     finally:
-        kill_session(child, None)
+        kill_group(child, None)
 
 
-def test_a_session_whose_leader_is_another_process_now_is_left_alone(tmp_path):
+def test_a_process_group_whose_leader_is_another_process_now_is_left_alone(tmp_path):
     other = subprocess.Popen(["sleep", "600"], start_new_session=True)
     try:
-        assert kill_session(other.pid, started=1) == 0 and alive(other.pid)  # recorded with another start time
+        assert kill_group(other.pid, started=1) == 0 and alive(other.pid)  # recorded with another start time
     finally:
         other.kill()
         other.wait()
