@@ -134,12 +134,13 @@ class BatchRunner:
             self.epoch = self.leases.claim(self.holder, seconds)
             if self.epoch is None:
                 return False
-            reaped = self.jobs.reap()
+            active = self.store.index_active()  # (its own batches: servers of other roots may share the workdir)
+            reaped = sum(self.jobs.reap(b["id"]) for b in self.store.active_batches())
             log.info(
                 "runner lease claimed (epoch %d); %d orphan processes of an earlier server killed; %d active batches",
                 self.epoch,
                 reaped,
-                self.store.index_active(),
+                active,
             )
             self.renewal = Renewal(lambda: self.leases.renew(self.holder, self.epoch, seconds), seconds, "runner-lease")
             self.renewal.__enter__()
@@ -425,20 +426,19 @@ class ChildProcess:
         self.child, self.child_of = None, None
         return True
 
-    def reap(self, batch_id: str | None = None) -> int:
-        """Kill the process groups that the pidfiles of earlier servers record (of `batch_id`, or all): jobs
-        left running by a server that was hard-killed (their engines, if their job itself died). How many
-        processes were killed."""
-        killed = 0
-        for path in [self._pidfile(batch_id)] if batch_id else sorted(self.workdir.glob("*.pid")):
-            if self.child is not None and path == self._pidfile(self.child_of):
-                continue  # this server's own child
-            try:
-                recorded = json.loads(path.read_text())
-            except (OSError, ValueError):
-                continue
-            killed += kill_group(recorded["pid"], recorded.get("started"))
-            path.unlink(missing_ok=True)
+    def reap(self, batch_id: str) -> int:
+        """Kill the process group that an earlier server's pidfile of `batch_id` records: a job left running by
+        a server that was hard-killed (its engines, if the job itself died). Only by batch: servers of other
+        output roots may share this folder. How many processes were killed."""
+        path = self._pidfile(batch_id)
+        if self.child_of == batch_id:
+            return 0  # this server's own child
+        try:
+            recorded = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return 0
+        killed = kill_group(recorded["pid"], recorded.get("started"))
+        path.unlink(missing_ok=True)
         return killed
 
     def _pidfile(self, batch_id: str) -> Path:
@@ -586,7 +586,7 @@ class AirflowRuns:
     def ended(self, batch: dict) -> None:
         pass
 
-    def reap(self, batch_id: str | None = None) -> int:
+    def reap(self, batch_id: str) -> int:
         return 0  # the runs are Airflow's: a restarted server watches them, nothing of them runs here
 
     def close(self) -> None:
