@@ -62,7 +62,7 @@ def key_digest(key: str) -> str:
 
 
 # What the runner keeps on a batch for itself: never shown to a client (the Airflow run's params name paths).
-INTERNAL = ("tenant", "cost_usd", "cancel_requested", "attempts", "airflow_run", "airflow_conf")
+INTERNAL = ("tenant", "cost_usd", "cancel_requested", "attempts", "failed_runs", "airflow_run", "airflow_conf")
 
 
 def public(batch: dict) -> dict:

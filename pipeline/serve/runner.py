@@ -221,8 +221,11 @@ class BatchRunner:
             self.launch(batch)
         elif (code := self.jobs.exit_code(batch)) is not None:
             self.jobs.forget(batch)
+            # Runs that failed, not launches: a server restarted mid-run launches its job again, and that
+            # is no fault of the job's.
+            batch["failed_runs"] = batch.get("failed_runs", 0) + (code != 0)
             self.store.put_batch(batch)
-            if code != 0 and batch.get("attempts", 0) < MAX_ATTEMPTS and not self.refused(batch):
+            if code != 0 and batch["failed_runs"] < MAX_ATTEMPTS and not self.refused(batch):
                 log.warning("batch %s: its job exited %d; running it again (it continues)", batch["id"], code)
                 return  # launched again on the next pass
             self.finish(batch, "completed")
