@@ -30,6 +30,7 @@ from pipeline.serve.runner import MAX_ATTEMPTS
 from pipeline.stores import storage
 from tests.conftest import REPO, TINY_CONFIG, read_kind
 from tests.integration.test_batch_files import OTHER, chat
+from tests.integration.test_serve_runner import alive
 from tests.jobs import assert_exactly_once, cli_env, start_cli
 
 KILLS = int(os.environ.get("TOKENMILL_CHAOS_KILLS", "5"))
@@ -140,14 +141,6 @@ def _serve(env: dict, port: int, log) -> subprocess.Popen:
             time.sleep(0.1)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rpartition(")")[2].split()[0] != "Z"
-    except OSError:
-        return False
-
-
 def _running_for(batch_ids: list[str]) -> list[int]:
     """Processes whose command line names one of the batches: a job of them (or its engine) still running."""
     found = []
@@ -157,7 +150,7 @@ def _running_for(batch_ids: list[str]) -> list[int]:
                 cmdline = f.read().decode(errors="replace")
         except OSError:
             continue
-        if any(b in cmdline for b in batch_ids) and _alive(int(pid)):
+        if any(b in cmdline for b in batch_ids) and alive(int(pid)):
             found.append(int(pid))
     return found
 
@@ -219,7 +212,7 @@ def test_the_batch_server_killed_at_random_answers_every_request_once_and_leaves
                 server.wait()
                 moments.append("server")
                 deadline = time.monotonic() + 30
-                while job is not None and _alive(job):  # its job dies with it
+                while job is not None and alive(job):  # its job dies with it
                     assert time.monotonic() < deadline, "the job outlived its hard-killed server"
                     time.sleep(0.05)
                 server = _serve(env, port, log)
