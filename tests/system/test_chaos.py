@@ -16,6 +16,7 @@ import os
 import random
 import signal
 import socket
+import sqlite3
 import subprocess
 import sys
 import time
@@ -31,7 +32,7 @@ from pipeline.stores import storage
 from tests.conftest import REPO, TINY_CONFIG, read_kind
 from tests.integration.test_batch_files import OTHER, chat
 from tests.integration.test_serve_runner import alive
-from tests.jobs import assert_exactly_once, cli_env, start_cli
+from tests.jobs import assert_exactly_once, cli_env, scalar, start_cli
 
 KILLS = int(os.environ.get("TOKENMILL_CHAOS_KILLS", "5"))
 # 120 documents (10 partitions) in the suite; `make chaos` runs 240 (20 partitions).
@@ -122,8 +123,10 @@ SERVE_REQUESTS = int(os.environ.get("TOKENMILL_CHAOS_SERVE_REQUESTS", "12"))
 KEYS = {"acme": "tm-chaos-acme", "globex": "tm-chaos-globex"}
 
 
-def _serve(env: dict, port: int, log) -> subprocess.Popen:
-    """`tokenmill serve` as a process of its own (its log in a file: a pipe nobody reads would fill), listening."""
+def _serve(env: dict, port: int, log, state_db) -> subprocess.Popen:
+    """`tokenmill serve` as a process of its own (its log in a file: a pipe nobody reads would fill), listening
+    and running batches: it holds the runner lease, so its catalog's schema is in place (a kill in the middle
+    of a first migration is another drill's)."""
     server = subprocess.Popen(
         [sys.executable, "-m", "pipeline.cli", "serve", "--config", str(TINY_CONFIG), "--port", str(port)],
         env=env,
@@ -135,10 +138,13 @@ def _serve(env: dict, port: int, log) -> subprocess.Popen:
     while True:
         try:
             httpx.get(f"http://127.0.0.1:{port}/v1/files", timeout=5)
-            return server
-        except httpx.TransportError:
-            assert server.poll() is None and time.monotonic() < deadline, "the server did not start"
-            time.sleep(0.1)
+            holder = scalar(state_db, "SELECT holder FROM runner_leases")
+            if holder is not None and holder.endswith(f":{server.pid}"):
+                return server
+        except (httpx.TransportError, sqlite3.OperationalError, TypeError):  # not listening, or no table yet
+            pass
+        assert server.poll() is None and time.monotonic() < deadline, "the server did not start"
+        time.sleep(0.1)
 
 
 def _running_for(batch_ids: list[str]) -> list[int]:
@@ -180,7 +186,7 @@ def test_the_batch_server_killed_at_random_answers_every_request_once_and_leaves
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
     log = open(tmp_path / "serve.log", "ab")  # noqa: SIM115 (the servers write to it)
-    server = _serve(env, port, log)
+    server = _serve(env, port, log, tmp_path / "state.db")
     clients = {
         t: openai.OpenAI(api_key=k, base_url=f"http://127.0.0.1:{port}/v1", max_retries=5) for t, k in KEYS.items()
     }
@@ -215,7 +221,7 @@ def test_the_batch_server_killed_at_random_answers_every_request_once_and_leaves
                 while job is not None and alive(job):  # its job dies with it
                     assert time.monotonic() < deadline, "the job outlived its hard-killed server"
                     time.sleep(0.05)
-                server = _serve(env, port, log)
+                server = _serve(env, port, log, tmp_path / "state.db")
                 if cancelled is None:  # a cancel after a restart stops the work: of the batch that ran, if one did
                     cancelled = running or next(b for b, t in batches.items() if t == "globex")
                     try:
@@ -251,10 +257,8 @@ def test_the_batch_server_killed_at_random_answers_every_request_once_and_leaves
             ]
             ids = [line["custom_id"] for line in inputs[batch_id]]
             if not lines:  # cancelled before its job began: nothing ran, every request counted failed
-                assert b.status == "cancelled" and (b.request_counts.completed, b.request_counts.failed) == (
-                    0,
-                    len(ids),
-                )
+                counts = (b.request_counts.completed, b.request_counts.failed)
+                assert b.status == "cancelled" and counts == (0, len(ids)), (batch_id, b.status, counts, b.errors)
                 continue
             assert sorted(line["custom_id"] for line in lines) == sorted(ids)  # each request answered or errored once
             assert_exactly_once(tmp_path / "output", batch_id, {"ids": ids, "bad_records": 0}, tmp_path / "state.db")
