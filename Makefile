@@ -96,12 +96,14 @@ test-repeat: install
 	$(PYTEST) -q $(XDIST) --count=$(REPEAT) $(CONCURRENCY_TESTS)
 
 # The long chaos run: tests/system/test_chaos.py with CHAOS_KILLS random SIGKILLs over CHAOS_DOCUMENTS
-# documents (the suite: 5 over 120) and a fresh seed, printed so that a failure replays:
+# documents (the suite: 5 over 120), as many of `tokenmill serve` or its job over two batches of 60 requests
+# (the suite: 2 over 12 each), and a fresh seed, printed so that a failure replays:
 # TOKENMILL_CHAOS_SEED=<seed> make chaos.
 CHAOS_KILLS ?= 20
 CHAOS_DOCUMENTS ?= 240
 chaos: install
 	TOKENMILL_CHAOS_KILLS=$(CHAOS_KILLS) TOKENMILL_CHAOS_DOCUMENTS=$(CHAOS_DOCUMENTS) TOKENMILL_CHAOS_SEED=$${TOKENMILL_CHAOS_SEED:-$$(date +%s)} \
+		TOKENMILL_CHAOS_SERVE_KILLS=$(CHAOS_KILLS) TOKENMILL_CHAOS_SERVE_REQUESTS=60 \
 		$(PYTEST) -q -s tests/system/test_chaos.py
 
 # The long run of tests/unit/test_fuzz_reader.py (the suite runs a bounded, deterministic one): random

@@ -36,10 +36,10 @@ def print_table(table, format: str, title: str | None = None) -> None:
     if format == "csv":
         import io
 
-        import pyarrow.csv as pacsv
+        from pipeline.output.safe_text import write_safe_csv
 
         buf = io.BytesIO()
-        pacsv.write_csv(table, buf)
+        write_safe_csv(table, buf)
         text = buf.getvalue().decode()
         typer.echo(text if text.endswith("\n") else text + "\n", nl=False)
         return
@@ -179,15 +179,15 @@ def ledger_export(
 
 def _write_export(table, to: Path, suffix: str) -> None:
     """Parquet or CSV, written beside `to` and renamed over it: a reader never sees half a file."""
-    import pyarrow.csv as pacsv
     import pyarrow.parquet as pq
 
     from pipeline.output.focus import csv_ready
+    from pipeline.output.safe_text import write_safe_csv
 
     to.parent.mkdir(parents=True, exist_ok=True)
     partial = to.with_name(f".{to.name}.partial")
     if suffix == ".csv":
-        pacsv.write_csv(csv_ready(table), partial)
+        write_safe_csv(csv_ready(table), partial)
     else:
         pq.write_table(table, partial, compression="zstd")
     partial.replace(to)

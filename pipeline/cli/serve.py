@@ -20,6 +20,7 @@ def serve(
     import uvicorn
 
     from pipeline.serve.app import create_app
+    from pipeline.serve.listen import uvicorn_config
     from pipeline.serve.runner import BatchRunner
     from pipeline.serve.store import ApiStore
     from pipeline.stores import storage
@@ -31,7 +32,8 @@ def serve(
     runner = BatchRunner(cfg, store)
     runner.start()
     try:
-        uvicorn.run(create_app(cfg, store), host=host or cfg.serve.host, port=port or cfg.serve.port, log_level="info")
+        app = create_app(cfg, store)
+        uvicorn.Server(uvicorn_config(app, cfg.serve, host or cfg.serve.host, port or cfg.serve.port)).run()
     finally:
         runner.close()
 

@@ -51,6 +51,35 @@ class ServeConfig(Section):
             "window is `expired`: what it answered is returned, the rest is in the error file as `batch_expired`."
         ),
     )
+    max_active_batches: int = Field(
+        50,
+        gt=0,
+        description="Most batches one tenant may have queued or running (`validating` to `finalizing`); a create "
+        "over it is refused (429, `too_many_batches`). The runner takes the tenants' queued batches in turn.",
+    )
+    estimate_queue: int = Field(
+        4,
+        ge=0,
+        description="With budget caps, how many creates of one tenant may wait while another of its batches is "
+        "estimated (one estimate per tenant at a time; tenants do not wait for each other); one more is refused "
+        "(429, `estimate_busy`).",
+    )
+    header_timeout_seconds: float = Field(
+        10.0,
+        gt=0,
+        description="A connection whose request headers are not complete this long after it opened (or after its "
+        "last response) is closed.",
+    )
+    keep_alive_seconds: float = Field(
+        5.0, gt=0, description="An idle keep-alive connection is closed after this long without a new request."
+    )
+    file_retention_days: float | None = Field(
+        None,
+        gt=0,
+        description="Files (uploads and batches' result files) older than this are deleted by the batch runner, "
+        "as a client's `DELETE /v1/files/{id}` would (an active batch's input is kept until it ends); unset: kept "
+        "until a client deletes them. A batch's own copies of its input are removed when it ends, whatever this says.",
+    )
     poll_seconds: float = Field(
         1.0, gt=0, description="How often the server's batch runner looks for work and for cancellations."
     )

@@ -23,7 +23,6 @@ import ast
 import gzip
 import hashlib
 import importlib.util
-import json
 import os
 import random
 import re
@@ -36,6 +35,7 @@ from collections import Counter
 from pathlib import Path
 
 from pipeline.dedup.guards import NUMBER
+from pipeline.output.safe_text import json_line
 
 MIN_BYTES = 1024
 MAX_BYTES = 4096
@@ -414,9 +414,9 @@ def build_holdout(
     out.parent.mkdir(parents=True, exist_ok=True)
     with open(out, "w", encoding="utf-8") as f:
         for d in docs:
-            f.write(json.dumps({"id": d["id"], "text": d["text"], "source": d["source"]}, ensure_ascii=False) + "\n")
+            f.write(json_line({"id": d["id"], "text": d["text"], "source": d["source"]}))
         for v in edits:
-            f.write(json.dumps(v, ensure_ascii=False) + "\n")
+            f.write(json_line(v))
     by_source = Counter(d["kind"] for d in docs)
     counts = {
         "out": str(out),

@@ -22,6 +22,7 @@ import xxhash
 from pipeline.config import TokenmillConfig
 from pipeline.ingest.read import FileReader
 from pipeline.output.commit import relative
+from pipeline.output.safe_text import json_line
 from pipeline.schema import REASONS
 from pipeline.stores import storage
 
@@ -59,7 +60,7 @@ def write_batch_results(
         lines, counts = _result_lines(job_id, fmt, requests, tables)
         paths = result_paths(out, job_id, file, fmt)
         for kind, path in paths.items():
-            body = "".join(json.dumps(line, ensure_ascii=False) + "\n" for line in lines[kind])
+            body = "".join(json_line(line) for line in lines[kind])
             storage.write_bytes_atomic(out, path, body.encode())
         summary[file] = {
             "format": fmt,

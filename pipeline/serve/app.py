@@ -16,6 +16,7 @@ SHA-256 names its tenant (`tenants.<name>.api_keys`). A key sees only its tenant
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import logging
 import tempfile
@@ -61,7 +62,7 @@ def key_digest(key: str) -> str:
 
 
 # What the runner keeps on a batch for itself: never shown to a client (the Airflow run's params name paths).
-INTERNAL = ("tenant", "cost_usd", "cancel_requested", "attempts", "airflow_run", "airflow_conf")
+INTERNAL = ("tenant", "cost_usd", "cancel_requested", "attempts", "failed_runs", "airflow_run", "airflow_conf")
 
 
 def public(batch: dict) -> dict:
@@ -206,7 +207,9 @@ def _file_routes(app: FastAPI, store: ApiStore, limits: ServeConfig, tenant) -> 
 
     @app.delete("/v1/files/{file_id}")
     def delete_file(file_id: str, who: str = Depends(tenant)):
-        store.delete_file(_owned_file(store, file_id, who))
+        meta = _owned_file(store, file_id, who)
+        store.delete_file(meta)
+        store.remove_copies(meta)
         return {"id": file_id, "object": "file", "deleted": True}
 
 
@@ -246,17 +249,48 @@ def new_batch(body: CreateBatch, tenant: str, limits: ServeConfig) -> dict:
     }
 
 
+class EstimateQueue:
+    """One budget estimate at a time per tenant, with at most `bound` more of its creates waiting for their turn
+    (each waits in a worker thread of the server: the bound keeps one tenant from taking them all); the next
+    one is refused (429). Tenants have a queue each, so one tenant's large estimates never delay another's."""
+
+    def __init__(self, bound: int):
+        self.bound = bound
+        self.guard = threading.Lock()
+        self.turns: dict[str, threading.Lock] = {}
+        self.queued: dict[str, int] = {}  # tenant -> its creates estimating or waiting to
+
+    @contextlib.contextmanager
+    def turn(self, tenant: str):
+        with self.guard:
+            if self.queued.get(tenant, 0) > self.bound:
+                raise ApiError(
+                    429,
+                    f"{self.queued[tenant]} batches of this tenant are being estimated or wait to: retry",
+                    "estimate_busy",
+                )
+            self.queued[tenant] = self.queued.get(tenant, 0) + 1
+            lock = self.turns.setdefault(tenant, threading.Lock())
+        try:
+            with lock:
+                yield
+        finally:
+            with self.guard:
+                self.queued[tenant] -= 1
+
+
 class BudgetCheck:
     """With `budget:` caps, a batch whose estimate crosses its tenant's (or the job) cap is refused in the call that
     creates it (400, `budget_exceeded`), with the estimate. The estimate is `tokenmill estimate`'s on the batch's
     own job, exact cache hits free (a file submitted again costs nothing), compared as the job's budget guard
-    compares (busy time, escalations in): it plans and tokenises the file inside the call, so one runs at a time
-    (another caller gets 429 and retries) and only for files of at most `serve.estimate_max_requests` requests.
-    The job checks the caps again when it starts, against what it has spent by then, and before every engine call."""
+    compares (busy time, escalations in): it plans and tokenises the file inside the call, so only for files of
+    at most `serve.estimate_max_requests` requests, and one at a time per tenant (`EstimateQueue`): a tenant's
+    estimates never hold up another's. The job checks the caps again when it starts, against what it has spent
+    by then, and before every engine call."""
 
     def __init__(self, config: TokenmillConfig, store: ApiStore):
         self.config, self.store = config, store
-        self.running = threading.Lock()
+        self.queue = EstimateQueue(config.serve.estimate_queue)
 
     def applies(self, tenant: str) -> bool:
         b = self.config.budget
@@ -267,19 +301,17 @@ class BudgetCheck:
     def check(self, batch: dict, data: bytes) -> None:
         if request_lines(data) > self.config.serve.estimate_max_requests:
             return  # too large to plan inside a call: its job's own check refuses it when it starts
-        if not self.running.acquire(blocking=False):
-            raise ApiError(429, "another batch is being estimated against its budget: retry", "estimate_busy")
         try:
-            with tempfile.TemporaryDirectory(prefix="tokenmill-admission-") as folder:
-                Path(folder, "input.jsonl").write_bytes(data)
-                est = estimate_job(job_config(self.config, self.store, batch), input_uri=folder, cached=True)
+            with self.queue.turn(batch["tenant"]), tempfile.TemporaryDirectory(prefix="tokenmill-admission-") as d:
+                Path(d, "input.jsonl").write_bytes(data)
+                est = estimate_job(job_config(self.config, self.store, batch), input_uri=d, cached=True)
+        except ApiError:
+            raise
         except Exception:  # no estimate is no reason to refuse: the job's own check still applies
             log.exception(
                 "batch %s: no budget estimate in the call; its job checks the caps when it starts", batch["id"]
             )
             return
-        finally:
-            self.running.release()
         busy = est["tenants_busy_usd"]
         problems = budget_problems(self.config, sum(busy.values()), busy)
         if problems:
@@ -302,7 +334,9 @@ def _batch_routes(app: FastAPI, store: ApiStore, config: TokenmillConfig, tenant
             raise ApiError(400, f"file {body.input_file_id} is not a batch input file", "invalid_file")
         if budget.applies(who):
             budget.check(batch, store.content(meta))
-        store.put_batch(batch)
+        if not store.add_batch(batch, limits.max_active_batches):
+            message = f"this tenant has {limits.max_active_batches} batches queued or running: retry when one ends"
+            raise ApiError(429, message, "too_many_batches")
         return public(batch)
 
     @app.get("/v1/batches")

@@ -7,14 +7,20 @@
   completed | failed | cancelled | expired
 
 The batch id is the job id, so a server restarted mid-batch runs the same job again and it continues
-where it stopped, paying for nothing twice (the job's own exactly-once). Cancelling (or expiry) stops the child;
-then every partition of the job is committed with the answers it has (job/lifecycle.py `end_stopped`), so
-what was paid for is returned, and the requests not answered are in the error file (`batch_cancelled`,
-`batch_expired`). The runner is the one writer of batch objects; the API only asks it to cancel.
+where it stopped, paying for nothing twice (the job's own exactly-once). One server per output root runs
+batches: the holder of the runner lease (stores/runners.py); another serves the API only until the lease is
+free. The child dies with the server (PR_SET_PDEATHSIG), and its process group is recorded in a pidfile, so
+a server that claims the lease kills whatever a hard-killed server before it left running: never two runs of
+one job side by side. Queued batches are taken from the tenants in turn (`next_turn`), each tenant's oldest.
+Cancelling (or expiry) stops the child; then every partition of the job is committed with the answers it has
+(job/lifecycle.py `end_stopped`), so what was paid for is returned, and the requests not answered are in the
+error file (`batch_cancelled`, `batch_expired`). The runner is the one writer of batch objects once created;
+the API only asks it to cancel.
 """
 
 from __future__ import annotations
 
+import ctypes
 import functools
 import json
 import logging
@@ -32,13 +38,16 @@ from pipeline.config import TokenmillConfig, tokenmill_home
 from pipeline.errors import JobError
 from pipeline.job.lifecycle import Job
 from pipeline.job.orchestrate import job_manifest
-from pipeline.serve.store import ApiStore
+from pipeline.serve.store import ACTIVE, ApiStore
 from pipeline.stores import storage
 from pipeline.stores.catalog import StateStore
+from pipeline.stores.lease import Renewal, default_worker
+from pipeline.stores.runners import RunnerLeases
+from pipeline.stores.staging import StagingArea
 
 log = logging.getLogger(__name__)
 
-ACTIVE = ("validating", "in_progress", "finalizing", "cancelling")
+__all__ = ["ACTIVE", "BatchRunner", "job_config", "request_lines"]
 MAX_ATTEMPTS = 3  # runs of a batch's job that exit with an error before the batch is finalised with what it has
 MAX_FAULTS = 5  # passes in a row that fail on one batch (storage, catalog) before it is failed, unblocking the queue
 JOB_FAILED = "the batch's job failed; the server's log names the cause (look for the batch id)"
@@ -73,6 +82,10 @@ class BatchRunner:
         self.faults: dict[str, int] = {}  # batch id -> passes in a row that raised on it
         self.stopping: dict[str, Job] = {}  # batch id -> its stopped job, while a partition's holder keeps it
         self.waiting: dict[str, float] = {}  # batch id -> since when it waits for such a holder (monotonic)
+        self.last_tenant: str | None = None  # whose batch was taken last (tenants take turns)
+        self.holder, self.epoch = default_worker(), None  # this server's claim of the runner lease, while held
+        self.renewal: Renewal | None = None
+        self.next_sweep = 0.0  # when the retention sweep runs next (monotonic)
         self.thread = threading.Thread(target=self._loop, name="batch-runner", daemon=True)
 
     def start(self) -> None:
@@ -81,29 +94,96 @@ class BatchRunner:
 
     def close(self) -> None:
         """Stop looking for work and stop the child (an Airflow run goes on): its batch stays `in_progress` and
-        continues at the next start."""
+        continues at the next start (here, or on a server that takes the released lease over)."""
         self.stop.set()
-        self.thread.join(timeout=30)
+        if self.thread.is_alive():
+            self.thread.join(timeout=30)
         self.jobs.close()
+        if self.epoch is not None:
+            self.renewal.__exit__(None, None, None)
+            self.leases.release(self.holder, self.epoch)
 
     def _loop(self) -> None:
         while not self.stop.is_set():
             try:
-                self.step()
+                if self.holds_lease():
+                    self.step()
+                    self.sweep_files()
             except Exception:  # a fault of one pass (storage down): logged, the next pass tries again
                 log.exception("batch runner")
             self.stop.wait(self.config.serve.poll_seconds)
 
+    @functools.cached_property
+    def leases(self) -> RunnerLeases:
+        return RunnerLeases(self.state, self.store.out.uri(self.store.out.path))
+
+    def holds_lease(self) -> bool:
+        """Whether this server runs batches now: it holds its output root's runner lease, claimed on the first
+        pass it is free. Claiming it kills what a server before it left running (a live orphan job: it would
+        run beside the one started here); losing it (taken over while this server hung) stops this server's job."""
+        seconds = self.config.state.lease_seconds
+        if self.renewal is not None and self.renewal.lost:
+            log.error(
+                "the runner lease was taken over by %s: this server's job stops; it serves the API only",
+                self.leases.holder(),
+            )
+            self.renewal.__exit__(None, None, None)
+            self.renewal, self.epoch = None, None
+            self.jobs.close()
+        if self.epoch is None:
+            self.epoch = self.leases.claim(self.holder, seconds)
+            if self.epoch is None:
+                return False
+            active = self.store.index_active()  # (its own batches: servers of other roots may share the workdir)
+            reaped = sum(self.jobs.reap(b["id"]) for b in self.store.active_batches())
+            log.info(
+                "runner lease claimed (epoch %d); %d orphan processes of an earlier server killed; %d active batches",
+                self.epoch,
+                reaped,
+                active,
+            )
+            self.renewal = Renewal(lambda: self.leases.renew(self.holder, self.epoch, seconds), seconds, "runner-lease")
+            self.renewal.__enter__()
+        return True
+
     def step(self) -> None:
         """One pass: end every active batch asked to cancel or past its window, wherever it is in the queue;
-        then advance the oldest (one job at a time: one set of engines)."""
-        active = [b for b in reversed(self.store.batches()) if b["status"] in ACTIVE]
+        then advance the one running, or else start the next in turn (one job at a time: one set of engines)."""
+        active = self.store.active_batches()
+        started = [b for b in active if b["status"] != "validating"]
+        current = started[0] if started else self.next_turn([b for b in active if b["status"] == "validating"])
         now = int(time.time())
-        for batch in active[1:]:
-            if self.store.cancel_asked(batch["id"]) or now >= batch["expires_at"]:
+        for batch in active:
+            if batch is not current and (self.store.cancel_asked(batch["id"]) or now >= batch["expires_at"]):
                 self.guarded(batch)
-        if active:
-            self.guarded(active[0])
+        if current is not None:
+            self.guarded(current)
+
+    def sweep_files(self, every: float = 3600) -> int:
+        """Delete the files older than `serve.file_retention_days` (at most once every `every` seconds: it reads
+        every file's metadata), except the input of an active batch. How many it deleted."""
+        days = self.config.serve.file_retention_days
+        if days is None or time.monotonic() < self.next_sweep:
+            return 0
+        self.next_sweep = time.monotonic() + every
+        cutoff = time.time() - days * 86400
+        in_use = {b["input_file_id"] for b in self.store.active_batches()}
+        old = [f for f in self.store.all_files() if f["created_at"] < cutoff and f["id"] not in in_use]
+        for meta in old:
+            self.store.delete_file(meta)
+        if old:
+            log.info("%d files older than serve.file_retention_days (%s) deleted", len(old), days)
+        return len(old)
+
+    def next_turn(self, queued: list[dict]) -> dict | None:
+        """The oldest queued batch of the tenant after the one taken last (tenants in turn, by name): a tenant
+        that queued many batches gets one of every round, never the whole queue."""
+        if not queued:
+            return None
+        tenants = sorted({b["tenant"] for b in queued})
+        after = [t for t in tenants if self.last_tenant is not None and t > self.last_tenant]
+        self.last_tenant = (after or tenants)[0]
+        return next(b for b in queued if b["tenant"] == self.last_tenant)
 
     def guarded(self, batch: dict) -> None:
         """Advance `batch`; one that fails MAX_FAULTS passes in a row is failed, so it cannot block the queue."""
@@ -121,7 +201,7 @@ class BatchRunner:
                 except Exception:  # failed all the same, so it cannot block the queue
                     log.exception("batch %s: its job could not be stopped", batch["id"])
                 batch.update(status="failed", failed_at=int(time.time()), errors=_errors("job_failed", JOB_FAILED))
-                self.store.put_batch(batch)
+                self.put_ended(batch)
 
     def advance(self, batch: dict) -> None:
         now = int(time.time())
@@ -141,8 +221,11 @@ class BatchRunner:
             self.launch(batch)
         elif (code := self.jobs.exit_code(batch)) is not None:
             self.jobs.forget(batch)
+            # Runs that failed, not launches: a server restarted mid-run launches its job again, and that
+            # is no fault of the job's.
+            batch["failed_runs"] = batch.get("failed_runs", 0) + (code != 0)
             self.store.put_batch(batch)
-            if code != 0 and batch.get("attempts", 0) < MAX_ATTEMPTS and not self.refused(batch):
+            if code != 0 and batch["failed_runs"] < MAX_ATTEMPTS and not self.refused(batch):
                 log.warning("batch %s: its job exited %d; running it again (it continues)", batch["id"], code)
                 return  # launched again on the next pass
             self.finish(batch, "completed")
@@ -226,7 +309,7 @@ class BatchRunner:
         batch["cost_usd"] = manifest.get("cost", {}).get("cost_usd", 0.0)
         at = {"completed": "completed_at", "cancelled": "cancelled_at", "expired": "expired_at"}[status]
         batch.update(status=status, **{at: now})
-        self.store.put_batch(batch)
+        self.put_ended(batch)
         log.info("batch %s: %s, %s", batch["id"], status, json.dumps(batch["request_counts"]))
 
     @staticmethod
@@ -264,12 +347,19 @@ class BatchRunner:
         job = self.state.job(batch["id"])
         return job is not None and job.status == "refused"
 
+    def put_ended(self, batch: dict) -> None:
+        """Write the ended batch, then remove the copies of its input the server made: the job's input file
+        and its staged records (the client's upload stays until the client deletes it)."""
+        self.store.put_batch(batch)
+        self.store.remove_input(batch["id"])
+        StagingArea(self.store.out, batch["id"]).remove()
+
     def end_unanswered(self, batch: dict, status: str, now: int, errors: dict | None = None) -> None:
         """End a batch (`cancelled`, `expired` or `failed`) whose job answered nothing: every request failed."""
         counts = batch["request_counts"]
         batch["request_counts"] = {**counts, "completed": 0, "failed": counts["total"]}
         batch.update(status=status, **{f"{status}_at": now}, **({"errors": errors} if errors else {}))
-        self.store.put_batch(batch)
+        self.put_ended(batch)
 
 
 class ChildProcess:
@@ -285,6 +375,7 @@ class ChildProcess:
 
     def start(self, batch: dict, config: TokenmillConfig, save) -> None:
         self.stop()  # another batch's child, if any: one job (one set of engines) at a time
+        self.reap(batch["id"])  # one left by an earlier server, if any survived: never two runs of a job
         path = self.workdir / f"{batch['id']}.yaml"
         # The config whole, its secrets expanded: readable by this user alone, deleted when the batch ends.
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
@@ -293,22 +384,37 @@ class ChildProcess:
         command = [sys.executable, "-m", "pipeline.cli", "run", "--config", str(path), "--job-id", batch["id"]]
         # The config is whole in the file: no TOKENMILL_* override of the server's environment applies twice.
         env = {k: v for k, v in os.environ.items() if not k.startswith("TOKENMILL_") or k == "TOKENMILL_HOME"}
-        out = open(self.workdir / f"{batch['id']}.log", "ab")  # noqa: SIM115 (the child holds it)
-        self.child = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        self.child_of = batch["id"]
-        out.close()
+        self.spawn(batch["id"], command, env)
         save()
         log.info("batch %s: job started (pid %d)", batch["id"], self.child.pid)
+
+    def spawn(self, batch_id: str, command: list[str], env: dict | None = None) -> None:
+        """Start `command` as the child running `batch_id`, dying with this server, its process group in a pidfile."""
+        out = open(self.workdir / f"{batch_id}.log", "ab")  # noqa: SIM115 (the child holds it)
+        self.child = subprocess.Popen(
+            command,
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,  # its own process group, its engines' processes in it: found and killed as one
+            preexec_fn=functools.partial(_die_with_parent, os.getpid()),
+        )
+        self.child_of = batch_id
+        out.close()
+        self._pidfile(batch_id).write_text(json.dumps({"pid": self.child.pid, "started": _started(self.child.pid)}))
 
     def exit_code(self, batch: dict) -> int | None:
         return self.child.poll() if self.runs(batch) else None
 
     def forget(self, batch: dict) -> None:
+        self._pidfile(batch["id"]).unlink(missing_ok=True)
         self.child, self.child_of = None, None
 
     def stop(self, batch: dict | None = None) -> bool:
-        """Stop the child (only when it runs `batch`, if given); True: it has ended."""
+        """Stop the child (only when it runs `batch`, if given; else whatever an earlier server left running
+        `batch`); True: it has ended."""
         if batch is not None and self.child_of != batch["id"]:
+            self.reap(batch["id"])
             return True
         if self.child is not None and self.child.poll() is None:
             os.killpg(self.child.pid, signal.SIGTERM)  # the child and its engines' processes
@@ -317,8 +423,29 @@ class ChildProcess:
             except subprocess.TimeoutExpired:
                 os.killpg(self.child.pid, signal.SIGKILL)
                 self.child.wait()
+        if self.child is not None:
+            kill_group(self.child.pid, None)  # an engine process that outlived its job's SIGTERM
+            self._pidfile(self.child_of).unlink(missing_ok=True)
         self.child, self.child_of = None, None
         return True
+
+    def reap(self, batch_id: str) -> int:
+        """Kill the process group that an earlier server's pidfile of `batch_id` records: a job left running by
+        a server that was hard-killed (its engines, if the job itself died). Only by batch: servers of other
+        output roots may share this folder. How many processes were killed."""
+        path = self._pidfile(batch_id)
+        if self.child_of == batch_id:
+            return 0  # this server's own child
+        try:
+            recorded = json.loads(path.read_text())
+        except (OSError, ValueError):
+            return 0
+        killed = kill_group(recorded["pid"], recorded.get("started"))
+        path.unlink(missing_ok=True)
+        return killed
+
+    def _pidfile(self, batch_id: str) -> Path:
+        return self.workdir / f"{batch_id}.pid"
 
     def ended(self, batch: dict) -> None:
         (self.workdir / f"{batch['id']}.yaml").unlink(missing_ok=True)
@@ -462,11 +589,67 @@ class AirflowRuns:
     def ended(self, batch: dict) -> None:
         pass
 
+    def reap(self, batch_id: str) -> int:
+        return 0  # the runs are Airflow's: a restarted server watches them, nothing of them runs here
+
     def close(self) -> None:
         self.client.close()
 
     def where_to_look(self, batch: dict) -> str:
         return f"its Airflow run {batch.get('airflow_run')} of {self.trigger.dag_id}: see its failed tasks' logs"
+
+
+PR_SET_PDEATHSIG = 1
+_LIBC = ctypes.CDLL(None, use_errno=True)  # loaded before any fork: the child only calls into it
+
+
+def _die_with_parent(parent: int) -> None:
+    """In the child, before it runs `tokenmill run`: SIGKILL when the server's thread that started it ends
+    (the runner's, which lives as long as the server), so a hard-killed server leaves no job running; one
+    whose server died before this line exits at once."""
+    _LIBC.prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent:
+        os._exit(1)
+
+
+def _stat(pid: int) -> tuple[str, int, int] | None:
+    """A process's state, process group and start time (clock ticks after boot), from /proc; None: none runs."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rpartition(")")[2].split()
+    except (OSError, ValueError):
+        return None
+    return fields[0], int(fields[2]), int(fields[19])
+
+
+def _started(pid: int) -> int | None:
+    stat = _stat(pid)
+    return None if stat is None else stat[2]
+
+
+def kill_group(group: int, started: int | None) -> int:
+    """SIGKILL every process of the process group `group` (its leader was started at `started`, when known), and
+    wait until they are gone. A group whose leader runs with another start time is another's (the pid was
+    reused): left alone. A pid is never reused while a process of its group lives, so the members of a group
+    whose leader died are its own. How many processes were killed."""
+    leader = _stat(group)
+    if leader is not None and started is not None and leader[2] != started:
+        return 0
+
+    def members() -> list[int]:
+        pids = (int(p) for p in os.listdir("/proc") if p.isdigit())
+        return [p for p in pids if (st := _stat(p)) is not None and st[1] == group and st[0] != "Z"]
+
+    found = members()
+    for pid in found:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    deadline = time.monotonic() + 30
+    while members() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    return len(found)
 
 
 def _errors(code: str, message: str) -> dict:

@@ -4,7 +4,9 @@
   _api/files/<file id>.jsonl       an uploaded file's content (a job's result files stay where the job wrote them)
   _api/batches/<batch id>.json     a batch object (OpenAI's fields, plus its tenant and job)
   _api/batches/<batch id>.cancel   asked to cancel (the API writes it; the runner, the batch's one writer, acts)
-  _api/inputs/<batch id>/input.jsonl   the batch's input, as its job reads it
+  _api/inputs/<batch id>/input.jsonl   the batch's input, as its job reads it (removed when the batch ends)
+  _api/active/<batch id>.json      the index of active batches (its tenant and creation time): what the
+                                   runner lists each pass and what a tenant's cap counts, O(active batches)
 
 Every write is whole and atomic (storage.write_bytes_atomic). Each object names its tenant; the API hands
 an object only to a key of that tenant, and answers 404 to any other, as if it did not exist.
@@ -14,12 +16,16 @@ from __future__ import annotations
 
 import json
 import secrets
+import threading
 import time
 
 import pyarrow.fs as pafs
 
 from pipeline.output.commit import relative
 from pipeline.stores import storage
+from pipeline.stores.staging import StagingArea
+
+ACTIVE = ("validating", "in_progress", "finalizing", "cancelling")
 
 
 def new_id(prefix: str) -> str:
@@ -29,6 +35,7 @@ def new_id(prefix: str) -> str:
 class ApiStore:
     def __init__(self, out: storage.Location):
         self.out = out
+        self.creating = threading.Lock()
 
     def _path(self, *parts: str) -> str:
         return self.out.join("_api", *parts)
@@ -80,6 +87,10 @@ class ApiStore:
     def content(self, meta: dict) -> bytes:
         return storage.read_bytes(self.out, self.out.join(meta["content"]))
 
+    def all_files(self) -> list[dict]:
+        """Every file not deleted, of any tenant (the runner's retention sweep)."""
+        return [f for f in self._all("files") if not f.get("deleted")]
+
     def delete_file(self, meta: dict) -> None:
         """Its content removed (an upload's; a job's result files stay with the job), its metadata marked."""
         if meta["content"].startswith("_api/files/"):
@@ -89,9 +100,71 @@ class ApiStore:
                 pass
         self._write(self._path("files", f"{meta['id']}.json"), {**meta, "deleted": True})
 
+    def remove_copies(self, meta: dict) -> None:
+        """Remove what the ended batches made from a deleted file copied (their job's input and staged
+        records): the runner removes them when a batch ends, so this finds some only in an output root from
+        before it did. Reads the tenant's batches: for a client's delete, not for a sweep of many files."""
+        for batch in self.batches(meta["tenant"]):
+            if batch["input_file_id"] == meta["id"] and batch["status"] not in ACTIVE:
+                self.remove_input(batch["id"])
+                StagingArea(self.out, batch["id"]).remove()
+
     # -- batches ---------------------------------------------------------------------------------------
     def put_batch(self, batch: dict) -> None:
-        self._write(self._path("batches", f"{batch['id']}.json"), batch)
+        """Write the batch; an active one is in the index before its object exists, an ended one leaves it
+        after its object says so (a crash in between leaves an entry the runner drops: never a lost batch)."""
+        marker = self._path("active", f"{batch['id']}.json")
+        if batch["status"] in ACTIVE:
+            self._write(marker, {"tenant": batch["tenant"], "created_at": batch["created_at"]})
+            self._write(self._path("batches", f"{batch['id']}.json"), batch)
+        else:
+            self._write(self._path("batches", f"{batch['id']}.json"), batch)
+            self._forget_active(batch["id"])
+
+    def add_batch(self, batch: dict, cap: int) -> bool:
+        """Write a new batch unless its tenant has `cap` active ones already (False). One create at a time
+        in this server, so that two creates cannot both pass the count."""
+        with self.creating:
+            if self.active_count(batch["tenant"]) >= cap:
+                return False
+            self.put_batch(batch)
+            return True
+
+    def _forget_active(self, batch_id: str) -> None:
+        try:
+            self.out.fs.delete_file(self._path("active", f"{batch_id}.json"))
+        except FileNotFoundError:
+            pass
+
+    def active_batches(self) -> list[dict]:
+        """The active batches (any tenant), oldest first, read through the index: O(active), not O(batches)."""
+        found = []
+        for batch_id in self._names("active"):
+            batch = self.batch(None, batch_id)
+            if batch is not None and batch["status"] in ACTIVE:
+                found.append(batch)
+            elif batch is not None:  # ended, and its writer died before leaving the index
+                self._forget_active(batch_id)
+        return sorted(found, key=lambda b: (b["created_at"], b["id"]))
+
+    def active_count(self, tenant: str) -> int:
+        """How many batches `tenant` has queued or running (an entry whose batch was never written counts,
+        for at most the moment of a create that failed halfway)."""
+        entries = (self._read(self._path("active", f"{name}.json")) for name in self._names("active"))
+        return sum(1 for e in entries if e is not None and e["tenant"] == tenant)
+
+    def index_active(self) -> int:
+        """Rebuild the index from every batch object (a root written before the index existed, or an entry
+        lost): once, when a runner starts. How many active batches it found."""
+        active = [b for b in self._all("batches") if b["status"] in ACTIVE]
+        indexed = set(self._names("active"))
+        for batch in active:
+            if batch["id"] not in indexed:
+                self._write(
+                    self._path("active", f"{batch['id']}.json"),
+                    {"tenant": batch["tenant"], "created_at": batch["created_at"]},
+                )
+        return len(active)
 
     def batch(self, tenant: str | None, batch_id: str) -> dict | None:
         """The batch, when `tenant` owns it (None: any tenant, for the runner)."""
@@ -117,12 +190,21 @@ class ApiStore:
     def input_folder(self, batch_id: str) -> str:
         return self._path("inputs", batch_id)
 
-    def _all(self, kind: str) -> list[dict]:
+    def remove_input(self, batch_id: str) -> None:
+        """Delete the copy of a batch's input its job read (the batch has ended)."""
+        folder = self.input_folder(batch_id)
+        if self.out.fs.get_file_info(folder).type != pafs.FileType.NotFound:
+            self.out.fs.delete_dir(folder)
+
+    def _names(self, kind: str) -> list[str]:
+        """The ids of the JSON objects under `_api/<kind>/`."""
         selector = pafs.FileSelector(self._path(kind), allow_not_found=True)
         infos = self.out.fs.get_file_info(selector)
         # A dot-file is a temporary one a write in flight (or a killed one) left.
-        names = [i.path for i in infos if i.path.endswith(".json") and not i.base_name.startswith(".")]
-        return [v for v in (self._read(p) for p in names) if v is not None]
+        return [i.base_name[:-5] for i in infos if i.base_name.endswith(".json") and not i.base_name.startswith(".")]
+
+    def _all(self, kind: str) -> list[dict]:
+        return [v for v in (self._read(self._path(kind, f"{n}.json")) for n in self._names(kind)) if v is not None]
 
 
 def _safe_id(value: str, prefix: str) -> bool:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 
 from pipeline.stores import storage
 
@@ -40,6 +41,13 @@ class StagingArea:
 
     def _json_path(self, name: str) -> str:
         return self.root.join("_staging", f"job={self.job_id}", f"{name}.json")
+
+    def remove(self) -> None:
+        """Delete the job's whole area (its staged records hold the input's text): for a job that has ended
+        for good, such as a Batch API batch once it is finalised."""
+        folder = self.root.join("_staging", f"job={self.job_id}")
+        if self.root.fs.get_file_info(folder).type != pafs.FileType.NotFound:
+            self.root.fs.delete_dir(folder)
 
     # -- planning's hand-offs between its steps (plan/streamed.py, plan/shards.py) ---------------------
     def write_plan(self, plan: dict) -> None:

@@ -16,6 +16,7 @@ import pytest
 import uvicorn
 
 from pipeline.serve.app import create_app, key_digest
+from pipeline.serve.listen import uvicorn_config
 from pipeline.serve.runner import BatchRunner
 from pipeline.serve.store import ApiStore
 from pipeline.stores import storage
@@ -36,9 +37,8 @@ class Server:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
-        self.server = uvicorn.Server(
-            uvicorn.Config(create_app(config, self.store), host="127.0.0.1", port=self.port, log_level="warning")
-        )
+        app = create_app(config, self.store)
+        self.server = uvicorn.Server(uvicorn_config(app, config.serve, "127.0.0.1", self.port, "warning"))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
     def __enter__(self):

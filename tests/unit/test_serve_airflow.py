@@ -125,7 +125,7 @@ def test_airflow_down_is_not_the_batchs_fault_but_a_refusing_airflow_fails_it(ma
     store = ApiStore(storage.resolve(str(tmp_path / "out")))
     runner = BatchRunner(config, store, tmp_path / "serve")
     runner.jobs = _runs(airflow)
-    batch = {**_batch(), "status": "in_progress", "expires_at": 2**40, "request_counts": {"total": 1}}
+    batch = {**_batch(), "status": "in_progress", "created_at": 0, "expires_at": 2**40, "request_counts": {"total": 1}}
     runner.jobs.start(batch, _Config, lambda: None)  # its run is on Airflow, running
     airflow.runs[RUN]["state"] = "running"
     store.put_batch(batch)

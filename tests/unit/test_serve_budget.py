@@ -3,6 +3,9 @@ applies to, what it compares, and what happens when the estimate cannot be made 
 
 from __future__ import annotations
 
+import threading
+import time
+
 import pytest
 
 from pipeline.serve import app
@@ -63,10 +66,19 @@ def test_a_failed_estimate_creates_the_batch_and_a_large_file_is_not_estimated(c
     assert calls == []
 
 
-def test_one_estimate_at_a_time(check):
-    budget, calls = check(estimate({"acme": 0.0}), budget__max_tenant_usd={"acme": 1.0})
-    with budget.running:
-        with pytest.raises(ApiError) as busy:
+def test_a_tenants_estimate_never_holds_up_another_tenant_and_its_own_queue_is_bounded(check):
+    """One estimate at a time per tenant, a bounded number of its creates waiting; other tenants go on."""
+    budget, calls = check(estimate({"acme": 0.0, "globex": 0.0}), budget__max_job_usd=1.0, serve__estimate_queue=1)
+    globex = {**BATCH, "tenant": "globex"}
+    with budget.queue.turn("acme"):  # acme's estimate in progress
+        waiting = threading.Thread(target=budget.check, args=(BATCH, FILE))
+        waiting.start()  # acme's next create waits for its turn ...
+        while budget.queue.queued["acme"] < 2:
+            time.sleep(0.01)
+        with pytest.raises(ApiError) as busy:  # ... and one more is over the bound
             budget.check(BATCH, FILE)
-    assert busy.value.status == 429 and busy.value.code == "estimate_busy" and calls == []
-    budget.check(BATCH, FILE)  # free again
+        assert busy.value.status == 429 and busy.value.code == "estimate_busy"
+        budget.check(globex, FILE)  # another tenant is estimated meanwhile
+        assert len(calls) == 1  # globex's: acme's waiting create has not been estimated yet
+    waiting.join()
+    assert len(calls) == 2 and budget.queue.queued == {"acme": 0, "globex": 0}

@@ -1,0 +1,192 @@
+"""The Batch API's runner as a process among others (pipeline/serve/runner.py): its job dies with it, a server
+that takes over kills what a hard-killed one left, one server per output root runs batches, tenants take turns,
+and the runner finds its work through the index of active batches."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+from fastapi.testclient import TestClient
+
+from pipeline.serve.app import create_app, key_digest
+from pipeline.serve.runner import BatchRunner, ChildProcess, kill_group
+from pipeline.serve.store import ApiStore
+from pipeline.stores import storage
+from tests.conftest import REPO
+
+SERVER = """
+import sys, time
+from pathlib import Path
+from pipeline.serve.runner import ChildProcess
+jobs = ChildProcess(Path(sys.argv[1]))
+# The job: a process that starts an engine-like grandchild of its own, then works for a long time.
+jobs.spawn("batch-orphan", [sys.executable, "-c", "import subprocess, time; subprocess.Popen(['sleep', '600']); "
+                            "print('engine started', flush=True); time.sleep(600)"])
+print(jobs.child.pid, flush=True)
+time.sleep(600)
+"""
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def until(condition, what: str, seconds: float = 30) -> None:
+    deadline = time.monotonic() + seconds
+    while not condition():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.05)
+
+
+def group(pgid: int) -> list[int]:
+    def pgid_of(pid: str) -> int | None:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                return int(f.read().rpartition(")")[2].split()[2])
+        except (OSError, ValueError):
+            return None
+
+    return [int(p) for p in os.listdir("/proc") if p.isdigit() and pgid_of(p) == pgid and alive(int(p))]
+
+
+@pytest.mark.parametrize("then", ["the next server claims the root", "the batch is cancelled after a restart"])
+def test_a_hard_killed_servers_job_dies_with_it_and_what_is_left_is_killed(runner_for, tmp_path, then):
+    runner = runner_for()  # the server started again, on the same host and $TOKENMILL_HOME
+    runner.store.put_batch(batch(0, "acme", "in_progress") | {"id": "batch-orphan"})
+    env = {**os.environ, "PYTHONPATH": str(REPO)}
+    server = subprocess.Popen(
+        [sys.executable, "-c", SERVER, str(runner.workdir)], stdout=subprocess.PIPE, env=env, text=True
+    )
+    child = int(server.stdout.readline())
+    until(lambda: (runner.workdir / "batch-orphan.log").read_text().startswith("engine started"), "the job's engine")
+    assert len(group(child)) == 2  # the job and its engine
+    try:
+        server.send_signal(signal.SIGKILL)  # the server OOM-killed: no handler of it runs
+        server.wait()
+        until(lambda: not alive(child), "the job outlived its server")
+        assert len(group(child)) == 1  # its engine, a process of the job's own, is left ...
+        if then == "the next server claims the root":
+            assert runner.holds_lease()  # ... and killed before the restarted server runs anything
+        else:
+            assert ChildProcess(runner.workdir).stop(runner.store.batch(None, "batch-orphan")) is True
+        assert group(child) == [] and not (runner.workdir / "batch-orphan.pid").exists()
+    finally:
+        kill_group(child, None)
+
+
+def test_a_process_group_whose_leader_is_another_process_now_is_left_alone(tmp_path):
+    other = subprocess.Popen(["sleep", "600"], start_new_session=True)
+    try:
+        assert kill_group(other.pid, started=1) == 0 and alive(other.pid)  # recorded with another start time
+    finally:
+        other.kill()
+        other.wait()
+
+
+@pytest.fixture
+def runner_for(make_config, tmp_path):
+    runners = []
+
+    def make(**overrides) -> BatchRunner:
+        config = make_config(**overrides)
+        runner = BatchRunner(config, ApiStore(storage.resolve(config.output.uri)), tmp_path / "serve")
+        (tmp_path / "serve").mkdir(exist_ok=True)
+        runners.append(runner)
+        return runner
+
+    yield make
+    for runner in runners:
+        runner.close()
+
+
+def batch(n: int, tenant: str, status: str = "validating") -> dict:
+    return {"id": f"batch-{n}", "tenant": tenant, "status": status, "created_at": 1000 + n, "expires_at": 2**40}
+
+
+def test_one_server_per_output_root_runs_batches_and_another_takes_over_when_it_stops(runner_for):
+    first, second = runner_for(), runner_for()
+    assert first.holds_lease() and not second.holds_lease()  # the second serves the API only
+    assert not second.holds_lease()
+    first.close()  # releases the lease
+    assert second.holds_lease()
+
+
+def test_tenants_take_turns_and_the_runner_reads_only_the_active_batches(runner_for):
+    runner = runner_for()
+    store = runner.store
+    for n, tenant in enumerate(["acme", "acme", "acme", "globex"]):
+        store.put_batch(batch(n, tenant))
+    store.put_batch(batch(9, "acme", "completed"))
+    taken = []
+
+    def run_to_its_end(b: dict) -> None:  # stands in for the batch's job
+        taken.append(b["id"])
+        store.put_batch({**b, "status": "completed"})
+
+    runner.guarded = run_to_its_end
+    for _ in range(5):
+        runner.step()
+    assert taken == ["batch-0", "batch-3", "batch-1", "batch-2"]  # globex's one batch does not wait for acme's three
+    assert store.active_batches() == [] and os.listdir(os.path.join(store.out.path, "_api", "active")) == []
+
+
+def test_the_index_survives_a_crash_between_its_writes_and_is_rebuilt_from_the_batches(runner_for):
+    store = runner_for().store
+    store.put_batch(batch(1, "acme"))
+    ended = {**batch(2, "acme"), "status": "failed"}
+    store.put_batch(batch(2, "acme"))
+    storage.write_bytes_atomic(store.out, store.out.join("_api", "batches", "batch-2.json"), json.dumps(ended).encode())
+    assert [b["id"] for b in store.active_batches()] == ["batch-1"]  # the ended one's entry is dropped
+    store.out.fs.delete_dir_contents(store.out.join("_api", "active"))  # an output root from before the index
+    assert store.active_batches() == [] and store.index_active() == 1
+    assert [b["id"] for b in store.active_batches()] == ["batch-1"]
+
+
+def test_a_tenant_over_its_cap_of_active_batches_is_refused_and_others_are_not(make_config):
+    keys = {"acme": "tm-a", "globex": "tm-g"}
+    tenants = {f"tenants__{name}": {"api_keys": [key_digest(key)]} for name, key in keys.items()}
+    config = make_config(serve__max_active_batches=2, **tenants)
+    store = ApiStore(storage.resolve(config.output.uri))
+    client = TestClient(create_app(config, store))
+
+    def create(tenant: str):
+        headers = {"Authorization": f"Bearer {keys[tenant]}"}
+        file = client.post(
+            "/v1/files", headers=headers, files={"file": ("b.jsonl", b"{}\n")}, data={"purpose": "batch"}
+        )
+        body = {"input_file_id": file.json()["id"], "endpoint": "/v1/chat/completions", "completion_window": "24h"}
+        return client.post("/v1/batches", headers=headers, json=body)
+
+    first, _ = create("acme"), create("acme")
+    refused = create("acme")
+    assert refused.status_code == 429 and refused.json()["error"]["code"] == "too_many_batches"
+    assert create("globex").status_code == 200
+    store.put_batch({**store.batch(None, first.json()["id"]), "status": "completed"})
+    assert create("acme").status_code == 200  # one ended: room again
+
+
+def test_files_past_their_retention_are_deleted_except_an_active_batchs_input(runner_for):
+    runner = runner_for(serve__file_retention_days=1)
+    store = runner.store
+    old, recent, in_use = (store.add_file("acme", f"{n}.jsonl", "batch", b"{}\n") for n in ("old", "recent", "used"))
+    for meta in (old, in_use):  # uploaded two days ago
+        storage.write_bytes_atomic(
+            store.out,
+            store.out.join("_api", "files", f"{meta['id']}.json"),
+            json.dumps({**meta, "created_at": meta["created_at"] - 2 * 86400}).encode(),
+        )
+    store.put_batch({**batch(1, "acme"), "input_file_id": in_use["id"]})
+    assert runner.sweep_files() == 1 and runner.sweep_files() == 0  # once an hour at most
+    assert store.file("acme", old["id"]) is None
+    assert store.file("acme", recent["id"]) and store.file("acme", in_use["id"])
+    assert not os.path.exists(os.path.join(store.out.path, "_api", "files", f"{old['id']}.jsonl"))
