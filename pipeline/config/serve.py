@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, SecretStr
 
 from pipeline.config.base import Section
@@ -49,6 +51,15 @@ class ServeConfig(Section):
         description=(
             "`completion_window` values a batch may ask for (of 24h, 48h, 7d). A batch not finished within its "
             "window is `expired`: what it answered is returned, the rest is in the error file as `batch_expired`."
+        ),
+    )
+    validation: Literal["strict", "lenient"] = Field(
+        "strict",
+        description=(
+            "`strict`: as OpenAI does, a batch whose input file has a line that is not a JSON object, a `url` other "
+            "than the batch's `endpoint`, or a repeated `custom_id` fails while `validating`, each named by its "
+            "`line` in `errors`. `lenient`: such lines become error lines and the rest runs, as `tokenmill run` "
+            "treats them."
         ),
     )
     poll_seconds: float = Field(
