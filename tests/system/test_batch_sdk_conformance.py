@@ -50,21 +50,17 @@ def server(make_config_module, tmp_path_factory):
 
 
 def openai_client(server: Server) -> openai.OpenAI:
-    return openai.OpenAI(
-        api_key=KEYS["acme"],
-        base_url=f"http://127.0.0.1:{server.port}/v1",
-        max_retries=0,
-        http_client=httpx2.Client(event_hooks={"response": [record]}, timeout=30),
-    )
+    return openai.OpenAI(base_url=f"http://127.0.0.1:{server.port}/v1", **recorded())
 
 
 def anthropic_client(server: Server) -> anthropic.Anthropic:
-    return anthropic.Anthropic(
-        api_key=KEYS["acme"],
-        base_url=f"http://127.0.0.1:{server.port}",
-        max_retries=0,
-        http_client=httpx2.Client(event_hooks={"response": [record]}, timeout=30),
-    )
+    return anthropic.Anthropic(base_url=f"http://127.0.0.1:{server.port}", **recorded())
+
+
+def recorded() -> dict:
+    """An SDK client's arguments: acme's key, no retries, every response recorded in SEEN."""
+    http = httpx2.Client(event_hooks={"response": [record]}, timeout=30)
+    return {"api_key": KEYS["acme"], "max_retries": 0, "http_client": http}
 
 
 def test_the_openai_sdk_reads_a_batch_whose_usage_counts_the_answering_attempt(server, tmp_path):
