@@ -4,12 +4,14 @@ a tokenmill job run by the server's runner in a child process on the fake tiers.
 from __future__ import annotations
 
 import json
+import os
 import socket
 import threading
 import time
 from pathlib import Path
 
 import httpx
+import httpx2
 import openai
 import pyarrow.parquet as pq
 import pytest
@@ -40,6 +42,9 @@ class Server:
             uvicorn.Config(create_app(config, self.store), host="127.0.0.1", port=self.port, log_level="warning")
         )
         self.thread = threading.Thread(target=self.server.run, daemon=True)
+        # The test's folders (output root, state, the models under $TOKENMILL_HOME): no answer may name them.
+        self.folders = {str(Path(config.output.uri).parent), str(workdir), os.environ["TOKENMILL_HOME"]}
+        self.answers: list[str] = []  # every response body its clients got
 
     def __enter__(self):
         self.runner.start()
@@ -48,15 +53,22 @@ class Server:
             time.sleep(0.05)
         return self
 
-    def __exit__(self, *exc):
+    def __exit__(self, failed, *exc):
         self.server.should_exit = True
         self.thread.join(timeout=10)
         self.runner.close()
+        if failed is None:  # no error message, result line or object a tenant read names a server path
+            leaks = [a for a in self.answers if any(folder in a for folder in self.folders)]
+            assert not leaks, leaks[:3]
 
     def client(self, tenant: str | None = "acme", key: str | None = None) -> openai.OpenAI:
+        http = httpx2.Client(event_hooks={"response": [self.keep]}, timeout=30)
         return openai.OpenAI(
-            api_key=key or KEYS[tenant], base_url=f"http://127.0.0.1:{self.port}/v1", max_retries=0, timeout=30
+            api_key=key or KEYS[tenant], base_url=f"http://127.0.0.1:{self.port}/v1", max_retries=0, http_client=http
         )
+
+    def keep(self, response) -> None:
+        self.answers.append(response.read().decode(errors="replace"))
 
 
 @pytest.fixture
