@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field, SecretStr
 
 from pipeline.config.base import Section
@@ -79,6 +81,15 @@ class ServeConfig(Section):
         description="Files (uploads and batches' result files) older than this are deleted by the batch runner, "
         "as a client's `DELETE /v1/files/{id}` would (an active batch's input is kept until it ends); unset: kept "
         "until a client deletes them. A batch's own copies of its input are removed when it ends, whatever this says.",
+    )
+    validation: Literal["strict", "lenient"] = Field(
+        "strict",
+        description=(
+            "`strict`: as OpenAI does, a batch whose input file has a line that is not a JSON object, a `url` other "
+            "than the batch's `endpoint`, or a repeated `custom_id` fails while `validating`, each named by its "
+            "`line` in `errors`. `lenient`: such lines become error lines and the rest runs, as `tokenmill run` "
+            "treats them."
+        ),
     )
     poll_seconds: float = Field(
         1.0, gt=0, description="How often the server's batch runner looks for work and for cancellations."

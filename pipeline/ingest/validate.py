@@ -86,7 +86,8 @@ def validate_records(
     ]
     if models is not None and raw["request"].null_count < n:
         asked = requested_models(raw)
-        names = ", ".join(sorted(models))
+        # The names a tenant may use, never a tier's `model` path (a tier answers to it, but it names a folder).
+        names = ", ".join(sorted({m for m, tier in models.items() if m == tier or "/" not in m}))
         unknown = [m is not None and m not in models for m in asked]
         why = [f"`model` {m!r} is served by no tier (served: {names})" if u else None for m, u in zip(asked, unknown)]
         checks.append(("unknown_model", pa.array(unknown), pa.array(why, pa.string())))

@@ -15,6 +15,7 @@ atomically) instead of adding lines. A reused answer is returned as the answer, 
 from __future__ import annotations
 
 import json
+import re
 
 import pyarrow as pa
 import xxhash
@@ -57,7 +58,7 @@ def write_batch_results(
     for file, fmt in sorted(batch_files.items()):
         tables = {kind: _committed(out, committed, partitions_of.get(file, []), kind) for kind in _KINDS}
         requests = FileReader(root, file, root.join(file), config.input).table()
-        lines, counts = _result_lines(job_id, fmt, requests, tables)
+        lines, counts, usage = _result_lines(job_id, fmt, requests, tables)
         paths = result_paths(out, job_id, file, fmt)
         for kind, path in paths.items():
             body = "".join(json_line(line) for line in lines[kind])
@@ -66,15 +67,40 @@ def write_batch_results(
             "format": fmt,
             "files": {k: relative(out, p) for k, p in paths.items()},
             "request_counts": counts,
+            "usage": usage,
+            "models": sorted({served_name(config, t) for t in _answering_tiers(tables["outputs"])}),
         }
     return summary
 
 
+def batch_usage(results: dict) -> dict:
+    """OpenAI's `Batch.usage` from a batch file's entry in the manifest: what its answers' `usage` report."""
+    usage = results.get("usage") or {"prompt_tokens": 0, "cached_prompt_tokens": 0, "output_tokens": 0}
+    prompt, output = usage["prompt_tokens"], usage["output_tokens"]
+    return {
+        "input_tokens": prompt,
+        "input_tokens_details": {"cached_tokens": usage["cached_prompt_tokens"]},
+        "output_tokens": output,
+        "output_tokens_details": {"reasoning_tokens": 0},
+        "total_tokens": prompt + output,
+    }
+
+
+def served_name(config: TokenmillConfig, tier: str) -> str:
+    """The name a tier answers to in the API: its first `served_model_names`, else its name (never its path)."""
+    names = config.tiers[tier].served_model_names if tier in config.tiers else []
+    return names[0] if names else tier
+
+
+def _answering_tiers(outputs: pa.Table | None) -> set[str]:
+    return set(outputs["tier"].to_pylist()) if outputs is not None else set()
+
+
 _KINDS = {
-    "outputs": ["id", "summary", "model", "source", "source_id", "prompt_tokens", "cached_prompt_tokens",
+    "outputs": ["id", "summary", "tier", "source", "source_id", "prompt_tokens", "cached_prompt_tokens",
                 "output_tokens", "finish_reason", "created_at"],
     "quarantine": ["id", "file", "line", "reason", "detail"],
-    "ledger": ["id", "cost_usd", "kind"],
+    "ledger": ["id", "cost_usd", "kind", "attempts", "escalated"],
 }  # fmt: skip
 
 
@@ -85,21 +111,20 @@ def _committed(out: storage.Location, committed: dict, partitions: list[str], ki
     return pa.concat_tables(tables) if tables else None
 
 
-def _result_lines(job_id: str, fmt: str, requests: pa.Table, tables: dict) -> tuple[dict[str, list], dict]:
+def _result_lines(job_id: str, fmt: str, requests: pa.Table, tables: dict) -> tuple[dict[str, list], dict, dict]:
+    """Per input line its result line; the request counts; and the usage the answers report, summed."""
     outputs = {r["id"]: r for r in tables["outputs"].to_pylist()} if tables["outputs"] is not None else {}
     quarantined = {}
     if tables["quarantine"] is not None:
         quarantined = {r["line"]: r for r in tables["quarantine"].to_pylist() if r["line"] is not None}
-    cost: dict[str, float] = {}
-    if tables["ledger"] is not None:
-        for r in tables["ledger"].to_pylist():
-            cost[r["id"]] = cost.get(r["id"], 0.0) + (r["cost_usd"] or 0.0)
+    paid = _paid(tables["ledger"])
     lines: dict[str, list] = {"output": [], "errors": [], "results": []}
     counts = {"total": 0, "completed": 0, "failed": 0}
+    usage = {"prompt_tokens": 0, "cached_prompt_tokens": 0, "output_tokens": 0}
     for row in requests.to_pylist():
         counts["total"] += 1
         request = json.loads(row["request"]) if row["request"] else None
-        custom_id, answer = row["id"], outputs.get(row["id"])
+        custom_id, answer = row["id"] or recovered_id(row["raw_excerpt"]), outputs.get(row["id"])
         problem = quarantined.get(row["line"])
         if problem is None and answer is None:
             problem = {"reason": "not_run", "detail": "its partition has not committed: rerun the job"}
@@ -113,16 +138,42 @@ def _result_lines(job_id: str, fmt: str, requests: pa.Table, tables: dict) -> tu
                 lines["errors"].append(_openai_error(uid, custom_id, reason, message))
             continue
         counts["completed"] += 1
-        extension = {
-            "source": answer["source"],
-            "source_id": answer["source_id"],
-            "cost_usd": round(cost.get(custom_id, 0.0), 10),
-        }
+        for k in usage:
+            usage[k] += answer[k] or 0
+        extension = {"source": answer["source"], "source_id": answer["source_id"], **paid.get(custom_id, _UNPAID)}
         if fmt == "anthropic":
             lines["results"].append(_anthropic_answer(uid, custom_id, request, answer, extension))
         else:
             lines["output"].append(_openai_answer(uid, custom_id, request, answer, extension))
-    return lines, counts
+    return lines, counts, usage
+
+
+_UNPAID = {"cost_usd": 0.0, "attempts": 0, "escalated": False}
+_CUSTOM_ID = re.compile(r'"custom_id"\s*:\s*("(?:[^"\\]|\\.)*")')
+
+
+def _paid(ledger: pa.Table | None) -> dict[str, dict]:
+    """Per request, what the ledger says it paid: every attempt (drafts, retries, escalations, chunk summaries),
+    although its `usage` reports only the attempt that produced its answer."""
+    paid: dict[str, dict] = {}
+    for r in ledger.to_pylist() if ledger is not None else []:
+        p = paid.setdefault(r["id"], dict(_UNPAID))
+        p["cost_usd"] = round(p["cost_usd"] + (r["cost_usd"] or 0.0), 10)
+        p["attempts"] += r["attempts"] or 0
+        p["escalated"] = p["escalated"] or bool(r["escalated"])
+    return paid
+
+
+def recovered_id(excerpt: str | None) -> str | None:
+    """The `custom_id` a line that is not valid JSON still names (its raw text), so its error line names it."""
+    match = _CUSTOM_ID.search(excerpt or "")
+    if match is None:
+        return None
+    try:
+        value = json.loads(match.group(1))
+    except ValueError:
+        return None
+    return value if isinstance(value, str) and value else None
 
 
 def _usage(answer: dict) -> dict:
@@ -173,15 +224,20 @@ def _openai_answer(uid: str, custom_id: str, request: dict, answer: dict, extens
 
 
 def _openai_error(uid: str, custom_id: str | None, reason: str, message: str) -> dict:
+    """OpenAI's error line: a refused or failed request as the HTTP response it would have had (its error object
+    in `response.body.error`, top-level `error` null); a request a stopped batch never ran (no HTTP response) in
+    the top-level `error`."""
     if reason in STOPPED:
         error = {"code": STOPPED[reason][0], "message": message}
         return {"id": f"batch_req_{uid}", "custom_id": custom_id, "response": None, "error": error}
     status = 500 if reason in SERVER_ERRORS else 400
+    kind = "server_error" if reason in SERVER_ERRORS else "invalid_request_error"
+    body = {"error": {"message": message, "type": kind, "param": None, "code": reason}}
     return {
         "id": f"batch_req_{uid}",
         "custom_id": custom_id,
-        "response": {"status_code": status, "request_id": f"req_{uid}", "body": None},
-        "error": {"code": reason, "message": message},
+        "response": {"status_code": status, "request_id": f"req_{uid}", "body": body},
+        "error": None,
     }
 
 

@@ -109,6 +109,13 @@ def record_costs(
     }
 
 
+def answer_tokens(item: dict, charged: list[dict]) -> dict[str, int]:
+    """An output row's tokens: those of the attempt that produced it, as a client of the answer sees them (0 for
+    a reused answer). The ledger row keeps what was paid: every attempt (draft, retry, escalation, chunks)."""
+    fields = ("prompt_tokens", "cached_prompt_tokens", "output_tokens")
+    return {k: (item[k] or 0) if charged else 0 for k in fields}
+
+
 def assemble_results(
     records: pa.Table,
     items: dict[str, dict],
@@ -135,6 +142,7 @@ def assemble_results(
     from pipeline.generate.reuse import effective_keys
 
     served, paid_only = [], []  # rows with an output; rows quarantined after paid generations (ledger only)
+    answered = []  # per served row, the tokens of the attempt that produced its output
     bad_rows, bad_reasons, bad_details = [], [], []
     rows = records.select(["id", "tenant", "partition", "reuse", "similarity", "shadow", "route_reason"]).to_pylist()
     for i, (row, key) in enumerate(zip(rows, effective_keys(records))):
@@ -184,9 +192,14 @@ def assemble_results(
             "quarantined": bool(refusal),
             **costs,
         }
-        (paid_only if refusal else served).append(values)
+        if refusal:
+            paid_only.append(values)
+        else:
+            served.append(values)
+            answered.append(answer_tokens(item, charged))
 
-    outputs = pa.Table.from_pylist(served, schema=pa.schema([("partition", pa.string()), *OUTPUTS]))
+    answers = [values | tokens for values, tokens in zip(served, answered, strict=True)]
+    outputs = pa.Table.from_pylist(answers, schema=pa.schema([("partition", pa.string()), *OUTPUTS]))
     ledger = pa.Table.from_pylist(served + paid_only, schema=LEDGER)
     bad = records.take(pa.array(bad_rows, pa.int64()))
     quarantine = quarantine_rows(

@@ -2,7 +2,10 @@
 
   store.py    files and batches as JSON objects in object storage (`<output>/_api/`)
   runner.py   each batch a tokenmill job, run by the server's worker in a child process
-  app.py      the HTTP API (FastAPI): OpenAI's files and batches endpoints, bearer keys per tenant
+  validate.py a batch's input file checked while `validating`, as OpenAI checks it
+  errors.py   errors in the caller's SDK's shape (OpenAI's, or Anthropic's under /v1/messages/)
+  messages.py Anthropic's Message Batches API over the same batches
+  app.py      the HTTP API (FastAPI): OpenAI's files, batches and models endpoints, keys per tenant
 
 Sits above the job layer (a batch is a job) and below the CLI. docs/batch.md documents the API.
 """

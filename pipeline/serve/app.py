@@ -1,17 +1,22 @@
 """`tokenmill serve`: an OpenAI-compatible Batch API over tokenmill jobs.
 
-  POST   /v1/files                    upload a batch input file (multipart: file, purpose=batch)
-  GET    /v1/files, /v1/files/{id}    list, retrieve
+  POST   /v1/files                    upload a batch input file (multipart: file, purpose=batch, expires_after)
+  GET    /v1/files, /v1/files/{id}    list (purpose, limit, after, order), retrieve
   GET    /v1/files/{id}/content       download (inputs, and a batch's output and error files)
   DELETE /v1/files/{id}
-  POST   /v1/batches                  create: input_file_id, endpoint, completion_window, metadata
+  POST   /v1/batches                  create: input_file_id, endpoint, completion_window, metadata,
+                                      output_expires_after
   GET    /v1/batches, /v1/batches/{id}
   POST   /v1/batches/{id}/cancel
+  GET    /v1/models                   the model names a batch request may ask for
+  /v1/messages/batches...             Anthropic's Message Batches API (anthropic.py)
 
 Objects are OpenAI's (the `openai` SDK reads them with `base_url` pointed here), with one extension on a
-batch, `tokenmill`: its job id and what it cost. Every call needs `Authorization: Bearer <key>`; the key's
-SHA-256 names its tenant (`tenants.<name>.api_keys`). A key sees only its tenant's objects: any other id is
-404, exactly as an id that does not exist. Errors are OpenAI's error object with a specific message.
+batch, `tokenmill`: its job id and what it cost. Every call needs its key, as `Authorization: Bearer <key>`
+or `x-api-key: <key>`; the key's SHA-256 names its tenant (`tenants.<name>.api_keys`). A key sees only its
+tenant's objects: any other id is 404, exactly as an id that does not exist. Every error, the framework's
+too (an unknown route, a wrong method), is OpenAI's error object with a specific message (Anthropic's under
+/v1/messages/), and never names a server path.
 """
 
 from __future__ import annotations
@@ -23,29 +28,35 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from typing import Literal
 
-from fastapi import Depends, FastAPI, Request
+from fastapi import Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 from starlette.datastructures import UploadFile
+from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from pipeline.config import ServeConfig, TokenmillConfig
 from pipeline.ingest.batch import ANTHROPIC_ENDPOINT, OPENAI_ENDPOINTS
 from pipeline.plan.estimate import budget_problems, estimate_job
+from pipeline.serve.errors import ApiError, error_response
+from pipeline.serve.messages import message_batch_routes
 from pipeline.serve.runner import ACTIVE, WINDOWS, job_config, request_lines
 from pipeline.serve.store import ApiStore, new_id
 
 ENDPOINTS = (*OPENAI_ENDPOINTS, ANTHROPIC_ENDPOINT)
 MAX_METADATA = 16  # OpenAI's limits on a batch's metadata: pairs, and characters per key and value
 MAX_KEY, MAX_VALUE = 64, 512
+MIN_EXPIRY, MAX_EXPIRY = 3600, 30 * 24 * 3600  # OpenAI's bounds on `expires_after.seconds`
 log = logging.getLogger(__name__)
 
 
-class ApiError(Exception):
-    def __init__(self, status: int, message: str, code: str | None = None, param: str | None = None):
-        super().__init__(message)
-        self.status, self.message, self.code, self.param = status, message, code, param
+class ExpiresAfter(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    anchor: str
+    seconds: int
 
 
 class CreateBatch(BaseModel):
@@ -55,6 +66,22 @@ class CreateBatch(BaseModel):
     endpoint: str
     completion_window: str
     metadata: dict[str, str] | None = Field(None)
+    output_expires_after: ExpiresAfter | None = None
+
+
+def expiry_seconds(anchor, seconds, param: str) -> int:
+    """Seconds after its creation a file expires (`expires_after`, a batch's `output_expires_after`), within
+    OpenAI's bounds: one hour to 30 days, anchored at `created_at`."""
+    if anchor != "created_at":
+        raise ApiError(400, f"{param}.anchor {anchor!r}: only `created_at`", "invalid_value", f"{param}.anchor")
+    try:
+        value = int(seconds)
+    except (TypeError, ValueError):
+        value = 0
+    if not MIN_EXPIRY <= value <= MAX_EXPIRY:
+        message = f"{param}.seconds {seconds!r}: an integer from {MIN_EXPIRY} to {MAX_EXPIRY}"
+        raise ApiError(400, message, "invalid_value", f"{param}.seconds")
+    return value
 
 
 def key_digest(key: str) -> str:
@@ -62,7 +89,16 @@ def key_digest(key: str) -> str:
 
 
 # What the runner keeps on a batch for itself: never shown to a client (the Airflow run's params name paths).
-INTERNAL = ("tenant", "cost_usd", "cancel_requested", "attempts", "failed_runs", "airflow_run", "airflow_conf")
+INTERNAL = (
+    "tenant",
+    "cost_usd",
+    "cancel_requested",
+    "attempts",
+    "failed_runs",
+    "airflow_run",
+    "airflow_conf",
+    "output_expires_after",
+)
 
 
 def public(batch: dict) -> dict:
@@ -78,12 +114,23 @@ def public_file(meta: dict) -> dict:
     return {k: v for k, v in meta.items() if k not in ("tenant", "content", "deleted")}
 
 
+def page(objects: list[dict], limit: int, after: str | None) -> dict:
+    """OpenAI's list page: up to `limit` objects after the one with id `after` (in the order given)."""
+    if after is not None:
+        ids = [o["id"] for o in objects]
+        objects = objects[ids.index(after) + 1 :] if after in ids else []
+    data = objects[: max(1, limit)]
+    return {
+        "object": "list",
+        "data": data,
+        "first_id": data[0]["id"] if data else None,
+        "last_id": data[-1]["id"] if data else None,
+        "has_more": len(objects) > len(data),
+    }
+
+
 class _TooLarge(Exception):
     pass
-
-
-def _error_body(message: str, code: str) -> dict:
-    return {"error": {"message": message, "type": "invalid_request_error", "param": None, "code": code}}
 
 
 class Guard:
@@ -100,17 +147,18 @@ class Guard:
         if scope["type"] != "http":
             return await self.app(scope, receive, send)
         headers = {k.lower(): v for k, v in scope["headers"]}
-        scheme, _, key = headers.get(b"authorization", b"").decode("latin-1").partition(" ")
-        name = self.tenants.get(key_digest(key.strip())) if scheme.lower() == "bearer" else None
+        name = self.tenants.get(key_digest(_key(headers)) if _key(headers) else "")
         if name is None:
-            body = _error_body("no API key, or an unknown one: send Authorization: Bearer <key>", "invalid_api_key")
-            return await JSONResponse(body, status_code=401)(scope, receive, send)
+            message = "no API key, or an unknown one: send `Authorization: Bearer <key>` or `x-api-key: <key>`"
+            return await error_response(scope["path"], 401, message, "invalid_api_key")(scope, receive, send)
         scope.setdefault("state", {})["tenant"] = name  # what the routes' `tenant` dependency hands them
         upload = scope["method"] == "POST" and scope["path"] == "/v1/files"
         cap = self.limits.max_file_bytes + 65536 if upload else self.MAX_BODY
-        too_large = _error_body(f"request body over {cap} bytes (serve.max_file_bytes for uploads)", "too_large")
+        too_large = error_response(
+            scope["path"], 413, f"request body over {cap} bytes (serve.max_file_bytes for uploads)", "too_large"
+        )
         if int(headers.get(b"content-length") or 0) > cap:
-            return await JSONResponse(too_large, status_code=413)(scope, receive, send)
+            return await too_large(scope, receive, send)
         received, started = 0, False
 
         async def counted():
@@ -130,7 +178,16 @@ class Guard:
             await self.app(scope, counted, sending)
         except _TooLarge:
             if not started:
-                await JSONResponse(too_large, status_code=413)(scope, receive, send)
+                await too_large(scope, receive, send)
+
+
+def _key(headers: dict[bytes, bytes]) -> str:
+    """The caller's key: `x-api-key` (Anthropic's header), else a bearer `Authorization` (OpenAI's)."""
+    key = headers.get(b"x-api-key", b"").decode("latin-1").strip()
+    if key:
+        return key
+    scheme, _, value = headers.get(b"authorization", b"").decode("latin-1").partition(" ")
+    return value.strip() if scheme.lower() == "bearer" else ""
 
 
 def create_app(config: TokenmillConfig, store: ApiStore) -> FastAPI:
@@ -138,27 +195,76 @@ def create_app(config: TokenmillConfig, store: ApiStore) -> FastAPI:
     tenants = {digest: name for name, t in config.tenants.items() for digest in t.api_keys}
     app.add_middleware(Guard, tenants=tenants, limits=config.serve)
 
-    @app.exception_handler(ApiError)
-    async def api_error(request: Request, e: ApiError):
-        kind = "invalid_request_error" if e.status < 500 else "server_error"
-        body = {"error": {"message": e.message, "type": kind, "param": e.param, "code": e.code}}
-        return JSONResponse(body, status_code=e.status)
-
-    @app.exception_handler(RequestValidationError)
-    async def invalid(request: Request, e: RequestValidationError):
-        first = e.errors()[0] if e.errors() else {}
-        where = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
-        message = f"{where}: {first.get('msg', 'invalid request')}" if where else first.get("msg", "invalid request")
-        body = {"error": {"message": message, "type": "invalid_request_error", "param": where, "code": None}}
-        return JSONResponse(body, status_code=400)
+    _error_handlers(app)
 
     def tenant(request: Request) -> str:
         """The caller's tenant, as the Guard found it from the bearer key (it answered 401 to any other call)."""
         return request.state.tenant
 
     _file_routes(app, store, config.serve, tenant)
-    _batch_routes(app, store, config, tenant)
+    create = _batch_routes(app, store, config, tenant)
+    # Anthropic's windows are 24 hours; a server that allows no such window gives its first.
+    window = "24h" if "24h" in config.serve.completion_windows else config.serve.completion_windows[0]
+
+    def create_message_batch(who: str, file_id: str, requests: int) -> dict:
+        return create(
+            CreateBatch(input_file_id=file_id, endpoint=ANTHROPIC_ENDPOINT, completion_window=window), who, requests
+        )
+
+    message_batch_routes(app, store, tenant, create_message_batch)
+    _model_routes(app, config, tenant)
     return app
+
+
+def _error_handlers(app: FastAPI) -> None:
+    """Every error as the caller's SDK reads it (errors.py): ours, a field of the wrong type (400, as OpenAI
+    answers it), the framework's (404 unknown route, 405, a multipart body it refuses), and a fault (500,
+    nothing of it shown: the server's log has it)."""
+
+    @app.exception_handler(ApiError)
+    async def api_error(request: Request, e: ApiError):
+        return error_response(request.url.path, e.status, e.message, e.code, e.param)
+
+    @app.exception_handler(RequestValidationError)
+    async def invalid(request: Request, e: RequestValidationError):
+        first = e.errors()[0] if e.errors() else {}
+        where = ".".join(str(p) for p in first.get("loc", ())[1:]) or None
+        message = f"{where}: {first.get('msg', 'invalid request')}" if where else first.get("msg", "invalid request")
+        return error_response(request.url.path, 400, message, "invalid_value", where)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def framework(request: Request, e: StarletteHTTPException):
+        messages = {
+            404: f"no route {request.method} {request.url.path}",
+            405: f"{request.method} is not allowed on {request.url.path}",
+        }
+        code = {404: "unknown_url", 405: "method_not_allowed"}.get(e.status_code)
+        message = messages.get(e.status_code, str(e.detail))
+        return error_response(request.url.path, e.status_code, message, code)
+
+    @app.exception_handler(Exception)
+    async def fault(request: Request, e: Exception):
+        log.error("%s %s failed", request.method, request.url.path, exc_info=e)
+        return error_response(request.url.path, 500, "the server failed on this request; its log says why", None)
+
+
+def _model_routes(app: FastAPI, config: TokenmillConfig, tenant) -> None:
+    started = int(time.time())
+    names = sorted({n for name, t in config.tiers.items() for n in (name, *t.served_model_names)})
+
+    def model(name: str) -> dict:
+        return {"id": name, "object": "model", "created": started, "owned_by": "tokenmill"}
+
+    @app.get("/v1/models")
+    def list_models(who: str = Depends(tenant)):
+        """The names a batch request's `model` may give (tiers and their `served_model_names`; never a path)."""
+        return {"object": "list", "data": [model(n) for n in names]}
+
+    @app.get("/v1/models/{name:path}")
+    def get_model(name: str, who: str = Depends(tenant)):
+        if name not in names:
+            raise ApiError(404, f"no model {name!r}: GET /v1/models lists them", "model_not_found", "model")
+        return model(name)
 
 
 def _owned_file(store: ApiStore, file_id: str, who: str) -> dict:
@@ -182,20 +288,35 @@ def _file_routes(app: FastAPI, store: ApiStore, limits: ServeConfig, tenant) -> 
     @app.post("/v1/files")
     async def upload(request: Request, who: str = Depends(tenant)):
         # One file part and one field (`purpose`); the Guard caps the bytes of the whole body.
-        form = await request.form(max_files=1, max_fields=2, max_part_size=1024)
+        form = await request.form(max_files=1, max_fields=4, max_part_size=1024)
         upload, purpose = form.get("file"), form.get("purpose")
         if purpose != "batch":
             raise ApiError(400, f"purpose {purpose!r}: only `batch` files are accepted", "invalid_purpose", "purpose")
         if not isinstance(upload, UploadFile):
             raise ApiError(400, "no `file` part in the form", "missing_file", "file")
+        expiry = None
+        if "expires_after[anchor]" in form or "expires_after[seconds]" in form:
+            expiry = expiry_seconds(
+                form.get("expires_after[anchor]"), form.get("expires_after[seconds]"), "expires_after"
+            )
         data = await upload.read(limits.max_file_bytes + 1)
         if len(data) > limits.max_file_bytes:
             raise ApiError(413, too_large, "too_large")
-        return public_file(store.add_file(who, upload.filename or "upload.jsonl", "batch", data))
+        store.delete_expired(who)
+        return public_file(store.add_file(who, upload.filename or "upload.jsonl", "batch", data, expiry))
 
     @app.get("/v1/files")
-    def list_files(who: str = Depends(tenant)):
-        return {"object": "list", "data": [public_file(f) for f in store.files(who)], "has_more": False}
+    def list_files(
+        purpose: str | None = None,
+        limit: int = Query(10000, ge=1, le=10000),
+        after: str | None = None,
+        order: Literal["asc", "desc"] = "desc",
+        who: str = Depends(tenant),
+    ):
+        """The tenant's files by `created_at` (newest first unless `order=asc`); expired ones deleted first."""
+        store.delete_expired(who)
+        files = [public_file(f) for f in store.files(who, purpose)]
+        return page(files if order == "asc" else files[::-1], limit, after)
 
     @app.get("/v1/files/{file_id}")
     def get_file(file_id: str, who: str = Depends(tenant)):
@@ -203,7 +324,7 @@ def _file_routes(app: FastAPI, store: ApiStore, limits: ServeConfig, tenant) -> 
 
     @app.get("/v1/files/{file_id}/content")
     def file_content(file_id: str, who: str = Depends(tenant)):
-        return Response(store.content(_owned_file(store, file_id, who)), media_type="application/jsonl")
+        return StreamingResponse(store.stream(_owned_file(store, file_id, who)), media_type="application/jsonl")
 
     @app.delete("/v1/files/{file_id}")
     def delete_file(file_id: str, who: str = Depends(tenant)):
@@ -220,6 +341,7 @@ def new_batch(body: CreateBatch, tenant: str, limits: ServeConfig) -> dict:
     if body.completion_window not in limits.completion_windows or body.completion_window not in WINDOWS:
         allowed = ", ".join(w for w in limits.completion_windows if w in WINDOWS)
         raise ApiError(400, f"completion_window {body.completion_window!r}: one of {allowed}", "invalid_window")
+    expiry, where = body.output_expires_after, "output_expires_after"
     metadata = body.metadata or {}
     if len(metadata) > MAX_METADATA or any(len(k) > MAX_KEY or len(v) > MAX_VALUE for k, v in metadata.items()):
         raise ApiError(400, f"metadata: at most {MAX_METADATA} pairs, keys {MAX_KEY} and values {MAX_VALUE} chars")
@@ -245,7 +367,9 @@ def new_batch(body: CreateBatch, tenant: str, limits: ServeConfig) -> dict:
         "cancelled_at": None,
         "request_counts": {"total": 0, "completed": 0, "failed": 0},
         "metadata": metadata or None,
+        "model": None,
         "tenant": tenant,
+        "output_expires_after": None if expiry is None else expiry_seconds(expiry.anchor, expiry.seconds, where),
     }
 
 
@@ -323,37 +447,32 @@ class BudgetCheck:
             raise ApiError(400, message, "budget_exceeded")
 
 
-def _batch_routes(app: FastAPI, store: ApiStore, config: TokenmillConfig, tenant) -> None:
+def _batch_routes(app: FastAPI, store: ApiStore, config: TokenmillConfig, tenant):
+    """OpenAI's batches routes; returns how a batch is created (the Message Batches API creates its own so)."""
     limits, budget = config.serve, BudgetCheck(config, store)
 
-    @app.post("/v1/batches")
-    def create_batch(body: CreateBatch, who: str = Depends(tenant)):
+    def create(body: CreateBatch, who: str, requests: int = 0) -> dict:
         batch = new_batch(body, who, limits)
         meta = _owned_file(store, body.input_file_id, who)
         if meta["purpose"] != "batch":
             raise ApiError(400, f"file {body.input_file_id} is not a batch input file", "invalid_file")
         if budget.applies(who):
             budget.check(batch, store.content(meta))
+        batch["request_counts"]["total"] = requests  # known already when the API wrote the file itself
         if not store.add_batch(batch, limits.max_active_batches):
             message = f"this tenant has {limits.max_active_batches} batches queued or running: retry when one ends"
             raise ApiError(429, message, "too_many_batches")
-        return public(batch)
+        return batch
+
+    @app.post("/v1/batches")
+    def create_batch(body: CreateBatch, who: str = Depends(tenant)):
+        return public(create(body, who))
 
     @app.get("/v1/batches")
     def list_batches(limit: int = 20, after: str | None = None, who: str = Depends(tenant)):
-        batches = store.batches(who)
-        if after is not None:
-            ids = [b["id"] for b in batches]
-            batches = batches[ids.index(after) + 1 :] if after in ids else []
-        page = batches[: max(1, min(limit, 100))]
-        data = [public({**b, "cancel_requested": store.cancel_asked(b["id"])}) for b in page]
-        return {
-            "object": "list",
-            "data": data,
-            "first_id": data[0]["id"] if data else None,
-            "last_id": data[-1]["id"] if data else None,
-            "has_more": len(batches) > len(page),
-        }
+        found = page(store.batches(who), min(limit, 100), after)
+        found["data"] = [public({**b, "cancel_requested": store.cancel_asked(b["id"])}) for b in found["data"]]
+        return found
 
     @app.get("/v1/batches/{batch_id}")
     def get_batch(batch_id: str, who: str = Depends(tenant)):
@@ -366,3 +485,5 @@ def _batch_routes(app: FastAPI, store: ApiStore, config: TokenmillConfig, tenant
             raise ApiError(409, f"batch {batch_id} is {batch['status']}: only an active batch can be cancelled")
         store.ask_cancel(batch_id)
         return public({**batch, "cancel_requested": True})
+
+    return create

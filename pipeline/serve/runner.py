@@ -38,7 +38,9 @@ from pipeline.config import TokenmillConfig, tokenmill_home
 from pipeline.errors import JobError
 from pipeline.job.lifecycle import Job
 from pipeline.job.orchestrate import job_manifest
+from pipeline.output.batch import batch_usage
 from pipeline.serve.store import ACTIVE, ApiStore
+from pipeline.serve.validate import line_errors
 from pipeline.stores import storage
 from pipeline.stores.catalog import StateStore
 from pipeline.stores.lease import Renewal, default_worker
@@ -232,21 +234,23 @@ class BatchRunner:
 
     def validate(self, batch: dict, now: int) -> None:
         meta = self.store.file(batch["tenant"], batch["input_file_id"])
-        problem = None
+        errors = None
         if meta is None:
-            problem = ("invalid_file", f"input file {batch['input_file_id']} no longer exists")
+            errors = _errors("invalid_file", f"input file {batch['input_file_id']} no longer exists")
         else:
             data = self.store.content(meta)
             lines = request_lines(data)
             if lines == 0:
-                problem = ("empty_file", "the input file holds no request")
+                errors = _errors("empty_file", "the input file holds no request")
             elif lines > self.config.serve.max_requests:
-                problem = ("too_many_requests", f"{lines} requests; at most {self.config.serve.max_requests}")
+                errors = _errors("too_many_requests", f"{lines} requests; at most {self.config.serve.max_requests}")
+            elif self.config.serve.validation == "strict" and (wrong := line_errors(data, batch["endpoint"])):
+                errors = {"object": "list", "data": wrong}  # lines OpenAI refuses, each named
             else:
                 storage.write_bytes_atomic(self.store.out, f"{self.store.input_folder(batch['id'])}/input.jsonl", data)
                 batch["request_counts"]["total"] = lines
-        if problem:
-            batch.update(status="failed", failed_at=now, errors=_errors(*problem))
+        if errors:
+            batch.update(status="failed", failed_at=now, errors=errors)
         else:
             batch.update(status="in_progress", in_progress_at=now)
         self.store.put_batch(batch)
@@ -295,17 +299,14 @@ class BatchRunner:
                 continue
             size = self.store.out.fs.get_file_info(self.store.out.join(path)).size
             if size or kind != "errors":  # OpenAI sets no error file when nothing failed
+                where, expiry = self.store.out.join(path), batch.get("output_expires_after")
                 meta = self.store.register_file(
-                    batch["tenant"], f"{batch['id']}_{kind}.jsonl", "batch_output", self.store.out.join(path), size
+                    batch["tenant"], f"{batch['id']}_{kind}.jsonl", "batch_output", where, size, None, expiry
                 )
                 batch[key] = meta["id"]
         counts = results["request_counts"]
         batch["request_counts"] = {k: counts[k] for k in ("total", "completed", "failed")}
-        batch["usage"] = {
-            "input_tokens": manifest["tokens"]["prompt_tokens"],
-            "output_tokens": manifest["tokens"]["output_tokens"],
-            "input_tokens_details": {"cached_tokens": manifest["tokens"]["cached_prompt_tokens"]},
-        }
+        batch["usage"], batch["model"] = batch_usage(results), ",".join(results.get("models", [])) or None
         batch["cost_usd"] = manifest.get("cost", {}).get("cost_usd", 0.0)
         at = {"completed": "completed_at", "cancelled": "cancelled_at", "expired": "expired_at"}[status]
         batch.update(status=status, **{at: now})

@@ -18,6 +18,7 @@ import json
 import secrets
 import threading
 import time
+from collections.abc import Iterator
 
 import pyarrow.fs as pafs
 
@@ -33,9 +34,10 @@ def new_id(prefix: str) -> str:
 
 
 class ApiStore:
-    def __init__(self, out: storage.Location):
+    def __init__(self, out: storage.Location, clock=time.time):
         self.out = out
         self.creating = threading.Lock()
+        self.clock = clock  # what "now" is for a file's `expires_at` (tests move it)
 
     def _path(self, *parts: str) -> str:
         return self.out.join("_api", *parts)
@@ -50,21 +52,31 @@ class ApiStore:
         storage.write_bytes_atomic(self.out, path, json.dumps(value, sort_keys=True).encode())
 
     # -- files -----------------------------------------------------------------------------------------
-    def add_file(self, tenant: str, filename: str, purpose: str, data: bytes) -> dict:
+    def add_file(self, tenant: str, filename: str, purpose: str, data: bytes, expires_after: int | None = None) -> dict:
         file_id = new_id("file")
         content = self._path("files", f"{file_id}.jsonl")
         storage.write_bytes_atomic(self.out, content, data)
-        return self.register_file(tenant, filename, purpose, content, len(data), file_id)
+        return self.register_file(tenant, filename, purpose, content, len(data), file_id, expires_after)
 
     def register_file(
-        self, tenant: str, filename: str, purpose: str, content: str, size: int, file_id: str | None = None
+        self,
+        tenant: str,
+        filename: str,
+        purpose: str,
+        content: str,
+        size: int,
+        file_id: str | None = None,
+        expires_after: int | None = None,
     ) -> dict:
-        """A file whose content is at `content` (a path under the output root)."""
+        """A file whose content is at `content` (a path under the output root); `expires_after` seconds after
+        its creation it is deleted (None: never)."""
+        now = int(self.clock())
         meta = {
             "id": file_id or new_id("file"),
             "object": "file",
             "bytes": size,
-            "created_at": int(time.time()),
+            "created_at": now,
+            "expires_at": None if expires_after is None else now + expires_after,
             "filename": filename,
             "purpose": purpose,
             "status": "processed",
@@ -79,10 +91,29 @@ class ApiStore:
         if not _safe_id(file_id, "file"):
             return None
         meta = self._read(self._path("files", f"{file_id}.json"))
-        return meta if meta is not None and meta["tenant"] == tenant and not meta.get("deleted") else None
+        if meta is None or meta["tenant"] != tenant or meta.get("deleted") or self.expired(meta):
+            return None
+        return meta
 
-    def files(self, tenant: str) -> list[dict]:
-        return [f for f in self._all("files") if f["tenant"] == tenant and not f.get("deleted")]
+    def files(self, tenant: str, purpose: str | None = None) -> list[dict]:
+        """The tenant's files (of `purpose`, if given) not deleted nor expired, oldest first."""
+        found = [
+            f
+            for f in self._all("files")
+            if f["tenant"] == tenant and not f.get("deleted") and purpose in (None, f["purpose"])
+        ]
+        return sorted((f for f in found if not self.expired(f)), key=lambda f: (f["created_at"], f["id"]))
+
+    def expired(self, meta: dict) -> bool:
+        return meta.get("expires_at") is not None and meta["expires_at"] <= self.clock()
+
+    def delete_expired(self, tenant: str) -> int:
+        """Delete the tenant's files past their `expires_at` (the API calls it as it lists or adds the tenant's
+        files: a file past its time answers 404 from then on either way). Returns how many."""
+        gone = [f for f in self._all("files") if f["tenant"] == tenant and not f.get("deleted") and self.expired(f)]
+        for meta in gone:
+            self.delete_file(meta)
+        return len(gone)
 
     def content(self, meta: dict) -> bytes:
         return storage.read_bytes(self.out, self.out.join(meta["content"]))
@@ -90,6 +121,13 @@ class ApiStore:
     def all_files(self) -> list[dict]:
         """Every file not deleted, of any tenant (the runner's retention sweep)."""
         return [f for f in self._all("files") if not f.get("deleted")]
+
+    def stream(self, meta: dict, chunk: int = 1 << 20) -> Iterator[bytes]:
+        """The file's content in pieces of `chunk` bytes, read as they are sent (a large result file is never
+        whole in memory)."""
+        with self.out.fs.open_input_stream(self.out.join(meta["content"])) as f:
+            while piece := f.read(chunk):
+                yield piece
 
     def delete_file(self, meta: dict) -> None:
         """Its content removed (an upload's; a job's result files stay with the job), its metadata marked."""

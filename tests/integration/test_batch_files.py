@@ -80,7 +80,9 @@ def test_a_batch_file_gets_one_line_per_request_answers_and_errors_apart(config)
     manifest = run_job(config, job_id="b1").manifest
     out = results(config, manifest)
     answered = {line["custom_id"]: line for line in out["output"]}
-    errors = [(line["custom_id"], line["error"]["code"]) for line in out["errors"]]
+    # OpenAI's shape: a refused request's error object in `response.body.error`, the top-level `error` null.
+    assert all(line["error"] is None and line["response"]["status_code"] == 400 for line in out["errors"])
+    errors = [(line["custom_id"], line["response"]["body"]["error"]["code"]) for line in out["errors"]]
     assert len(out["output"]) + len(out["errors"]) == len(batch_lines())  # one line per input line, always
     assert sorted(answered) == ["r1", "r2", "r3", "r4", "r5", "r6"]
     assert errors == [
@@ -93,7 +95,7 @@ def test_a_batch_file_gets_one_line_per_request_answers_and_errors_apart(config)
         ("r13", "unsupported_request"),
     ]
     assert manifest["batches"]["nightly.jsonl"]["request_counts"] == {"total": 13, "completed": 6, "failed": 7}
-    by_code = {line["custom_id"]: line["error"]["message"] for line in out["errors"]}
+    by_code = {line["custom_id"]: line["response"]["body"]["error"]["message"] for line in out["errors"]}
     assert "`n`" in by_code["r8"] and "tools" in by_code["r9"] and "image_url" in by_code["r10"]
     assert "no-such-model" in by_code["r11"] and "gpt-4o-mini" in by_code["r11"]
 
@@ -237,3 +239,10 @@ def test_a_document_file_beside_a_batch_file_writes_no_batch_results(make_config
     manifest = run_job(config, job_id="mixed").manifest
     assert list(manifest["batches"]) == ["nightly.jsonl"]
     assert manifest["counts"]["outputs"] == 2
+
+
+def test_a_line_that_is_not_json_is_named_by_the_custom_id_its_text_still_holds():
+    from pipeline.output.batch import recovered_id
+
+    assert recovered_id('{"custom_id": "r\\"7", "body": {') == 'r"7'
+    assert recovered_id("{not json") is None and recovered_id('{"custom_id": 7, ') is None

@@ -4,7 +4,7 @@ Two servers on one output root each ran its batches, and a restarted server coul
 one before it still ran. One row per output root holds the one lease (stores/lease.py): its holder runs
 the batches, any other server answers the API only and takes over when the lease is free.
 
-Revision ID: 0017
+Revision ID: 0018
 Revises: 0016
 """
 
