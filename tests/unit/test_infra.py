@@ -128,7 +128,11 @@ def test_no_credentials_in_infra_files():
 
 def test_dockerfile_pip_steps_match_the_lock():
     pins = lock("gpu.txt")
-    steps = [line for line in (INFRA / "docker" / "Dockerfile").read_text().splitlines() if "pip install" in line]
+    steps = [
+        line
+        for line in (INFRA / "docker" / "Dockerfile").read_text().splitlines()
+        if line.startswith("RUN ") and "pip install" in line
+    ]
     assert steps
     for step in steps:
         assert "-c constraints/gpu.txt" in step, step
@@ -246,3 +250,21 @@ def test_dashboard_is_grafana_json_on_exported_metrics():
         "tokenmill_vllm_kv_cache_usage_perc",
     ):
         assert metric in used, metric
+
+
+def test_every_airflow_component_of_compose_reads_the_same_secrets_from_dot_env():
+    # Two Airflow homes generate different secrets: the api-server would reject the scheduler's task tokens.
+    shared = {
+        "AIRFLOW__API_AUTH__JWT_SECRET": "AIRFLOW_JWT_SECRET",
+        "AIRFLOW__API__SECRET_KEY": "AIRFLOW_API_SECRET_KEY",
+        "AIRFLOW__CORE__FERNET_KEY": "AIRFLOW_FERNET_KEY",
+    }
+    airflow = {n: s for n, s in compose()["services"].items() if s.get("image", "").startswith("tokenmill-")}
+    assert len(airflow) >= 8
+    for name, svc in airflow.items():
+        for setting, variable in shared.items():
+            assert svc["environment"][setting] == f"${{{variable}:?set {variable}}}", (name, setting)
+    example = (INFRA / "single-host" / ".env.example").read_text()
+    for variable in shared.values():
+        # listed empty, with the command that makes it
+        assert re.search(rf"^{variable}=$", example, re.M) and re.search(rf"^#.*{variable}.*python3 -c", example, re.M)
