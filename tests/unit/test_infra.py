@@ -268,3 +268,27 @@ def test_every_airflow_component_of_compose_reads_the_same_secrets_from_dot_env(
     for variable in shared.values():
         # listed empty, with the command that makes it
         assert re.search(rf"^{variable}=$", example, re.M) and re.search(rf"^#.*{variable}.*python3 -c", example, re.M)
+
+
+@pytest.mark.parametrize("path", sorted(p.name for p in (INFRA / "cluster").glob("*.yaml") if p.name != "values.yaml"))
+def test_cluster_manifests_validate_against_the_kubernetes_schema(path):
+    # kubernetes-validate: the Kubernetes OpenAPI schemas, strict (an unknown field is an error, as for
+    # `kubectl apply --validate=strict`), for the newest release it ships.
+    import kubernetes_validate
+    from kubernetes_validate.utils import latest_version
+
+    for manifest in yaml.safe_load_all((INFRA / "cluster" / path).read_text()):
+        kubernetes_validate.validate(manifest, latest_version(), strict=True)
+
+
+def test_gpu_worker_deployments_read_the_charts_secrets():
+    values = yaml.safe_load((INFRA / "cluster" / "values.yaml").read_text())
+    expected = {
+        "AIRFLOW__API_AUTH__JWT_SECRET": {"name": values["jwtSecretName"], "key": "jwt-secret"},
+        "AIRFLOW__API__SECRET_KEY": {"name": values["apiSecretKeySecretName"], "key": "api-secret-key"},
+        "AIRFLOW__CORE__FERNET_KEY": {"name": values["fernetKeySecretName"], "key": "fernet-key"},
+    }
+    for path in sorted((INFRA / "cluster").glob("gpu-worker-*.yaml")):
+        (container,) = yaml.safe_load(path.read_text())["spec"]["template"]["spec"]["containers"]
+        env = {e["name"]: e.get("valueFrom", {}).get("secretKeyRef") for e in container["env"]}
+        assert {k: env.get(k) for k in expected} == expected, path.name
