@@ -75,7 +75,7 @@ def test_the_summary_event_validates_against_openlineage_and_its_facets_schemas(
     facets = [(name, f) for d in event["outputs"] for name, f in (d.get("outputFacets") or {}).items()]
     facets += list(event["run"]["facets"].items())
     assert {name for name, _ in facets} == {"outputStatistics", "tokenmill_job"}
-    for name, facet in facets:
+    for _, facet in facets:
         # each facet against the schema its own _schemaURL names (ours: a file of this repository)
         url = facet["_schemaURL"]
         if url.startswith(REPO_URL):
