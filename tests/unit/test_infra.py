@@ -292,3 +292,14 @@ def test_gpu_worker_deployments_read_the_charts_secrets():
         (container,) = yaml.safe_load(path.read_text())["spec"]["template"]["spec"]["containers"]
         env = {e["name"]: e.get("valueFrom", {}).get("secretKeyRef") for e in container["env"]}
         assert {k: env.get(k) for k in expected} == expected, path.name
+
+
+def test_alert_descriptions_say_what_their_expressions_compute():
+    for rule in alert_rules():
+        description = rule["annotations"]["description"]
+        assert description.startswith("Computes"), rule["alert"]
+        for metric in set(METRIC.findall(rule["expr"])):
+            assert f"`{metric}`" in description, (rule["alert"], metric)
+        for threshold in re.findall(r"[<>]=?\s*([\d.]+)", rule["expr"]):
+            assert threshold in description, (rule["alert"], threshold)
+        assert rule.get("for", "") in description, rule["alert"]
