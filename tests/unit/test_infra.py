@@ -3,6 +3,7 @@ and its GPU workers match the tokenmill config: one worker per tier queue `gpu-<
 each holding as many GPUs as its tier's engine spans, no GPU reserved twice."""
 
 import json
+import os
 import re
 
 import jsonschema
@@ -303,3 +304,22 @@ def test_alert_descriptions_say_what_their_expressions_compute():
         for threshold in re.findall(r"[<>]=?\s*([\d.]+)", rule["expr"]):
             assert threshold in description, (rule["alert"], threshold)
         assert rule.get("for", "") in description, rule["alert"]
+
+
+def test_promtool_accepts_the_rules_and_their_tests_pass():
+    # promtool from Debian's `prometheus` package (.ci/run installs it, as it installs Chromium): each alert
+    # rule on series shaped as the code emits them (infra/prometheus/alerts.test.yml).
+    import shutil
+    import subprocess
+
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        if os.environ.get("TOKENMILL_REQUIRE_PROMTOOL") == "1":
+            pytest.fail("promtool is not installed (apt-get install prometheus)")
+        pytest.skip("promtool is not installed (apt-get install prometheus)")
+    folder = INFRA / "prometheus"
+    for args in (["check", "rules", "alerts.yml"], ["test", "rules", "alerts.test.yml"]):
+        done = subprocess.run([promtool, *args], cwd=folder, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    tested = set(re.findall(r"alertname: (\w+)", (folder / "alerts.test.yml").read_text()))
+    assert tested == {rule["alert"] for rule in alert_rules()}  # every rule has its case
