@@ -7,8 +7,8 @@ every build the Dockerfile documents, each release it resolves pinned there.
 
 The resolution asks the package index pip is configured with (a few seconds per build on this machine,
 about 70 s for both with vLLM's and Airflow's trees): its report is kept under the user cache keyed by
-everything it depends on (the command, the files the Dockerfile copies before it, pip's version), so it
-is asked again only when one of them changed."""
+what it depends on (the command, pip's version, the requirement files the Dockerfile copies before it), so
+it is asked again only when one of them changed."""
 
 from __future__ import annotations
 
@@ -111,13 +111,16 @@ def build_context(root: Path, copies: list[tuple[str, str]]) -> None:
 
 
 def cache_key(argv: list[str], copies: list[tuple[str, str]]) -> str:
+    """What the resolution depends on: the command, pip's version and the copied files that declare
+    requirements (pyproject.toml, the locks). The package's own sources (pipeline/) change nothing pip
+    resolves, and keying on them would resolve again (a minute) after every code change."""
     digest = hashlib.sha256(json.dumps(argv).encode())
     pip = subprocess.run([sys.executable, "-m", "pip", "--version"], capture_output=True, text=True, check=True)
     digest.update(pip.stdout.split(" from ")[0].encode())
     for src, _ in sorted(copies):
         paths = sorted(p for p in (REPO / src).rglob("*") if p.is_file()) if (REPO / src).is_dir() else [REPO / src]
         for path in paths:
-            if "__pycache__" not in path.parts:
+            if path.suffix in (".toml", ".txt", ".cfg") and "__pycache__" not in path.parts:
                 digest.update(str(path.relative_to(REPO)).encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()[:24]
 
