@@ -5,8 +5,8 @@ pin; the two locks agree on every release they share except where SPLIT names wh
 install command, parsed from infra/docker/Dockerfile (not copied), resolves with pip against its lock for
 every build the Dockerfile documents, each release it resolves pinned there.
 
-The resolution asks the package index pip is configured with (a few seconds per build on this machine,
-about 70 s for both with vLLM's and Airflow's trees): its report is kept under the user cache keyed by
+The resolution asks the package index pip is configured with (40 to 110 s for both builds, vLLM's and
+Airflow's trees, on the 2-core machine, 2026-12-05): its report is kept under the user cache keyed by
 what it depends on (the command, pip's version, the requirement files the Dockerfile copies before it), so
 it is asked again only when one of them changed."""
 
