@@ -22,10 +22,14 @@ a real client would with the simple auth manager: a user and password from its p
 exchanged for a JWT at `POST /auth/token`. `stop()` ends every service with its process group and
 every process it started (task processes, engine processes), however they were spawned.
 
-CeleryExecutor (`executor="CeleryExecutor", broker_url=<redis URL>`): the scheduler sends each task
-to its queue on the broker; `start_worker(name, queues, env=...)` starts `airflow celery worker
---queues ...` as a process of its own, whose task processes report `name` as their hostname (so a task
-instance's `hostname` says which worker ran it); `kill_worker(name)` SIGKILLs it with every process
+CeleryExecutor (`executor="CeleryExecutor", broker_url=<redis URL>`): the topology shipped in
+infra/single-host/docker-compose.yaml. Its Airflow components (api-server, scheduler, dag-processor,
+triggerer) run with their compose commands, and every process gets the compose file's Airflow settings;
+only what names this machine (database, broker, api-server URLs) and the secrets are the test's own.
+The scheduler sends each task to its queue on the broker; `start_worker(name, service, env=...)` starts
+a compose worker service's command (`celery worker --queues ... --concurrency ...`) with that service's
+own environment, as a process of its own whose task processes report `name` as their hostname (so a
+task instance's `hostname` says which worker ran it); `kill_worker(name)` SIGKILLs it with every process
 it started. The result backend is the metadata database.
 
 Fault hook: `fault_hook_env(dir, spec_file)` gives PYTHONPATH and TOKENMILL_TEST_FAULTS for a
@@ -37,6 +41,7 @@ fails there; delete the file and the fault is gone, without restarting anything.
 
 from __future__ import annotations
 
+import base64
 import contextlib
 import fcntl
 import json
@@ -52,10 +57,23 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import httpx
+import yaml
 
 from tests.servers import free_port
 
-SERVICES = ("api-server", "scheduler", "dag-processor")
+SERVICES = ("api-server", "scheduler", "dag-processor")  # the LocalExecutor's deployment
+COMPOSE = Path(__file__).resolve().parents[1] / "infra" / "single-host" / "docker-compose.yaml"
+# Compose settings that name the compose network's hosts or hold its secrets: the test deployment's own.
+_LOCAL_SETTINGS = (
+    "AIRFLOW__DATABASE__SQL_ALCHEMY_CONN",
+    "AIRFLOW__CELERY__BROKER_URL",
+    "AIRFLOW__CELERY__RESULT_BACKEND",
+    "AIRFLOW__CORE__EXECUTION_API_SERVER_URL",
+    "AIRFLOW__API__BASE_URL",
+    "AIRFLOW__API_AUTH__JWT_SECRET",
+    "AIRFLOW__API__SECRET_KEY",
+    "AIRFLOW__CORE__FERNET_KEY",
+)
 # What a Celery worker's task processes call for their hostname (`[core] hostname_callable`): the
 # worker's name, so that workers sharing this host are told apart in the task instances' `hostname`.
 _WORKER_NAME_MODULE = "tokenmill_test_worker_name"
@@ -72,6 +90,39 @@ ENGINE_LOCK = "/tmp/tokenmill-engine.lock"  # held around anything that starts v
 
 class AirflowError(RuntimeError):
     """A service died or did not become healthy, a DAG failed to import, or a wait ran out."""
+
+
+# The compose topology ----------------------------------------------------------------------------
+
+
+def compose_services() -> dict[str, dict]:
+    """The compose file's services that run the tokenmill image (Airflow's components and workers)."""
+    services = yaml.safe_load(COMPOSE.read_text())["services"]
+    return {name: svc for name, svc in services.items() if svc.get("image", "").startswith("tokenmill-")}
+
+
+def compose_control_plane() -> list[list[str]]:
+    """The long-running Airflow components' commands (not the one-shot init, not the Celery workers)."""
+    return [
+        svc["command"]
+        for svc in compose_services().values()
+        if svc.get("restart") != "no" and svc["command"][:1] != ["celery"]
+    ]
+
+
+def compose_airflow_settings() -> dict[str, str]:
+    """The AIRFLOW__* settings every compose component shares, less the machine's addresses and secrets."""
+    shared = compose_services()["airflow-scheduler"]["environment"]
+    return {k: str(v) for k, v in shared.items() if k.startswith("AIRFLOW__") and k not in _LOCAL_SETTINGS}
+
+
+def compose_worker(service: str) -> tuple[list[str], dict[str, str]]:
+    """A compose worker service's command and the environment it sets beyond the shared one, less its
+    metrics endpoint (a fixed port, which workers sharing this machine cannot all take)."""
+    services = compose_services()
+    svc, shared = services[service], services["airflow-scheduler"]["environment"]
+    own = {k: str(v) for k, v in svc["environment"].items() if k not in shared}
+    return svc["command"], {k: v for k, v in own.items() if not k.startswith("TOKENMILL_METRICS__")}
 
 
 # The metadata database ---------------------------------------------------------------------------
@@ -265,6 +316,8 @@ class AirflowDeployment:
         self.url = f"http://127.0.0.1:{self.port}"
         self.password = secrets.token_urlsafe(16)
         self.jwt_secret = secrets.token_urlsafe(32)
+        self.fernet_key = base64.urlsafe_b64encode(secrets.token_bytes(32)).decode()  # a Fernet key's form
+        self.services = [[name] for name in SERVICES] if executor == "LocalExecutor" else compose_control_plane()
         self.procs: dict[str, subprocess.Popen] = {}
         self._token: str | None = None
         self._client = httpx.Client(base_url=self.url, timeout=30.0)
@@ -276,6 +329,8 @@ class AirflowDeployment:
         own), plus the deployment's settings and the caller's `env` (which task processes inherit)."""
         env = {k: v for k, v in os.environ.items() if not k.startswith(self.drop_env)}
         passwords = self.home / "passwords.json"
+        if self.executor == "CeleryExecutor":
+            env.update(compose_airflow_settings())  # the shipped settings; what follows is this machine's
         env.update(
             {
                 "AIRFLOW_HOME": str(self.home),
@@ -296,6 +351,7 @@ class AirflowDeployment:
                 # Shared secrets: the scheduler signs the tokens the api-server checks.
                 "AIRFLOW__API_AUTH__JWT_SECRET": self.jwt_secret,
                 "AIRFLOW__API__SECRET_KEY": self.jwt_secret,
+                "AIRFLOW__CORE__FERNET_KEY": self.fernet_key,
                 "AIRFLOW__CORE__AUTH_MANAGER": (
                     "airflow.api_fastapi.auth.managers.simple.simple_auth_manager.SimpleAuthManager"
                 ),
@@ -319,15 +375,9 @@ class AirflowDeployment:
         if (async_url := _async_url(self.conn)) is not None:
             env["AIRFLOW__DATABASE__SQL_ALCHEMY_CONN_ASYNC"] = async_url
         if self.executor == "CeleryExecutor":
+            # the compose file's other Celery settings (acks late, one reserved task per slot) came above
             env.update(
-                {
-                    "AIRFLOW__CELERY__BROKER_URL": self.broker_url,
-                    "AIRFLOW__CELERY__RESULT_BACKEND": f"db+{self.conn}",
-                    # infra/README.md's settings: a message is acknowledged when its task ends, and a worker
-                    # reserves one task per slot, so a killed worker strands no task it had not started.
-                    "AIRFLOW__CELERY__TASK_ACKS_LATE": "True",
-                    "AIRFLOW__CELERY__WORKER_PREFETCH_MULTIPLIER": "1",
-                }
+                {"AIRFLOW__CELERY__BROKER_URL": self.broker_url, "AIRFLOW__CELERY__RESULT_BACKEND": f"db+{self.conn}"}
             )
         env.update(self.extra_env)
         return env
@@ -355,11 +405,11 @@ class AirflowDeployment:
         try:
             self.airflow("db", "migrate")
             env = self.environ()
-            for name in SERVICES:
-                args = [name] + (
-                    ["--host", "127.0.0.1", "--port", str(self.port), "--workers", "1"] if name == "api-server" else []
+            for command in self.services:
+                local = ["--host", "127.0.0.1", "--port", str(self.port), "--workers", "1"]
+                self.procs[command[0]] = self._spawn(
+                    command + (local if command == ["api-server"] else []), env, command[0]
                 )
-                self.procs[name] = self._spawn(args, env, name)
             self.wait_healthy(timeout)
         except BaseException:
             self.stop()
@@ -380,9 +430,11 @@ class AirflowDeployment:
                 preexec_fn=_end_with_parent,
             )
 
-    def start_worker(self, name: str, queues: list[str], concurrency: int = 1, env: dict[str, str] | None = None):
-        """A Celery worker consuming `queues` with `concurrency` task slots; `env` is added to its
-        environment only (e.g. the tiers its GPUs serve). Its task processes report `name` as hostname."""
+    def start_worker(self, name: str, service: str, env: dict[str, str] | None = None):
+        """The compose worker `service` (its command: queues, concurrency; its own environment, e.g. the
+        tiers its GPUs serve), `env` added to its environment only. Its task processes report `name` as
+        hostname."""
+        command, own_env = compose_worker(service)
         lib = self.home / "worker-lib"
         lib.mkdir(exist_ok=True)
         (lib / f"{_WORKER_NAME_MODULE}.py").write_text(_WORKER_NAME_SOURCE)
@@ -392,10 +444,16 @@ class AirflowDeployment:
             "PYTHONPATH": os.pathsep.join(p for p in (str(lib), base.get("PYTHONPATH", "")) if p),
             "AIRFLOW__CORE__HOSTNAME_CALLABLE": f"{_WORKER_NAME_MODULE}.hostname",
             "TOKENMILL_TEST_WORKER": name,
+            **own_env,
             **(env or {}),
         }
-        args = ["celery", "worker", "--queues", ",".join(queues), "--concurrency", str(concurrency)]
-        args += ["--celery-hostname", f"{name}@%h", "--without-gossip", "--without-mingle", "--skip-serve-logs"]
+        args = command + [
+            "--celery-hostname",
+            f"{name}@%h",
+            "--without-gossip",
+            "--without-mingle",
+            "--skip-serve-logs",
+        ]
         self.workers[name] = self._spawn(args, worker_env, f"worker-{name}")
         return self.workers[name]
 
@@ -437,10 +495,10 @@ class AirflowDeployment:
             self.check_alive()
             try:
                 health = self._client.get("/api/v2/monitor/health").json()
-                if all(
-                    (health.get(k) or {}).get("status") == "healthy"
-                    for k in ("metadatabase", "scheduler", "dag_processor")
-                ):
+                components = ("metadatabase", "scheduler", "dag_processor") + (
+                    ("triggerer",) if "triggerer" in self.procs else ()
+                )
+                if all((health.get(k) or {}).get("status") == "healthy" for k in components):
                     return health
             except (httpx.HTTPError, ValueError):
                 pass
@@ -465,7 +523,7 @@ class AirflowDeployment:
 
     def log_tails(self, chars: int = 3000) -> str:
         out = []
-        for name in (*SERVICES, *(f"worker-{w}" for w in self.workers)):
+        for name in (*self.procs, *(f"worker-{w}" for w in self.workers)):
             log = self.home / f"{name}.log"
             if log.exists():
                 out.append(f"--- {name}.log (tail)\n{log.read_text(errors='replace')[-chars:]}")

@@ -56,7 +56,7 @@ def deployment(
 ) -> Iterator[AirflowDeployment]:
     """The repo's DAGs on a real Airflow deployment over a throwaway metadata database on `admin_url`: `env` in
     every service's (so every task process's) environment, the GPU pools `gpu-<tier>` with `pools[tier]`
-    slots, the Celery `workers` ((name, queues, kwargs) each) started, `dags` parsed and unpaused.
+    slots, the Celery `workers` ((name, compose service, kwargs) each) started, `dags` parsed and unpaused.
     `options`: AirflowDeployment's (executor, broker_url, ...)."""
     with airflow_database(admin_url) as db:
         af = AirflowDeployment(
@@ -72,8 +72,8 @@ def deployment(
         try:
             for tier, slots in pools.items():
                 af.create_pool(f"gpu-{tier}", slots, f"{tier} tier GPUs")
-            for name, queues, kwargs in workers:
-                af.start_worker(name, queues, **kwargs)
+            for name, service, kwargs in workers:
+                af.start_worker(name, service, **kwargs)
             for dag_id in dags:
                 af.wait_for_dag(dag_id)
                 af.unpause(dag_id)

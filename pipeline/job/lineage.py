@@ -21,8 +21,12 @@ from openlineage.client.generated.base import RunFacet
 
 from pipeline.job.orchestrate import TABLES
 
-# Where the run facet's fields are described (OpenLineage asks every custom facet for a schema URL).
-FACET_SCHEMA = "https://github.com/tokenmill/tokenmill/blob/main/docs/ops.md#lineage"
+# The run facet's JSON schema, shipped in the repository (docs/schemas/): OpenLineage asks every custom
+# facet for the URL of one, a JSON pointer to the facet's definition.
+FACET_SCHEMA = (
+    "https://raw.githubusercontent.com/tokenmill/tokenmill/main/docs/schemas/TokenmillJobRunFacet.json"
+    "#/$defs/TokenmillJobRunFacet"
+)
 
 
 def dataset_name(uri: str) -> tuple[str, str]:

@@ -91,9 +91,11 @@ MANDATORY = {
     "ServiceName": "String",
 }
 # Conditional columns whose condition holds here (usage is measured, unit prices are published, tenants are sub
-# accounts, engines are resources, tags exist) and two Recommended ones (ChargeFrequency, ServiceSubcategory).
+# accounts, engines are resources, tags exist) and the Recommended ones (ChargeFrequency, InvoiceId,
+# ServiceSubcategory: the FinOps focus-validator's `-O` rules for FOCUS 1.2).
 CONDITIONAL = {
     "ChargeFrequency": "String",
+    "InvoiceId": "String",
     "ConsumedQuantity": "Decimal",
     "ConsumedUnit": "String",
     "ContractedUnitPrice": "Decimal",
@@ -270,6 +272,9 @@ def focus_row(row: dict, basis: str, account: str) -> dict:
         "ContractedUnitPrice": price,
         "EffectiveCost": cost,
         "InvoiceIssuerName": PROVIDER,
+        # FOCUS: null while a charge is on no issued invoice. tokenmill issues none: its rows feed the invoice
+        # whoever bills the tenants issues, which then carries that invoice's id.
+        "InvoiceId": None,
         "ListCost": cost,
         "ListUnitPrice": price,
         "PricingCategory": "Standard",

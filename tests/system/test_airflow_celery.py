@@ -1,10 +1,11 @@
 """The nightly DAG on the production topology: the CeleryExecutor on Redis, a queue per tier.
 
-tests/airflow_deploy.py starts the api-server, the scheduler and the dag-processor on a throwaway
-PostgreSQL metadata database, with the CeleryExecutor on a throwaway Redis (the broker infra/ deploys).
-The test starts the Celery workers as infra/ runs them, each a process of its own with its own
-environment: `cpu` consumes `default` (planning, prepare, commit), `small-a` only `gpu-small` and
-`large` only `gpu-large`, each GPU worker naming the tier it serves in TOKENMILL_WORKER_TIERS (a drain
+tests/airflow_deploy.py starts the Airflow components of infra/single-host/docker-compose.yaml
+(api-server, scheduler, dag-processor, triggerer) with its settings on a throwaway PostgreSQL metadata
+database, with the CeleryExecutor on a throwaway Redis (the broker infra/ deploys). The test starts the
+compose file's Celery workers with their commands and environments, each a process of its own: `cpu`
+consumes `default` (planning, prepare, commit), `small-a` only `gpu-small` and `large` only `gpu-large`,
+each GPU worker naming the tier it serves in TOKENMILL_WORKER_TIERS (a drain
 of another tier reaching it would fail at once, naming both). Each worker's task processes report the
 worker's name as their hostname, so every task instance says where it ran.
 
@@ -53,10 +54,6 @@ VICTIM = ("batch-a.jsonl", 0)  # fails in prepare, before anything of it is gene
 HEARTBEAT_TIMEOUT = 20  # seconds without a heartbeat before the scheduler fails a task instance
 
 
-def _gpu_worker_env(tier: str, **extra: str) -> dict[str, str]:
-    return {"TOKENMILL_WORKER_TIERS": tier, **extra}
-
-
 @pytest.fixture
 def celery_airflow(tmp_path, tiny_models, static_embedder, postgres_admin_url, redis_server):
     env = {
@@ -64,10 +61,11 @@ def celery_airflow(tmp_path, tiny_models, static_embedder, postgres_admin_url, r
         "AIRFLOW__SCHEDULER__TASK_INSTANCE_HEARTBEAT_TIMEOUT": str(HEARTBEAT_TIMEOUT),
     }
     stall = {"TOKENMILL_TIERS__SMALL__FAKE__STALL_AFTER": "4", "TOKENMILL_TIERS__SMALL__FAKE__STEP_SECONDS": "0.01"}
+    # the compose file's workers, each with its command (queues, concurrency) and its own environment
     workers = (
-        ("cpu", ["default"], {"concurrency": 4}),
-        ("small-a", ["gpu-small"], {"env": _gpu_worker_env("small", **stall)}),
-        ("large", ["gpu-large"], {"env": _gpu_worker_env("large")}),
+        ("cpu", "airflow-worker-cpu", {}),
+        ("small-a", "airflow-worker-gpu-small", {"env": stall}),
+        ("large", "airflow-worker-gpu-large", {}),
     )
     celery = {"executor": "CeleryExecutor", "broker_url": redis_server.url}
     with deployment(tmp_path, postgres_admin_url, env, GPUS, workers=workers, **celery) as af:
@@ -115,7 +113,7 @@ def test_celery_topology_routes_each_tier_to_its_workers_and_survives_a_killed_w
     run_id = af.trigger(DAG_ID, conf, logical_date=f"{RUN_DATE}T00:00:00Z")
     af.wait_until(lambda: _held_by(af, "small-a", state_db))
     af.kill_worker("small-a")
-    af.start_worker("small-b", ["gpu-small"], env=_gpu_worker_env("small"))
+    af.start_worker("small-b", "airflow-worker-gpu-small")
     run = af.wait_for_run(DAG_ID, run_id, timeout=600)
     where, logs = _where_ran(af, run_id), af.failed_logs(DAG_ID, run_id)
     assert run["state"] == "failed", (where, logs)  # the victim did not commit

@@ -3,6 +3,7 @@ and its GPU workers match the tokenmill config: one worker per tier queue `gpu-<
 each holding as many GPUs as its tier's engine spans, no GPU reserved twice."""
 
 import json
+import os
 import re
 
 import jsonschema
@@ -128,7 +129,11 @@ def test_no_credentials_in_infra_files():
 
 def test_dockerfile_pip_steps_match_the_lock():
     pins = lock("gpu.txt")
-    steps = [line for line in (INFRA / "docker" / "Dockerfile").read_text().splitlines() if "pip install" in line]
+    steps = [
+        line
+        for line in (INFRA / "docker" / "Dockerfile").read_text().splitlines()
+        if line.startswith("RUN ") and "pip install" in line
+    ]
     assert steps
     for step in steps:
         assert "-c constraints/gpu.txt" in step, step
@@ -246,3 +251,75 @@ def test_dashboard_is_grafana_json_on_exported_metrics():
         "tokenmill_vllm_kv_cache_usage_perc",
     ):
         assert metric in used, metric
+
+
+def test_every_airflow_component_of_compose_reads_the_same_secrets_from_dot_env():
+    # Two Airflow homes generate different secrets: the api-server would reject the scheduler's task tokens.
+    shared = {
+        "AIRFLOW__API_AUTH__JWT_SECRET": "AIRFLOW_JWT_SECRET",
+        "AIRFLOW__API__SECRET_KEY": "AIRFLOW_API_SECRET_KEY",
+        "AIRFLOW__CORE__FERNET_KEY": "AIRFLOW_FERNET_KEY",
+    }
+    airflow = {n: s for n, s in compose()["services"].items() if s.get("image", "").startswith("tokenmill-")}
+    assert len(airflow) >= 8
+    for name, svc in airflow.items():
+        for setting, variable in shared.items():
+            assert svc["environment"][setting] == f"${{{variable}:?set {variable}}}", (name, setting)
+    example = (INFRA / "single-host" / ".env.example").read_text()
+    for variable in shared.values():
+        # listed empty, with the command that makes it
+        assert re.search(rf"^{variable}=$", example, re.M) and re.search(rf"^#.*{variable}.*python3 -c", example, re.M)
+
+
+@pytest.mark.parametrize("path", sorted(p.name for p in (INFRA / "cluster").glob("*.yaml") if p.name != "values.yaml"))
+def test_cluster_manifests_validate_against_the_kubernetes_schema(path):
+    # kubernetes-validate: the Kubernetes OpenAPI schemas, strict (an unknown field is an error, as for
+    # `kubectl apply --validate=strict`), for the newest release it ships.
+    import kubernetes_validate
+    from kubernetes_validate.utils import latest_version
+
+    for manifest in yaml.safe_load_all((INFRA / "cluster" / path).read_text()):
+        kubernetes_validate.validate(manifest, latest_version(), strict=True)
+
+
+def test_gpu_worker_deployments_read_the_charts_secrets():
+    values = yaml.safe_load((INFRA / "cluster" / "values.yaml").read_text())
+    expected = {
+        "AIRFLOW__API_AUTH__JWT_SECRET": {"name": values["jwtSecretName"], "key": "jwt-secret"},
+        "AIRFLOW__API__SECRET_KEY": {"name": values["apiSecretKeySecretName"], "key": "api-secret-key"},
+        "AIRFLOW__CORE__FERNET_KEY": {"name": values["fernetKeySecretName"], "key": "fernet-key"},
+    }
+    for path in sorted((INFRA / "cluster").glob("gpu-worker-*.yaml")):
+        (container,) = yaml.safe_load(path.read_text())["spec"]["template"]["spec"]["containers"]
+        env = {e["name"]: e.get("valueFrom", {}).get("secretKeyRef") for e in container["env"]}
+        assert {k: env.get(k) for k in expected} == expected, path.name
+
+
+def test_alert_descriptions_say_what_their_expressions_compute():
+    for rule in alert_rules():
+        description = rule["annotations"]["description"]
+        assert description.startswith("Computes"), rule["alert"]
+        for metric in set(METRIC.findall(rule["expr"])):
+            assert f"`{metric}`" in description, (rule["alert"], metric)
+        for threshold in re.findall(r"[<>]=?\s*([\d.]+)", rule["expr"]):
+            assert threshold in description, (rule["alert"], threshold)
+        assert rule.get("for", "") in description, rule["alert"]
+
+
+def test_promtool_accepts_the_rules_and_their_tests_pass():
+    # promtool from Debian's `prometheus` package (.ci/run installs it, as it installs Chromium): each alert
+    # rule on series shaped as the code emits them (infra/prometheus/alerts.test.yml).
+    import shutil
+    import subprocess
+
+    promtool = shutil.which("promtool")
+    if promtool is None:
+        if os.environ.get("TOKENMILL_REQUIRE_PROMTOOL") == "1":
+            pytest.fail("promtool is not installed (apt-get install prometheus)")
+        pytest.skip("promtool is not installed (apt-get install prometheus)")
+    folder = INFRA / "prometheus"
+    for args in (["check", "rules", "alerts.yml"], ["test", "rules", "alerts.test.yml"]):
+        done = subprocess.run([promtool, *args], cwd=folder, capture_output=True, text=True, timeout=60)
+        assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+    tested = set(re.findall(r"alertname: (\w+)", (folder / "alerts.test.yml").read_text()))
+    assert tested == {rule["alert"] for rule in alert_rules()}  # every rule has its case
