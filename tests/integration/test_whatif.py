@@ -44,8 +44,11 @@ def test_what_if_prices_the_staged_job_on_other_gpus_as_a_projection(tiny_models
 def test_what_if_in_a_fresh_home_needs_no_model_files_and_warns_once(sample_corpus, tmp_path, monkeypatch, caplog):
     # A new user's machine: no models, no embedder, no ledger. The named model is projected; tokens are counted
     # by the approximation, said once for the job (the corpus has several files), as is semantic reuse being off.
+    from pipeline.plan import tokens
+
     home = tmp_path / "fresh-home"
     home.mkdir()
+    monkeypatch.setattr(tokens, "HUB_IDS", {})  # whatever this machine's Hugging Face cache holds
     monkeypatch.setenv("TOKENMILL_HOME", str(home))
     monkeypatch.setenv("TOKENMILL_OUTPUT__URI", str(tmp_path / "output"))
     monkeypatch.setenv("TOKENMILL_STATE__URL", f"sqlite:///{tmp_path}/state.db")
