@@ -10,13 +10,16 @@ each estimate sees only the ledger it is meant to learn from:
             duplicates, near duplicates and bad records), estimated from the history job's ledger, then run
   held-out  another slice of the hold-out set (documents in neither the history slice nor the demo corpus)
             plus should- and must-not-reuse variants of them, estimated from the history job's ledger, then run
+  mixed     a first night of another kind, estimated with no ledger (its own output root), then run: a third
+            slice of the hold-out set with exact duplicates, near-duplicate variants, long documents (several
+            documents joined, past the tiers' context: map-reduce) and three tenants
 
 Per corpus: the estimate's low / mid / high against the actual cost (the manifest's cost.cost_usd, what
 `tokenmill run` prints as "cost": busy time, engine start-up and idle), the midpoint's error, whether the
 range holds the actual, and predicted against measured output tokens and escalations. The estimate of the
 history job itself, made with no ledger, is printed too: priced by the hardware projection of each tier's model on
 its device (pipeline/plan/hardware.py; this CPU's limits from the cached probe), the first night's estimate of a new
-deployment. `--cold-only` runs just that job and its estimate (one engine start per tier).
+deployment, as is the mixed corpus's. `--cold-only` runs just those two jobs and their estimates.
 
 Run it under the engine lock (one engine on the machine at a time), after `make models`:
 
@@ -32,6 +35,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import subprocess
 import sys
 import tempfile
@@ -50,18 +54,38 @@ REPO = Path(__file__).resolve().parents[1]
 TENANTS = ("acme", "globex", "initech")
 
 
+def mixed(docs: list[dict], seed: int = 7) -> list[dict]:
+    """`docs`, then an exact copy of every fifth, near-duplicate variants of a tenth, and a long document per
+    eighth (five to eight of the others joined: past both tiny tiers' context, so chunked and reduced)."""
+    rng = random.Random(seed)
+    docs = [{**d, "tenant": TENANTS[i % len(TENANTS)]} for i, d in enumerate(docs)]
+    copies = [{**d, "id": f"copy-{i:03d}"} for i, d in enumerate(docs[::5])]  # the same tenant: a duplicate
+    variants = make_variants(docs, max(len(docs) // 10, 1), seed=seed)
+    long = [
+        {"id": f"long-{i:03d}", "text": "\n\n".join(d["text"] for d in rng.sample(docs, rng.randint(5, 8)))}
+        for i in range(max(len(docs) // 8, 1))
+    ]
+    return docs + copies + variants + long
+
+
 def corpora(work: Path, history_docs: int, holdout_docs: int, variants: int) -> dict[str, Path]:
-    """Write the three inputs: the demo corpus, and two disjoint hold-out slices none of whose texts is in it."""
+    """Write the four inputs: the demo corpus, and three disjoint hold-out slices none of whose texts is in it."""
     demo_texts = [d["text"] for d in collect(60, seed=101)]  # as `tokenmill samples` (pipeline/cli/setup.py)
     write_sample_corpus(work / "demo", documents=60, texts=demo_texts)
-    pool = [d for d in collect(history_docs + holdout_docs + 40, seed=0) if d["text"] not in set(demo_texts)]
+    pool = [d for d in collect(history_docs + 2 * holdout_docs + 60, seed=0) if d["text"] not in set(demo_texts)]
     history, held = pool[:history_docs], pool[history_docs : history_docs + holdout_docs]
+    other = pool[history_docs + holdout_docs : history_docs + 2 * holdout_docs]
     out = {"demo": work / "demo"}
-    for name, docs in (("history", history), ("holdout", held + make_variants(held, variants) if variants else held)):
+    for name, docs in (
+        ("history", history),
+        ("holdout", held + make_variants(held, variants) if variants else held),
+        ("mixed", mixed(other)),
+    ):
         (work / name).mkdir(parents=True)
         with open(work / name / "docs.jsonl", "w", encoding="utf-8") as f:
             for i, d in enumerate(docs):
-                f.write(json.dumps({"id": d["id"], "text": d["text"], "tenant": TENANTS[i % len(TENANTS)]}) + "\n")
+                tenant = d.get("tenant", TENANTS[i % len(TENANTS)])
+                f.write(json.dumps({"id": d["id"], "text": d["text"], "tenant": tenant}) + "\n")
         out[name] = work / name
     return out
 
@@ -131,6 +155,44 @@ def compare(est: dict, manifest: dict, ledger: dict, learned_from: str) -> dict:
     }
 
 
+def by_tier(cfg, job_id: str, est: dict) -> dict:
+    """Per tier, the estimate's parts (midpoints) beside the ledger's: items, escalations, output tokens, busy
+    and start-up/idle dollars, so that a midpoint off the bill shows which part is off."""
+    rows = (
+        connect(cfg.output.uri, cfg.storage)
+        .execute(
+            "SELECT tier, count(*) FILTER (WHERE source = 'generated'), count(*) FILTER (WHERE escalated), "
+            "sum(output_tokens), sum(coalesce(busy_gpu_seconds, 0) * price_per_gpu_hour / 3600), "
+            "sum(coalesce(overhead_gpu_seconds, 0) * price_per_gpu_hour / 3600) FROM ledger WHERE job_id = ? "
+            "GROUP BY 1",
+            [job_id],
+        )
+        .fetchall()
+    )
+    out = {}
+    for name, t in est["tiers"].items():
+        over = t.get("engine_overhead", {})
+        out[name] = {
+            "est": {
+                "items": t["items"],
+                "escalated": round(t.get("escalation", {}).get("items", 0.0), 1),
+                "output_tokens": round(t["est_output_tokens"]),
+                "usd": round(t["est_usd"], 5),
+                "start_up_and_idle_usd": round(over.get("est_usd", 0.0), 5),
+                "method": t["method"][:90],
+            }
+        }
+    for tier, items, escalated, output, busy, overhead in rows:
+        out.setdefault(tier, {})["actual"] = {
+            "rows": items,
+            "escalated": escalated,
+            "output_tokens": int(output or 0),
+            "busy_usd": round(float(busy or 0), 5),
+            "start_up_and_idle_usd": round(float(overhead or 0), 5),
+        }
+    return out
+
+
 def no_ledger_figures(est: dict, manifest: dict) -> dict:
     """How the no-ledger estimate compares with the bill: midpoint / actual (target within 1.5× either way), the
     range's width (high / low, target at most 4×), and per tier the projected busy seconds against the engine's."""
@@ -188,7 +250,14 @@ def main(argv: list[str] | None = None) -> None:
     cold = estimate_job(history_cfg)  # no ledger under its output root yet: the hardware projection
     history = run(args.config, env, "history")
     results = {"history": compare(cold, history, measured(history_cfg, "history"), "nothing (hardware projection)")}
-    results["history"].update(no_ledger_figures(cold, history))
+    results["history"].update(no_ledger_figures(cold, history), tiers=by_tier(history_cfg, "history", cold))
+    # The mixed corpus's first night: estimated with no ledger (its own empty output root), then run.
+    env = env_for(work, "mixed", inputs["mixed"], overrides)
+    mixed_cfg = load_config(args.config, environ=env)
+    cold = estimate_job(mixed_cfg)
+    manifest = run(args.config, env, "mixed")
+    results["mixed"] = compare(cold, manifest, measured(mixed_cfg, "mixed"), "nothing (hardware projection)")
+    results["mixed"].update(no_ledger_figures(cold, manifest), tiers=by_tier(mixed_cfg, "mixed", cold))
     for name in () if args.cold_only else ("demo", "holdout"):
         # Estimated from the history job's ledger alone (its output root), then run in a root of its own.
         est = estimate_job(

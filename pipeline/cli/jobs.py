@@ -331,6 +331,38 @@ def _projection_table(p: dict) -> Table:
     return table
 
 
+def _documents(n: float | None) -> str:
+    return "never (the API costs less per document)" if n is None else f"{n:,.0f} documents/night"
+
+
+def _break_even_table(b: dict) -> Table:
+    """The break-even against each API batch offer (plan/breakeven.py), per tier mix, and what each figure is."""
+    volume = b["volume_documents_per_night"]
+    table = Table(title=f"break-even (projection, not measured) at {volume:,} documents/night")
+    for column in ("tier mix", "$/1k docs", "against", "break-even volume", f"ratio at {volume:,}"):
+        table.add_column(column, justify="left" if column in ("tier mix", "against") else "right")
+    for mix, m in b["mixes"].items():
+        table.add_row(
+            f"{mix} ({', '.join(m['tiers'])})",
+            f"${m['usd_per_1k_documents_at_volume']:.4f} at {volume:,}; "
+            f"${m['usd_per_1k_documents_at_job']:.4f} at this job's {b['job_documents']:,}",
+            f"start-ups (or billed hours) ${m['fixed_usd_per_night']:.4f}/night",
+            f"{m['gpu_hours_per_night_at_volume']:.3g} GPU-hours/night"
+            + ("" if m["fits_a_night"] else " (over 24 h a GPU: give more GPUs)"),
+            "",
+        )
+        for api, a in m["api"].items():
+            ratio = a["ratio_at_volume"]
+            table.add_row(
+                "",
+                f"${a['usd_per_1k_documents']:.4f}",
+                api,
+                _documents(a["break_even_documents"]),
+                "-" if ratio is None else f"{ratio:.2f}× the API",
+            )
+    return table
+
+
 @app.command("estimate")
 def estimate(
     config: Path = ConfigOption,
@@ -349,7 +381,23 @@ def estimate(
         None, "--price-per-gpu-hour", help="What-if: USD per GPU-hour (default: each tier's configured price)."
     ),
     api_prices: Optional[Path] = typer.Option(
-        None, "--api-prices", help="What-if: JSON of batch API prices, {name: {input, output}} USD per 1M tokens."
+        None,
+        "--api-prices",
+        help="What-if: batch API prices, a JSON file as pipeline/plan/api_prices.json (USD per 1M tokens).",
+    ),
+    volume: Optional[str] = typer.Option(
+        None, "--volume", help="What-if: documents per night, e.g. 1000000 or 100k/night: $/1k and break-even."
+    ),
+    api_cached_share: float = typer.Option(
+        0.0, "--api-cached-share", help="What-if: share of prompt tokens an API bills at its cached price (0-1)."
+    ),
+    billed_hours: float = typer.Option(
+        0.0,
+        "--billed-hours-per-night",
+        help="What-if: GPU-hours each GPU is paid per night at least (24: reserved; 0: by the second, the default).",
+    ),
+    html: Optional[Path] = typer.Option(
+        None, "--html", help="What-if: also write the projection and break-even chart as an HTML page here."
     ),
 ) -> None:
     """Pre-flight estimate: records, duplicates, share per tier, tokens and dollars, before any GPU work. With
@@ -360,20 +408,35 @@ def estimate(
     from pipeline.stores.storage import StorageError
 
     cfg = load(config, input__uri=input)
+    what_if = {
+        "tiers": tier or [],
+        "price": price_per_gpu_hour,
+        "prices": api_prices,
+        "volume": volume,
+        "cached": api_cached_share,
+        "billed": billed_hours,
+    }
+    if not hardware and (tier or price_per_gpu_hour is not None or api_prices or volume or html):
+        fail("--tier, --price-per-gpu-hour, --api-prices, --volume and --html are what-if options: give --hardware too")
+    # A what-if plans with the named models' tokenizers where there are no model files (plan/tokens.py).
+    pool = _what_if_pool(cfg, what_if["tiers"]) if hardware else None
     try:
         # (a bar draws on stdout: with --format json, log lines on stderr keep stdout the JSON alone)
         progress = Progress("log" if format == "json" else cfg.run.progress, cfg.run.log_every_seconds)
         try:
-            est = estimate_job(cfg, report=progress.planning)
+            est = estimate_job(cfg, pool=pool, report=progress.planning)
         finally:
             progress.finish()
     except (StorageError, EngineStartError) as e:
         fail(str(e))
     est["budget_problems"] = budget_problems(cfg, est["est_usd"], est["tenants"]) if cfg.budget.active else []
     if hardware:
-        est.update(_what_if(cfg, est, hardware, tier or [], price_per_gpu_hour, api_prices))
-    elif tier or price_per_gpu_hour is not None or api_prices:
-        fail("--tier, --price-per-gpu-hour and --api-prices are what-if options: give --hardware too")
+        est["token_counts"] = pool.sources
+        est.update(_what_if(cfg, est, hardware, what_if))
+    if html:
+        from pipeline.plan.whatif_page import write_page
+
+        write_page(html, cfg, est)
     if format == "json":
         typer.echo(json.dumps(est, indent=2))
         return
@@ -381,20 +444,48 @@ def estimate(
     console.print(est["note"])
     if "projection" in est:
         console.print(_projection_table(est["projection"]))
+    if "break_even" in est:
+        console.print(_break_even_table(est["break_even"]))
+        for figure, source in est["break_even"]["sources"].items():
+            console.print(f"  {figure}: {source}", highlight=False)
 
 
-def _what_if(cfg, est: dict, hardware: str, tiers: list[str], price: float | None, prices: Path | None) -> dict:
-    from pipeline.plan import whatif
+def _what_if_pool(cfg, tiers: list[str]):
+    """Planning's pool for a what-if: each --tier's named model's tokenizer where it has one here."""
+    from pipeline.plan.tokens import WhatIfPool
+
+    named = {}
+    for t in tiers:
+        name, _, rest = t.partition("=")
+        named[name.strip()] = rest.split(":")[0]
+    return WhatIfPool(cfg.tiers, named)
+
+
+def _what_if(cfg, est: dict, hardware: str, what_if: dict) -> dict:
+    from pipeline.plan import breakeven, whatif
 
     try:
         name, gpus = whatif.parse_hardware(hardware)
-        specs = dict(whatif.parse_tier(t) for t in tiers)
+        specs = dict(whatif.parse_tier(t) for t in what_if["tiers"])
         unknown = set(specs) - set(cfg.tiers)
         if unknown:
             raise ValueError(f"--tier names no tier of this config: {', '.join(sorted(unknown))}")
-        table = json.loads(prices.read_text()) if prices else None
+        cached, billed = what_if["cached"], what_if["billed"]
+        if not 0.0 <= cached <= 1.0:
+            raise ValueError(f"--api-cached-share {cached}: a share, between 0 and 1")
+        if not 0.0 <= billed <= 24.0:
+            raise ValueError(f"--billed-hours-per-night {billed}: hours of a night, between 0 and 24")
+        table, date = whatif.load_prices(what_if["prices"])
+        price = what_if["price"]
         prices = price if price is not None else {n: t.price_per_gpu_hour for n, t in cfg.tiers.items()}
-        return whatif.project_job(est, cfg, name, gpus, specs, prices, table)
+        out = whatif.project_job(est, cfg, name, gpus, specs, prices, table, date)
+        if what_if["volume"]:
+            volume = breakeven.parse_volume(what_if["volume"])
+            measured = breakeven.measured_utilisation(cfg, cfg.output.uri)
+            out["break_even"] = whatif.break_even(
+                est, cfg, out["projection"], specs, volume, (table, date), measured, cached, billed
+            )
+        return out
     except (ValueError, OSError) as e:
         fail(str(e))
 

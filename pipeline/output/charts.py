@@ -1,4 +1,4 @@
-"""Inline SVG charts for the HTML report: horizontal bars and a waterfall, labels drawn whole.
+"""Inline SVG charts for the HTML report: horizontal bars, a waterfall and log-scale lines, labels drawn whole.
 
 No script and no font from the network: the report is one self-contained file. Every fragment is
 markupsafe's Markup, built with `Markup(template).format(...)`: a label from the data is escaped by
@@ -7,6 +7,7 @@ construction, whatever it holds.
 
 from __future__ import annotations
 
+import math
 import re
 
 from markupsafe import Markup
@@ -137,3 +138,45 @@ def waterfall(chart_id: str, title: str, baseline: float, steps: list[tuple[str,
             )
         )
     return _svg(chart_id, title, label_w + PLOT_W, height, parts)
+
+
+LINE_COLORS = ("#3b6ea5", "#c0533a", "#3a9a5b", "#d08a2c", "#7a4fa0", "#555")
+
+
+def line_chart(chart_id: str, title: str, xs: list[float], lines: dict[str, list[float]], x_name: str) -> Markup:
+    """One polyline per named series over `xs`, both axes logarithmic (volumes and $/document span decades);
+    a legend of the names, the axes' ends labelled."""
+    values = [v for ys in lines.values() for v in ys if v > 0]
+    if len(xs) < 2 or not values:
+        return Markup('<section><h2>{}</h2><p class="empty">no data</p></section>').format(title)
+    left, top, plot_w, plot_h = 90, 10, WIDTH - 110, 260
+    x0, x1 = math.log10(min(xs)), math.log10(max(xs))
+    y0, y1 = math.log10(min(values)), math.log10(max(values))
+    y0, y1 = (y0 - 0.5, y1 + 0.5) if y1 - y0 < 1e-9 else (y0, y1)
+
+    def at(x: float, y: float) -> str:
+        px = left + plot_w * (math.log10(x) - x0) / ((x1 - x0) or 1)
+        py = top + plot_h * (1 - (math.log10(max(y, 10**y0)) - y0) / (y1 - y0))
+        return f"{px:.1f},{py:.1f}"
+
+    parts = [
+        Markup('<rect x="{}" y="{}" width="{}" height="{}" fill="none" stroke="#bbb"/>').format(
+            left, top, plot_w, plot_h
+        ),
+        Markup('<text x="{}" y="{}" text-anchor="end">{}</text>').format(left - 4, top + 10, fmt_usd(10**y1)),
+        Markup('<text x="{}" y="{}" text-anchor="end">{}</text>').format(left - 4, top + plot_h, fmt_usd(10**y0)),
+        Markup('<text x="{}" y="{}">{:,.0f}</text>').format(left, top + plot_h + 16, 10**x0),
+        Markup('<text x="{}" y="{}" text-anchor="end">{:,.0f} {}</text>').format(
+            left + plot_w, top + plot_h + 16, 10**x1, x_name
+        ),
+    ]
+    for i, (name, ys) in enumerate(lines.items()):
+        color, y = LINE_COLORS[i % len(LINE_COLORS)], top + plot_h + 36 + i * LINE_H
+        points = " ".join(at(x, v) for x, v in zip(xs, ys))
+        parts.append(
+            Markup(
+                '<polyline class="line" points="{}" fill="none" stroke="{}" stroke-width="2"/>'
+                '<rect x="{}" y="{}" width="12" height="3" fill="{}"/><text x="{}" y="{}">{}</text>'
+            ).format(points, color, left, y - 4, color, left + 18, y, name)
+        )
+    return _svg(chart_id, title, WIDTH, top + plot_h + 44 + len(lines) * LINE_H, parts)

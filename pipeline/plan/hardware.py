@@ -26,8 +26,11 @@ from pipeline.output.devices import GPU_PEAKS, cpu_peaks
 GPU_EFFICIENCY = {"bandwidth": 0.75, "compute": 0.55, "step_seconds": 0.004}
 # On a CPU, of the limits the probe measured. vLLM's CPU path runs eager PyTorch with a Python scheduler, and the
 # tier worker accounts for every step: a fixed 0.25 s per step on 2 shared cores, which dominates small models
-# (fit once on the tiny model's no-ledger job, checked on the two-tier job: benchmarks/RESULTS.md §13).
-CPU_EFFICIENCY = {"bandwidth": 0.5, "compute": 0.5, "step_seconds": 0.25}
+# (fit once on the tiny model's no-ledger job, checked on the two-tier job: benchmarks/RESULTS.md §13). Prefill
+# is the probe's own kind of work, large float32 matmuls (up to max_num_batched_tokens rows at once), so it runs
+# at the probe's rate: at 0.5 the long-document corpus's prefill was projected at 82 s of a job whose busy time
+# was 58.5 s in all (RESULTS §13, 2026-12-05).
+CPU_EFFICIENCY = {"bandwidth": 0.5, "compute": 0.5, "prefill_compute": 1.0, "step_seconds": 0.25}
 # Per lever, what it changes besides bytes and FLOP class: W4A16 kernels dequantise on the fly (declared, not
 # calibrated: no published INT4 row was found).
 LEVER_BANDWIDTH_EFFICIENCY = {"int4": 0.8}
@@ -213,7 +216,8 @@ def project(shape: ModelShape, device: Device, w: Workload, lever: str | None = 
     flops = device.flops(bits) * eff["compute"]
     bandwidth = device.peaks["bandwidth"] * device.count * eff["bandwidth"] * LEVER_BANDWIDTH_EFFICIENCY.get(lever, 1)
     attention = 2 * shape.layers * shape.heads * shape.head_dim  # FLOPs per token per token of context (QK, AV)
-    prefill = w.items * (2 * shape.compute_params * w.prompt + attention * w.prompt**2) / flops
+    prefill_flops = device.flops(bits) * eff.get("prefill_compute", eff["compute"])
+    prefill = w.items * (2 * shape.compute_params * w.prompt + attention * w.prompt**2) / prefill_flops
     batch = batch_size(shape, device, w)
     per_step = 1 + (w.draft_tokens if w.acceptance > 0 else 0)  # tokens each sequence verifies per step
     context = w.prompt + w.output / 2

@@ -138,11 +138,12 @@ def columns_after(stages: tuple[Stage, ...], start: tuple[str, ...] = ()) -> tup
     return tuple(columns)
 
 
-def load_embedder(config: TokenmillConfig) -> tuple[object | None, str | None]:
+def load_embedder(config: TokenmillConfig, job_id: str = "") -> tuple[object | None, str | None]:
     """(the static embedder or None, why semantic reuse is off when it was asked for).
 
     A missing model does not stop a nightly job: it runs without semantic reuse, says so in the
-    log and in the manifest, and pays for what semantic reuse would have saved."""
+    log (once per job `job_id`, though planning asks once per input file) and in the manifest, and pays for
+    what semantic reuse would have saved."""
     if not config.dedup.semantic:
         return None, None
     from pipeline.dedup.embed import EmbedderError, StaticEmbedder
@@ -150,8 +151,14 @@ def load_embedder(config: TokenmillConfig) -> tuple[object | None, str | None]:
     try:
         return _loaded(StaticEmbedder, config.dedup.embedder, _stamp(config.dedup.embedder)), None
     except EmbedderError as e:
-        log.warning("semantic reuse off for this job: %s", e)
+        _warn_once(job_id, f"semantic reuse off for this job: {e}")
         return None, str(e)
+
+
+@functools.lru_cache(maxsize=64)
+def _warn_once(job_id: str, message: str) -> None:
+    """Log `message` the first time a job meets it (the cache is what makes it once)."""
+    log.warning("%s", message)
 
 
 def _stamp(path: str) -> tuple:
@@ -212,7 +219,7 @@ def item_keys(table: pa.Table, ctx: StageContext) -> pa.Table:
 
 
 def sketch(table: pa.Table, ctx: StageContext) -> pa.Table:
-    ctx.embedder, problem = load_embedder(ctx.config)
+    ctx.embedder, problem = load_embedder(ctx.config, ctx.job_id)
     if problem:
         ctx.notes.append(f"semantic reuse off: {problem}")
     return sketch_records(table, ctx.config.dedup, ctx.embedder, ctx.config.cache.enabled)

@@ -5,36 +5,40 @@ Every figure here is a projection (plan/hardware.py: a roofline with efficiency 
 results, docs/estimate.md), never a measurement: keys and titles say so. Per tier: busy engine-hours, GPU-hours
 with start-up, USD; each lever's projected effect (FP8 or INT4 weights, FP8 KV cache, speculative decoding at a
 stated acceptance), the routing share (the same items all on the largest tier) and the reuse share (duplicates
-generated too), beside the same tokens through OpenAI's and Anthropic's batch APIs at list prices (API_PRICES).
+generated too), beside the same tokens through OpenAI's and Anthropic's batch APIs at list prices (api_prices.json,
+dated; `--api-prices FILE` replaces it). The break-even against those offers: plan/breakeven.py.
 """
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass, replace
+from pathlib import Path
 
-from pipeline.plan import hardware
+from pipeline.plan import breakeven, hardware
 
-# USD per million tokens (input, output) through the providers' batch APIs, which bill 50% of the standard price.
-# Read 2026-12-04; replace with `--api-prices FILE` (a JSON object of the same form) when they change.
-API_PRICES_DATE = "2026-12-04"
-API_PRICES = {
-    # OpenAI: standard $0.15 / $0.60 per 1M (openai.com/api/pricing, as the `openai-models` crate copies it); the
-    # Batch API bills half (platform.openai.com/docs/guides/batch).
-    "openai gpt-4o-mini (batch)": {"input": 0.075, "output": 0.30, "source": "https://openai.com/api/pricing/"},
-    # GPT-5.4 mini: standard $0.75 / $4.50 per 1M (March 2026 list, as adk-model's pricing table copies it), halved.
-    "openai gpt-5.4-mini (batch)": {"input": 0.375, "output": 2.25, "source": "https://openai.com/api/pricing/"},
-    # Anthropic's batch prices as its batch-processing page lists them (Message Batches API: 50% of standard).
-    "anthropic claude-haiku-4.5 (batch)": {
-        "input": 0.50,
-        "output": 2.50,
-        "source": "https://platform.claude.com/docs/en/build-with-claude/batch-processing",
-    },
-    "anthropic claude-sonnet-4.6 (batch)": {
-        "input": 1.50,
-        "output": 7.50,
-        "source": "https://platform.claude.com/docs/en/build-with-claude/batch-processing",
-    },
-}
+PRICE_FILE = Path(__file__).with_name("api_prices.json")
+
+
+def load_prices(path: Path | None = None) -> tuple[dict[str, dict], str]:
+    """(offer -> {input, cached_input, output} USD per 1M tokens through its batch API, the prices' date) from
+    `path` (`--api-prices FILE`) or PRICE_FILE, the dated list prices docs/estimate.md cites. A file may be the
+    bare {offer: prices} object too (dated "as given"); cached_input defaults to input."""
+    where = path or PRICE_FILE
+    raw = json.loads(where.read_text())
+    table = raw.get("prices", raw) if isinstance(raw, dict) else None
+    if not isinstance(table, dict) or not table:
+        raise ValueError(f"{where}: expected {{'prices': {{offer: {{input, output[, cached_input]}}}}}}")
+    out = {}
+    for name, p in table.items():
+        numbers = isinstance(p, dict) and all(isinstance(p.get(k), (int, float)) for k in ("input", "output"))
+        if not numbers or not isinstance(p.get("cached_input", 0), (int, float)):
+            raise ValueError(f"{where}: offer {name!r} needs numbers input and output (USD per 1M tokens)")
+        out[name] = {"input": p["input"], "cached_input": p.get("cached_input", p["input"]), "output": p["output"]}
+    return out, str(raw.get("date", "as given")) if "prices" in raw else "as given"
+
+
+API_PRICES, API_PRICES_DATE = load_prices()
 
 
 @dataclass(frozen=True)
@@ -87,7 +91,9 @@ def _applied(shape: hardware.ModelShape, levers: set[str]) -> hardware.ModelShap
     return shape
 
 
-def _busy(spec: TierSpec, device: hardware.Device, items: float, prompt: float, output: float, seqs: int) -> float:
+def busy_seconds(
+    spec: TierSpec, device: hardware.Device, items: float, prompt: float, output: float, seqs: int
+) -> float:
     """Projected busy engine seconds of `items` requests (`prompt`, `output`: mean tokens) on `device`."""
     if items <= 0:
         return 0.0
@@ -105,14 +111,14 @@ def _busy(spec: TierSpec, device: hardware.Device, items: float, prompt: float, 
 
 def lever_effects(spec: TierSpec, device, items, prompt, output, seqs) -> dict[str, dict]:
     """Each lever's projected effect on the tier's busy seconds: toggled against the tier as specified."""
-    base = _busy(spec, device, items, prompt, output, seqs)
+    base = busy_seconds(spec, device, items, prompt, output, seqs)
     effects = {}
     for lever in hardware.LEVERS:
         other = set(spec.levers) ^ {lever}
         if lever in ("fp8", "int4") and lever not in spec.levers:
             other -= {"int4", "fp8"} - {lever}
         raw = replace(spec.shape, weight_bits=16, kv_bits=16)
-        alt = _busy(
+        alt = busy_seconds(
             replace(spec, shape=_applied(raw, other), levers=frozenset(other)), device, items, prompt, output, seqs
         )
         on, off = (base, alt) if lever in spec.levers else (alt, base)
@@ -135,7 +141,7 @@ def api_prices(prompt_tokens: float, output_tokens: float, table: dict | None = 
 def _tier_figures(spec, device, entry: dict, seqs: int, gpus: int, price: float) -> dict:
     items, prompt_total = entry["items"], entry["prompt_tokens"]
     prompt, output = prompt_total / max(items, 1), entry["est_output_tokens"] / max(items, 1)
-    busy = _busy(spec, device, items, prompt, output, seqs)
+    busy = busy_seconds(spec, device, items, prompt, output, seqs)
     start = hardware.startup_seconds(spec.shape, device) if items else 0.0
     gpu_hours = (busy + start) * gpus / 3600
     return {
@@ -154,6 +160,37 @@ def _tier_figures(spec, device, entry: dict, seqs: int, gpus: int, price: float)
     }
 
 
+def tier_volumes(est: dict) -> dict[str, dict]:
+    """Per tier of an estimate: its requests, prompt and output tokens, escalations into it counted on it (their
+    prompt again, at the mean of the tier they came from) as the run sends them."""
+    out = {
+        n: {"items": e["items"], "prompt_tokens": e["prompt_tokens"], "est_output_tokens": e["est_output_tokens"]}
+        for n, e in est["tiers"].items()
+    }
+    for e in est["tiers"].values():
+        up = e.get("escalation")
+        if up and up["items"] and up["to"] in out:
+            out[up["to"]]["items"] += up["items"]
+            out[up["to"]]["prompt_tokens"] += up["items"] * e["prompt_tokens"] / max(e["items"], 1)
+    return out
+
+
+def resolved_specs(est: dict, config, specs: dict[str, TierSpec]) -> dict[str, TierSpec]:
+    """`specs` and, for each other tier of the estimate, its configured model and levers."""
+    out = dict(specs)
+    for name in est["tiers"]:
+        if name not in out:
+            own = hardware.tier_shape(config.tiers[name])
+            if own is None:
+                raise ValueError(f"tier {name}: its model's config.json is not readable; give --tier {name}=MODEL")
+            out[name] = TierSpec(_applied(own[0], own[1]), frozenset(own[1]), label=config.tiers[name].model)
+    return out
+
+
+def _seqs(config, name: str) -> int:
+    return config.tiers[name].vllm.max_num_seqs or hardware.DEFAULT_MAX_NUM_SEQS
+
+
 def project_job(
     est: dict,
     config,
@@ -162,6 +199,7 @@ def project_job(
     specs: dict[str, TierSpec],
     price_per_gpu_hour: float | dict[str, float],
     api_table: dict | None = None,
+    api_date: str = "as given",
 ) -> dict:
     """The `projection` of an estimate (`estimate_job`'s answer: its tiers' items and tokens) on `gpus` GPUs of
     `hardware_name` per tier at `price_per_gpu_hour` (one for all, or per tier), each tier's model from `specs` or
@@ -170,29 +208,22 @@ def project_job(
     prices = (
         price_per_gpu_hour if isinstance(price_per_gpu_hour, dict) else dict.fromkeys(est["tiers"], price_per_gpu_hour)
     )
-    tiers, specs = {}, dict(specs)
-    for name, entry in est["tiers"].items():
-        if name not in specs:
-            own = hardware.tier_shape(config.tiers[name])
-            if own is None:
-                raise ValueError(f"tier {name}: its model's config.json is not readable; give --tier {name}=MODEL")
-            specs[name] = TierSpec(_applied(own[0], own[1]), frozenset(own[1]), label=config.tiers[name].model)
-        seqs = config.tiers[name].vllm.max_num_seqs or hardware.DEFAULT_MAX_NUM_SEQS
-        tiers[name] = _tier_figures(specs[name], device, entry, seqs, gpus, prices[name])
+    specs, volumes = resolved_specs(est, config, specs), tier_volumes(est)
+    tiers = {n: _tier_figures(specs[n], device, volumes[n], _seqs(config, n), gpus, prices[n]) for n in est["tiers"]}
     total = sum(t["usd"] for t in tiers.values())
     prompt = sum(t["prompt_tokens"] for t in tiers.values())
     output = sum(t["output_tokens"] for t in tiers.values())
     shares = {}
     if len([t for t in tiers.values() if t["items"]]) > 1:  # the same items, all on the largest tier's model
         largest = max(tiers, key=lambda n: specs[n].shape.params)
-        merged = {
-            "items": sum(t["items"] for t in tiers.values()),
-            "prompt_tokens": prompt,
-            "est_output_tokens": output,
+        alone = _tier_figures(
+            specs[largest], device, _merged(est["tiers"]), _seqs(config, largest), gpus, prices[largest]
+        )
+        shares["routing"] = {
+            "all_on": largest,
+            "usd_without": alone["usd"],
+            "saving": 1 - total / alone["usd"] if alone["usd"] else 0.0,
         }
-        seqs = config.tiers[largest].vllm.max_num_seqs or hardware.DEFAULT_MAX_NUM_SEQS
-        alone = _tier_figures(specs[largest], device, merged, seqs, gpus, prices[largest])["usd"]
-        shares["routing"] = {"all_on": largest, "usd_without": alone, "saving": 1 - total / alone if alone else 0.0}
     generated, duplicates = est.get("to_generate", 0), est.get("duplicates", 0)
     if generated and duplicates:
         without = total * (generated + duplicates) / generated
@@ -201,13 +232,113 @@ def project_job(
         "projection": {
             "label": "projection (not measured): roofline calibrated on published results, docs/estimate.md",
             "hardware": f"{hardware_name} ×{gpus} per tier",
+            "gpu": hardware_name,
+            "gpus_per_tier": gpus,
             "price_per_gpu_hour": prices,
             "tiers": tiers,
             "usd": total,
             "shares": shares,
             "api_batch_usd": api_prices(prompt, output, api_table),
-            "api_prices_date": API_PRICES_DATE if api_table is None else "as given",
+            "api_prices_date": API_PRICES_DATE if api_table is None else api_date,
             "prompt_tokens": prompt,
             "output_tokens": output,
         }
+    }
+
+
+def _merged(entries: dict[str, dict]) -> dict:
+    """The estimate's tiers as one: every routed item on a single tier (no escalations)."""
+    return {k: sum(v[k] for v in entries.values()) for k in ("items", "prompt_tokens", "est_output_tokens")}
+
+
+def _loads(volumes: dict[str, dict], specs, device, config, prices, utilisation, docs: float, billed: float) -> list:
+    loads = []
+    for name, v in volumes.items():
+        spec, items, seqs = specs[name], max(v["items"], 1e-9), _seqs(config, name)
+        prompt, output = v["prompt_tokens"] / items, v["est_output_tokens"] / items
+
+        def busy(n, spec=spec, prompt=prompt, output=output, seqs=seqs):
+            return busy_seconds(spec, device, n, prompt, output, seqs)
+
+        loads.append(
+            breakeven.TierLoad(
+                name,
+                v["items"] / docs,
+                prompt,
+                output,
+                busy,
+                hardware.startup_seconds(spec.shape, device),
+                utilisation.get(name, (1.0, 0))[0],
+                device.count,
+                prices[name],
+                billed * 3600,
+            )
+        )
+    return loads
+
+
+def break_even(
+    est: dict,
+    config,
+    projection: dict,
+    specs,
+    volume: int,
+    api: tuple[dict, str],
+    measured: dict,
+    cached: float = 0.0,
+    billed_hours: float = 0.0,
+) -> dict:
+    """Per tier mix (as planned; all on the largest tier), $/1k documents at the job's volume and at `volume` a
+    night, and the break-even volume and ratio against each offer of `api` ((table, date): load_prices), with
+    `cached` of prompt tokens at the offers' cached price, each GPU paid at least `billed_hours` a night (0: by the
+    second it runs). `measured`: per tier (utilisation, jobs) from the
+    user's ledger (breakeven.measured_utilisation); `sources` says which figures are measured, which projected."""
+    device = hardware.gpu(projection["gpu"], projection["gpus_per_tier"])
+    docs = max(est["records"] - est["quarantined"], 1)
+    specs, prices = resolved_specs(est, config, specs), projection["price_per_gpu_hour"]
+    mixes = {"as planned": _loads(tier_volumes(est), specs, device, config, prices, measured, docs, billed_hours)}
+    if "routing" in projection["shares"]:
+        largest = projection["shares"]["routing"]["all_on"]
+        mixes[f"all on {largest}"] = _loads(
+            {largest: _merged(est["tiers"])}, specs, device, config, prices, measured, docs
+        )
+    figures, curves = {}, {}
+    for name, loads in mixes.items():
+        figures[name] = breakeven.mix_figures(loads, docs, volume, api[0], cached)
+        offers = figures[name]["api"].values()
+        top = max([volume, *(f["break_even_documents"] or 0 for f in offers)]) * 10
+        api_per_doc = {a: f["usd_per_1k_documents"] / 1000 for a, f in figures[name]["api"].items()}
+        curves[name] = breakeven.curve(loads, api_per_doc, min(docs, volume), top)
+    return {
+        "volume_documents_per_night": volume,
+        "job_documents": docs,
+        "mixes": figures,
+        "curve": curves,
+        "sources": {
+            **_sources(est, projection, measured, docs, api[1], cached),
+            "billing": f"each GPU paid at least {billed_hours:g} h a night (reserved)"
+            if billed_hours
+            else "by the second: start-up and work only (on demand)",
+        },
+    }
+
+
+def _sources(est: dict, projection: dict, measured: dict, docs: int, date: str, cached: float) -> dict[str, str]:
+    """Which of the break-even's figures are measured and which projected, and from what."""
+    use = {t: f"{u:.0%} over {n} job{'s' * (n != 1)}" for t, (u, n) in measured.items() if t in est["tiers"]}
+    tokens = "; ".join(f"{t}: {s}" for t, s in est.get("token_counts", {}).items()) or "the tiers' own tokenizers"
+    return {
+        "throughput": "projected: " + projection["label"].split(": ", 1)[-1],
+        "engine start-up": "projected, once per tier per night: 60 s, the weights at 2 GB/s, 5 s shutdown (declared)",
+        "utilisation": (
+            "measured in the ledger, busy ÷ (busy + idle): " + ", ".join(f"{t} {v}" for t, v in use.items())
+            if use
+            else "projected: 100% (no ledger yet; idle besides start-up not counted)"
+        ),
+        "gpus": f"as given: {projection['hardware']} (ideal scaling)",
+        "reuse share": f"measured on this job: {est.get('duplicates', 0)} of {docs} documents answered by a duplicate",
+        "prompt tokens": f"counted on this job's documents: {tokens}",
+        "output tokens": "the estimate's: " + "; ".join(f"{t}: {e['method']}" for t, e in est["tiers"].items()),
+        "api prices": f"list prices of {date}, {cached:.0%} of prompt tokens at the cached price",
+        "volume": "scaled from this job: the same tier shares, tokens per request and reuse share per document",
     }

@@ -6,7 +6,7 @@ import json
 from typer.testing import CliRunner
 
 from pipeline.cli import app
-from tests.conftest import FAKE_ENGINE, ONE_TIER, TINY_CONFIG
+from tests.conftest import FAKE_ENGINE, ONE_TIER, REPO, TINY_CONFIG
 
 
 def test_what_if_prices_the_staged_job_on_other_gpus_as_a_projection(tiny_models, sample_corpus, tmp_path, monkeypatch):
@@ -39,3 +39,37 @@ def test_what_if_prices_the_staged_job_on_other_gpus_as_a_projection(tiny_models
     assert bad.exit_code == 2 and "unknown hardware" in bad.stderr
     orphan = runner.invoke(app, [*base, "--tier", "small=Llama-3.1-8B"])
     assert orphan.exit_code == 2 and "give --hardware too" in orphan.stderr
+
+
+def test_what_if_in_a_fresh_home_needs_no_model_files_and_warns_once(sample_corpus, tmp_path, monkeypatch, caplog):
+    # A new user's machine: no models, no embedder, no ledger. The named model is projected; tokens are counted
+    # by the approximation, said once for the job (the corpus has several files), as is semantic reuse being off.
+    from pipeline.plan import tokens
+
+    home = tmp_path / "fresh-home"
+    home.mkdir()
+    monkeypatch.setattr(tokens, "HUB_IDS", {})  # whatever this machine's Hugging Face cache holds
+    monkeypatch.setenv("TOKENMILL_HOME", str(home))
+    monkeypatch.setenv("TOKENMILL_OUTPUT__URI", str(tmp_path / "output"))
+    monkeypatch.setenv("TOKENMILL_STATE__URL", f"sqlite:///{tmp_path}/state.db")
+    args = ["estimate", "--config", str(REPO / "configs" / "local.yaml"), "--input", str(sample_corpus[0])]
+    args += ["--hardware", "H100-SXM:1", "--tier", "large=Llama-3.1-8B:fp8", "--tier", "small=Llama-3.1-8B:fp8"]
+    args += ["--price-per-gpu-hour", "2.5", "--volume", "100k", "--html", str(tmp_path / "what-if.html")]
+    out = CliRunner().invoke(app, [*args, "--format", "json"])
+    assert out.exit_code == 0, out.output
+    assert len(list(sample_corpus[0].iterdir())) > 2
+    warned = [r.getMessage() for r in caplog.records if r.levelname == "WARNING"]
+    assert sum("semantic reuse off for this job" in w for w in warned) == 1, warned
+    assert sum("token counts approximated" in w for w in warned) == 1, warned
+    est = json.loads(out.stdout)
+    assert est["token_counts"]["large"].startswith("approximated: 3.7 characters per token")
+    large = est["projection"]["tiers"]["large"]
+    assert large["model"] == "Llama-3.1-8B:fp8" and large["prompt_tokens"] > 0 and large["usd"] > 0
+    b = est["break_even"]
+    assert b["volume_documents_per_night"] == 100_000 and "approximated" in b["sources"]["prompt tokens"]
+    assert b["sources"]["utilisation"].startswith("projected")  # no ledger yet
+    mini = b["mixes"]["as planned"]["api"]["openai gpt-4o-mini (batch)"]
+    assert mini["break_even_documents"] > 0 and mini["ratio_at_volume"] > 0
+    page = (tmp_path / "what-if.html").read_text()
+    assert page.count('class="line"') == 1 + len(b["mixes"]["as planned"]["api"])  # self-hosted, then each offer
+    assert "gpt-4o-mini" in page and "break-even volume" in page and "projected" in page
