@@ -7,6 +7,7 @@ commands of one concern on import:
   router.py   router train, router eval, router example-labels
   setup.py    config show/docs, models tiny/embedder, samples
   cache.py    cache forget
+  checks.py   checks score, checks calibrate (the output checks against your labels)
   evals.py    eval (the hold-out set on every tier: quality next to cost)
   serve.py    serve (the OpenAI-compatible Batch API), api-key
 
@@ -19,7 +20,7 @@ import os
 import sys
 import threading
 
-from pipeline.cli import cache, evals, jobs, ledger, router, serve, setup  # noqa: F401  (registers the commands)
+from pipeline.cli import cache, checks, evals, jobs, ledger, router, serve, setup  # noqa: F401  (registers the commands)
 from pipeline.cli.common import app
 from pipeline.cli.jobs import summary_table
 

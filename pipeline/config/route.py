@@ -91,7 +91,18 @@ class ChecksConfig(Section):
         ),
     )
     min_chars: int = Field(
-        80, ge=1, description="Shorter outputs are never `degenerate` (short text compresses badly either way)."
+        80,
+        ge=1,
+        description="Shorter outputs are never `degenerate` by `degenerate_below` (short text compresses badly).",
+    )
+    repetition_above: float = Field(
+        0.30,
+        ge=0,
+        le=1,
+        description=(
+            "An output whose share of repeated word 3-grams (or 4-grams) is above this, or that says a "
+            "sentence again (measure 1.0), is `degenerate` too: a repeat within 96 tokens that zlib misses."
+        ),
     )
     copied_above: float = Field(
         0.50,
@@ -105,6 +116,15 @@ class ChecksConfig(Section):
     )
     min_words: int = Field(
         12, ge=6, description="Shorter outputs are never `copied` (a short summary may quote a title)."
+    )
+    prompt_echo_above: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description=(
+            "An output of which more than this share of characters is an instruction to summarise "
+            '("Summarize the following document in a few sentences.") is `copied` too: the prompt given back.'
+        ),
     )
     off_topic_below: float = Field(
         0.25,

@@ -366,10 +366,52 @@ def topic_overlap(summary: str, document: str | _Document) -> float:
     return len(words & doc.topic_words) / len(words)
 
 
+_SENTENCE = re.compile(r"(?<=[.!?])\s+|\n+")
+_SAID_AGAIN = 0.8  # share of a sentence's word 4-grams found in an earlier sentence: the sentence said again
+
+
+def _grams(words: list[str], n: int) -> list[tuple[str, ...]]:
+    return [tuple(words[i : i + n]) for i in range(len(words) - n + 1)]
+
+
+@lru_cache(maxsize=1 << 12)  # pure; calibration reads it once per threshold tried
+def repetition(summary: str) -> float:
+    """How much of the output repeats itself: the share of its word 3-grams (or 4-grams, the higher) that
+    repeat an earlier one, or 1.0 when a sentence of 4 words or more is said again (80% of its 4-grams in
+    one earlier sentence). Unlike `compression_ratio` it needs no room for many repeats: SmolLM2's "The
+    command is available in beta. The command is available in beta." within 96 tokens measures 1.0."""
+    words = _DOC_TOKEN.findall(summary.lower())
+    shares = [1 - len(set(g)) / len(g) for g in (_grams(words, 3), _grams(words, 4)) if g]
+    earlier: list[set] = []
+    for sentence in _SENTENCE.split(summary):
+        grams = _grams(_DOC_TOKEN.findall(sentence.lower()), 4)
+        if grams and any(sum(g in e for g in grams) >= _SAID_AGAIN * len(grams) for e in earlier):
+            return 1.0
+        earlier.append(set(grams))
+    return round(max(shares, default=0.0), 4)
+
+
+# What an instruction to summarise says ("Summarize the following document in a few sentences."): an output
+# that says it gives the prompt back instead of answering it.
+_ECHO = re.compile(
+    r"(?i)\b(?:summari[sz]e|write\s+an?\s+(?:[\w-]+\s+){0,2}summary\s+of)\s+(?:the|this)\s+"
+    r"(?:following\s+)?(?:document|text)\b(?:\s+in\s+a\s+few\s+sentences)?"
+)
+
+
+@lru_cache(maxsize=1 << 12)
+def prompt_echo(summary: str) -> float:
+    """Share of the output's characters that are an instruction to summarise (0.0: none)."""
+    text = summary.strip()
+    return round(sum(len(m.group(0)) for m in _ECHO.finditer(text)) / len(text), 4) if text else 0.0
+
+
 # The output checks, in the order they are reported, and the item field each is measured by (stored with
 # the item; null on an item recorded before the check existed, which then neither fails nor passes it).
 MEASURES = {"degenerate": "compression_ratio", "copied": "copied_share", "off_topic": "topic_overlap"}
 CHECKS = tuple(MEASURES)
+# Measured from the summary alone where a check is applied, so never stored: an item of any age has them.
+SUMMARY_MEASURES = {"repetition": repetition, "prompt_echo": prompt_echo}
 
 
 def measure(summary: str, document: str) -> dict:
@@ -385,15 +427,33 @@ def measure(summary: str, document: str) -> dict:
 
 
 def failed_checks(item: dict, checks) -> list[str]:
-    """Names of the output checks `item` fails (`checks`: config.ChecksConfig): `degenerate` (a loop),
-    `copied` (its document, or most of it, given back) and `off_topic` (about something else). An item
-    recorded before a check has no measure for it and does not fail it."""
+    """Names of the output checks `item` fails (`checks`: config.ChecksConfig): `degenerate` (a loop, or a
+    sentence said again), `copied` (its document, or most of it, or the prompt given back) and `off_topic`
+    (about something else). An item recorded before a check's stored measure existed does not fail it."""
     summary, failed = item.get("summary") or "", []
     ratio, share, overlap = item.get("compression_ratio"), item.get("copied_share"), item.get("topic_overlap")
-    if ratio is not None and len(summary) >= checks.min_chars and ratio < checks.degenerate_below:
+    looped = len(summary) >= checks.min_chars and ratio is not None and ratio < checks.degenerate_below
+    if ratio is not None and (looped or repetition(summary) > checks.repetition_above):
         failed.append("degenerate")
-    if share is not None and len(summary.split()) >= checks.min_words and share > checks.copied_above:
+    copied = share is not None and len(summary.split()) >= checks.min_words and share > checks.copied_above
+    if share is not None and (copied or prompt_echo(summary) > checks.prompt_echo_above):
         failed.append("copied")
     if overlap is not None and len(topic_words(summary)) >= checks.min_topic_words and overlap < checks.off_topic_below:
         failed.append("off_topic")
     return failed
+
+
+def flags(item: dict, checks) -> dict[str, bool | None]:
+    """Every flag of a stored item, as the ledger and `tokenmill checks score` give them: each output check
+    (null: its measure was not stored), `unfaithful`, `truncated` (cut by `max_tokens`) and `empty`."""
+    failed = failed_checks(item, checks)
+    out: dict[str, bool | None] = {c: None if item.get(m) is None else c in failed for c, m in MEASURES.items()}
+    out["unfaithful"] = None if item.get("unfaithful_terms") is None else item["unfaithful_terms"] > 0
+    out["truncated"] = item.get("finish_reason") == "length"
+    out["empty"] = not (item.get("summary") or "").strip()
+    return out
+
+
+def acceptable(item_flags: dict[str, bool | None]) -> bool | None:
+    """An output a user keeps: no flag raised (`flags`); null when a check was not measured."""
+    return None if None in item_flags.values() else not any(item_flags.values())
