@@ -141,6 +141,15 @@ class ChecksConfig(Section):
     min_topic_words: int = Field(
         4, ge=1, description="Outputs with fewer topic words are never `off_topic` (too little to judge)."
     )
+    unsupported_above: int | None = Field(
+        None,
+        ge=0,
+        description=(
+            "An output with more than this many topic words its document lacks in every form (content "
+            'words of 4 letters or more, stemmed: an invented "refund" in a licence) is `unfaithful` too, '
+            "besides the numbers, dates and names it states that the document lacks. Null: off."
+        ),
+    )
     quarantine: list[Literal["degenerate", "copied", "off_topic"]] = Field(
         default_factory=list,
         description=(

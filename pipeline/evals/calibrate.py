@@ -18,7 +18,7 @@ from pathlib import Path
 import xxhash
 
 from pipeline.config import ChecksConfig
-from pipeline.generate.quality import SUMMARY_MEASURES, acceptable, flags, measure
+from pipeline.generate.quality import SUMMARY_MEASURES, acceptable, flags, measure, unsupported_words
 from pipeline.generate.shadow import wilson_interval
 
 VERDICTS = ("good", "borderline", "bad")
@@ -36,6 +36,7 @@ KNOBS = {
     "degenerate": (("degenerate_below", "compression_ratio", "below"), ("repetition_above", "repetition", "above")),
     "copied": (("copied_above", "copied_share", "above"), ("prompt_echo_above", "prompt_echo", "above")),
     "off_topic": (("off_topic_below", "topic_overlap", "below"),),
+    "unfaithful": (("unsupported_above", "unsupported_words", "above"),),
 }
 CANDIDATES = 24  # thresholds tried per knob: the measure's quantiles on the calibration half
 
@@ -49,12 +50,9 @@ def scored(document: str, summary: str, finish_reason: str, checks: ChecksConfig
     item = {"summary": summary, "finish_reason": finish_reason, **measure(summary, document)}
     every = flags(item, checks)
     measures = {k: v for k, v in item.items() if k not in ("summary", "finish_reason")}
-    return {
-        **measures,
-        **{k: f(summary) for k, f in SUMMARY_MEASURES.items()},
-        **every,
-        "acceptable": acceptable(every),
-    }
+    derived = {k: f(summary) for k, f in SUMMARY_MEASURES.items()}
+    derived["unsupported_words"] = unsupported_words(summary, item["topic_overlap"])
+    return {**measures, **derived, **every, "acceptable": acceptable(every)}
 
 
 def read_lines(path: Path, required: tuple[str, ...]) -> list[dict]:
@@ -119,10 +117,11 @@ def truth(row: dict, flag: str) -> bool:
 
 def _candidates(values: list[float], side: str, current: float) -> list[float]:
     """Thresholds worth trying for one knob: just past each of CANDIDATES quantiles of its measure, and now's."""
-    ordered = sorted(set(values))
+    ordered = sorted({v for v in values if v is not None})
     picks = {ordered[round(i * (len(ordered) - 1) / (CANDIDATES - 1))] for i in range(CANDIDATES)} if ordered else set()
     step = 1e-4 if side == "below" else 0.0  # `below` flags v < t: just past v flags v itself
-    return sorted({round(min(1.0, max(0.0, v + step)), 4) for v in picks} | {current})
+    tried = {round(min(1.0, max(0.0, v + step)), 4) if isinstance(v, float) else v for v in picks}
+    return sorted(tried, key=float) + ([current] if current not in tried else [])
 
 
 def choose(

@@ -443,12 +443,30 @@ def failed_checks(item: dict, checks) -> list[str]:
     return failed
 
 
+def unsupported_words(summary: str, overlap: float | None) -> int | None:
+    """How many of the output's topic words its document lacks in every form (from its stored `topic_overlap`):
+    content the document does not support beyond numbers and names ("refunds" in a licence without any)."""
+    if overlap is None:
+        return None
+    words = len(topic_words(summary))
+    return words - round(overlap * words)
+
+
 def flags(item: dict, checks) -> dict[str, bool | None]:
     """Every flag of a stored item, as the ledger and `tokenmill checks score` give them: each output check
     (null: its measure was not stored), `unfaithful`, `truncated` (cut by `max_tokens`) and `empty`."""
     failed = failed_checks(item, checks)
     out: dict[str, bool | None] = {c: None if item.get(m) is None else c in failed for c, m in MEASURES.items()}
-    out["unfaithful"] = None if item.get("unfaithful_terms") is None else item["unfaithful_terms"] > 0
+    terms, unsupported = (
+        item.get("unfaithful_terms"),
+        unsupported_words(item.get("summary") or "", item.get("topic_overlap")),
+    )
+    out["unfaithful"] = (
+        None
+        if terms is None
+        else terms > 0
+        or (checks.unsupported_above is not None and unsupported is not None and unsupported > checks.unsupported_above)
+    )
     out["truncated"] = item.get("finish_reason") == "length"
     out["empty"] = not (item.get("summary") or "").strip()
     return out
