@@ -406,6 +406,19 @@ def prompt_echo(summary: str) -> float:
     return round(sum(len(m.group(0)) for m in _ECHO.finditer(text)) / len(text), 4) if text else 0.0
 
 
+# A sentence's end: its mark, closing quotes or brackets, then a space or the end. Not after an abbreviation,
+# a single letter or a number ("e.g.", "J. Smith", "1." of a list, "2.0").
+_SENTENCE_END = re.compile(r"[.!?][\"'’”)\]]*(?=\s|$)")
+_NOT_AN_END = re.compile(r"(?i)(?:\b(?:e\.g|i\.e|etc|vs|cf|mr|mrs|ms|dr|no|fig|st)|\b\w|\d)\.$")
+
+
+def complete_sentences(text: str) -> str:
+    """`text` up to the end of its last complete sentence: what a cut output (finish reason `length`) is
+    served as, so that no summary stops mid-word. Unchanged when it holds no sentence end."""
+    ends = [m.end() for m in _SENTENCE_END.finditer(text) if not _NOT_AN_END.search(text[: m.start() + 1])]
+    return text[: ends[-1]] if ends else text
+
+
 # The output checks, in the order they are reported, and the item field each is measured by (stored with
 # the item; null on an item recorded before the check existed, which then neither fails nor passes it).
 MEASURES = {"degenerate": "compression_ratio", "copied": "copied_share", "off_topic": "topic_overlap"}

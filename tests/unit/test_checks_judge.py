@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 from pipeline.cli import app
 from pipeline.config import ChecksConfig
 from pipeline.evals.calibrate import calibrate, read_labels, scored
-from pipeline.generate.quality import prompt_echo, repetition, unfaithful_terms
+from pipeline.generate.quality import complete_sentences, prompt_echo, repetition, unfaithful_terms
 from pipeline.generate.shadow import wilson_interval
 
 DOC = (
@@ -161,3 +161,16 @@ def test_bad_labels_are_named(tmp_path, line, says):
     path.write_text(line + "\n")
     result = CliRunner().invoke(app, ["checks", "calibrate", "--labels", str(path)])
     assert result.exit_code == 2 and says in result.output
+
+
+@pytest.mark.parametrize(
+    "cut, served",
+    [
+        ("The GPL is a licence. It lets users share and chan", "The GPL is a licence."),
+        ('It follows v2.0, e.g. the API. He said "yes." Then the', 'It follows v2.0, e.g. the API. He said "yes."'),
+        ("See section 1. The tool", "See section 1. The tool"),  # a list number is no sentence end
+        ("No sentence ends here at all", "No sentence ends here at all"),
+    ],
+)
+def test_a_cut_output_is_served_to_its_last_complete_sentence(cut, served):
+    assert complete_sentences(cut) == served
