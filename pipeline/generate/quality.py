@@ -407,9 +407,9 @@ def prompt_echo(summary: str) -> float:
 
 
 # A sentence's end: its mark, closing quotes or brackets, then a space or the end. Not after an abbreviation,
-# a single letter or a number ("e.g.", "J. Smith", "1." of a list, "2.0").
+# a single letter or a list's number ("e.g.", "J. Smith", "1." of a list); "2.0" has no space after its point.
 _SENTENCE_END = re.compile(r"[.!?][\"'’”)\]]*(?=\s|$)")
-_NOT_AN_END = re.compile(r"(?i)(?:\b(?:e\.g|i\.e|etc|vs|cf|mr|mrs|ms|dr|no|fig|st)|\b\w|\d)\.$")
+_NOT_AN_END = re.compile(r"(?i)(?:\b(?:e\.g|i\.e|etc|vs|cf|mr|mrs|ms|dr|no|fig|st)|\b[^\W\d]|(?:^|\s)\d{1,2})\.$")
 
 
 def complete_sentences(text: str) -> str:

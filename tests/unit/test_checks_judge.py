@@ -170,6 +170,7 @@ def test_bad_labels_are_named(tmp_path, line, says):
         ('It follows v2.0, e.g. the API. He said "yes." Then the', 'It follows v2.0, e.g. the API. He said "yes."'),
         ("See section 1. The tool", "See section 1. The tool"),  # a list number is no sentence end
         ("No sentence ends here at all", "No sentence ends here at all"),
+        ("It mentions libpng-0.9. Then it", "It mentions libpng-0.9."),
     ],
 )
 def test_a_cut_output_is_served_to_its_last_complete_sentence(cut, served):
