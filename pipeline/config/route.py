@@ -150,6 +150,15 @@ class ChecksConfig(Section):
             "besides the numbers, dates and names it states that the document lacks. Null: off."
         ),
     )
+    vague_below: int = Field(
+        5,
+        ge=0,
+        description=(
+            "An output that states fewer than this many of its document's topic words (content words of 4 "
+            'letters or more, stemmed) is `vague`: it names its topic and says nothing of it ("The document '
+            'is a summary of the setterm command."). Not `acceptable`; no ledger column of its own. 0: off.'
+        ),
+    )
     quarantine: list[Literal["degenerate", "copied", "off_topic"]] = Field(
         default_factory=list,
         description=(

@@ -18,7 +18,7 @@ from pathlib import Path
 import xxhash
 
 from pipeline.config import ChecksConfig
-from pipeline.generate.quality import SUMMARY_MEASURES, acceptable, flags, measure, unsupported_words
+from pipeline.generate.quality import SUMMARY_MEASURES, acceptable, content_words, flags, measure, unsupported_words
 from pipeline.generate.shadow import wilson_interval
 
 VERDICTS = ("good", "borderline", "bad")
@@ -29,6 +29,7 @@ FLAG_TAGS = {
     "copied": {"copied", "prompt_echo"},
     "off_topic": {"off_topic"},
     "unfaithful": {"unsupported"},
+    "vague": {"vague"},
     "truncated": {"truncated"},
 }
 # The thresholds calibrated per check: (config field, measure, flagged when the measure is below/above it).
@@ -37,6 +38,7 @@ KNOBS = {
     "copied": (("copied_above", "copied_share", "above"), ("prompt_echo_above", "prompt_echo", "above")),
     "off_topic": (("off_topic_below", "topic_overlap", "below"),),
     "unfaithful": (("unsupported_above", "unsupported_words", "above"),),
+    "vague": (("vague_below", "content_words", "below"),),
 }
 CANDIDATES = 24  # thresholds tried per knob: the measure's quantiles on the calibration half
 
@@ -52,6 +54,7 @@ def scored(document: str, summary: str, finish_reason: str, checks: ChecksConfig
     measures = {k: v for k, v in item.items() if k not in ("summary", "finish_reason")}
     derived = {k: f(summary) for k, f in SUMMARY_MEASURES.items()}
     derived["unsupported_words"] = unsupported_words(summary, item["topic_overlap"])
+    derived["content_words"] = content_words(summary, item["topic_overlap"])
     return {**measures, **derived, **every, "acceptable": acceptable(every)}
 
 
@@ -119,8 +122,9 @@ def _candidates(values: list[float], side: str, current: float) -> list[float]:
     """Thresholds worth trying for one knob: just past each of CANDIDATES quantiles of its measure, and now's."""
     ordered = sorted({v for v in values if v is not None})
     picks = {ordered[round(i * (len(ordered) - 1) / (CANDIDATES - 1))] for i in range(CANDIDATES)} if ordered else set()
-    step = 1e-4 if side == "below" else 0.0  # `below` flags v < t: just past v flags v itself
-    tried = {round(min(1.0, max(0.0, v + step)), 4) if isinstance(v, float) else v for v in picks}
+    below = side == "below"  # flags v < t: just past v flags v itself
+    tried = {round(min(1.0, v + 1e-4), 4) if below else v for v in picks if isinstance(v, float)}
+    tried |= {v + 1 if below else v for v in picks if isinstance(v, int)}
     return sorted(tried, key=float) + ([current] if current not in tried else [])
 
 

@@ -394,12 +394,12 @@ def repetition(summary: str) -> float:
 # What an instruction to summarise says ("Summarize the following document in a few sentences."): an output
 # that says it gives the prompt back instead of answering it.
 _ECHO = re.compile(
-    r"(?i)\b(?:summari[sz]e|write\s+an?\s+(?:[\w-]+\s+){0,2}summary\s+of)\s+(?:the|this)\s+"
-    r"(?:following\s+)?(?:document|text)\b(?:\s+in\s+a\s+few\s+sentences)?"
+    r"(?i)\b(?:summari[sz]es?|write\s+an?\s+(?:[\w-]+\s+){0,2}summary\s+of)\s+(?:the|this)\s+"
+    r"(?:following\s+)?(?:document|text)s?\b(?:\s+in\s+a\s+few\s+sentences)?"
+    r"|\bin\s+a\s+few\s+sentences\b|\bfaithfully\s+and\s+briefly\b"  # the default prompt's own words
 )
 
 
-@lru_cache(maxsize=1 << 12)
 def prompt_echo(summary: str) -> float:
     """Share of the output's characters that are an instruction to summarise (0.0: none)."""
     text = summary.strip()
@@ -465,23 +465,36 @@ def unsupported_words(summary: str, overlap: float | None) -> int | None:
     return words - round(overlap * words)
 
 
+def content_words(summary: str, overlap: float | None) -> int | None:
+    """How many of its document's topic words the output states (from its stored `topic_overlap`): few for
+    "The document is a summary of the setterm command.", which names its topic and says nothing of it."""
+    if overlap is None:
+        return None
+    return round(overlap * len(topic_words(summary)))
+
+
+def ends_mid_sentence(summary: str) -> bool:
+    """The output's text does not end where a sentence ends: a cut output with no sentence to trim to."""
+    text = summary.rstrip()
+    return bool(text) and complete_sentences(text) == text and not _SENTENCE_END.search(text[-3:] + " ")
+
+
 def flags(item: dict, checks) -> dict[str, bool | None]:
     """Every flag of a stored item, as the ledger and `tokenmill checks score` give them: each output check
-    (null: its measure was not stored), `unfaithful`, `truncated` (cut by `max_tokens`) and `empty`."""
+    (null: its measure was not stored), `unfaithful` (with `checks.unsupported_above`), `vague` (fewer than
+    `checks.vague_below` of its document's topic words), `truncated` (cut by `max_tokens` and still ending
+    mid-sentence: `complete_sentences` found nothing to trim to) and `empty`."""
+    summary, overlap, terms = item.get("summary") or "", item.get("topic_overlap"), item.get("unfaithful_terms")
     failed = failed_checks(item, checks)
     out: dict[str, bool | None] = {c: None if item.get(m) is None else c in failed for c, m in MEASURES.items()}
-    terms, unsupported = (
-        item.get("unfaithful_terms"),
-        unsupported_words(item.get("summary") or "", item.get("topic_overlap")),
-    )
+    unsupported, stated = unsupported_words(summary, overlap), content_words(summary, overlap)
+    limit = checks.unsupported_above
     out["unfaithful"] = (
-        None
-        if terms is None
-        else terms > 0
-        or (checks.unsupported_above is not None and unsupported is not None and unsupported > checks.unsupported_above)
+        None if terms is None else terms > 0 or (None not in (limit, unsupported) and unsupported > limit)
     )
-    out["truncated"] = item.get("finish_reason") == "length"
-    out["empty"] = not (item.get("summary") or "").strip()
+    out["vague"] = None if stated is None else bool(summary.strip()) and stated < checks.vague_below
+    out["truncated"] = item.get("finish_reason") == "length" and ends_mid_sentence(summary)
+    out["empty"] = not summary.strip()
     return out
 
 

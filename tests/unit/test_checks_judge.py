@@ -123,6 +123,7 @@ def test_calibrate_gives_the_figures_worked_out_by_hand(tmp_path):
         "prompt_echo_above": 0.0,
         "off_topic_below": 0.25,
         "unsupported_above": 1,
+        "vague_below": 5,
     }
     before, after = result["before"]["test"], result["after"]["test"]
     # Before: acceptable = items 1 and 3 (the refund passes); kept by the reader = items 1 and 5 (Larry Wall,
@@ -175,3 +176,16 @@ def test_bad_labels_are_named(tmp_path, line, says):
 )
 def test_a_cut_output_is_served_to_its_last_complete_sentence(cut, served):
     assert complete_sentences(cut) == served
+
+
+def test_a_summary_that_names_its_topic_and_says_nothing_is_vague():
+    setterm = "NAME setterm - set terminal attributes. DESCRIPTION setterm writes to standard output a string."
+    s = scored(setterm, "The document is a summary of the setterm command.", "stop", ChecksConfig())
+    assert s["content_words"] == 1 and s["vague"] and not s["acceptable"]
+    said = "setterm writes to standard output the string that sets terminal attributes."
+    assert not scored(setterm, said, "stop", ChecksConfig())["vague"]
+
+
+def test_a_cut_output_trimmed_to_a_sentence_is_not_truncated_one_cut_mid_word_is():
+    assert not scored(DOC, "The Package is provided as is.", "length", ChecksConfig())["truncated"]
+    assert scored(DOC, "The Package is provided as is, without warr", "length", ChecksConfig())["truncated"]
