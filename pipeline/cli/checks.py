@@ -59,7 +59,20 @@ def calibrate_cmd(
         ..., "--labels", help="JSONL: document, summary, verdict, tags (docs/judge-rubric.md)."
     ),
     config: Optional[Path] = ConfigChoice,
-    target_precision: float = typer.Option(0.9, "--target-precision", min=0.0, max=1.0),
+    target_precision: float = typer.Option(
+        0.9,
+        "--target-precision",
+        min=0.0,
+        max=1.0,
+        help="Each check's precision to reach (degenerate, copied, off_topic).",
+    ),
+    acceptable_recall: float = typer.Option(
+        0.6,
+        "--acceptable-recall",
+        min=0.0,
+        max=1.0,
+        help="`acceptable`'s recall floor (unfaithful, vague: its precision).",
+    ),
     update_config: bool = typer.Option(False, "--update-config", help="Write the chosen thresholds into --config."),
     fmt: str = typer.Option("table", "--format", help="table or json"),
 ) -> None:
@@ -70,7 +83,7 @@ def calibrate_cmd(
     if update_config and config is None:
         fail("--update-config needs --config: the file to write the thresholds into")
     try:
-        result = calibrate(read_labels(labels), _checks(config), target_precision)
+        result = calibrate(read_labels(labels), _checks(config), target_precision, acceptable_recall)
     except LabelsError as e:
         fail(str(e))
     if fmt == "json":
