@@ -368,6 +368,7 @@ def topic_overlap(summary: str, document: str | _Document) -> float:
 
 _SENTENCE = re.compile(r"(?<=[.!?])\s+|\n+")
 _SAID_AGAIN = 0.8  # share of a sentence's word 4-grams found in an earlier sentence: the sentence said again
+_CLAUSE, _CLAUSE_LOWER = 5, 3  # a clause said again: 5 words, 3 of them lowercase (not a name)
 
 
 def _grams(words: list[str], n: int) -> list[tuple[str, ...]]:
@@ -375,11 +376,27 @@ def _grams(words: list[str], n: int) -> list[tuple[str, ...]]:
 
 
 @lru_cache(maxsize=1 << 12)  # pure; calibration reads it once per threshold tried
+def _clause_said_again(summary: str) -> bool:
+    """A run of `_CLAUSE` words, most of them lowercase, that occurs twice ("to determine the size of the
+    module"); a name said twice ("the GNU General Public License") is no repeat."""
+    words, seen = _DOC_TOKEN.findall(summary), set()
+    for i in range(len(words) - _CLAUSE + 1):
+        run = words[i : i + _CLAUSE]
+        if sum(not w[:1].isupper() for w in run) < _CLAUSE_LOWER:
+            continue
+        key = tuple(w.lower() for w in run)
+        if key in seen:
+            return True
+        seen.add(key)
+    return False
+
+
 def repetition(summary: str) -> float:
     """How much of the output repeats itself: the share of its word 3-grams (or 4-grams, the higher) that
-    repeat an earlier one, or 1.0 when a sentence of 4 words or more is said again (80% of its 4-grams in
-    one earlier sentence). Unlike `compression_ratio` it needs no room for many repeats: SmolLM2's "The
-    command is available in beta. The command is available in beta." within 96 tokens measures 1.0."""
+    repeat an earlier one; 1.0 when a sentence of 4 words or more is said again (80% of its 4-grams in one
+    earlier sentence) or a clause of 5 words is (`_clause_said_again`). Unlike `compression_ratio` it needs
+    no room for many repeats: SmolLM2's "The command is available in beta. The command is available in
+    beta." within 96 tokens measures 1.0."""
     words = _DOC_TOKEN.findall(summary.lower())
     shares = [1 - len(set(g)) / len(g) for g in (_grams(words, 3), _grams(words, 4)) if g]
     earlier: list[set] = []
@@ -388,7 +405,7 @@ def repetition(summary: str) -> float:
         if grams and any(sum(g in e for g in grams) >= _SAID_AGAIN * len(grams) for e in earlier):
             return 1.0
         earlier.append(set(grams))
-    return round(max(shares, default=0.0), 4)
+    return 1.0 if _clause_said_again(summary) else round(max(shares, default=0.0), 4)
 
 
 # What an instruction to summarise says ("Summarize the following document in a few sentences."): an output

@@ -191,3 +191,10 @@ def test_a_summary_that_names_its_topic_and_says_nothing_is_vague():
 def test_a_cut_output_trimmed_to_a_sentence_is_not_truncated_one_cut_mid_word_is():
     assert not scored(DOC, "The Package is provided as is.", "length", ChecksConfig())["truncated"]
     assert scored(DOC, "The Package is provided as is, without warr", "length", ChecksConfig())["truncated"]
+
+
+def test_a_clause_said_again_is_a_repeat_and_a_name_said_again_is_not():
+    clause = "It uses getsizeof to determine the size of the module, then to determine the size of the module again."
+    assert repetition(clause) == 1.0
+    name = "The GNU General Public License (GPL) protects users. The GNU General Public License (GPL) is old."
+    assert repetition(name) < 0.3
