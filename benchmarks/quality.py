@@ -60,6 +60,34 @@ def bench_config(folder: Path):
 LABELS = REPO / "tests" / "data" / "judge" / "labels.jsonl"
 
 
+def escalation_by_labels(rows: list[dict], checks, small: str, large: str) -> dict | None:
+    """Reader-kept shares on the documents both runs summarised: all on `small`, all on `large`, and `small`
+    first with what its calibrated checks do not call acceptable generated again on `large` (the demo's
+    escalation policy), with the share escalated. Every document of the labelled set, both halves: no
+    threshold is chosen here."""
+    from pipeline.evals.calibrate import KEPT, scored
+
+    by_doc: dict[str, dict] = {}
+    for r in rows:
+        by_doc.setdefault(r["document_id"], {})[r["run"]] = r
+    pairs = [(d[small], d[large]) for d in by_doc.values() if small in d and large in d]
+    if not pairs:
+        return None
+    ok = [bool(scored(s["document"], s["summary"], s["finish_reason"], checks)["acceptable"]) for s, _ in pairs]
+    served = [s if keep else big for (s, big), keep in zip(pairs, ok)]
+
+    def kept(items: list[dict]) -> float:
+        return round(sum(i["verdict"] in KEPT for i in items) / len(items), 4)
+
+    return {
+        "documents": len(pairs),
+        "kept_all_small": kept([s for s, _ in pairs]),
+        "kept_all_large": kept([b for _, b in pairs]),
+        "kept_small_then_escalate": kept(served),
+        "escalated_share": round(1 - sum(ok) / len(ok), 4),
+    }
+
+
 def judge_section(config, target_precision: float = 0.9) -> dict:
     """The checks against the labelled set: thresholds from its calibration half, figures on its test half
     (all, and per model), and the issue's two targets on the test half."""
@@ -70,9 +98,8 @@ def judge_section(config, target_precision: float = 0.9) -> dict:
     result = calibrate(rows, config.checks, target_precision)
     tuned = config.checks.model_copy(update=result["thresholds"])
     test = [r for r in rows if half(r) == "test"]
-    by_model = {
-        m: report([r for r in test if r.get("model") == m], tuned) for m in sorted({str(r.get("model")) for r in test})
-    }
+    model = {id(r): str(r.get("model") or r.get("run")) for r in test}  # crafted cases: no model, their run's name
+    by_model = {m: report([r for r in test if model[id(r)] == m], tuned) for m in sorted(set(model.values()))}
     after = result["after"]["test"]
     console.print(
         agreement_table("output checks on the labelled test half (thresholds from the calibration half)", after)
@@ -89,6 +116,7 @@ def judge_section(config, target_precision: float = 0.9) -> dict:
         "test": after,
         "test_before": result["before"]["test"],
         "test_by_model": by_model,
+        "escalation_by_labels": escalation_by_labels(rows, tuned, "small-configured", "large-configured"),
         "targets": {
             "acceptable_precision_ge_80pct_at_recall_ge_60pct": (acceptable["precision"]["rate"] or 0) >= 0.80
             and (acceptable["recall"]["rate"] or 0) >= 0.60,
