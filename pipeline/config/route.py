@@ -135,7 +135,9 @@ class ChecksConfig(Section):
             "or more, stemmed) appear in its document is `off_topic`. Of the demo's 24 real outputs "
             "that neither loop nor copy, the two below 0.25 are the invented topic (0.00) and "
             "a vague one (0.12); the next measures 0.39; the same outputs set against other documents "
-            "measure under 0.25 in 77% of pairs."
+            "measure under 0.25 in 77% of pairs. Against the labelled set's test half (2026-12-05): "
+            "precision 0.14 (1 of 7), recall 0.33 (1 of 3): this model's wrong summaries stay on their "
+            "document's words."
         ),
     )
     min_topic_words: int = Field(
