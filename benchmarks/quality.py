@@ -10,6 +10,11 @@ its share kept on the small tier; near and semantic reuse's false-hit rate with 
 and whether each of the issue's targets is met.
 
     python benchmarks/quality.py [--documents 300] [--variants 500] [--target 0.95]
+    python benchmarks/quality.py --judge-only   # the checks against the labelled set only: no engine
+
+First, always: the output checks against the labelled set (tests/data/judge/labels.jsonl, docs/judge-rubric.md):
+thresholds chosen on its calibration half (`tokenmill checks calibrate`), each check's precision and recall on
+its test half with 95% intervals, overall and per model (tier), against the targets.
 """
 
 from __future__ import annotations
@@ -52,14 +57,91 @@ def bench_config(folder: Path):
     return load_config(path, environ={k: v for k, v in os.environ.items() if k == "TOKENMILL_HOME"})
 
 
+LABELS = REPO / "tests" / "data" / "judge" / "labels.jsonl"
+
+
+def escalation_by_labels(rows: list[dict], checks, small: str, large: str) -> dict | None:
+    """Reader-kept shares on the documents both runs summarised: all on `small`, all on `large`, and `small`
+    first with what its calibrated checks do not call acceptable generated again on `large` (the demo's
+    escalation policy), with the share escalated. Every document of the labelled set, both halves: no
+    threshold is chosen here."""
+    from pipeline.evals.calibrate import KEPT, scored
+
+    by_doc: dict[str, dict] = {}
+    for r in rows:
+        by_doc.setdefault(r["document_id"], {})[r["run"]] = r
+    pairs = [(d[small], d[large]) for d in by_doc.values() if small in d and large in d]
+    if not pairs:
+        return None
+    ok = [bool(scored(s["document"], s["summary"], s["finish_reason"], checks)["acceptable"]) for s, _ in pairs]
+    served = [s if keep else big for (s, big), keep in zip(pairs, ok)]
+
+    def kept(items: list[dict]) -> float:
+        return round(sum(i["verdict"] in KEPT for i in items) / len(items), 4)
+
+    return {
+        "documents": len(pairs),
+        "kept_all_small": kept([s for s, _ in pairs]),
+        "kept_all_large": kept([b for _, b in pairs]),
+        "kept_small_then_escalate": kept(served),
+        "escalated_share": round(1 - sum(ok) / len(ok), 4),
+    }
+
+
+def judge_section(config, target_precision: float = 0.9) -> dict:
+    """The checks against the labelled set: thresholds from its calibration half, figures on its test half
+    (all, and per model), and the issue's two targets on the test half."""
+    from pipeline.cli.checks import agreement_table
+    from pipeline.evals.calibrate import calibrate, half, read_labels, report
+
+    rows = read_labels(LABELS)
+    result = calibrate(rows, config.checks, target_precision)
+    tuned = config.checks.model_copy(update=result["thresholds"])
+    test = [r for r in rows if half(r) == "test"]
+    model = {id(r): str(r.get("model") or r.get("run")) for r in test}  # crafted cases: no model, their run's name
+    by_model = {m: report([r for r in test if model[id(r)] == m], tuned) for m in sorted(set(model.values()))}
+    after = result["after"]["test"]
+    console.print(
+        agreement_table("output checks on the labelled test half (thresholds from the calibration half)", after)
+    )
+    for model, figures in by_model.items():
+        console.print(agreement_table(f"test half, {model}", figures))
+    acceptable, degenerate = after["acceptable"], after["degenerate"]
+    return {
+        "labels": str(LABELS.relative_to(REPO)),
+        "items": result["items"],
+        "labelled": result["labelled"],
+        "verdicts": result["verdicts"],
+        "thresholds": result["thresholds"],
+        "test": after,
+        "test_before": result["before"]["test"],
+        "test_by_model": by_model,
+        "escalation_by_labels": escalation_by_labels(rows, tuned, "small-configured", "large-configured"),
+        "targets": {
+            "acceptable_precision_ge_80pct_at_recall_ge_60pct": (acceptable["precision"]["rate"] or 0) >= 0.80
+            and (acceptable["recall"]["rate"] or 0) >= 0.60,
+            "repetition_recall_ge_90pct_at_precision_ge_90pct": (degenerate["recall"]["rate"] or 0) >= 0.90
+            and (degenerate["precision"]["rate"] or 0) >= 0.90,
+        },
+    }
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--documents", type=int, default=300)
     parser.add_argument("--variants", type=int, default=500)  # ~200 reuses: enough to bound 2%
     parser.add_argument("--target", type=float, default=0.95)
     parser.add_argument("--holdout", type=Path, default=None, help="An existing hold-out set (default: build one)")
+    parser.add_argument("--judge-only", action="store_true", help="Only the checks against the labelled set")
     args = parser.parse_args()
     started = time.monotonic()
+    local = load_config(
+        REPO / "configs" / "local.yaml", environ={k: v for k, v in os.environ.items() if k == "TOKENMILL_HOME"}
+    )
+    judge = judge_section(local)
+    if args.judge_only:
+        emit("quality", {"judge": judge, "seconds": round(time.monotonic() - started, 1)})
+        return
     with tempfile.TemporaryDirectory() as folder:
         holdout = args.holdout or Path(folder) / "holdout.jsonl"
         built = None if args.holdout else build_holdout(holdout, args.documents, args.variants)
@@ -105,6 +187,7 @@ def main() -> None:
                 "note": routing["note"],
             },
             "reuse": {"by_kind": reuse["by_kind"], "total": reuse["total"], "labelled": reuse["labelled"]},
+            "judge": judge,
             "targets": {
                 "small_share_at_target_ge_40pct": bool(chosen) and chosen.get("small_share", 0) >= 0.40,
                 "reuse_false_hit_upper95_le_2pct": reuse["total"]["ci95"][1] <= 0.02,

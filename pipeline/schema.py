@@ -145,7 +145,7 @@ LEDGER = pa.schema(
         (
             "acceptable",
             pa.bool_(),
-        ),  # served, and no check failed (degenerate, copied, off_topic, unfaithful, truncated)
+        ),  # served, and no check failed (degenerate, copied, off_topic, unfaithful, vague, truncated)
         ("attempts", pa.int64()),  # generations paid for this row (1, +1 schema retry, +1 escalation; 0 when reused)
         ("chunks", pa.int64()),  # map-reduce: chunk summaries of a long document (0: not chunked)
         ("source", pa.string()),  # as in outputs

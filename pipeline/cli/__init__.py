@@ -8,6 +8,7 @@ commands of one concern on import:
   setup.py    config show/docs, models tiny/embedder, samples
   cache.py    cache forget
   tables.py   tables maintain (dead reservations, finished jobs' Pushgateway groups)
+  checks.py   checks score, checks calibrate (the output checks against your labels)
   evals.py    eval (the hold-out set on every tier: quality next to cost)
   serve.py    serve (the OpenAI-compatible Batch API), api-key
 
@@ -20,7 +21,17 @@ import os
 import sys
 import threading
 
-from pipeline.cli import cache, evals, jobs, ledger, router, serve, setup, tables  # noqa: F401  (registers the commands)
+from pipeline.cli import (  # noqa: F401  (registers the commands)
+    cache,
+    checks,
+    evals,
+    jobs,
+    ledger,
+    router,
+    serve,
+    setup,
+    tables,
+)
 from pipeline.cli.common import app
 from pipeline.cli.jobs import summary_table
 

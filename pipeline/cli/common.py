@@ -26,12 +26,14 @@ router_app = typer.Typer(no_args_is_help=True, help="Train and calibrate the lea
 models_app = typer.Typer(no_args_is_help=True, help="Build local models.")
 config_app = typer.Typer(no_args_is_help=True, help="Inspect configuration.")
 cache_app = typer.Typer(no_args_is_help=True, help="The reuse cache across jobs.")
+checks_app = typer.Typer(no_args_is_help=True, help="The output checks on your own outputs and labels.")
 app.add_typer(jobs_app, name="jobs")
 app.add_typer(ledger_app, name="ledger")
 app.add_typer(router_app, name="router")
 app.add_typer(models_app, name="models")
 app.add_typer(config_app, name="config")
 app.add_typer(cache_app, name="cache")
+app.add_typer(checks_app, name="checks")
 
 # Off a terminal (pipes, Airflow logs, CI) 100 columns, which a log viewer shows without scrolling: tables wrap
 # their cells to fit, and a result too wide even so is printed a row at a time (print_table).

@@ -91,7 +91,18 @@ class ChecksConfig(Section):
         ),
     )
     min_chars: int = Field(
-        80, ge=1, description="Shorter outputs are never `degenerate` (short text compresses badly either way)."
+        80,
+        ge=1,
+        description="Shorter outputs are never `degenerate` by `degenerate_below` (short text compresses badly).",
+    )
+    repetition_above: float = Field(
+        0.30,
+        ge=0,
+        le=1,
+        description=(
+            "An output whose share of repeated word 3-grams (or 4-grams) is above this, or that says a "
+            "sentence again (measure 1.0), is `degenerate` too: a repeat within 96 tokens that zlib misses."
+        ),
     )
     copied_above: float = Field(
         0.50,
@@ -106,6 +117,15 @@ class ChecksConfig(Section):
     min_words: int = Field(
         12, ge=6, description="Shorter outputs are never `copied` (a short summary may quote a title)."
     )
+    prompt_echo_above: float = Field(
+        0.0,
+        ge=0,
+        le=1,
+        description=(
+            "An output of which more than this share of characters is an instruction to summarise "
+            '("Summarize the following document in a few sentences.") is `copied` too: the prompt given back.'
+        ),
+    )
     off_topic_below: float = Field(
         0.25,
         ge=0,
@@ -115,11 +135,31 @@ class ChecksConfig(Section):
             "or more, stemmed) appear in its document is `off_topic`. Of the demo's 24 real outputs "
             "that neither loop nor copy, the two below 0.25 are the invented topic (0.00) and "
             "a vague one (0.12); the next measures 0.39; the same outputs set against other documents "
-            "measure under 0.25 in 77% of pairs."
+            "measure under 0.25 in 77% of pairs. Against the labelled set's test half (2026-12-05): "
+            "precision 0.14 (1 of 7), recall 0.33 (1 of 3): this model's wrong summaries stay on their "
+            "document's words."
         ),
     )
     min_topic_words: int = Field(
         4, ge=1, description="Outputs with fewer topic words are never `off_topic` (too little to judge)."
+    )
+    unsupported_above: int | None = Field(
+        None,
+        ge=0,
+        description=(
+            "An output with more than this many topic words its document lacks in every form (content "
+            'words of 4 letters or more, stemmed: an invented "refund" in a licence) is `unfaithful` too, '
+            "besides the numbers, dates and names it states that the document lacks. Null: off."
+        ),
+    )
+    vague_below: int = Field(
+        5,
+        ge=0,
+        description=(
+            "An output that states fewer than this many of its document's topic words (content words of 4 "
+            'letters or more, stemmed) is `vague`: it names its topic and says nothing of it ("The document '
+            'is a summary of the setterm command."). Not `acceptable`; no ledger column of its own. 0: off.'
+        ),
     )
     quarantine: list[Literal["degenerate", "copied", "off_topic"]] = Field(
         default_factory=list,

@@ -11,7 +11,7 @@ import pyarrow as pa
 from pipeline.config import TokenmillConfig
 from pipeline.generate.engine import EnginePool
 from pipeline.generate.memory_units import generate
-from pipeline.generate.quality import MEASURES, failed_checks
+from pipeline.generate.quality import MEASURES, flags
 from pipeline.generate.requests import build_requests
 
 EVAL_TENANT = "eval"  # a name only: a run with no job serves no tenant's adapter (generate/memory_units.py)
@@ -37,12 +37,8 @@ class TierRun:
     def flags(self, i: str, checks) -> list[str]:
         """The checks output `i` fails, by name, as the job's ledger flags it (`checks`: config.checks):
         degenerate, copied, off_topic, unfaithful, truncated. None failed and not empty: acceptable."""
-        item = {"summary": self.summary[i], **self.measures[i]}
-        return [
-            *failed_checks(item, checks),
-            *(["unfaithful"] if self.measures[i].get("unfaithful_terms") else []),
-            *(["truncated"] if self.finish_reason[i] == "length" else []),
-        ]
+        item = {"summary": self.summary[i], "finish_reason": self.finish_reason[i], **self.measures[i]}
+        return [name for name, raised in flags(item, checks).items() if raised and name != "empty"]
 
     def acceptable(self, i: str, flags: list[str]) -> bool:
         """Output `i` is one a user keeps: not empty, and `flags` (its flags()) empty."""

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from pipeline.config import TokenmillConfig
-from pipeline.generate.quality import failed_checks
+from pipeline.generate.quality import failed_checks, flags
 from pipeline.generate.requests import render_messages
 from pipeline.keys import adapter_digest, chunk_keys, escalation_key, retry_key
 
@@ -67,7 +67,7 @@ def escalation_reason(item: dict, config: TokenmillConfig) -> str | None:
     failed = failed_checks(item, config.checks)  # in CHECKS' order
     if reason := next((check for check in failed if getattr(e, f"on_{check}")), None):
         return reason
-    if e.on_unfaithful and (item.get("unfaithful_terms") or 0) > 0:
+    if e.on_unfaithful and flags(item, config.checks)["unfaithful"]:
         return "unfaithful"
     if e.on_truncation and item["finish_reason"] == "length":
         return "truncated"

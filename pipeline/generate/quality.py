@@ -366,10 +366,82 @@ def topic_overlap(summary: str, document: str | _Document) -> float:
     return len(words & doc.topic_words) / len(words)
 
 
+_SENTENCE = re.compile(r"(?<=[.!?])\s+|\n+")
+_SAID_AGAIN = 0.8  # share of a sentence's word 4-grams found in an earlier sentence: the sentence said again
+_CLAUSE, _CLAUSE_LOWER = 5, 3  # a clause said again: 5 words, 3 of them lowercase (not a name)
+
+
+def _grams(words: list[str], n: int) -> list[tuple[str, ...]]:
+    return [tuple(words[i : i + n]) for i in range(len(words) - n + 1)]
+
+
+@lru_cache(maxsize=1 << 12)  # pure; calibration reads it once per threshold tried
+def _clause_said_again(summary: str) -> bool:
+    """A run of `_CLAUSE` words, most of them lowercase, that occurs twice ("to determine the size of the
+    module"); a name said twice ("the GNU General Public License") is no repeat."""
+    words, seen = _DOC_TOKEN.findall(summary), set()
+    for i in range(len(words) - _CLAUSE + 1):
+        run = words[i : i + _CLAUSE]
+        if sum(not w[:1].isupper() for w in run) < _CLAUSE_LOWER:
+            continue
+        key = tuple(w.lower() for w in run)
+        if key in seen:
+            return True
+        seen.add(key)
+    return False
+
+
+def repetition(summary: str) -> float:
+    """How much of the output repeats itself: the share of its word 3-grams (or 4-grams, the higher) that
+    repeat an earlier one; 1.0 when a sentence of 4 words or more is said again (80% of its 4-grams in one
+    earlier sentence) or a clause of 5 words is (`_clause_said_again`). Unlike `compression_ratio` it needs
+    no room for many repeats: SmolLM2's "The command is available in beta. The command is available in
+    beta." within 96 tokens measures 1.0."""
+    words = _DOC_TOKEN.findall(summary.lower())
+    shares = [1 - len(set(g)) / len(g) for g in (_grams(words, 3), _grams(words, 4)) if g]
+    earlier: list[set] = []
+    for sentence in _SENTENCE.split(summary):
+        grams = _grams(_DOC_TOKEN.findall(sentence.lower()), 4)
+        if grams and any(sum(g in e for g in grams) >= _SAID_AGAIN * len(grams) for e in earlier):
+            return 1.0
+        earlier.append(set(grams))
+    return 1.0 if _clause_said_again(summary) else round(max(shares, default=0.0), 4)
+
+
+# What an instruction to summarise says ("Summarize the following document in a few sentences."): an output
+# that says it gives the prompt back instead of answering it.
+_ECHO = re.compile(
+    r"(?i)\b(?:summari[sz]es?|write\s+an?\s+(?:[\w-]+\s+){0,2}summary\s+of)\s+(?:the|this)\s+"
+    r"(?:following\s+)?(?:document|text)s?\b(?:\s+in\s+a\s+few\s+sentences)?"
+    r"|\bin\s+a\s+few\s+sentences\b|\bfaithfully\s+and\s+briefly\b"  # the default prompt's own words
+)
+
+
+def prompt_echo(summary: str) -> float:
+    """Share of the output's characters that are an instruction to summarise (0.0: none)."""
+    text = summary.strip()
+    return round(sum(len(m.group(0)) for m in _ECHO.finditer(text)) / len(text), 4) if text else 0.0
+
+
+# A sentence's end: its mark, closing quotes or brackets, then a space or the end. Not after an abbreviation,
+# a single letter or a list's number ("e.g.", "J. Smith", "1." of a list); "2.0" has no space after its point.
+_SENTENCE_END = re.compile(r"[.!?][\"'’”)\]]*(?=\s|$)")
+_NOT_AN_END = re.compile(r"(?i)(?:\b(?:e\.g|i\.e|etc|vs|cf|mr|mrs|ms|dr|no|fig|st)|\b[^\W\d]|(?:^|\s)\d{1,2})\.$")
+
+
+def complete_sentences(text: str) -> str:
+    """`text` up to the end of its last complete sentence: what a cut output (finish reason `length`) is
+    served as, so that no summary stops mid-word. Unchanged when it holds no sentence end."""
+    ends = [m.end() for m in _SENTENCE_END.finditer(text) if not _NOT_AN_END.search(text[: m.start() + 1])]
+    return text[: ends[-1]] if ends else text
+
+
 # The output checks, in the order they are reported, and the item field each is measured by (stored with
 # the item; null on an item recorded before the check existed, which then neither fails nor passes it).
 MEASURES = {"degenerate": "compression_ratio", "copied": "copied_share", "off_topic": "topic_overlap"}
 CHECKS = tuple(MEASURES)
+# Measured from the summary alone where a check is applied, so never stored: an item of any age has them.
+SUMMARY_MEASURES = {"repetition": repetition, "prompt_echo": prompt_echo}
 
 
 def measure(summary: str, document: str) -> dict:
@@ -385,15 +457,64 @@ def measure(summary: str, document: str) -> dict:
 
 
 def failed_checks(item: dict, checks) -> list[str]:
-    """Names of the output checks `item` fails (`checks`: config.ChecksConfig): `degenerate` (a loop),
-    `copied` (its document, or most of it, given back) and `off_topic` (about something else). An item
-    recorded before a check has no measure for it and does not fail it."""
+    """Names of the output checks `item` fails (`checks`: config.ChecksConfig): `degenerate` (a loop, or a
+    sentence said again), `copied` (its document, or most of it, or the prompt given back) and `off_topic`
+    (about something else). An item recorded before a check's stored measure existed does not fail it."""
     summary, failed = item.get("summary") or "", []
     ratio, share, overlap = item.get("compression_ratio"), item.get("copied_share"), item.get("topic_overlap")
-    if ratio is not None and len(summary) >= checks.min_chars and ratio < checks.degenerate_below:
+    looped = len(summary) >= checks.min_chars and ratio is not None and ratio < checks.degenerate_below
+    if ratio is not None and (looped or repetition(summary) > checks.repetition_above):
         failed.append("degenerate")
-    if share is not None and len(summary.split()) >= checks.min_words and share > checks.copied_above:
+    copied = share is not None and len(summary.split()) >= checks.min_words and share > checks.copied_above
+    if share is not None and (copied or prompt_echo(summary) > checks.prompt_echo_above):
         failed.append("copied")
     if overlap is not None and len(topic_words(summary)) >= checks.min_topic_words and overlap < checks.off_topic_below:
         failed.append("off_topic")
     return failed
+
+
+def unsupported_words(summary: str, overlap: float | None) -> int | None:
+    """How many of the output's topic words its document lacks in every form (from its stored `topic_overlap`):
+    content the document does not support beyond numbers and names ("refunds" in a licence without any)."""
+    if overlap is None:
+        return None
+    words = len(topic_words(summary))
+    return words - round(overlap * words)
+
+
+def content_words(summary: str, overlap: float | None) -> int | None:
+    """How many of its document's topic words the output states (from its stored `topic_overlap`): few for
+    "The document is a summary of the setterm command.", which names its topic and says nothing of it."""
+    if overlap is None:
+        return None
+    return round(overlap * len(topic_words(summary)))
+
+
+def ends_mid_sentence(summary: str) -> bool:
+    """The output's text does not end where a sentence ends: a cut output with no sentence to trim to."""
+    text = summary.rstrip()
+    return bool(text) and complete_sentences(text) == text and not _SENTENCE_END.search(text[-3:] + " ")
+
+
+def flags(item: dict, checks) -> dict[str, bool | None]:
+    """Every flag of a stored item, as the ledger and `tokenmill checks score` give them: each output check
+    (null: its measure was not stored), `unfaithful` (with `checks.unsupported_above`), `vague` (fewer than
+    `checks.vague_below` of its document's topic words), `truncated` (cut by `max_tokens` and still ending
+    mid-sentence: `complete_sentences` found nothing to trim to) and `empty`."""
+    summary, overlap, terms = item.get("summary") or "", item.get("topic_overlap"), item.get("unfaithful_terms")
+    failed = failed_checks(item, checks)
+    out: dict[str, bool | None] = {c: None if item.get(m) is None else c in failed for c, m in MEASURES.items()}
+    unsupported, stated = unsupported_words(summary, overlap), content_words(summary, overlap)
+    limit = checks.unsupported_above
+    out["unfaithful"] = (
+        None if terms is None else terms > 0 or (None not in (limit, unsupported) and unsupported > limit)
+    )
+    out["vague"] = None if stated is None else bool(summary.strip()) and stated < checks.vague_below
+    out["truncated"] = item.get("finish_reason") == "length" and ends_mid_sentence(summary)
+    out["empty"] = not summary.strip()
+    return out
+
+
+def acceptable(item_flags: dict[str, bool | None]) -> bool | None:
+    """An output a user keeps: no flag raised (`flags`); null when a check was not measured."""
+    return None if None in item_flags.values() else not any(item_flags.values())

@@ -32,7 +32,7 @@ from pipeline.generate.engine_api import Progressed
 from pipeline.generate.followup import record_id
 from pipeline.generate.levers import counter_delta, read_counters
 from pipeline.generate.pricing import baseline_gpu_seconds, token_weight
-from pipeline.generate.quality import measure
+from pipeline.generate.quality import complete_sentences, measure
 from pipeline.generate.reuse import cache_value
 from pipeline.keys import adapter_digest, request_sampling
 from pipeline.stores.catalog import now
@@ -408,6 +408,10 @@ class TierWorker:
         model, price = self.config.tiers[self.tier].generator, self.config.tiers[self.tier].price_per_gpu_hour
         for (p, f), g, b in zip(ok, gpu, base):
             gen, c = f.row["generation"], p.completion
+            # A cut output is served to its last complete sentence (still `length`: flagged truncated, every
+            # token paid); JSON is left whole for its validation to judge.
+            cut = c.finish_reason == "length" and self.config.sampling.json_schema is None
+            text = complete_sentences(c.text) if cut else c.text
             key, document = gen["item_key"], gen.get("document", gen["text"])
             if gen["tenant"] not in digests:  # read once per step: the adapter the engine serves now
                 digests[gen["tenant"]] = adapter_digest(self.config.adapter(gen["tenant"], self.tier))
@@ -415,7 +419,7 @@ class TierWorker:
                 "tier": self.tier,
                 "model": model,
                 "adapter_digest": digests[gen["tenant"]],
-                "summary": c.text,
+                "summary": text,
                 "prompt_tokens": c.prompt_tokens,
                 "cached_prompt_tokens": c.cached_prompt_tokens,
                 "output_tokens": c.output_tokens,
@@ -430,7 +434,7 @@ class TierWorker:
                 "cache_status": self.job.cache_status,
                 "session_id": f.unit.session_id,
                 # checked once, here, where the output meets the text it summarises
-                **measure(c.text, document),
+                **measure(text, document),
                 **({"chunks": gen["chunks"]} if gen.get("chunks") else {}),
             }
             by_scope.setdefault(gen["scope"], {})[key] = cache_value(items[key], self.job_id, float(g) * price / 3600)

@@ -20,7 +20,7 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from pipeline.config import TokenmillConfig
-from pipeline.generate.quality import MEASURES, failed_checks
+from pipeline.generate.quality import MEASURES, acceptable, flags
 from pipeline.ingest.validate import quarantine_rows
 from pipeline.keys import adapter_digest
 from pipeline.schema import LEDGER, OUTPUTS
@@ -55,23 +55,12 @@ def paid_price(config: TokenmillConfig, fresh: list[dict], served: dict, cost: f
 
 def check_flags(item: dict, config: TokenmillConfig, refused: bool) -> dict[str, bool | None]:
     """The ledger's output-check columns for the served item (null: recorded before the check existed), and
-    `acceptable`: served, not empty, and no check failed (degenerate, copied, off_topic, unfaithful, truncated);
-    null when a check has no measure."""
-    failed = failed_checks(item, config.checks)
-    flags = {check: None if item.get(measure) is None else check in failed for check, measure in MEASURES.items()}
-    flags["unfaithful"] = None if item.get("unfaithful_terms") is None else item["unfaithful_terms"] > 0
-    flags["acceptable"] = (
-        None
-        if None in flags.values()
-        # unmeasured: neither passing nor failing
-        else (
-            not refused
-            and bool((item.get("summary") or "").strip())
-            and item["finish_reason"] != "length"
-            and not any(flags.values())
-        )
-    )
-    return flags
+    `acceptable` (quality.acceptable: not empty, not truncated, no check failed) and not refused."""
+    every = flags(item, config.checks)
+    columns = {name: every[name] for name in (*MEASURES, "unfaithful")}
+    judged = acceptable(every)
+    columns["acceptable"] = None if judged is None else judged and not refused
+    return columns
 
 
 def record_costs(

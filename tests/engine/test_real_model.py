@@ -203,6 +203,23 @@ def test_a_job_on_real_text_gives_real_summaries_flags_each_check_alike_everywhe
             else m["checks"][check]
         )
         assert counted == flagged, (check, counted, flagged)
+    # `tokenmill checks score` on the served outputs and their documents gives the ledger's flags, every one.
+    from pipeline.cli import app
+
+    scored_in = tmp_path / "score.jsonl"
+    scored_in.write_text(
+        "".join(
+            json.dumps({"document": text[r["id"]], "summary": r["summary"], "finish_reason": r["finish_reason"]}) + "\n"
+            for r in outputs
+        )
+    )
+    result = CliRunner().invoke(app, ["checks", "score", "--input", str(scored_in), "--config", str(LOCAL)])
+    assert result.exit_code == 0, result.output
+    for row, line in zip(outputs, result.output.splitlines()):
+        score = json.loads(line)
+        assert {k: score[k] for k in (*CHECKS, "unfaithful", "acceptable")} == {
+            k: ledger[row["id"]][k] for k in (*CHECKS, "unfaithful", "acceptable")
+        }, row["id"]
 
 
 def test_eval_scores_every_saving_and_writes_its_choice_into_the_config(real_models, holdout, tmp_path):

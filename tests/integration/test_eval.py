@@ -64,7 +64,8 @@ def test_an_eval_output_is_flagged_as_the_job_flags_it(make_config):
     outputs = {
         "loop": "growth growth growth " * 30,
         "copy": doc,
-        "good": "Revenue grew in the northern region.",
+        # five of the document's topic words: fewer would be `vague` (checks.vague_below)
+        "good": "The quarterly report: revenue grew in the northern region, and engineers were hired.",
         "cut": "Revenue grew in the northern region and",
     }
     run = TierRun(
@@ -79,9 +80,9 @@ def test_an_eval_output_is_flagged_as_the_job_flags_it(make_config):
         failed={},
     )
     assert {i: run.flags(i, config.checks) for i in outputs} == {
-        "loop": ["degenerate"],
+        "loop": ["degenerate", "vague"],
         "copy": ["copied"],
         "good": [],
-        "cut": ["truncated"],
+        "cut": ["vague", "truncated"],
     }
     assert [i for i in outputs if run.acceptable(i, run.flags(i, config.checks))] == ["good"]
