@@ -48,11 +48,11 @@ def plan(ctx: JobContext) -> None:
     """The plan step: check that the output root can be written and every tier's engine on this host (each
     drain checks its own again, where GPU tasks run elsewhere), then plan the job unless it is planned
     already."""
+    ctx.check_engines(list(ctx.config.tiers))  # first: a refused config leaves no output folder behind
     try:
         storage.check_writable(ctx.out)
     except storage.StorageError as e:
         raise JobError(f"output root {e}: nothing was run; make it writable or set output.uri") from None
-    ctx.check_engines(list(ctx.config.tiers))
     ensure_staged(ctx)
 
 
