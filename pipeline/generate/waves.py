@@ -87,7 +87,7 @@ def _table(generations: list[dict]) -> pa.Table:
 class WavePlanner:
     config: TokenmillConfig
     pool: EnginePool
-    lookup: ItemLookup
+    lookup: ItemLookup | None  # None: no cache asked (the estimate prices a first wave as if nothing were cached)
     partition: str
 
     def first(self, generations: pa.Table, requests: pa.Table, too_long: pa.Table) -> tuple[WaveState, list[dict]]:
@@ -124,7 +124,7 @@ class WavePlanner:
     ) -> list[dict]:
         """Request rows (with `generation`: what they generate) of one wave, chunks of the too-long included."""
         chunks = self.split_too_long(state, too_long, by_id)
-        if chunks:  # chunk summaries are looked up like any other key: a document seen before pays none again
+        if chunks and self.lookup:  # chunk summaries are looked up like any other key: seen before, paid once
             found = self.lookup.cache_hits({u["item_key"]: {**u, "id": record_id(u)} for u in chunks})
             state.hits.update(found)
             chunks = [u for u in chunks if u["item_key"] not in found]
