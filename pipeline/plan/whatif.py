@@ -300,7 +300,7 @@ def break_even(
     if "routing" in projection["shares"]:
         largest = projection["shares"]["routing"]["all_on"]
         mixes[f"all on {largest}"] = _loads(
-            {largest: _merged(est["tiers"])}, specs, device, config, prices, measured, docs
+            {largest: _merged(est["tiers"])}, specs, device, config, prices, measured, docs, billed_hours
         )
     figures, curves = {}, {}
     for name, loads in mixes.items():
