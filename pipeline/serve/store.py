@@ -30,7 +30,9 @@ ACTIVE = ("validating", "in_progress", "finalizing", "cancelling")
 
 
 def new_id(prefix: str) -> str:
-    return f"{prefix}-{secrets.token_hex(12)}"
+    """Unguessable, and ordered by creation: `created_at` is in whole seconds (as OpenAI's), so lists sorted by
+    (created_at, id) keep the order objects were made in within a second too."""
+    return f"{prefix}-{time.time_ns():016x}{secrets.token_hex(8)}"
 
 
 class ApiStore:
