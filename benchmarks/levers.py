@@ -349,14 +349,12 @@ def job_config(run: dict, work: Path, input_dir: Path):
 
 
 def read_kind(output: Path, kind: str, job_id: str):
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    import pyarrow.dataset as ds
 
-    from pipeline.output.commit import committed_files
+    from pipeline.output.tables import read
     from pipeline.stores import storage
 
-    files = [f for f in committed_files(storage.resolve(str(output)))[kind] if f"/{kind}/job={job_id}/" in f]
-    return pa.concat_tables([pq.read_table(f) for f in files]).to_pylist() if files else []
+    return read(storage.resolve(str(output)), kind, filter=ds.field("job_id") == job_id).to_pylist()
 
 
 def run_one(run: dict, work: Path, input_dir: Path) -> dict:
@@ -586,7 +584,7 @@ def multi_lora(folder: Path, docs: list[dict], adapters: int, per_tenant: int, m
     prompts = [p for tenant in by_tenant for p in tenant]
     requests = [LoRARequest(f"tenant-{i}", i + 1, str(paths[i])) for i in range(adapters) for _ in range(per_tenant)]
     # One slot left free (max_loras = adapters + 1): vLLM 0.32's CPU LoRA ops give requests of a mixed
-    # batch the last slot's adapter otherwise (../shared/notes/levers.md, vllm-project/vllm#48421).
+    # batch the last slot's adapter otherwise (this benchmark's outputs showed it; vllm-project/vllm#48421).
     one = serve(
         str(base),
         prompts,

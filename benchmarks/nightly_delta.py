@@ -7,7 +7,7 @@ runs) and through tokenmill (its catalog and cache kept from night 1 to night 2,
 the same model, prompt and sampling, one after the other in one run. Printed per night and system: wall seconds,
 engine-seconds (the peer's are its wall seconds: it holds the engine all along; tokenmill's are its manifest's
 held seconds), documents answered, and tokenmill's engine-seconds over the peer's.
-Targets (issue 30): night 2 at most 0.25x the peer's engine-seconds, night 1 at most 1.05x.
+Targets: night 2 at most 0.25x the peer's engine-seconds, night 1 at most 1.05x.
 
 Usage: python benchmarks/nightly_delta.py [DOCUMENTS (200)] [--tiny] [--max-tokens N (64)]
 (default: configs/local.yaml's large tier, SmolLM2-135M float32 from `tokenmill models real`; --tiny:

@@ -8,11 +8,11 @@ non-inference path never starves a GPU. Also printed: the dedup stage's own seco
 the same prompts are tokenised with nothing else running, the ceiling exact tokenisation sets on
 this machine.
 
-Many small files (issue 30): planning alone over folders of FILES one-document .txt files (20,000 and
+Many small files: planning alone over folders of FILES one-document .txt files (20,000 and
 200,000 by default), packed into partitions of `input.records_per_partition`: docs/s for each size (linear
 in the records when the two are close), the partitions they make and the seconds per planning step.
 
-The CPU side scaled out (issue 30): the same corpus run as an orchestrator runs it, each step's tasks
+The CPU side scaled out: the same corpus run as an orchestrator runs it, each step's tasks
 (pipeline/job/orchestrate.py) on a pool of N processes, as Airflow's mapped tasks on N CPU slots: `prepare`
 per partition, N `drain` tasks per tier (as `run.tier_workers: N` would run them: N tier workers of the fake
 engine sharing the tier's units, the escalation tier's after the others', as N GPU hosts with a CPU each),
@@ -178,6 +178,7 @@ def mapped(docs: int, processes: int) -> dict:
 
     from pipeline.job import orchestrate
     from pipeline.job.context import JobContext
+    from pipeline.stores.catalog import migrate
 
     with tempfile.TemporaryDirectory() as tmp:
         tmp = Path(tmp)
@@ -189,7 +190,8 @@ def mapped(docs: int, processes: int) -> dict:
             barrier.wait()
             seconds, results = {}, {}
             started = time.perf_counter()
-            partitions = orchestrate.staged_partitions(config, "bench")
+            migrate(config.state.url)  # what the DAG's first task does before planning
+            partitions = orchestrate.planned_partitions(config, "bench")
             seconds["plan"] = time.perf_counter() - started
             for step, args in (
                 ("prepare", [("prepared_partition", config, "bench", p) for p in partitions]),

@@ -12,7 +12,7 @@ records) may miss semantic matches across parts, which are counted. Also printed
 semantic search's IVF index against the exact search, on one scope's embeddings, where the scope is
 large enough to use it.
 
-Targets (issue 19): peak RSS <= 2 GB per planning process at 1 M documents; >= 2,000 docs/s on 2
+Targets: peak RSS <= 2 GB per planning process at 1 M documents; >= 2,000 docs/s on 2
 cores at 100 k. Usage: python benchmarks/planning_scale.py [--documents 20000,100000] [--workers 1,2]
 [--tenants 8] [--shard-rows 200000] [--reference] (`--documents 1000000` for the note: about 2 GB of
 input written to a temporary folder; `--tenants 1` for one huge tenant, cut in parts of

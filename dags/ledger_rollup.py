@@ -18,7 +18,8 @@ from airflow.sdk import Asset, dag, get_current_context, task
 from pipeline.job import orchestrate
 
 CONFIG = os.environ.get("TOKENMILL_CONFIG", str(Path(__file__).resolve().parents[1] / "configs" / "local.yaml"))
-LEDGER = Asset(name="nightly_summarization.ledger", uri=orchestrate.table_asset_uri("nightly_summarization", "ledger"))
+# The nightly DAG's ledger Asset, named as it names it (the same config's output root).
+LEDGER = Asset(name="nightly_summarization.ledger", uri=orchestrate.table_asset_uris(CONFIG)["ledger"])
 
 
 @dag(

@@ -1,7 +1,8 @@
-"""Nightly summarisation: plan -> cluster (CPU, per shard of tenant scopes) -> stage -> prepare (CPU,
+"""Nightly summarisation: key -> cluster (CPU, per shard of tenant scopes) -> plan -> prepare (CPU,
 per partition) -> drain (GPU, per tier worker) -> commit (CPU, per partition) -> summary -> outcome.
-`summary` updates the Assets `nightly_summarization.{outputs,ledger,quarantine}`, each event's extra
-naming the job, its output root and what it committed: a downstream DAG is scheduled on them. Where
+`summary` updates the Assets `nightly_summarization.{outputs,ledger,quarantine}`, named by the tables'
+physical URIs under the config's output root (`file:///…/ledger`, `s3://bucket/…/ledger`), each event's
+extra naming the job, its output root and what it committed: a downstream DAG is scheduled on them. Where
 Airflow's OpenLineage provider is configured, its COMPLETE event carries the job's lineage (input prefix
 -> the three tables, row counts, cost: pipeline/job/lineage.py).
 
@@ -14,8 +15,8 @@ once its last unit is done, with the engines' start-up and idle time shared into
 failed partition by clearing its `prepare` task instance with downstream (docs/ops.md).
 
 Environment: TOKENMILL_CONFIG (default: configs/local.yaml of this checkout) is the default config;
-the `config` param overrides it per run. Parsing this file reads only the config's `run:` section and
-its tier names, so the DAG processor needs none of the secrets the rest of the config names.
+the `config` param overrides it per run. Parsing this file reads only the config's `run:` section, its
+tier names and `output.uri`, so the DAG processor needs none of the secrets the rest of the config names.
 """
 
 from __future__ import annotations
@@ -34,8 +35,9 @@ CONFIG = os.environ.get("TOKENMILL_CONFIG", str(Path(__file__).resolve().parents
 DAG_ID = "nightly_summarization"
 RUN = load_run_section(CONFIG)  # schedule and retries; nothing else is read or expanded at parse time
 TIER_WORKERS = load_tier_workers(CONFIG)  # tier -> GPU worker tasks
-# What `summary` updates, for downstream DAGs to be scheduled on (e.g. dags/ledger_rollup.py).
-ASSETS = {t: Asset(name=f"{DAG_ID}.{t}", uri=orchestrate.table_asset_uri(DAG_ID, t)) for t in orchestrate.TABLES}
+# What `summary` updates, for downstream DAGs to be scheduled on (e.g. dags/ledger_rollup.py): the tables of the
+# config's output root, named by their physical URIs, as the OpenLineage datasets of `summary`'s COMPLETE event.
+ASSETS = {t: Asset(name=f"{DAG_ID}.{t}", uri=uri) for t, uri in orchestrate.table_asset_uris(CONFIG).items()}
 _SUMMARY: dict = {}  # the manifest `summary` returned, in its task process, for its OpenLineage event
 
 
@@ -83,16 +85,16 @@ def _job():
 )
 def nightly_summarization():
     @task
-    def plan() -> list[int]:
-        return orchestrate.planned_shards(*_job())
+    def key() -> list[int]:
+        return orchestrate.keyed_shards(*_job())
 
     @task(map_index_template="shard {{ task.op_kwargs['shard'] }}")
     def cluster(shard: int) -> dict:
         return orchestrate.clustered_shard(*_job(), shard)
 
-    @task(trigger_rule="none_failed")  # a rerun of a staged job maps `cluster` over no shard: it is skipped
-    def stage() -> list[str]:
-        return orchestrate.staged_partitions(*_job())
+    @task(trigger_rule="none_failed")  # a rerun of a planned job maps `cluster` over no shard: it is skipped
+    def plan() -> list[str]:
+        return orchestrate.planned_partitions(*_job())
 
     @task(map_index_template="{{ partition }}")
     def prepare(partition: str) -> str:
@@ -123,8 +125,8 @@ def nightly_summarization():
         # A run's state comes from its leaf tasks: this one fails the run when a partition did not commit.
         return orchestrate.job_outcome(manifest)
 
-    partitions = stage()
-    cluster.expand(shard=plan()) >> partitions
+    partitions = plan()
+    cluster.expand(shard=key()) >> partitions
     prepared = prepare.expand(partition=partitions)
     committed = commit.expand(partition=partitions)
     for tier, replicas in TIER_WORKERS.items():

@@ -9,7 +9,7 @@ The public facade: what the CLI, the Airflow DAG, benchmarks and tests use.
 `Job` runs a job's four steps (plan, prepare, drain, commit) in order over its `JobContext`;
 orchestrators call the same steps as separate tasks (pipeline/job/orchestrate.py). `JobError`
 carries a one-line reason.
-Everything else lives in the stage folders (ingest, dedup, route, generate, output) and the
+Everything else lives in the data path's folders (ingest, dedup, route, generate, output) and the
 stores beside them; docs/architecture.md maps them.
 """
 

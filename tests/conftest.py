@@ -27,15 +27,13 @@ TINY_CONFIG = REPO / "configs" / "tiny.yaml"  # the tiny models: see its header
 
 def read_kind(output: Path, kind: str, job_id: str):
     """All rows of one kind (outputs, ledger, quarantine) of a job under a local output root, as readers
-    see them: the files its partitions' commit records name (pipeline/output/commit.py)."""
-    import pyarrow as pa
-    import pyarrow.parquet as pq
+    see them: its table's latest snapshot (pipeline/output/tables.py)."""
+    import pyarrow.dataset as ds
 
-    from pipeline.output.commit import committed_files
+    from pipeline.output.tables import read
     from pipeline.stores import storage
 
-    files = [f for f in committed_files(storage.resolve(str(output)))[kind] if f"/{kind}/job={job_id}/" in f]
-    return pa.concat_tables([pq.read_table(f) for f in files])
+    return read(storage.resolve(str(output)), kind, filter=ds.field("job_id") == job_id)
 
 
 @pytest.fixture(scope="session")
@@ -140,8 +138,10 @@ FAKE_ENGINE = {"TOKENMILL_TIERS__SMALL__ENGINE": "fake", "TOKENMILL_TIERS__LARGE
 
 
 def config_maker(root: Path):
-    """make(...) -> the tiny config with input/output/state/cache under `root`; kwargs override fields."""
+    """make(...) -> the tiny config with input/output/state/cache under `root`; kwargs override fields. Its
+    catalog is at the latest schema, as a deployment's is once `tokenmill migrate` (or its first job) ran."""
     from pipeline.config import load_config
+    from pipeline.stores.catalog import migrate
 
     def make(input_dir: Path | str | None = None, routing: bool = False, engine: str = "fake", **overrides):
         """overrides: section__field=value, e.g. storage__s3_max_attempts=2.
@@ -161,7 +161,9 @@ def config_maker(root: Path):
         env["TOKENMILL_RUN__PROGRESS"] = "off"
         for key, value in overrides.items():
             env[f"TOKENMILL_{key.upper()}"] = value if isinstance(value, str) else json.dumps(value)
-        return load_config(TINY_CONFIG, environ=env)
+        config = load_config(TINY_CONFIG, environ=env)
+        migrate(config.state.url, once=True)
+        return config
 
     return make
 
@@ -379,7 +381,12 @@ def _no_server(reason: str):
 
 @pytest.fixture(scope="session")
 def postgres_url(postgres_admin_url):
-    yield from _throwaway_database(postgres_admin_url)
+    """A throwaway database for the whole test run, at the catalog's latest schema."""
+    from pipeline.stores.catalog import migrate
+
+    for url in _throwaway_database(postgres_admin_url):
+        migrate(url)
+        yield url
 
 
 @pytest.fixture
@@ -407,9 +414,10 @@ def _throwaway_database(admin_url: str):
 
 @pytest.fixture
 def store(state_url):
-    """The state catalog on each database `state_url` names (SQLite and PostgreSQL)."""
-    from pipeline.stores.catalog import StateStore
+    """The state catalog on each database `state_url` names (SQLite and PostgreSQL), at the latest schema."""
+    from pipeline.stores.catalog import StateStore, migrate
 
+    migrate(state_url)
     return StateStore(state_url)
 
 

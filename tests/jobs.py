@@ -15,7 +15,7 @@ import pyarrow.compute as pc
 import pytest
 
 from pipeline import run_job
-from pipeline.schema import LEDGER, OUTPUTS, QUARANTINE
+from pipeline.output.tables import SCHEMAS, open_table
 from pipeline.stores import storage
 from pipeline.stores.catalog import StateStore
 from tests.conftest import FAKE_ENGINE, ONE_TIER, REPO, read_kind
@@ -150,7 +150,9 @@ def check_a_two_tier_job(make_config, sample_corpus, tmp_path) -> None:
     assert m["counts"]["records"] == records == outputs.num_rows + quarantine.num_rows
     assert outputs.num_rows == m["counts"]["outputs"] and quarantine.num_rows == m["counts"]["quarantined"]
     assert len(set(outputs["id"].to_pylist())) == outputs.num_rows
-    assert outputs.schema.equals(OUTPUTS) and ledger.schema.equals(LEDGER) and quarantine.schema.equals(QUARANTINE)
+    assert all(
+        t.schema.equals(SCHEMAS[k]) for k, t in (("outputs", outputs), ("ledger", ledger), ("quarantine", quarantine))
+    )
 
     # A document over the context is summarised map-reduce style, not quarantined; its copy reuses it.
     rows = {r["id"]: r for r in ledger.to_pylist()}
@@ -187,13 +189,14 @@ def check_a_two_tier_job(make_config, sample_corpus, tmp_path) -> None:
     assert m["cost"]["saved_usd"] == pytest.approx(m["cost"]["baseline_cost_usd"] - m["cost"]["cost_usd"])
     assert m["cost"]["saved_usd"] > 0
 
-    # Files were written atomically: no temporary names left behind, one file per partition and kind,
-    # each named by its partition's commit record.
+    # Files were written atomically: no temporary names left behind, one file per partition and kind, each
+    # the one its table's log names, and each partition committed once (one app transaction, the claim's epoch).
     assert not [p for p in out_dir.rglob("*") if storage.temporary_target(p.name)]
-    records = [json.loads(f.read_text()) for f in (out_dir / "_commits" / "job=acct").glob("partition=*.json")]
-    assert len(records) == len(m["partitions"])
+    root = storage.resolve(str(out_dir))
     for kind in ("outputs", "ledger", "quarantine"):
-        files = sorted(str(p.relative_to(out_dir)) for p in (out_dir / kind / "job=acct").glob("partition=*/*.parquet"))
-        assert files == sorted(r["files"][kind] for r in records)
+        files = sorted(str(p) for p in (out_dir / kind / "job_id=acct").glob("partition=*/*.parquet"))
+        table = open_table(root, kind)
+        assert files == sorted(table.file_uris()) and len(files) == len(m["partitions"])
+        assert all(table.transaction_version(f"acct/{p}") == 1 for p in m["partitions"])
     assert (out_dir / "jobs" / "acct" / "manifest.json").exists()
     assert [(j.job_id, j.status) for j in StateStore(config.state.url).jobs()] == [("acct", "succeeded")]

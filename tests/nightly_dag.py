@@ -1,8 +1,8 @@
 """The nightly DAG under a real deployment (tests/airflow_deploy.py): what its tests share.
 
 The services' tokenmill environment, and what a run left behind, read the way ops would read it: the
-manifest, the commit records, the ledger by partition, the items paid for, and what each drain task
-returned. Both deployment tests (LocalExecutor, CeleryExecutor) check the same promises with these.
+manifest, the partitions' commits in the Delta tables, the ledger by partition, the items paid for, and what
+each drain task returned. Both deployment tests (LocalExecutor, CeleryExecutor) check the same promises with these.
 """
 
 from __future__ import annotations
@@ -86,9 +86,23 @@ def manifest(output: Path, job: str) -> dict:
     return json.loads((output / "jobs" / job / "manifest.json").read_text())
 
 
-def commit_records(output: Path, job: str) -> dict[str, bytes]:
-    folder = output / "_commits" / f"job={job}"
-    return {f.stem.removeprefix("partition="): f.read_bytes() for f in folder.glob("partition=*.json")}
+def partition_commits(output: Path, job: str) -> dict[str, tuple]:
+    """partition -> what its commit is in the tables: the claim epoch of each, and the files their logs name."""
+    import pyarrow as pa
+
+    from pipeline.output.tables import KINDS, open_table
+    from pipeline.stores import storage
+
+    root = storage.resolve(str(output))
+    out: dict[str, tuple] = {}
+    for kind in KINDS:
+        table = open_table(root, kind)
+        for action in pa.table(table.get_add_actions(flatten=True)).to_pylist() if table is not None else []:
+            if action["partition.job_id"] == job:
+                p = action["partition.partition"]
+                epoch = table.transaction_version(f"{job}/{p}")
+                out[p] = (*out.get(p, ()), (kind, epoch, action["path"]))
+    return {p: tuple(sorted(v)) for p, v in out.items()}
 
 
 def ledger_by_partition(output: Path, job: str) -> dict[str, list[tuple]]:

@@ -7,10 +7,14 @@ commands of one concern on import:
   router.py   router train, router eval, router example-labels
   setup.py    config show/docs, models tiny/embedder, samples
   cache.py    cache forget
-  tables.py   tables maintain (dead reservations, finished jobs' Pushgateway groups)
+  tables.py   migrate (the catalog to the latest schema), tables maintain (dead reservations, finished
+              jobs' Pushgateway groups)
   checks.py   checks score, checks calibrate (the output checks against your labels)
   evals.py    eval (the hold-out set on every tier: quality next to cost)
   serve.py    serve (the OpenAI-compatible Batch API), api-key
+  reference.py  the config reference (docs/config.md) that `config docs` prints, from the typed config
+  liblog.py   where a job's library output goes (vLLM, torch, transformers to a log file)
+  __main__.py `python -m pipeline.cli`
 
 May import everything in pipeline (the top layer); nothing imports it.
 """

@@ -53,6 +53,24 @@ def agreement_table(title: str, rows: dict) -> Table:
     return t
 
 
+def _judged(config: Path | None, rows: list[dict]) -> list[dict]:
+    """`rows` with the config's LLM judge's verdict each (`judge`: true keep, false bad, null none)."""
+    from pipeline.evals.llm_judge import run_judge
+    from pipeline.generate.engine import shutdown_engines
+    from pipeline.generate.engine_api import EngineStartError
+
+    cfg = load(config) if config else None
+    if cfg is None or cfg.checks.judge is None:
+        fail("--judge needs --config with checks.judge (a tier and a rubric)")
+    try:
+        answers = run_judge(cfg, rows)
+    except EngineStartError as e:
+        fail(str(e))
+    finally:
+        shutdown_engines()
+    return [{**r, "judge": a["verdict"]} for r, a in zip(rows, answers)]
+
+
 @checks_app.command("calibrate")
 def calibrate_cmd(
     labels: Path = typer.Option(
@@ -74,6 +92,11 @@ def calibrate_cmd(
         help="`acceptable`'s recall floor (unfaithful, vague: its precision).",
     ),
     update_config: bool = typer.Option(False, "--update-config", help="Write the chosen thresholds into --config."),
+    judge: bool = typer.Option(
+        False,
+        "--judge",
+        help="Also run the config's LLM judge (checks.judge) on every labelled output and report its agreement.",
+    ),
     fmt: str = typer.Option("table", "--format", help="table or json"),
 ) -> None:
     """Choose each check's thresholds on the labels' calibration half; report precision and recall on the test half."""
@@ -83,9 +106,12 @@ def calibrate_cmd(
     if update_config and config is None:
         fail("--update-config needs --config: the file to write the thresholds into")
     try:
-        result = calibrate(read_labels(labels), _checks(config), target_precision, acceptable_recall)
+        rows = read_labels(labels)
     except LabelsError as e:
         fail(str(e))
+    if judge:
+        rows = _judged(config, rows)
+    result = calibrate(rows, _checks(config), target_precision, acceptable_recall)
     if fmt == "json":
         typer.echo(json.dumps(result))
     else:

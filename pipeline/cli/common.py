@@ -58,11 +58,25 @@ def load(path: Path, **overrides):
 
 
 def state_store(cfg):
-    """The job-state catalog of `cfg`, or exit when it cannot be opened."""
+    """The job-state catalog of `cfg`, or exit when it cannot be opened. Opening it changes nothing: a command
+    that only reads never migrates (`migrate_catalog` is a writing command's first step)."""
     from pipeline.stores.catalog import StateError, StateStore
 
     try:
-        return StateStore(cfg.state.url)
+        state = StateStore(cfg.state.url)
+    except StateError as e:
+        fail(str(e))
+    if not state.has_schema():
+        fail(f"the state catalog {state.safe_url(cfg.state.url)} has no tables yet: run `tokenmill migrate` (or a job)")
+    return state
+
+
+def migrate_catalog(cfg) -> None:
+    """Bring the catalog of `cfg` to the latest schema (once per process), or exit saying why it cannot."""
+    from pipeline.stores.catalog import StateError, migrate
+
+    try:
+        migrate(cfg.state.url, once=True)
     except StateError as e:
         fail(str(e))
 

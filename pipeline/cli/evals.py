@@ -162,20 +162,20 @@ def print_tables(result: dict, target_quality: float) -> None:
     console.print(reuse_table(result["reuse"]))
 
 
-def write_chosen(config: Path, cfg, chosen: dict, router_path: Path | None, baseline: str, quiet: bool) -> None:
-    """Write the chosen thresholds (and the router, when the policy uses one) into the --config file."""
-    from pipeline.evals.apply import ApplyError, apply_values, chosen_values
+def write_chosen(config: Path, cfg, routing: dict, router_path: Path | None, baseline: str, quiet: bool) -> None:
+    """Write the chosen thresholds (and the router, when the policy uses one) into the --config file, and the
+    eval's figure as `route.decided_by`."""
+    from pipeline.evals.apply import ApplyError, apply_values, chosen_values, decided_by
+
+    chosen = routing["chosen"]
 
     live_router = None
     if router_path is not None and chosen["router_threshold"] is not None:
         live_router = router_path.with_name("router.json")
         live_router.write_text(router_path.read_text())
-    values = chosen_values(
-        chosen,
-        min(cfg.tier_prices, key=cfg.tier_prices.get),
-        baseline,
-        str(live_router) if live_router else None,
-    )
+    small = min(cfg.tier_prices, key=cfg.tier_prices.get)
+    values = chosen_values(chosen, small, baseline, str(live_router) if live_router else None)
+    values[("route", "decided_by")] = decided_by(routing, small, baseline, str(date.today()))
     try:
         config.write_text(apply_values(config.read_text(), values, f"tokenmill eval {date.today()}"))
     except ApplyError as e:
@@ -234,4 +234,4 @@ def evaluate(
         err=fmt == "json",
     )
     if update_config:
-        write_chosen(config, cfg, chosen, router_path, result["baseline_tier"], fmt == "json")
+        write_chosen(config, cfg, routing, router_path, result["baseline_tier"], fmt == "json")

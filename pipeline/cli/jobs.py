@@ -12,7 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from pipeline import JobError, estimate_job, run_job
-from pipeline.cli.common import ConfigOption, app, console, fail, jobs_app, load, state_store, when
+from pipeline.cli.common import ConfigOption, app, console, fail, jobs_app, load, migrate_catalog, state_store, when
 from pipeline.cli.liblog import library_output
 from pipeline.config.env import redact_url
 from pipeline.generate.quality import CHECKS
@@ -85,8 +85,22 @@ def _acceptable_line(manifest: dict) -> str:
     return f"{acceptable} of {outputs} ({acceptable / outputs:.0%}){per}"
 
 
-def summary_table(manifest: dict) -> Table:
-    """A job manifest as the table `tokenmill run` prints."""
+def routing_line(manifest: dict, decided_by: str | None = None) -> str:
+    """How the outputs were shared between tiers, in one line: each tier's share and the escalations, or that
+    every output went to one tier; then what chose the routing (`route.decided_by`: the eval's figure)."""
+    by_tier, outputs = manifest["counts"].get("by_tier", {}), manifest["counts"]["outputs"]
+    if not outputs:
+        return "-"
+    if len(by_tier) == 1:
+        line = f"every output on {next(iter(by_tier))}"
+    else:
+        shares = ", ".join(f"{tier} {n / outputs:.0%}" for tier, n in by_tier.items())
+        line = f"{shares}; {manifest.get('routing', {}).get('escalated', 0)} escalated"
+    return f"{line}: {decided_by}" if decided_by else line
+
+
+def summary_table(manifest: dict, decided_by: str | None = None) -> Table:
+    """A job manifest as the table `tokenmill run` prints (`decided_by`: the config's `route.decided_by`)."""
     c, t, m = manifest["counts"], manifest["tokens"], manifest["cost"]
     reuse, routing = manifest.get("reuse", {}), manifest.get("routing", {})
     table = Table(title=f"job {manifest['job_id']}", show_header=False)
@@ -104,6 +118,7 @@ def summary_table(manifest: dict) -> Table:
         ("quarantined", c["quarantined"]),
         ("  by reason", ", ".join(f"{k} {v}" for k, v in c["by_reason"].items()) or "-"),
         ("  by tier", ", ".join(f"{k} {v}" for k, v in c.get("by_tier", {}).items()) or "-"),
+        ("  routing", routing_line(manifest, decided_by)),
         ("  by route", ", ".join(f"{k} {v}" for k, v in routing.get("by_reason", {}).items()) or "-"),
         ("  escalated / chunked", f"{routing.get('escalated', 0)} / {routing.get('chunked', 0)}"),
         ("  escalated by", ", ".join(f"{k} {v}" for k, v in routing.get("escalated_by", {}).items()) or "-"),
@@ -171,7 +186,31 @@ def examples(cfg, job_id: str, n: int = 3) -> list[dict]:
         )
         .fetchall()
     )
-    return [{"id": r[0], "tier": r[1], "summary": r[2], "escalated": r[3], "shows": r[4]} for r in rows]
+    out = [{"id": r[0], "tier": r[1], "summary": r[2], "escalated": r[3], "shows": r[4]} for r in rows]
+    if out and out[0]["shows"] == "acceptable":
+        out[0] = _keepable(cfg, job_id) or out[0]
+    return out
+
+
+def _keepable(cfg, job_id: str, read: int = 500) -> dict | None:
+    """Of the job's acceptable outputs (the first `read` by id), the one a reader would most likely keep
+    (quality.keep_rank: no phrase repeated, no prompt or markup given back, the most topic words)."""
+    from pipeline.generate.quality import keep_rank
+    from pipeline.output.ledger import connect
+
+    rows = (
+        connect(cfg.output.uri, cfg.storage)
+        .execute(
+            "SELECT o.id, o.tier, o.summary, l.escalated FROM outputs o JOIN ledger l USING (job_id, id) "
+            "WHERE o.job_id = ? AND l.kind = 'output' AND l.acceptable ORDER BY o.id LIMIT ?",
+            [job_id, read],
+        )
+        .fetchall()
+    )
+    if not rows:
+        return None
+    best = max(rows, key=lambda r: keep_rank(r[2] or ""))  # max keeps the first of equals: the first id
+    return {"id": best[0], "tier": best[1], "summary": best[2], "escalated": best[3], "shows": "acceptable"}
 
 
 def _example_line(e: dict) -> Text:
@@ -208,10 +247,13 @@ def _run(cfg, job_id: Optional[str], partitions: list[str] | None, json_summary:
             fail(f"job {'stopped' if e.budget else 'failed'}: {e}", code=3 if e.budget else 2)
         finally:
             shutdown_engines()
+            from pipeline.generate import metrics
+
+            metrics.linger(cfg.metrics)  # a served endpoint's final values, scraped before the process exits
     if json_summary:
         typer.echo(json.dumps(result.manifest, indent=2))
     else:
-        console.print(summary_table(result.manifest))
+        console.print(summary_table(result.manifest, cfg.route.decided_by))
         for e in examples(cfg, result.job_id):
             console.print(_example_line(e))
         console.print(
@@ -246,6 +288,7 @@ def rerun(
 ) -> None:
     """Re-run a job's failed and unfinished partitions (or the named ones). Committed work is never paid twice."""
     cfg = load(config)
+    migrate_catalog(cfg)  # a rerun writes: the catalog's schema first, as `run`'s
     state = state_store(cfg)
     job = state.job(job_id)
     if job is None:
@@ -488,13 +531,6 @@ def _what_if(cfg, est: dict, hardware: str, what_if: dict) -> dict:
         return out
     except (ValueError, OSError) as e:
         fail(str(e))
-
-
-@app.command("plan", hidden=True, context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
-def plan() -> None:
-    """`tokenmill estimate`'s name until 0.1: refused, naming the new one."""
-    typer.echo("error: `tokenmill plan` is now `tokenmill estimate` (the same options and output)", err=True)
-    raise typer.Exit(2)
 
 
 UNIT_STATUSES = ("pending", "leased", "done", "deferred")

@@ -21,6 +21,11 @@ FormatOption = typer.Option("table", "--format", help="table, csv or json")
 JobIdOption = typer.Option(None, "--job-id", help="Only this job.")
 SinceOption = typer.Option(None, "--since", formats=["%Y-%m-%d"], help="From this day (UTC), inclusive.")
 UntilOption = typer.Option(None, "--until", formats=["%Y-%m-%d"], help="To this day (UTC), inclusive.")
+AsOfOption = typer.Option(
+    None,
+    "--as-of",
+    help="Read the tables as they were: a table version (e.g. 12) or a time (2026-12-07T06:00, UTC unless it says).",
+)
 
 
 def _plain(v):
@@ -79,15 +84,35 @@ def _storage_config(config: Optional[Path]):
     return load(config).storage if config else StorageConfig()
 
 
-def _connect(output: str, config: Optional[Path]):
+def as_of_value(text: str | None) -> int | datetime | None:
+    """`--as-of`: a table version (a whole number) or a time (ISO 8601; UTC when it names no zone)."""
+    from datetime import timezone
+
+    if text is None:
+        return None
+    if text.isdigit():
+        return int(text)
+    try:
+        moment = datetime.fromisoformat(text)
+    except ValueError:
+        fail(f"--as-of must be a table version or a time such as 2026-12-07T06:00, not {text}")
+    return moment if moment.tzinfo else moment.replace(tzinfo=timezone.utc)
+
+
+def _connect(output: str, config: Optional[Path], as_of: str | None = None):
     from pipeline.output.ledger import connect
     from pipeline.stores.storage import StorageError
 
     storage_config = _storage_config(config)
+    moment = as_of_value(as_of)
     try:
-        return connect(output, storage_config)
+        return connect(output, storage_config, moment)
     except StorageError as e:
         fail(str(e))
+    except Exception as e:  # delta-rs: no version of the tables that old, or a version that does not exist
+        if moment is None:
+            raise
+        fail(f"--as-of {as_of}: {str(e).splitlines()[0]}")
 
 
 @ledger_app.command("summary")
@@ -103,6 +128,7 @@ def ledger_summary(
     until: Optional[datetime] = UntilOption,
     format: str = FormatOption,
     config: Optional[Path] = LedgerConfigOption,
+    as_of: Optional[str] = AsOfOption,
 ) -> None:
     """Items, tokens, GPU-seconds, cost, baseline and saving, grouped as asked."""
     from pipeline.output.ledger import LedgerError, summary
@@ -110,7 +136,11 @@ def ledger_summary(
     keys = [b.strip() for b in by.split(",") if b.strip()]
     try:
         table = summary(
-            _connect(output, config), keys, job_id, since.date() if since else None, until.date() if until else None
+            _connect(output, config, as_of),
+            keys,
+            job_id,
+            since.date() if since else None,
+            until.date() if until else None,
         )
     except LedgerError as e:
         fail(str(e))
@@ -123,12 +153,13 @@ def ledger_sql(
     output: str = OutputOption,
     format: str = FormatOption,
     config: Optional[Path] = LedgerConfigOption,
+    as_of: Optional[str] = AsOfOption,
 ) -> None:
     """Run SQL (DuckDB) over the ledger, outputs and quarantine of an output root."""
     from pipeline.output.ledger import LedgerError, query
 
     try:
-        table = query(_connect(output, config), sql)
+        table = query(_connect(output, config, as_of), sql)
     except LedgerError as e:
         fail(str(e))
     print_table(table, format)
@@ -152,6 +183,7 @@ def ledger_export(
     until: Optional[datetime] = UntilOption,
     account: str = typer.Option("tokenmill", "--billing-account", help="BillingAccountId and BillingAccountName."),
     config: Optional[Path] = LedgerConfigOption,
+    as_of: Optional[str] = AsOfOption,
 ) -> None:
     """Write the ledger's rows as a FOCUS 1.2 file for FinOps tools (docs/analyst.md#focus-export)."""
     import pyarrow.compute as pc
@@ -167,7 +199,11 @@ def ledger_export(
         fail(f"--to must end in .parquet or .csv, not {to.name}")
     try:
         ledger = read_ledger(
-            _connect(output, config), job_id, tenant, since.date() if since else None, until.date() if until else None
+            _connect(output, config, as_of),
+            job_id,
+            tenant,
+            since.date() if since else None,
+            until.date() if until else None,
         )
         focus = to_focus(ledger, basis, account)
     except FocusError as e:

@@ -1,5 +1,5 @@
 """Where a job's library output goes: vLLM, torch and transformers to a log file, tokenmill's own lines to the
-terminal (or the scheduler's log).
+terminal (or the scheduler's log). And `tokenmill serve`'s logging (serve_logging), set up once as it starts.
 
 A demo run printed 361 lines of engine warnings between tokenmill's own. They come from three places: Python
 warnings and loggers in this process, the engine's child processes (which inherit file descriptors 1 and 2),
@@ -14,11 +14,16 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import re
 import sys
 import textwrap
 import time
 from collections.abc import Iterator
 from pathlib import Path
+
+from pydantic import BaseModel, SecretStr
+
+from pipeline.config.env import redact_url, scrub, url_credentials
 
 OWN = ("tokenmill", "pipeline")  # the loggers whose lines a user of `tokenmill run` reads
 FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -74,6 +79,58 @@ def library_output(home: Path, verbose: bool) -> Iterator[Path | None]:
         logging.captureWarnings(True)
         undo.callback(logging.captureWarnings, False)
         yield path
+
+
+# A URL inside a log line (a message or a traceback naming one): its password and secret parameters go.
+_URL = re.compile(r"[A-Za-z][A-Za-z0-9+.\-]*://[^\s'\"<>]+")
+
+
+def serve_logging(cfg, stream=None) -> None:
+    """`tokenmill serve`'s logging: every logger's lines (tokenmill's, the batch runner's, uvicorn's) on `stream`
+    (stderr) in one format, from `serve.log_level` up, with credentials redacted (Redacted). Process-wide and
+    for the server's lifetime: the root logger's handlers are replaced, once, as it starts."""
+    handler = logging.StreamHandler(stream or sys.stderr)
+    handler.setFormatter(Redacted(FORMAT, secrets=config_secrets(cfg)))
+    _set_handlers(logging.getLogger(), [handler], getattr(logging, cfg.serve.log_level.upper()))
+    logging.captureWarnings(True)
+
+
+def config_secrets(value) -> tuple[list[str], list[str]]:
+    """(URLs carrying a password, secret values) anywhere in a config: what a log line must never show."""
+    urls, secrets = [], []
+
+    def walk(v) -> None:
+        if isinstance(v, SecretStr):
+            secrets.append(v.get_secret_value())
+        elif isinstance(v, BaseModel):
+            for name in type(v).model_fields:
+                walk(getattr(v, name))
+        elif isinstance(v, dict):
+            for item in v.values():
+                walk(item)
+        elif isinstance(v, (list, tuple)):
+            for item in v:
+                walk(item)
+        elif isinstance(v, str) and url_credentials(v) is not None:
+            urls.append(v)
+
+    walk(value)
+    return urls, [s for s in secrets if s]
+
+
+class Redacted(logging.Formatter):
+    """Lines (message and traceback) with no credential: every URL in them through redact_url, the config's
+    own URLs through scrub (a password echoed apart from its URL), and the config's secret values as `***`."""
+
+    def __init__(self, fmt: str, secrets: tuple[list[str], list[str]] = ([], [])):
+        super().__init__(fmt)
+        self.urls, self.secrets = secrets
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = scrub(super().format(record), *self.urls)
+        for secret in self.secrets:
+            text = text.replace(secret, "***")
+        return _URL.sub(lambda m: redact_url(m.group(0)), text)
 
 
 class Wrapped(logging.Formatter):

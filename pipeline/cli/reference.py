@@ -87,12 +87,7 @@ def reference_markdown() -> str:
                 "not listed has none). See docs/data-engineer.md, one adapter per tenant.",
             )
         elif name == "requests":
-            section(
-                name,
-                model,
-                "Building engine requests. Named `plan:` (and `TOKENMILL_PLAN__*`) until 0.1: "
-                "the old name is refused with an error naming the new one.",
-            )
+            section(name, model, "Building engine requests.")
         elif name == "serve":
             section(name, model)
             section(

@@ -8,6 +8,7 @@ from pathlib import Path
 import typer
 
 from pipeline.cli.common import ConfigOption, app, console, load
+from pipeline.cli.liblog import serve_logging
 
 
 @app.command("serve")
@@ -26,23 +27,20 @@ def serve(
     from pipeline.stores import storage
 
     cfg = load(config)
+    serve_logging(cfg)
     if not any(t.api_keys for t in cfg.tenants.values()):
         console.print("[yellow]no tenant has an API key (tenants.<name>.api_keys): every call will be refused[/]")
     store = ApiStore(storage.resolve(cfg.output.uri, cfg.storage))
-    runner = BatchRunner(cfg, store)
-    runner.start()
-    try:
-        app = create_app(cfg, store)
-        uvicorn.Server(uvicorn_config(app, cfg.serve, host or cfg.serve.host, port or cfg.serve.port)).run()
-    finally:
-        runner.close()
+    app = create_app(cfg, store, BatchRunner(cfg, store))  # the app's lifespan starts and closes the runner
+    listen = uvicorn_config(app, cfg.serve, host or cfg.serve.host, port or cfg.serve.port, cfg.serve.log_level)
+    uvicorn.Server(listen).run()
 
 
 @app.command("api-key")
 def api_key(tenant: str = typer.Option(..., "--tenant", help="The tenant the key acts as.")) -> None:
     """Make a bearer key for `tokenmill serve`: prints the key (give it to the client, once) and the digest to
     put in the config (tenants.<tenant>.api_keys); the key itself is stored nowhere."""
-    from pipeline.serve.app import key_digest
+    from pipeline.serve.access import key_digest
 
     key = f"tm-{secrets.token_urlsafe(32)}"
     console.print(f"key (shown once): {key}")

@@ -12,7 +12,8 @@ A package per domain, each section's fields documented beside them (`tokenmill c
 docs/config.md from them): `data` (input, output, storage), `dedup` (dedup, planning, cache), `generation`
 (prompt, sampling, requests, cost), `route` (routing, escalation, output checks), `tiers` (tiers, vLLM
 arguments, tenants), `control` (budget, state, run, metrics), `job` (TokenmillConfig and loading it), `env` (the
-environment's part: overrides, `${VAR}` expansion, redaction of the secrets it brings), `base` (Section).
+environment's part: overrides, `${VAR}` expansion, redaction of the secrets it brings), `serve` (the Batch
+API server: limits, retention, the Airflow trigger), `base` (Section).
 Modules import one another directly, never this package's face, which only re-exports them.
 """
 
@@ -24,16 +25,14 @@ from pipeline.config.env import (
     DEFAULT_HOME,
     ENV_PREFIX,
     ConfigError,
-    apply_env_overrides,
     expand,
     expand_defaults,
     redact_url,
-    renamed_overrides,
     tokenmill_home,
     url_credentials,
 )
 from pipeline.config.generation import LOOP_KNOBS, CostConfig, PromptConfig, RequestsConfig, SamplingConfig
-from pipeline.config.job import TokenmillConfig, load_config, load_run_section, load_tier_workers
+from pipeline.config.job import TokenmillConfig, load_config, load_output_uri, load_run_section, load_tier_workers
 from pipeline.config.route import ChecksConfig, EscalationConfig, RouteConfig, RouteRule
 from pipeline.config.serve import AirflowTriggerConfig, ServeConfig
 from pipeline.config.tiers import FakeEngineArgs, SpeculativeConfig, TenantConfig, TierConfig, VllmArgs
@@ -70,15 +69,14 @@ __all__ = [
     "TierConfig",
     "TokenmillConfig",
     "VllmArgs",
-    "apply_env_overrides",
     "expand",
     "expand_defaults",
     "load_config",
+    "load_output_uri",
     "load_run_section",
     "load_tier_workers",
     "no_credentials",
     "redact_url",
-    "renamed_overrides",
     "tokenmill_home",
     "url_credentials",
 ]

@@ -84,7 +84,7 @@ class RunConfig(Section):
 
 class MetricsConfig(Section):
     """Prometheus metrics (docs/ops.md, "Watching a run"): each tier worker serves them over HTTP; the short CPU
-    steps (prepare, commit) push theirs to a Pushgateway. Off by default: no port opened, nothing pushed."""
+    steps push the job's state to a Pushgateway. Off by default: no port opened, nothing pushed."""
 
     port: int | None = Field(
         None,
@@ -99,15 +99,32 @@ class MetricsConfig(Section):
     pushgateway_url: str | None = Field(
         None,
         description=(
-            "Prometheus Pushgateway (e.g. `http://pushgateway:9091`) the processes that serve no endpoint push to "
-            "at the end of each prepare, drain and commit; unset: nothing is pushed. A push that fails is logged, "
-            "never a task's failure."
+            "Prometheus Pushgateway (e.g. `http://pushgateway:9091`) each step pushes the job's state to as it ends "
+            "(prepare, drain, commit, the DAG's summary, `tokenmill run`): the job's running totals from the state "
+            "catalog, the budget left; one group per pipeline. Unset: nothing is pushed. A push that "
+            "fails is logged, never a task's failure."
         ),
     )
     job_label: str = Field(
         "tokenmill",
         min_length=1,
-        description="The `job` label of pushed groups (grouped further by `job_id` and `instance`, the worker).",
+        description="The `job` label of pushed groups (grouped further by `pipeline` alone).",
+    )
+    pipeline: str | None = Field(
+        None,
+        description=(
+            "The `pipeline` label of the job's totals and its Pushgateway group: the Airflow DAG sets its DAG id; "
+            "unset: `run`. A Batch API batch's job reads `<pipeline>-batch`."
+        ),
+    )
+    final_scrape_grace_seconds: float = Field(
+        60.0,
+        ge=0,
+        le=3600,
+        description=(
+            "How long `tokenmill run`, serving `/metrics` with no Pushgateway, keeps serving after the job until "
+            "a scrape reads its final values; 0: it exits at once."
+        ),
     )
     push_timeout_seconds: float = Field(
         5.0, gt=0, le=300, description="How long one push may take before it is given up (and logged)."

@@ -59,10 +59,23 @@ class OutputConfig(Section):
         "./data/output",
         description=(
             "Output root (local path, `file://…` or `s3://bucket/prefix`): outputs/, ledger/, "
-            "quarantine/ (Hive layout), jobs/<job_id>/manifest.json and _staging/."
+            "quarantine/ (Delta Lake tables), jobs/<job_id>/manifest.json and _staging/."
         ),
     )
     compression: Literal["zstd", "snappy", "gzip", "none"] = Field("zstd", description="Parquet compression codec.")
+    vacuum_retention_hours: int = Field(
+        168,
+        ge=0,
+        description=(
+            "`tokenmill tables maintain` deletes table files no version newer than this many hours names: how far "
+            "back time travel (`--as-of`) reaches. Hours under 1 risk deleting a file a reader still reads."
+        ),
+    )
+    compact_target_mb: int = Field(
+        128,
+        ge=1,
+        description="`tokenmill tables maintain` compacts each partition's small files into files of this size.",
+    )
 
     _uri_has_no_credentials = field_validator("uri")(no_credentials)
 

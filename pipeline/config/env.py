@@ -10,12 +10,20 @@ from __future__ import annotations
 
 import os
 import re
+from contextvars import ContextVar
 from pathlib import Path
 from typing import Any
 from urllib.parse import unquote
 
 from pydantic import BaseModel
-from pydantic_settings import EnvSettingsSource, SettingsError
+from pydantic_settings import (
+    BaseSettings,
+    EnvSettingsSource,
+    InitSettingsSource,
+    PydanticBaseSettingsSource,
+    SettingsConfigDict,
+    SettingsError,
+)
 
 ENV_PREFIX = "TOKENMILL_"
 DEFAULT_HOME = "./.tokenmill"
@@ -70,51 +78,97 @@ def expand_defaults(model: BaseModel, environ: dict[str, str]) -> None:
                 setattr(model, name, expanded)
 
 
-def env_overrides(model: type[BaseModel], environ: dict[str, str]) -> dict:
-    """`TOKENMILL_A__B__C=v` as {a: {b: {c: v}}}, for the fields of `model`, through pydantic-settings' own
-    environment source: a list or mapping field reads its value as JSON, every other field as its own type
-    (pydantic converts `512`, `false`); `null` is None. Only names with a `__` are overrides (TOKENMILL_HOME
-    is not); one naming no section of `model` is an error, as a misspelt field inside a section is (kept,
-    so that validation names it). Raises ConfigError."""
-    names = {n: v for n, v in environ.items() if n.upper().startswith(ENV_PREFIX) and "__" in n[len(ENV_PREFIX) :]}
-    unknown = sorted(n for n in names if n[len(ENV_PREFIX) :].split("__")[0].lower() not in model.model_fields)
+def unknown_sections(model: type[BaseModel], environ: dict[str, str]) -> None:
+    """Refuse an override naming no section of `model` (a misspelt field inside a section is kept, so that
+    validation names it). Raises ConfigError."""
+    unknown = sorted(
+        n for n in overrides(environ) if n[len(ENV_PREFIX) :].split("__")[0].lower() not in model.model_fields
+    )
     if unknown:
         raise ConfigError(
             f"environment override {unknown[0]} names no config section ({', '.join(model.model_fields)})"
         )
-    source = EnvSettingsSource(
-        model, env_prefix=ENV_PREFIX, env_nested_delimiter="__", case_sensitive=False, env_parse_none_str="null"
+
+
+def overrides(environ: dict[str, str]) -> dict[str, str]:
+    """The overrides in `environ`: `TOKENMILL_<SECTION>__<FIELD>...` names (TOKENMILL_HOME has no `__`: none)."""
+    return {n: v for n, v in environ.items() if n.upper().startswith(ENV_PREFIX) and "__" in n[len(ENV_PREFIX) :]}
+
+
+class Environment(EnvSettingsSource):
+    """pydantic-settings' environment source over a given environment (a test's, a DAG task's), its overrides
+    alone: `TOKENMILL_A__B__C=v` as {a: {b: {c: v}}}; a list or mapping field reads its value as JSON, every
+    other field as its own type (pydantic converts `512`, `false`); `null` is None."""
+
+    def __init__(self, settings_cls: type[BaseSettings], environ: dict[str, str]):
+        self.environ = environ  # read by _load_env_vars, which the source's constructor calls
+        super().__init__(settings_cls)
+
+    def _load_env_vars(self) -> dict[str, str | None]:
+        # Names lowered, as the source keeps them. `null` read here: pydantic-settings parses its none-string
+        # only for top-level fields, not for nested ones (`TOKENMILL_TIERS__SMALL__VLLM__MAX_NUM_SEQS=null`).
+        return {n.lower(): None if v == "null" else v for n, v in overrides(self.environ).items()}
+
+
+class Expanded(PydanticBaseSettingsSource):
+    """`source`'s values with their `${VAR}`s expanded from `environ`."""
+
+    def __init__(self, source: PydanticBaseSettingsSource, environ: dict[str, str]):
+        super().__init__(source.settings_cls)
+        self.source, self.environ = source, environ
+
+    def get_field_value(self, field, field_name: str) -> tuple[Any, str, bool]:
+        return None, field_name, False  # never asked: __call__ gives the whole mapping
+
+    def __call__(self) -> dict[str, Any]:
+        return expand(self.source(), self.environ)
+
+
+# What a load reads (its environment, the config file's mapping), for the sources of the settings it builds.
+_LOADING: ContextVar[tuple[dict[str, str], dict]] = ContextVar("config_sources")
+
+
+class FromEnvironment(BaseSettings):
+    """The base of a config section loaded with its environment (`load_settings`): its sources, first wins,
+    are the values given in code (CLI options), the environment's overrides, then the config file; each
+    `${VAR}` expanded from the same environment. Nothing else is read (no .env, no secrets folder)."""
+
+    model_config = SettingsConfigDict(
+        env_prefix=ENV_PREFIX,
+        env_nested_delimiter="__",
+        case_sensitive=False,
+        env_parse_none_str="null",
+        validate_default=False,  # as a Section: defaults hold `${VAR}`s that `expand_defaults` expands
+        extra="forbid",
     )
-    # This environment, not the process's: names as the source keeps them (case-insensitive: lowered).
-    source.env_vars = {n.lower(): None if v == "null" else v for n, v in names.items()}
+
+    @classmethod
+    def settings_customise_sources(
+        cls, settings_cls, init_settings, env_settings, dotenv_settings, file_secret_settings
+    ) -> tuple[PydanticBaseSettingsSource, ...]:
+        environ, file = _LOADING.get()
+        return (
+            Expanded(init_settings, environ),
+            Expanded(Environment(settings_cls, environ), environ),
+            Expanded(InitSettingsSource(settings_cls, init_kwargs=file), environ),
+        )
+
+
+def load_settings(settings_cls: type[FromEnvironment], file: dict, environ: dict[str, str], **given: Any):
+    """`settings_cls` (FromEnvironment and one config model) from the config file's mapping `file`, the
+    overrides in `environ` and `given`, as an instance of its config model (equal to one validated from the
+    same values). Raises ConfigError (a list or mapping override that is not JSON, an unset `${VAR}`) or
+    pydantic's ValidationError."""
+    model = next(b for b in settings_cls.__bases__ if not issubclass(b, FromEnvironment))
+    token = _LOADING.set((environ, file))
     try:
-        return source()
-    except SettingsError as e:  # a list or mapping field's value that is not JSON
+        loaded = settings_cls(**given)
+    except SettingsError as e:
         raise ConfigError(f"environment override: {e}") from None
-
-
-def merged(base: dict, overrides: dict) -> dict:
-    """`base` with `overrides` laid over it, mapping by mapping."""
-    out = dict(base)
-    for key, value in overrides.items():
-        out[key] = merged(out[key], value) if isinstance(value, dict) and isinstance(out.get(key), dict) else value
-    return out
-
-
-def apply_env_overrides(raw: dict, environ: dict[str, str], model: type[BaseModel]) -> dict:
-    """The raw config `raw` with the environment's overrides of `model`'s fields laid over it."""
-    return merged(raw, env_overrides(model, environ))
-
-
-def renamed_overrides(environ: dict[str, str]) -> str | None:
-    """What to rename, when an override still uses a section's old name (TOKENMILL_PLAN__*: the section
-    `requests:` was `plan:` until 0.1); None when none does."""
-    old = f"{ENV_PREFIX}PLAN__"
-    names = sorted(n for n in environ if n.startswith(old))
-    if not names:
-        return None
-    return "environment overrides of section `plan` are now of `requests`: rename " + ", ".join(
-        f"{n} to {ENV_PREFIX}REQUESTS__{n[len(old) :]}" for n in names
+    finally:
+        _LOADING.reset(token)
+    return model.model_construct(
+        loaded.model_fields_set, **{name: getattr(loaded, name) for name in model.model_fields}
     )
 
 

@@ -9,12 +9,21 @@ from typing import Any
 
 import yaml
 from pydantic import Field, ValidationError, model_validator
+from pydantic_settings import SettingsConfigDict
 
 from pipeline.config.base import Section
 from pipeline.config.control import BudgetConfig, MetricsConfig, RunConfig, StateConfig
 from pipeline.config.data import InputConfig, OutputConfig, StorageConfig
 from pipeline.config.dedup import CacheConfig, DedupConfig, PlanningConfig
-from pipeline.config.env import ENV_PREFIX, ConfigError, apply_env_overrides, expand, expand_defaults, renamed_overrides
+from pipeline.config.env import (
+    ENV_PREFIX,
+    ConfigError,
+    FromEnvironment,
+    expand,
+    expand_defaults,
+    load_settings,
+    unknown_sections,
+)
 from pipeline.config.generation import CostConfig, PromptConfig, RequestsConfig, SamplingConfig
 from pipeline.config.route import ChecksConfig, RouteConfig
 from pipeline.config.serve import ServeConfig
@@ -42,14 +51,6 @@ class TokenmillConfig(Section):
     serve: ServeConfig = Field(default_factory=ServeConfig)
     metrics: MetricsConfig = Field(default_factory=MetricsConfig)
 
-    @model_validator(mode="before")
-    @classmethod
-    def no_plan_section(cls, data: Any) -> Any:
-        """`plan:` was the name of `requests:` until 0.1 (a plan is planning's, one word one meaning)."""
-        if isinstance(data, dict) and "plan" in data:
-            raise ValueError("config section `plan:` is now `requests:` (the same fields): rename it")
-        return data
-
     @model_validator(mode="after")
     def _tiers_known(self) -> "TokenmillConfig":
         if not self.tiers:
@@ -59,6 +60,7 @@ class TokenmillConfig(Section):
             "route.escalation.to_tier": self.route.escalation.to_tier,
             **{f"route.rules[{r.name}].tier": r.tier for r in self.route.rules},
             **{f"tenants.{n}.adapter_tier": t.adapter_tier for n, t in self.tenants.items()},
+            "checks.judge.tier": self.checks.judge.tier if self.checks.judge else None,
         }
         owners: dict[str, str] = {}
         for name, t in self.tenants.items():
@@ -155,25 +157,28 @@ def _config_error(path: str | Path | None, e: ValidationError, where: str = "") 
     return ConfigError(f"{path or '<defaults>'}: {problems}")
 
 
+class _LoadedConfig(FromEnvironment, TokenmillConfig):
+    """TokenmillConfig as `load_config` builds it: from the file, the environment and the CLI's options."""
+
+
+class _LoadedRun(FromEnvironment, RunConfig):
+    """The `run:` section alone, with its TOKENMILL_RUN__* overrides (`load_run_section`)."""
+
+    model_config = SettingsConfigDict(env_prefix=f"{ENV_PREFIX}RUN__")
+
+
 def load_config(path: str | Path | None, environ: dict[str, str] | None = None, **overrides: Any) -> TokenmillConfig:
-    """Load YAML, apply environment overrides, expand ${VAR}s, validate, then expand the defaults. Raises
-    ConfigError."""
+    """Load YAML, lay the environment's overrides and `overrides` (`section__field`: a CLI option; None is
+    unset) over it, expand ${VAR}s, validate, then expand the defaults. Raises ConfigError."""
     environ = dict(os.environ if environ is None else environ)
-    renamed = renamed_overrides(environ)
-    if renamed:
-        raise ConfigError(renamed)
-    raw = _read_yaml(path)
-    try:
-        raw = TokenmillConfig.no_plan_section(raw)
-    except ValueError as e:
-        raise ConfigError(f"{path}: {e}") from None
-    raw = apply_env_overrides(raw, environ, TokenmillConfig)
+    unknown_sections(TokenmillConfig, environ)
+    given: dict[str, dict] = {}
     for dotted, value in overrides.items():
         if value is not None:
             section, field = dotted.split("__")
-            raw.setdefault(section, {})[field] = value
+            given.setdefault(section, {})[field] = value
     try:
-        config = TokenmillConfig.model_validate(expand(raw, environ))
+        config = load_settings(_LoadedConfig, _read_yaml(path), environ, **given)
         expand_defaults(config, environ)
     except ValidationError as e:
         raise _config_error(path, e) from None
@@ -193,6 +198,17 @@ def load_tier_workers(path: str | Path | None, environ: dict[str, str] | None = 
     return {str(name): run.tier_workers.get(str(name), 1) for name in tiers}
 
 
+def load_output_uri(path: str | Path | None, environ: dict[str, str] | None = None) -> str:
+    """`output.uri` alone (TOKENMILL_OUTPUT__URI overrides it; its `${VAR}`s expanded): what the Airflow DAG names
+    its Assets by at parse time. A `{date}` in it stays: each run puts its own date there."""
+    environ = dict(os.environ if environ is None else environ)
+    output = _read_yaml(path).get("output") or {}
+    if not isinstance(output, dict):
+        raise ConfigError(f"{path}: output: must be a mapping")
+    uri = environ.get(f"{ENV_PREFIX}OUTPUT__URI") or output.get("uri") or OutputConfig.model_fields["uri"].default
+    return expand(str(uri), environ)
+
+
 def load_run_section(path: str | Path | None, environ: dict[str, str] | None = None) -> RunConfig:
     """The `run:` section alone (with TOKENMILL_RUN__* overrides): what the Airflow DAG's shape needs. Nothing
     outside `run:` is validated or expanded, so parsing the DAG needs neither the secrets the rest of the
@@ -201,9 +217,7 @@ def load_run_section(path: str | Path | None, environ: dict[str, str] | None = N
     run = _read_yaml(path).get("run") or {}
     if not isinstance(run, dict):
         raise ConfigError(f"{path}: run: must be a mapping")
-    overrides = {k: v for k, v in environ.items() if k.startswith(f"{ENV_PREFIX}RUN__")}
-    run = apply_env_overrides({"run": run}, overrides, TokenmillConfig)["run"]
     try:
-        return RunConfig.model_validate(expand(run, environ))
+        return load_settings(_LoadedRun, run, environ)
     except ValidationError as e:
         raise _config_error(path, e, "run") from None

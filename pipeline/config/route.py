@@ -75,6 +75,36 @@ class EscalationConfig(Section):
     )
 
 
+JUDGE_RUBRIC = (
+    "You judge a summary of a document. Answer KEEP if a reader would keep it: it says what the document is "
+    "about, states nothing the document does not say, does not repeat itself and is not the document or "
+    "these instructions given back. Otherwise answer BAD. Answer with one word.\n\n"
+    "Document:\n{document}\n\nSummary:\n{summary}\n\nAnswer (KEEP or BAD):"
+)
+
+
+class JudgeConfig(Section):
+    """An LLM judge: a tier's model asked, per output, whether a reader would keep it (docs/judge-rubric.md).
+    `tokenmill checks calibrate --judge` measures its agreement with a reader's labels like any other check's."""
+
+    tier: str = Field(description="The tier whose model judges (a strong one: a 135M model answers at random).")
+    rubric: str = Field(
+        JUDGE_RUBRIC,
+        description=(
+            "The judge's prompt, with `{document}` and `{summary}`; its answer's first word KEEP (or GOOD, YES) "
+            "keeps the output, BAD (or NO) does not, anything else is no verdict."
+        ),
+    )
+    max_tokens: int = Field(4, ge=1, description="Tokens the judge may answer with (a verdict is one word).")
+
+    @model_validator(mode="after")
+    def _placeholders(self) -> "JudgeConfig":
+        missing = [p for p in ("{document}", "{summary}") if p not in self.rubric]
+        if missing:
+            raise ValueError(f"checks.judge.rubric must contain {' and '.join(missing)}")
+        return self
+
+
 class ChecksConfig(Section):
     """Output checks: the summaries a user would throw away, flagged per item (ledger columns `degenerate`,
     `copied`, `off_topic`), escalated when `route.escalation` is on, and quarantined if listed in `quarantine`.
@@ -152,6 +182,15 @@ class ChecksConfig(Section):
             "besides the numbers, dates and names it states that the document lacks. Null: off."
         ),
     )
+    unsupported_share_above: float | None = Field(
+        None,
+        ge=0,
+        le=1,
+        description=(
+            "An output of which more than this share of its topic words its document lacks in every form is "
+            "`unfaithful` too (the share, unlike `unsupported_above`'s count, does not grow with length). Null: off."
+        ),
+    )
     vague_below: int = Field(
         5,
         ge=0,
@@ -159,6 +198,31 @@ class ChecksConfig(Section):
             "An output that states fewer than this many of its document's topic words (content words of 4 "
             'letters or more, stemmed) is `vague`: it names its topic and says nothing of it ("The document '
             'is a summary of the setterm command."). Not `acceptable`; no ledger column of its own. 0: off.'
+        ),
+    )
+    extract_min_words: int | None = Field(
+        None,
+        ge=0,
+        description=(
+            "A copied output that states at least this many of its document's topic words is an extract of the "
+            "document's key sentences, which a reader keeps: not `copied`. Null: every copy is `copied`."
+        ),
+    )
+    markup_above: float = Field(
+        0.10,
+        ge=0,
+        le=1,
+        description=(
+            "An output of which more than this share of characters is markup lines (a code block, headings, "
+            'a bracketed line, a flag or a label alone, "Files: a.md b.md") is flagged `markup`: the document\'s '
+            "form given back, not a summary. Not `acceptable`; no ledger column of its own."
+        ),
+    )
+    judge: JudgeConfig | None = Field(
+        None,
+        description=(
+            "An optional LLM judge (a tier and a rubric), measured against labels by `tokenmill checks calibrate "
+            "--judge`; it does not run in jobs. Null: none."
         ),
     )
     quarantine: list[Literal["degenerate", "copied", "off_topic"]] = Field(
@@ -181,6 +245,14 @@ class RouteConfig(Section):
     )
     escalation: EscalationConfig = Field(
         default_factory=EscalationConfig, description="Generate-then-verify escalation."
+    )
+    decided_by: str | None = Field(
+        None,
+        description=(
+            "What chose this routing, with its figure, in one line (`tokenmill eval --update-config` writes it): "
+            "`tokenmill run` prints it beside each tier's share, so a run that sends everything to one tier "
+            "says why."
+        ),
     )
     requested_model: Literal["tier", "route"] = Field(
         "tier",

@@ -94,6 +94,13 @@ class ServeConfig(Section):
     poll_seconds: float = Field(
         1.0, gt=0, description="How often the server's batch runner looks for work and for cancellations."
     )
+    log_level: Literal["debug", "info", "warning", "error"] = Field(
+        "info",
+        description=(
+            "The least severe log line `tokenmill serve` prints (its own, its batch runner's and uvicorn's, on "
+            "stderr, one format, passwords of URLs shown as `***`)."
+        ),
+    )
     airflow: AirflowTriggerConfig | None = Field(
         None,
         description=(

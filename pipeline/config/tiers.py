@@ -37,7 +37,13 @@ class VllmArgs(Section):
     max_num_seqs: int | None = Field(
         None, description="Most sequences in one continuous batch; large values feed the GPU best."
     )
-    max_num_batched_tokens: int | None = Field(None, description="Token budget per engine step (prefill chunking).")
+    max_num_batched_tokens: int | None = Field(
+        None,
+        description=(
+            "Token budget per engine step (prefill chunking). A CPU tier prefills each prompt in one step: "
+            "at least `max_model_len` there."
+        ),
+    )
     gpu_memory_utilization: float | None = Field(
         None, gt=0, le=1, description="Share of GPU memory vLLM may take (GPU only)."
     )
@@ -130,6 +136,13 @@ class FakeEngineArgs(Section):
             "Share of answers (chosen by a hash of the request) that are a repetition loop, one "
             "word over and over to max_tokens, as small models fail: for tests and dry runs of "
             "the output checks."
+        ),
+    )
+    answers: dict[str, str] = Field(
+        default_factory=dict,
+        description=(
+            "Scripted answers: a request whose prompt contains a key is answered with its value (the first key "
+            "found, in order), so a test can say what a model answers (an LLM judge's verdicts)."
         ),
     )
     stall_after: int | None = Field(

@@ -1,4 +1,4 @@
-"""Build small DEMO LoRA adapters offline with peft: one per tenant on a shared base model (issue 18).
+"""Build small DEMO LoRA adapters offline with peft: one per tenant on a shared base model.
 
 These are demo weights, not fine-tuned on anything: random-initialised LoRA deltas, so a tenant's
 outputs differ from the base model's and from other tenants' and the multi-LoRA path of the engine

@@ -121,3 +121,18 @@ def chosen_values(chosen: dict, small: str, large: str, router_path: str | None)
         ("route", "escalation", "on_unfaithful"): chosen["on_unfaithful"],
         ("route", "router"): router_path if chosen["router_threshold"] is not None else None,
     }
+
+
+def decided_by(routing: dict, small: str, large: str, day: str) -> str:
+    """The `route.decided_by` line of a chosen policy: the eval that chose it and its figure, which `tokenmill run`
+    prints beside the tiers' shares (so that a demo sending everything to one tier says why)."""
+    chosen, all_large = routing["chosen"], routing["all_large"]
+    where = f"tokenmill eval {day}, {routing['test_documents']} test documents"
+    target = f"{routing['target_quality']:.0%} of all-{large}'s quality"
+    if chosen.get("all_large"):
+        return f"{where}: no mix with {small} keeps {target} for less than all-{large}"
+    return (
+        f"{where}: {chosen['small_share']:.0%} kept on {small}, {chosen['escalated_share']:.0%} escalated, "
+        f"{chosen['quality_kept']:.1%} of all-{large}'s quality at ${chosen['cost_per_1k_usd']:.3f} per 1k "
+        f"(all-{large} ${all_large['cost_per_1k_usd']:.3f})"
+    )

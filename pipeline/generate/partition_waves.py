@@ -28,7 +28,7 @@ from pipeline.config import TokenmillConfig
 from pipeline.generate.engine import EnginePool
 from pipeline.generate.engine_api import EngineDeadError
 from pipeline.generate.lookup import ItemLookup
-from pipeline.generate.waves import WavePlanner, WaveState, partition_keys
+from pipeline.generate.waves import WaveDeriver, WaveState, partition_keys
 from pipeline.stores import storage
 from pipeline.stores.catalog import Partition, StateError, StateStore
 from pipeline.stores.staging import StagingArea
@@ -53,15 +53,15 @@ class PartitionWaves:
         self.staging, self.lookup, self.pool = staging, lookup, pool
         self.written = written  # called with a derived wave's files written, before the catalog takes it
 
-    def planner(self, partition: str) -> WavePlanner:
-        return WavePlanner(self.config, self.pool, self.lookup, partition)
+    def deriver(self, partition: str) -> WaveDeriver:
+        return WaveDeriver(self.config, self.pool, self.lookup, partition)
 
     def start(self, partition: str, generations: pa.Table, requests: pa.Table, too_long: pa.Table) -> int:
         """Wave 0 of a partition (preparing it again starts over: units no worker holds are withdrawn, and
         of two prepares at once the later one's wave stands). Returns how many requests it enqueued (keys
         other partitions already enqueued are theirs)."""
         self.queue.withdraw(self.job_id, partition)
-        state, rows = self.planner(partition).first(generations, requests, too_long)
+        state, rows = self.deriver(partition).first(generations, requests, too_long)
         token = self.write(partition, state, rows)
         self.set_generation(partition, 0, "generating", token)
         enqueued = self.enqueue(partition, state.wave, rows)
@@ -148,7 +148,7 @@ class PartitionWaves:
                 self.lookup.store_hits(partition, unstored)
                 items = self.lookup.stored(partition_keys(records, state))
             failures = {k: (v.reason, v.detail) for k, v in keys.items() if v.state == "failed" and k not in items}
-            rows = self.planner(partition).next(state, records, items, failures)
+            rows = self.deriver(partition).next(state, records, items, failures)
             token = self.write(partition, state, rows or [])
             if not self.set_generation(
                 partition,
@@ -202,7 +202,7 @@ class PartitionWaves:
                 Partition.wave_token == token_was if token_was is not None else Partition.wave_token.is_(None),
             ]
         values = {"wave": wave, "generation": status} | ({"wave_token": token} if token is not None else {})
-        with self.state.session() as s, s.begin():
+        with self.state.db_session() as s, s.begin():
             return s.execute(update(Partition).where(*where).values(**values)).rowcount == 1
 
     def stop(self, partition: str) -> None:
@@ -217,7 +217,7 @@ class PartitionWaves:
         """A partition whose generation could not go on: its units are withdrawn, the others go on."""
         self.queue.withdraw(self.job_id, partition)
         self.set_generation(partition, 0, "failed")
-        with self.state.session() as s, s.begin():
+        with self.state.db_session() as s, s.begin():
             s.execute(
                 update(Partition)
                 .where(Partition.job_id == self.job_id, Partition.partition == partition, Partition.status != "running")

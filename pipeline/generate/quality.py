@@ -391,10 +391,17 @@ def _clause_said_again(summary: str) -> bool:
     return False
 
 
+# A piece of a word (one or two runs of letters, each with its separator) said three times over inside one token:
+# "AUTH_PAM_AUTH_PAM_AUTH_PAM_", a token loop within a word that word n-grams see as one word.
+# Runs bounded to 16 letters: unbounded, the backtracking is cubic in a long run (a 1,000-letter one took 37 s).
+_WORD_LOOP = re.compile(r"([A-Za-z]{2,16}[_\-.]?(?:[A-Za-z]{2,16}[_\-.]?)?)\1{2,}")
+
+
 def repetition(summary: str) -> float:
     """How much of the output repeats itself: the share of its word 3-grams (or 4-grams, the higher) that
     repeat an earlier one; 1.0 when a sentence of 4 words or more is said again (80% of its 4-grams in one
-    earlier sentence) or a clause of 5 words is (`_clause_said_again`). Unlike `compression_ratio` it needs
+    earlier sentence), a clause of 5 words is (`_clause_said_again`) or a piece of a word is, three times over
+    within it (`_WORD_LOOP`). Unlike `compression_ratio` it needs
     no room for many repeats: SmolLM2's "The command is available in beta. The command is available in
     beta." within 96 tokens measures 1.0."""
     words = _DOC_TOKEN.findall(summary.lower())
@@ -405,7 +412,9 @@ def repetition(summary: str) -> float:
         if grams and any(sum(g in e for g in grams) >= _SAID_AGAIN * len(grams) for e in earlier):
             return 1.0
         earlier.append(set(grams))
-    return 1.0 if _clause_said_again(summary) else round(max(shares, default=0.0), 4)
+    if _clause_said_again(summary) or _WORD_LOOP.search(summary):
+        return 1.0
+    return round(max(shares, default=0.0), 4)
 
 
 # What an instruction to summarise says ("Summarize the following document in a few sentences."): an output
@@ -414,6 +423,11 @@ _ECHO = re.compile(
     r"(?i)\b(?:summari[sz]es?|write\s+an?\s+(?:[\w-]+\s+){0,2}summary\s+of)\s+(?:the|this)\s+"
     r"(?:following\s+)?(?:document|text)s?\b(?:\s+in\s+a\s+few\s+sentences)?"
     r"|\bin\s+a\s+few\s+sentences\b|\bfaithfully\s+and\s+briefly\b"  # the default prompt's own words
+    # A prompt's form said back as the answer's: "a two-sentence summary", "in a numbered format", "Here is a
+    # summary of the text:", "a summary of the following command:" (measured on the labels' calibration half).
+    r"|\b(?:two|three|four|five|few|\d+)[- ]sentences?\s+summary\b|\bin\s+a\s+numbered\s+format\b"
+    r"|\b(?:here(?:'s|’s|\s+is)|the\s+following\s+is)\s+a\s+(?:\w+\s+)?summary\b"
+    r"|\bsummary\s+of\s+the\s+following\s+(?:command|document|text)s?\b"
 )
 
 
@@ -421,6 +435,36 @@ def prompt_echo(summary: str) -> float:
     """Share of the output's characters that are an instruction to summarise (0.0: none)."""
     text = summary.strip()
     return round(sum(len(m.group(0)) for m in _ECHO.finditer(text)) / len(text), 4) if text else 0.0
+
+
+# Lines that are the document's markup given back, not prose: a code block (its fences and what is between
+# them), a heading or its underline, a bracketed line, a command-line flag alone, a label alone ("Summary:") or
+# a label whose value is no sentence ("Files: BUILDING.md CMakeLists.txt", "Copyright: 2013-2022, ...").
+_FENCE = re.compile(r"^\s*(?:```|~~~)")
+_MARKUP_LINE = re.compile(
+    r"^\s*(?:[=\-_*#~]{3,}\s*$"
+    r"|#{1,6}\s"
+    r"|\[[^\]]*\]\s*$"
+    r"|--?[A-Za-z][\w-]*(?:[= ]\S+)?\s*$"
+    r"|[\w .-]{1,30}:\s*$"
+    r"|[A-Z][\w -]{0,30}:\s+(?![^.!?]*[a-z]{3,}[^.!?]*[.!?]\s*$)\S.*$)"
+)
+
+
+def markup_share(summary: str) -> float:
+    """Share of the output's characters on markup lines (`_MARKUP_LINE`, or inside a code block): 0.0 for prose,
+    high for "This document is a summary of the following command:" and a fenced command, or a file list.
+    Bullets are not counted: a list of the document's points is a summary."""
+    text = summary.strip()
+    if not text:
+        return 0.0
+    marked, fenced = 0, False
+    for line in text.split("\n"):
+        if _FENCE.match(line):
+            marked, fenced = marked + len(line) + 1, not fenced
+        elif fenced or _MARKUP_LINE.match(line):
+            marked += len(line) + 1
+    return round(min(1.0, marked / (len(text) + 1)), 4)
 
 
 # A sentence's end: its mark, closing quotes or brackets, then a space or the end. Not after an abbreviation,
@@ -441,7 +485,7 @@ def complete_sentences(text: str) -> str:
 MEASURES = {"degenerate": "compression_ratio", "copied": "copied_share", "off_topic": "topic_overlap"}
 CHECKS = tuple(MEASURES)
 # Measured from the summary alone where a check is applied, so never stored: an item of any age has them.
-SUMMARY_MEASURES = {"repetition": repetition, "prompt_echo": prompt_echo}
+SUMMARY_MEASURES = {"repetition": repetition, "prompt_echo": prompt_echo, "markup_share": markup_share}
 
 
 def measure(summary: str, document: str) -> dict:
@@ -458,7 +502,8 @@ def measure(summary: str, document: str) -> dict:
 
 def failed_checks(item: dict, checks) -> list[str]:
     """Names of the output checks `item` fails (`checks`: config.ChecksConfig): `degenerate` (a loop, or a
-    sentence said again), `copied` (its document, or most of it, or the prompt given back) and `off_topic`
+    sentence said again), `copied` (its document, or most of it, or the prompt given back; not an extract that
+    states `checks.extract_min_words` of its document's topic words, when set) and `off_topic`
     (about something else). An item recorded before a check's stored measure existed does not fail it."""
     summary, failed = item.get("summary") or "", []
     ratio, share, overlap = item.get("compression_ratio"), item.get("copied_share"), item.get("topic_overlap")
@@ -466,6 +511,8 @@ def failed_checks(item: dict, checks) -> list[str]:
     if ratio is not None and (looped or repetition(summary) > checks.repetition_above):
         failed.append("degenerate")
     copied = share is not None and len(summary.split()) >= checks.min_words and share > checks.copied_above
+    if copied and checks.extract_min_words is not None:  # the document's key sentences: an extract a reader keeps
+        copied = (content_words(summary, overlap) or 0) < checks.extract_min_words
     if share is not None and (copied or prompt_echo(summary) > checks.prompt_echo_above):
         failed.append("copied")
     if overlap is not None and len(topic_words(summary)) >= checks.min_topic_words and overlap < checks.off_topic_below:
@@ -480,6 +527,15 @@ def unsupported_words(summary: str, overlap: float | None) -> int | None:
         return None
     words = len(topic_words(summary))
     return words - round(overlap * words)
+
+
+def unsupported_share(summary: str, overlap: float | None) -> float | None:
+    """The share of the output's topic words its document lacks in every form (0.0 with none): unlike their
+    count (`unsupported_words`), it does not grow with the output's length."""
+    if overlap is None:
+        return None
+    words = len(topic_words(summary))
+    return round(unsupported_words(summary, overlap) / words, 4) if words else 0.0
 
 
 def content_words(summary: str, overlap: float | None) -> int | None:
@@ -500,16 +556,26 @@ def flags(item: dict, checks) -> dict[str, bool | None]:
     """Every flag of a stored item, as the ledger and `tokenmill checks score` give them: each output check
     (null: its measure was not stored), `unfaithful` (with `checks.unsupported_above`), `vague` (fewer than
     `checks.vague_below` of its document's topic words), `truncated` (cut by `max_tokens` and still ending
-    mid-sentence: `complete_sentences` found nothing to trim to) and `empty`."""
+    mid-sentence: `complete_sentences` found nothing to trim to), `markup` (more than `checks.markup_above` of it
+    markup lines: a code block, headings, a file list given back) and `empty`."""
     summary, overlap, terms = item.get("summary") or "", item.get("topic_overlap"), item.get("unfaithful_terms")
     failed = failed_checks(item, checks)
     out: dict[str, bool | None] = {c: None if item.get(m) is None else c in failed for c, m in MEASURES.items()}
     unsupported, stated = unsupported_words(summary, overlap), content_words(summary, overlap)
-    limit = checks.unsupported_above
+    limit, share_limit, share = (
+        checks.unsupported_above,
+        checks.unsupported_share_above,
+        unsupported_share(summary, overlap),
+    )
     out["unfaithful"] = (
-        None if terms is None else terms > 0 or (None not in (limit, unsupported) and unsupported > limit)
+        None
+        if terms is None
+        else terms > 0
+        or (None not in (limit, unsupported) and unsupported > limit)
+        or (None not in (share_limit, share) and share > share_limit)
     )
     out["vague"] = None if stated is None else bool(summary.strip()) and stated < checks.vague_below
+    out["markup"] = markup_share(summary) > checks.markup_above
     out["truncated"] = item.get("finish_reason") == "length" and ends_mid_sentence(summary)
     out["empty"] = not summary.strip()
     return out
@@ -518,3 +584,16 @@ def flags(item: dict, checks) -> dict[str, bool | None]:
 def acceptable(item_flags: dict[str, bool | None]) -> bool | None:
     """An output a user keeps: no flag raised (`flags`); null when a check was not measured."""
     return None if None in item_flags.values() else not any(item_flags.values())
+
+
+def keep_rank(summary: str) -> tuple:
+    """How likely a reader keeps an output that passed every check, as a sort key (higher: more likely): no
+    repeated phrase, no prompt or markup given back, then the most topic words (it says the most). What the run's
+    summary shows as its acceptable example: "The command is available in beta. The command is available in
+    beta." passes a lenient threshold and ranks below any summary without a repeat."""
+    return (
+        repetition(summary) == 0.0,
+        prompt_echo(summary) == 0.0,
+        markup_share(summary) == 0.0,
+        len(topic_words(summary)),
+    )

@@ -84,7 +84,7 @@ def _table(generations: list[dict]) -> pa.Table:
 
 
 @dataclass
-class WavePlanner:
+class WaveDeriver:
     config: TokenmillConfig
     pool: EnginePool
     lookup: ItemLookup | None  # None: no cache asked (the estimate prices a first wave as if nothing were cached)

@@ -1,8 +1,9 @@
 """The tier worker: one tier's engine, started once and kept fed with that tier's work units from
 every partition of a job, until no unit of the tier is left or can still arrive.
 
-  loop: claim units while fewer than `fill` requests are in flight -> engine step -> record what
-        finished (price, store, cache) -> finish units whose requests are all in -> renew leases
+  loop: claim units while fewer than `fill` requests are in flight -> engine step -> share its seconds ->
+        record what finished (price, check, store, cache: in batches) -> finish units whose requests are all
+        stored -> renew leases
 
 The engine runs vLLM's own loop (add_request / step), so requests join the running batch as others
 finish and the scheduler always has work to choose from while any remains. Every second the engine
@@ -10,7 +11,13 @@ is held is start-up, busy (requests in flight) or idle (none), measured here and
 engine session (stores/units.py); each busy interval is shared among the requests in flight by the
 token weight of what it advanced (prefill the first time a request shows output, decode per token),
 so the items' busy GPU-seconds add up exactly to the busy time. The same seconds, the generations and their
-tokens go to the process's Prometheus counters as they are measured (generate/metrics.py).
+tokens go to the process's Prometheus counters as they are stored (generate/metrics.py).
+
+What runs between two engine steps is time the GPU waits (a step at 256 in flight is 10-40 ms on a GPU), so
+the step path does no per-request Python it can avoid: the shares are array operations over the batch
+(BusyShares); a finished request's output checks run on a thread of their own while the engine steps
+(`served`); and finished requests are priced and stored together (`record`: one store's transactions for
+many requests, not for each step that finished some).
 """
 
 from __future__ import annotations
@@ -19,16 +26,17 @@ import logging
 import secrets
 import time
 import weakref
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Protocol
 
 import numpy as np
 import pyarrow as pa
 
-from pipeline.config import TokenmillConfig
+from pipeline.config import SamplingConfig, TokenmillConfig
 from pipeline.generate import metrics
-from pipeline.generate.engine import STARTUP_SECONDS, EnginePool, stepper
-from pipeline.generate.engine_api import Progressed
+from pipeline.generate.engine import STARTUP_SECONDS, EnginePool
+from pipeline.generate.engine_api import Completion, Progressed
 from pipeline.generate.followup import record_id
 from pipeline.generate.levers import counter_delta, read_counters
 from pipeline.generate.pricing import baseline_gpu_seconds, token_weight
@@ -44,6 +52,11 @@ log = logging.getLogger(__name__)
 # what it measured since the last one unrecorded (at most this long, plus one step, per GPU): the bound on
 # engine time no ledger can carry. Measured-but-unstored work before that write is billed as `lost`.
 SESSION_BEAT_SECONDS = 2.0
+
+# Finished requests are stored together once this long has passed since the first of them finished, or a batch
+# of them (the engine's `max_num_seqs`) is waiting, or a unit has all its requests in, or nothing is in flight.
+# A worker killed before the store leaves their engine time unrecorded: billed as `lost`, generated again.
+STORE_SECONDS = 1.0
 
 # engine -> when its last session closed (idle since then is the next one's); weak keys, as STARTUP_SECONDS.
 _FREE_SINCE: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
@@ -69,8 +82,74 @@ def forget_idle_between_jobs() -> None:
 class InFlight:
     unit: WorkUnit
     row: dict  # the request row (prompt_token_ids, max_tokens, generation)
-    seconds: float = 0.0  # busy wall seconds shared to it so far
-    seen: bool = False  # its prefill has been weighed
+    seconds: float = 0.0  # busy wall seconds shared to it (set when it finishes: BusyShares holds them till then)
+    checked: Future | None = None  # once finished: (the text served, its output checks' measures), see `served`
+
+
+def served(c: Completion, generation: dict, sampling: SamplingConfig) -> tuple[str, dict]:
+    """The text served of a finished request and what its output checks read (quality.measure): checked once, where
+    the output meets the text it summarises. A cut output is served to its last complete sentence (still `length`:
+    flagged truncated, every token paid); JSON is left whole for its validation to judge."""
+    cut = c.finish_reason == "length" and sampling.json_schema is None
+    text = complete_sentences(c.text) if cut else c.text
+    return text, measure(text, generation.get("document", generation["text"]))
+
+
+class BusyShares:
+    """The busy seconds of the requests in flight, shared out step by step: per request a slot in arrays (prompt
+    tokens, output tokens weighed so far, seconds), so a step's sharing is a few array operations over the batch
+    instead of Python per request."""
+
+    def __init__(self, cost):
+        self.cost = cost
+        self.slot: dict[str, int] = {}  # request id -> its slot
+        self.free: list[int] = []
+        self.prompt = np.zeros(0, dtype=np.int64)  # its prompt tokens until its prefill is weighed, then 0
+        self.cached = np.zeros(0, dtype=np.int64)  # its cached prompt tokens, once it finished
+        self.output = np.zeros(0, dtype=np.int64)  # output tokens weighed so far
+        self.seconds = np.zeros(0, dtype=np.float64)
+        self.live = np.zeros(0, dtype=bool)
+
+    def add(self, request_id: str, prompt_tokens: int) -> None:
+        if not self.free:
+            n = len(self.seconds)
+            grow = max(n, 64)
+            self.prompt, self.cached, self.output, self.seconds, self.live = (
+                np.concatenate([a, np.zeros(grow, dtype=a.dtype)])
+                for a in (self.prompt, self.cached, self.output, self.seconds, self.live)
+            )
+            self.free.extend(range(n + grow - 1, n - 1, -1))
+        i = self.slot[request_id] = self.free.pop()
+        self.prompt[i], self.cached[i], self.output[i], self.seconds[i], self.live[i] = prompt_tokens, 0, 0, 0.0, True
+
+    def pop(self, request_id: str) -> float:
+        """The request's seconds; its slot is free again."""
+        i = self.slot.pop(request_id)
+        self.live[i] = False
+        self.free.append(i)
+        return float(self.seconds[i])
+
+    def share(self, dt: float, progressed: list[Progressed], finished: list[Progressed]) -> None:
+        """Share one busy interval among the requests in flight by the token weight of what it advanced: a
+        request's uncached prompt the first time it shows, each output token once."""
+        slot = self.slot
+        for p in finished:  # few a step: their cached prompt tokens, weighed if this is their first showing
+            if p.completion is not None and p.request_id in slot:
+                self.cached[slot[p.request_id]] = p.completion.cached_prompt_tokens
+        n = len(progressed)
+        at = np.fromiter((slot.get(p.request_id, -1) for p in progressed), dtype=np.int64, count=n)
+        tokens = np.fromiter((p.output_tokens for p in progressed), dtype=np.int64, count=n)
+        if n and at.min() < 0:  # a request not in flight here (already given up on): nothing to share to it
+            tokens, at = tokens[at >= 0], at[at >= 0]
+        prompt = self.prompt[at]
+        weights = token_weight(prompt, np.where(prompt > 0, self.cached[at], 0), tokens - self.output[at], self.cost)
+        self.prompt[at], self.output[at] = 0, tokens
+        total = weights.sum()
+        if total <= 0:  # nothing visible advanced (a prefill in progress): share evenly
+            if slot:
+                self.seconds[self.live] += dt / len(slot)
+            return
+        self.seconds[at] += dt * (weights / total)
 
 
 @dataclass
@@ -147,13 +226,15 @@ class JobSide(Protocol):
         """The unit's requests still to run (prompt_token_ids, max_tokens, generation)."""
 
     def unit_done(self, unit: WorkUnit) -> None:
-        """Every request of the unit is in: derive its partition's next wave."""
+        """Every request of the unit is in: derive the next waves it lets go on (its partition's, and those of
+        partitions waiting on its keys)."""
 
     def unit_failed(self, unit: WorkUnit, error: str) -> None:
         """The unit cannot run (its requests unreadable): its partition fails, the others go on."""
 
     def more_may_come(self) -> bool:
-        """Whether units of this tier can still arrive (escalations from the other tiers' units)."""
+        """Whether units of this tier can still arrive (escalations from the other tiers' units): a question,
+        which changes nothing."""
 
     def admit(self, unit: WorkUnit, rows: list[dict]) -> bool:
         """Budget admission of one unit's requests (reserved under its claim); False defers the unit."""
@@ -179,6 +260,8 @@ class TierWorker:
     release: bool = False  # shut the engine down at the end (its process will not reuse it)
     flight: dict[str, InFlight] = field(default_factory=dict)
     remaining: dict[str, int] = field(default_factory=dict)  # unit id -> requests not finished
+    unstored: list[tuple[Progressed, InFlight]] = field(default_factory=list)  # finished, to store (`record`)
+    complete: list[WorkUnit] = field(default_factory=list)  # units whose last request is among them
     recorded: float = 0.0
     session_id: str = ""
     report: WorkerReport | None = None
@@ -198,8 +281,8 @@ class TierWorker:
                 return report  # nothing for this tier: no engine start, no session
             time.sleep(self.config.state.wait_seconds)
         engine = self.open_session()
-        steps, counted = stepper(engine), read_counters(engine)  # counters: this session's share, at its close
-        self.loop(steps)
+        counted = read_counters(engine)  # counters: this engine session's share, at its close
+        self.loop(engine)
         self.close_session(engine, counter_delta(counted, read_counters(engine)))
         log.info(
             "tier %s worker %s: %d units, %d requests; engine held %.1f s (start-up %.1f, busy %.1f, idle %.1f)",
@@ -242,42 +325,73 @@ class TierWorker:
         return engine
 
     def loop(self, steps) -> None:
-        """The loop: claim units while the batch has room, step the engine, record what finished, renew."""
+        """The loop: claim units while the batch has room, step the engine, share its seconds, record what
+        finished, renew. A step with work in flight asks the queue for more only every `wait_seconds` once it
+        found none (a query each step would cost more than the step); with none in flight, at once."""
         report, sid, gpus = self.report, self.session_id, self.config.tiers[self.tier].gpus
         lease, poll = self.config.state.lease_seconds, self.config.state.wait_seconds
         mark = renewed = beaten = time.perf_counter()
-        while True:
-            while len(self.flight) < self.fill():
-                unit = self.claim(sid)
-                if unit is None:
-                    break
-                self.start(unit, steps, sid, report)
-            busy = bool(self.flight)
-            progressed = steps.step() if busy else []
-            if not busy:
-                if not self.job.more_may_come() and not self.claimable():
-                    return
-                time.sleep(poll)
-            t = time.perf_counter()
-            dt, mark = t - mark, t
-            if busy:
-                report.busy_seconds += dt
-                self.share(dt, progressed)
-                self.record([p for p in progressed if p.completion is not None or p.error], gpus)
-            else:
-                report.idle_seconds += dt
-            if t - renewed > lease / 3:
-                renewed = t
-                self.queue.renew(self.job_id, sid, lease)
-            if t - beaten > SESSION_BEAT_SECONDS:
-                beaten = t
-                self.queue.beat_session(
-                    sid, report.busy_seconds, report.idle_seconds, self.recorded, lease_seconds=lease
-                )
-                self.publish(depth=True)
+        ask_after = unstored_since = 0.0
+        self.shares = BusyShares(self.config.cost)
+        # The output checks of finished requests run on a thread of their own while the engine steps: a real
+        # engine's step waits on its engine process (the GIL free), a GPU's step is 10-40 ms of such waiting.
+        self.checks = ThreadPoolExecutor(1, thread_name_prefix=f"checks-{self.tier}")
+        try:
+            while True:
+                if not self.flight or mark >= ask_after:
+                    while len(self.flight) < self.fill():
+                        unit = self.claim(sid)
+                        if unit is None:
+                            ask_after = mark + poll
+                            break
+                        self.start(unit, steps, sid, report)
+                busy = bool(self.flight)
+                progressed = steps.step() if busy else []
+                if not busy:
+                    if not self.job.more_may_come() and not self.claimable():
+                        return
+                    time.sleep(poll)
+                t = time.perf_counter()
+                dt, mark = t - mark, t
+                if busy:
+                    report.busy_seconds += dt
+                    finished = [p for p in progressed if p.completion is not None or p.error]
+                    self.shares.share(dt, progressed, finished)
+                    if not self.unstored:
+                        unstored_since = t
+                    self.finish(finished)
+                else:
+                    report.idle_seconds += dt
+                if self.unstored and (
+                    self.complete
+                    or not self.flight
+                    or len(self.unstored) >= self.batch
+                    or t - unstored_since >= STORE_SECONDS
+                ):
+                    self.record(gpus)
+                if t - renewed > lease / 3:
+                    renewed = t
+                    self.queue.renew(self.job_id, sid, lease)
+                if t - beaten > SESSION_BEAT_SECONDS:
+                    beaten = t
+                    self.queue.beat_session(
+                        sid, report.busy_seconds, report.idle_seconds, self.recorded, lease_seconds=lease
+                    )
+                    self.publish(depth=True)
+        except Exception:
+            # What finished before the failure (an engine that died, a store refused) is paid for: kept if it can be.
+            unstored = len(self.unstored)
+            if unstored:
+                try:
+                    self.record(gpus)
+                except Exception as e:
+                    log.warning("tier %s: %d finished requests not stored: %s", self.tier, unstored, e)
+            raise
+        finally:
+            self.checks.shutdown(cancel_futures=True)
 
     def close_session(self, engine, counted: dict) -> None:
-        """Shut the engine down (`release`) or keep it for the next session; close the session."""
+        """Shut the engine down (`release`) or keep it for the next engine session; close this one."""
         report = self.report
         if self.release:
             t = time.perf_counter()
@@ -351,51 +465,47 @@ class TierWorker:
                 )
                 continue
             self.flight[rid] = InFlight(unit, row)
+            self.shares.add(rid, len(row["prompt_token_ids"]))
             self.remaining[unit.unit_id] += 1
         if failed:
             self.job.store({}, failed)
         if not self.remaining[unit.unit_id]:
             self.done(unit)
 
-    def share(self, dt: float, progressed: list[Progressed]) -> None:
-        """Share one busy interval among the requests in flight by the token weight of what it advanced."""
-        prompt, cached, output, advanced = [], [], [], []
-        for p in progressed:
-            f = self.flight.get(p.request_id)
+    def finish(self, finished: list[Progressed]) -> None:
+        """Take the requests that finished in a step out of flight, with their seconds, to be recorded."""
+        for p in finished:
+            f = self.flight.pop(p.request_id, None)
             if f is None:
                 continue
-            prompt.append(0 if f.seen else len(f.row["prompt_token_ids"]))
-            cached.append(0 if f.seen or p.completion is None else p.completion.cached_prompt_tokens)
-            output.append(p.output_tokens - f.row.get("_out", 0))
-            f.seen, f.row["_out"] = True, p.output_tokens
-            advanced.append(f)
-        # One array operation a step, not one per request: a step advances every request in the batch.
-        weights = token_weight(prompt, cached, output, self.config.cost)
-        total = weights.sum()
-        if total <= 0:  # nothing visible advanced (a prefill in progress): share evenly
-            each = dt / len(self.flight)
-            for f in self.flight.values():
-                f.seconds += each
-            return
-        for f, share in zip(advanced, weights / total):
-            f.seconds += dt * float(share)
+            f.seconds = self.shares.pop(p.request_id)
+            if p.completion is not None:
+                f.checked = self.checks.submit(served, p.completion, f.row["generation"], self.config.sampling)
+            self.unstored.append((p, f))
+            self.remaining[f.unit.unit_id] -= 1
+            if self.remaining[f.unit.unit_id] == 0:
+                self.complete.append(f.unit)
 
-    def record(self, finished: list[Progressed], gpus: int) -> None:
-        """Price and store the requests that finished in one step; finish the units they complete."""
-        if not finished:
-            return
+    def record(self, gpus: int) -> None:
+        """Price, check and store the finished requests not stored yet, together; finish the units they complete."""
+        done, complete, self.unstored, self.complete = self.unstored, self.complete, [], []
         items, failed, by_scope, digests, created = {}, {}, {}, {}, now()
-        done = [(p, self.flight.pop(p.request_id)) for p in finished if p.request_id in self.flight]
-        ok = [(p, f) for p, f in done if p.completion is not None]
-        gpu = np.array([f.seconds * gpus for _, f in ok])
+        ok, unchecked = [], []  # (progressed, in flight, (text, measures)); (in flight, why its checks failed)
+        for p, f in done:
+            if p.completion is not None:
+                try:  # one output the checks cannot measure is that item's failure, not the batch's
+                    ok.append((p, f, f.checked.result()))
+                except Exception as e:
+                    unchecked.append((f, f"output checks failed: {type(e).__name__}: {e}"))
+        gpu = np.array([f.seconds * gpus for _, f, _ in ok])
         base = (
             baseline_gpu_seconds(
                 pa.table(
                     {
                         "tier": [self.tier] * len(ok),
-                        "prompt_tokens": [p.completion.prompt_tokens for p, _ in ok],
-                        "cached_prompt_tokens": [p.completion.cached_prompt_tokens for p, _ in ok],
-                        "output_tokens": [p.completion.output_tokens for p, _ in ok],
+                        "prompt_tokens": [p.completion.prompt_tokens for p, _, _ in ok],
+                        "cached_prompt_tokens": [p.completion.cached_prompt_tokens for p, _, _ in ok],
+                        "output_tokens": [p.completion.output_tokens for p, _, _ in ok],
                     }
                 ),
                 gpu,
@@ -406,14 +516,10 @@ class TierWorker:
             else []
         )
         model, price = self.config.tiers[self.tier].generator, self.config.tiers[self.tier].price_per_gpu_hour
-        for (p, f), g, b in zip(ok, gpu, base):
+        for (p, f, (text, measures)), g, b in zip(ok, gpu, base):
             gen, c = f.row["generation"], p.completion
-            # A cut output is served to its last complete sentence (still `length`: flagged truncated, every
-            # token paid); JSON is left whole for its validation to judge.
-            cut = c.finish_reason == "length" and self.config.sampling.json_schema is None
-            text = complete_sentences(c.text) if cut else c.text
-            key, document = gen["item_key"], gen.get("document", gen["text"])
-            if gen["tenant"] not in digests:  # read once per step: the adapter the engine serves now
+            key = gen["item_key"]
+            if gen["tenant"] not in digests:  # read once per store: the adapter the engine serves now
                 digests[gen["tenant"]] = adapter_digest(self.config.adapter(gen["tenant"], self.tier))
             items[key] = {
                 "tier": self.tier,
@@ -433,8 +539,7 @@ class TierWorker:
                 "created_at": created,
                 "cache_status": self.job.cache_status,
                 "session_id": f.unit.session_id,
-                # checked once, here, where the output meets the text it summarises
-                **measure(text, document),
+                **measures,
                 **({"chunks": gen["chunks"]} if gen.get("chunks") else {}),
             }
             by_scope.setdefault(gen["scope"], {})[key] = cache_value(items[key], self.job_id, float(g) * price / 3600)
@@ -443,6 +548,10 @@ class TierWorker:
                 failed[f.row["generation"]["item_key"]] = Failure(
                     "engine_error", p.error, f.unit, f.row["generation"], f.seconds * gpus
                 )
+        for f, why in unchecked:
+            failed[f.row["generation"]["item_key"]] = Failure(
+                "engine_error", why, f.unit, f.row["generation"], f.seconds * gpus
+            )
         self.recorded += sum(f.seconds for _, f in done)
         # Renewed before every store, so that a worker killed at any point leaves figures that add up: what it
         # measured but did not store is lost work, never more than it held (pricing.session_shares).
@@ -457,10 +566,8 @@ class TierWorker:
         metrics.generated(self.tier, items.values(), price)
         self.publish()
         self.job.cache_put(by_scope)
-        for _, f in done:
-            self.remaining[f.unit.unit_id] -= 1
-            if self.remaining[f.unit.unit_id] == 0:
-                self.done(f.unit)
+        for unit in complete:
+            self.done(unit)
 
     def done(self, unit: WorkUnit) -> None:
         del self.remaining[unit.unit_id]
@@ -473,3 +580,8 @@ class TierWorker:
                 self.tier,
                 unit.unit_id,
             )
+            return
+        # Once more now that the unit is closed: a partition waiting on another unit's keys is advanced by that
+        # unit's worker only if it has no open unit then; this one was open a moment ago, so that worker may have
+        # passed it over while its keys were already in (an idempotent advance: a wave is derived once).
+        self.job.unit_done(unit)

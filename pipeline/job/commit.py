@@ -2,9 +2,10 @@
 
   commit[p]:  claim (fencing token) -> heartbeat -> wait for the job's engine sessions to close ->
               assemble outputs, ledger with every engine-second shared in, quarantine -> check the
-              accounting -> write -> commit in the catalog (fenced) -> publish the commit record
+              accounting -> stage the tables' files -> commit in the catalog (fenced) -> one Delta
+              transaction per table (output/tables.py)
 
-The partition is committed (status `succeeded` with its counts) only after its files are written
+The partition is committed (status `succeeded` with its counts) only after its files are staged
 and only while this worker still holds its lease. A budget cap defers it; any other error fails it
 alone (its paid items stay in the catalog, so the next attempt pays nothing again), except errors
 that would fail every partition (the engine or the catalog gone), which stop the job. A partition
@@ -32,7 +33,7 @@ from pipeline.job import faults
 from pipeline.job.context import JobContext
 from pipeline.job.drain import release_gone
 from pipeline.job.manifest import partition_counts
-from pipeline.output.commit import discard, new_commit_id, publish, write_files
+from pipeline.output.tables import discard, new_commit_id, publish, stage
 from pipeline.output.write import assemble_results, charge_rows
 from pipeline.stores import storage
 from pipeline.stores.catalog import StateError, now, utc
@@ -71,7 +72,7 @@ class PartitionCommit:
         """Set this claim's end state; False when the claim was fenced out (another worker took over)."""
         return self.state.finish_partition(self.job_id, self.partition, self.ctx.worker, self.epoch, status, **fields)
 
-    def run(self, step=None) -> None:
+    def run_to_end_state(self, step=None) -> None:
         """Run the claimed partition to its end state (succeeded, deferred or failed), then report to the metrics.
         `step(beat)`: what commits it (default: generate_and_commit)."""
         metrics.begin(self.config, self.job_id)
@@ -81,18 +82,9 @@ class PartitionCommit:
             self.report()
 
     def report(self) -> None:
-        """The figures a commit adds to the metrics beside its ledger's (budget left, units still claimable), then
-        the push of a process that serves no endpoint. Never raises: the partition's end state is what counts."""
-        ctx = self.ctx
-        try:
-            if metrics.wanted(self.config.metrics):
-                if ctx.budget.active:
-                    metrics.budget_left(ctx.budget.remaining())
-                for tier in self.config.tiers:
-                    metrics.queue_depth(tier, ctx.queue.claimable(self.job_id, tier))
-        except Exception as e:  # the catalog gone: the commit's own error says so
-            log.debug("metrics after commit unreadable: %s: %s", type(e).__name__, e)
-        metrics.push(self.config.metrics, self.job_id, ctx.worker)
+        """The job's state after this commit (its totals, budget left, units still claimable), to the metrics and
+        the Pushgateway. Never raises: the partition's end state is what counts."""
+        metrics.report_job(self.ctx)
 
     def run_claimed(self, step) -> None:
         partition = self.partition
@@ -205,8 +197,8 @@ class PartitionCommit:
         started: float,
         stopped: tuple[str, str] | None = None,
     ) -> None:
-        """Assemble the partition's rows, check that every record is accounted for, write the files,
-        commit in the catalog (fenced by the claim's epoch), then publish the commit (output/commit.py).
+        """Assemble the partition's rows, check that every record is accounted for, stage the tables' files,
+        commit in the catalog (fenced by the claim's epoch), then publish them in the tables (output/tables.py).
         `stopped` (reason, detail): the job generates no more, and a record with no answer yet is quarantined so.
         What was paid for a record left without an answer and without a ledger row of its own (a long
         document's chunk summaries when a chunk failed, or when its job stopped before the reduce) is
@@ -235,7 +227,7 @@ class PartitionCommit:
         if beat.lost:
             raise LeaseLost(f"partition {partition}: lease lost to another worker; not committing")
         commit = new_commit_id(self.epoch)
-        files = write_files(
+        files = stage(
             ctx.out,
             self.job_id,
             partition,
@@ -252,11 +244,12 @@ class PartitionCommit:
         )
         counts = partition_counts(outputs, ledger, quarantine, items, c)
         counts["tokens"]["shareable_prompt_tokens"] = shareable
+        counts["metrics"] = metrics.partition_figures(ledger, quarantine)  # the job's running totals add these up
         counts = {
             **counts,
             "verification": verification,
             "seconds": round(time.perf_counter() - started, 3),
-            "commit": {"id": commit, "files": files},
+            "commit": {"id": commit, "epoch": self.epoch, "files": files},
         }
         if not self.finish("succeeded", counts=counts):
             discard(ctx.out, files)
@@ -264,18 +257,29 @@ class PartitionCommit:
                 f"partition {partition}: lease lost to another worker (claim epoch {self.epoch} "
                 f"superseded); its commit was fenced out and wrote nothing visible"
             )
+        self.publish_and_count(files, outputs, ledger, quarantine)
+
+    def publish_and_count(self, files: dict, outputs: pa.Table, ledger: pa.Table, quarantine: pa.Table) -> None:
+        """After the catalog committed the partition: publish its staged files in the tables, then count it in
+        progress and metrics. Neither ever downgrades the commit: a table not written yet is published by the
+        job's next manifest write."""
+        partition = self.partition
         try:
             faults.checkpoint("before_publish", self.job_id, partition)
-            publish(ctx.out, self.job_id, partition, commit, files)
-            ctx.progress.advance(done=outputs.num_rows, quarantined=quarantine.num_rows, partition=partition)
-            metrics.committed(ledger, quarantine)  # in here: telemetry never downgrades a committed partition
-        except Exception as e:  # committed in the catalog: never downgrade it; the record follows
+            if not publish(self.ctx.out, self.job_id, partition, self.epoch, files):
+                log.warning("partition %s: a newer claim published first; this claim's rows stay invisible", partition)
+        except Exception as e:  # committed in the catalog: never downgrade it; the tables follow
             log.warning(
-                "partition %s committed, but its commit record could not be written yet (%s); "
+                "partition %s committed, but its tables could not be written yet (%s); "
                 "the job's next manifest write publishes it",
                 partition,
                 e,
             )
+        try:  # counted once the catalog committed, whether or not the tables are written yet
+            self.ctx.progress.advance(done=outputs.num_rows, quarantined=quarantine.num_rows, partition=partition)
+            metrics.committed(ledger, quarantine)
+        except Exception as e:  # telemetry never downgrades a committed partition
+            log.warning("partition %s committed; its progress and metrics were not counted: %s", partition, e)
 
 
 def unanswered_keys(
@@ -330,11 +334,11 @@ def commit_ready(ctx: JobContext, forced: list[str], tried: set[str], announced:
             if p.generation == "generating" and ctx.waves.still_generating(p.partition):
                 generating.append(p)
                 continue
-            run = PartitionCommit(ctx, p.partition)
-            if run.claim(force=p.partition in forced):
+            attempt = PartitionCommit(ctx, p.partition)
+            if attempt.claim(force=p.partition in forced):
                 claimed_any = True
                 tried.add(p.partition)
-                run.run()
+                attempt.run_to_end_state()
         if claimed_any:
             continue
         if generating and (release_gone(ctx) or ctx.queue.claimable(ctx.job_id)):
@@ -386,9 +390,9 @@ def commit_stopped(ctx: JobContext, reason: str, detail: str) -> list[str]:
             continue
         if p.status == "running" and worker_is_gone(p.worker):  # a killed worker's claim: taken over at once
             ctx.state.release_gone_holder(ctx.job_id, p.partition, p.worker)
-        run = PartitionCommit(ctx, p.partition)
-        if run.claim():  # (one still held by another host's worker: its lease ends, the caller tries again)
-            run.run(lambda beat, run=run: run.commit_stopped(beat, reason, detail))
+        attempt = PartitionCommit(ctx, p.partition)
+        if attempt.claim():  # (one still held by another host's worker: its lease ends, the caller tries again)
+            attempt.run_to_end_state(lambda beat, attempt=attempt: attempt.commit_stopped(beat, reason, detail))
         if ctx.partition(p.partition).status != "succeeded":
             left.append(p.partition)
     return left
@@ -402,15 +406,17 @@ def commit_partition(ctx: JobContext, partition: str) -> dict:
     if p.generation == "failed" and p.status != "succeeded":
         raise JobError(f"partition {partition}: {p.last_error}")
     if p.status != "succeeded":
-        run = PartitionCommit(ctx, partition)
-        if not run.claim() and not (
-            worker_is_gone(p.worker) and ctx.state.release_gone_holder(ctx.job_id, partition, p.worker) and run.claim()
+        attempt = PartitionCommit(ctx, partition)
+        if not attempt.claim() and not (
+            worker_is_gone(p.worker)
+            and ctx.state.release_gone_holder(ctx.job_id, partition, p.worker)
+            and attempt.claim()
         ):
             raise JobError(
                 f"partition {partition} is held by worker {p.worker} until its lease ends at "
                 f"{utc(p.lease_expires_at)} (database clock); retry later"
             )
-        run.run()
+        attempt.run_to_end_state()
     p = ctx.partition(partition)
     if p.status != "succeeded":
         raise JobError(f"partition {partition}: {p.status}: {p.last_error}", budget=p.status == "deferred")

@@ -145,7 +145,7 @@ class JobContext:
     def check_isolation(self) -> None:
         """Refuse to go on with a job planned under other tenant isolation than this config's: planning
         decided which tenants share outputs and keyed items by their adapters' digests, so another
-        `dedup.shared_tenants`, or an adapter retrained since (say between the DAG's stage and drain
+        `dedup.shared_tenants`, or an adapter retrained since (say between the DAG's `plan` and drain
         tasks), could serve a tenant an output it may not see, or store new weights' outputs under the
         old adapter's keys. Jobs planned before the hash was recorded are not checked."""
         row = self.state.job(self.job_id)

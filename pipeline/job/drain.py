@@ -4,8 +4,9 @@
                 priced against the budget, offered to the cache -> each finished unit advances its
                 partition's waves (the next wave may be on another tier)
 
-`TierDrain` is the job's side of the tier worker (worker.JobSide). A drain ends when its tier has no
-unit left and none can still come; it never commits (the commit step does, once a partition is generated).
+`TierDrain` is the job's side of the tier worker (worker.JobSide), built with the collaborators it uses. A
+drain ends when its tier has no unit left and none can still come; it never commits (the commit step does,
+once a partition is generated).
 """
 
 from __future__ import annotations
@@ -13,15 +14,21 @@ from __future__ import annotations
 import logging
 import os
 from collections import Counter
+from dataclasses import dataclass
 
 import pyarrow as pa
 
+from pipeline.config import TokenmillConfig
 from pipeline.errors import JobError
 from pipeline.generate import metrics
+from pipeline.generate.partition_waves import PartitionWaves
 from pipeline.generate.worker import Failure, TierWorker, WorkerReport
+from pipeline.job.budget import BudgetGuard
 from pipeline.job.context import JobContext
-from pipeline.stores.catalog import ItemsRefused
-from pipeline.stores.units import UNFINISHED, WorkUnit
+from pipeline.job.progress import Progress
+from pipeline.stores.cache import ResilientStore
+from pipeline.stores.catalog import ItemsRefused, StateStore
+from pipeline.stores.units import UNFINISHED, UnitQueue, WorkUnit
 
 log = logging.getLogger(__name__)
 
@@ -41,34 +48,54 @@ def check_worker_serves(tier: str) -> None:
         )
 
 
+@dataclass
 class TierDrain:
-    """What the tier worker of `tier` needs from the job (worker.JobSide), over the job's context."""
+    """What the tier worker of `tier` needs from the job (worker.JobSide): the collaborators it uses, and only
+    those, taken from the job's context by `of`."""
 
-    def __init__(self, ctx: JobContext, tier: str):
-        self.ctx, self.tier = ctx, tier
-        self.cache_status = ctx.cache_status()
-        self.cache_on = ctx.cache_on
+    tier: str
+    config: TokenmillConfig
+    job_id: str
+    state: StateStore  # items stored
+    queue: UnitQueue  # charges, key states, the queue's depth
+    waves: PartitionWaves  # requests of a unit, next waves, a partition failed
+    budget: BudgetGuard  # admission of a unit's requests
+    progress: Progress
+    cache: ResilientStore | None  # None: this job's items are not offered to the cache (off, or unreachable)
+    cache_status: str  # recorded on every item: off | bypassed | miss
+
+    @classmethod
+    def of(cls, ctx: JobContext, tier: str) -> TierDrain:
+        status = ctx.cache_status()
+        cache = ctx.cache if status == "miss" else None
+        return cls(
+            tier, ctx.config, ctx.job_id, ctx.state, ctx.queue, ctx.waves, ctx.budget, ctx.progress, cache, status
+        )
 
     def requests(self, unit: WorkUnit) -> list[dict]:
-        return self.ctx.waves.requests(unit)
+        return self.waves.requests(unit)
 
     def unit_done(self, unit: WorkUnit) -> None:
-        self.ctx.waves.safely(self.ctx.waves.advance, unit.partition)
+        """The unit's keys are in: derive the next wave of every partition that can go on now, its own and
+        those waiting on its keys (an item key is owned by the first unit that enqueued it: such a partition
+        has no open unit of its own)."""
+        waiting = self.queue.partitions_without_open_units(self.job_id)
+        for partition in dict.fromkeys([unit.partition, *waiting]):
+            self.waves.safely(self.waves.advance, partition)
 
     def unit_failed(self, unit: WorkUnit, error: str) -> None:
-        self.ctx.waves.fail(unit.partition, f"generation: {error}")
+        self.waves.fail(unit.partition, f"generation: {error}")
 
     def more_may_come(self) -> bool:
         """Units of this tier can still come from the units of the tiers that escalate into it (chunks,
-        reduces and retries stay on their own tier)."""
-        c = self.ctx.config
+        reduces and retries stay on their own tier). A question only: the waves move where a unit finishes."""
+        c = self.config
         feeders = {t for t in c.tiers if t != self.tier} if self.tier == c.escalation_tier else set()
-        self.ctx.waves.advance_all()
-        depth = self.ctx.queue.depth(self.ctx.job_id)
+        depth = self.queue.depth(self.job_id)
         return any(depth.get(t, {}).get(s) for t in feeders for s in UNFINISHED)
 
     def admit(self, unit: WorkUnit, rows: list[dict]) -> bool:
-        return self.ctx.budget.admit(
+        return self.budget.admit(
             unit,
             pa.table(
                 {
@@ -81,17 +108,16 @@ class TierDrain:
         )
 
     def store(self, items: dict[str, dict], failed: dict[str, Failure]) -> None:
-        ctx = self.ctx
         if items:
             try:
-                ctx.state.store_items(ctx.job_id, items)
+                self.state.store_items(self.job_id, items)
             except ItemsRefused as e:  # the others are stored (paid, kept); the refused ones fail their partitions
                 for key in e.refused:
-                    ctx.waves.fail(items[key]["partition"], f"ItemsRefused: {e}")
+                    self.waves.fail(items[key]["partition"], f"ItemsRefused: {e}")
                 failed = failed | {k: Failure("engine_error", e.refused[k], None, {}) for k in e.refused}
                 items = {k: v for k, v in items.items() if k not in e.refused}
-        ctx.queue.add_charges(
-            ctx.job_id,
+        self.queue.add_charges(
+            self.job_id,
             [
                 {
                     "charge_id": f"{f.unit.unit_id}/{f.unit.epoch}/{key}",
@@ -109,16 +135,17 @@ class TierDrain:
         )
         states = {k: ("done", None, None) for k in items}
         states |= {k: ("failed", f.reason, f.detail) for k, f in failed.items()}
-        ctx.queue.set_keys(ctx.job_id, states)
-        ctx.progress.advance(
-            usd=sum(i["gpu_seconds"] * ctx.config.tiers[i["tier"]].price_per_gpu_hour / 3600 for i in items.values()),
+        self.queue.set_keys(self.job_id, states)
+        tiers = self.config.tiers
+        self.progress.advance(
+            usd=sum(i["gpu_seconds"] * tiers[i["tier"]].price_per_gpu_hour / 3600 for i in items.values()),
             stored=Counter(i["partition"] for i in items.values()),
         )
 
     def cache_put(self, by_scope: dict[str, dict]) -> None:
-        if self.cache_on:
+        if self.cache is not None:
             for scope, values in by_scope.items():
-                self.ctx.cache.put_many(scope, values)
+                self.cache.put_many(scope, values)
 
 
 def release_gone(ctx: JobContext) -> bool:
@@ -137,16 +164,16 @@ def release_gone(ctx: JobContext) -> bool:
 def drain(ctx: JobContext, tier: str, release: bool = False) -> WorkerReport:
     """Run one tier worker for this job until its tier has no unit left or to come; `release`: shut the
     tier's engine down at the end (this process will not use it again). The process serves its metrics from
-    here on (`metrics.port`), or pushes them at the end when it serves none (`metrics.pushgateway_url`)."""
+    here on (`metrics.port`), and pushes the job's state at the end (`metrics.pushgateway_url`)."""
     metrics.serve(ctx.config.metrics)
     metrics.begin(ctx.config, ctx.job_id)
     release_gone(ctx)
     try:
         return TierWorker(
-            ctx.config, tier, ctx.job_id, ctx.queue, ctx.pool, ctx.worker, TierDrain(ctx, tier), release
+            ctx.config, tier, ctx.job_id, ctx.queue, ctx.pool, ctx.worker, TierDrain.of(ctx, tier), release
         ).drain()
     finally:
-        metrics.push(ctx.config.metrics, ctx.job_id, ctx.worker)
+        metrics.report_job(ctx)
 
 
 def drain_tier(ctx: JobContext, tier: str) -> dict:
@@ -156,7 +183,7 @@ def drain_tier(ctx: JobContext, tier: str) -> dict:
         raise JobError(f"no tier {tier!r} in the config (tiers: {', '.join(ctx.config.tiers)})")
     check_worker_serves(tier)
     ctx.check_engines([tier])
-    ctx.check_isolation()  # an adapter retrained since the stage task: its outputs would get the old keys
+    ctx.check_isolation()  # an adapter retrained since the plan task: its outputs would get the old keys
     report = drain(ctx, tier, release=True)
     return {
         "tier": tier,

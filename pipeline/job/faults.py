@@ -8,12 +8,12 @@
         run_job(config)            # that partition fails as if its worker had; the others commit
 
 Points, in the order a job meets them (`partition` is "" at the job's own points):
-  before_register   planning is done and staged; its partitions are not registered, the job is `staging`
+  before_register   planning is done, its records written; its partitions are not registered, the job is `planning`
   before_generate   the staged records are read; no lookup, engine call or write has happened
   wave_written      a partition's wave (its first, or the next) is derived and its files written; the
                     catalog has not taken it, and its keys are not enqueued
   before_commit     outputs, ledger and quarantine are assembled; nothing is written yet
-  before_publish    committed in the catalog; the commit record readers honour is not written yet
+  before_publish    committed in the catalog; no Delta table has the partition yet
 An injector that raises fails the partition at that point, exactly as a real fault would there.
 Injectors are process-wide (the Airflow DAG's `dag.test()` runs tasks in the test's process).
 

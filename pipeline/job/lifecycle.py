@@ -1,7 +1,7 @@
 """The job: four steps over one context, any number of times until every partition is committed.
 
   plan     (once per job):        read -> validate -> content hash -> route -> item keys -> cluster
-                                  -> partitions staged                                     (staging.py)
+                                  -> partitions registered, job `planned`                     (plan.py)
   prepare  (per partition):       look up paid items -> render, tokenise -> wave 0 work units (prepare.py)
   drain    (per tier worker):     claim the tier's units of every partition -> engine -> items (drain.py)
   commit   (per partition):       claim -> assemble with the engines' held time shared in -> write
@@ -35,8 +35,9 @@ from pipeline.job.plan import plan
 from pipeline.job.prepare import check_budget, expected_engine_seconds, prepare_or_fail
 from pipeline.job.progress import Progress
 from pipeline.plan.estimate import Demand
+from pipeline.status import JobStatus
 from pipeline.stores import storage
-from pipeline.stores.catalog import StateError, StateStore, now
+from pipeline.stores.catalog import StateError, StateStore, migrate, now
 
 log = logging.getLogger(__name__)
 
@@ -90,6 +91,8 @@ class Job:
         progress: Progress | None = None,
         worker: str | None = None,
     ) -> Job:
+        """The job in this process; its catalog brought to the latest schema first, once per process."""
+        migrate(config.state.url, once=True)
         return cls(JobContext.open(config, job_id, pool, progress, worker))
 
     def run(self, forced: list[str], release_engines: bool = False) -> JobResult:
@@ -119,7 +122,7 @@ class Job:
         finally:
             ctx.progress.finish()
             metrics.expect_end(None)
-            metrics.push(ctx.config.metrics, ctx.job_id, ctx.worker)  # the job is over: no stale expected end
+            metrics.report_job(ctx)  # the job's final totals; it is over: no stale expected end
         return self.finish()
 
     def prepare(self, to_run: list, forced: list[str]) -> None:
@@ -136,7 +139,7 @@ class Job:
             except Exception as e:  # no estimate is no reason to stop a job
                 log.warning("no expected end for job %s: %s: %s", ctx.job_id, type(e).__name__, e)
 
-    def end_stopped(self, status: str, detail: str, reason: str | None = None) -> list:
+    def end_stopped(self, status: JobStatus, detail: str, reason: str | None = None) -> list:
         """End a job stopped for good (`cancelled` or `expired`, as its batch, or `refused` at a budget cap; none
         of its workers runs): every partition not committed is committed with what it has (commit.commit_stopped),
         the records it had not answered quarantined as `reason` (default: `status`) with `detail`; then the

@@ -19,7 +19,7 @@ from openlineage.client.event_v2 import InputDataset, OutputDataset
 from openlineage.client.facet_v2 import output_statistics_output_dataset
 from openlineage.client.generated.base import RunFacet
 
-from pipeline.job.orchestrate import TABLES
+from pipeline.job.orchestrate import TABLES, table_asset_uri
 
 # The run facet's JSON schema, shipped in the repository (docs/schemas/): OpenLineage asks every custom
 # facet for the URL of one, a JSON pointer to the facet's definition.
@@ -37,16 +37,12 @@ def dataset_name(uri: str) -> tuple[str, str]:
     return f"{parts.scheme}://{parts.netloc}", parts.path.lstrip("/")
 
 
-def table_uri(output_uri: str, table: str) -> str:
-    return f"{output_uri.rstrip('/')}/{table}"
-
-
 def summary_lineage(manifest: dict) -> dict:
     """OperatorLineage's fields (inputs, outputs, run_facets) for a job's manifest (job.manifest)."""
     rows = {"outputs": manifest["counts"]["outputs"], "quarantine": manifest["counts"]["quarantined"], "ledger": None}
     outputs = [
         OutputDataset(
-            *dataset_name(table_uri(manifest["output_uri"], t)),
+            *dataset_name(table_asset_uri(manifest["output_uri"], t)),  # as the DAG's Assets name them
             outputFacets={
                 "outputStatistics": output_statistics_output_dataset.OutputStatisticsOutputDatasetFacet(rows[t])
             }

@@ -17,7 +17,7 @@ from pipeline.generate.quality import CHECKS
 from pipeline.generate.shadow import summarise_verification
 from pipeline.job.context import JobContext
 from pipeline.output.batch import write_batch_results
-from pipeline.output.commit import publish, published_commit, sweep_leftovers
+from pipeline.output.tables import publish, published_epochs
 from pipeline.output.telemetry import decode_steps, tier_efficiency
 from pipeline.output.write import count_by, write_manifest
 from pipeline.stores.catalog import aware, now
@@ -273,9 +273,7 @@ def current_manifest(ctx: JobContext, partial: bool) -> dict:
     """The manifest over what the catalog holds now (`partial` while any partition has not committed)."""
     job = ctx.state.job(ctx.job_id)
     counts = json.loads(job.counts or "{}")
-    # Jobs staged before 0.1 stored these figures as "plan": read, so that a rerun's manifest keeps them
-    # (and stores them as "staging" from then on). Data a job wrote, not a name a user types.
-    staging = counts.get("staging") or counts.get("plan", {})
+    staging = counts.get("staging", {})
     return build_manifest(
         ctx.config, ctx.job_id, job, ctx.state.partitions(ctx.job_id), partial, staging, ctx.queue.sessions(ctx.job_id)
     )
@@ -284,27 +282,28 @@ def current_manifest(ctx: JobContext, partial: bool) -> dict:
 def refresh_manifest(ctx: JobContext) -> dict:
     """Write and return the manifest over whatever has committed (partial while any partition has not).
 
-    First publishes the commit of any partition whose commit record is missing or names another
-    commit than the catalog's (its worker died between the catalog's commit and the record, or an
-    older commit's late record overwrote it), so readers see what the catalog committed; then sweeps
-    the files of older commits and of killed writes (output/commit.py, `sweep_leftovers`).
+    First publishes, in the tables, every partition the catalog committed whose commit a table lacks (its
+    worker died between the catalog's commit and the tables' transactions), from the files the catalog
+    recorded (output/tables.py: publishing is idempotent, and a newer claim's commit is never replaced).
     """
     parts = ctx.state.partitions(ctx.job_id)
     committed = {}
     for p in parts:
         commit = json.loads(p.counts or "{}").get("commit") if p.status == "succeeded" else None
-        if commit and published_commit(ctx.out, ctx.job_id, p.partition) != commit["id"]:
-            publish(ctx.out, ctx.job_id, p.partition, commit["id"], commit["files"])
-        if commit:
-            committed[p.partition] = commit["id"]
-    sweep_leftovers(ctx.out, ctx.job_id, committed)  # what kills left behind, so that globbing the folders is exact
+        if commit and "epoch" in commit:
+            committed[p.partition] = commit
+    published = published_epochs(ctx.out, ctx.job_id, committed) if committed else {}
+    for partition, commit in committed.items():
+        if published[partition] is None or published[partition] < commit["epoch"]:
+            publish(ctx.out, ctx.job_id, partition, commit["epoch"], commit["files"])
     manifest = current_manifest(ctx, partial=any(p.status != "succeeded" for p in parts))
     batch_files = manifest.get("staging", {}).get("batch_files")
-    if batch_files:  # the answers to batch files, in their own format, from what has committed
-        files = {p.partition: json.loads(p.counts)["commit"]["files"] for p in parts if p.partition in committed}
+    if batch_files:  # the answers to batch files, in their own format, from the tables' snapshot
         partitions_of: dict[str, list[str]] = {}
         for p in parts:
             partitions_of.setdefault(p.file, []).append(p.partition)
-        manifest["batches"] = write_batch_results(ctx.config, ctx.out, ctx.job_id, batch_files, files, partitions_of)
+        manifest["batches"] = write_batch_results(
+            ctx.config, ctx.out, ctx.job_id, batch_files, set(committed), partitions_of
+        )
     write_manifest(ctx.out, ctx.job_id, manifest)
     return manifest

@@ -13,8 +13,9 @@ from datetime import date
 from decimal import Decimal
 from pathlib import Path
 
-from pipeline.config import TokenmillConfig, load_config
+from pipeline.config import TokenmillConfig, load_config, load_output_uri
 from pipeline.errors import JobError
+from pipeline.generate import metrics
 from pipeline.job import plan as plan_step
 from pipeline.job.commit import commit_partition
 from pipeline.job.context import JobContext, check_job_id
@@ -22,6 +23,7 @@ from pipeline.job.drain import drain_tier
 from pipeline.job.manifest import refresh_manifest
 from pipeline.job.prepare import check_budget, prepare
 from pipeline.job.progress import Progress
+from pipeline.stores.catalog import migrate
 
 
 def job_id_for(prefix: str, run_date: str) -> str:
@@ -42,13 +44,26 @@ def job_config(
     """The config with the task's URIs; `{date}` in either URI becomes the run date (YYYY-MM-DD). `tenant`: the
     default tenant (of records that name none, and of .txt/.md files), and every batch request's, their own
     `metadata.tenant` ignored (a Batch API batch is its caller's); `input_format`: `input.format` forced."""
-    billed = {"input__default_tenant": tenant, "input__request_tenant": "default"} if tenant else {}
-    config = load_config(
-        Path(config_path), input__uri=input_uri, output__uri=output_uri, input__format=input_format, **billed
-    )
-    config.input.uri = config.input.uri.replace("{date}", run_date)
+    config = load_config(Path(config_path), input__uri=input_uri, output__uri=output_uri)
+    config = job_input(config, config.input.uri.replace("{date}", run_date), tenant, input_format)
     config.output.uri = config.output.uri.replace("{date}", run_date)
     return config
+
+
+def job_input(
+    config: TokenmillConfig, input_uri: str, tenant: str | None = None, input_format: str | None = None
+) -> TokenmillConfig:
+    """`config` for a job reading `input_uri`, its `input.format` forced to `input_format` when given, billed to
+    `tenant` when given: the default tenant (of records that name none, and of .txt/.md files) and every batch
+    request's, their own `metadata.tenant` ignored (a Batch API batch is its caller's). The one place a job's
+    input is set for it: a DAG run's tasks (`job_config`) and the Batch API's runner both build theirs here."""
+    fields: dict = {"uri": input_uri}
+    if input_format is not None:
+        fields["format"] = input_format
+    if tenant:
+        fields |= {"default_tenant": tenant, "request_tenant": "default"}
+    data = config.input.model_dump() | fields
+    return config.model_copy(update={"input": type(config.input).model_validate(data)}, deep=True)
 
 
 def job_from_params(params: dict, dag_id: str, logical_date: str | None) -> tuple[TokenmillConfig, str]:
@@ -66,6 +81,8 @@ def job_from_params(params: dict, dag_id: str, logical_date: str | None) -> tupl
     job_id = params.get("job_id")
     if job_id is not None:
         check_job_id(job_id)
+    # The DAG's runs share one metrics pipeline (one Pushgateway group, the same series every night), its own id.
+    config.metrics.pipeline = config.metrics.pipeline or dag_id
     return config, job_id or job_id_for(dag_id, run_date)
 
 
@@ -73,8 +90,10 @@ def _context(config: TokenmillConfig, job_id: str) -> JobContext:
     return JobContext.open(config, job_id, progress=Progress("log", config.run.log_every_seconds))
 
 
-def planned_shards(config: TokenmillConfig, job_id: str) -> list[int]:
-    """Planning's first step (claim the staging, key every input file): the shards left to cluster."""
+def keyed_shards(config: TokenmillConfig, job_id: str) -> list[int]:
+    """Planning's first step (claim the planning, key every input file): the shards left to cluster. The
+    first task of a run, so the one that brings the catalog to the latest schema; later tasks do not."""
+    migrate(config.state.url)
     ctx = _context(config, job_id)
     ctx.check_engines(list(config.tiers))
     return plan_step.keyed_shards(ctx)
@@ -85,11 +104,11 @@ def clustered_shard(config: TokenmillConfig, job_id: str, shard: int) -> dict:
     return plan_step.clustered_shard(_context(config, job_id), shard)
 
 
-def staged_partitions(config: TokenmillConfig, job_id: str) -> list[str]:
-    """Stage the job once (from the clustered shards, or all of planning when no shard task ran; later
+def planned_partitions(config: TokenmillConfig, job_id: str) -> list[str]:
+    """Plan the job once (from the clustered shards, or all of planning when no shard task ran; later
     calls return the same partitions) and check the budget before GPU work."""
     ctx = _context(config, job_id)
-    plan_step.staged_from_shards(ctx)
+    plan_step.planned_from_shards(ctx)
     plan_step.plan(ctx)
     partitions = ctx.state.partitions(job_id)
     todo = [p.partition for p in partitions if p.status != "succeeded"]
@@ -120,8 +139,12 @@ def committed_partition(config: TokenmillConfig, job_id: str, partition: str) ->
 
 
 def job_manifest(config: TokenmillConfig, job_id: str) -> dict:
-    """Write and return the manifest over whatever has committed; never raises for failed partitions."""
-    return refresh_manifest(_context(config, job_id))
+    """Write and return the manifest over whatever has committed; never raises for failed partitions. Pushes
+    the job's final totals (after every commit task: whichever commit pushed last, this push is the night's)."""
+    ctx = _context(config, job_id)
+    manifest = refresh_manifest(ctx)
+    metrics.report_job(ctx)
+    return manifest
 
 
 # The tables a job updates, as the orchestrator's assets (Airflow Assets): a downstream DAG (an analyst's
@@ -129,13 +152,24 @@ def job_manifest(config: TokenmillConfig, job_id: str) -> dict:
 TABLES = ("outputs", "ledger", "quarantine")
 
 
-def table_asset_uri(dag_id: str, table: str) -> str:
-    """The asset URI of one of a DAG's tables. One per DAG and table, not per output root: the root can
-    change per run (`{date}`, the `output_uri` param), so each event's extra names the one it updated.
-    (`x-` is the URI scheme Airflow leaves to users.)"""
+def table_asset_uri(output_uri: str, table: str) -> str:
+    """The physical URI of one of the tables under an output root (its folder: outputs/, ledger/, quarantine/):
+    `file:///abs/path/<table>` for a local root (a relative one resolved against this process's directory, as the
+    job's storage does), `s3://bucket/prefix/<table>`. What the Airflow Assets are named by and what the lineage
+    datasets name (pipeline/job/lineage.py), so that Airflow maps one onto the other. A `{date}` in the root stays
+    as written: the Asset of a dated root names every date's table; each event's extra names the root it updated."""
     if table not in TABLES:
         raise ValueError(f"no table {table!r} (tables: {', '.join(TABLES)})")
-    return f"x-tokenmill://{dag_id}/{table}"
+    root = output_uri.rstrip("/")
+    if "://" not in root:
+        root = "file://" + str(Path(root).expanduser().resolve())
+    return f"{root}/{table}"
+
+
+def table_asset_uris(config_path: str | Path) -> dict[str, str]:
+    """table -> its Asset URI under the config's output root (`output.uri`, read alone: parsing the DAG needs no
+    secret of the rest of the config)."""
+    return {t: table_asset_uri(load_output_uri(config_path), t) for t in TABLES}
 
 
 def table_updates(manifest: dict) -> dict[str, dict]:

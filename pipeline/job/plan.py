@@ -1,12 +1,12 @@
 """The plan step: the CPU stages over the whole input, once per job, into the staging area.
 
   plan:  claim the job's planning -> pipeline/plan/ (read, validate, key, route, sketch, cluster;
-         streamed by file, sharded by dedup scope) -> the partitions registered in the catalog, job `staged`
+         streamed by file, sharded by dedup scope) -> the partitions registered in the catalog, job `planned`
 
-A worker that finds the job being planned waits for it (or takes over a planner that died); a job
+A worker that finds the job being planned waits for it (or takes over a planning worker that died); a job
 planned already is not planned again. Planning's lease is fenced by its claim's epoch
 (jobs.planning_epoch). An orchestrator runs planning as several tasks: keyed_shards claims it,
-clustered_shard and staged_from_shards work under the claim current when they start (a task of a
+clustered_shard and planned_from_shards work under the claim current when they start (a task of a
 planning taken over since renews, fails and registers nothing), each renewing as its own process.
 """
 
@@ -22,6 +22,7 @@ from pipeline.job import faults
 from pipeline.job.context import JobContext
 from pipeline.job.manifest import current_manifest
 from pipeline.keys import config_fingerprint, isolation_fingerprint
+from pipeline.output.tables import old_layout
 from pipeline.output.write import write_manifest
 from pipeline.plan.streamed import (
     Plan,
@@ -34,12 +35,13 @@ from pipeline.plan.streamed import (
     planning_pool,
     planning_workers,
 )
+from pipeline.status import PLANNING
 from pipeline.stores import storage
 from pipeline.stores.catalog import utc
 from pipeline.stores.lease import Renewal, worker_is_gone
 
 log = logging.getLogger(__name__)
-# A gone planner (its host:pid process no longer exists) is replaced once it has not renewed for a third of
+# A gone planning worker (its host:pid process no longer exists) is replaced once it has not renewed for a third of
 # the lease, at most this long: an orchestrator's planning tasks each renew as their own process.
 GONE_GRACE_SECONDS = 15.0
 
@@ -49,56 +51,71 @@ def plan(ctx: JobContext) -> None:
     drain checks its own again, where GPU tasks run elsewhere), then plan the job unless it is planned
     already."""
     ctx.check_engines(list(ctx.config.tiers))  # first: a refused config leaves no output folder behind
+    ensure_planned(ctx)
+
+
+def check_output_root(ctx: JobContext) -> None:
+    """The output root can be written and is not of the layout before the Delta tables: refused before any
+    planning, on every path that plans (`tokenmill run`, the DAG's first task)."""
     try:
         storage.check_writable(ctx.out)
     except storage.StorageError as e:
         raise JobError(f"output root {e}: nothing was run; make it writable or set output.uri") from None
-    ensure_staged(ctx)
+    if old_layout(ctx.out):
+        raise JobError(
+            f"output root {ctx.out.uri(ctx.out.path)} holds commit records of the layout before Delta tables: "
+            f"nothing was run; convert it once with `tokenmill tables migrate --output {ctx.config.output.uri}`"
+        )
 
 
-def ensure_staged(ctx: JobContext, stage=None):
-    """Stage the job unless it is staged already (or wait while another worker stages it, saying who and
-    until when; a planner provably gone is taken over at once).
+def ensure_planned(ctx: JobContext, steps=None):
+    """Plan the job unless it is planned already (or wait while another worker plans it, saying who and
+    until when; a planning worker provably gone is taken over at once).
 
-    `stage(ctx, epoch)` does the staging under the planning claim `epoch` (default: all of planning,
-    `stage_input`); its result is returned, or None when the job was staged already."""
-    stage = stage or stage_input
+    `steps(ctx, epoch)` does the planning under the planning claim `epoch` (default: all of planning,
+    `plan_input`); its result is returned, or None when the job was planned already."""
+    check_output_root(ctx)
+    steps = steps or plan_input
     c = ctx.config
-    epoch = ctx.state.claim_staging(
+    epoch = ctx.state.claim_planning(
         ctx.job_id, config_fingerprint(c), c.input.uri, c.output.uri, ctx.worker, c.state.lease_seconds
     )
     if epoch:
-        return stage(ctx, epoch)
+        return steps(ctx, epoch)
     announced = None
     while True:
         row = ctx.state.job(ctx.job_id)
-        if row.status not in ("staging", "staging_failed"):
+        if row.status not in PLANNING:
             break
-        gone = row.planner if row.status == "staging" and row.planner and worker_is_gone(row.planner) else None
-        epoch = ctx.state.reclaim_staging(
+        gone = (
+            row.planning_worker
+            if row.status == "planning" and row.planning_worker and worker_is_gone(row.planning_worker)
+            else None
+        )
+        epoch = ctx.state.reclaim_planning(
             ctx.job_id,
             c.state.lease_seconds,
             ctx.worker,
-            gone_planner=gone,
+            gone_worker=gone,
             grace_seconds=min(c.state.lease_seconds / 3, GONE_GRACE_SECONDS),
         )
-        if epoch:  # the last staging failed, its planner's lease ran out, or its planner is gone
+        if epoch:  # the last planning failed, its worker's lease ran out, or its worker is gone
             if gone:
                 log.warning(
-                    "job %s: its planner %s is gone (no such process on this host); planning it again now "
+                    "job %s: its planning worker %s is gone (no such process on this host); planning it again now "
                     "instead of when its lease ends",
                     ctx.job_id,
                     gone,
                 )
-            return stage(ctx, epoch)
-        if announced != (row.planner, row.planning_epoch):
-            announced = (row.planner, row.planning_epoch)
+            return steps(ctx, epoch)
+        if announced != (row.planning_worker, row.planning_epoch):
+            announced = (row.planning_worker, row.planning_epoch)
             renewed, ends = row.planning_renewed_at, row.planning_lease_expires_at
             log.info(
                 "job %s waits: planned by worker %s (last renewal %s) until its lease ends at %s (database "
                 "clock), unless it finishes first",
                 ctx.job_id,
-                row.planner,
+                row.planning_worker,
                 utc(renewed),
                 utc(ends),
             )
@@ -108,29 +125,29 @@ def ensure_staged(ctx: JobContext, stage=None):
     if row.input_uri != c.input.uri:  # a job id reused for other input (a DAG run's `job_id` param): not this job
         raise JobError(
             f"job {ctx.job_id} reads {redact_url(row.input_uri)}, not {redact_url(c.input.uri)}; "
-            "a job's input is fixed once staged: give the other input a job id of its own"
+            "a job's input is fixed once planned: give the other input a job id of its own"
         )
     ctx.check_isolation()
     if row.config_fingerprint != config_fingerprint(c):
         log.warning(
-            "job %s: config changed since it was staged; items whose request changed are generated again", ctx.job_id
+            "job %s: config changed since it was planned; items whose request changed are generated again", ctx.job_id
         )
     return None
 
 
 @contextmanager
-def staging_step(ctx: JobContext, epoch: int):
-    """A staging step of the planning claim `epoch` renews the staging's lease while it runs (planning a
-    large job outlasts one), and one that fails marks the staging failed, so that a rerun takes it over at
-    once. Both are fenced by the epoch: a step of a planner that was taken over changes nothing (a job
-    another worker is planning, or finished staging, stays so)."""
+def planning_step(ctx: JobContext, epoch: int):
+    """A planning step of the planning claim `epoch` renews the planning's lease while it runs (planning a
+    large job outlasts one), and one that fails marks the planning failed, so that a rerun takes it over at
+    once. Both are fenced by the epoch: a step of a planning worker that was taken over changes nothing (a
+    job another worker is planning, or finished planning, stays so)."""
     lease = ctx.config.state.lease_seconds
 
     def renew() -> bool:
-        if ctx.state.renew_staging(ctx.job_id, epoch, ctx.worker, lease):
+        if ctx.state.renew_planning(ctx.job_id, epoch, ctx.worker, lease):
             return True
         row = ctx.state.job(ctx.job_id)
-        if row is not None and row.status == "staging" and row.planning_epoch != epoch:
+        if row is not None and row.status == "planning" and row.planning_epoch != epoch:
             log.warning(
                 "job %s: planning claim %d was taken over by another worker (claim %d); what this step "
                 "plans is not registered",
@@ -144,21 +161,21 @@ def staging_step(ctx: JobContext, epoch: int):
         try:
             yield
         except Exception as e:
-            ctx.state.fail_staging(ctx.job_id, epoch, str(e))
+            ctx.state.fail_planning(ctx.job_id, epoch, str(e))
             raise
 
 
-def stage_input(ctx: JobContext, epoch: int) -> None:
+def plan_input(ctx: JobContext, epoch: int) -> None:
     """Plan the job (plan/streamed.py: streamed by file, sharded by scope) into the staging area; register
     its partitions."""
     started = time.perf_counter()
-    with staging_step(ctx, epoch):
+    with planning_step(ctx, epoch):
         planned = plan_job(ctx.config, ctx.job_id, ctx.staging, cache=ctx.cache, report=ctx.progress.planning)
         register_plan(ctx, epoch, planned, time.perf_counter() - started)
 
 
 def register_plan(ctx: JobContext, epoch: int, planned: Plan, seconds: float) -> None:
-    """Register the planned partitions and mark the job staged, in one transaction fenced by the claim."""
+    """Register the planned partitions and mark the job planned, in one transaction fenced by the claim."""
     faults.checkpoint("before_register", ctx.job_id, "")
     counts = {
         "records": planned.records,
@@ -177,8 +194,8 @@ def register_plan(ctx: JobContext, epoch: int, planned: Plan, seconds: float) ->
     }
     if not ctx.state.register_partitions(ctx.job_id, epoch, planned.partitions, counts):
         row = ctx.state.job(ctx.job_id)
-        if row is not None and row.status not in ("staging", "staging_failed"):
-            log.info("job %s: staged meanwhile by another worker; its partitions stand", ctx.job_id)
+        if row is not None and row.status not in PLANNING:
+            log.info("job %s: planned meanwhile by another worker; its partitions stand", ctx.job_id)
             return
         raise JobError(
             f"job {ctx.job_id}: its planning was taken over by another worker (claim {epoch} superseded); "
@@ -187,56 +204,60 @@ def register_plan(ctx: JobContext, epoch: int, planned: Plan, seconds: float) ->
     write_manifest(ctx.out, ctx.job_id, current_manifest(ctx, partial=True))
 
 
-# -- planning as an orchestrator's tasks: keyed once, one task per shard, staged once -----------------
+# -- planning as an orchestrator's tasks: keyed once, one task per shard, registered once -----------------
 def keyed_shards(ctx: JobContext) -> list[int]:
-    """Claim the job's staging and key its input (plan/streamed.py step 1): the shards to cluster, [] when staged."""
+    """Claim the job's planning and key its input (plan/streamed.py step 1): the shards to cluster, [] when planned."""
 
     def keyed(ctx: JobContext, epoch: int) -> list[int]:
         c = ctx.config
         listed = list_input(c)
         workers = planning_workers(c, sum(size for _, _, size in listed[0]))
-        with staging_step(ctx, epoch), planning_pool(workers) as pool:
+        with planning_step(ctx, epoch), planning_pool(workers) as pool:
             plan = plan_keyed(c, ctx.job_id, ctx.staging, listed, workers, pool, report=ctx.progress.planning)
             return list(range(plan.shards))
 
-    return ensure_staged(ctx, keyed) or []
+    return ensure_planned(ctx, keyed) or []
 
 
 def _planning_epoch(ctx: JobContext) -> int | None:
-    """The planning claim's epoch while the job's staging has begun and is not done (a planning task of an
+    """The planning claim's epoch while the job's planning has begun and is not done (a planning task of an
     orchestrator may run under it), else None."""
     row = ctx.state.job(ctx.job_id)
-    return row.planning_epoch if row is not None and row.status in ("staging", "staging_failed") else None
+    return row.planning_epoch if row is not None and row.status in PLANNING else None
 
 
 def clustered_shard(ctx: JobContext, shard: int) -> dict:
-    """Cluster one shard (plan/streamed.py step 2); its dedup figures. Nothing to do once the job is staged."""
+    """Cluster one shard (plan/streamed.py step 2); its dedup figures. Nothing to do once the job is planned."""
     epoch = _planning_epoch(ctx)
     if epoch is None:
         return {}
-    with staging_step(ctx, epoch):
+    with planning_step(ctx, epoch):
         return plan_shard(ctx.config, ctx.job_id, ctx.staging, shard, ctx.cache).as_dict()
 
 
-def staged_from_shards(ctx: JobContext) -> None:
-    """Stage every partition from the clustered shards and register them (plan/streamed.py step 3), once.
+def planned_from_shards(ctx: JobContext) -> None:
+    """Write every partition's records from the clustered shards and register them (plan/streamed.py step 3),
+    once.
 
-    Only a plan whose every shard is clustered is staged here. Anything else (staged already, not begun,
-    or another worker planning it whole right now) is left to `ensure_staged`, which waits for that
-    worker or takes a dead one's staging over: a stage step never fails someone else's planning."""
+    Only a plan whose every shard is clustered is registered here. Anything else (planned already, not
+    begun, or another worker planning it whole right now) is left to `ensure_planned`, which waits for
+    that worker or takes a dead one's planning over: this step never fails someone else's planning."""
     row = ctx.state.job(ctx.job_id)
-    if row is None or row.status not in ("staging", "staging_failed"):
+    if row is None or row.status not in PLANNING:
         return
     planned = clustered_plan(ctx.staging)
     if planned is None:
         return
     epoch = row.planning_epoch
-    if row.status == "staging_failed":  # a shard task failed, and its retry clustered the shard: take over
-        epoch = ctx.state.reclaim_staging(ctx.job_id, ctx.config.state.lease_seconds, ctx.worker)
+    if row.status == "planning_failed":  # a shard task failed, and its retry clustered the shard: take over
+        epoch = ctx.state.reclaim_planning(ctx.job_id, ctx.config.state.lease_seconds, ctx.worker)
         if epoch is None:
-            return  # another worker took it over first: ensure_staged waits for it
+            return  # another worker took it over first: ensure_planned waits for it
     started = time.perf_counter()
-    with staging_step(ctx, epoch), planning_pool(planning_workers(ctx.config, 0)) as pool:  # in this process unless set
+    with (
+        planning_step(ctx, epoch),
+        planning_pool(planning_workers(ctx.config, 0)) as pool,
+    ):  # in this process unless set
         register_plan(
             ctx,
             epoch,

@@ -53,12 +53,8 @@ def prepare(ctx: JobContext, partition: str, demand: Demand | None = None) -> di
 
 
 def report_prepared(ctx: JobContext) -> None:
-    """The queue a prepare leaves, to the metrics; then the push of a process that serves no endpoint."""
-    metrics.begin(ctx.config, ctx.job_id)
-    if metrics.wanted(ctx.config.metrics):
-        for tier in ctx.config.tiers:
-            metrics.queue_depth(tier, ctx.queue.claimable(ctx.job_id, tier))
-    metrics.push(ctx.config.metrics, ctx.job_id, ctx.worker)
+    """The job's state a prepare leaves (the queue it filled), to the metrics and the Pushgateway."""
+    metrics.report_job(ctx)
 
 
 def expected_engine_seconds(ctx: JobContext, demand: Demand) -> float:

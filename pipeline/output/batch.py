@@ -6,10 +6,11 @@ For each input file of OpenAI batch requests, next to the Parquet tables:
 For a file of Anthropic Message Batches requests, one `<file>.results.jsonl` (`succeeded` / `errored`).
 
 Every line of the input file gets exactly one line, in input order: the files are derived from the
-committed partitions (outputs, quarantine, ledger) and the input file read again, never kept on the
-side, so they cannot disagree with the Parquet tables, and a rerun writes the same files again (each
-atomically) instead of adding lines. A reused answer is returned as the answer, under its own
-`custom_id`; the `tokenmill` extension field of each line says where it came from and what it cost.
+committed partitions' rows in a snapshot of each table (outputs, quarantine, ledger: output/tables.py) and
+the input file read again, never kept on the side, so they cannot disagree with the tables, and a rerun
+writes the same files again (each atomically) instead of adding lines. A reused answer is returned as the
+answer, under its own `custom_id`; the `tokenmill` extension field of each line says where it came from and
+what it cost.
 """
 
 from __future__ import annotations
@@ -18,12 +19,13 @@ import json
 import re
 
 import pyarrow as pa
+import pyarrow.dataset as ds
 import xxhash
 
 from pipeline.config import TokenmillConfig
 from pipeline.ingest.read import FileReader
-from pipeline.output.commit import relative
 from pipeline.output.safe_text import json_line
+from pipeline.output.tables import read, relative
 from pipeline.schema import REASONS
 from pipeline.stores import storage
 
@@ -47,16 +49,17 @@ def write_batch_results(
     out: storage.Location,
     job_id: str,
     batch_files: dict[str, str],
-    committed: dict[str, dict[str, str]],
+    committed: set[str],
     partitions_of: dict[str, list[str]],
 ) -> dict[str, dict]:
-    """Write the result files of each batch input file (`batch_files`: file -> format); `committed`: a
-    committed partition -> its files (kind -> path under `out`); `partitions_of`: file -> its partitions.
+    """Write the result files of each batch input file (`batch_files`: file -> format); `committed`: the
+    partitions the catalog has committed; `partitions_of`: file -> its partitions.
     Returns, per input file, its result files and request counts (for the manifest)."""
     summary = {}
     root = storage.resolve(config.input.uri, config.storage)
     for file, fmt in sorted(batch_files.items()):
-        tables = {kind: _committed(out, committed, partitions_of.get(file, []), kind) for kind in _KINDS}
+        partitions = [p for p in partitions_of.get(file, []) if p in committed]
+        tables = {kind: _committed(out, job_id, partitions, kind) for kind in _KINDS}
         requests = FileReader(root, file, root.join(file), config.input).table()
         lines, counts, usage = _result_lines(job_id, fmt, requests, tables)
         paths = result_paths(out, job_id, file, fmt)
@@ -104,11 +107,12 @@ _KINDS = {
 }  # fmt: skip
 
 
-def _committed(out: storage.Location, committed: dict, partitions: list[str], kind: str) -> pa.Table | None:
-    tables = [
-        storage.read_parquet(out, out.join(committed[p][kind]), _KINDS[kind]) for p in partitions if p in committed
-    ]
-    return pa.concat_tables(tables) if tables else None
+def _committed(out: storage.Location, job_id: str, partitions: list[str], kind: str) -> pa.Table | None:
+    """The partitions' rows of one kind, from the table's latest snapshot (each partition whole)."""
+    if not partitions:
+        return None
+    keep = (ds.field("job_id") == job_id) & ds.field("partition").isin(partitions)
+    return read(out, kind, filter=keep, columns=_KINDS[kind])
 
 
 def _result_lines(job_id: str, fmt: str, requests: pa.Table, tables: dict) -> tuple[dict[str, list], dict, dict]:

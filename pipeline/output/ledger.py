@@ -1,22 +1,22 @@
-"""Questions analysts ask of the ledgers, answered with DuckDB over the Parquet files where they lie.
+"""Questions analysts ask of the ledgers, answered with DuckDB over one snapshot of the Delta tables.
 
-The output root (local or s3://) is opened through pyarrow datasets, so DuckDB needs no extension
-and no network: `ledger`, `outputs` and `quarantine` are views any SQL can use. Money columns are
+Each table of the output root (local or s3://, output/tables.py) is opened at its latest version, or as of
+a version or a time (time travel), as a pyarrow dataset of exactly the files that snapshot names, so DuckDB
+needs no extension and no network, and a partition is read whole or not at all while a job commits:
+`ledger`, `outputs` and `quarantine` are views any SQL can use. Money columns are
 summed as DECIMAL(38, 18) so totals do not depend on summation order.
 """
 
 from __future__ import annotations
 
 import re
-from datetime import date
+from datetime import date, datetime
 
 import duckdb
 import pyarrow as pa
-import pyarrow.dataset as ds
 
 from pipeline.config import StorageConfig
-from pipeline.output.commit import committed_files
-from pipeline.schema import LEDGER, OUTPUTS, QUARANTINE
+from pipeline.output.tables import dataset
 from pipeline.stores import storage
 
 # Grouping keys an analyst may ask for, and the SQL that computes each.
@@ -64,27 +64,12 @@ class LedgerError(ValueError):
     """A ledger question that cannot be answered as asked; the message says why."""
 
 
-def _dataset(root: storage.Location, kind: str, schema: pa.Schema, files: list[str]) -> ds.Dataset:
-    """The committed files of one kind (commit.py): a partition is read whole or not at all."""
-    # The ledger carries `partition` in its rows; outputs and quarantine take it from the path.
-    in_path = [] if "partition" in schema.names else [("partition", pa.string())]
-    full = pa.schema([*schema, *in_path])
-    if not files:
-        return ds.dataset(full.empty_table())
-    partitioning = ds.partitioning(pa.schema(in_path), flavor="hive") if in_path else None
-    return ds.dataset(
-        files,
-        filesystem=root.fs,
-        format="parquet",
-        partitioning=partitioning,
-        partition_base_dir=root.join(kind),
-        schema=full,
-        exclude_invalid_files=False,
-    )
-
-
-def connect(output_uri: str, storage_config: StorageConfig | None = None) -> duckdb.DuckDBPyConnection:
-    """A read-only DuckDB connection with views `ledger`, `outputs` and `quarantine` over an output root.
+def connect(
+    output_uri: str, storage_config: StorageConfig | None = None, as_of: int | datetime | None = None
+) -> duckdb.DuckDBPyConnection:
+    """A read-only DuckDB connection with views `ledger`, `outputs` and `quarantine` over an output root's
+    tables: their latest snapshots, or each as of `as_of` (a table version, or a time: the last version
+    committed at or before it).
 
     Once the views are registered, DuckDB's access to anything else is switched off and its
     configuration locked: no file, network or extension can be reached from a query, and no query
@@ -92,9 +77,8 @@ def connect(output_uri: str, storage_config: StorageConfig | None = None) -> duc
     """
     root = storage.resolve(output_uri, storage_config)
     con = duckdb.connect()
-    committed = committed_files(root)
-    for kind, schema in (("ledger", LEDGER), ("outputs", OUTPUTS), ("quarantine", QUARANTINE)):
-        con.register(kind, _dataset(root, kind, schema, committed[kind]))
+    for kind in ("ledger", "outputs", "quarantine"):
+        con.register(kind, dataset(root, kind, as_of))
     # Days are UTC days (`--since`, `--until`, `day`), whatever the machine's time zone.
     con.execute("SET TimeZone = 'UTC'")
     con.execute("SET enable_external_access = false")
@@ -153,7 +137,7 @@ _WRITES = re.compile(
 
 
 def query(con: duckdb.DuckDBPyConnection, sql: str) -> pa.Table:
-    """Any read-only SQL over the views. The files are the record: nothing here writes to them."""
+    """Any read-only SQL over the views. The tables are the record: nothing here writes to them."""
     if _WRITES.match(sql):
         raise LedgerError("ledger sql answers queries only (SELECT, WITH, DESCRIBE, SUMMARIZE, …)")
     try:

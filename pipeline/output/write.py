@@ -1,13 +1,9 @@
 """Output, write: give every valid record its output or quarantine row, and price it.
 
-Layout under the output root (Hive style, zstd Parquet; commit.py says how a partition is committed):
-  outputs/job=<job>/partition=<p>/part-<commit>.parquet
-  ledger/job=<job>/partition=<p>/part-<commit>.parquet
-  quarantine/job=<job>/partition=<p>/part-<commit>.parquet
-  _commits/job=<job>/partition=<p>.json      the commit record: which files are the partition
-  jobs/<job>/manifest.json
-Every partition of the job gets all three files (possibly empty); running a partition again
-publishes a new commit that replaces the old one instead of adding rows.
+Under the output root, outputs/, ledger/ and quarantine/ are Delta Lake tables partitioned by job and
+partition (tables.py says how a partition is committed), and jobs/<job>/manifest.json the job's manifest.
+Every partition of the job is committed to all three tables (possibly with no rows); running a partition
+again replaces its rows in one transaction instead of adding rows.
 """
 
 from __future__ import annotations

@@ -11,7 +11,10 @@
   hardware.py  a tier's throughput from first principles: its model's config.json, its batch and its device's
                limits (a roofline with efficiency factors calibrated on published results: docs/estimate.md)
   whatif.py    the job projected on other GPUs, models and levers (`tokenmill estimate --hardware`)
+  whatif_page.py  the what-if projection as an HTML page
+  breakeven.py at what nightly volume self-hosting beats the API batch offers
+  tokens.py    token counts for a what-if with no model files (the best tokenizer there is)
 
-Layer: below pipeline.job (whose plan step runs it), above pipeline.output; may import every stage
+Layer: below pipeline.job (whose plan step runs it), above pipeline.output; may import every layer
 below it, pipeline.stores and the base. tests/unit/test_architecture.py enforces this.
 """

@@ -245,7 +245,7 @@ def planned_demand(
     import tempfile
 
     from pipeline.generate.reuse import generations_for
-    from pipeline.generate.waves import WavePlanner, engine_requests
+    from pipeline.generate.waves import WaveDeriver, engine_requests
     from pipeline.plan.streamed import plan_job
     from pipeline.stores import storage
     from pipeline.stores.cache import open_store
@@ -277,7 +277,7 @@ def planned_demand(
                 counts["cache_hits"] += hits
             generations = generations_for(records, keys)
             requests, too_long = engine_requests(generations, config, pool)
-            state, rows = WavePlanner(config, pool, None, partition).first(generations, requests, too_long)
+            state, rows = WaveDeriver(config, pool, None, partition).first(generations, requests, too_long)
             demand.add(
                 [r["tier"] for r in rows],
                 [len(r["prompt_token_ids"]) for r in rows],

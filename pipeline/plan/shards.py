@@ -56,8 +56,8 @@ def cut_scopes(config: TokenmillConfig, staging, partitions: list[str], big: dic
     hashes: dict[str, list[np.ndarray]] = {scope: [] for scope in big}
     positions: dict[str, list[np.ndarray]] = {scope: [] for scope in big}
     sizes = []
-    for i, part in enumerate(partitions):
-        sketch = staging.sketch(part, columns=["scope", "item_key", "signature", "embedding"])
+    for i, partition in enumerate(partitions):
+        sketch = staging.sketch(partition, columns=["scope", "item_key", "signature", "embedding"])
         sizes.append(sketch.num_rows)
         scopes = np.asarray(sketch["scope"].to_pylist(), object)
         for scope in big:
@@ -81,13 +81,13 @@ def cut_scopes(config: TokenmillConfig, staging, partitions: list[str], big: dic
         position = np.concatenate(positions.pop(scope)) if positions[scope] else None
         if position is not None and len(position) != len(band):  # some partitions without embeddings
             position = None
-        part = split.parts(split.components(band), count, position)
-        cut[scope] = np.bincount(part, minlength=count).tolist()
+        part_of_row = split.parts(split.components(band), count, position)
+        cut[scope] = np.bincount(part_of_row, minlength=count).tolist()
         at = 0
         for i, rows in where.pop(scope):
-            labels[i][rows], at = part[at : at + len(rows)], at + len(rows)
-    for part, label in zip(partitions, labels):
-        staging.write_split(part, pa.table({"part": label}))
+            labels[i][rows], at = part_of_row[at : at + len(rows)], at + len(rows)
+    for partition, label in zip(partitions, labels):
+        staging.write_split(partition, pa.table({"part": label}))
     log.info(
         "planning: scopes cut in parts of about %d records: %s",
         config.planning.shard_rows,
@@ -141,29 +141,29 @@ def cluster_shard(
     wanted = pa.array([scope for scope, _ in scopes if scope not in cut], pa.string())
     parts_of = [(scope, part) for scope, part in scopes if scope in cut]
     tables = []
-    for part in partitions:
-        keyed = staging.sketch(part)
+    for partition in partitions:
+        keyed = staging.sketch(partition)
         keep = pc.is_in(keyed["scope"], wanted)
         if parts_of:
-            label = staging.split(part)["part"]
-            for scope, p in parts_of:
-                keep = pc.or_(keep, pc.and_(pc.equal(keyed["scope"], scope), pc.equal(label, p)))
-        if part in duplicates:
-            keep = pc.and_(keep, pc.invert(pc.is_in(keyed[ROW], pa.array(duplicates[part], pa.int32()))))
+            label = staging.split(partition)["part"]
+            for scope, part in parts_of:
+                keep = pc.or_(keep, pc.and_(pc.equal(keyed["scope"], scope), pc.equal(label, part)))
+        if partition in duplicates:
+            keep = pc.and_(keep, pc.invert(pc.is_in(keyed[ROW], pa.array(duplicates[partition], pa.int32()))))
         tables.append(keyed.filter(keep))
     if not tables:  # no partition at all (an empty input folder): nothing to decide
         return DedupStats()
     records = pa.concat_tables(tables)
     if not records.num_rows:  # a shard of no record (an input without a valid one): empty decisions
-        for part in partitions:
-            staging.write_reuse(part, shard, DECISIONS.empty_table())
+        for partition in partitions:
+            staging.write_reuse(partition, shard, DECISIONS.empty_table())
         return DedupStats()
     texts = PartitionTexts(staging)
-    part_of = pc.dictionary_encode(records["partition"].combine_chunks())
-    parts, names = np.asarray(part_of.indices), part_of.dictionary.to_pylist()
+    partition_of = pc.dictionary_encode(records["partition"].combine_chunks())
+    indices, names = np.asarray(partition_of.indices), partition_of.dictionary.to_pylist()
     rows = np.asarray(records[ROW].combine_chunks())
     ctx = StageContext(
-        config, job_id, config.input.uri, cache, texts=lambda r: texts.text(names[parts[r]], int(rows[r]))
+        config, job_id, config.input.uri, cache, texts=lambda r: texts.text(names[indices[r]], int(rows[r]))
     )
     decided = run_stages((stage_named("cluster"),), records, ctx)
     stats = ctx.dedup
@@ -174,7 +174,7 @@ def cluster_shard(
         .append_column(
             "gen_partition",
             pa.DictionaryArray.from_arrays(
-                pa.array(np.where(elsewhere, parts[source], 0), pa.int32(), mask=~elsewhere), part_of.dictionary
+                pa.array(np.where(elsewhere, indices[source], 0), pa.int32(), mask=~elsewhere), partition_of.dictionary
             ).cast(pa.string()),
         )
         .append_column("gen_row", pa.array(rows[source], pa.int32(), mask=~elsewhere))
@@ -186,7 +186,7 @@ def cluster_shard(
     # 20,000 one-record files never finished.)
     decided = decided.drop_columns(["partition"])
     offset = 0
-    for part, table in zip(partitions, tables):
-        staging.write_reuse(part, shard, decided.slice(offset, table.num_rows))
+    for partition, table in zip(partitions, tables):
+        staging.write_reuse(partition, shard, decided.slice(offset, table.num_rows))
         offset += table.num_rows
     return stats

@@ -22,8 +22,8 @@ match across parts (counted by benchmarks/planning_scale.py).
 
 `workers` processes run each step (`planning.workers`; unset, one per 32 MB of input up to the machine's
 cores); with one, everything runs in this process. Under Airflow the steps are tasks of their own:
-`plan` keys the input with its worker's cores, `cluster` is mapped by shard, and `stage` stages the
-partitions (in its process, unless `planning.workers` is set).
+`key` keys the input with its worker's cores, `cluster` is mapped by shard, and `plan` writes each partition's
+records and registers them (in its process, unless `planning.workers` is set).
 """
 
 from __future__ import annotations
@@ -97,7 +97,6 @@ class Plan:
 
     @staticmethod
     def from_dict(data: dict) -> "Plan":
-        data = {("shard_scopes" if k == "shard_units" else k): v for k, v in data.items()}  # plan.json before 0.2
         return Plan(**{**data, "dedup": DedupStats.from_dict(data["dedup"])})
 
 
@@ -223,11 +222,11 @@ def plan_keyed(
         plan.quarantined += result.quarantined
         if result.format not in (None, "records"):
             plan.batch_files[result.file] = result.format
-        for part, (ids, scopes, raw) in result.partitions.items():
-            plan.partitions[part] = {"file": result.file, "records": raw}
+        for partition, (ids, scopes, raw) in result.partitions.items():
+            plan.partitions[partition] = {"file": result.file, "records": raw}
             rows = duplicate_rows(ids, seen)
             if rows:
-                plan.duplicates[part] = rows
+                plan.duplicates[partition] = rows
                 plan.quarantined += len(rows)
             for scope, count in scopes.items():
                 scope_rows[scope] = scope_rows.get(scope, 0) + count
@@ -333,17 +332,17 @@ def key_files(config: TokenmillConfig, job_id: str, staging, files: list[tuple[s
     out = KeyedFile(name, 0, 0, [], [], {})
 
     def key_partition(raw: pa.Table) -> None:  # one whole partition
-        part = raw["partition"][0].as_py()
+        partition = raw["partition"][0].as_py()
         ctx = StageContext(config, job_id, config.input.uri, duplicate_ids=False, raw=raw)
         records = run_stages(KEYED_STAGES, raw, ctx)
         records = records.append_column(ROW, pa.array(range(records.num_rows), pa.int32()))
         out.raw, out.quarantined = out.raw + raw.num_rows, out.quarantined + ctx.quarantine.num_rows
         out.notes.extend(n for n in ctx.notes if n not in out.notes)
-        staging.write_keyed(part, records)
-        staging.write_sketch(part, records.select(list(SHARD_COLUMNS)))  # what the shards read: no text
-        staging.write_read_quarantine(part, ctx.quarantine)
+        staging.write_keyed(partition, records)
+        staging.write_sketch(partition, records.select(list(SHARD_COLUMNS)))  # what the shards read: no text
+        staging.write_read_quarantine(partition, ctx.quarantine)
         counts = pc.value_counts(records["scope"]).to_pylist()
-        out.partitions[part] = (records["id"], {c["values"]: c["counts"] for c in counts}, raw.num_rows)
+        out.partitions[partition] = (records["id"], {c["values"]: c["counts"] for c in counts}, raw.num_rows)
 
     root = storage.resolve(config.input.uri, config.storage)
     if len(files) == 1:
@@ -396,11 +395,11 @@ def _sources(staging, partitions: list[str | None], rows: list[int | None]) -> t
     in other partitions the members carry)."""
     sources, texts = [-1] * len(partitions), []
     wanted: dict[str, list[tuple[int, int]]] = {}
-    for i, (part, row) in enumerate(zip(partitions, rows)):
-        if part is not None:
-            wanted.setdefault(part, []).append((i, row))
-    for part, pairs in wanted.items():
-        column = staging.keyed(part, columns=["text"])["text"]
+    for i, (partition, row) in enumerate(zip(partitions, rows)):
+        if partition is not None:
+            wanted.setdefault(partition, []).append((i, row))
+    for partition, pairs in wanted.items():
+        column = staging.keyed(partition, columns=["text"])["text"]
         for i, row in pairs:
             sources[i] = len(texts)
             texts.append(column[row].as_py())

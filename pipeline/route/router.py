@@ -19,6 +19,7 @@ Labels, one JSON object per line:
 from __future__ import annotations
 
 import json
+import math
 from dataclasses import dataclass
 from datetime import datetime, timezone
 from pathlib import Path
@@ -85,7 +86,11 @@ class Labels:
 
 def read_labels(path: str | Path, small: str, large: str) -> Labels:
     texts, qs, ql = [], [], []
-    for n, line in enumerate(Path(path).read_text(encoding="utf-8").splitlines(), 1):
+    try:
+        lines = Path(path).read_text(encoding="utf-8").splitlines()
+    except (OSError, UnicodeDecodeError) as e:
+        raise RouterError(f"labels {path}: {getattr(e, 'strerror', None) or e}") from None
+    for n, line in enumerate(lines, 1):
         if not line.strip():
             continue
         try:
@@ -95,6 +100,12 @@ def read_labels(path: str | Path, small: str, large: str) -> Labels:
                 q = row["quality"]
                 qs.append(float(q[small]))
                 ql.append(float(q[large]))
+                if not (math.isfinite(qs[-1]) and math.isfinite(ql[-1])):
+                    # A score left out and written as NaN would train and calibrate on nothing, silently.
+                    raise RouterError(
+                        f"{path}:{n}: the quality scores must be finite numbers ({small}: {qs[-1]}, {large}: "
+                        f"{ql[-1]}); label the item or leave it out"
+                    )
             else:
                 if row["tier"] not in (small, large):
                     raise RouterError(f"{path}:{n}: tier {row['tier']!r} is neither {small!r} nor {large!r}")

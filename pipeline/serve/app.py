@@ -21,8 +21,8 @@ too (an unknown route, a wrong method), is OpenAI's error object with a specific
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
-import hashlib
 import logging
 import tempfile
 import threading
@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 from typing import Literal
 
-from fastapi import Depends, FastAPI, Query, Request
+from fastapi import Depends, FastAPI, Query, Request, Security
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
@@ -40,10 +40,11 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from pipeline.config import ServeConfig, TokenmillConfig
 from pipeline.ingest.batch import ANTHROPIC_ENDPOINT, OPENAI_ENDPOINTS
 from pipeline.plan.estimate import budget_problems, estimate_job
+from pipeline.serve.access import BodyCap, declared_length, json_body, tenant
 from pipeline.serve.errors import ApiError, error_response
 from pipeline.serve.messages import message_batch_routes
-from pipeline.serve.runner import ACTIVE, WINDOWS, job_config, request_lines
-from pipeline.serve.store import ApiStore, new_id
+from pipeline.serve.runner import ACTIVE, WINDOWS, BatchRunner, job_config, request_lines
+from pipeline.serve.store import ApiStore, Batch, new_id
 
 ENDPOINTS = (*OPENAI_ENDPOINTS, ANTHROPIC_ENDPOINT)
 MAX_METADATA = 16  # OpenAI's limits on a batch's metadata: pairs, and characters per key and value
@@ -84,10 +85,6 @@ def expiry_seconds(anchor, seconds, param: str) -> int:
     return value
 
 
-def key_digest(key: str) -> str:
-    return hashlib.sha256(key.encode()).hexdigest()
-
-
 # What the runner keeps on a batch for itself: never shown to a client (the Airflow run's params name paths).
 INTERNAL = (
     "tenant",
@@ -101,7 +98,7 @@ INTERNAL = (
 )
 
 
-def public(batch: dict) -> dict:
+def public(batch: Batch) -> dict:
     """The batch object a client sees: OpenAI's fields, and tokenmill's extension."""
     out = {k: v for k, v in batch.items() if k not in INTERNAL}
     if batch["status"] in ACTIVE and batch.get("cancel_requested"):
@@ -129,78 +126,32 @@ def page(objects: list[dict], limit: int, after: str | None) -> dict:
     }
 
 
-class _TooLarge(Exception):
-    pass
+def create_app(config: TokenmillConfig, store: ApiStore, runner: BatchRunner | None = None) -> FastAPI:
+    """The API over `store`; `runner`, when given, runs the batches while the app is served (started and
+    closed by the app's lifespan)."""
 
-
-class Guard:
-    """Before any route reads a body: the bearer key must name a tenant (401), and the body may not exceed
-    its cap (413), counted as it streams in, whatever `content-length` says (a chunked upload has none).
-    Uploads may carry `serve.max_file_bytes` plus the multipart envelope; any other body MAX_BODY."""
-
-    MAX_BODY = 1 << 20
-
-    def __init__(self, app, tenants: dict[str, str], limits: ServeConfig):
-        self.app, self.tenants, self.limits = app, tenants, limits
-
-    async def __call__(self, scope, receive, send):
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        headers = {k.lower(): v for k, v in scope["headers"]}
-        name = self.tenants.get(key_digest(_key(headers)) if _key(headers) else "")
-        if name is None:
-            message = "no API key, or an unknown one: send `Authorization: Bearer <key>` or `x-api-key: <key>`"
-            return await error_response(scope["path"], 401, message, "invalid_api_key")(scope, receive, send)
-        scope.setdefault("state", {})["tenant"] = name  # what the routes' `tenant` dependency hands them
-        upload = scope["method"] == "POST" and scope["path"] == "/v1/files"
-        cap = self.limits.max_file_bytes + 65536 if upload else self.MAX_BODY
-        too_large = error_response(
-            scope["path"], 413, f"request body over {cap} bytes (serve.max_file_bytes for uploads)", "too_large"
-        )
-        if int(headers.get(b"content-length") or 0) > cap:
-            return await too_large(scope, receive, send)
-        received, started = 0, False
-
-        async def counted():
-            nonlocal received
-            message = await receive()
-            received += len(message.get("body", b""))
-            if received > cap:
-                raise _TooLarge
-            return message
-
-        async def sending(message):
-            nonlocal started
-            started = True
-            await send(message)
-
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI):
+        if runner is not None:
+            runner.start()
         try:
-            await self.app(scope, counted, sending)
-        except _TooLarge:
-            if not started:
-                await too_large(scope, receive, send)
+            yield
+        finally:
+            if runner is not None:
+                await asyncio.to_thread(runner.close)
 
-
-def _key(headers: dict[bytes, bytes]) -> str:
-    """The caller's key: `x-api-key` (Anthropic's header), else a bearer `Authorization` (OpenAI's)."""
-    key = headers.get(b"x-api-key", b"").decode("latin-1").strip()
-    if key:
-        return key
-    scheme, _, value = headers.get(b"authorization", b"").decode("latin-1").partition(" ")
-    return value.strip() if scheme.lower() == "bearer" else ""
-
-
-def create_app(config: TokenmillConfig, store: ApiStore) -> FastAPI:
-    app = FastAPI(title="tokenmill Batch API", docs_url=None, redoc_url=None)
-    tenants = {digest: name for name, t in config.tenants.items() for digest in t.api_keys}
-    app.add_middleware(Guard, tenants=tenants, limits=config.serve)
+    app = FastAPI(
+        title="tokenmill Batch API",
+        docs_url=None,
+        redoc_url=None,
+        lifespan=lifespan,
+        dependencies=[Security(tenant), Depends(declared_length)],
+    )
+    app.state.tenants = {digest: name for name, t in config.tenants.items() for digest in t.api_keys}
+    app.state.limits = config.serve
+    app.add_middleware(BodyCap, limits=config.serve)
 
     _error_handlers(app)
-
-    def tenant(request: Request) -> str:
-        """The caller's tenant, as the Guard found it from the bearer key (it answered 401 to any other call)."""
-        return request.state.tenant
-
     _file_routes(app, store, config.serve, tenant)
     create = _batch_routes(app, store, config, tenant)
     # Anthropic's windows are 24 hours; a server that allows no such window gives its first.
@@ -287,7 +238,7 @@ def _file_routes(app: FastAPI, store: ApiStore, limits: ServeConfig, tenant) -> 
 
     @app.post("/v1/files")
     async def upload(request: Request, who: str = Depends(tenant)):
-        # One file part and one field (`purpose`); the Guard caps the bytes of the whole body.
+        # One file part and one field (`purpose`); BodyCap caps the bytes of the whole body.
         form = await request.form(max_files=1, max_fields=4, max_part_size=1024)
         upload, purpose = form.get("file"), form.get("purpose")
         if purpose != "batch":
@@ -334,7 +285,7 @@ def _file_routes(app: FastAPI, store: ApiStore, limits: ServeConfig, tenant) -> 
         return {"id": file_id, "object": "file", "deleted": True}
 
 
-def new_batch(body: CreateBatch, tenant: str, limits: ServeConfig) -> dict:
+def new_batch(body: CreateBatch, tenant: str, limits: ServeConfig) -> Batch:
     """A batch object as created (`validating`), after checking what the client asked for."""
     if body.endpoint not in ENDPOINTS:
         raise ApiError(400, f"endpoint {body.endpoint!r}: one of {', '.join(ENDPOINTS)}", "invalid_endpoint")
@@ -422,7 +373,7 @@ class BudgetCheck:
             b.max_job_usd is not None or b.tenant_cap(tenant) is not None
         )
 
-    def check(self, batch: dict, data: bytes) -> None:
+    def check(self, batch: Batch, data: bytes) -> None:
         if request_lines(data) > self.config.serve.estimate_max_requests:
             return  # too large to plan inside a call: its job's own check refuses it when it starts
         try:
@@ -465,7 +416,7 @@ def _batch_routes(app: FastAPI, store: ApiStore, config: TokenmillConfig, tenant
         return batch
 
     @app.post("/v1/batches")
-    def create_batch(body: CreateBatch, who: str = Depends(tenant)):
+    def create_batch(body: CreateBatch = Depends(json_body(CreateBatch)), who: str = Depends(tenant)):
         return public(create(body, who))
 
     @app.get("/v1/batches")

@@ -56,6 +56,7 @@ def uvicorn_config(app, serve: ServeConfig, host: str, port: int, log_level: str
         host=host,
         port=port,
         log_level=log_level,
+        log_config=None,  # uvicorn's lines go to the root logger `tokenmill serve` set up (liblog.serve_logging)
         http=protocol,
         timeout_keep_alive=serve.keep_alive_seconds,
         h11_max_incomplete_event_size=MAX_HEADER_BYTES,

@@ -23,6 +23,7 @@ from fastapi import Depends, FastAPI, Query, Request
 from fastapi.responses import StreamingResponse
 from pydantic import BaseModel, ConfigDict, Field
 
+from pipeline.serve.access import json_body
 from pipeline.serve.errors import ApiError
 from pipeline.serve.runner import ACTIVE
 from pipeline.serve.store import ApiStore
@@ -99,7 +100,11 @@ def message_batch_routes(app: FastAPI, store: ApiStore, tenant, create: Callable
         return batch
 
     @app.post("/v1/messages/batches", dependencies=version)
-    def create_message_batch(body: CreateMessageBatch, request: Request, who: str = Depends(tenant)):
+    def create_message_batch(
+        request: Request,
+        body: CreateMessageBatch = Depends(json_body(CreateMessageBatch)),
+        who: str = Depends(tenant),
+    ):
         seen: set[str] = set()
         for i, r in enumerate(body.requests):
             if r.custom_id in seen:

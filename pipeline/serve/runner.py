@@ -30,19 +30,24 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol
 
+import httpx
 import yaml
+from pydantic import SecretStr
 
 from pipeline.config import TokenmillConfig, tokenmill_home
 from pipeline.errors import JobError
 from pipeline.job.lifecycle import Job
-from pipeline.job.orchestrate import job_manifest
+from pipeline.job.orchestrate import job_input, job_manifest
 from pipeline.output.batch import batch_usage
-from pipeline.serve.store import ACTIVE, ApiStore
+from pipeline.serve.store import ACTIVE, ApiStore, Batch
 from pipeline.serve.validate import line_errors
+from pipeline.status import PLANNING, BatchStatus, JobStatus
 from pipeline.stores import storage
-from pipeline.stores.catalog import StateStore
+from pipeline.stores.catalog import StateStore, migrate
 from pipeline.stores.lease import Renewal, default_worker
 from pipeline.stores.runners import RunnerLeases
 from pipeline.stores.staging import StagingArea
@@ -61,17 +66,16 @@ def request_lines(data: bytes) -> int:
     return sum(1 for line in data.split(b"\n") if line.strip())
 
 
-def job_config(config: TokenmillConfig, store: ApiStore, batch: dict) -> TokenmillConfig:
-    """The job of a batch: the server's config, reading the batch's input as batch requests billed to its tenant."""
-    data = config.model_dump(mode="json")
-    data["input"].update(
-        uri=store.out.uri(store.input_folder(batch["id"])),
-        format="anthropic" if batch["endpoint"] == "/v1/messages" else "openai",
-        default_tenant=batch["tenant"],
-        request_tenant="default",
+def job_config(config: TokenmillConfig, store: ApiStore, batch: Batch) -> TokenmillConfig:
+    """The job of a batch: the server's config, reading the batch's input as batch requests billed to its tenant
+    (orchestrate.job_input, as a DAG run's tasks build theirs), with no progress bar."""
+    job = job_input(
+        config,
+        store.out.uri(store.input_folder(batch["id"])),
+        batch["tenant"],
+        "anthropic" if batch["endpoint"] == "/v1/messages" else "openai",
     )
-    data["run"]["progress"] = "off"
-    return TokenmillConfig.model_validate(data)
+    return job.model_copy(update={"run": job.run.model_copy(update={"progress": "off"})})
 
 
 class BatchRunner:
@@ -79,7 +83,7 @@ class BatchRunner:
         self.config, self.store = config, store
         self.workdir = workdir or Path(tokenmill_home()) / "serve"
         trigger = config.serve.airflow
-        self.jobs = AirflowRuns(trigger) if trigger is not None else ChildProcess(self.workdir)
+        self.jobs: JobLauncher = AirflowRuns(trigger) if trigger is not None else ChildProcess(self.workdir)
         self.stop = threading.Event()
         self.faults: dict[str, int] = {}  # batch id -> passes in a row that raised on it
         self.stopping: dict[str, Job] = {}  # batch id -> its stopped job, while a partition's holder keeps it
@@ -91,6 +95,9 @@ class BatchRunner:
         self.thread = threading.Thread(target=self._loop, name="batch-runner", daemon=True)
 
     def start(self) -> None:
+        """Start running batches: the catalog brought to the latest schema first, once for the server's
+        process (its passes and the jobs of its batches only read and write it)."""
+        migrate(self.config.state.url, once=True)
         self.workdir.mkdir(parents=True, exist_ok=True)
         self.thread.start()
 
@@ -187,7 +194,7 @@ class BatchRunner:
         self.last_tenant = (after or tenants)[0]
         return next(b for b in queued if b["tenant"] == self.last_tenant)
 
-    def guarded(self, batch: dict) -> None:
+    def guarded(self, batch: Batch) -> None:
         """Advance `batch`; one that fails MAX_FAULTS passes in a row is failed, so it cannot block the queue."""
         try:
             self.advance(batch)
@@ -205,7 +212,7 @@ class BatchRunner:
                 batch.update(status="failed", failed_at=int(time.time()), errors=_errors("job_failed", JOB_FAILED))
                 self.put_ended(batch)
 
-    def advance(self, batch: dict) -> None:
+    def advance(self, batch: Batch) -> None:
         now = int(time.time())
         ending = (
             "cancelled" if self.store.cancel_asked(batch["id"]) else "expired" if now >= batch["expires_at"] else None
@@ -232,7 +239,7 @@ class BatchRunner:
                 return  # launched again on the next pass
             self.finish(batch, "completed")
 
-    def validate(self, batch: dict, now: int) -> None:
+    def validate(self, batch: Batch, now: int) -> None:
         meta = self.store.file(batch["tenant"], batch["input_file_id"])
         errors = None
         if meta is None:
@@ -255,12 +262,12 @@ class BatchRunner:
             batch.update(status="in_progress", in_progress_at=now)
         self.store.put_batch(batch)
 
-    def launch(self, batch: dict) -> None:
+    def launch(self, batch: Batch) -> None:
         """The batch's job, started (again, after a restart or a failed attempt: the job continues)."""
         batch["attempts"] = batch.get("attempts", 0) + 1
         self.jobs.start(batch, job_config(self.config, self.store, batch), lambda: self.store.put_batch(batch))
 
-    def finish(self, batch: dict, status: str) -> None:
+    def finish(self, batch: Batch, status: BatchStatus) -> None:
         """Finalize: the job's manifest over what committed; its result files become the batch's files."""
         now = int(time.time())
         if batch["status"] != "finalizing":
@@ -316,9 +323,11 @@ class BatchRunner:
     @staticmethod
     def planned(job) -> bool:
         """Whether the job planned: its partitions exist (each is committed, or can be with what it has)."""
-        return job is not None and job.status not in ("staging", "staging_failed", "succeeded")
+        return job is not None and job.status not in (*PLANNING, "succeeded")
 
-    def return_what_was_paid(self, batch: dict, config: TokenmillConfig, status: str, reason: str, detail: str) -> bool:
+    def return_what_was_paid(
+        self, batch: Batch, config: TokenmillConfig, status: JobStatus, reason: str, detail: str
+    ) -> bool:
         """Commit every partition of the batch's stopped job with the answers it has (job/lifecycle.py
         `end_stopped`; the rest quarantined as `reason`), and set the job's status. False while a partition's
         holder elsewhere keeps its lease: the next pass tries again (the batch stays `finalizing`, shown as
@@ -343,24 +352,56 @@ class BatchRunner:
         """The jobs' catalog, opened once (opening one checks its schema)."""
         return StateStore(self.config.state.url)
 
-    def refused(self, batch: dict) -> bool:
+    def refused(self, batch: Batch) -> bool:
         """Whether the batch's job was refused at a budget cap (running it again would be refused again)."""
         job = self.state.job(batch["id"])
         return job is not None and job.status == "refused"
 
-    def put_ended(self, batch: dict) -> None:
+    def put_ended(self, batch: Batch) -> None:
         """Write the ended batch, then remove the copies of its input the server made: the job's input file
         and its staged records (the client's upload stays until the client deletes it)."""
         self.store.put_batch(batch)
         self.store.remove_input(batch["id"])
         StagingArea(self.store.out, batch["id"]).remove()
 
-    def end_unanswered(self, batch: dict, status: str, now: int, errors: dict | None = None) -> None:
+    def end_unanswered(self, batch: Batch, status: BatchStatus, now: int, errors: dict | None = None) -> None:
         """End a batch (`cancelled`, `expired` or `failed`) whose job answered nothing: every request failed."""
         counts = batch["request_counts"]
         batch["request_counts"] = {**counts, "completed": 0, "failed": counts["total"]}
         batch.update(status=status, **{f"{status}_at": now}, **({"errors": errors} if errors else {}))
         self.put_ended(batch)
+
+
+class JobLauncher(Protocol):
+    """How a batch's job runs: `tokenmill run` in a child process of the server (ChildProcess, the default), or a
+    run of the nightly DAG on an Airflow deployment (AirflowRuns, `serve.airflow`). The runner speaks only this."""
+
+    def runs(self, batch: Batch) -> bool:
+        """Whether this launcher has a run of the batch's job under way (started here, or recorded on it)."""
+
+    def start(self, batch: Batch, config: TokenmillConfig, save: Callable[[], None]) -> None:
+        """Start the batch's job with `config`; `save()` writes the batch once what names its run is on it."""
+
+    def exit_code(self, batch: Batch) -> int | None:
+        """0 once the run succeeded, non-zero once it failed, None while it runs."""
+
+    def forget(self, batch: Batch) -> None:
+        """Drop what names the ended run, so that the next `start` begins another."""
+
+    def stop(self, batch: Batch | None = None) -> bool:
+        """Stop the batch's run (any, when None); True once nothing of it runs any more."""
+
+    def reap(self, batch_id: str) -> int:
+        """Kill what an earlier server left running for `batch_id`; how many processes."""
+
+    def ended(self, batch: Batch) -> None:
+        """The batch ended: remove what its run needed here (its config file)."""
+
+    def close(self) -> None:
+        """The server stops: stop what runs here (an Airflow run goes on)."""
+
+    def where_to_look(self, batch: Batch) -> str:
+        """Where the cause of a failed run is, for the server's log (never for the tenant)."""
 
 
 class ChildProcess:
@@ -371,10 +412,10 @@ class ChildProcess:
         self.child: subprocess.Popen | None = None
         self.child_of: str | None = None  # the batch the child runs
 
-    def runs(self, batch: dict) -> bool:
+    def runs(self, batch: Batch) -> bool:
         return self.child is not None and self.child_of == batch["id"]
 
-    def start(self, batch: dict, config: TokenmillConfig, save) -> None:
+    def start(self, batch: Batch, config: TokenmillConfig, save) -> None:
         self.stop()  # another batch's child, if any: one job (one set of engines) at a time
         self.reap(batch["id"])  # one left by an earlier server, if any survived: never two runs of a job
         path = self.workdir / f"{batch['id']}.yaml"
@@ -404,14 +445,14 @@ class ChildProcess:
         out.close()
         self._pidfile(batch_id).write_text(json.dumps({"pid": self.child.pid, "started": _started(self.child.pid)}))
 
-    def exit_code(self, batch: dict) -> int | None:
+    def exit_code(self, batch: Batch) -> int | None:
         return self.child.poll() if self.runs(batch) else None
 
-    def forget(self, batch: dict) -> None:
+    def forget(self, batch: Batch) -> None:
         self._pidfile(batch["id"]).unlink(missing_ok=True)
         self.child, self.child_of = None, None
 
-    def stop(self, batch: dict | None = None) -> bool:
+    def stop(self, batch: Batch | None = None) -> bool:
         """Stop the child (only when it runs `batch`, if given; else whatever an earlier server left running
         `batch`); True: it has ended."""
         if batch is not None and self.child_of != batch["id"]:
@@ -448,13 +489,13 @@ class ChildProcess:
     def _pidfile(self, batch_id: str) -> Path:
         return self.workdir / f"{batch_id}.pid"
 
-    def ended(self, batch: dict) -> None:
+    def ended(self, batch: Batch) -> None:
         (self.workdir / f"{batch['id']}.yaml").unlink(missing_ok=True)
 
     def close(self) -> None:
         self.stop()
 
-    def where_to_look(self, batch: dict) -> str:
+    def where_to_look(self, batch: Batch) -> str:
         """The last line of the batch's job log, for the server's log (never for the tenant: it may name paths)."""
         try:
             last = (self.workdir / f"{batch['id']}.log").read_text(errors="replace").strip().splitlines()[-1]
@@ -475,6 +516,41 @@ class AirflowRefused(RuntimeError):
         self.status = status
 
 
+def check(response, what: str) -> None:
+    """Airflow's answer `response` to `what`: AirflowUnavailable for a 5xx, AirflowRefused for any other refusal."""
+    if response.status_code >= 500:
+        raise AirflowUnavailable(f"{what}: {response.status_code}")
+    if response.status_code >= 300:
+        raise AirflowRefused(response.status_code, f"Airflow {what}: {response.status_code} {response.text[:500]}")
+
+
+class AirflowToken(httpx.Auth):
+    """Airflow's JWT as an httpx auth flow: fetched from `POST /auth/token` before the first call, sent as a
+    bearer, and fetched again once when a call is refused (401: it expired); a second 401 is the call's answer."""
+
+    requires_response_body = True  # the token is in the body of the login's answer
+
+    def __init__(self, url: str, username: str, password: SecretStr):
+        self.url, self.username, self.password = url, username, password
+        self.token: str | None = None
+
+    def auth_flow(self, request: httpx.Request):
+        if self.token is None:
+            yield from self.login()
+        request.headers["Authorization"] = f"Bearer {self.token}"
+        response = yield request
+        if response.status_code == 401:
+            yield from self.login()
+            request.headers["Authorization"] = f"Bearer {self.token}"
+            yield request
+
+    def login(self):
+        body = {"username": self.username, "password": self.password.get_secret_value()}
+        response = yield httpx.Request("POST", self.url, json=body)
+        check(response, "POST /auth/token")
+        self.token = response.json()["access_token"]
+
+
 class AirflowRuns:
     """Each batch's job as a run of the nightly DAG on Airflow (`serve.airflow`), through its REST API: the
     deployment's GPU workers run it, this server only triggers, watches and stops it. The run's id is kept on
@@ -485,50 +561,29 @@ class AirflowRuns:
 
     def __init__(self, trigger, transport=None):
         """`transport`: an httpx transport in place of the network (tests)."""
-        import httpx
-
         self.trigger = trigger
-        self.client = httpx.Client(
-            base_url=trigger.url.rstrip("/"), timeout=trigger.timeout_seconds, transport=transport
-        )
-        self.token: str | None = None
+        base = trigger.url.rstrip("/")
+        auth = AirflowToken(f"{base}/auth/token", trigger.username, trigger.password)
+        self.client = httpx.Client(base_url=base, timeout=trigger.timeout_seconds, transport=transport, auth=auth)
 
     def call(self, method: str, path: str, body: dict | None = None, params: dict | None = None) -> dict | None:
-        """One REST call under /api/v2 with a JWT from `POST /auth/token` (fetched again once refused); None
-        for a 404. Raises AirflowUnavailable when Airflow does not answer or answers 5xx."""
-        import httpx
+        """One REST call under /api/v2, with the JWT that `AirflowToken` keeps; None for a 404. Raises
+        AirflowUnavailable when Airflow does not answer, answers 5xx or refuses a fresh token."""
+        try:
+            r = self.client.request(method, f"/api/v2{path}", json=body, params=params)
+        except httpx.TransportError as e:
+            raise AirflowUnavailable(f"{type(e).__name__}: {e}") from None
+        if r.status_code == 401:
+            raise AirflowUnavailable("Airflow refused a fresh token")
+        if r.status_code == 404:
+            return None
+        check(r, f"{method} {path}")
+        return r.json() if r.content else {}
 
-        for attempt in (0, 1):
-            try:
-                if self.token is None:
-                    password = self.trigger.password.get_secret_value()
-                    r = self.client.post("/auth/token", json={"username": self.trigger.username, "password": password})
-                    self.check(r, "POST /auth/token")
-                    self.token = r.json()["access_token"]
-                headers = {"Authorization": f"Bearer {self.token}"}
-                r = self.client.request(method, f"/api/v2{path}", json=body, params=params, headers=headers)
-            except httpx.TransportError as e:
-                raise AirflowUnavailable(f"{type(e).__name__}: {e}") from None
-            if r.status_code == 401 and attempt == 0:
-                self.token = None  # expired: log in again, once
-                continue
-            if r.status_code == 404:
-                return None
-            self.check(r, f"{method} {path}")
-            return r.json() if r.content else {}
-        raise AirflowUnavailable("Airflow refused a fresh token")
-
-    @staticmethod
-    def check(response, what: str) -> None:
-        if response.status_code >= 500:
-            raise AirflowUnavailable(f"{what}: {response.status_code}")
-        if response.status_code >= 300:
-            raise AirflowRefused(response.status_code, f"Airflow {what}: {response.status_code} {response.text[:500]}")
-
-    def runs(self, batch: dict) -> bool:
+    def runs(self, batch: Batch) -> bool:
         return batch.get("airflow_run") is not None
 
-    def start(self, batch: dict, config: TokenmillConfig, save) -> None:
+    def start(self, batch: Batch, config: TokenmillConfig, save) -> None:
         """Name the run on the batch and save it (`save`), then create the run with the job's params."""
         batch["airflow_run"] = f"tokenmill-batch-{batch['id']}-{batch['attempts']}"
         batch["airflow_conf"] = {
@@ -542,7 +597,7 @@ class AirflowRuns:
         save()
         self.create(batch)
 
-    def create(self, batch: dict) -> None:
+    def create(self, batch: Batch) -> None:
         path = f"/dags/{self.trigger.dag_id}/dagRuns"
         body = {"dag_run_id": batch["airflow_run"], "logical_date": None, "conf": batch["airflow_conf"]}
         try:
@@ -556,11 +611,11 @@ class AirflowRuns:
             "batch %s: job started as Airflow run %s of %s", batch["id"], batch["airflow_run"], self.trigger.dag_id
         )
 
-    def state(self, batch: dict) -> str | None:
+    def state(self, batch: Batch) -> str | None:
         run = self.call("GET", f"/dags/{self.trigger.dag_id}/dagRuns/{batch['airflow_run']}")
         return None if run is None else run["state"]
 
-    def exit_code(self, batch: dict) -> int | None:
+    def exit_code(self, batch: Batch) -> int | None:
         """0 when the run succeeded, 1 when it failed, None while it is queued or running. A run Airflow does not
         have (never created: the server stopped in between; or deleted) is created: the job continues."""
         state = self.state(batch)
@@ -569,11 +624,11 @@ class AirflowRuns:
             return None
         return {"success": 0, "failed": 1}.get(state)
 
-    def forget(self, batch: dict) -> None:
+    def forget(self, batch: Batch) -> None:
         batch.pop("airflow_run", None)
         batch.pop("airflow_conf", None)
 
-    def stop(self, batch: dict | None = None) -> bool:
+    def stop(self, batch: Batch | None = None) -> bool:
         """Fail the batch's run (Airflow then stops its tasks; what they paid for stays paid). True once none
         of its tasks runs any longer, so that what is returned is all the run will commit."""
         if batch is None or not self.runs(batch):
@@ -587,7 +642,7 @@ class AirflowRuns:
         tasks = (self.call("GET", path, params={"limit": 1000}) or {}).get("task_instances", [])
         return not any(t["state"] in self.ACTIVE_TASKS for t in tasks)
 
-    def ended(self, batch: dict) -> None:
+    def ended(self, batch: Batch) -> None:
         pass
 
     def reap(self, batch_id: str) -> int:
@@ -596,7 +651,7 @@ class AirflowRuns:
     def close(self) -> None:
         self.client.close()
 
-    def where_to_look(self, batch: dict) -> str:
+    def where_to_look(self, batch: Batch) -> str:
         return f"its Airflow run {batch.get('airflow_run')} of {self.trigger.dag_id}: see its failed tasks' logs"
 
 

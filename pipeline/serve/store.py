@@ -19,14 +19,60 @@ import secrets
 import threading
 import time
 from collections.abc import Iterator
+from typing import Literal, TypedDict
 
 import pyarrow.fs as pafs
 
-from pipeline.output.commit import relative
+from pipeline.output.tables import relative
+from pipeline.status import ACTIVE_BATCH, BatchStatus
 from pipeline.stores import storage
 from pipeline.stores.staging import StagingArea
 
-ACTIVE = ("validating", "in_progress", "finalizing", "cancelling")
+ACTIVE = ACTIVE_BATCH  # the batches the runner still works on
+
+
+class RequestCounts(TypedDict):
+    total: int
+    completed: int
+    failed: int
+
+
+class Batch(TypedDict, total=False):
+    """A batch as the server keeps it: OpenAI's Batch object, then the server's own keys. The API creates it
+    (`app.new_batch`), the runner advances it, the store saves it whole; a dict on the wire and in storage,
+    typed here, once, so that a misspelt key or status is a type error instead of a batch that never moves."""
+
+    id: str
+    object: Literal["batch"]
+    endpoint: str
+    errors: dict | None
+    input_file_id: str
+    completion_window: str
+    status: BatchStatus
+    output_file_id: str | None
+    error_file_id: str | None
+    created_at: int
+    in_progress_at: int | None
+    expires_at: int
+    finalizing_at: int | None
+    completed_at: int | None
+    failed_at: int | None
+    expired_at: int | None
+    cancelling_at: int | None
+    cancelled_at: int | None
+    request_counts: RequestCounts
+    metadata: dict[str, str] | None
+    model: str | None
+    usage: dict | None
+    # the server's own
+    tenant: str  # whose batch: the API hands it to that tenant's keys only, and bills its job to it
+    output_expires_after: int | None  # seconds the result files are kept after the batch ends
+    cost_usd: float
+    attempts: int  # runs of its job started
+    failed_runs: int  # runs of its job that exited with an error
+    cancel_requested: bool
+    airflow_run: str | None  # its DAG run's id, with `serve.airflow`
+    airflow_conf: dict | None  # that run's params
 
 
 def new_id(prefix: str) -> str:
@@ -150,7 +196,7 @@ class ApiStore:
                 StagingArea(self.out, batch["id"]).remove()
 
     # -- batches ---------------------------------------------------------------------------------------
-    def put_batch(self, batch: dict) -> None:
+    def put_batch(self, batch: Batch) -> None:
         """Write the batch; an active one is in the index before its object exists, an ended one leaves it
         after its object says so (a crash in between leaves an entry the runner drops: never a lost batch)."""
         marker = self._path("active", f"{batch['id']}.json")
@@ -161,7 +207,7 @@ class ApiStore:
             self._write(self._path("batches", f"{batch['id']}.json"), batch)
             self._forget_active(batch["id"])
 
-    def add_batch(self, batch: dict, cap: int) -> bool:
+    def add_batch(self, batch: Batch, cap: int) -> bool:
         """Write a new batch unless its tenant has `cap` active ones already (False). One create at a time
         in this server, so that two creates cannot both pass the count."""
         with self.creating:
@@ -206,7 +252,7 @@ class ApiStore:
                 )
         return len(active)
 
-    def batch(self, tenant: str | None, batch_id: str) -> dict | None:
+    def batch(self, tenant: str | None, batch_id: str) -> Batch | None:
         """The batch, when `tenant` owns it (None: any tenant, for the runner)."""
         if not _safe_id(batch_id, "batch"):
             return None

@@ -28,6 +28,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, Session, mapped_column
 
 from pipeline.config import StateConfig
 from pipeline.schema import ITEM
+from pipeline.status import JobStatus, PartitionStatus
 from pipeline.stores.lease import Lease, default_worker
 
 DEFAULT_LEASE_SECONDS = StateConfig.model_fields["lease_seconds"].default
@@ -48,9 +49,7 @@ class JobRow(Base):
     __tablename__ = "jobs"
 
     job_id: Mapped[str] = mapped_column(String(200), primary_key=True)
-    status: Mapped[str] = mapped_column(
-        String(20)
-    )  # staging | staging_failed | staged | running | succeeded | failed | deferred | refused | cancelled | expired
+    status: Mapped[str] = mapped_column(String(20))  # a JobStatus (pipeline/status.py)
     config_fingerprint: Mapped[str] = mapped_column(String(64))
     input_uri: Mapped[str] = mapped_column(Text)
     output_uri: Mapped[str] = mapped_column(Text)
@@ -61,7 +60,7 @@ class JobRow(Base):
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
     # Planning's lease: who plans the job, the claim's fencing epoch (every claim increments it; renewals,
     # failure marks and the registration of partitions must present it), and its last renewal.
-    planner: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    planning_worker: Mapped[str | None] = mapped_column(String(200), nullable=True)
     planning_epoch: Mapped[int] = mapped_column(Integer, default=0)
     planning_renewed_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     planning_lease_expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
@@ -74,9 +73,7 @@ class Partition(Base):
     partition: Mapped[str] = mapped_column(String(64), primary_key=True)
     file: Mapped[str] = mapped_column(Text)
     records: Mapped[int] = mapped_column(Integer)
-    status: Mapped[str] = mapped_column(
-        String(20), default="pending"
-    )  # pending | running | succeeded | failed | deferred
+    status: Mapped[str] = mapped_column(String(20), default="pending")  # a PartitionStatus (pipeline/status.py)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     # The fencing token: every claim increments it, and a worker's heartbeats and its commit only land
     # while the epoch is still the one its claim got (a worker whose lease was taken over is fenced out).
@@ -162,7 +159,7 @@ def add_spent(s: Session, job_id: str, paid: list[tuple[str | None, str, float |
 
 # The one lease (stores/lease.py) on planning and on partitions
 PLANNING_LEASE = Lease(
-    JobRow.planner, JobRow.planning_lease_expires_at, JobRow.planning_epoch, JobRow.planning_renewed_at
+    JobRow.planning_worker, JobRow.planning_lease_expires_at, JobRow.planning_epoch, JobRow.planning_renewed_at
 )
 PARTITION_LEASE = Lease(Partition.worker, Partition.lease_expires_at, Partition.epoch, Partition.heartbeat_at)
 
@@ -209,6 +206,16 @@ def refusal(e: BaseException) -> str:
     return f"{type(orig).__name__}: {lines[0] if lines else ''}"[:300]
 
 
+def alembic_config(url: str):
+    """Alembic's configuration for the catalog at `url`: its migrations, that database."""
+    from alembic.config import Config
+
+    cfg = Config()
+    cfg.set_main_option("script_location", str(MIGRATIONS))
+    cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    return cfg
+
+
 def upgrade_schema(url: str) -> None:
     """Bring the catalog to the latest schema; safe when several workers start at once.
 
@@ -216,12 +223,10 @@ def upgrade_schema(url: str) -> None:
     by an advisory lock that pipeline/stores/migrations/env.py takes before looking at the schema version.
     """
     from alembic import command
-    from alembic.config import Config
 
-    cfg = Config()
-    cfg.set_main_option("script_location", str(MIGRATIONS))
-    cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    cfg = alembic_config(url)
     if url.startswith("sqlite:///") and len(url) > len("sqlite:///"):
+        Path(url[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
         with open(url[len("sqlite:///") :] + ".migrate.lock", "w") as lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             command.upgrade(cfg, "head")
@@ -229,18 +234,41 @@ def upgrade_schema(url: str) -> None:
         command.upgrade(cfg, "head")
 
 
+_MIGRATED: set[str] = set()  # the catalogs this process brought to the latest schema
+
+
+def migrate(url: str, once: bool = False) -> None:
+    """Bring the catalog at `url` to the latest schema: what a process that writes does first (`tokenmill
+    migrate`, a command that writes, `tokenmill serve` at start, the DAG's first task, `run_job`), never
+    opening a StateStore. `once`: only if this process has not migrated it yet."""
+    if once and url in _MIGRATED:
+        return
+    try:
+        upgrade_schema(url)
+    except Exception as e:
+        raise unreachable(url, e) from None
+    _MIGRATED.add(url)
+
+
+def unreachable(url: str, e: BaseException) -> StateError:
+    """The catalog at `url` could not be used: why, in one line without credentials."""
+    from pipeline.config.env import redact_url, url_error
+
+    return StateError(f"state database {redact_url(url)} unreachable: {url_error(e, url)}")
+
+
 class StateStore:
+    """The catalog's tables, read and written; opening one connects and changes nothing (the schema is
+    `migrate`'s)."""
+
     def __init__(self, url: str):
-        if url.startswith("sqlite:///"):
-            Path(url[len("sqlite:///") :]).parent.mkdir(parents=True, exist_ok=True)
         connect_args = {"timeout": 60} if url.startswith("sqlite") else {"connect_timeout": 10}
         try:
             self.engine: Engine = create_engine(url, connect_args=connect_args, pool_pre_ping=True)
-            upgrade_schema(url)
+            with self.engine.connect():
+                pass
         except Exception as e:
-            from pipeline.config.env import url_error
-
-            raise StateError(f"state database {self.safe_url(url)} unreachable: {url_error(e, url)}") from None
+            raise unreachable(url, e) from None
 
     @staticmethod
     def safe_url(url: str) -> str:
@@ -249,20 +277,27 @@ class StateStore:
 
         return redact_url(url)
 
-    def session(self) -> Session:
+    def db_session(self) -> Session:
+        """A database session (SQLAlchemy's) on the catalog; an engine session is a row of `engine_sessions`."""
         return Session(self.engine)
+
+    def has_schema(self) -> bool:
+        """Whether the catalog's tables exist (`migrate` made them): a reader of a fresh catalog says so."""
+        from sqlalchemy import inspect
+
+        return inspect(self.engine).has_table(JobRow.__tablename__)
 
     def db_now(self) -> datetime:
         """The database's clock (UTC), which leases are compared against (workers' clocks disagree). Read with
         its fraction: SQLite stores DateTime as naive text and its CURRENT_TIMESTAMP has no fraction."""
-        with self.session() as s:
+        with self.db_session() as s:
             if self.engine.dialect.name == "sqlite":
                 text = s.execute(select(func.strftime("%Y-%m-%d %H:%M:%f", "now"))).scalar_one()
                 return datetime.strptime(text, "%Y-%m-%d %H:%M:%S.%f").replace(tzinfo=timezone.utc)
             return aware(s.execute(select(func.now())).scalar_one()).astimezone(timezone.utc)
 
     # -- jobs ---------------------------------------------------------------------------------
-    def claim_staging(
+    def claim_planning(
         self,
         job_id: str,
         fingerprint: str,
@@ -271,16 +306,16 @@ class StateStore:
         worker: str | None = None,
         lease_seconds: float = DEFAULT_LEASE_SECONDS,
     ) -> int | None:
-        """The planning claim's epoch (1) when this process must stage the job (it is new), else None; see
-        reclaim_staging for a staging that died."""
-        with self.session() as s:
+        """The planning claim's epoch (1) when this process must plan the job (it is new), else None; see
+        reclaim_planning for a planning that died."""
+        with self.db_session() as s:
             try:
                 with s.begin():
                     t = self.db_now()
                     s.add(
                         JobRow(
                             job_id=job_id,
-                            status="staging",
+                            status="planning",
                             config_fingerprint=fingerprint,
                             input_uri=input_uri,
                             output_uri=output_uri,
@@ -292,101 +327,108 @@ class StateStore:
             except IntegrityError:
                 return None
 
-    def reclaim_staging(
+    def reclaim_planning(
         self,
         job_id: str,
         lease_seconds: float,
         worker: str | None = None,
-        gone_planner: str | None = None,
+        gone_worker: str | None = None,
         grace_seconds: float = 0.0,
     ) -> int | None:
-        """Take over staging a job whose staging failed, whose planning lease ran out (by the database's
-        clock) and so was abandoned, or whose planner is `gone_planner` (provably dead) and has not renewed
+        """Take over planning a job whose planning failed, whose planning lease ran out (by the database's
+        clock) and so was abandoned, or whose planning worker is `gone_worker` (provably dead) and has not renewed
         for `grace_seconds` (an orchestrator's planning tasks each renew as their own process: the task
         that last renewed may have ended while the next one starts). The new claim's epoch, or None when
-        the staging is not to be taken over."""
+        the planning is not to be taken over."""
         t = self.db_now()
-        abandoned = (JobRow.status == "staging") & PLANNING_LEASE.expired(t)
-        if gone_planner is not None:
+        abandoned = (JobRow.status == "planning") & PLANNING_LEASE.expired(t)
+        if gone_worker is not None:
             abandoned = abandoned | (
-                (JobRow.status == "staging")
-                & (JobRow.planner == gone_planner)
+                (JobRow.status == "planning")
+                & (JobRow.planning_worker == gone_worker)
                 & (JobRow.planning_renewed_at < t - timedelta(seconds=grace_seconds))
             )
-        with self.session() as s, s.begin():
+        with self.db_session() as s, s.begin():
             return PLANNING_LEASE.claim(
                 s,
-                (JobRow.job_id == job_id) & ((JobRow.status == "staging_failed") | abandoned),
+                (JobRow.job_id == job_id) & ((JobRow.status == "planning_failed") | abandoned),
                 worker or default_worker(),
                 t,
                 lease_seconds,
-                status="staging",
+                status="planning",
                 error=None,
             )
 
-    def renew_staging(
+    def renew_planning(
         self, job_id: str, epoch: int, worker: str | None = None, lease_seconds: float = DEFAULT_LEASE_SECONDS
     ) -> bool:
-        """The staging is alive: its lease counts again from now, held by `worker` (the renewing process).
-        False when the claim `epoch` was taken over, or the staging is no longer in progress."""
-        with self.session() as s, s.begin():
+        """The planning is alive: its lease counts again from now, held by `worker` (the renewing process).
+        False when the claim `epoch` was taken over, or the planning is no longer in progress."""
+        with self.db_session() as s, s.begin():
             return (
                 PLANNING_LEASE.renew(
-                    s, self._planning(job_id, epoch), self.db_now(), lease_seconds, planner=worker or default_worker()
+                    s,
+                    self._planning(job_id, epoch),
+                    self.db_now(),
+                    lease_seconds,
+                    planning_worker=worker or default_worker(),
                 )
                 == 1
             )
 
     @staticmethod
     def _planning(job_id: str, epoch: int):
-        return (JobRow.job_id == job_id) & (JobRow.status == "staging") & PLANNING_LEASE.fenced(epoch)
+        return (JobRow.job_id == job_id) & (JobRow.status == "planning") & PLANNING_LEASE.fenced(epoch)
 
-    def fail_staging(self, job_id: str, epoch: int, error: str) -> bool:
-        """Mark the staging of claim `epoch` failed (a rerun takes it over at once); False when fenced out."""
-        with self.session() as s, s.begin():
+    def fail_planning(self, job_id: str, epoch: int, error: str) -> bool:
+        """Mark the planning of claim `epoch` failed (a rerun takes it over at once); False when fenced out."""
+        with self.db_session() as s, s.begin():
             return (
                 s.execute(
                     update(JobRow)
                     .where(self._planning(job_id, epoch))
-                    .values(status="staging_failed", error=error[:2000])
+                    .values(status="planning_failed", error=error[:2000])
                 ).rowcount
                 == 1
             )
 
     def register_partitions(self, job_id: str, epoch: int, partitions: dict[str, dict], counts: dict) -> bool:
-        """Planning's end, in one transaction fenced by its claim: add the partitions, mark the job staged.
-        False (and nothing written) when another planner took the staging over."""
-        with self.session() as s, s.begin():
-            staged = (
+        """Planning's end, in one transaction fenced by its claim: add the partitions, mark the job planned.
+        False (and nothing written) when another worker took the planning over."""
+        with self.db_session() as s, s.begin():
+            planned = (
                 s.execute(
                     update(JobRow)
                     .where(self._planning(job_id, epoch))
-                    .values(status="staged", counts=json.dumps(counts), **PLANNING_LEASE.ended())
+                    .values(status="planned", counts=json.dumps(counts), **PLANNING_LEASE.ended())
                 ).rowcount
                 == 1
             )
-            if staged:
+            if planned:
                 self._add_partitions(s, job_id, partitions)
-            return staged
+            return planned
 
     def job(self, job_id: str) -> JobRow | None:
-        with self.session() as s:
+        with self.db_session() as s:
             return s.get(JobRow, job_id)
 
-    def set_job(self, job_id: str, **values) -> None:
+    def set_job(self, job_id: str, status: JobStatus | None = None, **values) -> None:
+        """Write the job row's `values` (and its `status`, when given); `counts` as JSON."""
+        if status is not None:
+            values["status"] = status
         if "counts" in values and values["counts"] is not None:
             values["counts"] = json.dumps(values["counts"])
-        with self.session() as s, s.begin():
+        with self.db_session() as s, s.begin():
             s.execute(update(JobRow).where(JobRow.job_id == job_id).values(**values))
 
     def jobs(self) -> list[JobRow]:
-        with self.session() as s:
+        with self.db_session() as s:
             return list(s.scalars(select(JobRow).order_by(JobRow.created_at.desc())))
 
     # -- partitions -----------------------------------------------------------------------------
     def add_partitions(self, job_id: str, partitions: dict[str, dict]) -> None:
-        """Register partitions as pending; ones already registered (staging again) keep their state."""
-        with self.session() as s, s.begin():
+        """Register partitions as pending; ones already registered (planning again) keep their state."""
+        with self.db_session() as s, s.begin():
             self._add_partitions(s, job_id, partitions)
 
     @staticmethod
@@ -406,11 +448,11 @@ class StateStore:
                 )
 
     def partitions(self, job_id: str) -> list[Partition]:
-        with self.session() as s:
+        with self.db_session() as s:
             return list(s.scalars(select(Partition).where(Partition.job_id == job_id).order_by(Partition.partition)))
 
     def partition(self, job_id: str, partition: str) -> Partition | None:
-        with self.session() as s:
+        with self.db_session() as s:
             return s.get(Partition, (job_id, partition))
 
     def claim(self, job_id: str, partition: str, worker: str, lease_seconds: float, force: bool = False) -> int | None:
@@ -421,7 +463,7 @@ class StateStore:
             ("pending", "failed", "deferred", "succeeded") if force else ("pending", "failed", "deferred")
         )
         claimable = free | ((Partition.status == "running") & PARTITION_LEASE.expired(t))
-        with self.session() as s, s.begin():
+        with self.db_session() as s, s.begin():
             return PARTITION_LEASE.claim(
                 s,
                 (Partition.job_id == job_id) & (Partition.partition == partition) & claimable,
@@ -441,7 +483,7 @@ class StateStore:
     def heartbeat(self, job_id: str, partition: str, worker: str, lease_seconds: float, epoch: int) -> bool:
         """Renew the claim `epoch`'s lease; False once it was taken over (the worker must not commit)."""
         t = self.db_now()  # the database's clock, not this worker's
-        with self.session() as s, s.begin():
+        with self.db_session() as s, s.begin():
             where = self._held(job_id, partition, worker, epoch) & (Partition.status == "running")
             return PARTITION_LEASE.renew(s, where, t, lease_seconds) == 1
 
@@ -451,13 +493,13 @@ class StateStore:
         partition: str,
         worker: str,
         epoch: int,
-        status: str,
+        status: PartitionStatus,
         counts: dict | None = None,
         error: str | None = None,
     ) -> bool:
         """Set a claimed partition's end state, fenced: False (and nothing changed) when the claim of
         `epoch` is no longer the partition's latest, i.e. another worker took it over."""
-        with self.session() as s, s.begin():
+        with self.db_session() as s, s.begin():
             result = s.execute(
                 update(Partition)
                 .where(self._held(job_id, partition, worker, epoch))
@@ -476,7 +518,7 @@ class StateStore:
         """The job's items whose `column` is one of `values` (and `where`), each a dict with its `item_key`."""
         table = Item.__table__
         columns = [table.c.item_key, *(table.c[f] for f in ITEM_FIELDS)]
-        with self.session() as s:
+        with self.db_session() as s:
             for start in range(0, len(values), 900):  # under SQLite's oldest limit of 999 parameters
                 chunk = values[start : start + 900]
                 # Core rows, not ORM objects: tens of thousands of items per partition.
@@ -491,7 +533,7 @@ class StateStore:
 
     def has_items(self, job_id: str) -> bool:
         """Whether the job holds any item (paid for, or an exact cache hit stored as its own)."""
-        with self.session() as s:
+        with self.db_session() as s:
             return s.scalar(select(Item.item_key).where(Item.job_id == job_id).limit(1)) is not None
 
     def generated_for(self, job_id: str, ids: list[str]) -> list[dict]:
@@ -531,7 +573,7 @@ class StateStore:
         for row in rows:
             by_shape.setdefault(tuple(sorted(row)), []).append(row)
         statement = statement.returning(Item.tenant, Item.tier, Item.gpu_seconds)  # the rows inserted, only
-        with self.session() as s, s.begin():
+        with self.db_session() as s, s.begin():
             for same in by_shape.values():
                 add_spent(s, same[0]["job_id"], list(s.execute(statement, same)))  # Core executemany
 
@@ -539,6 +581,6 @@ class StateStore:
         """End the lease of `holder`'s claim now, because its process is provably gone (worker_is_gone),
         so that the partition is claimable at once instead of after the rest of the lease. Only while
         `holder` still holds it; claim then decides, as always, which worker takes it."""
-        with self.session() as s, s.begin():
+        with self.db_session() as s, s.begin():
             where = (Partition.job_id == job_id) & (Partition.partition == partition) & (Partition.status == "running")
             return PARTITION_LEASE.cut_gone(s, where, holder, self.db_now())

@@ -44,7 +44,7 @@ class RunnerLeases:
 
     def holder(self) -> str | None:
         """Who holds the lease now (None: nobody, or an expired holder)."""
-        with self.state.session() as s:
+        with self.state.db_session() as s:
             row = s.get(RunnerLease, self.root)
             live = row is not None and row.lease_expires_at is not None and row.holder is not None
             return row.holder if live and aware(row.lease_expires_at) >= self.state.db_now() else None
@@ -54,7 +54,7 @@ class RunnerLeases:
         while another live holder has it."""
         self._ensure_row()
         t = self.state.db_now()
-        with self.state.session() as s, s.begin():
+        with self.state.db_session() as s, s.begin():
             mine = RunnerLease.root == self.root
             current = s.execute(select(RunnerLease.holder).where(mine)).scalar_one_or_none()
             if current is not None and current != holder and worker_is_gone(current):
@@ -64,22 +64,22 @@ class RunnerLeases:
 
     def renew(self, holder: str, epoch: int, seconds: float) -> bool:
         """Extend `holder`'s claim `epoch`; False once another server has taken it over."""
-        with self.state.session() as s, s.begin():
+        with self.state.db_session() as s, s.begin():
             where = (RunnerLease.root == self.root) & RUNNER_LEASE.fenced(epoch, holder)
             return RUNNER_LEASE.renew(s, where, self.state.db_now(), seconds) == 1
 
     def release(self, holder: str, epoch: int) -> None:
         """End the claim now (a server stopping): another server takes over at once."""
-        with self.state.session() as s, s.begin():
+        with self.state.db_session() as s, s.begin():
             where = (RunnerLease.root == self.root) & RUNNER_LEASE.fenced(epoch, holder)
             RUNNER_LEASE.renew(s, where, self.state.db_now(), 0, **RUNNER_LEASE.ended())
 
     def _ensure_row(self) -> None:
-        with self.state.session() as s:
+        with self.state.db_session() as s:
             if s.get(RunnerLease, self.root) is not None:
                 return
         try:
-            with self.state.session() as s, s.begin():
+            with self.state.db_session() as s, s.begin():
                 s.add(RunnerLease(root=self.root, output_uri=self.output_uri, epoch=0))
         except IntegrityError:  # another server inserted it at the same moment
             pass

@@ -120,10 +120,7 @@ class StagingArea:
 
     def wave(self, partition: str, wave: int, token: str | None, tier: str) -> pa.Table:
         """Wave `wave`'s requests of `tier` (StorageError when the wave sent none to that tier)."""
-        table = self._read(partition, f"{self._wave('wave', wave, token)}-{tier}")
-        if "unit" in table.column_names:  # written before the column was named for what it holds
-            table = table.rename_columns(["generation" if c == "unit" else c for c in table.column_names])
-        return table
+        return self._read(partition, f"{self._wave('wave', wave, token)}-{tier}")
 
     def write_wave_state(self, partition: str, wave: int, token: str, state: str) -> None:
         self._write(partition, self._wave("wave-state", wave, token), pa.table({"state": [state]}))

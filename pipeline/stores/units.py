@@ -31,9 +31,20 @@ from datetime import datetime
 from sqlalchemy import BigInteger, DateTime, Float, Integer, String, Text, delete, func, or_, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Row
-from sqlalchemy.orm import Mapped, mapped_column
+from sqlalchemy.orm import Mapped, Session, mapped_column
 
-from pipeline.stores.catalog import DEFAULT_LEASE_SECONDS, Base, Item, JobRow, SpentTotal, StateStore, add_spent, aware
+from pipeline.status import UnitStatus
+from pipeline.stores.catalog import (
+    DEFAULT_LEASE_SECONDS,
+    Base,
+    Item,
+    JobRow,
+    Partition,
+    SpentTotal,
+    StateStore,
+    add_spent,
+    aware,
+)
 from pipeline.stores.lease import Lease, worker_is_gone
 
 IN_CHUNK = 900  # values bound in one IN (...): under SQLite's oldest limit of 999 parameters
@@ -57,7 +68,7 @@ class WorkUnit(Base):
     tier: Mapped[str] = mapped_column(String(100))
     wave: Mapped[int] = mapped_column(Integer)
     requests: Mapped[int] = mapped_column(Integer)
-    status: Mapped[str] = mapped_column(String(16))  # pending | leased | done | deferred
+    status: Mapped[str] = mapped_column(String(16))  # a UnitStatus (pipeline/status.py)
     worker: Mapped[str | None] = mapped_column(String(200), nullable=True)
     session_id: Mapped[str | None] = mapped_column(String(200), nullable=True)  # the engine session holding it
     epoch: Mapped[int] = mapped_column(Integer, default=0)
@@ -85,13 +96,13 @@ class EngineSession(Base):
     tier: Mapped[str] = mapped_column(String(100))
     worker: Mapped[str] = mapped_column(String(200))
     gpus: Mapped[int] = mapped_column(Integer)
-    started: Mapped[int] = mapped_column(Integer)  # 1 when this session started its engine
-    status: Mapped[str] = mapped_column(String(16))  # running | closed
+    started: Mapped[int] = mapped_column(Integer)  # 1 when this engine session started its engine
+    status: Mapped[str] = mapped_column(String(16))  # an EngineSessionStatus (pipeline/status.py)
     startup_seconds: Mapped[float] = mapped_column(Float, default=0.0)
     busy_seconds: Mapped[float] = mapped_column(Float, default=0.0)
     idle_seconds: Mapped[float] = mapped_column(Float, default=0.0)
     recorded_seconds: Mapped[float] = mapped_column(Float, default=0.0)  # busy seconds stored with items or charges
-    # The engine's counters over this session, written at its close (None: not kept, or never closed)
+    # The engine's counters over this engine session, written at its close (None: not kept, or never closed)
     spec_drafted: Mapped[int | None] = mapped_column(BigInteger, nullable=True)  # speculative tokens proposed
     spec_accepted: Mapped[int | None] = mapped_column(BigInteger, nullable=True)  # ... and accepted
     prefix_queries: Mapped[int | None] = mapped_column(
@@ -171,8 +182,9 @@ class UnitQueue:
         self.state = state
         self.postgres = state.engine.dialect.name == "postgresql"
 
-    def session(self):
-        return self.state.session()
+    def db_session(self) -> Session:
+        """A database session on the catalog (an engine's time on a job is an engine session: `open_session`)."""
+        return self.state.db_session()
 
     def _insert(self, model):
         return (postgresql if self.postgres else sqlite).insert(model)
@@ -185,7 +197,7 @@ class UnitQueue:
         owns: keys already owned by a live unit (of any partition) or done are left to their owner."""
         t = self.state.db_now()
         owned: dict[str, list[str]] = {}
-        with self.session() as s, s.begin():
+        with self.db_session() as s, s.begin():
             for tier, keys in keys_by_tier.items():
                 uid = unit_id(partition, wave, tier)
                 rows = [{"job_id": job_id, "item_key": k, "unit_id": uid, "state": "pending"} for k in keys]
@@ -252,7 +264,7 @@ class UnitQueue:
 
     def give_up(self, job_id: str, uid: str, keys: set[str]) -> None:
         """Delete `uid`'s pending rows of `keys`: no unit owns them any more (whoever waits on one enqueues it)."""
-        with self.session() as s, s.begin():
+        with self.db_session() as s, s.begin():
             for chunk in in_chunks(list(keys)):
                 s.execute(
                     delete(UnitKey).where(
@@ -264,7 +276,7 @@ class UnitQueue:
                 )
 
     def owned_keys(self, job_id: str, uid: str) -> set[str]:
-        with self.session() as s:
+        with self.db_session() as s:
             return set(self._owned(s, job_id, uid))
 
     def withdraw(self, job_id: str, partition: str, dead_too: bool = False) -> int:
@@ -282,7 +294,7 @@ class UnitQueue:
             ]
             expired = (WorkUnit.status == "leased") & UNIT_LEASE.expired(self.state.db_now())
             nobody = or_(nobody, expired, *((WorkUnit.status == "leased") & d for d in dead))
-        with self.session() as s, s.begin():
+        with self.db_session() as s, s.begin():
             gone = list(
                 s.scalars(
                     delete(WorkUnit)
@@ -307,7 +319,7 @@ class UnitQueue:
         worker is gone); the claim is kept in `unit_claims`."""
         t = self.state.db_now()
         claimable = self._claimable(t)
-        with self.session() as s, s.begin():
+        with self.db_session() as s, s.begin():
             pick = (
                 select(WorkUnit)
                 .where(WorkUnit.job_id == job_id, WorkUnit.tier == tier, claimable)
@@ -348,7 +360,7 @@ class UnitQueue:
         once instead of when their leases run out; returns them as they were."""
         t = self.state.db_now()
         gone = [u for u in self.units(job_id) if u.status == "leased" and worker_is_gone(u.worker)]
-        with self.session() as s, s.begin():
+        with self.db_session() as s, s.begin():
             for u in gone:
                 where = self._unit(job_id, u.unit_id) & UNIT_LEASE.fenced(u.epoch) & (WorkUnit.status == "leased")
                 UNIT_LEASE.cut_gone(s, where, u.worker, t)
@@ -365,13 +377,13 @@ class UnitQueue:
     def claimable(self, job_id: str, tier: str | None = None) -> int:
         """Units a worker could claim now (pending, or leased with an expired lease), of `tier` or any."""
         t = self.state.db_now()
-        with self.session() as s:
+        with self.db_session() as s:
             q = select(func.count()).select_from(WorkUnit).where(WorkUnit.job_id == job_id, self._claimable(t))
             return int(s.execute(q if tier is None else q.where(WorkUnit.tier == tier)).scalar_one())
 
     def renew(self, job_id: str, session_id: str, lease_seconds: float) -> None:
         t = self.state.db_now()
-        with self.session() as s, s.begin():
+        with self.db_session() as s, s.begin():
             UNIT_LEASE.renew(
                 s,
                 (WorkUnit.job_id == job_id) & (WorkUnit.session_id == session_id) & (WorkUnit.status == "leased"),
@@ -379,9 +391,9 @@ class UnitQueue:
                 lease_seconds,
             )
 
-    def finish(self, job_id: str, unit: WorkUnit, status: str = "done") -> bool:
+    def finish(self, job_id: str, unit: WorkUnit, status: UnitStatus = "done") -> bool:
         """End a leased unit, fenced by its claim's epoch (False: it was taken over; nothing changes)."""
-        with self.session() as s, s.begin():
+        with self.db_session() as s, s.begin():
             result = s.execute(
                 update(WorkUnit)
                 .where(self._unit(job_id, unit.unit_id), UNIT_LEASE.fenced(unit.epoch), WorkUnit.status == "leased")
@@ -406,7 +418,7 @@ class UnitQueue:
         """USD per tenant this job has spent or reserved: its stored items and failed attempts priced by their
         tier's USD per GPU-hour (`prices`), plus live reservations for items not stored yet."""
         if s is None:
-            with self.session() as s:
+            with self.db_session() as s:
                 return self.spent(job_id, prices, s)
         out: dict[str | None, float] = {}
         totals = select(SpentTotal.tenant, SpentTotal.tier, SpentTotal.gpu_seconds).where(SpentTotal.job_id == job_id)
@@ -441,7 +453,7 @@ class UnitQueue:
         reserve nothing and return the caps crossed. One admission per job at a time: the transaction
         first writes the job's row, which PostgreSQL locks and SQLite serialises (a write lock), so two
         workers never both see the room that only one of them may take."""
-        with self.session() as s, s.begin():
+        with self.db_session() as s, s.begin():
             s.execute(update(JobRow).where(JobRow.job_id == job_id).values(status=JobRow.status))
             planned = self.spent(job_id, prices, s)
             for _, tenant, usd in requests:
@@ -477,7 +489,7 @@ class UnitQueue:
             )
             .exists()
         )
-        with self.session() as s, s.begin():
+        with self.db_session() as s, s.begin():
             return s.execute(delete(Reservation).where(~live)).rowcount
 
     def set_keys(self, job_id: str, states: dict[str, tuple[str, str | None, str | None]]) -> None:
@@ -486,7 +498,7 @@ class UnitQueue:
         groups: dict[tuple[str, str | None, str | None], list[str]] = {}
         for key, value in states.items():
             groups.setdefault(value, []).append(key)
-        with self.session() as s, s.begin():
+        with self.db_session() as s, s.begin():
             for (state, reason, detail), keys in groups.items():
                 for chunk in in_chunks(keys):
                     s.execute(
@@ -500,14 +512,14 @@ class UnitQueue:
         (a partition's wave asks for every one of its keys each time it checks whether the wave is in)."""
         cols = (UnitKey.item_key, UnitKey.state, UnitKey.reason, UnitKey.detail)
         out = {}
-        with self.session() as s:
+        with self.db_session() as s:
             for chunk in in_chunks(keys):
                 for row in s.execute(select(*cols).where(UnitKey.job_id == job_id, UnitKey.item_key.in_(chunk))):
                     out[row.item_key] = row
         return out
 
     def units(self, job_id: str, partition: str | None = None) -> list[WorkUnit]:
-        with self.session() as s:
+        with self.db_session() as s:
             q = select(WorkUnit).where(WorkUnit.job_id == job_id)
             if partition is not None:
                 q = q.where(WorkUnit.partition == partition)
@@ -516,9 +528,29 @@ class UnitQueue:
                 s.expunge(r)
             return rows
 
+    def partitions_without_open_units(self, job_id: str) -> list[str]:
+        """The job's generating partitions none of whose current wave's units is pending, leased or deferred:
+        those whose next wave waits only on keys that units of other partitions own (or is ready now). One
+        query, so that a finished unit looks at these few, not at every partition's wave state."""
+        open_unit = (
+            select(WorkUnit.unit_id)
+            .where(
+                WorkUnit.job_id == Partition.job_id,
+                WorkUnit.partition == Partition.partition,
+                WorkUnit.wave == Partition.wave,
+                WorkUnit.status.in_(("pending", "leased", "deferred")),
+            )
+            .exists()
+        )
+        with self.db_session() as s:
+            query = select(Partition.partition).where(
+                Partition.job_id == job_id, Partition.generation == "generating", ~open_unit
+            )
+            return list(s.scalars(query.order_by(Partition.partition)))
+
     def depth(self, job_id: str | None = None) -> dict[str, dict[str, int]]:
         """tier -> {status: units}: the queue depth `tokenmill status` shows."""
-        with self.session() as s:
+        with self.db_session() as s:
             q = select(WorkUnit.tier, WorkUnit.status, func.count(), func.sum(WorkUnit.requests))
             if job_id is not None:
                 q = q.where(WorkUnit.job_id == job_id)
@@ -542,7 +574,7 @@ class UnitQueue:
         lease_seconds: float = DEFAULT_LEASE_SECONDS,
     ) -> None:
         t = self.state.db_now()
-        with self.session() as s, s.begin():
+        with self.db_session() as s, s.begin():
             s.add(
                 EngineSession(
                     session_id=session_id,
@@ -581,11 +613,11 @@ class UnitQueue:
         }
         if closed:
             values.update(status="closed", closed_at=t, **SESSION_LEASE.ended())
-        with self.session() as s, s.begin():
+        with self.db_session() as s, s.begin():
             SESSION_LEASE.renew(s, EngineSession.session_id == session_id, t, lease_seconds, **values)
 
     def sessions(self, job_id: str) -> list[EngineSession]:
-        with self.session() as s:
+        with self.db_session() as s:
             rows = list(
                 s.scalars(
                     select(EngineSession)
@@ -601,7 +633,7 @@ class UnitQueue:
     def live_sessions(self) -> list[EngineSession]:
         """Sessions still running whose lease has not run out (`tokenmill status`)."""
         t = self.state.db_now()
-        with self.session() as s:
+        with self.db_session() as s:
             rows = list(
                 s.scalars(select(EngineSession).where(EngineSession.status == "running", SESSION_LEASE.live(t)))
             )
@@ -613,7 +645,7 @@ class UnitQueue:
     def add_charges(self, job_id: str, rows: list[dict]) -> None:
         if rows:
             statement = self._insert(Charge).on_conflict_do_nothing(index_elements=["job_id", "charge_id"])
-            with self.session() as s, s.begin():
+            with self.db_session() as s, s.begin():
                 added = s.execute(
                     statement.returning(Charge.kind, Charge.tenant, Charge.tier, Charge.gpu_seconds),
                     [{"job_id": job_id, **r} for r in rows],
@@ -623,7 +655,7 @@ class UnitQueue:
 
     def unfinished_claims(self, job_id: str, session_id: str) -> list[UnitClaim]:
         """The claims `session_id` made and did not finish (its unit taken over, or still leased to it)."""
-        with self.session() as s:
+        with self.db_session() as s:
             rows = list(
                 s.scalars(
                     select(UnitClaim).where(
@@ -635,7 +667,7 @@ class UnitQueue:
             return rows
 
     def charges(self, job_id: str, partition: str) -> list[dict]:
-        with self.session() as s:
+        with self.db_session() as s:
             return [
                 dict(r)
                 for r in s.execute(
@@ -649,7 +681,7 @@ class UnitQueue:
         from pipeline.stores.catalog import Item
 
         out: dict[str, float] = {}
-        with self.session() as s:
+        with self.db_session() as s:
             for model in (Item, Charge):
                 for sid, seconds in s.execute(
                     select(model.session_id, func.sum(model.gpu_seconds))

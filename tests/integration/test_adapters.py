@@ -15,6 +15,7 @@ from pipeline.dedup.cluster import add_content_hashes
 from pipeline.generate.adapters import lora_kwargs
 from pipeline.generate.engine import EnginePool
 from pipeline.keys import adapter_digest, add_item_keys, escalation_key, recipe_hash
+from pipeline.stores.catalog import migrate
 from tests.conftest import read_kind
 
 TIERS = {"small": TierConfig(model="m-small", price_per_gpu_hour=1.0)}
@@ -202,7 +203,8 @@ def test_an_adapter_retrained_after_staging_is_refused_before_it_serves(make_con
         json.dumps({"id": "a", "tenant": "acme", "text": "The ferry runs."}) + "\n"
     )
     config = make_config(tenants__acme__adapter=str(adapter))
-    partitions = orchestrate.staged_partitions(config, "retrained")
+    migrate(config.state.url)  # the DAG's first task's part: this test starts at `plan`
+    partitions = orchestrate.planned_partitions(config, "retrained")
     settings = json.loads((adapter / "adapter_config.json").read_text())
     (adapter / "adapter_config.json").write_text(json.dumps({**settings, "revision": "retrained"}))  # in place
     with pytest.raises(JobError, match="retrained or moved since"):

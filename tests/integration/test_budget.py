@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from pipeline import JobError, run_job
-from pipeline.stores.catalog import StateStore
+from pipeline.stores.catalog import StateStore, migrate
 from tests.conftest import FAKE_ENGINE, ONE_TIER, REPO, TINY_CONFIG, read_kind
 from tests.jobs import assert_exactly_once
 
@@ -16,7 +16,7 @@ from tests.jobs import assert_exactly_once
 def items_paid(config, job_id):
     from sqlalchemy import text
 
-    with StateStore(config.state.url).session() as s:
+    with StateStore(config.state.url).db_session() as s:
         return s.execute(text("select count(*) from items where job_id = :j"), {"j": job_id}).scalar()
 
 
@@ -203,7 +203,7 @@ def test_price_demand_adds_escalations_and_each_engines_start_up(make_config):
 
 
 def test_a_tier_whose_history_is_only_long_documents_is_priced_not_crashed(make_config):
-    """Reproducer (review): a tier that routing sent only chunked documents has no plain row to measure its
+    """Reproducer: a tier that routing sent only chunked documents has no plain row to measure its
     output length on; the estimate and the budget guard crashed with a TypeError. Its output length falls
     back to the configured range, and its throughput is still the measured one."""
     import pyarrow as pa
@@ -280,7 +280,7 @@ def test_the_caps_are_one_amount_that_every_worker_of_the_job_reserves_from(stor
     from pipeline.stores.units import UnitQueue
 
     job = f"b-{uuid.uuid4().hex[:6]}"
-    assert store.claim_staging(job, "fp", "in", "out")
+    assert store.claim_planning(job, "fp", "in", "out")
     prices = {"small": 3600.0}  # USD per GPU-hour: 1 GPU-second costs $1
 
     def over(planned):  # a job cap of $1
@@ -373,7 +373,8 @@ def test_a_second_drain_task_admits_against_what_the_first_spent(make_config, sa
         tiers__small__default_tokens_per_gpu_second=1e12,
         tiers__large__default_tokens_per_gpu_second=1e12,
     )
-    for partition in orchestrate.staged_partitions(config, "dag"):
+    migrate(config.state.url)  # the DAG's first task's part: this test starts at `plan`
+    for partition in orchestrate.planned_partitions(config, "dag"):
         orchestrate.prepared_partition(config, "dag", partition)
 
     def units(status):
@@ -391,7 +392,7 @@ def test_a_second_drain_task_admits_against_what_the_first_spent(make_config, sa
 
 
 def test_the_budget_guard_prices_a_tier_with_no_ledger_by_its_hardware_projection(make_config, tmp_path):
-    """Reproducer (issue 30): with no ledger yet, `tokenmill estimate` priced a real tier from the hardware
+    """Reproducer: with no ledger yet, `tokenmill estimate` priced a real tier from the hardware
     projection but the guard that refuses a job from its configured default, so the two disagreed. The
     guard now prices the job's unpaid requests the way the estimate does, and says so when it refuses."""
     import uuid
@@ -402,6 +403,7 @@ def test_the_budget_guard_prices_a_tier_with_no_ledger_by_its_hardware_projectio
     from pipeline.plan.rates import tier_rates
     from pipeline.stores.units import UnitQueue
 
+    migrate(f"sqlite:///{tmp_path}/guard.db")
     store = StateStore(f"sqlite:///{tmp_path}/guard.db")
     config = make_config(engine="vllm", budget__max_job_usd=1e-9)  # no engine starts: nothing is generated
     job = f"b-{uuid.uuid4().hex[:6]}"
@@ -428,7 +430,7 @@ def test_admission_reads_running_totals_not_every_item_of_the_job(store):
     from pipeline.stores.units import UnitQueue
 
     job = f"t-{uuid.uuid4().hex[:6]}"
-    assert store.claim_staging(job, "fp", "in", "out")
+    assert store.claim_planning(job, "fp", "in", "out")
     prices, queue = {"small": 3600.0, "large": 7200.0}, UnitQueue(store)
     base = dict(partition="p", model="m", summary="s", prompt_tokens=1, cached_prompt_tokens=0, output_tokens=1)
     base |= dict(finish_reason="stop", baseline_gpu_seconds=0.0, created_at=now())
@@ -471,11 +473,11 @@ def test_reservations_of_claims_taken_over_or_withdrawn_are_deleted_by_that_step
     from pipeline.stores.units import Reservation, UnitQueue
 
     job = f"r-{uuid.uuid4().hex[:6]}"
-    assert store.claim_staging(job, "fp", "in", "out")
+    assert store.claim_planning(job, "fp", "in", "out")
     queue, prices, room = UnitQueue(store), {"small": 3600.0}, lambda planned: []
 
     def rows() -> dict[str, int]:
-        with store.session() as s:
+        with store.db_session() as s:
             q = select(Reservation.unit_id, func.count()).where(Reservation.job_id == job).group_by(Reservation.unit_id)
             return dict(s.execute(q).all())
 

@@ -1,6 +1,6 @@
 """The catalog under racing workers, skewed clocks, dead holders and values the database refuses.
 
-Each on SQLite and on a real PostgreSQL server (state_url). Issue 15, items 2 (store part), 5 and 7.
+Each on SQLite and on a real PostgreSQL server (state_url).
 """
 
 import logging
@@ -15,14 +15,14 @@ from datetime import timedelta
 import pytest
 
 from pipeline.stores import catalog
-from pipeline.stores.catalog import ItemsRefused, StateStore, aware
+from pipeline.stores.catalog import ItemsRefused, StateStore, aware, migrate
 from pipeline.stores.lease import worker_is_gone
 
 
 @pytest.fixture
 def job(store):
     job_id = f"j-{uuid.uuid4().hex[:6]}"
-    assert store.claim_staging(job_id, "fp", "in", "out")
+    assert store.claim_planning(job_id, "fp", "in", "out")
     store.add_partitions(job_id, {p: {"file": p, "records": 1} for p in ("p1", "p2", "p3")})
     return job_id
 
@@ -77,7 +77,7 @@ def test_workers_storing_overlapping_keys_at_once_all_land_first_value_kept(stor
         import queue
 
         barrier, results = threading.Barrier(2), queue.Queue()
-        # A store each, made here: Alembic's upgrade is not thread-safe (worker processes each run their own).
+        # A store each, made here, as each worker has its own.
         runners = [
             threading.Thread(target=store_overlapping, args=(StateStore(state_url), job, n, barrier, results))
             for n in ("a", "b")
@@ -151,11 +151,11 @@ def test_staging_is_reclaimed_on_the_database_clock(store, monkeypatch):
     """A worker whose clock runs an hour ahead must not take over a staging that just began."""
     real_now = catalog.now
     job_id = f"s-{uuid.uuid4().hex[:6]}"
-    assert store.claim_staging(job_id, "fp", "in", "out")
+    assert store.claim_planning(job_id, "fp", "in", "out")
     monkeypatch.setattr(catalog, "now", lambda: real_now() + timedelta(hours=1))
-    assert not store.reclaim_staging(job_id, lease_seconds=60)
-    store.set_job(job_id, status="staging_failed")
-    assert store.reclaim_staging(job_id, lease_seconds=60)  # a failed staging is taken over at once
+    assert not store.reclaim_planning(job_id, lease_seconds=60)
+    store.set_job(job_id, status="planning_failed")
+    assert store.reclaim_planning(job_id, lease_seconds=60)  # a failed staging is taken over at once
 
 
 def test_a_holder_that_is_gone_is_released_and_a_live_one_is_not(store, job):
@@ -197,9 +197,10 @@ def test_a_rerun_takes_over_from_a_gone_holder_at_once_and_names_the_live_ones(s
             **ONE_TIER,
         },
     )
+    migrate(state_url)
     job = JobContext.open(config, f"held-{uuid.uuid4().hex[:6]}")
     state, host = job.state, socket.gethostname()
-    assert state.claim_staging(job.job_id, "fp", "in", "out")
+    assert state.claim_planning(job.job_id, "fp", "in", "out")
     state.add_partitions(job.job_id, {p: {"file": p, "records": 1} for p in ("p1", "p2", "p3")})
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
@@ -234,17 +235,17 @@ def test_the_planning_lease_is_fenced_and_a_gone_planner_is_taken_over_at_once(s
     dead = subprocess.Popen([sys.executable, "-c", "pass"])
     dead.wait()
     gone = f"{socket.gethostname()}:{dead.pid}"
-    assert store.claim_staging(job_id, "fp", "in", "out", worker=gone) == 1
-    assert store.reclaim_staging(job_id, lease_seconds=300, worker="w2") is None  # its lease has not run out
-    assert store.reclaim_staging(job_id, lease_seconds=300, worker="w2", gone_planner="someone-else") is None
-    assert store.reclaim_staging(job_id, lease_seconds=300, worker="w2", gone_planner=gone) == 2  # at once
+    assert store.claim_planning(job_id, "fp", "in", "out", worker=gone) == 1
+    assert store.reclaim_planning(job_id, lease_seconds=300, worker="w2") is None  # its lease has not run out
+    assert store.reclaim_planning(job_id, lease_seconds=300, worker="w2", gone_worker="someone-else") is None
+    assert store.reclaim_planning(job_id, lease_seconds=300, worker="w2", gone_worker=gone) == 2  # at once
     row = store.job(job_id)
-    assert (row.status, row.planner, row.planning_epoch) == ("staging", "w2", 2)
+    assert (row.status, row.planning_worker, row.planning_epoch) == ("planning", "w2", 2)
     # The replaced planner (epoch 1) changes nothing any more.
-    assert not store.renew_staging(job_id, 1) and not store.fail_staging(job_id, 1, "late failure")
+    assert not store.renew_planning(job_id, 1) and not store.fail_planning(job_id, 1, "late failure")
     assert not store.register_partitions(job_id, 1, {"p1": {"file": "a", "records": 1}}, {"records": 1})
-    assert store.job(job_id).status == "staging" and store.partitions(job_id) == []
-    assert store.renew_staging(job_id, 2)
+    assert store.job(job_id).status == "planning" and store.partitions(job_id) == []
+    assert store.renew_planning(job_id, 2)
     assert store.register_partitions(job_id, 2, {"p1": {"file": "a", "records": 1}}, {"records": 1})
-    assert store.job(job_id).status == "staged" and [p.partition for p in store.partitions(job_id)] == ["p1"]
-    assert not store.fail_staging(job_id, 2, "a late step after staging")  # a staged job stays staged
+    assert store.job(job_id).status == "planned" and [p.partition for p in store.partitions(job_id)] == ["p1"]
+    assert not store.fail_planning(job_id, 2, "a late step after planning")  # a planned job stays planned

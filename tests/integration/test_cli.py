@@ -12,13 +12,12 @@ from pipeline.cli import app
 from tests.conftest import ONE_TIER, REPO, TINY_CONFIG
 
 
-def test_every_verb_is_registered_and_the_old_name_plan_is_hidden():
+def test_every_verb_is_registered():
     group = typer.main.get_command(app)
     assert {
         "run",
         "rerun",
         "estimate",
-        "plan",
         "status",
         "report",
         "samples",
@@ -28,28 +27,21 @@ def test_every_verb_is_registered_and_the_old_name_plan_is_hidden():
         "models",
         "config",
         "cache",
+        "migrate",
     } <= set(group.commands)
-    assert group.commands["plan"].hidden and not group.commands["estimate"].hidden
+    assert "plan" not in group.commands
     listed = CliRunner().invoke(app, ["--help"]).output
-    assert (
-        "estimate" in listed
-        and "Pre-flight estimate" in listed
-        and not any(line.split()[1:2] == ["plan"] for line in listed.splitlines() if line.strip())
-    )  # hidden from help
+    assert "estimate" in listed and "Pre-flight estimate" in listed
 
 
-def test_estimate_counts_every_record_and_the_old_name_plan_is_refused(
-    tiny_models, sample_corpus, tmp_path, monkeypatch
-):
+def test_estimate_counts_every_record(tiny_models, sample_corpus, tmp_path, monkeypatch):
     for key, value in {**ONE_TIER, "TOKENMILL_OUTPUT__URI": str(tmp_path / "output")}.items():
         monkeypatch.setenv(key, value)
     args = ["--config", str(TINY_CONFIG), "--input", str(sample_corpus[0]), "--format", "json"]
     runner = CliRunner()
-    estimate, plan = runner.invoke(app, ["estimate", *args]), runner.invoke(app, ["plan", *args])
+    estimate = runner.invoke(app, ["estimate", *args])
     assert estimate.exit_code == 0, estimate.output
     assert json.loads(estimate.stdout)["records"] == sample_corpus[1]["documents"] + sample_corpus[1]["bad_records"]
-    assert plan.exit_code == 2 and not plan.stdout
-    assert plan.stderr.strip() == "error: `tokenmill plan` is now `tokenmill estimate` (the same options and output)"
 
 
 def test_console_markup_in_data_is_printed_as_text(tiny_models, tmp_path, monkeypatch):
@@ -120,7 +112,7 @@ def test_the_command_exits_with_its_code_after_the_exit_hooks_and_skips_finaliza
 
 def test_api_key_prints_a_key_once_and_the_digest_the_config_takes():
     from pipeline.config import TenantConfig
-    from pipeline.serve.app import key_digest
+    from pipeline.serve.access import key_digest
 
     out = CliRunner().invoke(app, ["api-key", "--tenant", "acme"]).output
     key = out.split("key (shown once): ", 1)[1].split()[0]
@@ -129,3 +121,47 @@ def test_api_key_prints_a_key_once_and_the_digest_the_config_takes():
     assert TenantConfig(api_keys=[digest]).api_keys == [digest]
     with pytest.raises(ValueError, match="never keys"):
         TenantConfig(api_keys=[key])  # a key itself is refused: only its digest is stored
+
+
+def test_serve_logs_formatted_lines_at_its_configured_level_with_credentials_redacted(tmp_path, monkeypatch):
+    """`tokenmill serve` left the root logger unconfigured: its runner's lines (a batch failing, a retry) were
+    dropped below WARNING and printed bare above it. It sets logging up once as it starts: one format, the
+    level of serve.log_level, and no password of a URL in any line."""
+    import logging
+    import re
+    import warnings
+
+    import uvicorn
+
+    redis = "redis://:hunter2@127.0.0.1:1/0"
+    env = {
+        "TOKENMILL_OUTPUT__URI": str(tmp_path / "out"),
+        "TOKENMILL_STATE__URL": f"sqlite:///{tmp_path}/s.db",
+        "TOKENMILL_CACHE__REDIS_URL": redis,
+        "TOKENMILL_SERVE__LOG_LEVEL": "warning",
+    }
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    root = logging.getLogger()
+    monkeypatch.setattr(root, "handlers", [])  # serve sets up the process's logging: given back after the test
+    monkeypatch.setattr(root, "level", root.level)
+    # serve also routes warnings to logging (captureWarnings): given back too.
+    monkeypatch.setattr(warnings, "showwarning", warnings.showwarning)
+    monkeypatch.setattr(logging, "_warnings_showwarning", logging._warnings_showwarning)
+
+    def serving(server):
+        log = logging.getLogger("pipeline.serve.runner")
+        log.info("below the configured level")
+        log.warning("batch_1: the cache at %s did not answer; trying again", redis)
+
+    monkeypatch.setattr(uvicorn.Server, "run", serving)
+    served = CliRunner().invoke(app, ["serve", "--config", str(TINY_CONFIG)])
+    assert served.exit_code == 0, served.output
+    lines = [line for line in served.stderr.splitlines() if "pipeline.serve.runner" in line]
+    assert len(lines) == 1, served.stderr
+    assert re.fullmatch(
+        r"\d{4}-\d\d-\d\d \d\d:\d\d:\d\d,\d{3} WARNING pipeline\.serve\.runner: batch_1: the cache at "
+        r"redis://\*\*\*@127\.0\.0\.1:1/0 did not answer; trying again",
+        lines[0],
+    ), lines
+    assert "hunter2" not in served.stderr + served.stdout

@@ -1,20 +1,22 @@
-"""The partition commit protocol (pipeline/output/commit.py) and atomic writes (stores/storage.py).
+"""The partition commit protocol (pipeline/output/tables.py) and atomic writes (stores/storage.py).
 
-Readers see a partition whole or not at all, whatever point a writer died at; a failed S3 write
-never publishes a partial object under its final name and leaves no upload behind; the input
-listing never follows a link out of the input folder.
+Readers see a partition whole or not at all, whatever point a writer died at, and each partition once,
+whichever committers race (local folder and S3); a failed S3 write never publishes a partial object under its
+final name and leaves no upload behind; the input listing never follows a link out of the input folder.
 """
 
 import logging
 import os
+import threading
 import uuid
 
 import pyarrow as pa
+import pyarrow.fs as pafs
 import pytest
 
 from pipeline.config import StorageConfig
-from pipeline.output.commit import SCHEMAS, new_commit_id, part_path, publish, write_files
 from pipeline.output.ledger import connect
+from pipeline.output.tables import KINDS, SCHEMAS, new_commit_id, open_table, publish, stage
 from pipeline.stores import storage
 
 
@@ -32,64 +34,105 @@ def partition_tables(partition: str, ids: list[str]) -> dict[str, pa.Table]:
         }
         for i in ids
     ]
-    with_partition = {
-        k: pa.schema([("partition", pa.string()), *s]) if "partition" not in s.names else s for k, s in SCHEMAS.items()
-    }
     return {
-        "outputs": pa.Table.from_pylist(rows, schema=with_partition["outputs"]),
-        "ledger": pa.Table.from_pylist(rows, schema=with_partition["ledger"]),
-        "quarantine": with_partition["quarantine"].empty_table(),
+        "outputs": pa.Table.from_pylist(rows, schema=SCHEMAS["outputs"]),
+        "ledger": pa.Table.from_pylist(rows, schema=SCHEMAS["ledger"]),
+        "quarantine": SCHEMAS["quarantine"].empty_table(),
     }
 
 
-def seen(output: str) -> dict[str, list[str]]:
-    con = connect(output)
+def seen(output: str, storage_config: StorageConfig | None = None) -> dict[str, list[str]]:
+    con = connect(output, storage_config)
     return {
         kind: sorted(r[0] for r in con.execute(f"SELECT id FROM {kind}").fetchall()) for kind in ("outputs", "ledger")
     }
 
 
+def staged(root, partition: str, ids: list[str], epoch: int) -> dict:
+    return stage(root, "j", partition, partition_tables(partition, ids), "zstd", new_commit_id(epoch))
+
+
 def test_readers_see_a_partition_whole_or_not_at_all(tmp_path):
     out = str(tmp_path / "out")
     root = storage.resolve(out)
-    first = new_commit_id(1)
-    publish(root, "j", "p", first, write_files(root, "j", "p", partition_tables("p", ["a", "b"]), "zstd", first))
+    assert publish(root, "j", "p", 1, staged(root, "p", ["a", "b"], 1))
     assert seen(out) == {"outputs": ["a", "b"], "ledger": ["a", "b"]}
+    versions = {kind: open_table(root, kind).version() for kind in KINDS}
 
-    # A second attempt dies between its writes: its outputs file exists, its ledger does not.
-    second = new_commit_id(2)
-    tables = partition_tables("p", ["a", "b", "c"])
-    storage.write_parquet_atomic(
-        root, part_path(root, "outputs", "j", "p", second), tables["outputs"].select(SCHEMAS["outputs"].names), "zstd"
-    )
+    # A second attempt staged its files and died before the catalog's commit: no table names them.
+    second = staged(root, "p", ["a", "b", "c"], 2)
     assert seen(out) == {"outputs": ["a", "b"], "ledger": ["a", "b"]}  # still the first commit, whole
 
     # A partition whose only attempt died before its commit is not there at all.
-    lone = new_commit_id(1)
-    write_files(root, "j", "q", partition_tables("q", ["z"]), "zstd", lone)
+    staged(root, "q", ["z"], 1)
     assert "z" not in seen(out)["outputs"] and "z" not in seen(out)["ledger"]
 
-    # The rerun commits: readers switch to it at once, and the older files are gone from the folder.
-    files = write_files(root, "j", "p", tables, "zstd", second)
-    publish(root, "j", "p", second, files)
+    # The rerun commits: readers switch to it at once, in one new version of each table naming its files only.
+    assert publish(root, "j", "p", 2, second)
     assert seen(out) == {"outputs": ["a", "b", "c"], "ledger": ["a", "b", "c"]}
-    for kind in ("outputs", "ledger", "quarantine"):
-        left = sorted(os.listdir(tmp_path / "out" / kind / "job=j" / "partition=p"))
-        assert left == [files[kind].rsplit("/", 1)[1]]
+    for kind in KINDS:
+        table = open_table(root, kind)
+        assert table.version() == versions[kind] + 1
+        assert [u.rsplit("/", 1)[1] for u in table.file_uris()] == [second[kind][0]["path"].rsplit("/", 1)[1]]
+    # Publishing it again (a manifest write after a kill) changes nothing.
+    assert publish(root, "j", "p", 2, second)
+    assert {kind: open_table(root, kind).version() for kind in KINDS} == {k: v + 1 for k, v in versions.items()}
 
 
-def test_partitions_written_before_commit_records_are_still_read(tmp_path):
+def test_a_late_publish_of_an_older_commit_keeps_the_newer_one(tmp_path):
+    """Worker A committed (epoch 1) and stalled before its tables' transactions; a forced rerun committed
+    epoch 2 and published; A's publish then arrives late. It must neither replace nor add to epoch 2."""
     out = str(tmp_path / "out")
     root = storage.resolve(out)
-    tables = partition_tables("old", ["x"])
-    for kind in ("outputs", "ledger", "quarantine"):
-        storage.write_parquet_atomic(
-            root,
-            root.join(kind, "job=j", "partition=old", "part-0.parquet"),
-            tables[kind].select(SCHEMAS[kind].names),
-            "zstd",
-        )
-    assert seen(out) == {"outputs": ["x"], "ledger": ["x"]}
+    old, new = staged(root, "p", ["a"], 1), staged(root, "p", ["a", "b"], 2)
+    assert publish(root, "j", "p", 2, new)
+    assert not publish(root, "j", "p", 1, old)
+    assert seen(out) == {"outputs": ["a", "b"], "ledger": ["a", "b"]}
+    assert all(open_table(root, kind).transaction_version("j/p") == 2 for kind in KINDS)
+
+
+def race(root, commits: list[tuple[str, list[str], int]]) -> list[bool]:
+    """Publish each (partition, ids, epoch) from its own thread, all started together."""
+    ready = [staged(root, p, ids, epoch) for p, ids, epoch in commits]
+    results: list = [None] * len(commits)
+    barrier = threading.Barrier(len(commits))
+
+    def one(i):
+        barrier.wait()
+        p, _, epoch = commits[i]
+        results[i] = publish(root, "j", p, epoch, ready[i])
+
+    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(commits))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return results
+
+
+def check_race(root, out: str, storage_config=None) -> None:
+    # Two workers commit different partitions at once: both land, each once.
+    assert race(root, [("p1", ["a", "b"], 1), ("p2", ["c"], 1)]) == [True, True]
+    assert seen(out, storage_config) == {"outputs": ["a", "b", "c"], "ledger": ["a", "b", "c"]}
+    # A fenced worker (epoch 1) and the claim that took over (epoch 2) publish the same partition at once:
+    # the newer claim's rows are there, once, whichever came first.
+    assert race(root, [("p3", ["old"], 1), ("p3", ["new", "new2"], 2)])[1] is True
+    assert seen(out, storage_config)["ledger"] == ["a", "b", "c", "new", "new2"]
+    # The fenced worker comes back later still: nothing changes.
+    assert not publish(root, "j", "p3", 1, staged(root, "p3", ["late"], 1))
+    assert seen(out, storage_config)["outputs"] == ["a", "b", "c", "new", "new2"]
+
+
+def test_concurrent_committers_on_a_local_folder(tmp_path):
+    out = str(tmp_path / "out")
+    check_race(storage.resolve(out), out)
+
+
+def test_concurrent_committers_on_s3(s3_server, s3_client):
+    s3_client.create_bucket(Bucket="tables")
+    config = StorageConfig(s3_endpoint_url=s3_server, s3_region="us-east-1")
+    out = "s3://tables/out"
+    check_race(storage.resolve(out, config), out, config)
 
 
 def test_local_writes_leave_no_temporary_file_on_failure(tmp_path):
@@ -194,20 +237,6 @@ def test_only_regular_files_are_inputs_and_an_unlistable_folder_is_named(tmp_pat
     assert "b.jsonl" in caplog.text and "locked" in caplog.text
 
 
-def test_a_late_publish_of_an_older_commit_keeps_the_newer_one(tmp_path):
-    """Worker A committed (epoch 1) and stalled before its record; a forced rerun committed epoch 2
-    and published; A's record then arrives late. It must neither replace nor delete epoch 2."""
-    out = str(tmp_path / "out")
-    root = storage.resolve(out)
-    old, new = new_commit_id(1), new_commit_id(2)
-    old_files = write_files(root, "j", "p", partition_tables("p", ["a"]), "zstd", old)
-    new_files = write_files(root, "j", "p", partition_tables("p", ["a", "b"]), "zstd", new)
-    assert publish(root, "j", "p", new, new_files)
-    assert not publish(root, "j", "p", old, old_files)
-    assert seen(out) == {"outputs": ["a", "b"], "ledger": ["a", "b"]}
-    assert all((tmp_path / "out" / name).exists() for name in new_files.values())
-
-
 def test_local_writes_are_fsynced_file_then_folder(tmp_path, monkeypatch):
     synced = []
     real = os.fsync
@@ -222,3 +251,19 @@ def test_local_writes_are_fsynced_file_then_folder(tmp_path, monkeypatch):
     # The data, before its rename, under a name no glob of `*.json` reads: (the name it becomes).tmp-(uuid)
     assert len(synced) == 2 and storage.temporary_target(synced[0].rsplit("/", 1)[1]) == "f.json"
     assert synced[1] == str(tmp_path / "d")  # then the folder, so the rename itself survives a power cut
+
+
+def test_maintain_deletes_the_staged_files_of_an_attempt_never_published(tmp_path):
+    """A fenced or killed attempt staged its files and never published them: no log names them, and `tables
+    maintain` deletes them once past the retention, while the published partition's rows stay."""
+    from pipeline.output.tables import maintain
+
+    out = str(tmp_path / "out")
+    root = storage.resolve(out)
+    assert publish(root, "j", "p", 2, staged(root, "p", ["a"], 2))
+    orphan = staged(root, "p", ["late"], 1)  # the fenced-out worker's files, never published
+    paths = [root.join(kind, f["path"]) for kind, files in orphan.items() for f in files]
+    assert all(root.fs.get_file_info(p).type == pafs.FileType.File for p in paths)
+    maintain(root, retention_hours=0, target_mb=64)
+    assert all(root.fs.get_file_info(p).type == pafs.FileType.NotFound for p in paths)
+    assert seen(out) == {"outputs": ["a"], "ledger": ["a"]}

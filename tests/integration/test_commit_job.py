@@ -12,6 +12,8 @@ import pytest
 from pipeline import run_job
 from pipeline.dev.samples import write_sample_corpus
 from pipeline.output.ledger import connect
+from pipeline.output.tables import open_table, published_epochs
+from pipeline.stores import storage
 from pipeline.stores.catalog import StateStore
 from tests.conftest import REPO, TINY_CONFIG, read_kind
 from tests.jobs import cli_env
@@ -76,18 +78,21 @@ def test_a_worker_stopped_past_its_lease_commits_nothing(make_config, tiny_model
     assert len(ids) == len(set(ids)) and len(ids) + quarantined == counts["documents"] + counts["bad_records"]
     # One charge: the ledger holds what the catalog's items cost, once.
     ledger_busy = con.execute("SELECT sum(busy_gpu_seconds) FROM ledger").fetchone()[0]
-    with state.session() as s:
+    with state.db_session() as s:
         from sqlalchemy import func, select
 
         from pipeline.stores.catalog import Item
 
         items_gpu = s.execute(select(func.sum(Item.gpu_seconds)).where(Item.job_id == "fenced")).scalar()
     assert ledger_busy == pytest.approx(items_gpu, rel=1e-9)
-    # Nothing of the stale attempt is left in the partition's folders: one file each, the committed one.
-    record = json.loads((tmp_path / "output" / "_commits" / "job=fenced" / f"partition={victim}.json").read_text())
+    # Each table holds the partition as the second claim committed it, once: one file, the one its log names.
+    root = storage.resolve(str(tmp_path / "output"))
     for kind in ("outputs", "ledger", "quarantine"):
-        folder = tmp_path / "output" / kind / "job=fenced" / f"partition={victim}"
-        assert [f"{kind}/job=fenced/partition={victim}/{f}" for f in os.listdir(folder)] == [record["files"][kind]]
+        table = open_table(root, kind)
+        assert table.transaction_version(f"fenced/{victim}") == 2
+        named = [p for p in table.file_uris() if f"partition={victim}/" in p]
+        folder = tmp_path / "output" / kind / "job_id=fenced" / f"partition={victim}"
+        assert len(named) == 1 and [str(f) for f in folder.iterdir()] == named
 
 
 def test_record_ids_with_hash_signs_round_trip(make_config, tmp_path):
@@ -105,9 +110,9 @@ def test_record_ids_with_hash_signs_round_trip(make_config, tmp_path):
     assert job.manifest["counts"]["by_source"] == {"generated": 2}
 
 
-def test_a_commit_record_lost_after_the_catalog_commit_is_published_by_the_job(make_config, sample_corpus, tmp_path):
-    """Died between the catalog's commit and the commit record: the partition stays committed, and the
-    job's manifest write publishes the record, so readers see every partition."""
+def test_a_publish_lost_after_the_catalog_commit_is_done_by_the_job(make_config, sample_corpus, tmp_path):
+    """Died between the catalog's commit and the tables' transactions: the partition stays committed, and the
+    job's manifest write publishes its staged files, so readers see every partition."""
     from pipeline.job import faults
 
     victim = {}
@@ -115,51 +120,99 @@ def test_a_commit_record_lost_after_the_catalog_commit_is_published_by_the_job(m
     def lose_record(point, job_id, partition):
         if point == "before_publish" and not victim:
             victim["p"] = partition
-            raise OSError("worker lost before its commit record")
+            raise OSError("worker lost before its tables' transactions")
 
+    config = make_config()
     with faults.inject(lose_record):
-        job = run_job(make_config(), job_id="republished")
+        job = run_job(config, job_id="republished")
     assert job.manifest["status"] == "succeeded" and victim
-    assert (tmp_path / "output" / "_commits" / "job=republished" / f"partition={victim['p']}.json").exists()
+    epoch = [p.epoch for p in StateStore(config.state.url).partitions("republished") if p.partition == victim["p"]]
+    root = storage.resolve(str(tmp_path / "output"))
+    assert published_epochs(root, "republished", [victim["p"]]) == {victim["p"]: epoch[0]}
     con = connect(str(tmp_path / "output"))
     outputs = con.execute("SELECT count(*) FROM outputs").fetchone()[0]
     quarantined = con.execute("SELECT count(*) FROM quarantine").fetchone()[0]
     assert outputs + quarantined == sample_corpus[1]["documents"] + sample_corpus[1]["bad_records"]
 
 
-def test_leftovers_of_killed_writes_are_never_read_and_a_rerun_sweeps_them(make_config, sample_corpus, tmp_path):
-    """Reproducers (red-team round): a kill while a commit record or a part file was written left a
-    `.tmp-<uuid>-<name>` file that ended in `.json` / `.parquet`; a killed `rerun --partition` left the
-    older commit's files. The ledger readers counted the partition twice (a partial temp record made them
-    raise), DuckDB's glob of the folders read 48 rows for 40, and later reruns never cleaned up."""
-    import duckdb
-
+def test_files_no_table_log_names_are_never_read(make_config, sample_corpus, tmp_path):
+    """A kill between staging a partition's files and the catalog's commit leaves Parquet files in the tables'
+    folders that no Delta log names: no reader of the tables counts them (a plain glob of the folders would,
+    which is why docs/analyst.md reads the tables and never globs)."""
     config = make_config()
     first = run_job(config, job_id="leftover")
     out = tmp_path / "output"
-    records = sorted((out / "_commits" / "job=leftover").glob("partition=*.json"))
-    record = json.loads(records[0].read_text())
-    ledger_file = out / record["files"]["ledger"]
-    older = "000000-0123456789ab"  # a commit of an earlier claim (epochs grow with each claim)
-    # What the kills left, as the versions before this fix named them, and a partial record as this one does.
-    (records[0].parent / f".tmp-{'a' * 32}-{records[0].name}").write_text(records[0].read_text())
-    (records[0].parent / f".tmp-{'b' * 32}-{records[0].name}").write_text('{"job_id": "leftover", "fil')
-    (records[0].parent / f".{records[0].name}.tmp-{'c' * 32}").write_text('{"job_id": "leftover", "fil')
-    an_hour_ago = time.time() - 3600  # temporary records younger than 10 minutes may be a publish in flight
-    for leftover in records[0].parent.glob(".*"):
-        os.utime(leftover, (an_hour_ago, an_hour_ago))
-    (ledger_file.parent / f".tmp-{'d' * 32}-part-{older}.parquet").write_bytes(ledger_file.read_bytes())
-    (ledger_file.parent / f"part-{older}.parquet").write_bytes(ledger_file.read_bytes())  # superseded commit
-
-    con = connect(str(out))  # readers that honour commits: each partition once, no error
+    (folder,) = [f for f in (out / "ledger" / "job_id=leftover").iterdir()][:1]
+    (committed,) = list(folder.iterdir())
+    (folder / "part-00000000-0123456789ab.parquet").write_bytes(committed.read_bytes())  # a killed claim's
+    con = connect(str(out))
     assert (
         con.execute("SELECT count(*) FROM ledger WHERE kind = 'output'").fetchone()[0]
         == first.manifest["counts"]["outputs"]
     )
-
-    again = run_job(config, job_id="leftover")  # nothing to do, but the rerun sweeps what kills left
+    again = run_job(config, job_id="leftover")  # nothing to do: nothing published twice
     assert again.manifest["cost"]["cost_usd"] == first.manifest["cost"]["cost_usd"]
-    left = sorted(p.name for p in out.rglob("*") if p.is_file() and (".tmp-" in p.name or older in p.name))
-    assert left == []
-    glob = duckdb.sql(f"SELECT count(*) FROM read_parquet('{out}/ledger/**/*.parquet')").fetchall()[0][0]
-    assert glob == read_kind(out, "ledger", "leftover").num_rows
+    assert read_kind(out, "ledger", "leftover").num_rows == con.execute("SELECT count(*) FROM ledger").fetchone()[0]
+
+
+PLAIN_READERS = """
+import json, sys
+import duckdb, duckdb_extension_delta, polars as pl
+from pathlib import Path
+
+out, extensions = sys.argv[1], sys.argv[2]
+wheel = Path(duckdb_extension_delta.__file__).parent / "extensions" / f"v{duckdb.__version__}"
+con = duckdb.connect(config={"extension_directory": extensions})
+con.execute("SET enable_progress_bar = false")
+con.install_extension(str(wheel / "delta.duckdb_extension"))
+con.load_extension("delta")
+seen = {"duckdb": {}, "polars": {}}
+for kind in ("outputs", "quarantine", "ledger"):
+    if not (Path(out) / kind / "_delta_log").exists():
+        continue
+    rows = con.sql(f"SELECT partition, count(*) FROM delta_scan('{out}/{kind}') GROUP BY ALL").fetchall()
+    seen["duckdb"][kind] = dict(rows)
+    frame = pl.read_delta(f"{out}/{kind}").group_by("partition").len()
+    seen["polars"][kind] = dict(zip(frame["partition"].to_list(), frame["len"].to_list()))
+print(json.dumps(seen))
+"""
+
+
+def test_plain_duckdb_and_polars_read_whole_partitions_mid_job(make_config, sample_corpus, tmp_path):
+    """Mid-job, at every partition's commit point (committed in the catalog, not yet in the tables), plain
+    DuckDB (delta_scan, the extension from its wheel) and Polars in another process read each table: every
+    partition they see is one the catalog committed, with its rows whole, and every partition the catalog
+    committed before it is there."""
+    from pipeline.job import faults
+
+    config = make_config(input__records_per_partition=8)
+    state = StateStore(config.state.url)
+    checks = []
+
+    def read_mid_job(point, job_id, partition):
+        if point != "before_publish":
+            return
+        done = subprocess.run(
+            [sys.executable, "-c", PLAIN_READERS, str(tmp_path / "output"), str(tmp_path / "duckdb-extensions")],
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
+        assert done.returncode == 0, done.stderr[-2000:]
+        committed = {
+            p.partition: json.loads(p.counts)
+            for p in state.partitions(job_id)
+            if p.status == "succeeded" and p.partition != partition
+        }
+        for engine, tables in json.loads(done.stdout).items():
+            assert set(tables.get("outputs", {})) == {p for p, c in committed.items() if c["outputs"]}, engine
+            for p, counts in committed.items():
+                assert tables.get("outputs", {}).get(p, 0) == counts["outputs"], (engine, p)
+                assert tables.get("quarantine", {}).get(p, 0) == counts["quarantined"], (engine, p)
+            assert set(tables.get("ledger", {})) <= set(committed), engine
+        checks.append(len(committed))
+
+    with faults.inject(read_mid_job):
+        job = run_job(config, job_id="midjob")
+    assert job.manifest["status"] == "succeeded"
+    assert checks == list(range(len(job.manifest["partitions"])))  # read at every commit point, 0 to n-1 done

@@ -26,7 +26,7 @@ from tests.docs_examples import blocks
 DOCS = [REPO / "README.md", *sorted((REPO / "docs").glob("*.md"))]
 JOB = "nightly-2026-11-30"
 # A file read in SQL (quoted path or a read_* function): plain DuckDB, not the ledger views (which no file reaches).
-READS_FILES = ("read_parquet(", "read_text(", "read_csv(", "FROM '")
+READS_FILES = ("read_parquet(", "read_text(", "read_csv(", "FROM '", "delta_scan(")
 
 
 @pytest.fixture(scope="module")
@@ -60,7 +60,22 @@ def job_placeholders(root) -> dict[str, str]:
         "/tmp/dry-run": "dry-run",
         "7579fade16-00000": partition,
         "--labels holdout.jsonl": "--labels labels.jsonl",  # the user's labelled hold-out: the synthetic set
+        "<delta extension>": str(delta_extension()),
     }
+
+
+def delta_extension():
+    """DuckDB's Delta extension as the `duckdb-extension-delta` wheel ships it (installed from the file: offline)."""
+    from pathlib import Path
+
+    import duckdb_extension_delta
+
+    return (
+        Path(duckdb_extension_delta.__file__).parent
+        / "extensions"
+        / f"v{duckdb.__version__}"
+        / "delta.duckdb_extension"
+    )
 
 
 def fill(text: str, placeholders: dict[str, str]) -> str:
@@ -83,7 +98,8 @@ def run_sql(text: str, cwd) -> None:
     from pipeline.output.ledger import connect, query
 
     if any(marker in text for marker in READS_FILES):
-        con = duckdb.connect()
+        # Extensions a block installs go to the site's own folder, never the user's ~/.duckdb.
+        con = duckdb.connect(config={"extension_directory": str(cwd / ".duckdb-extensions")})
         os.chdir(cwd)  # DuckDB reads relative paths from the process's working directory
         for statement in duckdb.extract_statements(text):
             con.execute(statement)

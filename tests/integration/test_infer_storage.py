@@ -6,9 +6,10 @@ from pipeline.generate.engine import EnginePool
 from pipeline.generate.engine_api import Completion, EngineDeadError, EngineStartError, load_tokenizer
 from pipeline.generate.memory_units import generate
 from pipeline.stores import storage
+from tests.engines import OneCallEngine
 
 
-class PoisonEngine:
+class PoisonEngine(OneCallEngine):
     """Fails any batch holding the poison prompt, like an engine error on one bad item would."""
 
     calls: list[int] = []
@@ -57,7 +58,7 @@ def test_failed_batch_is_halved_until_the_bad_item_is_alone():
 
 
 def test_a_run_with_no_job_keeps_the_batch_full_under_a_budget_cap():
-    """Review finding: an eval on a config with budget caps ran one unit (256 requests) at a time, the
+    """Reproducer: an eval on a config with budget caps ran one unit (256 requests) at a time, the
     engine's batch emptying at every unit's end; a run with no job admits nothing, so it fills the batch."""
     c = config("m-poison", budget={"max_job_usd": 5.0})
     PoisonEngine.calls.clear()

@@ -32,12 +32,17 @@ def test_rerun_of_a_job_id_replaces_rows_and_is_deterministic(make_config, sampl
     assert dict(zip(outputs["id"].to_pylist(), outputs["summary"].to_pylist())) == summaries  # greedy: same text
 
 
-def test_an_item_the_engine_fails_on_is_quarantined_alone(make_config, tmp_path, monkeypatch):
+def reports_with_one_odd(tmp_path, odd: int, text: str) -> None:
+    """Twelve short reports in the test's input folder, report `odd` replaced by `text`."""
     input_dir = tmp_path / "input"
     input_dir.mkdir()
     docs = [{"id": f"d{i}", "text": f"report {i} on quarterly revenue and delivery"} for i in range(12)]
-    docs[5]["text"] = "POISON document that breaks the engine"
+    docs[odd]["text"] = text
     (input_dir / "a.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
+
+
+def test_an_item_the_engine_fails_on_is_quarantined_alone(make_config, tmp_path, monkeypatch):
+    reports_with_one_odd(tmp_path, 5, "POISON document that breaks the engine")
     real_add = FakeEngine.add
 
     def add(self, request_id, prompt, max_tokens, sampling):  # vLLM refuses a bad request when it is added
@@ -53,6 +58,27 @@ def test_an_item_the_engine_fails_on_is_quarantined_alone(make_config, tmp_path,
     assert m["counts"]["outputs"] == 11
 
 
+def test_an_output_its_checks_cannot_measure_is_quarantined_alone(make_config, tmp_path, monkeypatch):
+    """The output checks run on a thread beside the engine and their results are gathered when finished requests
+    are stored together: one output that breaks a check is that item's quarantine row, not a lost batch."""
+    from pipeline.generate import worker
+
+    reports_with_one_odd(tmp_path, 7, "CHECKBREAKER document whose summary a check cannot measure")
+    real_measure = worker.measure
+
+    def measure(summary, document):
+        if "CHECKBREAKER" in document:
+            raise ValueError("a check met what it cannot read")
+        return real_measure(summary, document)
+
+    monkeypatch.setattr(worker, "measure", measure)
+    m = run_job(make_config(), job_id="unchecked").manifest
+    quarantine = read_kind(tmp_path / "output", "quarantine", "unchecked")
+    assert quarantine["id"].to_pylist() == ["d7"] and quarantine["reason"].to_pylist() == ["engine_error"]
+    assert "output checks failed: ValueError" in quarantine["detail"][0].as_py()
+    assert m["counts"]["outputs"] == 11
+
+
 def test_empty_input_folder_is_a_finished_job_with_nothing_in_it(make_config, tmp_path):
     (tmp_path / "input").mkdir()
     m = run_job(make_config(), job_id="empty").manifest
@@ -64,7 +90,7 @@ def test_a_job_that_cannot_run_is_recorded_failed(make_config, tmp_path):
     with pytest.raises(JobError, match="input not found"):
         run_job(config, job_id="broken")
     (job,) = StateStore(config.state.url).jobs()
-    assert job.status == "staging_failed" and "input not found" in job.error
+    assert job.status == "planning_failed" and "input not found" in job.error
 
 
 def test_tokenmill_home_holds_state_and_models(tiny_models, tmp_path, sample_corpus):
@@ -177,7 +203,7 @@ def test_a_fifo_named_like_an_input_file_is_skipped_not_waited_on(make_config, t
 
 
 def test_progress_counts_items_as_they_are_stored_before_any_partition_commits(make_config, sample_corpus):
-    """Issue 28: the demo said "0/70 items done" for four minutes, items counting only at commit. At the first
+    """The demo said "0/70 items done" for four minutes, items counting only at commit. At the first
     commit point (nothing committed yet, every generation of the job stored) the progress already counts them."""
     from pipeline.job import faults
     from pipeline.job.progress import Progress
@@ -196,12 +222,12 @@ def test_progress_counts_items_as_they_are_stored_before_any_partition_commits(m
 
 
 def test_a_job_id_given_again_for_other_input_is_refused(make_config, sample_corpus, tmp_path):
-    """Reproducer (review): a DAG run's `job_id` param naming a job staged over other input quietly continued
+    """Reproducer: a DAG run's `job_id` param naming a job staged over other input quietly continued
     that job (its partitions, its results) and reported success for input it never read."""
     from pipeline.dev.samples import write_sample_corpus
 
     config = make_config()
     assert run_job(config, job_id="given").manifest["status"] == "succeeded"
     write_sample_corpus(tmp_path / "other", documents=5)
-    with pytest.raises(JobError, match=r"a job's input is fixed once staged"):
+    with pytest.raises(JobError, match=r"a job's input is fixed once planned"):
         run_job(make_config(tmp_path / "other"), job_id="given")

@@ -6,15 +6,17 @@ import json
 import random
 import subprocess
 import sys
+import time
 from datetime import date, datetime, timedelta, timezone
 from decimal import Decimal
 
 import pyarrow as pa
-import pyarrow.dataset as ds
 import pytest
+from typer.testing import CliRunner
 
-from pipeline.output.commit import new_commit_id, publish, write_files
+from pipeline.cli import app
 from pipeline.output.ledger import LedgerError, connect, query, summary
+from pipeline.output.tables import commit_rows, open_table, read
 from pipeline.schema import LEDGER, OUTPUTS, QUARANTINE
 from pipeline.stores import storage
 from tests.conftest import REPO
@@ -59,8 +61,7 @@ def fake_job(root: storage.Location, job_id: str, day: datetime, rows: int, seed
             }
             for r in ledger
         ]
-        commit = new_commit_id(1)
-        files = write_files(
+        commit_rows(
             root,
             job_id,
             part,
@@ -72,10 +73,7 @@ def fake_job(root: storage.Location, job_id: str, day: datetime, rows: int, seed
                     schema=pa.schema([("partition", pa.string()), *QUARANTINE]),
                 ),
             },
-            "zstd",
-            commit,
         )
-        publish(root, job_id, part, commit, files)
 
 
 @pytest.fixture
@@ -88,7 +86,7 @@ def output_root(tmp_path):
 
 
 def pyarrow_totals(output_root, by: str, where=None) -> dict:
-    table = ds.dataset(output_root / "ledger", format="parquet").to_table()
+    table = read(storage.resolve(str(output_root)), "ledger")
     if where is not None:
         table = table.filter(where(table))
     grouped = table.group_by(by).aggregate([("cost_usd", "sum"), ("baseline_cost_usd", "sum"), ("id", "count")])
@@ -110,7 +108,7 @@ def test_summary_by_tenant_equals_pyarrow_to_the_cent(output_root):
 
 
 def test_cost_per_acceptable_document_counts_every_charge_over_the_acceptable_documents(output_root):
-    """Issue 28: what a buyer of summaries pays for. Per tier: documents (outputs, not charge rows), the acceptable
+    """What a buyer of summaries pays for. Per tier: documents (outputs, not charge rows), the acceptable
     ones (no output check failed), and the group's whole cost over each, lost work included."""
     root = storage.resolve(str(output_root))
     lost = {
@@ -123,21 +121,12 @@ def test_cost_per_acceptable_document_counts_every_charge_over_the_acceptable_do
         "gpu_seconds": 10.0,
         "created_at": datetime(2026, 11, 20, tzinfo=timezone.utc),
     }
-    commit = new_commit_id(1)
     empty = {
         kind: pa.schema([("partition", pa.string()), *schema]).empty_table()
         for kind, schema in (("outputs", OUTPUTS), ("quarantine", QUARANTINE))
     }
-    publish(
-        root,
-        "job-0",
-        "lost",
-        commit,
-        write_files(
-            root, "job-0", "lost", {"ledger": pa.Table.from_pylist([lost], schema=LEDGER), **empty}, "zstd", commit
-        ),
-    )
-    table = ds.dataset(output_root / "ledger", format="parquet").to_table().to_pylist()
+    commit_rows(root, "job-0", "lost", {"ledger": pa.Table.from_pylist([lost], schema=LEDGER), **empty})
+    table = read(storage.resolve(str(output_root)), "ledger").to_pylist()
     got = {r["tier"]: r for r in summary(connect(str(output_root)), ["tier"]).to_pylist()}
     for tier, row in got.items():
         rows = [r for r in table if r["tier"] == tier]
@@ -233,6 +222,31 @@ def test_cli_summary_csv_and_json(output_root):
     assert [r["job_id"] for r in listed] == [f"job-{n}" for n in range(4)]
 
 
+def test_as_of_reads_the_tables_as_they_were(tmp_path):
+    """Time travel: `--as-of` a time or a table version reads the ledger as it was then, whatever committed
+    since (a new job, a forced rerun replacing a partition)."""
+    out = tmp_path / "out"
+    root = storage.resolve(str(out))
+    fake_job(root, "early", datetime(2026, 11, 20, tzinfo=timezone.utc), rows=10, seed=1)
+    version = open_table(root, "ledger").version()
+    moment = datetime.now(timezone.utc)
+    time.sleep(0.01)  # the next commit's timestamp is later than `moment` (milliseconds in the Delta log)
+    fake_job(root, "late", datetime(2026, 11, 21, tzinfo=timezone.utc), rows=10, seed=2)
+
+    def jobs(as_of: str | None) -> list[str]:
+        args = ["--as-of", as_of] if as_of else []
+        sql = "SELECT DISTINCT job_id FROM ledger ORDER BY 1"
+        result = CliRunner().invoke(app, ["ledger", "sql", "--output", str(out), sql, "--format", "json", *args])
+        assert result.exit_code == 0, result.output
+        return [r["job_id"] for r in json.loads(result.output)]
+
+    assert jobs(None) == ["early", "late"]
+    assert jobs(moment.isoformat()) == ["early"]
+    assert jobs(str(version)) == ["early"]
+    refused = CliRunner().invoke(app, ["ledger", "summary", "--output", str(out), "--as-of", "999"])
+    assert refused.exit_code != 0 and "--as-of 999" in refused.output
+
+
 def test_ledger_over_s3(s3_server, s3_client, tmp_path):
     from pipeline.config import StorageConfig
 
@@ -244,7 +258,7 @@ def test_ledger_over_s3(s3_server, s3_client, tmp_path):
 
 
 def test_ledger_days_are_utc_days_whatever_the_machines_time_zone(tmp_path, monkeypatch):
-    """Reproducer (review): under TZ=America/New_York a row created 2026-11-20T02:00Z was on 2026-11-19 for
+    """Reproducer: under TZ=America/New_York a row created 2026-11-20T02:00Z was on 2026-11-19 for
     `--since`/`--until` and `by day`, while the FOCUS billing periods and the docs say UTC days."""
     import time
 

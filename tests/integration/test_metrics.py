@@ -32,7 +32,7 @@ from tests.conftest import read_kind
 from tests.servers import free_port
 
 HANG_GUARD = 120.0  # seconds: only a hang takes this long
-LABELS = {"tenant", "tier", "outcome", "state", "kind", "cap", "model", "gpus", "job_id"}  # every label allowed
+LABELS = {"tenant", "tier", "outcome", "state", "kind", "cap", "model", "gpus", "job_id", "pipeline"}  # all allowed
 
 
 @pytest.fixture(autouse=True)
@@ -142,6 +142,14 @@ def test_a_watched_job_counts_mid_drain_and_ends_equal_to_its_ledger(make_config
     ledger, quarantine = read_kind(out, "ledger", "watched").to_pylist(), read_kind(out, "quarantine", "watched")
     assert_counters_equal_the_ledger(end, before, ledger, quarantine.to_pylist(), gpus=2)
     assert_labels_are_bounded(end, config, ledger, quarantine.to_pylist())
+    # The job's running totals, read from the catalog, say the same as this process's counters (and the ledger).
+    for gauge, counter, keys in (
+        ("tokenmill_job_items", "tokenmill_items_total", ("tenant", "tier", "outcome")),
+        ("tokenmill_job_cost_usd", "tokenmill_cost_usd_total", ("tenant", "tier")),
+        ("tokenmill_job_gpu_seconds", "tokenmill_gpu_seconds_total", ("tier", "kind")),
+    ):
+        assert by(end, {}, gauge, *keys) == pytest.approx(by(end, before, counter, *keys), rel=1e-9), gauge
+        assert {dict(ls)["pipeline"] for n, ls in end if n == gauge} == {"run"}
     utilisation = result[0].manifest["engines"]["small"]["utilisation"]
     assert end[("tokenmill_engine_utilisation_ratio", (("tier", "small"),))] == pytest.approx(utilisation, abs=1e-4)
 
@@ -236,7 +244,7 @@ def test_a_pushgateway_that_refuses_connections_fails_no_commit(make_config, tmp
     # Once a push failed, the process leaves the gateway alone for a while: no second wait, no second warning.
     monkeypatch.setattr(metrics, "PUSH_BACKOFF_SECONDS", 60.0)
     caplog.clear()
-    assert not metrics.push(config.metrics, "unpushed", "w") and not caplog.records
+    assert not metrics.push(config.metrics, "unpushed") and not caplog.records
 
 
 class Gateway(BaseHTTPRequestHandler):
@@ -254,20 +262,65 @@ class Gateway(BaseHTTPRequestHandler):
         pass
 
 
-def test_steps_that_serve_no_endpoint_push_their_group(make_config, tmp_path):
+def test_steps_push_the_jobs_state_to_one_group_per_pipeline(make_config, tmp_path):
+    """Every step pushes the whole job's totals, read from the catalog, to its pipeline's one group: no group per
+    job, task or process (each push replaces the last), no process counter (a group holds no `rate`-able series),
+    and the last push holds the job's final totals, equal to its ledger. A Batch API batch's job has its own."""
     small_job(tmp_path)
     server = ThreadingHTTPServer(("127.0.0.1", 0), Gateway)
     threading.Thread(target=server.serve_forever, daemon=True).start()
     Gateway.pushes = []
     try:
-        config = make_config(metrics__pushgateway_url=f"http://127.0.0.1:{server.server_port}", metrics__job_label="tm")
+        config = make_config(
+            metrics__pushgateway_url=f"http://127.0.0.1:{server.server_port}",
+            metrics__job_label="tm",
+            metrics__pipeline="nightly",
+        )
         assert run_job(config, job_id="pushed", worker="host-a:1").manifest["status"] == "succeeded"
+        pushes, Gateway.pushes = Gateway.pushes, []
+        assert run_job(config, job_id="batch-0001", worker="host-a:1").manifest["status"] == "succeeded"
     finally:
         server.shutdown()
         server.server_close()
-    paths = {path for path, _ in Gateway.pushes}
-    assert paths == {"/metrics/job/tm/instance/host-a:1/job_id/pushed"}, paths
-    assert len(Gateway.pushes) >= 3  # prepare, the drains, the commit
-    last = parse(Gateway.pushes[-1][1])
+    assert {path for path, _ in pushes} == {"/metrics/job/tm/pipeline/nightly"}
+    assert {path for path, _ in Gateway.pushes} == {"/metrics/job/tm/pipeline/nightly-batch"}
+    assert len(pushes) >= 3  # prepare, the drains, the commit, the job's end
+    last = parse(pushes[-1][1])
     assert last[("tokenmill_job_info", (("job_id", "pushed"),))] == 1
-    assert any(n == "tokenmill_items_total" for n, _ in last)
+    assert {n for n, _ in last} <= {
+        "tokenmill_job_items",
+        "tokenmill_job_cost_usd",
+        "tokenmill_job_gpu_seconds",
+        "tokenmill_job_info",
+        "tokenmill_tier_info",
+        "tokenmill_budget_remaining_usd",
+        "tokenmill_job_expected_end_timestamp_seconds",
+    }
+    assert all(key != "pipeline" for _, labels in last for key, _ in labels)  # the group's key carries it
+    out = tmp_path / "output"
+    ledger, quarantine = read_kind(out, "ledger", "pushed").to_pylist(), read_kind(out, "quarantine", "pushed")
+    outcomes = Counter("generated" if r["source"] == "generated" else "reused" for r in ledger if r["kind"] == "output")
+    outcomes["quarantined"] = quarantine.num_rows
+    assert by(last, {}, "tokenmill_job_items", "outcome") == {(k,): v for k, v in outcomes.items() if v}
+    assert sum(by(last, {}, "tokenmill_job_cost_usd", "tier").values()) == pytest.approx(
+        sum(r["cost_usd"] for r in ledger), rel=1e-9
+    )
+    assert last[("tokenmill_job_expected_end_timestamp_seconds", ())] == 0  # the job is over
+
+
+def test_run_serves_its_final_values_until_scraped(make_config):
+    """`tokenmill run` with an endpoint and no Pushgateway: the process waits after the job for one scrape of its
+    final values (or the grace period), so a job shorter than a scrape interval is still seen whole."""
+    port = free_port()
+    config = make_config(metrics__port=port, metrics__final_scrape_grace_seconds=HANG_GUARD).metrics
+    assert metrics.serve(config)
+    waited = []
+    lingering = threading.Thread(target=lambda: waited.append(metrics.linger(config)), daemon=True)
+    lingering.start()
+    while lingering.is_alive() and not waited:
+        scrape(port)  # the scrape it waits for (a scrape before it began waiting does not count: so scrape again)
+        lingering.join(0.05)
+    assert waited == [True]
+    # With a Pushgateway the final values are pushed: nothing to wait for; nor with a grace of 0.
+    assert not metrics.linger(config.model_copy(update={"pushgateway_url": "http://127.0.0.1:1"}))
+    assert not metrics.linger(config.model_copy(update={"final_scrape_grace_seconds": 0}))

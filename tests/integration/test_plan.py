@@ -18,6 +18,7 @@ from pipeline.keys import config_fingerprint
 from pipeline.plan.stages import STAGED_COLUMNS, staged_input
 from pipeline.plan.streamed import plan_job
 from pipeline.stores import storage
+from pipeline.stores.catalog import migrate
 from pipeline.stores.staging import StagingArea
 
 
@@ -33,7 +34,9 @@ def config(make_config, sample_corpus):
             json.dumps({"id": "late-near", "text": first["text"] + " Thanks.", "tenant": first.get("tenant")}) + "\n"
         )
     (root / "zz-bad.jsonl").write_text("{not json\n\n")
-    return make_config(root, routing=True, input__records_per_partition=7)
+    config = make_config(root, routing=True, input__records_per_partition=7)
+    migrate(config.state.url)  # as the DAG's first task or `run_job` does: these tests call the steps alone
+    return config
 
 
 def staged(config, workers: int, tmp_path, name: str) -> tuple[pa.Table, pa.Table, object]:
@@ -102,21 +105,21 @@ def test_planning_as_orchestrator_tasks_stages_what_one_process_stages(config, t
     from pipeline.job.context import JobContext
 
     config.planning.workers = 2
-    shards = orchestrate.planned_shards(config, "tasks")
+    shards = orchestrate.keyed_shards(config, "tasks")
     assert len(shards) == 2
     reused: dict[str, int] = {}
     for shard in reversed(shards):
         for kind, n in orchestrate.clustered_shard(config, "tasks", shard)["reused"].items():
             reused[kind] = reused.get(kind, 0) + n
-    partitions = orchestrate.staged_partitions(config, "tasks")
+    partitions = orchestrate.planned_partitions(config, "tasks")
     one, q1, plan1 = staged(config, 1, tmp_path, "one")
     assert sorted(partitions) == sorted(plan1.partitions)
     assert reused == plan1.dedup.as_dict()["reused"] and reused
     area = JobContext.open(config, "tasks").staging
     tasks = pa.concat_tables([area.records(p) for p in partitions])
     assert not differences(ordered(tasks), ordered(one))
-    assert orchestrate.planned_shards(config, "tasks") == [] and orchestrate.clustered_shard(config, "tasks", 0) == {}
-    assert orchestrate.staged_partitions(config, "tasks") == partitions
+    assert orchestrate.keyed_shards(config, "tasks") == [] and orchestrate.clustered_shard(config, "tasks", 0) == {}
+    assert orchestrate.planned_partitions(config, "tasks") == partitions
 
 
 def test_input_without_a_valid_record_is_all_quarantine(make_config, tmp_path):
@@ -147,7 +150,7 @@ def test_stage_refuses_shards_of_an_earlier_planning(config, tmp_path):
 
 
 def test_stage_waits_for_a_planning_in_progress_instead_of_failing_it(config):
-    """Reproducer (review): `stage` called while another worker plans the job whole (status staging, no
+    """Reproducer: `stage` called while another worker plans the job whole (status staging, no
     plan.json yet) raised on the missing plan and marked that worker's live staging failed, so a third
     worker could take it over at once and two plannings wrote one staging area. It waits instead; and a
     step failing after the job is staged never marks it failed."""
@@ -155,29 +158,29 @@ def test_stage_waits_for_a_planning_in_progress_instead_of_failing_it(config):
 
     from pipeline.job import orchestrate
     from pipeline.job.context import JobContext
-    from pipeline.job.plan import stage_input, staging_step
+    from pipeline.job.plan import plan_input, planning_step
 
     job = JobContext.open(config, "busy")
-    assert job.state.claim_staging("busy", config_fingerprint(config), config.input.uri, config.output.uri)  # planning
+    assert job.state.claim_planning("busy", config_fingerprint(config), config.input.uri, config.output.uri)  # planning
     staged = []
-    stage = threading.Thread(target=lambda: staged.append(orchestrate.staged_partitions(config, "busy")))
+    stage = threading.Thread(target=lambda: staged.append(orchestrate.planned_partitions(config, "busy")))
     stage.start()
     stage.join(timeout=2 * config.state.wait_seconds + 1)
-    assert stage.is_alive() and job.state.job("busy").status == "staging"  # waiting, the staging untouched
-    assert not job.state.reclaim_staging("busy", config.state.lease_seconds)
-    stage_input(job, 1)  # the planning worker finishes (its claim: epoch 1)
+    assert stage.is_alive() and job.state.job("busy").status == "planning"  # waiting, the staging untouched
+    assert not job.state.reclaim_planning("busy", config.state.lease_seconds)
+    plan_input(job, 1)  # the planning worker finishes (its claim: epoch 1)
     stage.join(timeout=60)
     assert not stage.is_alive() and staged and staged[0] == [p.partition for p in job.state.partitions("busy")]
-    with pytest.raises(RuntimeError), staging_step(job, 1):
+    with pytest.raises(RuntimeError), planning_step(job, 1):
         raise RuntimeError("a late step of an earlier attempt fails")
-    assert job.state.job("busy").status == "staged"
+    assert job.state.job("busy").status == "planned"
 
 
 def test_staged_partitions_stages_whole_when_no_planning_task_ran(config):
     """Reproducer: `stage` (the old single staging entry point) called with no `plan` task before it."""
     from pipeline.job import orchestrate
 
-    partitions = orchestrate.staged_partitions(config, "whole")
+    partitions = orchestrate.planned_partitions(config, "whole")
     assert partitions and orchestrate.clustered_shard(config, "whole", 0) == {}
 
 
@@ -187,7 +190,7 @@ def test_a_staging_step_renews_its_lease_while_it_runs(config):
     import time
 
     from pipeline.job.context import JobContext
-    from pipeline.job.plan import staging_step
+    from pipeline.job.plan import planning_step
     from pipeline.stores.catalog import aware
 
     def wait_until(condition):  # on the database's clock; the limit only guards against a hang
@@ -198,11 +201,11 @@ def test_a_staging_step_renews_its_lease_while_it_runs(config):
 
     lease = config.state.lease_seconds = 3.0
     job = JobContext.open(config, "lease")
-    epoch = job.state.claim_staging(
+    epoch = job.state.claim_planning(
         "lease", config_fingerprint(config), config.input.uri, config.output.uri, lease_seconds=lease
     )
     claimed = aware(job.state.job("lease").planning_renewed_at)
-    with staging_step(job, epoch):  # renews every lease / 3
+    with planning_step(job, epoch):  # renews every lease / 3
         # Past the claim's own lease end, with a renewal since: the step's beats keep it.
         wait_until(
             lambda: (
@@ -210,21 +213,21 @@ def test_a_staging_step_renews_its_lease_while_it_runs(config):
                 and (aware(job.state.job("lease").planning_renewed_at) - claimed).total_seconds() > lease / 2
             )
         )
-        assert not job.state.reclaim_staging("lease", lease)
+        assert not job.state.reclaim_planning("lease", lease)
     renewed = aware(job.state.job("lease").planning_renewed_at)  # the step ended: no beat moves it again
     wait_until(lambda: (job.state.db_now() - renewed).total_seconds() > lease)
-    assert job.state.reclaim_staging("lease", lease)
+    assert job.state.reclaim_planning("lease", lease)
 
 
 def test_a_shard_task_that_failed_once_is_retried_and_the_job_is_staged(config, monkeypatch):
-    """Review finding: a failed shard task marks the staging failed; Airflow retries it, and the stage task must
+    """Reproducer: a failed shard task marks the staging failed; Airflow retries it, and the stage task must
     then take the staging over and register it, not refuse it as "taken over" forever."""
     from pipeline.job import orchestrate
     from pipeline.job import plan as plan_step
     from pipeline.stores.catalog import StateStore
 
     config.planning.workers = 2
-    shards = orchestrate.planned_shards(config, "retried")
+    shards = orchestrate.keyed_shards(config, "retried")
     assert len(shards) == 2
     real, calls = plan_step.plan_shard, []
 
@@ -238,16 +241,16 @@ def test_a_shard_task_that_failed_once_is_retried_and_the_job_is_staged(config, 
     with pytest.raises(OSError):
         orchestrate.clustered_shard(config, "retried", shards[0])
     state = StateStore(config.state.url)
-    assert state.job("retried").status == "staging_failed"
+    assert state.job("retried").status == "planning_failed"
     for shard in shards:  # the retry, and the other shard's task
         orchestrate.clustered_shard(config, "retried", shard)
-    partitions = orchestrate.staged_partitions(config, "retried")
-    assert partitions and state.job("retried").status == "staged"
-    assert orchestrate.staged_partitions(config, "retried") == partitions  # and again: the same, at once
+    partitions = orchestrate.planned_partitions(config, "retried")
+    assert partitions and state.job("retried").status == "planned"
+    assert orchestrate.planned_partitions(config, "retried") == partitions  # and again: the same, at once
 
 
 def test_a_job_of_many_small_files_says_how_planning_goes(make_config, tmp_path, caplog):
-    """Reproducer (issue 31, item 13): planning printed nothing until its last file was keyed, so a job of
+    """Reproducer: planning printed nothing until its last file was keyed, so a job of
     20,000 one-record files looked stuck. Now every planning step says how far it is, before any item exists."""
     import re
 
@@ -280,7 +283,7 @@ def test_a_job_of_many_small_files_says_how_planning_goes(make_config, tmp_path,
 
 
 def test_a_folder_of_one_document_files_is_packed_into_few_partitions(make_config, tmp_path):
-    """Issue 30, item 1: 20,000 one-document .txt files were 20,000 partitions (staged files, work units, a
+    """20,000 one-document .txt files were 20,000 partitions (staged files, work units, a
     commit and an Airflow task each). They are packed into partitions of records_per_partition files; ids,
     files and texts stay each file's own, streamed planning equals the in-memory stages, every record once."""
     from pipeline import run_job

@@ -217,6 +217,25 @@ def write(path, rows):
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
 
+def looping(make_config, tmp_path, n: int, **overrides):
+    """`n` documents of distinct topics as input, and two tiers with no rule, no near or semantic reuse and no
+    confidence signal, whose small tier answers 24 tokens and loops on about half of them."""
+    write(
+        tmp_path / "input" / "a.jsonl",
+        [{**d, "text": f"{d['text']} Topic {i} of {i * 7}."} for i, d in enumerate(docs(n))],
+    )
+    return make_config(
+        routing=True,
+        route__rules=[],
+        dedup__near=False,
+        dedup__semantic=False,
+        route__escalation__min_mean_logprob=None,
+        tiers__small__fake__loop_share=0.5,
+        tiers__small__fake__output_tokens=24,
+        **overrides,
+    )
+
+
 def test_escalation_regenerates_low_confidence_outputs_and_pays_both_attempts(make_config, tmp_path):
     write(tmp_path / "input" / "a.jsonl", docs(6))
     # Threshold 0: every small-tier output is "low confidence" (log-probabilities are negative).
@@ -291,27 +310,14 @@ def test_which_outputs_escalate(make_config):
 def test_loops_are_flagged_alike_in_catalog_ledger_and_manifest_and_escalate_when_asked(
     make_config, tmp_path, escalate
 ):
-    """Issue 28: a small tier that loops on some documents. Its loops are `degenerate` in the catalog (the
+    """A small tier that loops on some documents. Its loops are `degenerate` in the catalog (the
     measure), then either escalated (reason `degenerate`, the large tier's output served) or, escalation of
     loops off, served and flagged in the ledger and the manifest: the same count everywhere."""
     import sqlite3
 
     from pipeline.generate.quality import failed_checks
 
-    write(
-        tmp_path / "input" / "a.jsonl",
-        [{**d, "text": f"{d['text']} Topic {i} of {i * 7}."} for i, d in enumerate(docs(24))],
-    )
-    config = make_config(
-        routing=True,
-        route__rules=[],
-        dedup__near=False,
-        dedup__semantic=False,
-        route__escalation__min_mean_logprob=None,
-        route__escalation__on_degenerate=escalate,
-        tiers__small__fake__loop_share=0.5,
-        tiers__small__fake__output_tokens=24,
-    )
+    config = looping(make_config, tmp_path, 24, route__escalation__on_degenerate=escalate)
     m = run_job(config, job_id="loops").manifest
     with sqlite3.connect(tmp_path / "state.db") as c:
         c.row_factory = sqlite3.Row
@@ -328,34 +334,31 @@ def test_loops_are_flagged_alike_in_catalog_ledger_and_manifest_and_escalate_whe
         assert m["checks"]["degenerate"] == {"small": len(loops)}
         # The examples `tokenmill run` prints show the checks at work: a summary to keep, then a flagged one.
         from pipeline.cli.jobs import examples
+        from pipeline.generate.quality import keep_rank
 
         shown = examples(config, "loops")
         assert [e["shows"] for e in shown[:2]] == ["acceptable", "degenerate"] and shown[1]["id"] in loops
+        # The acceptable one is the one a reader would most likely keep (keep_rank), not the first by id.
+        served = {r["id"]: r["summary"] for r in read_kind(tmp_path / "output", "outputs", "loops").to_pylist()}
+        kept = [served[i] for i, r in ledger.items() if r["acceptable"]]
+        assert ledger[shown[0]["id"]]["acceptable"] and keep_rank(shown[0]["summary"]) == max(map(keep_rank, kept))
     assert all(r["copied"] is False for r in ledger.values()) and m["checks"]["copied"] == {}
 
 
 def test_outputs_still_failing_a_check_after_escalation_are_quarantined_with_its_name(make_config, tmp_path):
-    """Issue 28: with `checks.quarantine: [degenerate]`, a record whose small-tier output loops is escalated;
+    """With `checks.quarantine: [degenerate]`, a record whose small-tier output loops is escalated;
     where the large tier loops too, the record is quarantined with reason `degenerate` and both paid attempts
     stay in the ledger (kind invalid_output); every other record is served. Nothing lost, nothing free."""
     import sqlite3
 
     from pipeline.generate.quality import failed_checks
 
-    write(
-        tmp_path / "input" / "a.jsonl",
-        [{**d, "text": f"{d['text']} Topic {i} of {i * 7}."} for i, d in enumerate(docs(40))],
-    )
-    config = make_config(
-        routing=True,
-        route__rules=[],
-        dedup__near=False,
-        dedup__semantic=False,
-        route__escalation__min_mean_logprob=None,
+    config = looping(
+        make_config,
+        tmp_path,
+        40,
         checks__quarantine=["degenerate"],
-        tiers__small__fake__loop_share=0.5,
         tiers__large__fake__loop_share=0.5,
-        tiers__small__fake__output_tokens=24,
         tiers__large__fake__output_tokens=24,
     )  # loops aside, they stop
     m = run_job(config, job_id="rejects").manifest
@@ -385,3 +388,17 @@ def test_outputs_still_failing_a_check_after_escalation_are_quarantined_with_its
     assert not any(ledger[i]["degenerate"] or ledger[i]["acceptable"] is None for i in outputs)  # served: passes
     assert sum(m["acceptable"].values()) == sum(1 for r in ledger.values() if r["acceptable"]) > 0
     assert m["counts"]["quarantined"] == len(quarantine) and len(outputs) + len(quarantine) == m["counts"]["records"]
+
+
+def test_labels_missing_a_score_or_the_file_are_one_line_errors(tmp_path):
+    """A labelled set whose missing scores were written as NaN (Python's json.dumps of a missing float, pandas'
+    `NaN`) trained and calibrated on them silently; a labels path that does not exist raised a traceback."""
+    path = tmp_path / "l.jsonl"
+    good = [{"text": f"item {i}", "quality": {"small": 0.5, "large": 0.9}} for i in range(12)]
+    for missing in (float("nan"), float("inf")):
+        rows = [*good[:3], {"text": "x", "quality": {"small": missing, "large": 0.9}}, *good[3:]]
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+        with pytest.raises(RouterError, match=r"l.jsonl:4: the quality scores must be finite numbers"):
+            read_labels(path, "small", "large")
+    with pytest.raises(RouterError, match=r"^labels .*nowhere.jsonl: No such file or directory$"):
+        read_labels(tmp_path / "nowhere.jsonl", "small", "large")

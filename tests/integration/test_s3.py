@@ -1,16 +1,18 @@
 """Jobs reading from and writing to a real S3-compatible HTTP server, including throttling and outages."""
 
-import io
 import json
 import uuid
 
 import pyarrow as pa
-import pyarrow.parquet as pq
+import pyarrow.dataset as ds
 import pytest
 
 from pipeline import JobError, run_job
+from pipeline.config import StorageConfig
 from pipeline.dev.samples import write_sample_corpus
 from pipeline.ingest.read import partition_id
+from pipeline.output.tables import read
+from pipeline.stores import storage
 from pipeline.stores.catalog import StateStore
 from pipeline.stores.storage import list_files, resolve
 from tests.conftest import S3_SECRET
@@ -27,11 +29,9 @@ def upload_corpus(s3_client, tmp_path, bucket: str, prefix: str, documents: int 
 
 
 def read_s3_kind(s3_client, bucket: str, prefix: str, kind: str, job_id: str) -> pa.Table:
-    pages = s3_client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix=f"{prefix}/{kind}/job={job_id}/")
-    keys = sorted(o["Key"] for page in pages for o in page.get("Contents", []))
-    return pa.concat_tables(
-        [pq.read_table(io.BytesIO(s3_client.get_object(Bucket=bucket, Key=k)["Body"].read())) for k in keys]
-    )
+    """A job's rows of one kind, from its table's latest snapshot on the S3 server."""
+    config = StorageConfig(s3_endpoint_url=s3_client.meta.endpoint_url, s3_region="us-east-1")
+    return read(storage.resolve(f"s3://{bucket}/{prefix}", config), kind, filter=ds.field("job_id") == job_id)
 
 
 @pytest.fixture
@@ -99,24 +99,24 @@ def test_store_outage_fails_only_that_partition_and_the_rerun_pays_nothing_twice
     counts = upload_corpus(s3_client, tmp_path, buckets[0], "corpus", documents=24)
     config = s3_config(make_config, s3_proxy.url, buckets, attempts=2)
     victim = partition_id("batch-a.jsonl", 0)
-    s3_proxy.fail(f"/outputs/job=outage/partition={victim}/")  # this partition's commit fails, every time
+    s3_proxy.fail(f"/outputs/job_id=outage/partition={victim}/")  # this partition's commit fails, every time
     with pytest.raises(JobError) as e:
         run_job(config, job_id="outage")
     assert "1 of" in str(e.value) and victim in str(e.value)
     state = StateStore(config.state.url)
     parts = {p.partition: p for p in state.partitions("outage")}
     assert parts[victim].status == "failed"
-    assert f"s3://{buckets[1]}/tokenmill/outputs/job=outage/partition={victim}/part-" in parts[victim].last_error
+    assert f"s3://{buckets[1]}/tokenmill/outputs/job_id=outage/partition={victim}/part-" in parts[victim].last_error
     assert S3_SECRET not in parts[victim].last_error
     assert all(p.status == "succeeded" for name, p in parts.items() if name != victim)
-    with state.session() as s:
+    with state.db_session() as s:
         items_before = s.execute(
             __import__("sqlalchemy").text("select count(*), sum(gpu_seconds) from items where job_id='outage'")
         ).one()
 
     s3_proxy.fail(None)  # the store is back
     m = run_job(config, job_id="outage").manifest
-    with state.session() as s:
+    with state.db_session() as s:
         items_after = s.execute(
             __import__("sqlalchemy").text("select count(*), sum(gpu_seconds) from items where job_id='outage'")
         ).one()

@@ -12,8 +12,8 @@ import pyarrow as pa
 from typer.testing import CliRunner
 
 from pipeline.cli import app
-from pipeline.output.commit import new_commit_id, publish, write_files
 from pipeline.output.safe_text import FORMULA_START, json_line, safe_cells
+from pipeline.output.tables import commit_rows
 from pipeline.schema import LEDGER, OUTPUTS, QUARANTINE
 from pipeline.stores import storage
 
@@ -45,14 +45,12 @@ def hostile_ledger(out) -> None:
         }
         for cell in HOSTILE
     ]
-    commit = new_commit_id(1)
     tables = {
         "ledger": pa.Table.from_pylist(rows, schema=LEDGER),
         "outputs": pa.Table.from_pylist([], schema=pa.schema([("partition", pa.string()), *OUTPUTS])),
         "quarantine": pa.Table.from_pylist([], schema=pa.schema([("partition", pa.string()), *QUARANTINE])),
     }
-    files = write_files(root, "csv", "p0", tables, "zstd", commit)
-    publish(root, "csv", "p0", commit, files)
+    commit_rows(root, "csv", "p0", tables)
 
 
 def executable(rows: list[dict]) -> list[str]:

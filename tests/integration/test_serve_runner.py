@@ -14,10 +14,12 @@ import time
 import pytest
 from fastapi.testclient import TestClient
 
-from pipeline.serve.app import create_app, key_digest
+from pipeline.serve.access import key_digest
+from pipeline.serve.app import create_app
 from pipeline.serve.runner import BatchRunner, ChildProcess, kill_group
 from pipeline.serve.store import ApiStore
 from pipeline.stores import storage
+from pipeline.stores.catalog import migrate
 from tests.conftest import REPO
 
 SERVER = """
@@ -99,6 +101,7 @@ def runner_for(make_config, tmp_path):
 
     def make(**overrides) -> BatchRunner:
         config = make_config(**overrides)
+        migrate(config.state.url)  # what `start` does first: these tests drive the runner's passes themselves
         runner = BatchRunner(config, ApiStore(storage.resolve(config.output.uri)), tmp_path / "serve")
         (tmp_path / "serve").mkdir(exist_ok=True)
         runners.append(runner)
@@ -190,3 +193,18 @@ def test_files_past_their_retention_are_deleted_except_an_active_batchs_input(ru
     assert store.file("acme", old["id"]) is None
     assert store.file("acme", recent["id"]) and store.file("acme", in_use["id"])
     assert not os.path.exists(os.path.join(store.out.path, "_api", "files", f"{old['id']}.jsonl"))
+
+
+def test_both_job_launchers_speak_the_one_protocol():
+    """The runner speaks only JobLauncher: the child process and the Airflow run implement every method of it,
+    with its parameters."""
+    import inspect
+
+    from pipeline.serve.runner import AirflowRuns, JobLauncher
+
+    methods = [n for n, f in vars(JobLauncher).items() if inspect.isfunction(f) and not n.startswith("_")]
+    assert len(methods) == 9
+    for launcher in (ChildProcess, AirflowRuns):
+        for name in methods:
+            want = list(inspect.signature(getattr(JobLauncher, name)).parameters)
+            assert list(inspect.signature(getattr(launcher, name)).parameters) == want, (launcher.__name__, name)

@@ -12,13 +12,13 @@ from pipeline.stores.catalog import StateError, StateStore
 @pytest.fixture
 def job(store):
     job_id = f"j-{uuid.uuid4().hex[:6]}"
-    assert store.claim_staging(job_id, "fp", "in", "out")
+    assert store.claim_planning(job_id, "fp", "in", "out")
     store.add_partitions(job_id, {"p1": {"file": "a", "records": 3}, "p2": {"file": "b", "records": 1}})
     return job_id
 
 
 def test_staging_is_claimed_once(store, job):
-    assert not store.claim_staging(job, "fp", "in", "out")
+    assert not store.claim_planning(job, "fp", "in", "out")
 
 
 def test_claim_is_exclusive_under_contention(store, job):
@@ -103,7 +103,7 @@ def test_a_heartbeat_that_finds_its_lease_taken_sets_lost(store, job):
         assert not beat.lost and lease_end(store, job, "p1") > claimed_end  # a beat landed
         # Another worker takes it over between two beats, as a claim after this worker stalled past its
         # lease would (one UPDATE: a beat landing between an expiry and a claim would extend the lease).
-        with store.session() as s, s.begin():
+        with store.db_session() as s, s.begin():
             s.execute(
                 update(Partition)
                 .where(Partition.job_id == job, Partition.partition == "p1")
@@ -137,24 +137,7 @@ def test_the_same_worker_name_is_fenced_by_its_epoch(store, job):
 
 
 def test_items_keep_the_first_stored_value(store, job):
-    from pipeline.stores.catalog import now
-
-    def item(summary):
-        return {
-            "id": "a",
-            "tenant": "t",
-            "partition": "p1",
-            "tier": "small",
-            "model": "m",
-            "summary": summary,
-            "prompt_tokens": 3,
-            "cached_prompt_tokens": 0,
-            "output_tokens": 2,
-            "finish_reason": "length",
-            "gpu_seconds": 0.5,
-            "baseline_gpu_seconds": 0.5,
-            "created_at": now(),
-        }
+    from tests.integration.test_catalog_races import make_item as item
 
     store.store_items(job, {"k1": item("first")})
     store.store_items(job, {"k1": item("second"), "k2": item("other")})
@@ -170,10 +153,12 @@ def test_unreachable_database_is_a_clear_error_without_password():
 
 
 def _open_the_catalog(url: str, barrier) -> None:
-    """One worker process: open the catalog the moment every worker is ready (a child of the fork below)."""
-    from pipeline.stores.catalog import StateStore
+    """One worker process: migrate and open the catalog the moment every worker is ready (a child of the fork
+    below)."""
+    from pipeline.stores.catalog import StateStore, migrate
 
     barrier.wait(60)
+    migrate(url)
     StateStore(url).jobs()
 
 
@@ -212,3 +197,133 @@ def test_catalog_items_table_stores_every_field_of_the_item_type():
     from pipeline.stores.catalog import Item
 
     assert [c.name for c in Item.__table__.columns] == ["job_id", "item_key", *ITEM.names]
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_migration_0019_renames_the_planning_statuses_and_its_holder_column(backend, tmp_path, request):
+    """A catalog planned under the old names (statuses staging | staging_failed | staged, column `planner`)
+    reads under the one name, planning, after the upgrade; and back again after a downgrade."""
+    from alembic import command
+    from sqlalchemy import create_engine, text
+
+    from pipeline.stores.catalog import alembic_config
+
+    url = f"sqlite:///{tmp_path}/old.db" if backend == "sqlite" else request.getfixturevalue("fresh_postgres_url")
+    cfg = alembic_config(url)
+    command.upgrade(cfg, "0018")
+    engine = create_engine(url)
+    insert = text(
+        "INSERT INTO jobs (job_id, status, config_fingerprint, input_uri, output_uri, created_at, planner, "
+        "planning_epoch) VALUES (:job, :status, 'fp', 'in', 'out', CURRENT_TIMESTAMP, 'host:1', 1)"
+    )
+    old = {"a": "staging", "b": "staging_failed", "c": "staged", "d": "succeeded"}
+    with engine.begin() as c:
+        for job, status in old.items():
+            c.execute(insert, {"job": job, "status": status})
+    command.upgrade(cfg, "head")
+    store = StateStore(url)
+    assert {j.job_id: (j.status, j.planning_worker) for j in store.jobs()} == {
+        "a": ("planning", "host:1"),
+        "b": ("planning_failed", "host:1"),
+        "c": ("planned", "host:1"),
+        "d": ("succeeded", "host:1"),
+    }
+    command.downgrade(cfg, "0018")
+    with engine.connect() as c:
+        assert dict(c.execute(text("SELECT job_id, status FROM jobs")).all()) == old
+        assert set(c.execute(text("SELECT planner FROM jobs")).scalars()) == {"host:1"}
+    engine.dispose()
+
+
+def test_opening_the_catalog_or_reading_it_never_migrates(tmp_path):
+    """Migrations run once per process, by what writes (`tokenmill migrate`, a job, `serve`, the DAG's first
+    task): opening a StateStore creates no table, and a command that only reads says to migrate instead."""
+    from sqlalchemy import create_engine, inspect
+    from typer.testing import CliRunner
+
+    from pipeline.cli import app
+    from tests.conftest import TINY_CONFIG
+
+    url = f"sqlite:///{tmp_path}/fresh.db"
+    assert not StateStore(url).has_schema()
+    cli = CliRunner(env={"TOKENMILL_HOME": str(tmp_path), "TOKENMILL_STATE__URL": url})
+    listed = cli.invoke(app, ["jobs", "list", "--config", str(TINY_CONFIG)])
+    assert listed.exit_code != 0 and "tokenmill migrate" in listed.output
+    assert inspect(create_engine(url)).get_table_names() == []
+    migrated = cli.invoke(app, ["migrate", "--config", str(TINY_CONFIG)])
+    assert migrated.exit_code == 0, migrated.output
+    assert (
+        StateStore(url).has_schema() and cli.invoke(app, ["jobs", "list", "--config", str(TINY_CONFIG)]).exit_code == 0
+    )
+
+
+def test_a_finished_unit_finds_the_partitions_waiting_on_other_partitions_keys(store, job):
+    """A partition whose wave waits on keys another partition's unit owns has no open unit of its own: the
+    unit that finishes those keys advances it (TierDrain.unit_done), so the drain's question changes nothing."""
+    from sqlalchemy import update
+
+    from pipeline.stores.catalog import Partition
+    from pipeline.stores.units import UnitQueue, WorkUnit
+
+    queue = UnitQueue(store)
+    with store.db_session() as s, s.begin():
+        s.execute(update(Partition).where(Partition.job_id == job).values(generation="generating", wave=0))
+    assert queue.enqueue(job, "p1", 0, {"small": ["k1"]}) == {"p1/0/small": ["k1"]}
+    assert queue.enqueue(job, "p2", 0, {"small": ["k1"]}) == {"p2/0/small": []}  # p1 owns k1: p2 has no unit
+    assert queue.partitions_without_open_units(job) == ["p2"]
+    with store.db_session() as s, s.begin():
+        s.execute(update(WorkUnit).where(WorkUnit.job_id == job).values(status="done"))
+    assert queue.partitions_without_open_units(job) == ["p1", "p2"]
+
+
+def _killed_while_migrating(url: str, statements: int) -> None:
+    """A worker killed (SIGKILL: no handler, no rollback of its own) after its first `statements` CREATE TABLEs."""
+    import os
+    import signal
+
+    from sqlalchemy import event
+    from sqlalchemy.engine import Engine
+
+    from pipeline.stores.catalog import upgrade_schema
+
+    created = []
+
+    def after(conn, cursor, statement, parameters, context, executemany):
+        if statement.lstrip().upper().startswith("CREATE TABLE"):
+            created.append(statement)
+            if len(created) == statements:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    event.listen(Engine, "after_cursor_execute", after)
+    upgrade_schema(url)
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_a_first_migration_killed_midway_leaves_nothing_and_the_next_run_migrates(backend, tmp_path, request):
+    """The first run's worker dies inside the first migration (Alembic's version table and `jobs` made, the
+    rest not): the catalog keeps no half schema, and the next run creates the whole of it, as on a database
+    never touched. (SQLite's driver commits DDL as it goes unless told to open the transaction itself.)"""
+    import multiprocessing
+
+    from sqlalchemy import create_engine, inspect
+
+    from pipeline.stores.catalog import upgrade_schema
+
+    url = f"sqlite:///{tmp_path}/fresh.db" if backend == "sqlite" else request.getfixturevalue("fresh_postgres_url")
+    killed = multiprocessing.get_context("fork").Process(target=_killed_while_migrating, args=(url, 2))
+    killed.start()
+    killed.join(120)
+    assert killed.exitcode == -9
+    engine = create_engine(url)
+    try:
+        assert inspect(engine).get_table_names() == []  # all of it or none of it
+        upgrade_schema(url)
+        reference = create_engine(f"sqlite:///{tmp_path}/reference.db")
+        upgrade_schema(str(reference.url))
+        tables = sorted(inspect(engine).get_table_names())
+        assert tables == sorted(inspect(reference).get_table_names()) and "alembic_version" in tables
+        with engine.connect() as c:
+            assert c.exec_driver_sql("SELECT count(*) FROM jobs").scalar_one() == 0
+        assert StateStore(url).jobs() == []
+    finally:
+        engine.dispose()

@@ -26,13 +26,13 @@ def test_a_full_disk_during_commits_fails_those_commits_and_a_rerun_completes_th
     make_config, sample_corpus, tmp_path
 ):
     """ENOSPC from the disk (injected where the storage layer writes a local file, after half the bytes went
-    out): once on a partition's ledger file, before its catalog commit, and once on another's commit record,
-    after it. Neither leaves a partial file or a record of a half-written partition."""
+    out) on a partition's staged ledger file, before its catalog commit: it leaves no partial file, and no table
+    holds a half-written partition."""
     config = make_config(input__records_per_partition=10)
     full: dict[str, str] = {}
 
     def full_disk(path: str, data: bytes) -> None:
-        kind = "ledger" if "/ledger/" in path else "record" if "/_commits/" in path else None
+        kind = "ledger" if "/ledger/" in path else None
         if kind is None or kind in full:
             return
         full[kind] = path
@@ -42,17 +42,13 @@ def test_a_full_disk_during_commits_fails_those_commits_and_a_rerun_completes_th
 
     with faults.inject_storage(full_disk), pytest.raises(JobError, match="No space left on device") as failed:
         run_job(config, job_id="full")
-    assert set(full) == {"ledger", "record"}
+    assert set(full) == {"ledger"}
     ledger_file = storage.temporary_target(Path(full["ledger"]).name)
     partitions = scalar(tmp_path / "state.db", "select count(*) from partitions where job_id='full'")
     assert f"1 of {partitions} partitions not committed" in str(failed.value)
     assert f"{ledger_file}: [Errno 28] No space left on device" in str(failed.value), "it names the object"
     output = tmp_path / "output"
     assert leftovers(output) == []
-    # The partition whose record the disk refused had committed in the catalog: the job's manifest write
-    # published its record from there, so it is not run again.
-    record = Path(full["record"]).with_name(storage.temporary_target(Path(full["record"]).name))
-    assert record.exists()
     # space freed
     assert run_job(config, job_id="full").manifest["status"] == "succeeded"
     assert_exactly_once(output, "full", sample_corpus[1], tmp_path / "state.db")

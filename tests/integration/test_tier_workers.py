@@ -14,9 +14,10 @@ from pipeline import run_job
 from pipeline.dev.samples import write_sample_corpus
 from pipeline.generate.engine import EnginePool
 from pipeline.job import faults
-from pipeline.stores.catalog import StateStore
+from pipeline.stores.catalog import StateStore, migrate
 from pipeline.stores.units import EngineSession, UnitQueue, WorkUnit
 from tests.conftest import read_kind
+from tests.engines import OneCallEngine
 from tests.jobs import assert_exactly_once
 
 
@@ -73,6 +74,7 @@ def test_one_process_runs_tier_workers_fed_from_every_partition(make_config, tmp
 
 def test_unit_queue_leases_and_takeover(tmp_path, postgres_url):
     for url in (f"sqlite:///{tmp_path}/q.db", postgres_url):
+        migrate(url)
         q = UnitQueue(StateStore(url))
         job = f"q-{uuid.uuid4().hex}"
         owned = q.enqueue(job, "p1", 0, {"small": ["k1", "k2"], "large": ["k3"]})
@@ -126,6 +128,7 @@ def test_ending_a_partition_withdraws_the_units_of_its_dead_workers_too(tmp_path
     dead.wait()  # reaped: no process has its pid now
     killed, live = f"{socket.gethostname()}:{dead.pid}", f"{socket.gethostname()}:{os.getpid()}"
     for url in (f"sqlite:///{tmp_path}/w.db", postgres_url):
+        migrate(url)
         q = UnitQueue(StateStore(url))
         job = f"w-{uuid.uuid4().hex}"
         q.enqueue(job, "p1", 0, {"small": ["k1"], "large": ["k2"], "xl": ["k3"]})
@@ -139,7 +142,7 @@ def test_ending_a_partition_withdraws_the_units_of_its_dead_workers_too(tmp_path
         assert q.enqueue(job, "p2", 0, {"small": ["k1"], "xl": ["k3"]}) == {"p2/0/small": ["k1"], "p2/0/xl": ["k3"]}
 
 
-class SlowFailingEngine:
+class SlowFailingEngine(OneCallEngine):
     """A stand-in engine (generate only: the tier worker batches its steps): 20 ms per call, and a
     prompt holding the POISON token ids fails even alone, after taking its share of engine time."""
 
@@ -208,7 +211,7 @@ def test_work_lost_with_dead_sessions_is_charged_once_whatever_the_order_of_take
     config = make_config(state__lease_seconds=30)
     state = StateStore(config.state.url)
     q, job = UnitQueue(state), "lost"
-    state.claim_staging(job, "fp", "in", "out")
+    state.claim_planning(job, "fp", "in", "out")
     q.enqueue(job, "p1", 0, {"small": ["k1"]})
     q.enqueue(job, "p2", 0, {"small": ["k2"]})
     q.open_session("s1", job, "small", "dead-host:1", 1, True, 0.0, 0.0)
@@ -221,7 +224,7 @@ def test_work_lost_with_dead_sessions_is_charged_once_whatever_the_order_of_take
         return {r["session_id"]: r["busy_gpu_seconds"] for r in times.charges(partition, shares) if r["kind"] == "lost"}
 
     def take_over(unit_id, sid):
-        with state.session() as s, s.begin():  # this unit's lease has run out (the other's not yet)
+        with state.db_session() as s, s.begin():  # this unit's lease has run out (the other's not yet)
             s.execute(
                 update(WorkUnit)
                 .where(WorkUnit.job_id == job, WorkUnit.unit_id == unit_id)
@@ -230,7 +233,7 @@ def test_work_lost_with_dead_sessions_is_charged_once_whatever_the_order_of_take
         q.open_session(sid, job, "small", f"w-{sid}", 1, False, 0.0, 0.0)
         assert q.claim(job, "small", f"w-{sid}", sid, 30).unit_id == unit_id
 
-    with state.session() as s, s.begin():  # s1's renewal is over a lease old: it is stale, its work lost
+    with state.db_session() as s, s.begin():  # s1's renewal is over a lease old: it is stale, its work lost
         s.execute(
             update(EngineSession)
             .where(EngineSession.session_id == "s1")
@@ -272,7 +275,7 @@ def race_at_wave_one(config, second, first=None) -> tuple[dict, list[str]]:
 
 
 def test_workers_deriving_one_wave_at_once_enqueue_only_the_wave_that_stands(make_config, sample_corpus, tmp_path):
-    """Reproducer (issue 31): two workers derive a partition's next wave at once, one before the reuse cache
+    """Reproducer: two workers derive a partition's next wave at once, one before the reuse cache
     has its escalations (so they are to run), the other after (cache hits, stored: nothing to run). Both
     wrote the same file names and both enqueued their keys, so the large tier ran escalations the job already
     had: paid for nothing. Now each derivation writes files of its own, the catalog takes one, and only its
@@ -343,7 +346,7 @@ def test_a_session_that_generated_nothing_is_charged_once_whole(make_config, tmp
     config = make_config()
     state = StateStore(config.state.url)
     q, job = UnitQueue(state), "unused"
-    state.claim_staging(job, "fp", "in", "out")
+    state.claim_planning(job, "fp", "in", "out")
     state.add_partitions(job, {"p1": {"file": "a", "records": 3}, "p2": {"file": "b", "records": 3}})
     times = EngineTime(config, job, state, q)
 

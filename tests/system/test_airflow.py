@@ -54,9 +54,9 @@ def test_dagbag_has_one_gpu_task_per_tier_worker_on_its_own_queue_and_pool(dag):
         assert {t.task_id for t in drain.downstream_list} == {"commit"}
     assert dag.get_task("prepare").queue == dag.get_task("commit").queue == "default"  # CPU workers
     assert dag.catchup is False and dag.params["config"] is not None
-    # Planning: keyed once, a CPU task per shard of tenant scopes, then staged once.
-    assert {t.task_id for t in dag.get_task("cluster").upstream_list} == {"plan"}
-    assert {t.task_id for t in dag.get_task("stage").upstream_list} == {"cluster"}
+    # Planning: keyed once, a CPU task per shard of tenant scopes, then the plan registered once.
+    assert {t.task_id for t in dag.get_task("cluster").upstream_list} == {"key"}
+    assert {t.task_id for t in dag.get_task("plan").upstream_list} == {"cluster"}
     assert dag.get_task("cluster").queue == "default"
 
 
@@ -108,7 +108,8 @@ def test_dag_runs_end_to_end_then_a_failed_partition_reruns_alone(dag, tmp_path,
     assert staged["shards"] == len(shards) and staged["records"] == counts["documents"] + counts["bad_records"]
 
     # Outputs and ledger as from `tokenmill run`: same schema, one row per valid record.
-    from pipeline.schema import LEDGER, OUTPUTS
+    from pipeline.output.tables import SCHEMAS
+    from pipeline.schema import LEDGER
 
-    assert read_kind(tmp_path / "output", "outputs", job_id).schema.equals(OUTPUTS)
+    assert read_kind(tmp_path / "output", "outputs", job_id).schema.equals(SCHEMAS["outputs"])
     assert read_kind(tmp_path / "output", "ledger", job_id).schema.equals(LEDGER)

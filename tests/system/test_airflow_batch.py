@@ -11,7 +11,7 @@ from pathlib import Path
 import pyarrow.parquet as pq
 import pytest
 
-from pipeline.serve.app import key_digest
+from pipeline.serve.access import key_digest
 from tests.airflow_deploy import AirflowDeployment
 from tests.conftest import TINY_CONFIG
 from tests.integration.test_batch_files import batch_lines

@@ -32,13 +32,13 @@ from tests.nightly_dag import (
     DAG_ID,
     check_engine_starts,
     check_ledger_is_held_time,
-    commit_records,
     deployment,
     drain_reports,
     job_id,
     ledger_by_partition,
     manifest,
     paid_items,
+    partition_commits,
     tokenmill_env,
 )
 
@@ -156,7 +156,7 @@ def test_celery_topology_routes_each_tier_to_its_workers_and_survives_a_killed_w
     # 2. The victim's prepare cleared with downstream: it alone runs again, on the workers left.
     faults.unlink()
     commits, ledger, paid = (
-        commit_records(output, JOB_ID),
+        partition_commits(output, JOB_ID),
         ledger_by_partition(output, JOB_ID),
         paid_items(state_db, JOB_ID),
     )
@@ -169,7 +169,7 @@ def test_celery_topology_routes_each_tier_to_its_workers_and_survives_a_killed_w
     tries = {(ti["task_id"], ti["map_index"]): ti["try_number"] for ti in af.task_instances(DAG_ID, run_id)}
     assert all(n == 1 for (t, i), n in tries.items() if t == "prepare" and i != index), tries
     new_commits, new_ledger, new_paid = (
-        commit_records(output, JOB_ID),
+        partition_commits(output, JOB_ID),
         ledger_by_partition(output, JOB_ID),
         paid_items(state_db, JOB_ID),
     )

@@ -26,13 +26,13 @@ from tests.nightly_dag import (
     DAG_ID,
     check_engine_starts,
     check_ledger_is_held_time,
-    commit_records,
     deployment,
     drain_reports,
     job_id,
     ledger_by_partition,
     manifest,
     paid_items,
+    partition_commits,
     tokenmill_env,
 )
 
@@ -127,7 +127,7 @@ def test_dag_under_scheduler_fails_two_partitions_then_reruns_them_alone(airflow
     # 2. The workers are back: clear both victims' prepare with downstream; only they run again.
     faults.unlink()
     before = {p: (v.status, v.attempts) for p, v in partitions.items()}
-    commits, ledger = commit_records(output, JOB_ID), ledger_by_partition(output, JOB_ID)
+    commits, ledger = partition_commits(output, JOB_ID), ledger_by_partition(output, JOB_ID)
     assert set(commits) == set(others) and set(ledger) <= set(others)  # (all-bad partitions: no ledger rows)
     indexes = {p: af.map_index(DAG_ID, run_id, "prepare", p) for p in victims.values()}
     cleared = af.clear(DAG_ID, run_id, [["prepare", i] for i in indexes.values()], include_downstream=True)
@@ -144,7 +144,7 @@ def test_dag_under_scheduler_fails_two_partitions_then_reruns_them_alone(airflow
     assert after[early][0] == "succeeded" and after[late][0] == "succeeded"
     assert {p: after[p] for p in others} == {p: before[p] for p in others}  # committed partitions: not re-run
     new_commits, new_ledger, new_paid = (
-        commit_records(output, JOB_ID),
+        partition_commits(output, JOB_ID),
         ledger_by_partition(output, JOB_ID),
         paid_items(state_db, JOB_ID),
     )

@@ -17,7 +17,8 @@ import pyarrow.parquet as pq
 import pytest
 import uvicorn
 
-from pipeline.serve.app import create_app, key_digest
+from pipeline.serve.access import key_digest
+from pipeline.serve.app import create_app
 from pipeline.serve.listen import uvicorn_config
 from pipeline.serve.runner import BatchRunner
 from pipeline.serve.store import ApiStore
@@ -39,7 +40,7 @@ class Server:
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
             self.port = s.getsockname()[1]
-        app = create_app(config, self.store)
+        app = create_app(config, self.store, self.runner)  # its lifespan starts and closes the runner
         self.server = uvicorn.Server(uvicorn_config(app, config.serve, "127.0.0.1", self.port, "warning"))
         self.thread = threading.Thread(target=self.server.run, daemon=True)
         # The test's folders (output root, state, the models under $TOKENMILL_HOME): no answer may name them.
@@ -47,7 +48,6 @@ class Server:
         self.answers: list[str] = []  # every response body its clients got
 
     def __enter__(self):
-        self.runner.start()
         self.thread.start()
         while not self.server.started:
             time.sleep(0.05)
@@ -55,8 +55,7 @@ class Server:
 
     def __exit__(self, failed, *exc):
         self.server.should_exit = True
-        self.thread.join(timeout=10)
-        self.runner.close()
+        self.thread.join(timeout=40)  # the runner closes as the app's lifespan ends
         if failed is None:  # no error message, result line or object a tenant read names a server path
             leaks = [a for a in self.answers if any(folder in a for folder in self.folders)]
             assert not leaks, leaks[:3]

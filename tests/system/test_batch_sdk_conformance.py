@@ -21,7 +21,7 @@ from openai.types import Batch, BatchError, Completion, FileDeleted, FileObject,
 from openai.types.chat import ChatCompletion
 from openai.types.shared import ErrorObject
 
-from pipeline.serve.app import key_digest
+from pipeline.serve.access import key_digest
 from tests.conftest import read_kind
 from tests.integration.test_batch_files import DOC, OTHER, chat
 from tests.system.test_batch_api import DEADLINE, KEYS, Server, batch_file, lines_of, wait_for

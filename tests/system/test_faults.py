@@ -268,7 +268,7 @@ def test_state_database_outage_mid_job_leaves_no_partition_running_forever(
     m = run_job(config, job_id="dbdown").manifest  # takes the abandoned units over once their lease is out
     assert m["status"] == "succeeded"
     assert {p.status for p in state.partitions("dbdown")} == {"succeeded"}
-    with state.session() as s:
+    with state.db_session() as s:
         paid = s.execute(text("select count(*), coalesce(sum(gpu_seconds), 0) from items where job_id='dbdown'")).one()
     ledger = read_kind(tmp_path / "output", "ledger", "dbdown")
     outputs = read_kind(tmp_path / "output", "outputs", "dbdown")
@@ -279,7 +279,7 @@ def test_state_database_outage_mid_job_leaves_no_partition_running_forever(
     # The worker cut off mid-drain never closed its engine session: what it measured but never stored is
     # billed as lost, and the ledger still adds up to every engine-second held.
     assert set(ledger["kind"].to_pylist()) <= {"output", "lost"}
-    with state.session() as s:
+    with state.db_session() as s:
         held = s.execute(
             text(
                 "select sum((startup_seconds + busy_seconds + idle_seconds) * gpus) "
@@ -310,7 +310,7 @@ def test_a_killed_planner_is_taken_over_at_once_and_named(make_config, sample_co
     )
     assert killed.returncode == -signal.SIGKILL, killed.stderr[-2000:]
     db = tmp_path / "state.db"
-    assert scalar(db, "select status from jobs where job_id='planner'") == "staging"
+    assert scalar(db, "select status from jobs where job_id='planner'") == "planning"
     done = []
     with caplog.at_level("INFO", logger="pipeline.job.plan"):
         rerun = threading.Thread(
@@ -319,7 +319,7 @@ def test_a_killed_planner_is_taken_over_at_once_and_named(make_config, sample_co
         rerun.start()
         rerun.join(timeout=120)  # a guard against the 300 s wait the bug was; nothing here is timed
     assert done and done[0].manifest["status"] == "succeeded", "the rerun waited out the dead planner's lease"
-    planner = scalar(db, "select planner from jobs where job_id='planner'")  # the rerun's process, now
-    assert planner == f"{socket.gethostname()}:{os.getpid()}" and "its planner" in caplog.text
+    planner = scalar(db, "select planning_worker from jobs where job_id='planner'")  # the rerun's process, now
+    assert planner == f"{socket.gethostname()}:{os.getpid()}" and "its planning worker" in caplog.text
     assert "is gone (no such process on this host); planning it again now" in caplog.text
     assert scalar(db, "select planning_epoch from jobs where job_id='planner'") == 2

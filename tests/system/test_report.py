@@ -15,8 +15,8 @@ from typer.testing import CliRunner
 
 from pipeline import run_job
 from pipeline.cli import app
-from pipeline.output.commit import new_commit_id, part_path, publish, relative, write_files
 from pipeline.output.report import build_report, load_eval
+from pipeline.output.tables import new_commit_id, publish, stage
 from pipeline.schema import LEDGER, OUTPUTS, QUARANTINE
 from pipeline.stores import storage
 from tests.conftest import REPO
@@ -202,7 +202,7 @@ def write_job(out, job_id: str, old_ledger: bool = False) -> str:
     root = storage.resolve(str(out))
     commit = new_commit_id(1)
     ledger = pa.Table.from_pylist(ledger_rows(job_id), schema=LEDGER)
-    files = write_files(
+    files = stage(
         root,
         job_id,
         "p0",
@@ -210,14 +210,25 @@ def write_job(out, job_id: str, old_ledger: bool = False) -> str:
         "zstd",
         commit,
     )
-    if old_ledger:
-        path = part_path(root, "ledger", job_id, "p0", commit)
+    if old_ledger:  # the file as a version before those columns wrote it
+        path = root.join("ledger", files["ledger"][0]["path"])
         pq.write_table(
-            ledger.drop_columns(["escalation_reason", "unfaithful", "degenerate", "copied", "off_topic", "acceptable"]),
+            ledger.drop_columns(
+                [
+                    "job_id",
+                    "partition",
+                    "escalation_reason",
+                    "unfaithful",
+                    "degenerate",
+                    "copied",
+                    "off_topic",
+                    "acceptable",
+                ]
+            ),
             path,
         )
-        files["ledger"] = relative(root, path)
-    publish(root, job_id, "p0", commit, files)
+        files["ledger"][0]["size"] = os.path.getsize(path)
+    publish(root, job_id, "p0", 1, files)
     write_manifest(root, job_id, {"small": "m-w4a16", "large": "m-f32"})
     return str(out)
 

@@ -16,6 +16,9 @@
 3. dags/ and benchmarks/ are held to rule 2 only (they may use any public module).
 4. Size: no function in pipeline/ over MAX_FUNCTION_LINES lines of code (a module is as big as its concept).
 5. No import circles in pipeline/ (every import counts, as in rule 1).
+6. One word, one meaning: docs/architecture.md's word list ("Words") names code that exists, and the names
+   it retired appear nowhere in pipeline/ or dags/.
+7. Each package's docstring names every module of its folder, and none it lacks.
 
 Each failure names the file, the line and the rule it breaks.
 """
@@ -58,6 +61,7 @@ BASE = {  # base module -> base modules it may import
     "pipeline.errors": set(),
     "pipeline.keys": {"pipeline.config", "pipeline.schema"},
     "pipeline.schema": set(),
+    "pipeline.status": set(),
 }
 FACADE = "pipeline"
 FACADE_MAY_IMPORT = ("pipeline.config", "pipeline.job", "pipeline.plan")
@@ -471,3 +475,124 @@ def test_size_check_catches():
     # Its docstring, comments and blank lines are not code: the same function with them fits.
     fits = 'def f():\n    """Doc\n    string."""\n' + "    # why\n\n" * 40 + "    x = 1\n" * (MAX_FUNCTION_LINES - 1)
     assert size_problems(ast.parse(fits), "x.py", fits.splitlines()) == []
+
+
+# -- rule 6: one word, one meaning ------------------------------------------------------------------
+VOCABULARY_TREES = ("pipeline", "dags")  # the code the glossary speaks for (old migrations keep old names)
+
+
+def glossary() -> dict[str, str]:
+    """docs/architecture.md's word list (its `## Words` section): bold word -> its entry's text."""
+    doc = (REPO / "docs" / "architecture.md").read_text(encoding="utf-8")
+    section = doc.split("\n## Words\n", 1)[1].split("\n## ", 1)[0]
+    entries = re.findall(r"^- \*\*(.+?)\*\*(.*?)(?=^- \*\*|\Z)", section, flags=re.M | re.S)
+    return {word: " ".join(text.split()) for word, text in entries}
+
+
+def listed(entry: str, label: str) -> list[str]:
+    """The backticked names after `Names:` or `Not:` in an entry, up to the next full stop."""
+    found = re.search(rf"\b{label}: (.*?)(?:\.(?:\s|$)|$)", entry)
+    return re.findall(r"`([^`]+)`", found.group(1)) if found else []
+
+
+def words_of(identifier: str) -> tuple[str, ...]:
+    """An identifier's words, lower case: `claim_staging` and `ClaimStaging` are both (claim, staging)."""
+    spaced = re.sub(r"([a-z0-9])([A-Z])", r"\1_\2", identifier)
+    return tuple(w.lower() for w in spaced.split("_") if w)
+
+
+def code_names(trees=VOCABULARY_TREES) -> tuple[dict[str, str], dict[str, str]]:
+    """(every identifier the code defines or uses -> where first, every string literal -> where first) in
+    `trees`, old migrations left out (they keep the names they renamed)."""
+    names: dict[str, str] = {}
+    strings: dict[str, str] = {}
+    for path in python_files(*trees):
+        if "migrations/versions" in rel(path):
+            continue
+        names.setdefault(path.stem, rel(path))
+        for node in ast.walk(parse(path)):
+            where = f"{rel(path)}:{getattr(node, 'lineno', 0)}"
+            found = []
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                found.append(node.name)
+            elif isinstance(node, ast.Name):
+                found.append(node.id)
+            elif isinstance(node, ast.Attribute):
+                found.append(node.attr)
+            elif isinstance(node, ast.arg):
+                found.append(node.arg)
+            elif isinstance(node, ast.keyword) and node.arg:
+                found.append(node.arg)
+            elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+                strings.setdefault(node.value, where)
+            for name in found:
+                names.setdefault(name, where)
+    return names, strings
+
+
+def vocabulary_problems(words: dict[str, str], names: dict[str, str], strings: dict[str, str]) -> list[str]:
+    problems = []
+    for word, entry in words.items():
+        if not entry.strip(" :(").strip():
+            problems.append(f"docs/architecture.md: the word {word!r} has no meaning [rule 6]")
+        for name in listed(entry, "Names"):
+            if name not in names and name not in strings:
+                problems.append(f"docs/architecture.md: {word!r} names `{name}`, which the code does not have [rule 6]")
+        for old in listed(entry, "Not"):
+            retired = words_of(old)
+            for name, where in names.items():
+                have = words_of(name)
+                if any(have[i : i + len(retired)] == retired for i in range(len(have) - len(retired) + 1)):
+                    problems.append(f"{where}: `{name}` says {old!r}, which {word!r} replaced [rule 6]")
+            if old in strings:
+                problems.append(f"{strings[old]}: the string {old!r}, which {word!r} replaced [rule 6]")
+    return problems
+
+
+def test_the_glossary_and_the_code_use_one_word_per_meaning():
+    """Each word of docs/architecture.md's list means one thing: the names it lists exist, and the names it
+    retired appear nowhere in pipeline/ or dags/ (as a name, part of one, or a string such as a status)."""
+    words = glossary()
+    assert {"planning", "staging", "stage", "part", "context", "state"} <= set(words)
+    problems = vocabulary_problems(words, *code_names())
+    assert not problems, "\n".join(problems)
+
+
+def test_vocabulary_check_catches():
+    words = {"planning": "the phase. Names: `claim_planning`. Not: `claim_staging`, `planner`."}
+    names = {"claim_planning": "a.py:1", "WavePlanner": "b.py:2", "claim_staging_now": "c.py:3"}
+    problems = vocabulary_problems(words, names, {"planner": "d.py:4"})
+    assert len(problems) == 3 and all("rule 6" in p for p in problems)
+    assert vocabulary_problems({"x": "x. Names: `gone`."}, {}, {})[0].endswith("does not have [rule 6]")
+    assert words_of("WavePlanner") == ("wave", "planner") and words_of("claim_staging") == ("claim", "staging")
+
+
+# -- rule 7: each package's docstring lists its modules ---------------------------------------------
+def package_docstring_problems(folder: Path) -> list[str]:
+    """A package's `__init__.py` says what it holds: every module of the folder named there (`name.py`, or
+    `name/` for a subpackage), and no module named there that the folder lacks."""
+    init = folder / "__init__.py"
+    doc = ast.get_docstring(parse(init)) or ""
+    modules = {p.name for p in folder.glob("*.py") if p.name != "__init__.py"}
+    modules |= {f"{p.name}/" for p in folder.iterdir() if (p / "__init__.py").exists() or p.name == "migrations"}
+    named = set(re.findall(r"(?<![\w/.])(\w+\.py|\w+/)(?![\w])", doc))
+    files = {n for n in named if n.endswith(".py")}
+    named |= {f"{m}.py" for m in re.findall(r"`(\w+)`", doc)}  # config's style: a module as `name`
+    problems = [f"{rel(init)}: its docstring does not name {m} [rule 7]" for m in sorted(modules - named)]
+    problems += [
+        f"{rel(init)}: its docstring names {m}, not in the folder [rule 7]"
+        for m in sorted(n for n in files if n not in modules)
+    ]
+    return problems
+
+
+# output/'s table files are being rewritten (commit records into table commits): it joins once they settle.
+DOCSTRING_LATER: set[str] = set()
+
+
+def test_package_docstrings_name_their_modules():
+    """Each folder's `__init__.py` says what it holds (docs/architecture.md, "Folders"): a module added or
+    moved without a line there makes it false."""
+    folders = [i.parent for i in sorted(PACKAGE.glob("*/__init__.py")) if i.parent.name not in DOCSTRING_LATER]
+    problems = [p for folder in folders for p in package_docstring_problems(folder)]
+    assert not problems, "\n".join(problems)

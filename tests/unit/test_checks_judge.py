@@ -9,7 +9,7 @@ from typer.testing import CliRunner
 from pipeline.cli import app
 from pipeline.config import ChecksConfig
 from pipeline.evals.calibrate import calibrate, read_labels, scored
-from pipeline.generate.quality import complete_sentences, prompt_echo, repetition, unfaithful_terms
+from pipeline.generate.quality import complete_sentences, markup_share, prompt_echo, repetition, unfaithful_terms
 from pipeline.generate.shadow import wilson_interval
 
 DOC = (
@@ -117,14 +117,18 @@ def test_calibrate_gives_the_figures_worked_out_by_hand(tmp_path):
     # `unsupported_above` and `vague_below` are chosen for `acceptable` (precision at recall >= 0.6): the
     # borderline summary states 4 of the document's topic words, vague below 5 (recall 0.5), so below 4; then
     # above 1 unsupported word flags exactly the bad one (above 0 flags the borderline one's "comes" too).
-    # The other checks have no positives to learn from and keep their thresholds.
+    # The share of unsupported words stays off and no copy is kept as an extract: neither adds precision. The
+    # other checks have no positives to learn from and keep their thresholds.
     assert result["thresholds"] == {
         "degenerate_below": 0.3,
         "repetition_above": 0.3,
         "copied_above": 0.5,
         "prompt_echo_above": 0.0,
         "off_topic_below": 0.25,
+        "markup_above": 0.1,
+        "extract_min_words": None,
         "unsupported_above": 1,
+        "unsupported_share_above": None,
         "vague_below": 4,
     }
     before, after = result["before"]["test"], result["after"]["test"]
@@ -198,3 +202,68 @@ def test_a_clause_said_again_is_a_repeat_and_a_name_said_again_is_not():
     assert repetition(clause) == 1.0
     name = "The GNU General Public License (GPL) protects users. The GNU General Public License (GPL) is old."
     assert repetition(name) < 0.3
+
+
+def test_a_code_block_or_a_file_list_given_back_is_markup_and_prose_or_bullets_are_not():
+    fenced = "This document is a summary of the following command:\n\n```\n# gcloud beta dns managed-zones\n```"
+    assert markup_share(fenced) > 0.4 and scored(DOC, fenced, "stop", ChecksConfig())["markup"]
+    files = "Files: BUILDING.md CMakeLists.txt ChangeLog.md LICENSE.md README.md"
+    assert markup_share(files) == 1.0
+    underlined = "Conventions\n===========\n\nThe Package is provided as is."
+    assert 0.1 < markup_share(underlined) < 0.5  # the underline; its sentence is prose
+    bullets = "The Artistic License:\n- lets anyone copy the Standard Version\n- asks that modified versions be renamed"
+    assert markup_share(bullets) < 0.3  # a label opening a list of points, not a form given back
+    prose = "Note: the Package is provided as is, without warranty."
+    assert markup_share(prose) == 0.0 and not scored(DOC, prose, "stop", ChecksConfig())["markup"]
+
+
+@pytest.mark.parametrize(
+    "echo",
+    [
+        "The following is a two-sentence summary of the Package.",
+        "Here is a summary of the text in a numbered format:",
+        "This document is a summary of the following command:",
+        "Here's a brief summary of the document.",
+    ],
+)
+def test_the_prompts_form_said_back_is_an_echo(echo):
+    assert prompt_echo(echo) > 0.2 and scored(DOC, echo, "stop", ChecksConfig())["copied"]
+
+
+def test_a_summary_mostly_of_words_its_document_lacks_is_unfaithful_by_share():
+    invented = "The Artistic License promises buyers refunds, warranties and lifetime telephone support."
+    s = scored(DOC, invented, "stop", ChecksConfig())
+    assert s["unsupported_share"] > 0.5 and not s["unfaithful"]  # off by default
+    assert scored(DOC, invented, "stop", ChecksConfig(unsupported_share_above=0.5))["unfaithful"]
+    faithful = "The Artistic License lets anyone copy and distribute the Standard Version of the Package."
+    assert scored(DOC, faithful, "stop", ChecksConfig(unsupported_share_above=0.5))["unsupported_share"] == 0.0
+
+
+def test_an_extract_of_the_documents_key_sentences_is_kept_a_short_copy_is_not():
+    extract = (
+        "The Artistic License lets anyone copy and distribute the Standard Version of the Package, provided the "
+        "copyright notice is kept. Modified versions must be clearly documented and renamed."
+    )
+    s = scored(DOC, extract, "stop", ChecksConfig())
+    assert s["copied"] and s["content_words"] >= 10
+    assert not scored(DOC, extract, "stop", ChecksConfig(extract_min_words=10))["copied"]
+    opening = "The Artistic License lets anyone copy and distribute the Standard Version of the Package."
+    assert scored(DOC, opening, "stop", ChecksConfig(copied_above=0.5, extract_min_words=10))["copied"]
+
+
+def test_the_example_a_reader_would_keep_ranks_above_a_repeat_an_echo_and_a_terse_one():
+    from pipeline.generate.quality import keep_rank
+
+    said = "The Artistic License lets anyone copy the Standard Version; modified versions must be renamed."
+    repeat = "The Package is provided as is. The Package is provided as is."
+    echo = "Here is a summary of the text: the Package is provided as is, without warranty."
+    terse = "The Package is provided as is."
+    assert max([repeat, echo, terse, said], key=keep_rank) == said
+    assert keep_rank(terse) > keep_rank(echo) and keep_rank(terse) > keep_rank(repeat)
+
+
+def test_a_token_loop_within_a_word_is_a_repeat_and_ordinary_words_are_not():
+    looped = "It describes the AUTH_AUTH_PAM_AUTH_PAM_AUTH_PAM_AUTH_PAM module, which sets the issue at login."
+    assert repetition(looped) == 1.0 and scored(DOC, looped, "stop", ChecksConfig())["degenerate"]
+    for word in ("bananas", "Mississippi", "assesses", "barbarian", "tartar", "murmur", "ha-ha"):
+        assert repetition(f"The {word} of the Package is documented.") < 0.3, word

@@ -6,7 +6,7 @@ from urllib.parse import quote
 import pytest
 import yaml
 
-from pipeline.config import ConfigError, TokenmillConfig, apply_env_overrides, load_config, load_run_section
+from pipeline.config import ConfigError, TokenmillConfig, load_config, load_run_section
 from pipeline.keys import config_fingerprint
 from tests.conftest import REPO, TINY_CONFIG
 
@@ -38,20 +38,6 @@ def test_unknown_field_is_an_error_naming_it(tmp_path):
 
 
 def test_env_overrides_nested_fields_typed_by_the_field(tmp_path):
-    raw = apply_env_overrides(
-        {"tiers": {"small": {"vllm": {"dtype": "float32"}}}},
-        {
-            "TOKENMILL_TIERS__SMALL__VLLM__MAX_NUM_SEQS": "512",
-            "TOKENMILL_DEDUP__EXACT": "false",
-            "TOKENMILL_HOME": "/ignored",
-            "OTHER__X": "1",
-        },
-        TokenmillConfig,
-    )
-    assert raw == {
-        "tiers": {"small": {"vllm": {"dtype": "float32", "max_num_seqs": "512"}}},
-        "dedup": {"exact": "false"},
-    }
     environ = {
         "TOKENMILL_HOME": str(tmp_path),
         "TOKENMILL_TIERS__SMALL__VLLM__MAX_NUM_SEQS": "512",  # an int field
@@ -76,7 +62,7 @@ def test_env_overrides_nested_fields_typed_by_the_field(tmp_path):
     ],
 )
 def test_a_bad_environment_override_is_a_named_config_error(tmp_path, name, value, error):
-    """Review finding: a misspelt section was ignored (the job ran on the YAML's value) and bad JSON in a
+    """Reproducer: a misspelt section was ignored (the job ran on the YAML's value) and bad JSON in a
     mapping override escaped as pydantic-settings' own exception, a traceback in the CLI."""
     with pytest.raises(ConfigError, match=error):
         load_config(TINY_CONFIG, environ={"TOKENMILL_HOME": str(tmp_path), name: value})
@@ -199,18 +185,14 @@ def test_explicit_values_are_expanded_once(tmp_path):
     assert cfg.state.url == "postgresql://u:p${x}@db/t"  # a secret's own `${` is not expanded again
 
 
-def test_the_old_plan_section_is_refused_naming_requests(tmp_path):
-    """`plan:` was the name of `requests:` until 0.1: refused with the new name, in YAML and in the environment."""
+def test_requests_overrides_apply_and_a_plan_section_is_unknown(tmp_path):
+    """The section is `requests:`; `plan:` (in YAML or the environment) names nothing."""
     path = tmp_path / "c.yaml"
     path.write_text(MINIMAL + "plan: {prefix_ordering: false}\n")
-    with pytest.raises(ConfigError, match=r"`plan:` is now `requests:`"):
+    with pytest.raises(ConfigError, match=r"plan: Extra inputs are not permitted"):
         load_config(path, environ={"TOKENMILL_HOME": str(tmp_path)})
-    with pytest.raises(ValueError, match=r"`plan:` is now `requests:`"):
-        TokenmillConfig.model_validate(yaml.safe_load(path.read_text()))
     path.write_text(MINIMAL + "requests: {prefix_ordering: false}\n")
-    with pytest.raises(
-        ConfigError, match="rename TOKENMILL_PLAN__PREFIX_ORDERING to TOKENMILL_REQUESTS__PREFIX_ORDERING"
-    ):
+    with pytest.raises(ConfigError, match="TOKENMILL_PLAN__PREFIX_ORDERING names no config section"):
         load_config(path, environ={"TOKENMILL_HOME": str(tmp_path), "TOKENMILL_PLAN__PREFIX_ORDERING": "false"})
     cfg = load_config(path, environ={"TOKENMILL_HOME": str(tmp_path), "TOKENMILL_REQUESTS__LONG_PROMPT_TOKENS": "3"})
     assert cfg.requests.long_prompt_tokens == 3 and cfg.requests.prefix_ordering is False
@@ -391,3 +373,10 @@ def test_values_that_would_fail_late_are_refused_at_load_naming_the_field(tmp_pa
     path.write_text(MINIMAL + yaml.safe_dump({section: value}).replace("'.inf'", ".inf").replace("'.nan'", ".nan"))
     with pytest.raises(ConfigError, match=re.escape(field)):
         load_config(path, environ={"TOKENMILL_HOME": str(tmp_path)})
+
+
+def test_a_nested_override_of_null_unsets_the_field(tmp_path):
+    """`TOKENMILL_A__B__C=null` sets a nested field to None (vLLM then picks it), as it does a top-level one."""
+    environ = {"TOKENMILL_HOME": str(tmp_path), "TOKENMILL_TIERS__SMALL__VLLM__MAX_NUM_SEQS": "null"}
+    assert load_config(TINY_CONFIG, environ={"TOKENMILL_HOME": str(tmp_path)}).tiers["small"].vllm.max_num_seqs
+    assert load_config(TINY_CONFIG, environ=environ).tiers["small"].vllm.max_num_seqs is None

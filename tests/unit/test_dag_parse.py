@@ -28,17 +28,21 @@ import json
 from airflow.dag_processing.dagbag import DagBag
 bag = DagBag(dag_folder={str(REPO / "dags")!r})
 dag = bag.dags.get({DAG_ID!r})
+rollup = bag.dags.get("ledger_rollup")
 print(json.dumps({{"errors": {{k: str(v) for k, v in bag.import_errors.items()}},
                   "schedule": dag.schedule if dag else None,
                   "retries": dag.default_args["retries"] if dag else None,
                   "retry_delay": dag.default_args["retry_delay"].total_seconds() if dag else None,
-                  "config_param": dag.params["config"] if dag else None}}))
+                  "config_param": dag.params["config"] if dag else None,
+                  "assets": {{a.name: a.uri for a in dag.get_task("summary").outlets}} if dag else None,
+                  "rollup_on": [a.uri for a in rollup.timetable.asset_condition.objects]
+                               if rollup else None}}))
 """
 
 
-def parse_dag(tmp_path) -> dict:
+def parse_dag(tmp_path, config_text: str = CONFIG) -> dict:
     config = tmp_path / "prod.yaml"
-    config.write_text(CONFIG)
+    config.write_text(config_text)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("TOKENMILL_", "AIRFLOW_", "AIRFLOW__"))}
     env.update(
         {
@@ -67,3 +71,14 @@ def test_dag_parses_without_secrets_and_takes_its_shape_from_the_config(tmp_path
     assert parsed["schedule"] == "15 3 * * *"
     assert (parsed["retries"], parsed["retry_delay"]) == (4, 30.0)
     assert parsed["config_param"] == str(tmp_path / "prod.yaml")
+
+
+def test_assets_name_the_tables_under_a_dated_output_root(tmp_path):
+    """An output root with `{date}` (each run's own folder) once broke parsing: the DAG parses, its Assets name
+    the tables' physical URIs under the root as written, and the downstream DAG is scheduled on the same one."""
+    parsed = parse_dag(tmp_path, CONFIG + "output: {uri: 's3://summaries/nightly/{date}/'}\n")
+    assert parsed["errors"] == {}
+    assert parsed["assets"] == {
+        f"{DAG_ID}.{t}": f"s3://summaries/nightly/{{date}}/{t}" for t in ("outputs", "ledger", "quarantine")
+    }
+    assert parsed["rollup_on"] == ["s3://summaries/nightly/{date}/ledger"]

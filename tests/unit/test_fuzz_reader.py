@@ -368,7 +368,7 @@ def fuzz_settings(share: int = 1):
     return settings(PROFILE, max_examples=FUZZ_EXAMPLES or 60 * share)
 
 
-# The review's reproducers (issue 15), run in every profile before the generated examples.
+# Known reproducers, run in every profile before the generated examples.
 _GOOD = b'{"id": "ok", "text": "fine"}\n'
 _TRUNCATED = gzip.compress(b"".join(b'{"id": "%d", "text": "t"}\n' % i for i in range(50)))
 REPRODUCERS = [

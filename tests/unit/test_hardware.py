@@ -173,7 +173,7 @@ def test_cpu_tier_efficiency_against_the_measured_limits(make_config, tmp_path):
 
 
 def test_what_if_refuses_a_device_count_or_an_acceptance_that_cannot_be():
-    """Reproducer (review): `--hardware H100-SXM:0` ended in a ZeroDivisionError traceback; `spec=1.7` was taken."""
+    """Reproducer: `--hardware H100-SXM:0` ended in a ZeroDivisionError traceback; `spec=1.7` was taken."""
     from pipeline.plan.whatif import parse_hardware, parse_tier
 
     for bad in ("H100-SXM:0", "H100-SXM:-2", "H100-SXM:x"):

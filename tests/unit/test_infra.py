@@ -240,11 +240,11 @@ def test_dashboard_is_grafana_json_on_exported_metrics():
     # every panel the runbook names (docs/ops.md, "Watching a run"), each fed by its metrics
     for metric in (
         "tokenmill_generations_total",
-        "tokenmill_items_total",
+        "tokenmill_job_items",
         "tokenmill_output_tokens_total",
         "tokenmill_engine_utilisation_ratio",
         "tokenmill_engine_seconds_total",
-        "tokenmill_cost_usd_total",
+        "tokenmill_job_cost_usd",
         "tokenmill_budget_remaining_usd",
         "tokenmill_queue_units",
         "tokenmill_vllm_num_requests_running",

@@ -195,7 +195,14 @@ def test_speculative_config_through_extra_is_checked_and_not_given_twice(tmp_pat
 
 
 def test_batching_levers(tmp_path):
-    one(lever_problems("t", tier(model(tmp_path), max_num_seqs=64, max_num_batched_tokens=32)), "at least max_num_seqs")
+    path = model(tmp_path)
+    one(lever_problems("t", tier(path, max_num_seqs=64, max_num_batched_tokens=32)), "at least max_num_seqs")
+    # A CPU engine prefills whole prompts (engine.VllmEngine: seeded sampling dies on a split one), so a step
+    # must hold the longest; a GPU tier, or a CPU tier that turns chunked prefill back on, may split them.
+    short_step = dict(max_model_len=2048, max_num_batched_tokens=1024)
+    one(lever_problems("t", tier(path, **short_step)), "at least max_model_len (2048)", "CPU tier")
+    assert lever_problems("t", tier(path, device="gpu", **short_step)) == []
+    assert lever_problems("t", tier(path, extra={"enable_chunked_prefill": True}, **short_step)) == []
 
 
 def test_speculative_config_is_typed_and_passed_to_vllm_without_unset_fields():

@@ -89,3 +89,28 @@ def test_the_custom_facet_schema_rejects_what_the_facet_must_not_carry():
     facet = {"_producer": "p", "_schemaURL": url, "jobId": "j", "status": "ok", "partitions": 1}
     with pytest.raises(jsonschema.ValidationError):  # required figures missing
         validate(facet, url + "#/$defs/TokenmillJobRunFacet", registry)
+
+
+@pytest.mark.parametrize(
+    "output_uri", ["s3://summaries/tokenmill/", "/data/summaries", "file:///data/summaries", "out"]
+)
+def test_the_dags_assets_are_the_datasets_the_complete_event_names(output_uri, monkeypatch, tmp_path):
+    """Airflow links an Asset to an OpenLineage dataset by its URI (the provider's converter for its scheme): the
+    DAG's Assets, named by `table_asset_uri` of the output root, translate to exactly the datasets `summary`'s
+    COMPLETE event names for the job's tables."""
+    from airflow.providers.common.io.assets.file import convert_asset_to_openlineage
+    from airflow.sdk import Asset
+
+    from pipeline.job.lineage import dataset_name, summary_lineage
+    from pipeline.job.orchestrate import TABLES, table_asset_uri
+
+    monkeypatch.chdir(tmp_path)  # `out`: a relative root, resolved where the job runs
+    lineage = summary_lineage(manifest("s3://incoming/2026-12-01/", output_uri))
+    named = [(d.namespace, d.name) for d in lineage["outputs"]]
+    assets = [Asset(name=f"nightly_summarization.{t}", uri=table_asset_uri(output_uri, t)) for t in TABLES]
+    if output_uri.startswith("s3://"):  # the Amazon provider's converter: namespace s3://bucket, name the key
+        assert [dataset_name(a.uri) for a in assets] == named
+    else:
+        converted = [convert_asset_to_openlineage(a, None) for a in assets]
+        assert [(d.namespace, d.name) for d in converted] == named
+        assert all(name.startswith("/") for _, name in named)  # absolute, wherever the root was written relative

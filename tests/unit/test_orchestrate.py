@@ -73,16 +73,28 @@ def test_a_gpu_worker_refuses_a_drain_of_a_tier_it_does_not_serve(monkeypatch):
         check_worker_serves("large")
 
 
-def test_table_assets_name_the_dag_and_table_and_each_update_names_its_job():
-    from pipeline.job.orchestrate import TABLES, table_asset_uri, table_updates
+def test_table_assets_name_the_tables_physical_folders_and_each_update_names_its_job(tmp_path, monkeypatch):
+    from pipeline.job.orchestrate import TABLES, table_asset_uri, table_asset_uris, table_updates
 
-    assert [table_asset_uri("nightly", t) for t in TABLES] == [
-        "x-tokenmill://nightly/outputs",
-        "x-tokenmill://nightly/ledger",
-        "x-tokenmill://nightly/quarantine",
+    assert [table_asset_uri("s3://summaries/out/", t) for t in TABLES] == [
+        "s3://summaries/out/outputs",
+        "s3://summaries/out/ledger",
+        "s3://summaries/out/quarantine",
     ]
+    assert table_asset_uri("file:///data/out", "ledger") == "file:///data/out/ledger"
+    monkeypatch.chdir(tmp_path)  # a relative root is where the job's storage puts it: under the working directory
+    assert table_asset_uri("./out", "ledger") == f"file://{tmp_path}/out/ledger"
+    assert table_asset_uri("s3://summaries/{date}", "outputs") == "s3://summaries/{date}/outputs"
     with pytest.raises(ValueError, match="no table 'items'"):
-        table_asset_uri("nightly", "items")
+        table_asset_uri("s3://summaries/out", "items")
+    # At the DAG's parse time, from `output.uri` alone: its environment override and ${VAR}s, no other secret.
+    config = tmp_path / "prod.yaml"
+    config.write_text("output: {uri: 's3://${BUCKET}/nightly/{date}'}\nstate: {url: '${TOKENMILL_PG_DSN}'}\n")
+    monkeypatch.setenv("BUCKET", "summaries")
+    monkeypatch.delenv("TOKENMILL_OUTPUT__URI", raising=False)
+    assert table_asset_uris(config)["ledger"] == "s3://summaries/nightly/{date}/ledger"
+    monkeypatch.setenv("TOKENMILL_OUTPUT__URI", str(tmp_path / "out"))
+    assert table_asset_uris(config)["quarantine"] == f"file://{tmp_path}/out/quarantine"
     manifest = {
         "job_id": "nightly-2026-12-01",
         "output_uri": "s3://summaries/out",
@@ -123,3 +135,29 @@ def test_lineage_names_datasets_by_the_openlineage_naming_spec():
     assert [r.rowCount if r else None for r in rows] == [7, None, 3]
     facet = lineage["run_facets"]["tokenmill_job"]
     assert (facet.partitions, facet.partitionsCommitted, facet.costUsd) == (2, 1, 0.5)
+
+
+def test_a_batch_job_and_a_dag_run_set_their_input_in_one_place(tmp_path):
+    """The Batch API's runner and the DAG's tasks build a job's input the same way (orchestrate.job_input):
+    billed to the tenant, every request's tenant the batch's, the format forced; the server's config untouched."""
+    from pipeline.config import load_config
+    from pipeline.job.orchestrate import job_config, job_input
+    from pipeline.serve.runner import job_config as batch_job_config
+    from pipeline.serve.store import ApiStore
+    from pipeline.stores import storage
+    from tests.conftest import TINY_CONFIG
+
+    server = load_config(TINY_CONFIG)
+    before = server.model_dump(mode="json")
+    store = ApiStore(storage.resolve(str(tmp_path / "out")))
+    batch = batch_job_config(server, store, {"id": "batch-1", "tenant": "acme", "endpoint": "/v1/messages"})
+    dag = job_config(str(TINY_CONFIG), "2026-12-07", input_uri="in-{date}", tenant="acme", input_format="anthropic")
+    for job in (batch, dag):
+        assert (job.input.default_tenant, job.input.request_tenant, job.input.format) == (
+            "acme",
+            "default",
+            "anthropic",
+        )
+    assert dag.input.uri == "in-2026-12-07" and batch.input.uri.endswith("batch-1")
+    assert batch.run.progress == "off" and server.model_dump(mode="json") == before
+    assert job_input(server, "x").input.default_tenant == server.input.default_tenant  # no tenant: as configured

@@ -11,6 +11,7 @@ from pipeline.generate.quality import (
     compression_ratio,
     copied_share,
     measure,
+    repetition,
     rouge_l,
     topic_overlap,
     topic_words,
@@ -109,7 +110,7 @@ def test_terms_are_sorted_and_unique():
     ],
 )
 def test_a_summary_structure_is_not_a_claim(summary):
-    """Small models number their points and title their summaries: neither states a fact (found in review)."""
+    """Small models number their points and title their summaries: neither states a fact."""
     assert unfaithful_terms(summary, "gzip compresses files using Lempel-Ziv coding; names end in .gz.") == []
 
 
@@ -229,7 +230,7 @@ def test_a_short_summary_is_never_off_topic():
 
 
 def test_a_summary_in_a_script_without_spaces_is_not_judged_off_topic():
-    """Review finding: a Chinese clause read as one long "word", so a faithful Chinese summary measured 0.0. The check
+    """Reproducer: a Chinese clause read as one long "word", so a faithful Chinese summary measured 0.0. The check
     reads scripts that separate words with spaces; another script has no topic words, and is never flagged."""
     from pipeline.config import ChecksConfig
     from pipeline.generate.quality import failed_checks, topic_overlap
@@ -268,3 +269,15 @@ def test_measures_read_the_document_once_and_agree_with_their_definitions(summar
     assert measures["copied_share"] == copied and measures["topic_overlap"] == topic_overlap(summary, document)
     assert measures["compression_ratio"] == compression_ratio(summary)
     assert measures["unfaithful_terms"] == len(unfaithful_terms(summary, document))
+
+
+def test_a_long_run_of_letters_is_measured_without_backtracking():
+    """An output holding a long identifier or blob of letters (2,000 with no separator): the word-loop pattern
+    bounds its runs, so it answers at once (unbounded, a 1,000-letter run took 37 s under the GIL), and a run of
+    distinct letters is no repeat."""
+    import random
+
+    rng = random.Random(7)
+    blob = "".join(rng.choice("abcdefghijklmnopqrstuvwxyz") for _ in range(2000))
+    assert repetition(f"The file holds the key {blob} and nothing else.") < 1.0
+    assert repetition("It says AUTH_PAM_AUTH_PAM_AUTH_PAM_AUTH_PAM_ again.") == 1.0

@@ -103,6 +103,10 @@ def test_an_expired_token_is_fetched_again_and_the_password_never_shows(airflow)
     assert runs.exit_code(batch) is None
     assert [c for c in airflow.calls if c[1] == "/auth/token"] == [("POST", "/auth/token")] * 2
     assert "s3cret" not in repr(_trigger()) and "s3cret" not in _trigger().model_dump_json()
+    airflow.stale_tokens = 2  # refused again with a fresh token: Airflow's fault, asked again next pass
+    with pytest.raises(AirflowUnavailable, match="fresh token"):
+        runs.exit_code(batch)
+    assert [c for c in airflow.calls if c[1] == "/auth/token"] == [("POST", "/auth/token")] * 3
 
 
 def test_a_cancel_waits_until_the_runs_tasks_have_ended(airflow):
@@ -120,8 +124,10 @@ def test_a_cancel_waits_until_the_runs_tasks_have_ended(airflow):
 def test_airflow_down_is_not_the_batchs_fault_but_a_refusing_airflow_fails_it(make_config, airflow, tmp_path):
     from pipeline.serve.store import ApiStore
     from pipeline.stores import storage
+    from pipeline.stores.catalog import migrate
 
     config = make_config(serve__airflow=_trigger().model_dump() | {"password": "s3cret"})
+    migrate(config.state.url)  # what the runner's `start` does first: this test drives its passes itself
     store = ApiStore(storage.resolve(str(tmp_path / "out")))
     runner = BatchRunner(config, store, tmp_path / "serve")
     runner.jobs = _runs(airflow)

@@ -56,27 +56,11 @@ def test_a_record_whose_escalation_the_cache_served_pays_its_first_attempt_at_it
     reuse cache priced the small tier's GPU-seconds at the large tier's price (cost ≠ GPU-seconds × price)."""
     from datetime import datetime, timezone
 
-    import pyarrow as pa
-
     from pipeline.output.write import assemble_results
 
     config = make_config(routing=True, route__escalation__min_mean_logprob=-3.0)
     now = datetime.now(timezone.utc)
-    first = {
-        "id": "r1",
-        "tenant": "t",
-        "tier": "small",
-        "model": "m",
-        "summary": "unsure",
-        "mean_logprob": -5.0,
-        "finish_reason": "stop",
-        "prompt_tokens": 10,
-        "cached_prompt_tokens": 0,
-        "output_tokens": 5,
-        "gpu_seconds": 2.0,
-        "baseline_gpu_seconds": 4.0,
-        "created_at": now,
-    }
+    first = unsure_on_small(now, id="r1", gpu_seconds=2.0)
     cached = {
         **first,
         "tier": "large",
@@ -88,24 +72,7 @@ def test_a_record_whose_escalation_the_cache_served_pays_its_first_attempt_at_it
         "source_id": "r0",
         "saved_usd": 0.5,
     }
-    records = pa.table(
-        {
-            "id": ["r1"],
-            "tenant": ["t"],
-            "partition": ["p"],
-            "reuse": pa.nulls(1, pa.string()),
-            "similarity": pa.nulls(1, pa.float64()),
-            "shadow": [False],
-            "route_reason": ["default"],
-            "item_key": ["k"],
-            "gen_key": ["k"],
-            "text": ["a document"],
-            "scope": ["t=t"],
-            "tier": ["small"],
-            "file": ["f.jsonl"],
-            "line": [1],
-        }
-    )
+    records = one_record()
     outputs, ledger, _ = assemble_results(
         records, {"k": first, escalation_key("k", "large"): cached}, {}, config, "j", now
     )
@@ -122,36 +89,24 @@ def test_a_record_whose_escalation_the_cache_served_pays_its_first_attempt_at_it
 def test_an_escalation_generated_here_for_a_record_the_cache_served_first_is_paid_by_that_record(
     make_config, quarantine
 ):
-    """Review finding: a record whose first attempt was a cache hit and whose escalation ran in this job got a ledger
+    """Reproducer: a record whose first attempt was a cache hit and whose escalation ran in this job got a ledger
     row costing nothing (and, quarantined by a check, no row at all): the escalation's GPU time was in no row."""
     from datetime import datetime, timezone
-
-    import pyarrow as pa
 
     from pipeline.generate.quality import compression_ratio
     from pipeline.output.write import assemble_results
 
     config = make_config(routing=True, route__escalation__min_mean_logprob=-3.0, checks__quarantine=quarantine)
     now = datetime.now(timezone.utc)
-    first = {
-        "id": "r0",
-        "tenant": "t",
-        "tier": "small",
-        "model": "m",
-        "summary": "unsure",
-        "mean_logprob": -5.0,
-        "finish_reason": "stop",
-        "prompt_tokens": 10,
-        "cached_prompt_tokens": 0,
-        "output_tokens": 5,
-        "gpu_seconds": 0.0,
-        "baseline_gpu_seconds": 4.0,
-        "created_at": now,
-        "origin": "cache",
-        "source_job": "earlier",
-        "source_id": "r0",
-        "saved_usd": 0.25,
-    }
+    first = unsure_on_small(
+        now,
+        id="r0",
+        gpu_seconds=0.0,
+        origin="cache",
+        source_job="earlier",
+        source_id="r0",
+        saved_usd=0.25,
+    )
     loop = "again " * 40
     escalation = {
         **first,
@@ -165,7 +120,30 @@ def test_an_escalation_generated_here_for_a_record_the_cache_served_first_is_pai
         "saved_usd": None,
         "cache_status": "miss",
     }
-    records = pa.table(
+    records = one_record()
+    outputs, ledger, quarantined = assemble_results(
+        records, {"k": first, escalation_key("k", "large"): escalation}, {}, config, "j", now
+    )
+    (row,) = ledger.to_pylist()
+    large = config.tiers["large"].price_per_gpu_hour
+    assert row["cost_usd"] == pytest.approx(2.0 * large / 3600) and row["attempts"] == 1 and row["escalated"]
+    assert row["saved_cost_usd"] == pytest.approx(0.25)  # what the cache saved, not the escalation paid here
+    assert row["degenerate"] and not row["acceptable"]
+    assert (outputs.num_rows, quarantined.num_rows) == ((0, 1) if quarantine else (1, 0))
+    assert row["quarantined"] == bool(quarantine)
+    assert (row["source"], row["source_id"], row["source_job"], row["cache_status"]) == (
+        "generated",
+        None,
+        None,
+        "miss",
+    ), "the served output was generated here, not taken from the cache"
+
+
+def one_record():
+    """One staged record (id r1, item key k, on the small tier), as assemble_results reads it."""
+    import pyarrow as pa
+
+    return pa.table(
         {
             "id": ["r1"],
             "tenant": ["t"],
@@ -183,19 +161,21 @@ def test_an_escalation_generated_here_for_a_record_the_cache_served_first_is_pai
             "line": [1],
         }
     )
-    outputs, ledger, quarantined = assemble_results(
-        records, {"k": first, escalation_key("k", "large"): escalation}, {}, config, "j", now
-    )
-    (row,) = ledger.to_pylist()
-    large = config.tiers["large"].price_per_gpu_hour
-    assert row["cost_usd"] == pytest.approx(2.0 * large / 3600) and row["attempts"] == 1 and row["escalated"]
-    assert row["saved_cost_usd"] == pytest.approx(0.25)  # what the cache saved, not the escalation paid here
-    assert row["degenerate"] and not row["acceptable"]
-    assert (outputs.num_rows, quarantined.num_rows) == ((0, 1) if quarantine else (1, 0))
-    assert row["quarantined"] == bool(quarantine)
-    assert (row["source"], row["source_id"], row["source_job"], row["cache_status"]) == (
-        "generated",
-        None,
-        None,
-        "miss",
-    ), "the served output was generated here, not taken from the cache"
+
+
+def unsure_on_small(now, **fields) -> dict:
+    """A first attempt on the small tier below the escalation's confidence threshold (-5 against -3)."""
+    return {
+        "tenant": "t",
+        "tier": "small",
+        "model": "m",
+        "summary": "unsure",
+        "mean_logprob": -5.0,
+        "finish_reason": "stop",
+        "prompt_tokens": 10,
+        "cached_prompt_tokens": 0,
+        "output_tokens": 5,
+        "baseline_gpu_seconds": 4.0,
+        "created_at": now,
+        **fields,
+    }

@@ -1,4 +1,4 @@
-"""Engine utilisation where people look (issue 16, point 5), from synthetic manifests, ledgers and catalogs
+"""Engine utilisation where people look, from synthetic manifests, ledgers and catalogs
 (no engine): the report's waterfall adds start-up, idle and escalation as costs, its utilisation table and
 whole partition labels; the `tokenmill run` summary's tier lines; `tokenmill status`'s tier workers and
 work-unit depth."""
@@ -16,11 +16,11 @@ from typer.testing import CliRunner
 from pipeline.cli import app
 from pipeline.cli.jobs import summary_table
 from pipeline.output.charts import CHAR_W
-from pipeline.output.commit import new_commit_id, publish, write_files
 from pipeline.output.report import build_report, savings_steps
+from pipeline.output.tables import commit_rows
 from pipeline.schema import LEDGER, OUTPUTS, QUARANTINE
 from pipeline.stores import storage
-from pipeline.stores.catalog import StateStore
+from pipeline.stores.catalog import StateStore, migrate
 from pipeline.stores.units import UnitQueue
 from tests.conftest import TINY_CONFIG
 
@@ -222,16 +222,12 @@ def manifest(partition: str = "p0", file: str = "a.jsonl") -> dict:
 
 def write_job(out, rows: list[dict], m: dict) -> str:
     root = storage.resolve(str(out))
-    commit = new_commit_id(1)
     empty = {
         kind: pa.schema([("partition", pa.string()), *schema]).empty_table()
         for kind, schema in (("outputs", OUTPUTS), ("quarantine", QUARANTINE))
     }
     partition = rows[0]["partition"]
-    files = write_files(
-        root, "u", partition, {"ledger": pa.Table.from_pylist(rows, schema=LEDGER), **empty}, "zstd", commit
-    )
-    publish(root, "u", partition, commit, files)
+    commit_rows(root, "u", partition, {"ledger": pa.Table.from_pylist(rows, schema=LEDGER), **empty})
     m["cost"].update(
         cost_usd=sum(r["cost_usd"] for r in rows), baseline_cost_usd=sum(r["baseline_cost_usd"] for r in rows)
     )
@@ -321,8 +317,9 @@ def test_run_summary_prints_each_tiers_starts_held_time_and_utilisation():
 def test_status_shows_live_tier_workers_and_work_units_per_tier(tmp_path, monkeypatch):
     url = f"sqlite:///{tmp_path}/state.db"
     monkeypatch.setenv("TOKENMILL_STATE__URL", url)
+    migrate(url)
     state = StateStore(url)
-    state.claim_staging("u", "fp", str(tmp_path / "in"), str(tmp_path / "out"))
+    state.claim_planning("u", "fp", str(tmp_path / "in"), str(tmp_path / "out"))
     queue = UnitQueue(state)
     queue.enqueue("u", "p0", 0, {"small": ["k1", "k2", "k3"], "large": ["k4"]})
     queue.enqueue("u", "p1", 0, {"small": ["k5", "k6"]})
@@ -369,7 +366,8 @@ def test_status_shows_live_tier_workers_and_work_units_per_tier(tmp_path, monkey
     assert "host-c:9" not in table.stdout
 
     monkeypatch.setenv("TOKENMILL_STATE__URL", f"sqlite:///{tmp_path}/other.db")
-    StateStore(f"sqlite:///{tmp_path}/other.db").claim_staging("v", "fp", "in", "out")
+    migrate(f"sqlite:///{tmp_path}/other.db")
+    StateStore(f"sqlite:///{tmp_path}/other.db").claim_planning("v", "fp", "in", "out")
     quiet = runner.invoke(app, ["status", "--config", str(TINY_CONFIG), "--job-id", "v"])
     assert "no work units in the catalog" in quiet.stdout and "no tier worker holds an engine now" in quiet.stdout
 
@@ -394,7 +392,7 @@ def test_headless_progress_lines_say_elapsed_seconds_and_rate(caplog):
 
 
 def test_items_count_as_done_when_stored_not_when_their_partition_commits():
-    """Issue 28: a partition commits after all its waves, so counting at commit said "0/70 done" for minutes."""
+    """A partition commits after all its waves, so counting at commit said "0/70 done" for minutes."""
     from pipeline.job.progress import Progress
 
     progress = Progress("off")
@@ -432,7 +430,7 @@ def test_items_count_as_done_when_stored_not_when_their_partition_commits():
     ],
 )
 def test_a_prefix_cache_that_hit_nothing_says_why(prefix, tokens, caching, says):
-    """Issue 28: "0.0% cached; sharing allows 4.7%" with no hint why (the demo's shared prefix is shorter than a
+    """The demo said "0.0% cached; sharing allows 4.7%" with no hint why (the demo's shared prefix is shorter than a
     block)."""
     from pipeline.cli.jobs import prefix_line
 
