@@ -27,12 +27,16 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import random
 import re
+import threading
 import time
 import uuid
-from collections.abc import Iterable
+from collections import OrderedDict
+from collections.abc import Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from datetime import datetime
 
 import pyarrow as pa
@@ -137,6 +141,77 @@ def ensure_table(root: storage.Location, kind: str):
     return table
 
 
+# Publishes keep each table they opened, per table URI, for the life of the process: before each use the log
+# entries written since are read into it (update_incremental) instead of the table being read again from its
+# checkpoint (benchmarks/RESULTS.md section 18), and its schema is checked once, when opened.
+class _Cached:
+    def __init__(self, options: dict[str, str]):
+        self.options = options  # the credentials it was opened with: new ones (rotated) open it again
+        self.table = None
+        self.entry = None  # the modification time of the log entry of the version `table` holds
+        self.lock = threading.Lock()  # one use at a time: a DeltaTable's state is not for two writers
+
+
+CACHED_TABLES = 48  # 16 output roots' three tables: a long-lived worker writing to many roots keeps the latest
+_cached: OrderedDict[str, _Cached] = OrderedDict()
+_cached_lock = threading.Lock()
+
+
+@contextmanager
+def current_table(root: storage.Location, kind: str) -> Iterator:
+    """The kind's table (created when missing) at its latest version, for one publish transaction at a time
+    per table in this process; other processes' commits land between uses and are read in by the next."""
+    uri, options = table_uri(root, kind), storage_options(root)
+    with _cached_lock:
+        entry = _cached.get(uri)
+        if entry is None or entry.options != options:
+            entry = _cached[uri] = _Cached(options)
+        _cached.move_to_end(uri)
+        while len(_cached) > CACHED_TABLES:
+            _cached.popitem(last=False)
+    with entry.lock:
+        _bring_up_to_date(root, kind, entry)
+        try:
+            yield entry.table
+        except BaseException:
+            entry.table = None  # a failed write may leave the state half-updated: the next use opens it again
+            raise
+
+
+def _bring_up_to_date(root: storage.Location, kind: str, cached: _Cached) -> None:
+    """Read into the cached table the log entries written since, or open it anew: when there is none yet,
+    when reading the entries fails, or when the log entry of the version it holds is gone or another file
+    (the table was deleted, or deleted and made again: another table's entries must never be read into it)."""
+    table = cached.table
+    if table is not None:
+        try:
+            if cached.entry is not None and _log_entry(root, kind, table.version()) == cached.entry:
+                table.update_incremental()
+            else:
+                table = None
+        except Exception as e:  # any failure: read it whole, as a new process would
+            log.debug("reading the %s table's new log entries: %s", kind, e)
+            table = None
+    cached.table = table if table is not None else ensure_table(root, kind)
+    cached.entry = _log_entry(root, kind, cached.table.version())
+
+
+def _log_entry(root: storage.Location, kind: str, version: int) -> int | None:
+    """The modification time of the table's log entry of `version`; None when there is no such file."""
+    info = root.fs.get_file_info(root.join(kind, "_delta_log", f"{version:020d}.json"))
+    return info.mtime_ns if info.type == pafs.FileType.File else None
+
+
+def _forget_tables() -> None:
+    """A forked child starts with no table: the parent's delta-rs runtime and locks are not the child's."""
+    global _cached_lock
+    _cached.clear()
+    _cached_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_tables)
+
+
 def relative(root: storage.Location, path: str) -> str:
     """`path` (under the root) as the manifest names it: relative to the root."""
     return path[len(root.path.rstrip("/")) + 1 :]
@@ -231,35 +306,36 @@ def _publish_one(root: storage.Location, kind: str, job_id: str, partition: str,
         AddAction(f["path"], f["size"], f["partition_values"], f["modification_time"], True, f["stats"]) for f in files
     ]
     for attempt in range(CONFLICT_RETRIES + 1):
-        table = ensure_table(root, kind)
-        current = table.transaction_version(app)
-        if current is not None and current >= epoch:
-            return current == epoch  # done before (a rerun of publish), or a newer claim's commit is there
-        if attempt == 0:  # only when a transaction is to be written: a table that holds this epoch needs nothing
-            _staged_files_exist(root, kind, partition, files)
-        try:
-            table.create_write_transaction(
-                actions,
-                "overwrite",
-                SCHEMAS[kind],
-                partition_by=PARTITION_BY,
-                partition_filters=[("job_id", "=", job_id), ("partition", "=", partition)],
-                commit_properties=CommitProperties(
-                    app_transactions=[Transaction(app, epoch)],
-                    custom_metadata={"tokenmill.job_id": job_id, "tokenmill.partition": partition},
-                ),
-                # Checkpoints as the table says; expired log entries are `tables maintain`'s to delete (a
-                # listing of the whole log at every checkpoint otherwise).
-                post_commithook_properties=PostCommitHookProperties(cleanup_expired_logs=False),
-            )
-            return True
-        except CommitFailedError as e:
-            if attempt == CONFLICT_RETRIES:
-                raise storage.StorageError(
-                    f"{table_uri(root, kind)}: partition {partition} not committed after "
-                    f"{CONFLICT_RETRIES} conflicting commits: {e}".splitlines()[0]
-                ) from None
-            time.sleep(random.uniform(0, min(2.0, 0.05 * 2**attempt)))  # jittered: committers part ways
+        with current_table(root, kind) as table:
+            current = table.transaction_version(app)
+            if current is not None and current >= epoch:
+                return current == epoch  # done before (a rerun of publish), or a newer claim's commit is there
+            if attempt == 0:  # only when a transaction is to be written: a table holding this epoch needs nothing
+                _staged_files_exist(root, kind, partition, files)
+            try:
+                table.create_write_transaction(
+                    actions,
+                    "overwrite",
+                    SCHEMAS[kind],
+                    partition_by=PARTITION_BY,
+                    partition_filters=[("job_id", "=", job_id), ("partition", "=", partition)],
+                    commit_properties=CommitProperties(
+                        app_transactions=[Transaction(app, epoch)],
+                        custom_metadata={"tokenmill.job_id": job_id, "tokenmill.partition": partition},
+                    ),
+                    # Checkpoints as the table says; expired log entries are `tables maintain`'s to delete (a
+                    # listing of the whole log at every checkpoint otherwise).
+                    post_commithook_properties=PostCommitHookProperties(cleanup_expired_logs=False),
+                )
+                return True
+            except CommitFailedError as e:
+                if attempt == CONFLICT_RETRIES:
+                    raise storage.StorageError(
+                        f"{table_uri(root, kind)}: partition {partition} not committed after "
+                        f"{CONFLICT_RETRIES} conflicting commits: {e}".splitlines()[0]
+                    ) from None
+        # jittered, and outside the table's lock: committers part ways
+        time.sleep(random.uniform(0, min(2.0, 0.05 * 2**attempt)))
     return False
 
 
