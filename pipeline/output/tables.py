@@ -34,10 +34,11 @@ import threading
 import time
 import uuid
 from collections import OrderedDict
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
 from contextlib import contextmanager
 from datetime import datetime
+from typing import TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -48,6 +49,7 @@ from pipeline.schema import LEDGER, OUTPUTS, QUARANTINE
 from pipeline.stores import storage
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 KINDS = ("outputs", "ledger", "quarantine")
 PARTITION_BY = ["job_id", "partition"]
 # Each table's columns: the kind's schema, with `partition` (outputs and quarantine keep it out of their rows
@@ -235,16 +237,16 @@ def stage(
 
     `tables` hold this partition's rows only (with a `partition` column, as `assemble_results` makes them).
     """
-    staged = {}
-    for kind in KINDS:
+    folder = f"job_id={_encode(job_id)}/partition={_encode(partition)}"
+
+    def stage_one(kind: str) -> list[dict]:
         body_schema = pa.schema([f for f in SCHEMAS[kind] if f.name not in PARTITION_BY])
         body = tables[kind].select(body_schema.names).cast(body_schema)
-        folder = f"job_id={_encode(job_id)}/partition={_encode(partition)}"
         relative = f"{folder}/part-{commit}.parquet"
         path = root.join(kind, relative)
         storage.write_parquet_atomic(root, path, body, compression)
         size = root.fs.get_file_info(path).size
-        staged[kind] = [
+        return [
             {
                 "path": relative,
                 "size": size,
@@ -253,7 +255,16 @@ def stage(
                 "stats": _stats(body),
             }
         ]
-    return staged
+
+    return _each_kind(stage_one)
+
+
+def _each_kind(work: Callable[[str], T]) -> dict[str, T]:
+    """kind -> work(kind), the three kinds at once: Parquet writes, fsyncs and delta-rs work outside the GIL, so
+    a partition's three files or transactions take about as long as the slowest of them. A kind's error is
+    raised once all three are done."""
+    with ThreadPoolExecutor(max_workers=len(KINDS)) as pool:
+        return dict(zip(KINDS, pool.map(work, KINDS)))
 
 
 def _encode(value: str) -> str:
@@ -290,11 +301,8 @@ def publish(root: storage.Location, job_id: str, partition: str, epoch: int, sta
     """Make a staged commit the partition's rows in every table, each table in one transaction, at most once.
     False when a newer claim's commit is already there (this one stays invisible); True when this epoch's
     commit is in every table (published now or before)."""
-    # The three tables' transactions are independent: done at once, a partition's commit takes as long as the
-    # slowest of them (delta-rs works outside the GIL).
-    with ThreadPoolExecutor(max_workers=len(KINDS)) as pool:
-        results = list(pool.map(lambda kind: _publish_one(root, kind, job_id, partition, epoch, staged[kind]), KINDS))
-    return all(results)
+    # The three tables' transactions are independent: done at once.
+    return all(_each_kind(lambda kind: _publish_one(root, kind, job_id, partition, epoch, staged[kind])).values())
 
 
 def _publish_one(root: storage.Location, kind: str, job_id: str, partition: str, epoch: int, files: list[dict]) -> bool:
