@@ -327,6 +327,11 @@ def publish(root: storage.Location, job_id: str, partition: str, epoch: int, sta
     """Make a staged commit the partition's rows in every table, each table in one transaction, at most once.
     False when a newer claim's commit is already there (this one stays invisible); True when this epoch's
     commit is in every table (published now or before)."""
+    # Imported here, before the threads: three threads' first imports of deltalake at once raced in its
+    # circular imports (an ImportError of a partially initialised module at a process's first publish).
+    import deltalake.exceptions  # noqa: F401
+    import deltalake.transaction  # noqa: F401
+
     # The three tables' transactions are independent: done at once.
     return all(_each_kind(lambda kind: _publish_one(root, kind, job_id, partition, epoch, staged[kind])).values())
 
