@@ -17,6 +17,8 @@ A partition's commit is two steps, so that the state catalog stays the one recor
      first is never replaced by an older one. Two publishes of one partition at once conflict in the Delta
      log (delta-rs refuses a concurrent transaction of the same app id), and the loser reads the table
      again: a newer epoch wins. Conflicts with commits of other partitions are retried with jittered backoff.
+     A process keeps each table open between its publishes (`current_table`): they take turns on it, and
+     read in only what other processes committed since.
 A kill between the steps leaves staged files no log names (the next `tables maintain` vacuums them) and, once
 the catalog has committed, a partition the job's next manifest write publishes from the files the catalog
 recorded (`publish` is idempotent). So each table holds the partition whole or not at all, and never rows of a
