@@ -159,7 +159,11 @@ class Job:
         ctx = self.ctx
         parts = ctx.state.partitions(ctx.job_id)
         unfinished = [p for p in parts if p.status != "succeeded"]
-        manifest = refresh_manifest(ctx)
+        try:
+            manifest = refresh_manifest(ctx)
+        except storage.StorageError as e:  # committed partitions the tables lack: failed until a run publishes them
+            ctx.state.set_job(ctx.job_id, status="failed", finished_at=now(), error=str(e))
+            raise JobError(str(e)) from e
         deferred = [p for p in unfinished if p.status == "deferred"]
         counts = {**manifest["counts"], "staging": manifest.get("staging", {})}
         if unfinished and len(deferred) == len(unfinished):

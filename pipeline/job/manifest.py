@@ -20,6 +20,7 @@ from pipeline.output.batch import write_batch_results
 from pipeline.output.tables import publish, published_epochs
 from pipeline.output.telemetry import decode_steps, tier_efficiency
 from pipeline.output.write import count_by, write_manifest
+from pipeline.stores import storage
 from pipeline.stores.catalog import aware, now
 from pipeline.stores.units import SESSION_COUNTERS
 
@@ -284,7 +285,8 @@ def refresh_manifest(ctx: JobContext) -> dict:
 
     First publishes, in the tables, every partition the catalog committed whose commit a table lacks (its
     worker died between the catalog's commit and the tables' transactions), from the files the catalog
-    recorded (output/tables.py: publishing is idempotent, and a newer claim's commit is never replaced).
+    recorded (output/tables.py: publishing is idempotent, and a newer claim's commit is never replaced). One
+    the store refuses stays out of the tables, and the others are published: a StorageError then names it.
     """
     parts = ctx.state.partitions(ctx.job_id)
     committed = {}
@@ -293,9 +295,20 @@ def refresh_manifest(ctx: JobContext) -> dict:
         if commit and "epoch" in commit:
             committed[p.partition] = commit
     published = published_epochs(ctx.out, ctx.job_id, committed) if committed else {}
+    refused = {}
     for partition, commit in committed.items():
         if published[partition] is None or published[partition] < commit["epoch"]:
-            publish(ctx.out, ctx.job_id, partition, commit["epoch"], commit["files"])
+            try:
+                publish(ctx.out, ctx.job_id, partition, commit["epoch"], commit["files"])
+            except Exception as e:  # the store refused it: the others are still published, this one next run
+                refused[partition] = f"{type(e).__name__}: {e}".splitlines()[0]
+    if refused:
+        first = next(iter(refused))
+        raise storage.StorageError(
+            f"committed partitions not in the output tables yet: {', '.join(list(refused)[:5])} ({first}: "
+            f"{refused[first]}); "
+            f"their files are staged and the job's next run publishes them: tokenmill rerun --job-id {ctx.job_id}"
+        )
     manifest = current_manifest(ctx, partial=any(p.status != "succeeded" for p in parts))
     batch_files = manifest.get("staging", {}).get("batch_files")
     if batch_files:  # the answers to batch files, in their own format, from the tables' snapshot

@@ -17,6 +17,8 @@ A partition's commit is two steps, so that the state catalog stays the one recor
      first is never replaced by an older one. Two publishes of one partition at once conflict in the Delta
      log (delta-rs refuses a concurrent transaction of the same app id), and the loser reads the table
      again: a newer epoch wins. Conflicts with commits of other partitions are retried with jittered backoff.
+     A process keeps each table open between its publishes (`current_table`): they take turns on it, and
+     read in only what other processes committed since.
 A kill between the steps leaves staged files no log names (the next `tables maintain` vacuums them) and, once
 the catalog has committed, a partition the job's next manifest write publishes from the files the catalog
 recorded (`publish` is idempotent). So each table holds the partition whole or not at all, and never rows of a
@@ -25,15 +27,21 @@ claim the catalog fenced out.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
+import os
 import random
 import re
+import threading
 import time
 import uuid
-from collections.abc import Iterable
+from collections import OrderedDict
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from contextlib import contextmanager
 from datetime import datetime
+from typing import TypeVar
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -44,6 +52,7 @@ from pipeline.schema import LEDGER, OUTPUTS, QUARANTINE
 from pipeline.stores import storage
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 KINDS = ("outputs", "ledger", "quarantine")
 PARTITION_BY = ["job_id", "partition"]
 # Each table's columns: the kind's schema, with `partition` (outputs and quarantine keep it out of their rows
@@ -74,8 +83,6 @@ def storage_options(root: storage.Location) -> dict[str, str]:
     table (two writers of one log version: one gets the object, the other a conflict it retries)."""
     if not root.scheme:
         return {}
-    import boto3
-
     config = root.config
     out = {"conditional_put": "etag"}
     if config is not None and config.s3_endpoint_url:
@@ -84,13 +91,40 @@ def storage_options(root: storage.Location) -> dict[str, str]:
             out["AWS_ALLOW_HTTP"] = "true"
     if config is not None and config.s3_region:
         out["AWS_REGION"] = config.s3_region
-    credentials = boto3.session.Session().get_credentials()
-    if credentials is not None:
-        frozen = credentials.get_frozen_credentials()
+    with _session_lock:  # a session's first look-up of its credentials is not for two threads at once
+        credentials = _aws_session(tuple(os.environ.get(name) for name in CREDENTIAL_SOURCES)).get_credentials()
+        frozen = credentials.get_frozen_credentials() if credentials is not None else None
+    if frozen is not None:
         out["AWS_ACCESS_KEY_ID"], out["AWS_SECRET_ACCESS_KEY"] = frozen.access_key, frozen.secret_key
         if frozen.token:
             out["AWS_SESSION_TOKEN"] = frozen.token
     return out
+
+
+# What boto3 takes credentials from: one session per set of them, kept (a new one per call took 5-20 ms of Python,
+# three times per partition commit, and asks an instance's metadata service again); it refreshes temporary
+# credentials itself before they expire.
+CREDENTIAL_SOURCES = (
+    "AWS_ACCESS_KEY_ID",
+    "AWS_SECRET_ACCESS_KEY",
+    "AWS_SESSION_TOKEN",
+    "AWS_PROFILE",
+    "AWS_DEFAULT_PROFILE",
+    "AWS_CONFIG_FILE",
+    "AWS_SHARED_CREDENTIALS_FILE",
+    "AWS_ROLE_ARN",
+    "AWS_WEB_IDENTITY_TOKEN_FILE",
+    "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
+    "AWS_CONTAINER_CREDENTIALS_FULL_URI",
+)
+_session_lock = threading.Lock()
+
+
+@functools.lru_cache(maxsize=8)
+def _aws_session(sources: tuple[str | None, ...]):
+    import boto3
+
+    return boto3.session.Session()
 
 
 def open_table(root: storage.Location, kind: str, version: int | datetime | None = None):
@@ -137,6 +171,77 @@ def ensure_table(root: storage.Location, kind: str):
     return table
 
 
+# Publishes keep each table they opened, per table URI, for the life of the process: before each use the log
+# entries written since are read into it (update_incremental) instead of the table being read again from its
+# checkpoint (benchmarks/RESULTS.md section 18), and its schema is checked once, when opened.
+class _Cached:
+    def __init__(self, options: dict[str, str]):
+        self.options = options  # the credentials it was opened with: new ones (rotated) open it again
+        self.table = None
+        self.entry = None  # the modification time of the log entry of the version `table` holds
+        self.lock = threading.Lock()  # one use at a time: a DeltaTable's state is not for two writers
+
+
+CACHED_TABLES = 48  # 16 output roots' three tables: a long-lived worker writing to many roots keeps the latest
+_cached: OrderedDict[str, _Cached] = OrderedDict()
+_cached_lock = threading.Lock()
+
+
+@contextmanager
+def current_table(root: storage.Location, kind: str) -> Iterator:
+    """The kind's table (created when missing) at its latest version, for one publish transaction at a time
+    per table in this process; other processes' commits land between uses and are read in by the next."""
+    uri, options = table_uri(root, kind), storage_options(root)
+    with _cached_lock:
+        entry = _cached.get(uri)
+        if entry is None or entry.options != options:
+            entry = _cached[uri] = _Cached(options)
+        _cached.move_to_end(uri)
+        while len(_cached) > CACHED_TABLES:
+            _cached.popitem(last=False)
+    with entry.lock:
+        _bring_up_to_date(root, kind, entry)
+        try:
+            yield entry.table
+        except BaseException:
+            entry.table = None  # a failed write may leave the state half-updated: the next use opens it again
+            raise
+
+
+def _bring_up_to_date(root: storage.Location, kind: str, cached: _Cached) -> None:
+    """Read into the cached table the log entries written since, or open it anew: when there is none yet,
+    when reading the entries fails, or when the log entry of the version it holds is gone or another file
+    (the table was deleted, or deleted and made again: another table's entries must never be read into it)."""
+    table = cached.table
+    if table is not None:
+        try:
+            if cached.entry is not None and _log_entry(root, kind, table.version()) == cached.entry:
+                table.update_incremental()
+            else:
+                table = None
+        except Exception as e:  # any failure: read it whole, as a new process would
+            log.debug("reading the %s table's new log entries: %s", kind, e)
+            table = None
+    cached.table = table if table is not None else ensure_table(root, kind)
+    cached.entry = _log_entry(root, kind, cached.table.version())
+
+
+def _log_entry(root: storage.Location, kind: str, version: int) -> int | None:
+    """The modification time of the table's log entry of `version`; None when there is no such file."""
+    info = root.fs.get_file_info(root.join(kind, "_delta_log", f"{version:020d}.json"))
+    return info.mtime_ns if info.type == pafs.FileType.File else None
+
+
+def _forget_tables() -> None:
+    """A forked child starts with no table: the parent's delta-rs runtime and locks are not the child's."""
+    global _cached_lock
+    _cached.clear()
+    _cached_lock = threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_tables)
+
+
 def relative(root: storage.Location, path: str) -> str:
     """`path` (under the root) as the manifest names it: relative to the root."""
     return path[len(root.path.rstrip("/")) + 1 :]
@@ -160,16 +265,16 @@ def stage(
 
     `tables` hold this partition's rows only (with a `partition` column, as `assemble_results` makes them).
     """
-    staged = {}
-    for kind in KINDS:
+    folder = f"job_id={_encode(job_id)}/partition={_encode(partition)}"
+
+    def stage_one(kind: str) -> list[dict]:
         body_schema = pa.schema([f for f in SCHEMAS[kind] if f.name not in PARTITION_BY])
         body = tables[kind].select(body_schema.names).cast(body_schema)
-        folder = f"job_id={_encode(job_id)}/partition={_encode(partition)}"
         relative = f"{folder}/part-{commit}.parquet"
         path = root.join(kind, relative)
         storage.write_parquet_atomic(root, path, body, compression)
         size = root.fs.get_file_info(path).size
-        staged[kind] = [
+        return [
             {
                 "path": relative,
                 "size": size,
@@ -178,7 +283,16 @@ def stage(
                 "stats": _stats(body),
             }
         ]
-    return staged
+
+    return _each_kind(stage_one)
+
+
+def _each_kind(work: Callable[[str], T]) -> dict[str, T]:
+    """kind -> work(kind), the three kinds at once: Parquet writes, fsyncs and delta-rs work outside the GIL, so
+    a partition's three files or transactions take about as long as the slowest of them. A kind's error is
+    raised once all three are done."""
+    with ThreadPoolExecutor(max_workers=len(KINDS)) as pool:
+        return dict(zip(KINDS, pool.map(work, KINDS)))
 
 
 def _encode(value: str) -> str:
@@ -215,11 +329,13 @@ def publish(root: storage.Location, job_id: str, partition: str, epoch: int, sta
     """Make a staged commit the partition's rows in every table, each table in one transaction, at most once.
     False when a newer claim's commit is already there (this one stays invisible); True when this epoch's
     commit is in every table (published now or before)."""
-    # The three tables' transactions are independent: done at once, a partition's commit takes as long as the
-    # slowest of them (delta-rs works outside the GIL).
-    with ThreadPoolExecutor(max_workers=len(KINDS)) as pool:
-        results = list(pool.map(lambda kind: _publish_one(root, kind, job_id, partition, epoch, staged[kind]), KINDS))
-    return all(results)
+    # Imported here, before the threads: three threads' first imports of deltalake at once raced in its
+    # circular imports (an ImportError of a partially initialised module at a process's first publish).
+    import deltalake.exceptions  # noqa: F401
+    import deltalake.transaction  # noqa: F401
+
+    # The three tables' transactions are independent: done at once.
+    return all(_each_kind(lambda kind: _publish_one(root, kind, job_id, partition, epoch, staged[kind])).values())
 
 
 def _publish_one(root: storage.Location, kind: str, job_id: str, partition: str, epoch: int, files: list[dict]) -> bool:
@@ -231,35 +347,36 @@ def _publish_one(root: storage.Location, kind: str, job_id: str, partition: str,
         AddAction(f["path"], f["size"], f["partition_values"], f["modification_time"], True, f["stats"]) for f in files
     ]
     for attempt in range(CONFLICT_RETRIES + 1):
-        table = ensure_table(root, kind)
-        current = table.transaction_version(app)
-        if current is not None and current >= epoch:
-            return current == epoch  # done before (a rerun of publish), or a newer claim's commit is there
-        if attempt == 0:  # only when a transaction is to be written: a table that holds this epoch needs nothing
-            _staged_files_exist(root, kind, partition, files)
-        try:
-            table.create_write_transaction(
-                actions,
-                "overwrite",
-                SCHEMAS[kind],
-                partition_by=PARTITION_BY,
-                partition_filters=[("job_id", "=", job_id), ("partition", "=", partition)],
-                commit_properties=CommitProperties(
-                    app_transactions=[Transaction(app, epoch)],
-                    custom_metadata={"tokenmill.job_id": job_id, "tokenmill.partition": partition},
-                ),
-                # Checkpoints as the table says; expired log entries are `tables maintain`'s to delete (a
-                # listing of the whole log at every checkpoint otherwise).
-                post_commithook_properties=PostCommitHookProperties(cleanup_expired_logs=False),
-            )
-            return True
-        except CommitFailedError as e:
-            if attempt == CONFLICT_RETRIES:
-                raise storage.StorageError(
-                    f"{table_uri(root, kind)}: partition {partition} not committed after "
-                    f"{CONFLICT_RETRIES} conflicting commits: {e}".splitlines()[0]
-                ) from None
-            time.sleep(random.uniform(0, min(2.0, 0.05 * 2**attempt)))  # jittered: committers part ways
+        with current_table(root, kind) as table:
+            current = table.transaction_version(app)
+            if current is not None and current >= epoch:
+                return current == epoch  # done before (a rerun of publish), or a newer claim's commit is there
+            if attempt == 0:  # only when a transaction is to be written: a table holding this epoch needs nothing
+                _staged_files_exist(root, kind, partition, files)
+            try:
+                table.create_write_transaction(
+                    actions,
+                    "overwrite",
+                    SCHEMAS[kind],
+                    partition_by=PARTITION_BY,
+                    partition_filters=[("job_id", "=", job_id), ("partition", "=", partition)],
+                    commit_properties=CommitProperties(
+                        app_transactions=[Transaction(app, epoch)],
+                        custom_metadata={"tokenmill.job_id": job_id, "tokenmill.partition": partition},
+                    ),
+                    # Checkpoints as the table says; expired log entries are `tables maintain`'s to delete (a
+                    # listing of the whole log at every checkpoint otherwise).
+                    post_commithook_properties=PostCommitHookProperties(cleanup_expired_logs=False),
+                )
+                return True
+            except CommitFailedError as e:
+                if attempt == CONFLICT_RETRIES:
+                    raise storage.StorageError(
+                        f"{table_uri(root, kind)}: partition {partition} not committed after "
+                        f"{CONFLICT_RETRIES} conflicting commits: {e}".splitlines()[0]
+                    ) from None
+        # jittered, and outside the table's lock: committers part ways
+        time.sleep(random.uniform(0, min(2.0, 0.05 * 2**attempt)))
     return False
 
 

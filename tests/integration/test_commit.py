@@ -6,13 +6,15 @@ final name and leaves no upload behind; the input listing never follows a link o
 """
 
 import logging
+import multiprocessing
 import os
-import threading
+import shutil
 import uuid
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pytest
+from deltalake import DeltaTable, write_deltalake
 
 from pipeline.config import StorageConfig
 from pipeline.output.ledger import connect
@@ -91,48 +93,76 @@ def test_a_late_publish_of_an_older_commit_keeps_the_newer_one(tmp_path):
     assert all(open_table(root, kind).transaction_version("j/p") == 2 for kind in KINDS)
 
 
-def race(root, commits: list[tuple[str, list[str], int]]) -> list[bool]:
-    """Publish each (partition, ids, epoch) from its own thread, all started together."""
-    ready = [staged(root, p, ids, epoch) for p, ids, epoch in commits]
-    results: list = [None] * len(commits)
-    barrier = threading.Barrier(len(commits))
-
-    def one(i):
-        barrier.wait()
-        p, _, epoch = commits[i]
-        results[i] = publish(root, "j", p, epoch, ready[i])
-
-    threads = [threading.Thread(target=one, args=(i,)) for i in range(len(commits))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return results
+def publish_in_process(out: str, storage_config, commit: tuple[str, int, dict], barrier, results) -> None:
+    """One committer in its own interpreter, as a worker process is: publishes once every committer is ready."""
+    partition, epoch, files = commit
+    try:
+        barrier.wait(timeout=60)
+        results.put((partition, epoch, publish(storage.resolve(out, storage_config), "j", partition, epoch, files)))
+    except Exception as e:  # reported to the test, which names it
+        results.put((partition, epoch, f"{type(e).__name__}: {str(e)[:300]}"))
 
 
-def check_race(root, out: str, storage_config=None) -> None:
+def race(out: str, storage_config, commits: list[tuple[str, list[str], int]]) -> list:
+    """Publish each (partition, ids, epoch) from its own process, all started together. Processes, not
+    threads: a process keeps its tables open and takes turns between its own publishes of a table, so only
+    committers in different processes meet in the Delta log, as workers on different machines do."""
+    root = storage.resolve(out, storage_config)
+    ready = [(p, epoch, staged(root, p, ids, epoch)) for p, ids, epoch in commits]
+    ctx = multiprocessing.get_context("spawn")  # fresh interpreters, like two worker processes
+    barrier, results = ctx.Barrier(len(commits)), ctx.Queue()
+    runners = [ctx.Process(target=publish_in_process, args=(out, storage_config, c, barrier, results)) for c in ready]
+    for r in runners:
+        r.start()
+    got = {(p, epoch): result for p, epoch, result in (results.get(timeout=180) for _ in runners)}
+    for r in runners:
+        r.join(timeout=60)
+    return [got[(p, epoch)] for p, _, epoch in commits]
+
+
+def check_race(out: str, storage_config=None) -> None:
+    root = storage.resolve(out, storage_config)
+    # This process publishes first: its tables are open before the other processes' commits land.
+    assert publish(root, "j", "p0", 1, staged(root, "p0", ["0"], 1))
     # Two workers commit different partitions at once: both land, each once.
-    assert race(root, [("p1", ["a", "b"], 1), ("p2", ["c"], 1)]) == [True, True]
-    assert seen(out, storage_config) == {"outputs": ["a", "b", "c"], "ledger": ["a", "b", "c"]}
+    assert race(out, storage_config, [("p1", ["a", "b"], 1), ("p2", ["c"], 1)]) == [True, True]
+    assert seen(out, storage_config) == {"outputs": ["0", "a", "b", "c"], "ledger": ["0", "a", "b", "c"]}
     # A fenced worker (epoch 1) and the claim that took over (epoch 2) publish the same partition at once:
     # the newer claim's rows are there, once, whichever came first.
-    assert race(root, [("p3", ["old"], 1), ("p3", ["new", "new2"], 2)])[1] is True
-    assert seen(out, storage_config)["ledger"] == ["a", "b", "c", "new", "new2"]
-    # The fenced worker comes back later still: nothing changes.
+    assert race(out, storage_config, [("p3", ["old"], 1), ("p3", ["new", "new2"], 2)])[1] is True
+    assert seen(out, storage_config)["ledger"] == ["0", "a", "b", "c", "new", "new2"]
+    # The fenced worker comes back later still, in this process (its tables read the others' commits in):
+    # nothing changes.
     assert not publish(root, "j", "p3", 1, staged(root, "p3", ["late"], 1))
-    assert seen(out, storage_config)["outputs"] == ["a", "b", "c", "new", "new2"]
+    assert seen(out, storage_config)["outputs"] == ["0", "a", "b", "c", "new", "new2"]
+    assert all(open_table(root, kind).transaction_version("j/p3") == 2 for kind in KINDS)
 
 
 def test_concurrent_committers_on_a_local_folder(tmp_path):
-    out = str(tmp_path / "out")
-    check_race(storage.resolve(out), out)
+    check_race(str(tmp_path / "out"))
 
 
 def test_concurrent_committers_on_s3(s3_server, s3_client):
     s3_client.create_bucket(Bucket="tables")
-    config = StorageConfig(s3_endpoint_url=s3_server, s3_region="us-east-1")
-    out = "s3://tables/out"
-    check_race(storage.resolve(out, config), out, config)
+    check_race("s3://tables/out", StorageConfig(s3_endpoint_url=s3_server, s3_region="us-east-1"))
+
+
+def test_a_table_deleted_under_a_running_process_is_read_anew(tmp_path):
+    """A process keeps its tables open between publishes; a root deleted and its tables made again in the
+    meantime must be read anew: the partition's rows the new table holds are replaced, not those the deleted
+    one held (which would leave both the old rows and the new in the table)."""
+    out = tmp_path / "out"
+    root = storage.resolve(str(out))
+    assert publish(root, "j", "p", 1, staged(root, "p", ["a"], 1))
+    assert publish(root, "j", "q", 1, staged(root, "q", ["c"], 1))  # its tables here hold version 1: p's files
+    shutil.rmtree(out)
+    other = partition_tables("p", ["x"])
+    for kind in KINDS:  # made again by another process, up to the version held here (a file of the same name)
+        DeltaTable.create(str(out / kind), SCHEMAS[kind], partition_by=["job_id", "partition"])
+        write_deltalake(str(out / kind), other[kind], mode="append")
+        assert open_table(root, kind).version() == 1
+    assert publish(root, "j", "p", 2, staged(root, "p", ["b"], 2))
+    assert seen(str(out)) == {"outputs": ["b"], "ledger": ["b"]}
 
 
 def test_local_writes_leave_no_temporary_file_on_failure(tmp_path):

@@ -6,16 +6,19 @@ import uuid
 import pyarrow as pa
 import pyarrow.dataset as ds
 import pytest
+from typer.testing import CliRunner
 
 from pipeline import JobError, run_job
+from pipeline.cli import app
 from pipeline.config import StorageConfig
 from pipeline.dev.samples import write_sample_corpus
 from pipeline.ingest.read import partition_id
-from pipeline.output.tables import read
+from pipeline.output.tables import KINDS, commit_rows, old_layout, open_table, read
 from pipeline.stores import storage
 from pipeline.stores.catalog import StateStore
 from pipeline.stores.storage import list_files, resolve
-from tests.conftest import S3_SECRET
+from tests.conftest import ONE_TIER, S3_SECRET, TINY_CONFIG
+from tests.integration.test_tables import FIXTURE, WANT, counts
 
 
 def upload_corpus(s3_client, tmp_path, bucket: str, prefix: str, documents: int = 30) -> dict:
@@ -250,8 +253,6 @@ def test_job_with_only_the_endpoint_variable(aws_env, make_config, s3_server, s3
 
 @pytest.mark.parametrize("uri", ["s3://AKIAEXAMPLE:{}@bucket/x", "file://u:{}@host/x"])
 def test_credentials_in_a_storage_uri_are_refused_without_showing_them(uri, tmp_path):
-    from typer.testing import CliRunner
-
     from pipeline.cli import app
     from pipeline.stores.storage import StorageError
     from tests.unit.test_config import PASSWORD, assert_hidden
@@ -263,3 +264,53 @@ def test_credentials_in_a_storage_uri_are_refused_without_showing_them(uri, tmp_
     r = CliRunner(env={"TOKENMILL_HOME": str(tmp_path)}).invoke(app, ["ledger", "summary", "--output", uri])
     assert r.exit_code == 2 and r.stderr.startswith("error: ") and len(r.stderr.strip().splitlines()) == 1
     assert_hidden(r.output)
+
+
+def test_tables_migrate_and_maintain_on_an_s3_root(aws_env, s3_server, s3_client, buckets, tmp_path, monkeypatch):
+    """`tokenmill tables migrate` converts an s3:// root the layout before Delta tables wrote, once; `tokenmill
+    tables maintain` compacts and vacuums its tables in the bucket: a forced rerun's replaced files are deleted
+    and every partition still reads whole, once."""
+    bucket, uri = buckets[1], f"s3://{buckets[1]}/tokenmill"
+    for path in sorted(FIXTURE.rglob("*")):
+        if path.is_file():
+            s3_client.put_object(Bucket=bucket, Key=f"tokenmill/{path.relative_to(FIXTURE)}", Body=path.read_bytes())
+    settings = {
+        **ONE_TIER,
+        "TOKENMILL_OUTPUT__URI": uri,
+        "TOKENMILL_OUTPUT__VACUUM_RETENTION_HOURS": "0",
+        "TOKENMILL_STATE__URL": f"sqlite:///{tmp_path}/state.db",
+        "TOKENMILL_STORAGE__S3_ENDPOINT_URL": s3_server,
+        "TOKENMILL_STORAGE__S3_REGION": "us-east-1",
+    }
+    for key, value in settings.items():
+        monkeypatch.setenv(key, value)
+    config = StorageConfig(s3_endpoint_url=s3_server, s3_region="us-east-1")
+    root = storage.resolve(uri, config)
+    tokenmill = CliRunner()
+
+    migrated = tokenmill.invoke(app, ["tables", "migrate", "--output", uri, "--config", str(TINY_CONFIG)])
+    assert migrated.exit_code == 0, migrated.output
+    assert "converted 4 partitions" in migrated.output
+    assert counts(uri, config) == WANT and not old_layout(root)
+    again = tokenmill.invoke(app, ["tables", "migrate", "--output", uri, "--config", str(TINY_CONFIG)])
+    assert again.exit_code == 0 and "converted 0 partitions" in again.output
+
+    # A forced rerun of nightly-a/p1 (its rows again, a newer epoch) replaces its file in every table.
+    rerun = ds.field("job_id") == "nightly-a"
+    rows = {kind: read(root, kind, filter=rerun & (ds.field("partition") == "p1")) for kind in KINDS}
+    epoch = open_table(root, "ledger").transaction_version("nightly-a/p1") + 1
+    files = {kind: set(open_table(root, kind).file_uris()) for kind in KINDS}
+    assert commit_rows(root, "nightly-a", "p1", rows, epoch=epoch)
+    replaced = {kind: files[kind] - set(open_table(root, kind).file_uris()) for kind in KINDS}
+    assert len(replaced["ledger"]) == 1
+
+    def objects() -> set[str]:
+        pages = s3_client.get_paginator("list_objects_v2").paginate(Bucket=bucket, Prefix="tokenmill/")
+        return {f"s3://{bucket}/{o['Key']}" for page in pages for o in page.get("Contents", [])}
+
+    assert replaced["ledger"] <= objects()  # time travel still reads them
+    maintained = tokenmill.invoke(app, ["tables", "maintain", "--config", str(TINY_CONFIG)])
+    assert maintained.exit_code == 0, maintained.output
+    assert "ledger: compacted" in maintained.output
+    assert not any(replaced[kind] & objects() for kind in KINDS)  # vacuumed from the bucket
+    assert counts(uri, config) == WANT

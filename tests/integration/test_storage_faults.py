@@ -14,6 +14,7 @@ from pipeline import run_job
 from pipeline.errors import JobError
 from pipeline.job import faults
 from pipeline.stores import storage
+from tests.conftest import read_kind
 from tests.jobs import assert_exactly_once, scalar
 
 
@@ -143,3 +144,42 @@ def test_the_state_database_restarted_mid_drain_loses_no_record_and_no_gpu_secon
         assert run_job(config, job_id="pg").manifest["status"] == "succeeded"
     assert restarts
     assert_exactly_once(tmp_path / "output", "pg", sample_corpus[1], own_postgres.url)
+
+
+def test_a_delta_log_write_that_fails_leaves_the_partition_in_no_table_and_a_rerun_publishes_it_once(
+    make_config, sample_corpus, tmp_path, monkeypatch
+):
+    """The output store refuses every Delta log write of one partition (its transactions, in all three tables)
+    from its commit to the job's end: the catalog has committed it, no table shows any of its rows, and the
+    job ends with one clear error naming it; run again with the store back, the job publishes the partition's
+    staged files, its rows and cost once."""
+    from deltalake import DeltaTable
+
+    config = make_config(input__records_per_partition=10)
+    write = DeltaTable.create_write_transaction
+    refused: set[str] = set()
+
+    def log_write(table, actions, mode, schema, partition_by=None, partition_filters=None, **kwargs):
+        partition = dict((name, value) for name, _, value in partition_filters or [])["partition"]
+        if not refused or partition in refused:
+            refused.add(partition)
+            raise OSError(errno.EIO, f"Generic LocalFileSystem error: writing {table.table_uri}/_delta_log")
+        return write(table, actions, mode, schema, partition_by, partition_filters, **kwargs)
+
+    monkeypatch.setattr(DeltaTable, "create_write_transaction", log_write)
+    with pytest.raises(JobError) as failed:
+        run_job(config, job_id="unpublished")
+    (victim,) = refused
+    assert str(failed.value).startswith(
+        f"committed partitions not in the output tables yet: {victim} ({victim}: OSError"
+    )
+    assert str(failed.value).endswith("tokenmill rerun --job-id unpublished")
+    db = tmp_path / "state.db"
+    assert scalar(db, f"select status from partitions where partition='{victim}'") == "succeeded"
+    assert scalar(db, "select status from jobs where job_id='unpublished'") == "failed"
+    output = tmp_path / "output"
+    for kind in ("outputs", "ledger", "quarantine"):
+        assert victim not in set(read_kind(output, kind, "unpublished")["partition"].to_pylist()), kind
+    monkeypatch.undo()
+    assert run_job(config, job_id="unpublished").manifest["status"] == "succeeded"
+    assert_exactly_once(output, "unpublished", sample_corpus[1], db)

@@ -29,8 +29,8 @@ WANT = {
 }
 
 
-def counts(out) -> dict[str, dict]:
-    con = connect(str(out))
+def counts(out, storage_config=None) -> dict[str, dict]:
+    con = connect(str(out), storage_config)
     return {
         kind: {
             (job, p): n
