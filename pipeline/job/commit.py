@@ -33,6 +33,7 @@ from pipeline.job import faults
 from pipeline.job.context import JobContext
 from pipeline.job.drain import release_gone
 from pipeline.job.manifest import partition_counts
+from pipeline.output.manifest import CommitRecord
 from pipeline.output.tables import discard, new_commit_id, publish, stage
 from pipeline.output.write import assemble_results, charge_rows
 from pipeline.stores import storage
@@ -243,15 +244,12 @@ class PartitionCommit:
             records, items, ctx.lookup.reference_outputs(records, items), c.dedup.shadow_min_f1
         )
         counts = partition_counts(outputs, ledger, quarantine, items, c)
-        counts["tokens"]["shareable_prompt_tokens"] = shareable
-        counts["metrics"] = metrics.partition_figures(ledger, quarantine)  # the job's running totals add these up
-        counts = {
-            **counts,
-            "verification": verification,
-            "seconds": round(time.perf_counter() - started, 3),
-            "commit": {"id": commit, "epoch": self.epoch, "files": files},
-        }
-        if not self.finish("succeeded", counts=counts):
+        counts.tokens.shareable_prompt_tokens = shareable
+        counts.metrics = metrics.partition_figures(ledger, quarantine)  # the job's running totals add these up
+        counts.verification = verification
+        counts.seconds = round(time.perf_counter() - started, 3)
+        counts.commit = CommitRecord(id=commit, epoch=self.epoch, files=files)
+        if not self.finish("succeeded", counts=counts.as_json()):
             discard(ctx.out, files)
             raise LeaseLost(
                 f"partition {partition}: lease lost to another worker (claim epoch {self.epoch} "

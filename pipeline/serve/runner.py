@@ -294,7 +294,7 @@ class BatchRunner:
         results = None
         if job is not None:  # else its job never began: nothing was paid
             manifest = job_manifest(config, batch["id"])
-            results = manifest.get("batches", {}).get("input.jsonl")
+            results = (manifest.batches or {}).get("input.jsonl")
         if results is None:  # planning never finished: nothing answered
             if job is not None:
                 log.error("batch %s: its job wrote no results; %s", batch["id"], self.jobs.where_to_look(batch))
@@ -314,7 +314,7 @@ class BatchRunner:
         counts = results["request_counts"]
         batch["request_counts"] = {k: counts[k] for k in ("total", "completed", "failed")}
         batch["usage"], batch["model"] = batch_usage(results), ",".join(results.get("models", [])) or None
-        batch["cost_usd"] = manifest.get("cost", {}).get("cost_usd", 0.0)
+        batch["cost_usd"] = manifest.cost.cost_usd
         at = {"completed": "completed_at", "cancelled": "cancelled_at", "expired": "expired_at"}[status]
         batch.update(status=status, **{at: now})
         self.put_ended(batch)

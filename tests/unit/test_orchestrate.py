@@ -4,6 +4,7 @@ import pytest
 
 from pipeline import JobError
 from pipeline.job.orchestrate import job_from_params, job_id_for, job_outcome
+from pipeline.output.manifest import Manifest
 from tests.conftest import TINY_CONFIG
 
 
@@ -39,9 +40,10 @@ def test_a_batch_api_run_names_its_job_tenant_and_format(tmp_path, monkeypatch):
 
 
 def test_outcome_fails_when_a_partition_did_not_commit():
-    assert job_outcome({"partitions": {"p1": {"status": "succeeded"}}}) == "succeeded"
+    job = {"job_id": "j", "status": "incomplete"}
+    assert job_outcome({**job, "partitions": {"p1": {"status": "succeeded"}}}) == "succeeded"
     with pytest.raises(JobError, match="1 of 2 partitions not committed: p2 failed"):
-        job_outcome({"partitions": {"p1": {"status": "succeeded"}, "p2": {"status": "failed"}}})
+        job_outcome({**job, "partitions": {"p1": {"status": "succeeded"}, "p2": {"status": "failed"}}})
 
 
 @pytest.mark.parametrize("job_id", ["nl\n", "a\nb", "", "-lead", "x" * 129, "sp ace", "job=x"])
@@ -103,7 +105,7 @@ def test_table_assets_name_the_tables_physical_folders_and_each_update_names_its
         "cost": {"cost_usd": 0.25, "gpu_seconds": 90.0},
         "partitions": {"a": {"status": "succeeded"}, "b": {"status": "failed"}},
     }
-    updates = table_updates(manifest)
+    updates = table_updates(Manifest.parse(manifest))
     assert set(updates) == set(TABLES)
     assert all(
         u["job_id"] == "nightly-2026-12-01" and u["output_uri"] == "s3://summaries/out" for u in updates.values()
@@ -128,7 +130,7 @@ def test_lineage_names_datasets_by_the_openlineage_naming_spec():
         "cost": {"cost_usd": 0.5, "gpu_seconds": 60.0},
         "partitions": {"a": {"status": "succeeded"}, "b": {"status": "failed"}},
     }
-    lineage = summary_lineage(manifest)
+    lineage = summary_lineage(Manifest.parse(manifest))
     assert [(d.namespace, d.name) for d in lineage["inputs"]] == [("s3://incoming", "day")]
     assert [d.name for d in lineage["outputs"]] == ["tokenmill/outputs", "tokenmill/ledger", "tokenmill/quarantine"]
     rows = [(d.outputFacets or {}).get("outputStatistics") for d in lineage["outputs"]]
