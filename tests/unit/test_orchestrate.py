@@ -145,14 +145,24 @@ def test_a_batch_job_and_a_dag_run_set_their_input_in_one_place(tmp_path):
     from pipeline.config import load_config
     from pipeline.job.orchestrate import job_config, job_input
     from pipeline.serve.runner import job_config as batch_job_config
-    from pipeline.serve.store import ApiStore
+    from pipeline.serve.store import ApiStore, Batch
     from pipeline.stores import storage
     from tests.conftest import TINY_CONFIG
 
     server = load_config(TINY_CONFIG)
     before = server.model_dump(mode="json")
     store = ApiStore(storage.resolve(str(tmp_path / "out")))
-    batch = batch_job_config(server, store, {"id": "batch-1", "tenant": "acme", "endpoint": "/v1/messages"})
+    asked = Batch(
+        id="batch-1",
+        tenant="acme",
+        endpoint="/v1/messages",
+        input_file_id="file-1",
+        completion_window="24h",
+        status="in_progress",
+        created_at=0,
+        expires_at=86400,
+    )
+    batch = batch_job_config(server, store, asked)
     dag = job_config(str(TINY_CONFIG), "2026-12-07", input_uri="in-{date}", tenant="acme", input_format="anthropic")
     for job in (batch, dag):
         assert (job.input.default_tenant, job.input.request_tenant, job.input.format) == (
