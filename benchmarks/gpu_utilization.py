@@ -78,7 +78,7 @@ def run_step(step: dict) -> dict:
     if kind == "commit":
         return {"commits": [commit_partition(job, p) for p in step["partitions"]]}
     if kind == "finish":
-        manifest = refresh_manifest(job)
+        manifest = refresh_manifest(job).as_json()
         return {
             "manifest": {k: manifest[k] for k in ("status", "counts", "cost", "engines", "routing")},
             "ledger": ledger_sums(job.config.output.uri, job.job_id),

@@ -118,7 +118,7 @@ def nightly_summarization():
         for table, extra in orchestrate.table_updates(manifest).items():
             events[ASSETS[table]].extra = extra
         _SUMMARY["manifest"] = manifest
-        return manifest
+        return manifest.as_json()  # what XCom carries to `outcome`
 
     @task
     def outcome(manifest: dict) -> str:

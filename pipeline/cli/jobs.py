@@ -16,6 +16,7 @@ from pipeline.cli.common import ConfigOption, app, console, fail, jobs_app, load
 from pipeline.cli.liblog import library_output
 from pipeline.config.env import redact_url
 from pipeline.generate.quality import CHECKS
+from pipeline.output.manifest import EngineFigures, JobCounts, Manifest, PartitionCounts
 from pipeline.output.telemetry import device_name
 
 InputOption = typer.Option(None, "--input", help="Input folder or URI (overrides input.uri).")
@@ -30,120 +31,117 @@ VerboseOption = typer.Option(
 )
 
 
-def prefix_line(manifest: dict) -> str:
+def prefix_line(manifest: Manifest) -> str:
     """The prefix cache's hit share next to what sharing allows, and why when nothing was hit."""
-    p = manifest.get("prefix_cache", {})
-    if not p or p.get("hit_ratio") is None:
+    p = manifest.prefix_cache
+    if p.hit_ratio is None:
         return "-"
-    line = f"{p['hit_ratio']:.1%} of prompt tokens cached; sharing allows {p['shareable_ratio']:.1%}"
-    if p["hit_ratio"] > 0 or not p["shareable_ratio"]:
+    line = f"{p.hit_ratio:.1%} of prompt tokens cached; sharing allows {p.shareable_ratio:.1%}"
+    if p.hit_ratio > 0 or not p.shareable_ratio:
         return line
-    engines = manifest.get("engines", {})
-    if engines and not any(e.get("levers", {}).get("prefix_caching", True) for e in engines.values()):
+    engines = manifest.engines
+    if engines and not any(e.levers.get("prefix_caching", True) for e in engines.values()):
         return f"{line} (prefix caching is off: tiers.<name>.vllm.enable_prefix_caching)"
-    requests = manifest["counts"]["by_source"].get("generated", 0)
-    shared = manifest["tokens"].get("shareable_prompt_tokens", 0) / requests if requests else 0
+    requests = manifest.counts.by_source.get("generated", 0)
+    shared = manifest.tokens.shareable_prompt_tokens / requests if requests else 0
     return (
         f"{line} (about {shared:.0f} tokens shared per prompt; vLLM caches whole blocks, 128 tokens on a CPU, "
         "16 on a GPU: a shared prefix shorter than a block is never hit)"
     )
 
 
-def engine_line(e: dict) -> str:
+def engine_line(e: EngineFigures) -> str:
     """One tier's engine time in a job: starts, held seconds (start-up, busy, idle), utilisation (busy ÷ held),
     then throughput and hardware efficiency."""
     parts = []
-    if e.get("held_seconds") is not None:
-        util = e.get("utilisation")
+    if e.held_seconds is not None:
+        util = e.utilisation
         parts.append(
-            f"{e.get('starts', 0)} start{'' if e.get('starts', 0) == 1 else 's'}, "
-            f"{e['held_seconds']:.1f} s held (start-up {e.get('startup_seconds', 0.0):.1f}, "
-            f"busy {e.get('busy_seconds', 0.0):.1f}, idle {e.get('idle_seconds', 0.0):.1f}), "
+            f"{e.starts} start{'' if e.starts == 1 else 's'}, "
+            f"{e.held_seconds:.1f} s held (start-up {e.startup_seconds:.1f}, "
+            f"busy {e.busy_seconds:.1f}, idle {e.idle_seconds:.1f}), "
             f"utilisation {'-' if util is None else f'{util:.0%}'}"
         )
-    tps, eff = e.get("output_tokens_per_second"), e.get("efficiency") or {}
+    tps, eff = e.output_tokens_per_second, e.efficiency
     if tps:
         parts.append(f"{tps:.0f} output tok/s")
     if eff.get("mfu") is not None:
         parts.append(f"MFU {eff['mfu']:.1%}, MBU {eff['mbu']:.1%} (of {device_name(eff)})")
-    if e.get("failed_attempts"):
-        n = e["failed_attempts"]
+    if e.failed_attempts:
+        n = e.failed_attempts
         parts.append(f"{n} failed attempt{'' if n == 1 else 's'}")
     return ", ".join(parts) or "-"
 
 
-def _engine_rows(manifest: dict) -> list[tuple[str, str]]:
-    return [(f"tier {tier}", engine_line(e)) for tier, e in manifest["engines"].items()]
+def _engine_rows(manifest: Manifest) -> list[tuple[str, str]]:
+    return [(f"tier {tier}", engine_line(e)) for tier, e in manifest.engines.items()]
 
 
-def _acceptable_line(manifest: dict) -> str:
+def _acceptable_line(manifest: Manifest) -> str:
     """Served outputs that failed no check, and what the job paid per such summary."""
-    acceptable, outputs = sum(manifest.get("acceptable", {}).values()), manifest["counts"]["outputs"]
+    acceptable, outputs = sum(manifest.acceptable.values()), manifest.counts.outputs
     if not outputs:
         return "-"
-    per = f", ${manifest['cost']['cost_usd'] / acceptable:.6f} per acceptable summary" if acceptable else ""
+    per = f", ${manifest.cost.cost_usd / acceptable:.6f} per acceptable summary" if acceptable else ""
     return f"{acceptable} of {outputs} ({acceptable / outputs:.0%}){per}"
 
 
-def routing_line(manifest: dict, decided_by: str | None = None) -> str:
+def routing_line(manifest: Manifest, decided_by: str | None = None) -> str:
     """How the outputs were shared between tiers, in one line: each tier's share and the escalations, or that
     every output went to one tier; then what chose the routing (`route.decided_by`: the eval's figure)."""
-    by_tier, outputs = manifest["counts"].get("by_tier", {}), manifest["counts"]["outputs"]
+    by_tier, outputs = manifest.counts.by_tier, manifest.counts.outputs
     if not outputs:
         return "-"
     if len(by_tier) == 1:
         line = f"every output on {next(iter(by_tier))}"
     else:
         shares = ", ".join(f"{tier} {n / outputs:.0%}" for tier, n in by_tier.items())
-        line = f"{shares}; {manifest.get('routing', {}).get('escalated', 0)} escalated"
+        line = f"{shares}; {manifest.routing.escalated} escalated"
     return f"{line}: {decided_by}" if decided_by else line
 
 
-def summary_table(manifest: dict, decided_by: str | None = None) -> Table:
+def summary_table(manifest: Manifest, decided_by: str | None = None) -> Table:
     """A job manifest as the table `tokenmill run` prints (`decided_by`: the config's `route.decided_by`)."""
-    c, t, m = manifest["counts"], manifest["tokens"], manifest["cost"]
-    reuse, routing = manifest.get("reuse", {}), manifest.get("routing", {})
-    table = Table(title=f"job {manifest['job_id']}", show_header=False)
+    c, t, m = manifest.counts, manifest.tokens, manifest.cost
+    reuse, routing = manifest.reuse, manifest.routing
+    table = Table(title=f"job {manifest.job_id}", show_header=False)
     table.add_column(style="bold")
     table.add_column(justify="right")
-    reused = c["outputs"] - c["by_source"].get("generated", 0)
+    generated = c.by_source.get("generated", 0)
     rows = [
-        ("records", c["records"]),
-        ("generated", c["by_source"].get("generated", 0)),
-        ("reused", reused),
+        ("records", c.records),
+        ("generated", generated),
+        ("reused", c.outputs - generated),
         *(
-            (f"  {src.replace('_', ' ')}", f"{r['items']} ({r['rate']:.1%}), saved ${r['saved_usd']:.6f}")
-            for src, r in reuse.get("by_source", {}).items()
+            (f"  {src.replace('_', ' ')}", f"{r.items} ({r.rate:.1%}), saved ${r.saved_usd:.6f}")
+            for src, r in reuse.by_source.items()
         ),
-        ("quarantined", c["quarantined"]),
-        ("  by reason", ", ".join(f"{k} {v}" for k, v in c["by_reason"].items()) or "-"),
-        ("  by tier", ", ".join(f"{k} {v}" for k, v in c.get("by_tier", {}).items()) or "-"),
+        ("quarantined", c.quarantined),
+        ("  by reason", ", ".join(f"{k} {v}" for k, v in c.by_reason.items()) or "-"),
+        ("  by tier", ", ".join(f"{k} {v}" for k, v in c.by_tier.items()) or "-"),
         ("  routing", routing_line(manifest, decided_by)),
-        ("  by route", ", ".join(f"{k} {v}" for k, v in routing.get("by_reason", {}).items()) or "-"),
-        ("  escalated / chunked", f"{routing.get('escalated', 0)} / {routing.get('chunked', 0)}"),
-        ("  escalated by", ", ".join(f"{k} {v}" for k, v in routing.get("escalated_by", {}).items()) or "-"),
-        (
-            "unfaithful outputs",
-            ", ".join(f"{k} {v}" for k, v in manifest.get("unfaithful", {}).get("outputs", {}).items()) or "none",
-        ),
+        ("  by route", ", ".join(f"{k} {v}" for k, v in routing.by_reason.items()) or "-"),
+        ("  escalated / chunked", f"{routing.escalated} / {routing.chunked}"),
+        ("  escalated by", ", ".join(f"{k} {v}" for k, v in routing.escalated_by.items()) or "-"),
+        ("unfaithful outputs", ", ".join(f"{k} {v}" for k, v in manifest.unfaithful.outputs.items()) or "none"),
         *(
             (f"{check.replace('_', ' ')} outputs", ", ".join(f"{k} {v}" for k, v in by_tier.items()) or "none")
-            for check, by_tier in manifest.get("checks", {}).items()
+            for check, by_tier in manifest.checks.items()
         ),
         ("acceptable outputs", _acceptable_line(manifest)),
-        ("prompt tokens (cached)", f"{t['prompt_tokens']} ({t['cached_prompt_tokens']})"),
+        ("prompt tokens (cached)", f"{t.prompt_tokens} ({t.cached_prompt_tokens})"),
         ("prefix cache", prefix_line(manifest)),
-        ("output tokens", t["output_tokens"]),
+        ("output tokens", t.output_tokens),
         (
             "GPU-seconds",
-            f"{m['gpu_seconds']:.3f}"
-            + (f" ({m['overhead_gpu_seconds']:.3f} engine start-up and idle)" if m.get("overhead_gpu_seconds") else ""),
+            f"{m.gpu_seconds:.3f}"
+            + (f" ({m.overhead_gpu_seconds:.3f} engine start-up and idle)" if m.overhead_gpu_seconds else ""),
         ),
-        ("cost", f"${m['cost_usd']:.6f}"),
-        ("baseline cost", f"${m['baseline_cost_usd']:.6f}"),
-        ("saved vs baseline", f"${m['saved_usd']:.6f}"),
+        ("cost", f"${m.cost_usd:.6f}"),
+        ("baseline cost", f"${m.baseline_cost_usd:.6f}"),
+        ("saved vs baseline", f"${m.saved_usd:.6f}"),
     ]
-    v = reuse.get("verification", {})
+    v = reuse.verification
     if v.get("checked"):
         rows.append(
             (
@@ -151,8 +149,8 @@ def summary_table(manifest: dict, decided_by: str | None = None) -> Table:
                 f"{v['false_hit_rate']:.1%} of {v['checked']} verified (95% CI {v['ci95'][0]:.1%}-{v['ci95'][1]:.1%})",
             )
         )
-    if reuse.get("cache_status", {}).get("bypassed"):
-        rows.append(("cache", f"bypassed for {reuse['cache_status']['bypassed']} items (store unreachable)"))
+    if reuse.cache_status.get("bypassed"):
+        rows.append(("cache", f"bypassed for {reuse.cache_status['bypassed']} items (store unreachable)"))
     rows += _engine_rows(manifest)
     for k, v in rows:
         table.add_row(k, str(v))
@@ -253,7 +251,7 @@ def _run(cfg, job_id: Optional[str], partitions: list[str] | None, json_summary:
     if json_summary:
         typer.echo(json.dumps(result.manifest, indent=2))
     else:
-        console.print(summary_table(result.manifest, cfg.route.decided_by))
+        console.print(summary_table(Manifest.parse(result.manifest), cfg.route.decided_by))
         for e in examples(cfg, result.job_id):
             console.print(_example_line(e))
         console.print(
@@ -664,16 +662,16 @@ def status(
     ):
         table.add_column(col)
     for p in parts:
-        counts = json.loads(p.counts) if p.counts else {}
+        counts = PartitionCounts.parse(p.counts)
         table.add_row(
             p.partition,
             p.file,
             str(p.records),
             p.status,
             str(p.attempts),
-            str(counts.get("outputs", "-")),
-            str(counts.get("quarantined", "-")),
-            f"{counts['cost_usd']:.6f}" if counts else "-",
+            str(counts.outputs) if counts else "-",
+            str(counts.quarantined) if counts else "-",
+            f"{counts.cost_usd:.6f}" if counts else "-",
             p.worker or "-",
             (p.last_error or "")[:80],
         )
@@ -694,7 +692,7 @@ def jobs_list(
             "status": j.status,
             "created_at": when(j.created_at),
             "finished_at": when(j.finished_at),
-            "records": (json.loads(j.counts) if j.counts else {}).get("records"),
+            "records": JobCounts.parse(j.counts).records if j.counts else None,
             "output_uri": redact_url(j.output_uri),
             "error": j.error,
         }

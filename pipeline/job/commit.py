@@ -17,27 +17,38 @@ from __future__ import annotations
 import json
 import logging
 import time
+from dataclasses import dataclass
 
 import pyarrow as pa
 from sqlalchemy.exc import OperationalError
 
+from pipeline.config import TokenmillConfig
 from pipeline.dedup.index import generated_segments
 from pipeline.errors import JobError
 from pipeline.generate import metrics
 from pipeline.generate.engine_api import EngineDeadError, EngineStartError
+from pipeline.generate.engine_time import EngineTime
 from pipeline.generate.followup import final_output, related_keys
+from pipeline.generate.lookup import ItemLookup
+from pipeline.generate.partition_waves import PartitionWaves
 from pipeline.generate.reuse import cache_value, effective_keys, needed_keys
 from pipeline.generate.shadow import verify_shadows
 from pipeline.generate.waves import partition_keys
 from pipeline.job import faults
+from pipeline.job.budget import BudgetGuard
 from pipeline.job.context import JobContext
 from pipeline.job.drain import release_gone
 from pipeline.job.manifest import partition_counts
+from pipeline.job.progress import Progress
+from pipeline.output.manifest import CommitRecord
 from pipeline.output.tables import discard, new_commit_id, publish, stage
 from pipeline.output.write import assemble_results, charge_rows
 from pipeline.stores import storage
-from pipeline.stores.catalog import StateError, now, utc
+from pipeline.stores.cache import ResilientStore
+from pipeline.stores.catalog import Partition, StateError, StateStore, now, utc
 from pipeline.stores.lease import Renewal, worker_is_gone
+from pipeline.stores.staging import StagingArea
+from pipeline.stores.units import UnitQueue
 
 log = logging.getLogger(__name__)
 RUNNABLE = ("pending", "failed", "running", "deferred")  # partition statuses a run tries
@@ -54,23 +65,47 @@ class LeaseLost(RuntimeError):
 JOB_FATAL = (EngineDeadError, EngineStartError, StateError, OperationalError)  # no point trying further partitions
 
 
+@dataclass
 class PartitionCommit:
-    """One claim on a partition, run to its end state."""
+    """One claim on a partition, run to its end state: the collaborators the commit step uses, and only those,
+    taken from the job's context by `of`."""
 
-    def __init__(self, ctx: JobContext, partition: str):
-        self.ctx, self.partition = ctx, partition
-        self.config, self.state, self.job_id = ctx.config, ctx.state, ctx.job_id
-        self.epoch: int | None = None  # the claim's fencing token
+    partition: str
+    config: TokenmillConfig
+    job_id: str
+    worker: str  # whose claim
+    state: StateStore  # the claim, the partition's row, its commit
+    queue: UnitQueue  # its units (what a cap held back)
+    budget: BudgetGuard  # why a cap held them back
+    waves: PartitionWaves  # its generation: the last wave, its state, stopping it
+    engine_time: EngineTime  # the engine sessions' held time shared in
+    staging: StagingArea  # its records and quarantine as planned
+    lookup: ItemLookup  # its paid items
+    out: storage.Location  # where its tables' files are staged and published
+    cache: ResilientStore | None  # None: its generations are not cached (off, or unreachable)
+    progress: Progress
+    epoch: int | None = None  # the claim's fencing token
+
+    @classmethod
+    def of(cls, ctx: JobContext, partition: str) -> PartitionCommit:
+        cache = ctx.cache if ctx.cache_on else None
+        return cls(
+            partition, ctx.config, ctx.job_id, ctx.worker, ctx.state, ctx.queue, ctx.budget, ctx.waves,
+            ctx.engine_time, ctx.staging, ctx.lookup, ctx.out, cache, ctx.progress,
+        )  # fmt: skip
 
     def claim(self, force: bool = False) -> bool:
         self.epoch = self.state.claim(
-            self.job_id, self.partition, self.ctx.worker, self.config.state.lease_seconds, force=force
+            self.job_id, self.partition, self.worker, self.config.state.lease_seconds, force=force
         )
         return self.epoch is not None
 
     def finish(self, status: str, **fields) -> bool:
         """Set this claim's end state; False when the claim was fenced out (another worker took over)."""
-        return self.state.finish_partition(self.job_id, self.partition, self.ctx.worker, self.epoch, status, **fields)
+        return self.state.finish_partition(self.job_id, self.partition, self.worker, self.epoch, status, **fields)
+
+    def row(self) -> Partition:
+        return self.state.partition(self.job_id, self.partition)
 
     def run_to_end_state(self, step=None) -> None:
         """Run the claimed partition to its end state (succeeded, deferred or failed), then report to the metrics.
@@ -84,14 +119,14 @@ class PartitionCommit:
     def report(self) -> None:
         """The job's state after this commit (its totals, budget left, units still claimable), to the metrics and
         the Pushgateway. Never raises: the partition's end state is what counts."""
-        metrics.report_job(self.ctx)
+        metrics.report_job(self)  # (it reads the config, job id, budget, queue and catalog: all here)
 
     def run_claimed(self, step) -> None:
         partition = self.partition
         try:
             lease = self.config.state.lease_seconds
             with Renewal(
-                lambda: self.state.heartbeat(self.job_id, partition, self.ctx.worker, lease, self.epoch),
+                lambda: self.state.heartbeat(self.job_id, partition, self.worker, lease, self.epoch),
                 lease,
                 f"lease-{partition}",
             ) as beat:
@@ -115,17 +150,17 @@ class PartitionCommit:
 
     def generate_and_commit(self, beat: Renewal) -> None:
         """Commit a generated partition: its generation must be over (a wave derived nothing)."""
-        ctx, partition, started = self.ctx, self.partition, time.perf_counter()
-        ctx.waves.advance(partition)  # the last wave may have come in through another partition's unit
-        p = ctx.partition(partition)
+        partition, started = self.partition, time.perf_counter()
+        self.waves.advance(partition)  # the last wave may have come in through another partition's unit
+        p = self.row()
         if p.generation != "generated":
-            units = ctx.queue.units(self.job_id, partition)
+            units = self.queue.units(self.job_id, partition)
             # Its own units, or those of another partition it waits on: any unit of the job a cap held back.
-            deferred = [u for u in ctx.queue.units(self.job_id) if u.status == "deferred"]
+            deferred = [u for u in self.queue.units(self.job_id) if u.status == "deferred"]
             if deferred:
                 raise BudgetReached(
                     f"budget reached before {len(deferred)} work units of this job "
-                    f"({sum(u.requests for u in deferred)} requests) could run: {ctx.budget.reason or 'a cap'}; "
+                    f"({sum(u.requests for u in deferred)} requests) could run: {self.budget.reason or 'a cap'}; "
                     "what was generated is kept and not paid again"
                 )
             waiting = [u for u in units if u.status in ("pending", "leased")]
@@ -135,16 +170,16 @@ class PartitionCommit:
                 if p.generation != "failed"
                 else f"partition {partition}: {p.last_error}"
             )
-        ctx.engine_time.wait_for_engines(lambda: not beat.lost)
-        records = ctx.staging.records(partition)
-        quarantine = ctx.staging.quarantine(partition)
+        self.engine_time.wait_for_engines(lambda: not beat.lost)
+        records = self.staging.records(partition)
+        quarantine = self.staging.quarantine(partition)
         self.commit(beat, records, quarantine, *self.generated(p, records), started)
 
     def generated(self, p, records: pa.Table) -> tuple[dict[str, dict], dict[str, tuple], int]:
         """What the partition's generation has made, as its current wave's state says: (its items by key, keys
         given up on with why, prompt tokens its requests could share)."""
-        state = self.ctx.waves.state_of(p)
-        items = self.ctx.lookup.stored(partition_keys(records, state))
+        state = self.waves.state_of(p)
+        items = self.lookup.stored(partition_keys(records, state))
         return items, {k: tuple(v) for k, v in state.failed.items()}, state.shareable
 
     def commit_stopped(self, beat: Renewal, reason: str, detail: str) -> None:
@@ -152,16 +187,16 @@ class PartitionCommit:
         runs) with what it has, generating nothing more: an output for every record whose answer is paid for,
         or in the cache of earlier jobs (free), every other record quarantined as `reason`. What was paid for a
         record left unanswered (a long document's chunk summaries) is in the ledger as `unfinished` rows."""
-        ctx, partition, started = self.ctx, self.partition, time.perf_counter()
-        prepared = ctx.partition(partition).generation in ("generating", "generated")
+        partition, started = self.partition, time.perf_counter()
+        prepared = self.row().generation in ("generating", "generated")
         if prepared:
-            ctx.waves.stop(partition)
-        ctx.engine_time.wait_for_engines(lambda: not beat.lost)  # a killed worker's session: gone at once
-        records, quarantine = ctx.staging.records(partition), ctx.staging.quarantine(partition)
+            self.waves.stop(partition)
+        self.engine_time.wait_for_engines(lambda: not beat.lost)  # a killed worker's session: gone at once
+        records, quarantine = self.staging.records(partition), self.staging.quarantine(partition)
         if prepared:
-            items, failed, shareable = self.generated(ctx.partition(partition), records)
+            items, failed, shareable = self.generated(self.row(), records)
         else:  # never prepared (or its generation failed): what this job's partitions or the cache hold
-            records, items, _ = ctx.lookup.unpaid(partition, records)
+            records, items, _ = self.lookup.unpaid(partition, records)
             failed, shareable = {}, 0
         self.commit(beat, records, quarantine, items, failed, shareable, started, stopped=(reason, detail))
 
@@ -184,7 +219,7 @@ class PartitionCommit:
                 )
                 by_scope.setdefault(scope_of[item["id"]], {})[key] = cache_value(item, self.job_id, usd)
         for scope, values in by_scope.items():
-            self.ctx.cache.put_many(scope, values)
+            self.cache.put_many(scope, values)
 
     def commit(
         self,
@@ -203,21 +238,21 @@ class PartitionCommit:
         What was paid for a record left without an answer and without a ledger row of its own (a long
         document's chunk summaries when a chunk failed, or when its job stopped before the reduce) is
         charged as `unfinished` rows, so the ledger holds every paid generation."""
-        c, ctx, partition = self.config, self.ctx, self.partition
-        items |= ctx.lookup.stored([k for k in related_keys(needed_keys(records), items, c) if k not in items])
+        c, partition = self.config, self.partition
+        items |= self.lookup.stored([k for k in related_keys(needed_keys(records), items, c) if k not in items])
         if stopped is not None:
             failed = failed | unanswered_keys(records, items, failed, c, *stopped)
-        shares = ctx.engine_time.shares()
-        ratio = ctx.engine_time.overhead_ratio(shares)
+        shares = self.engine_time.shares()
+        ratio = self.engine_time.overhead_ratio(shares)
         outputs, ledger, late_quarantine = assemble_results(records, items, failed, c, self.job_id, now(), ratio)
         unfinished = []  # (a partition with nothing quarantined here, the common case, looks nothing up)
         if late_quarantine.num_rows:
             unanswered = set(late_quarantine["id"].to_pylist()) - set(ledger["id"].to_pylist())
-            unfinished = ctx.state.generated_for(self.job_id, sorted(unanswered)) if unanswered else []
-        charges = ctx.engine_time.charges(partition, shares) + unfinished_charges(partition, unfinished, ratio)
+            unfinished = self.state.generated_for(self.job_id, sorted(unanswered)) if unanswered else []
+        charges = self.engine_time.charges(partition, shares) + unfinished_charges(partition, unfinished, ratio)
         ledger = pa.concat_tables([ledger, charge_rows(charges, c, self.job_id, now())])
         quarantine = pa.concat_tables([quarantine, late_quarantine])
-        expected = ctx.partition(partition).records
+        expected = self.row().records
         if outputs.num_rows + quarantine.num_rows != expected:  # the invariant every row depends on
             raise JobError(
                 f"partition {partition}: accounting mismatch: {outputs.num_rows} outputs + "
@@ -228,31 +263,28 @@ class PartitionCommit:
             raise LeaseLost(f"partition {partition}: lease lost to another worker; not committing")
         commit = new_commit_id(self.epoch)
         files = stage(
-            ctx.out,
+            self.out,
             self.job_id,
             partition,
             {"outputs": outputs, "ledger": ledger, "quarantine": quarantine},
             c.output.compression,
             commit,
         )
-        if ctx.cache_on:
+        if self.cache is not None:
             for scope, recipe, blob in generated_segments(records, items, c.dedup.boilerplate_patterns):
-                ctx.cache.put_segment(scope, recipe, f"{self.job_id}/{partition}", blob)
+                self.cache.put_segment(scope, recipe, f"{self.job_id}/{partition}", blob)
             self.cache_full_costs(records, items, ratio)
         verification = verify_shadows(
-            records, items, ctx.lookup.reference_outputs(records, items), c.dedup.shadow_min_f1
+            records, items, self.lookup.reference_outputs(records, items), c.dedup.shadow_min_f1
         )
         counts = partition_counts(outputs, ledger, quarantine, items, c)
-        counts["tokens"]["shareable_prompt_tokens"] = shareable
-        counts["metrics"] = metrics.partition_figures(ledger, quarantine)  # the job's running totals add these up
-        counts = {
-            **counts,
-            "verification": verification,
-            "seconds": round(time.perf_counter() - started, 3),
-            "commit": {"id": commit, "epoch": self.epoch, "files": files},
-        }
-        if not self.finish("succeeded", counts=counts):
-            discard(ctx.out, files)
+        counts.tokens.shareable_prompt_tokens = shareable
+        counts.metrics = metrics.partition_figures(ledger, quarantine)  # the job's running totals add these up
+        counts.verification = verification
+        counts.seconds = round(time.perf_counter() - started, 3)
+        counts.commit = CommitRecord(id=commit, epoch=self.epoch, files=files)
+        if not self.finish("succeeded", counts=counts.as_json()):
+            discard(self.out, files)
             raise LeaseLost(
                 f"partition {partition}: lease lost to another worker (claim epoch {self.epoch} "
                 f"superseded); its commit was fenced out and wrote nothing visible"
@@ -266,7 +298,7 @@ class PartitionCommit:
         partition = self.partition
         try:
             faults.checkpoint("before_publish", self.job_id, partition)
-            if not publish(self.ctx.out, self.job_id, partition, self.epoch, files):
+            if not publish(self.out, self.job_id, partition, self.epoch, files):
                 log.warning("partition %s: a newer claim published first; this claim's rows stay invisible", partition)
         except Exception as e:  # committed in the catalog: never downgrade it; the tables follow
             log.warning(
@@ -276,7 +308,7 @@ class PartitionCommit:
                 e,
             )
         try:  # counted once the catalog committed, whether or not the tables are written yet
-            self.ctx.progress.advance(done=outputs.num_rows, quarantined=quarantine.num_rows, partition=partition)
+            self.progress.advance(done=outputs.num_rows, quarantined=quarantine.num_rows, partition=partition)
             metrics.committed(ledger, quarantine)
         except Exception as e:  # telemetry never downgrades a committed partition
             log.warning("partition %s committed; its progress and metrics were not counted: %s", partition, e)
@@ -334,22 +366,22 @@ def commit_ready(ctx: JobContext, forced: list[str], tried: set[str], announced:
             if p.generation == "generating" and ctx.waves.still_generating(p.partition):
                 generating.append(p)
                 continue
-            attempt = PartitionCommit(ctx, p.partition)
+            attempt = PartitionCommit.of(ctx, p.partition)
             if attempt.claim(force=p.partition in forced):
                 claimed_any = True
                 tried.add(p.partition)
                 attempt.run_to_end_state()
         if claimed_any:
             continue
-        if generating and (release_gone(ctx) or ctx.queue.claimable(ctx.job_id)):
+        if generating and (release_gone(ctx.queue, ctx.job_id) or ctx.queue.claimable(ctx.job_id)):
             return True
         if all(p.status != "running" for p in todo) and not generating:
             return False  # only failed partitions this run already tried, or none left
-        if not take_over_gone_holders(ctx, todo, announced):
+        if not take_over_gone_holders(ctx.state, ctx.job_id, todo, announced):
             time.sleep(ctx.config.state.wait_seconds)  # others hold them; their leases tell
 
 
-def take_over_gone_holders(ctx: JobContext, held: list, announced: set[tuple]) -> bool:
+def take_over_gone_holders(state: StateStore, job_id: str, held: list, announced: set[tuple]) -> bool:
     """Release the claims of holders provably gone (True: claim again at once); say who holds the rest.
 
     After a crash a rerun would otherwise wait out the dead worker's whole lease with nothing on screen."""
@@ -357,7 +389,7 @@ def take_over_gone_holders(ctx: JobContext, held: list, announced: set[tuple]) -
     for p in held:
         if p.status != "running":
             continue
-        if worker_is_gone(p.worker) and ctx.state.release_gone_holder(ctx.job_id, p.partition, p.worker):
+        if worker_is_gone(p.worker) and state.release_gone_holder(job_id, p.partition, p.worker):
             log.warning(
                 "partition %s: its holder %s is gone (no such process on this host); taking it over "
                 "now instead of at %s",
@@ -390,7 +422,7 @@ def commit_stopped(ctx: JobContext, reason: str, detail: str) -> list[str]:
             continue
         if p.status == "running" and worker_is_gone(p.worker):  # a killed worker's claim: taken over at once
             ctx.state.release_gone_holder(ctx.job_id, p.partition, p.worker)
-        attempt = PartitionCommit(ctx, p.partition)
+        attempt = PartitionCommit.of(ctx, p.partition)
         if attempt.claim():  # (one still held by another host's worker: its lease ends, the caller tries again)
             attempt.run_to_end_state(lambda beat, attempt=attempt: attempt.commit_stopped(beat, reason, detail))
         if ctx.partition(p.partition).status != "succeeded":
@@ -406,7 +438,7 @@ def commit_partition(ctx: JobContext, partition: str) -> dict:
     if p.generation == "failed" and p.status != "succeeded":
         raise JobError(f"partition {partition}: {p.last_error}")
     if p.status != "succeeded":
-        attempt = PartitionCommit(ctx, partition)
+        attempt = PartitionCommit.of(ctx, partition)
         if not attempt.claim() and not (
             worker_is_gone(p.worker)
             and ctx.state.release_gone_holder(ctx.job_id, partition, p.worker)

@@ -10,7 +10,6 @@ that does not need the cache never connects to it.
 from __future__ import annotations
 
 import functools
-import json
 import re
 import secrets
 from dataclasses import dataclass
@@ -28,6 +27,7 @@ from pipeline.job import faults
 from pipeline.job.budget import BudgetGuard
 from pipeline.job.progress import Progress
 from pipeline.keys import isolation_fingerprint
+from pipeline.output.manifest import JobCounts
 from pipeline.stores import storage
 from pipeline.stores.cache import ResilientStore, open_store
 from pipeline.stores.catalog import Partition, StateStore
@@ -149,7 +149,7 @@ class JobContext:
         tasks), could serve a tenant an output it may not see, or store new weights' outputs under the
         old adapter's keys. Jobs planned before the hash was recorded are not checked."""
         row = self.state.job(self.job_id)
-        planned = json.loads(row.counts or "{}").get("staging", {}).get("isolation") if row is not None else None
+        planned = JobCounts.parse(row.counts).staging.get("isolation") if row is not None else None
         if planned is not None and planned != isolation_fingerprint(self.config):
             raise JobError(
                 f"job {self.job_id} was planned under other tenant isolation settings (dedup.shared_tenants, "

@@ -148,9 +148,9 @@ class TierDrain:
                 self.cache.put_many(scope, values)
 
 
-def release_gone(ctx: JobContext) -> bool:
+def release_gone(queue: UnitQueue, job_id: str) -> bool:
     """Make the units of provably gone workers claimable now; True when there were any."""
-    gone = ctx.queue.release_gone(ctx.job_id)
+    gone = queue.release_gone(job_id)
     for unit in gone:
         log.warning(
             "work unit %s: its holder %s is gone (no such process on this host); taking it over now "
@@ -167,7 +167,7 @@ def drain(ctx: JobContext, tier: str, release: bool = False) -> WorkerReport:
     here on (`metrics.port`), and pushes the job's state at the end (`metrics.pushgateway_url`)."""
     metrics.serve(ctx.config.metrics)
     metrics.begin(ctx.config, ctx.job_id)
-    release_gone(ctx)
+    release_gone(ctx.queue, ctx.job_id)
     try:
         return TierWorker(
             ctx.config, tier, ctx.job_id, ctx.queue, ctx.pool, ctx.worker, TierDrain.of(ctx, tier), release

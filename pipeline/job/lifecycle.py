@@ -45,7 +45,7 @@ log = logging.getLogger(__name__)
 @dataclass
 class JobResult:
     job_id: str
-    manifest: dict
+    manifest: dict  # manifest.json as written (output/manifest.py's `Manifest.as_json`): what a caller keeps
 
 
 def run_job(
@@ -150,7 +150,7 @@ class Job:
         if left:
             return [p for p in ctx.state.partitions(ctx.job_id) if p.partition in left]
         manifest = refresh_manifest(ctx)
-        counts = {**manifest["counts"], "staging": manifest.get("staging", {})}
+        counts = manifest.job_counts().as_json()
         ctx.state.set_job(ctx.job_id, status=status, finished_at=now(), error=detail, counts=counts)
         return []
 
@@ -165,7 +165,7 @@ class Job:
             ctx.state.set_job(ctx.job_id, status="failed", finished_at=now(), error=str(e))
             raise JobError(str(e)) from e
         deferred = [p for p in unfinished if p.status == "deferred"]
-        counts = {**manifest["counts"], "staging": manifest.get("staging", {})}
+        counts = manifest.job_counts().as_json()
         if unfinished and len(deferred) == len(unfinished):
             reason = (
                 f"budget reached: {len(deferred)} of {len(parts)} partitions ({sum(p.records for p in deferred)} "
@@ -183,4 +183,4 @@ class Job:
             ctx.state.set_job(ctx.job_id, status="failed", finished_at=now(), error=error, counts=counts)
             raise JobError(f"{error}. Rerun with: tokenmill rerun --job-id {ctx.job_id}")
         ctx.state.set_job(ctx.job_id, status="succeeded", finished_at=now(), counts=counts)
-        return JobResult(ctx.job_id, manifest)
+        return JobResult(ctx.job_id, manifest.as_json())

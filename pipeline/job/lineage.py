@@ -20,6 +20,7 @@ from openlineage.client.facet_v2 import output_statistics_output_dataset
 from openlineage.client.generated.base import RunFacet
 
 from pipeline.job.orchestrate import TABLES, table_asset_uri
+from pipeline.output.manifest import Manifest
 
 # The run facet's JSON schema, shipped in the repository (docs/schemas/): OpenLineage asks every custom
 # facet for the URL of one, a JSON pointer to the facet's definition.
@@ -37,12 +38,12 @@ def dataset_name(uri: str) -> tuple[str, str]:
     return f"{parts.scheme}://{parts.netloc}", parts.path.lstrip("/")
 
 
-def summary_lineage(manifest: dict) -> dict:
+def summary_lineage(manifest: Manifest) -> dict:
     """OperatorLineage's fields (inputs, outputs, run_facets) for a job's manifest (job.manifest)."""
-    rows = {"outputs": manifest["counts"]["outputs"], "quarantine": manifest["counts"]["quarantined"], "ledger": None}
+    rows = {"outputs": manifest.counts.outputs, "quarantine": manifest.counts.quarantined, "ledger": None}
     outputs = [
         OutputDataset(
-            *dataset_name(table_asset_uri(manifest["output_uri"], t)),  # as the DAG's Assets name them
+            *dataset_name(table_asset_uri(manifest.output_uri, t)),  # as the DAG's Assets name them
             outputFacets={
                 "outputStatistics": output_statistics_output_dataset.OutputStatisticsOutputDatasetFacet(rows[t])
             }
@@ -52,7 +53,7 @@ def summary_lineage(manifest: dict) -> dict:
         for t in TABLES
     ]
     return {
-        "inputs": [InputDataset(*dataset_name(manifest["input_uri"]))],
+        "inputs": [InputDataset(*dataset_name(manifest.input_uri))],
         "outputs": outputs,
         "run_facets": {"tokenmill_job": job_facet(manifest)},
     }
@@ -77,16 +78,15 @@ class TokenmillJobRunFacet(RunFacet):
         return FACET_SCHEMA
 
 
-def job_facet(manifest: dict) -> TokenmillJobRunFacet:
-    parts = manifest["partitions"].values()
+def job_facet(manifest: Manifest) -> TokenmillJobRunFacet:
     return TokenmillJobRunFacet(
-        jobId=manifest["job_id"],
-        status=manifest["status"],
-        partitions=len(parts),
-        partitionsCommitted=sum(1 for p in parts if p["status"] == "succeeded"),
-        records=manifest["counts"]["records"],
-        outputs=manifest["counts"]["outputs"],
-        quarantined=manifest["counts"]["quarantined"],
-        costUsd=manifest["cost"]["cost_usd"],
-        gpuSeconds=manifest["cost"]["gpu_seconds"],
+        jobId=manifest.job_id,
+        status=manifest.status,
+        partitions=len(manifest.partitions),
+        partitionsCommitted=len(manifest.committed()),
+        records=manifest.counts.records,
+        outputs=manifest.counts.outputs,
+        quarantined=manifest.counts.quarantined,
+        costUsd=manifest.cost.cost_usd,
+        gpuSeconds=manifest.cost.gpu_seconds,
     )

@@ -6,6 +6,7 @@ up (`build_manifest`), so any worker can write it, and a rerun's manifest covers
 
 from __future__ import annotations
 
+import functools
 import json
 
 import pyarrow as pa
@@ -17,6 +18,20 @@ from pipeline.generate.quality import CHECKS
 from pipeline.generate.shadow import summarise_verification
 from pipeline.job.context import JobContext
 from pipeline.output.batch import write_batch_results
+from pipeline.output.manifest import (
+    CommitRecord,
+    JobCounts,
+    Manifest,
+    ManifestCost,
+    ManifestCounts,
+    PartitionCounts,
+    PartitionEntry,
+    PrefixCache,
+    Reuse,
+    ReusedBy,
+    Tokens,
+    Unfaithful,
+)
 from pipeline.output.tables import publish, published_epochs
 from pipeline.output.telemetry import decode_steps, tier_efficiency
 from pipeline.output.write import count_by, write_manifest
@@ -27,7 +42,7 @@ from pipeline.stores.units import SESSION_COUNTERS
 
 def partition_counts(
     outputs: pa.Table, ledger: pa.Table, quarantine: pa.Table, items: dict[str, dict], config: TokenmillConfig
-) -> dict:
+) -> PartitionCounts:
     """What a committed partition contributes to the job's totals (stored with the partition)."""
 
     def s(table, col):
@@ -70,7 +85,8 @@ def partition_counts(
             },
         )
         e["failed_attempts"] = kinds.filter(pc.equal(kinds["tier"], tier)).num_rows
-    return {
+    # Through JSON, as the catalog stores it: a ledger row without a route reason or source counts under "null".
+    counts = {
         "records": outputs.num_rows + quarantine.num_rows,
         "outputs": outputs.num_rows,
         "quarantined": quarantine.num_rows,
@@ -109,19 +125,19 @@ def partition_counts(
         # Served outputs no check failed (ledger column `acceptable`), per tier: what a buyer pays for.
         "acceptable": count_by(served.filter(pc.fill_null(served["acceptable"], False)), "tier"),
     }
+    return PartitionCounts.model_validate_json(json.dumps(counts))
 
 
-def prefix_cache(tokens: dict) -> dict:
+def prefix_cache(tokens: Tokens) -> PrefixCache:
     """Prompt tokens served from vLLM's prefix cache, next to the share that prefix sharing allows in theory
     (each request's common prefix with the one before it in request order; the engine caches whole blocks,
     so it reaches a little less)."""
-    prompt = tokens.get("prompt_tokens", 0)
-    cached, shareable = tokens.get("cached_prompt_tokens", 0), tokens.get("shareable_prompt_tokens", 0)
-    return {
-        "hit_ratio": round(cached / prompt, 4) if prompt else None,
-        "shareable_ratio": round(shareable / prompt, 4) if prompt else None,
-        "of_shareable": round(cached / shareable, 4) if shareable else None,
-    }
+    prompt, cached, shareable = tokens.prompt_tokens, tokens.cached_prompt_tokens, tokens.shareable_prompt_tokens
+    return PrefixCache(
+        hit_ratio=round(cached / prompt, 4) if prompt else None,
+        shareable_ratio=round(shareable / prompt, 4) if prompt else None,
+        of_shareable=round(cached / shareable, 4) if shareable else None,
+    )
 
 
 def _add(total: dict, part: dict) -> dict:
@@ -199,88 +215,85 @@ def engine_figures(config: TokenmillConfig, engines: dict, sessions: list) -> di
 
 def build_manifest(
     config: TokenmillConfig, job_id: str, job, parts: list, partial: bool, staging: dict, sessions: list = ()
-) -> dict:
-    totals: dict = {}
-    for p in parts:
-        if p.status == "succeeded" and p.counts:
-            _add(totals, {k: v for k, v in json.loads(p.counts).items() if k != "commit"})  # commit: file names
-    engines = engine_figures(config, totals.get("engines", {}), sessions)
-    cost, baseline = totals.get("cost_usd", 0.0), totals.get("baseline_cost_usd", 0.0)
-    outputs, by_source = totals.get("outputs", 0), totals.get("by_source", {})
-    saved = totals.get("saved_by_source", {})
-    verification = summarise_verification(
-        [json.loads(p.counts).get("verification", {}) for p in parts if p.status == "succeeded" and p.counts],
-        config.dedup.shadow_min_f1,
-    )
-    return {
-        "job_id": job_id,
-        "status": "incomplete" if partial else "succeeded",
-        "config_fingerprint": job.config_fingerprint,
-        "input_uri": redact_url(job.input_uri),  # a job staged before URIs with passwords were refused
-        "output_uri": redact_url(job.output_uri),
-        "template_version": config.prompt.template_version,
-        "largest_tier": config.largest_tier,  # the baseline tier
-        "created_at": aware(job.created_at).isoformat(),
-        "updated_at": now().isoformat(),
-        "counts": {
-            "records": sum(p.records for p in parts),
-            "outputs": totals.get("outputs", 0),
-            "quarantined": totals.get("quarantined", 0),
-            "deferred_records": sum(p.records for p in parts if p.status == "deferred"),
-            "by_source": dict(sorted(totals.get("by_source", {}).items())),
-            "by_reason": dict(sorted(totals.get("by_reason", {}).items())),
-            "by_tier": dict(sorted(totals.get("by_tier", {}).items())),
-        },
-        "tokens": totals.get("tokens", {"prompt_tokens": 0, "cached_prompt_tokens": 0, "output_tokens": 0}),
-        "prefix_cache": prefix_cache(totals.get("tokens", {})),
-        "routing": totals.get("routing", {}),
-        "unfaithful": {"outputs": dict(sorted(totals.get("unfaithful", {}).get("outputs", {}).items()))},
-        "checks": {check: dict(sorted(totals.get("checks", {}).get(check, {}).items())) for check in CHECKS},
-        "acceptable": dict(sorted(totals.get("acceptable", {}).items())),
-        "cost": {
-            "cost_usd": cost,
-            "baseline_cost_usd": baseline,
-            "saved_usd": baseline - cost,
-            "gpu_seconds": totals.get("gpu_seconds", 0.0),
-            "overhead_gpu_seconds": totals.get("overhead_gpu_seconds", 0.0),
-            "gpu_seconds_by_kind": dict(sorted(totals.get("gpu_seconds_by_kind", {}).items())),
-        },
-        "reuse": {
-            "by_source": {
-                src: {"items": n, "rate": round(n / outputs, 4) if outputs else 0.0, "saved_usd": saved.get(src, 0.0)}
-                for src, n in sorted(by_source.items())
+) -> Manifest:
+    stored = {p.partition: PartitionCounts.parse(p.counts) for p in parts}
+    committed = [c for p in parts if p.status == "succeeded" and (c := stored[p.partition]) is not None]
+    t = PartitionCounts.model_validate(functools.reduce(_add, (c.totals() for c in committed), {}))
+    engines = engine_figures(config, {k: e.as_json() for k, e in t.engines.items()}, sessions)
+    verification = summarise_verification([c.verification for c in committed], config.dedup.shadow_min_f1)
+    return Manifest(
+        job_id=job_id,
+        status="incomplete" if partial else "succeeded",
+        config_fingerprint=job.config_fingerprint,
+        input_uri=redact_url(job.input_uri),  # a job staged before URIs with passwords were refused
+        output_uri=redact_url(job.output_uri),
+        template_version=config.prompt.template_version,
+        largest_tier=config.largest_tier,  # the baseline tier
+        created_at=aware(job.created_at).isoformat(),
+        updated_at=now().isoformat(),
+        counts=ManifestCounts(
+            records=sum(p.records for p in parts),
+            outputs=t.outputs,
+            quarantined=t.quarantined,
+            deferred_records=sum(p.records for p in parts if p.status == "deferred"),
+            by_source=dict(sorted(t.by_source.items())),
+            by_reason=dict(sorted(t.by_reason.items())),
+            by_tier=dict(sorted(t.by_tier.items())),
+        ),
+        # with nothing committed, the three counts at 0 (as manifests have always had them)
+        tokens=t.tokens if committed else Tokens(prompt_tokens=0, cached_prompt_tokens=0, output_tokens=0),
+        prefix_cache=prefix_cache(t.tokens),
+        routing=t.routing,
+        unfaithful=Unfaithful(outputs=dict(sorted(t.unfaithful.outputs.items()))),
+        checks={check: dict(sorted(t.checks.get(check, {}).items())) for check in CHECKS},
+        acceptable=dict(sorted(t.acceptable.items())),
+        cost=ManifestCost(
+            cost_usd=t.cost_usd,
+            baseline_cost_usd=t.baseline_cost_usd,
+            saved_usd=t.baseline_cost_usd - t.cost_usd,
+            gpu_seconds=t.gpu_seconds,
+            overhead_gpu_seconds=t.overhead_gpu_seconds,
+            gpu_seconds_by_kind=dict(sorted(t.gpu_seconds_by_kind.items())),
+        ),
+        reuse=Reuse(
+            by_source={
+                src: ReusedBy(
+                    items=n,
+                    rate=round(n / t.outputs, 4) if t.outputs else 0.0,
+                    saved_usd=t.saved_by_source.get(src, 0.0),
+                )
+                for src, n in sorted(t.by_source.items())
                 if src != "generated"
             },
-            "saved_usd": sum(saved.values()),
-            "cache_status": dict(sorted(totals.get("cache_status", {}).items())),
-            "verification": verification,
-        },
-        "engines": engines,
-        "partitions": {
-            p.partition: {
-                "file": p.file,
-                "records": p.records,
-                "status": p.status,
-                "attempts": p.attempts,
-                "seconds": json.loads(p.counts).get("seconds") if p.counts else None,
-            }
+            saved_usd=sum(t.saved_by_source.values()),
+            cache_status=dict(sorted(t.cache_status.items())),
+            verification=verification,
+        ),
+        engines=engines,
+        partitions={
+            p.partition: PartitionEntry(
+                file=p.file,
+                records=p.records,
+                status=p.status,
+                attempts=p.attempts,
+                seconds=stored[p.partition].seconds if stored[p.partition] else None,
+            )
             for p in parts
         },
         **({"staging": staging} if staging else {}),
-    }
+    )
 
 
-def current_manifest(ctx: JobContext, partial: bool) -> dict:
+def current_manifest(ctx: JobContext, partial: bool) -> Manifest:
     """The manifest over what the catalog holds now (`partial` while any partition has not committed)."""
     job = ctx.state.job(ctx.job_id)
-    counts = json.loads(job.counts or "{}")
-    staging = counts.get("staging", {})
+    staging = JobCounts.parse(job.counts).staging
     return build_manifest(
         ctx.config, ctx.job_id, job, ctx.state.partitions(ctx.job_id), partial, staging, ctx.queue.sessions(ctx.job_id)
     )
 
 
-def refresh_manifest(ctx: JobContext) -> dict:
+def refresh_manifest(ctx: JobContext) -> Manifest:
     """Write and return the manifest over whatever has committed (partial while any partition has not).
 
     First publishes, in the tables, every partition the catalog committed whose commit a table lacks (its
@@ -289,17 +302,17 @@ def refresh_manifest(ctx: JobContext) -> dict:
     the store refuses stays out of the tables, and the others are published: a StorageError then names it.
     """
     parts = ctx.state.partitions(ctx.job_id)
-    committed = {}
+    committed: dict[str, CommitRecord] = {}
     for p in parts:
-        commit = json.loads(p.counts or "{}").get("commit") if p.status == "succeeded" else None
-        if commit and "epoch" in commit:
-            committed[p.partition] = commit
+        counts = PartitionCounts.parse(p.counts) if p.status == "succeeded" else None
+        if counts is not None and counts.commit is not None and counts.commit.epoch is not None:
+            committed[p.partition] = counts.commit
     published = published_epochs(ctx.out, ctx.job_id, committed) if committed else {}
     refused = {}
     for partition, commit in committed.items():
-        if published[partition] is None or published[partition] < commit["epoch"]:
+        if published[partition] is None or published[partition] < commit.epoch:
             try:
-                publish(ctx.out, ctx.job_id, partition, commit["epoch"], commit["files"])
+                publish(ctx.out, ctx.job_id, partition, commit.epoch, commit.files)
             except Exception as e:  # the store refused it: the others are still published, this one next run
                 refused[partition] = f"{type(e).__name__}: {e}".splitlines()[0]
     if refused:
@@ -310,12 +323,12 @@ def refresh_manifest(ctx: JobContext) -> dict:
             f"their files are staged and the job's next run publishes them: tokenmill rerun --job-id {ctx.job_id}"
         )
     manifest = current_manifest(ctx, partial=any(p.status != "succeeded" for p in parts))
-    batch_files = manifest.get("staging", {}).get("batch_files")
+    batch_files = (manifest.staging or {}).get("batch_files")
     if batch_files:  # the answers to batch files, in their own format, from the tables' snapshot
         partitions_of: dict[str, list[str]] = {}
         for p in parts:
             partitions_of.setdefault(p.file, []).append(p.partition)
-        manifest["batches"] = write_batch_results(
+        manifest.batches = write_batch_results(
             ctx.config, ctx.out, ctx.job_id, batch_files, set(committed), partitions_of
         )
     write_manifest(ctx.out, ctx.job_id, manifest)

@@ -23,6 +23,7 @@ from pipeline.job.drain import drain_tier
 from pipeline.job.manifest import refresh_manifest
 from pipeline.job.prepare import check_budget, prepare
 from pipeline.job.progress import Progress
+from pipeline.output.manifest import Manifest
 from pipeline.stores.catalog import migrate
 
 
@@ -138,7 +139,7 @@ def committed_partition(config: TokenmillConfig, job_id: str, partition: str) ->
     return commit_partition(_context(config, job_id), partition)
 
 
-def job_manifest(config: TokenmillConfig, job_id: str) -> dict:
+def job_manifest(config: TokenmillConfig, job_id: str) -> Manifest:
     """Write and return the manifest over whatever has committed; never raises for failed partitions. Pushes
     the job's final totals (after every commit task: whichever commit pushed last, this push is the night's)."""
     ctx = _context(config, job_id)
@@ -172,22 +173,21 @@ def table_asset_uris(config_path: str | Path) -> dict[str, str]:
     return {t: table_asset_uri(load_output_uri(config_path), t) for t in TABLES}
 
 
-def table_updates(manifest: dict) -> dict[str, dict]:
+def table_updates(manifest: Manifest) -> dict[str, dict]:
     """table -> what one asset event says of it: which job and output root, the partitions committed so
     far, the job's rows in it (outputs, quarantine) or its cost (ledger). JSON-able: the event's `extra`."""
-    counts, cost = manifest["counts"], manifest["cost"]
-    committed = sorted(p for p, v in manifest["partitions"].items() if v["status"] == "succeeded")
+    counts, cost = manifest.counts, manifest.cost
     common = {
-        "job_id": manifest["job_id"],
-        "output_uri": manifest["output_uri"],
-        "status": manifest["status"],
-        "partitions_committed": len(committed),
-        "partitions": len(manifest["partitions"]),
+        "job_id": manifest.job_id,
+        "output_uri": manifest.output_uri,
+        "status": manifest.status,
+        "partitions_committed": len(manifest.committed()),
+        "partitions": len(manifest.partitions),
     }
     return {
-        "outputs": {**common, "rows": counts["outputs"]},
-        "ledger": {**common, "cost_usd": cost["cost_usd"], "gpu_seconds": cost["gpu_seconds"]},
-        "quarantine": {**common, "rows": counts["quarantined"]},
+        "outputs": {**common, "rows": counts.outputs},
+        "ledger": {**common, "cost_usd": cost.cost_usd, "gpu_seconds": cost.gpu_seconds},
+        "quarantine": {**common, "rows": counts.quarantined},
     }
 
 
@@ -204,11 +204,13 @@ def cost_rollup(config_path: str, output_uri: str, job_id: str) -> dict:
 
 
 def job_outcome(manifest: dict) -> str:
-    """'succeeded', or raise naming the partitions that did not commit (the run's final, failing task)."""
-    bad = {p: v["status"] for p, v in manifest["partitions"].items() if v["status"] != "succeeded"}
+    """'succeeded', or raise naming the partitions that did not commit (the run's final, failing task; `manifest`:
+    what the summary task handed on, `Manifest.as_json`)."""
+    partitions = Manifest.parse(manifest).partitions
+    bad = {p: v.status for p, v in partitions.items() if v.status != "succeeded"}
     if bad:
         raise JobError(
-            f"{len(bad)} of {len(manifest['partitions'])} partitions not committed: "
+            f"{len(bad)} of {len(partitions)} partitions not committed: "
             + ", ".join(f"{p} {s}" for p, s in sorted(bad.items()))
         )
     return "succeeded"

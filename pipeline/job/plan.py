@@ -22,6 +22,7 @@ from pipeline.job import faults
 from pipeline.job.context import JobContext
 from pipeline.job.manifest import current_manifest
 from pipeline.keys import config_fingerprint, isolation_fingerprint
+from pipeline.output.manifest import JobCounts
 from pipeline.output.tables import old_layout
 from pipeline.output.write import write_manifest
 from pipeline.plan.streamed import (
@@ -177,9 +178,9 @@ def plan_input(ctx: JobContext, epoch: int) -> None:
 def register_plan(ctx: JobContext, epoch: int, planned: Plan, seconds: float) -> None:
     """Register the planned partitions and mark the job planned, in one transaction fenced by the claim."""
     faults.checkpoint("before_register", ctx.job_id, "")
-    counts = {
-        "records": planned.records,
-        "staging": {
+    counts = JobCounts(
+        records=planned.records,
+        staging={
             "records": planned.records,
             "partitions": len(planned.partitions),
             "skipped_files": planned.skipped,
@@ -191,8 +192,8 @@ def register_plan(ctx: JobContext, epoch: int, planned: Plan, seconds: float) ->
             "isolation": isolation_fingerprint(ctx.config),
             "batch_files": planned.batch_files,
         },
-    }
-    if not ctx.state.register_partitions(ctx.job_id, epoch, planned.partitions, counts):
+    )
+    if not ctx.state.register_partitions(ctx.job_id, epoch, planned.partitions, counts.as_json()):
         row = ctx.state.job(ctx.job_id)
         if row is not None and row.status not in PLANNING:
             log.info("job %s: planned meanwhile by another worker; its partitions stand", ctx.job_id)

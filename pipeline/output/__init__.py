@@ -1,6 +1,7 @@
 """output: the last stage. What lands for analysts under the output root, and how it is read back.
 
   write.py      assemble each record's output or quarantine row and its ledger row, and the job manifest
+  manifest.py   the job manifest and a committed partition's counts as types: built, written and read back
   tables.py     outputs/, ledger/ and quarantine/ as Delta Lake tables: a partition published once per table
   migrate.py    `tokenmill tables migrate`: an output root of the layout before the tables, converted once
   ledger.py     DuckDB views and queries over the tables' snapshots (ledger, outputs, quarantine)

@@ -30,6 +30,7 @@ from markupsafe import Markup
 from pipeline.generate.quality import CHECKS
 from pipeline.output.charts import bar_chart, fmt_usd, waterfall
 from pipeline.output.ledger import DOCUMENTS, MONEY, summary
+from pipeline.output.manifest import EngineFigures, Manifest, read_manifest
 from pipeline.output.telemetry import device_name
 from pipeline.stores import storage
 
@@ -341,7 +342,9 @@ def eval_headline(result: dict, job_models: dict[str, str | None]) -> Markup:
     return Markup("").join(parts)
 
 
-def quality_section(con: duckdb.DuckDBPyConnection, job_id: str, manifest: dict, eval_result: dict | None) -> Markup:
+def quality_section(
+    con: duckdb.DuckDBPyConnection, job_id: str, manifest: Manifest, eval_result: dict | None
+) -> Markup:
     by_tier, reasons = job_quality(con, job_id)
     parts = [
         Markup("<h2>Quality</h2>"),
@@ -371,10 +374,10 @@ def quality_section(con: duckdb.DuckDBPyConnection, job_id: str, manifest: dict,
         _table("escalations", ["escalation reason", "outputs"], reasons)
         if reasons
         else _note("No output was escalated in this job."),
-        _note(_false_reuse_line(manifest.get("reuse", {}).get("verification") or {})),
+        _note(_false_reuse_line(manifest.reuse.verification)),
     ]
     if eval_result is not None:
-        models = {t: e.get("model") for t, e in manifest.get("engines", {}).items()}
+        models = {t: e.model for t, e in manifest.engines.items()}
         parts.append(eval_headline(eval_result, models))
     else:
         parts.append(
@@ -392,7 +395,7 @@ def _model_name(model: str | None) -> str:
     return Path(model).name if model.startswith(("/", ".", "~")) else model
 
 
-def _levers_table(engines: dict) -> Markup:
+def _levers_table(engines: dict[str, EngineFigures]) -> Markup:
     """Per tier: the levers it ran with and what vLLM's own counters say they did."""
 
     def spec(lv: dict) -> str:
@@ -402,12 +405,12 @@ def _levers_table(engines: dict) -> Markup:
     rows = [
         [
             tier,
-            (lv := e.get("levers") or {}).get("quantization") or "-",
+            (lv := e.levers).get("quantization") or "-",
             lv.get("dtype") or "-",
             lv.get("kv_cache_dtype") or "-",
             spec(lv),
-            _pct(e.get("spec_acceptance")),
-            "off" if lv.get("prefix_caching") is False else _pct(e.get("prefix_cache_hit_rate")),
+            _pct(e.spec_acceptance),
+            "off" if lv.get("prefix_caching") is False else _pct(e.prefix_cache_hit_rate),
         ]
         for tier, e in engines.items()
     ]
@@ -418,24 +421,24 @@ def _levers_table(engines: dict) -> Markup:
     )
 
 
-def engine_section(manifest: dict) -> Markup:
+def engine_section(manifest: Manifest) -> Markup:
     """Per tier, from the manifest's `engines`: engine starts, start-up, busy and idle seconds, held time
     and utilisation (busy ÷ held), next to throughput; then the job's GPU-seconds by what they bought."""
-    engines = manifest.get("engines", {})
+    engines = manifest.engines
     rows = [
         [
             tier,
-            _model_name(e.get("model")),
-            _num(e.get("workers"), ""),
-            _num(e.get("starts"), ""),
-            _num(e.get("startup_seconds")),
-            _num(e.get("busy_seconds")),
-            _num(e.get("idle_seconds")),
-            _num(e.get("held_seconds")),
-            _num(e.get("held_gpu_seconds")),
-            _pct(e.get("utilisation")),
-            _num(e.get("output_tokens_per_second"), ",.0f"),
-            _num(e.get("failed_attempts", 0), ""),
+            _model_name(e.model),
+            _num(e.workers, ""),
+            _num(e.starts, ""),
+            _num(e.startup_seconds),
+            _num(e.busy_seconds),
+            _num(e.idle_seconds),
+            _num(e.held_seconds),
+            _num(e.held_gpu_seconds),
+            _pct(e.utilisation),
+            _num(e.output_tokens_per_second, ",.0f"),
+            _num(e.failed_attempts, ""),
         ]
         for tier, e in engines.items()
     ]
@@ -464,14 +467,14 @@ def engine_section(manifest: dict) -> Markup:
     ]
     if rows:
         parts.append(_levers_table(engines))
-    c = manifest.get("cost", {})
-    if c.get("gpu_seconds"):
-        kinds = ", ".join(f"{k.replace('_', ' ')} {v:,.1f}" for k, v in (c.get("gpu_seconds_by_kind") or {}).items())
+    c = manifest.cost
+    if c.gpu_seconds:
+        kinds = ", ".join(f"{k.replace('_', ' ')} {v:,.1f}" for k, v in c.gpu_seconds_by_kind.items())
         parts.append(
             _note(
                 f"Utilisation = busy ÷ held seconds (held = start-up + busy + idle). The ledger carries "
-                f"{c['gpu_seconds']:,.1f} GPU-seconds, all its engines were held × their GPUs; "
-                f"{c.get('overhead_gpu_seconds', 0.0):,.1f} of them start-up and idle shared into its rows"
+                f"{c.gpu_seconds:,.1f} GPU-seconds, all its engines were held × their GPUs; "
+                f"{c.overhead_gpu_seconds:,.1f} of them start-up and idle shared into its rows"
                 + (f"; by what they bought: {kinds}." if kinds else ".")
             )
         )
@@ -484,7 +487,7 @@ def build_report(output_uri: str, job_id: str, storage_config=None, eval_result:
 
     root = storage.resolve(output_uri, storage_config)
     try:
-        manifest = json.loads(storage.read_bytes(root, root.join("jobs", job_id, "manifest.json")))
+        manifest = read_manifest(root, job_id)
     except storage.StorageError as e:
         raise storage.StorageError(f"no manifest for job {job_id}: {e}") from None
     con = connect(output_uri, storage_config)
@@ -495,17 +498,15 @@ def build_report(output_uri: str, job_id: str, storage_config=None, eval_result:
     )
     tenants = _rows(con, by.format(k="tenant"), [job_id])
     tiers = _rows(con, by.format(k="tier"), [job_id])
-    cost, baseline = manifest["cost"]["cost_usd"], manifest["cost"]["baseline_cost_usd"]
-    engines = manifest.get("engines", {})
-    counts = manifest["counts"]
-    reuse = [
-        (k, v / counts["outputs"]) for k, v in counts["by_source"].items() if k != "generated" and counts["outputs"]
-    ]
+    cost, baseline = manifest.cost.cost_usd, manifest.cost.baseline_cost_usd
+    engines = manifest.engines
+    counts = manifest.counts
+    reuse = [(k, v / counts.outputs) for k, v in counts.by_source.items() if k != "generated" and counts.outputs]
     slow = sorted(
-        ((f"{p} ({v['file']})", v["seconds"]) for p, v in manifest["partitions"].items() if v.get("seconds")),
+        ((f"{p} ({v.file})", v.seconds) for p, v in manifest.partitions.items() if v.seconds),
         key=lambda r: -r[1],
     )[:10]
-    steps, notes = savings_steps(con, job_id, manifest["largest_tier"])
+    steps, notes = savings_steps(con, job_id, manifest.largest_tier)
     sections = [
         bar_chart("cost-by-tenant", "Cost by tenant", tenants),
         bar_chart("cost-by-tier", "Cost by tier", tiers),
@@ -515,19 +516,19 @@ def build_report(output_uri: str, job_id: str, storage_config=None, eval_result:
         bar_chart(
             "tokens-per-second",
             "Output tokens per second, per tier",
-            [(t, e["output_tokens_per_second"] or 0.0) for t, e in engines.items()],
+            [(t, e.output_tokens_per_second or 0.0) for t, e in engines.items()],
             fmt=lambda v: f"{v:,.0f} tok/s",
         )
-        + Markup("").join(_note(f"{t}: {_efficiency_line(e.get('efficiency') or {})}") for t, e in engines.items()),
+        + Markup("").join(_note(f"{t}: {_efficiency_line(e.efficiency)}") for t, e in engines.items()),
         bar_chart("reuse", "Reuse rate by kind (share of output rows)", reuse, fmt=lambda v: f"{v:.1%}")
-        + _note(_false_reuse_line(manifest.get("reuse", {}).get("verification") or {})),
+        + _note(_false_reuse_line(manifest.reuse.verification)),
         bar_chart("slowest-partitions", "Slowest partitions (wall seconds)", slow, fmt=lambda v: f"{v:.2f} s"),
         quality_section(con, job_id, manifest, eval_result),
     ]
-    quarantined = ", ".join(f"{k} {v}" for k, v in counts["by_reason"].items()) or "none"
+    quarantined = ", ".join(f"{k} {v}" for k, v in counts.by_reason.items()) or "none"
     head = Markup('<h1>tokenmill cost report: job {}</h1><p class="facts">{}</p>').format(
         job_id,
-        f"{counts['records']} records · {counts['outputs']} outputs · {counts['quarantined']} quarantined "
+        f"{counts.records} records · {counts.outputs} outputs · {counts.quarantined} quarantined "
         f"({quarantined}) · paid {fmt_usd(cost)} · baseline {fmt_usd(baseline)} · saved {fmt_usd(baseline - cost)}",
     )
     # The one script marks each chart with how many bars it drew, so a headless browser can check.

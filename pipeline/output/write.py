@@ -19,6 +19,7 @@ from pipeline.config import TokenmillConfig
 from pipeline.generate.quality import MEASURES, acceptable, flags
 from pipeline.ingest.validate import quarantine_rows
 from pipeline.keys import adapter_digest
+from pipeline.output.manifest import Manifest
 from pipeline.schema import LEDGER, OUTPUTS
 from pipeline.stores import storage
 
@@ -236,8 +237,8 @@ def charge_rows(charges: list[dict], config: TokenmillConfig, job_id: str, creat
     return pa.Table.from_pylist(rows, schema=LEDGER)
 
 
-def write_manifest(root: storage.Location, job_id: str, manifest: dict) -> None:
-    data = json.dumps(manifest, indent=2, sort_keys=False, default=str).encode()
+def write_manifest(root: storage.Location, job_id: str, manifest: Manifest) -> None:
+    data = json.dumps(manifest.as_json(), indent=2, sort_keys=False, default=str).encode()
     storage.write_bytes_atomic(root, root.join("jobs", job_id, "manifest.json"), data)
 
 

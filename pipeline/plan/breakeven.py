@@ -10,7 +10,6 @@ the start-ups dominate and the API is cheaper.
 
 from __future__ import annotations
 
-import json
 import math
 import re
 from collections.abc import Callable
@@ -123,6 +122,7 @@ def measured_utilisation(config, output_uri: str | None) -> dict[str, tuple[floa
     """Per tier, busy ÷ (busy + idle) of its engines over the latest jobs' manifests under `output_uri` (start-up
     left out: it is counted once per night on its own), and how many jobs measured it; {} without a ledger."""
     from pipeline.output.ledger import connect
+    from pipeline.output.manifest import read_manifest
     from pipeline.plan.rates import RECENT_JOBS
     from pipeline.stores import storage
 
@@ -134,15 +134,13 @@ def measured_utilisation(config, output_uri: str | None) -> dict[str, tuple[floa
             [RECENT_JOBS],
         )
         root = storage.resolve(output_uri, config.storage)
-        manifests = [
-            json.loads(storage.read_bytes(root, root.join("jobs", job, "manifest.json"))) for (job,) in jobs.fetchall()
-        ]
+        manifests = [read_manifest(root, job) for (job,) in jobs.fetchall()]
     except Exception:  # no readable ledger or manifest (a first night): utilisation stays projected
         return {}
     sums: dict[str, list[float]] = {}
     for m in manifests:
-        for tier, e in (m.get("engines") or {}).items():
-            busy, idle = e.get("busy_seconds") or 0.0, e.get("idle_seconds") or 0.0
+        for tier, e in m.engines.items():
+            busy, idle = e.busy_seconds, e.idle_seconds
             if busy > 0:
                 s = sums.setdefault(tier, [0.0, 0.0, 0])
                 s[0], s[1], s[2] = s[0] + busy, s[1] + idle, s[2] + 1

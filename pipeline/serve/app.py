@@ -24,9 +24,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import operator
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Literal
 
@@ -44,7 +46,7 @@ from pipeline.serve.access import BodyCap, declared_length, json_body, tenant
 from pipeline.serve.errors import ApiError, error_response
 from pipeline.serve.messages import message_batch_routes
 from pipeline.serve.runner import ACTIVE, WINDOWS, BatchRunner, job_config, request_lines
-from pipeline.serve.store import ApiStore, Batch, new_id
+from pipeline.serve.store import ApiStore, Batch, RequestCounts, new_id
 
 ENDPOINTS = (*OPENAI_ENDPOINTS, ANTHROPIC_ENDPOINT)
 MAX_METADATA = 16  # OpenAI's limits on a batch's metadata: pairs, and characters per key and value
@@ -100,10 +102,10 @@ INTERNAL = (
 
 def public(batch: Batch) -> dict:
     """The batch object a client sees: OpenAI's fields, and tokenmill's extension."""
-    out = {k: v for k, v in batch.items() if k not in INTERNAL}
-    if batch["status"] in ACTIVE and batch.get("cancel_requested"):
+    out = {k: v for k, v in batch.as_json().items() if k not in INTERNAL}
+    if batch.status in ACTIVE and batch.cancel_requested:
         out["status"] = "cancelling"
-    out["tokenmill"] = {"job_id": batch["id"], "cost_usd": batch.get("cost_usd")}
+    out["tokenmill"] = {"job_id": batch.id, "cost_usd": batch.cost_usd}
     return out
 
 
@@ -111,17 +113,18 @@ def public_file(meta: dict) -> dict:
     return {k: v for k, v in meta.items() if k not in ("tenant", "content", "deleted")}
 
 
-def page(objects: list[dict], limit: int, after: str | None) -> dict:
-    """OpenAI's list page: up to `limit` objects after the one with id `after` (in the order given)."""
+def page(objects: list, limit: int, after: str | None, key: Callable = operator.itemgetter("id")) -> dict:
+    """OpenAI's list page: up to `limit` objects after the one with id `after` (in the order given; `key`: an
+    object's id)."""
     if after is not None:
-        ids = [o["id"] for o in objects]
+        ids = [key(o) for o in objects]
         objects = objects[ids.index(after) + 1 :] if after in ids else []
     data = objects[: max(1, limit)]
     return {
         "object": "list",
         "data": data,
-        "first_id": data[0]["id"] if data else None,
-        "last_id": data[-1]["id"] if data else None,
+        "first_id": key(data[0]) if data else None,
+        "last_id": key(data[-1]) if data else None,
         "has_more": len(objects) > len(data),
     }
 
@@ -157,7 +160,7 @@ def create_app(config: TokenmillConfig, store: ApiStore, runner: BatchRunner | N
     # Anthropic's windows are 24 hours; a server that allows no such window gives its first.
     window = "24h" if "24h" in config.serve.completion_windows else config.serve.completion_windows[0]
 
-    def create_message_batch(who: str, file_id: str, requests: int) -> dict:
+    def create_message_batch(who: str, file_id: str, requests: int) -> Batch:
         return create(
             CreateBatch(input_file_id=file_id, endpoint=ANTHROPIC_ENDPOINT, completion_window=window), who, requests
         )
@@ -225,11 +228,11 @@ def _owned_file(store: ApiStore, file_id: str, who: str) -> dict:
     return meta
 
 
-def _owned_batch(store: ApiStore, batch_id: str, who: str) -> dict:
+def _owned_batch(store: ApiStore, batch_id: str, who: str) -> Batch:
     batch = store.batch(who, batch_id)
     if batch is None:
         raise ApiError(404, f"no batch {batch_id!r}", "not_found", "batch_id")
-    batch["cancel_requested"] = store.cancel_asked(batch_id)
+    batch.cancel_requested = store.cancel_asked(batch_id)
     return batch
 
 
@@ -297,31 +300,31 @@ def new_batch(body: CreateBatch, tenant: str, limits: ServeConfig) -> Batch:
     if len(metadata) > MAX_METADATA or any(len(k) > MAX_KEY or len(v) > MAX_VALUE for k, v in metadata.items()):
         raise ApiError(400, f"metadata: at most {MAX_METADATA} pairs, keys {MAX_KEY} and values {MAX_VALUE} chars")
     now = int(time.time())
-    return {
-        "id": new_id("batch"),
-        "object": "batch",
-        "endpoint": body.endpoint,
-        "errors": None,
-        "input_file_id": body.input_file_id,
-        "completion_window": body.completion_window,
-        "status": "validating",
-        "output_file_id": None,
-        "error_file_id": None,
-        "created_at": now,
-        "in_progress_at": None,
-        "expires_at": now + WINDOWS[body.completion_window],
-        "finalizing_at": None,
-        "completed_at": None,
-        "failed_at": None,
-        "expired_at": None,
-        "cancelling_at": None,
-        "cancelled_at": None,
-        "request_counts": {"total": 0, "completed": 0, "failed": 0},
-        "metadata": metadata or None,
-        "model": None,
-        "tenant": tenant,
-        "output_expires_after": None if expiry is None else expiry_seconds(expiry.anchor, expiry.seconds, where),
-    }
+    return Batch(
+        id=new_id("batch"),
+        object="batch",
+        endpoint=body.endpoint,
+        errors=None,
+        input_file_id=body.input_file_id,
+        completion_window=body.completion_window,
+        status="validating",
+        output_file_id=None,
+        error_file_id=None,
+        created_at=now,
+        in_progress_at=None,
+        expires_at=now + WINDOWS[body.completion_window],
+        finalizing_at=None,
+        completed_at=None,
+        failed_at=None,
+        expired_at=None,
+        cancelling_at=None,
+        cancelled_at=None,
+        request_counts=RequestCounts(total=0, completed=0, failed=0),
+        metadata=metadata or None,
+        model=None,
+        tenant=tenant,
+        output_expires_after=None if expiry is None else expiry_seconds(expiry.anchor, expiry.seconds, where),
+    )
 
 
 class EstimateQueue:
@@ -377,15 +380,13 @@ class BudgetCheck:
         if request_lines(data) > self.config.serve.estimate_max_requests:
             return  # too large to plan inside a call: its job's own check refuses it when it starts
         try:
-            with self.queue.turn(batch["tenant"]), tempfile.TemporaryDirectory(prefix="tokenmill-admission-") as d:
+            with self.queue.turn(batch.tenant), tempfile.TemporaryDirectory(prefix="tokenmill-admission-") as d:
                 Path(d, "input.jsonl").write_bytes(data)
                 est = estimate_job(job_config(self.config, self.store, batch), input_uri=d, cached=True)
         except ApiError:
             raise
         except Exception:  # no estimate is no reason to refuse: the job's own check still applies
-            log.exception(
-                "batch %s: no budget estimate in the call; its job checks the caps when it starts", batch["id"]
-            )
+            log.exception("batch %s: no budget estimate in the call; its job checks the caps when it starts", batch.id)
             return
         busy = est["tenants_busy_usd"]
         problems = budget_problems(self.config, sum(busy.values()), busy)
@@ -402,14 +403,14 @@ def _batch_routes(app: FastAPI, store: ApiStore, config: TokenmillConfig, tenant
     """OpenAI's batches routes; returns how a batch is created (the Message Batches API creates its own so)."""
     limits, budget = config.serve, BudgetCheck(config, store)
 
-    def create(body: CreateBatch, who: str, requests: int = 0) -> dict:
+    def create(body: CreateBatch, who: str, requests: int = 0) -> Batch:
         batch = new_batch(body, who, limits)
         meta = _owned_file(store, body.input_file_id, who)
         if meta["purpose"] != "batch":
             raise ApiError(400, f"file {body.input_file_id} is not a batch input file", "invalid_file")
         if budget.applies(who):
             budget.check(batch, store.content(meta))
-        batch["request_counts"]["total"] = requests  # known already when the API wrote the file itself
+        batch.request_counts.total = requests  # known already when the API wrote the file itself
         if not store.add_batch(batch, limits.max_active_batches):
             message = f"this tenant has {limits.max_active_batches} batches queued or running: retry when one ends"
             raise ApiError(429, message, "too_many_batches")
@@ -421,8 +422,10 @@ def _batch_routes(app: FastAPI, store: ApiStore, config: TokenmillConfig, tenant
 
     @app.get("/v1/batches")
     def list_batches(limit: int = 20, after: str | None = None, who: str = Depends(tenant)):
-        found = page(store.batches(who), min(limit, 100), after)
-        found["data"] = [public({**b, "cancel_requested": store.cancel_asked(b["id"])}) for b in found["data"]]
+        found = page(store.batches(who), min(limit, 100), after, key=lambda b: b.id)
+        for b in found["data"]:
+            b.cancel_requested = store.cancel_asked(b.id)
+        found["data"] = [public(b) for b in found["data"]]
         return found
 
     @app.get("/v1/batches/{batch_id}")
@@ -432,9 +435,10 @@ def _batch_routes(app: FastAPI, store: ApiStore, config: TokenmillConfig, tenant
     @app.post("/v1/batches/{batch_id}/cancel")
     def cancel_batch(batch_id: str, who: str = Depends(tenant)):
         batch = _owned_batch(store, batch_id, who)
-        if batch["status"] not in ACTIVE:
-            raise ApiError(409, f"batch {batch_id} is {batch['status']}: only an active batch can be cancelled")
+        if batch.status not in ACTIVE:
+            raise ApiError(409, f"batch {batch_id} is {batch.status}: only an active batch can be cancelled")
         store.ask_cancel(batch_id)
-        return public({**batch, "cancel_requested": True})
+        batch.cancel_requested = True
+        return public(batch)
 
     return create

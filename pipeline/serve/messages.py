@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from pipeline.serve.access import json_body
 from pipeline.serve.errors import ApiError
 from pipeline.serve.runner import ACTIVE
-from pipeline.serve.store import ApiStore
+from pipeline.serve.store import ApiStore, Batch
 
 ENDPOINT = "/v1/messages"
 # A stopped or failed batch's requests it never answered, by how it ended: their result type.
@@ -58,44 +58,42 @@ def _time(seconds: int | None) -> str | None:
     return None if seconds is None else datetime.fromtimestamp(seconds, UTC).isoformat().replace("+00:00", "Z")
 
 
-def message_batch(batch: dict, counts: dict[str, int], results_url: str) -> dict:
+def message_batch(batch: Batch, counts: dict[str, int], results_url: str) -> dict:
     """The `message_batch` object of a batch (`counts`: its requests by result type, once it has ended)."""
-    ended = batch["status"] not in ACTIVE
-    status = "ended" if ended else "canceling" if batch.get("cancel_requested") else "in_progress"
-    total = batch["request_counts"]["total"]
-    ended_at = next(
-        (batch[f"{s}_at"] for s in ("completed", "failed", "cancelled", "expired") if batch.get(f"{s}_at")), None
-    )
+    ended = batch.status not in ACTIVE
+    status = "ended" if ended else "canceling" if batch.cancel_requested else "in_progress"
+    total = batch.request_counts.total
+    ended_at = batch.ended_at()
     return {
-        "id": batch["id"],
+        "id": batch.id,
         "type": "message_batch",
         "processing_status": status,
         "request_counts": {
             "processing": 0 if ended else total,
             **{k: counts.get(k, 0) for k in ("succeeded", "errored", "canceled", "expired")},
         },
-        "created_at": _time(batch["created_at"]),
-        "expires_at": _time(batch["expires_at"]),
+        "created_at": _time(batch.created_at),
+        "expires_at": _time(batch.expires_at),
         "ended_at": _time(ended_at) if ended else None,
-        "cancel_initiated_at": _time(batch.get("cancelling_at")),
+        "cancel_initiated_at": _time(batch.cancelling_at),
         "archived_at": None,
         "results_url": results_url if ended else None,
     }
 
 
-def message_batch_routes(app: FastAPI, store: ApiStore, tenant, create: Callable[[str, str, int], dict]) -> None:
+def message_batch_routes(app: FastAPI, store: ApiStore, tenant, create: Callable[[str, str, int], Batch]) -> None:
     """The routes; `create(tenant, input file id, requests)` creates a batch of endpoint /v1/messages."""
     version = [Depends(anthropic_version)]
     results = Results(store)
 
-    def answer(batch: dict, request: Request) -> dict:
-        batch["cancel_requested"] = store.cancel_asked(batch["id"])
-        url = f"{str(request.base_url).rstrip('/')}/v1/messages/batches/{batch['id']}/results"
+    def answer(batch: Batch, request: Request) -> dict:
+        batch.cancel_requested = store.cancel_asked(batch.id)
+        url = f"{str(request.base_url).rstrip('/')}/v1/messages/batches/{batch.id}/results"
         return message_batch(batch, results.counts(batch), url)
 
-    def owned(batch_id: str, who: str) -> dict:
+    def owned(batch_id: str, who: str) -> Batch:
         batch = store.batch(who, batch_id)
-        if batch is None or batch["endpoint"] != ENDPOINT:
+        if batch is None or batch.endpoint != ENDPOINT:
             raise ApiError(404, f"no message batch {batch_id!r}")
         return batch
 
@@ -122,8 +120,8 @@ def message_batch_routes(app: FastAPI, store: ApiStore, tenant, create: Callable
         before_id: str | None = None,
         who: str = Depends(tenant),
     ):
-        batches = [b for b in store.batches(who) if b["endpoint"] == ENDPOINT]  # newest first
-        ids = [b["id"] for b in batches]
+        batches = [b for b in store.batches(who) if b.endpoint == ENDPOINT]  # newest first
+        ids = [b.id for b in batches]
         if after_id is not None:
             batches = batches[ids.index(after_id) + 1 :] if after_id in ids else []
         elif before_id is not None:
@@ -144,14 +142,14 @@ def message_batch_routes(app: FastAPI, store: ApiStore, tenant, create: Callable
     @app.post("/v1/messages/batches/{batch_id}/cancel", dependencies=version)
     def cancel_message_batch(batch_id: str, request: Request, who: str = Depends(tenant)):
         batch = owned(batch_id, who)
-        if batch["status"] in ACTIVE:
+        if batch.status in ACTIVE:
             store.ask_cancel(batch_id)
         return answer(batch, request)  # an ended batch: as it is, as Anthropic answers it
 
     @app.get("/v1/messages/batches/{batch_id}/results", dependencies=version)
     def message_batch_results(batch_id: str, who: str = Depends(tenant)):
         batch = owned(batch_id, who)
-        if batch["status"] in ACTIVE:
+        if batch.status in ACTIVE:
             raise ApiError(400, f"message batch {batch_id} has not ended: its results are not ready")
         return StreamingResponse(results.lines(batch), media_type="application/x-jsonl")
 
@@ -163,30 +161,30 @@ class Results:
     def __init__(self, store: ApiStore):
         self.store = store
 
-    def lines(self, batch: dict) -> Iterator[bytes]:
-        meta = self.store.file(batch["tenant"], batch["output_file_id"]) if batch.get("output_file_id") else None
+    def lines(self, batch: Batch) -> Iterator[bytes]:
+        meta = self.store.file(batch.tenant, batch.output_file_id) if batch.output_file_id else None
         if meta is not None:
             yield from self.store.stream(meta)
             return
         for custom_id in self._custom_ids(batch):
             yield (json.dumps({"custom_id": custom_id, "result": self._unanswered(batch)}) + "\n").encode()
 
-    def counts(self, batch: dict) -> dict[str, int]:
-        if batch["status"] in ACTIVE:
+    def counts(self, batch: Batch) -> dict[str, int]:
+        if batch.status in ACTIVE:
             return {}
         lines = b"".join(self.lines(batch)).splitlines()
         return dict(Counter(json.loads(line)["result"]["type"] for line in lines if line.strip()))
 
-    def _custom_ids(self, batch: dict) -> list[str]:
-        meta = self.store.file(batch["tenant"], batch["input_file_id"])
+    def _custom_ids(self, batch: Batch) -> list[str]:
+        meta = self.store.file(batch.tenant, batch.input_file_id)
         data = self.store.content(meta) if meta is not None else b""
         return [json.loads(line)["custom_id"] for line in data.splitlines() if line.strip()]
 
     @staticmethod
-    def _unanswered(batch: dict) -> dict:
-        kind = UNANSWERED.get(batch["status"], "errored")
+    def _unanswered(batch: Batch) -> dict:
+        kind = UNANSWERED.get(batch.status, "errored")
         if kind != "errored":
             return {"type": kind}
-        errors = (batch.get("errors") or {}).get("data") or [{}]
+        errors = (batch.errors or {}).get("data") or [{}]
         message = errors[0].get("message") or "the batch failed"
         return {"type": "errored", "error": {"type": "error", "error": {"type": "api_error", "message": message}}}

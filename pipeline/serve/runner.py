@@ -43,7 +43,7 @@ from pipeline.errors import JobError
 from pipeline.job.lifecycle import Job
 from pipeline.job.orchestrate import job_input, job_manifest
 from pipeline.output.batch import batch_usage
-from pipeline.serve.store import ACTIVE, ApiStore, Batch
+from pipeline.serve.store import ACTIVE, ApiStore, Batch, RequestCounts
 from pipeline.serve.validate import line_errors
 from pipeline.status import PLANNING, BatchStatus, JobStatus
 from pipeline.stores import storage
@@ -71,9 +71,9 @@ def job_config(config: TokenmillConfig, store: ApiStore, batch: Batch) -> Tokenm
     (orchestrate.job_input, as a DAG run's tasks build theirs), with no progress bar."""
     job = job_input(
         config,
-        store.out.uri(store.input_folder(batch["id"])),
-        batch["tenant"],
-        "anthropic" if batch["endpoint"] == "/v1/messages" else "openai",
+        store.out.uri(store.input_folder(batch.id)),
+        batch.tenant,
+        "anthropic" if batch.endpoint == "/v1/messages" else "openai",
     )
     return job.model_copy(update={"run": job.run.model_copy(update={"progress": "off"})})
 
@@ -144,7 +144,7 @@ class BatchRunner:
             if self.epoch is None:
                 return False
             active = self.store.index_active()  # (its own batches: servers of other roots may share the workdir)
-            reaped = sum(self.jobs.reap(b["id"]) for b in self.store.active_batches())
+            reaped = sum(self.jobs.reap(b.id) for b in self.store.active_batches())
             log.info(
                 "runner lease claimed (epoch %d); %d orphan processes of an earlier server killed; %d active batches",
                 self.epoch,
@@ -159,11 +159,11 @@ class BatchRunner:
         """One pass: end every active batch asked to cancel or past its window, wherever it is in the queue;
         then advance the one running, or else start the next in turn (one job at a time: one set of engines)."""
         active = self.store.active_batches()
-        started = [b for b in active if b["status"] != "validating"]
-        current = started[0] if started else self.next_turn([b for b in active if b["status"] == "validating"])
+        started = [b for b in active if b.status != "validating"]
+        current = started[0] if started else self.next_turn([b for b in active if b.status == "validating"])
         now = int(time.time())
         for batch in active:
-            if batch is not current and (self.store.cancel_asked(batch["id"]) or now >= batch["expires_at"]):
+            if batch is not current and (self.store.cancel_asked(batch.id) or now >= batch.expires_at):
                 self.guarded(batch)
         if current is not None:
             self.guarded(current)
@@ -176,7 +176,7 @@ class BatchRunner:
             return 0
         self.next_sweep = time.monotonic() + every
         cutoff = time.time() - days * 86400
-        in_use = {b["input_file_id"] for b in self.store.active_batches()}
+        in_use = {b.input_file_id for b in self.store.active_batches()}
         old = [f for f in self.store.all_files() if f["created_at"] < cutoff and f["id"] not in in_use]
         for meta in old:
             self.store.delete_file(meta)
@@ -189,42 +189,40 @@ class BatchRunner:
         that queued many batches gets one of every round, never the whole queue."""
         if not queued:
             return None
-        tenants = sorted({b["tenant"] for b in queued})
+        tenants = sorted({b.tenant for b in queued})
         after = [t for t in tenants if self.last_tenant is not None and t > self.last_tenant]
         self.last_tenant = (after or tenants)[0]
-        return next(b for b in queued if b["tenant"] == self.last_tenant)
+        return next(b for b in queued if b.tenant == self.last_tenant)
 
     def guarded(self, batch: Batch) -> None:
         """Advance `batch`; one that fails MAX_FAULTS passes in a row is failed, so it cannot block the queue."""
         try:
             self.advance(batch)
-            self.faults.pop(batch["id"], None)
+            self.faults.pop(batch.id, None)
         except AirflowUnavailable as e:  # Airflow restarting or down: the batch did nothing wrong; asked again
-            log.warning("batch %s: Airflow did not answer (%s); trying again", batch["id"], e)
+            log.warning("batch %s: Airflow did not answer (%s); trying again", batch.id, e)
         except Exception:
-            self.faults[batch["id"]] = n = self.faults.get(batch["id"], 0) + 1
-            log.exception("batch %s: pass %d failed", batch["id"], n)
+            self.faults[batch.id] = n = self.faults.get(batch.id, 0) + 1
+            log.exception("batch %s: pass %d failed", batch.id, n)
             if n >= MAX_FAULTS:
                 try:
                     self.jobs.stop(batch)
                 except Exception:  # failed all the same, so it cannot block the queue
-                    log.exception("batch %s: its job could not be stopped", batch["id"])
+                    log.exception("batch %s: its job could not be stopped", batch.id)
                 batch.update(status="failed", failed_at=int(time.time()), errors=_errors("job_failed", JOB_FAILED))
                 self.put_ended(batch)
 
     def advance(self, batch: Batch) -> None:
         now = int(time.time())
-        ending = (
-            "cancelled" if self.store.cancel_asked(batch["id"]) else "expired" if now >= batch["expires_at"] else None
-        )
+        ending = "cancelled" if self.store.cancel_asked(batch.id) else "expired" if now >= batch.expires_at else None
         if ending == "cancelled":
-            batch["cancelling_at"] = batch.get("cancelling_at") or now
+            batch.cancelling_at = batch.cancelling_at or now
         if ending is not None:
             if self.jobs.stop(batch):  # else its tasks are still ending: what they commit is returned too
                 self.finish(batch, ending)
-        elif batch["status"] == "validating":
+        elif batch.status == "validating":
             self.validate(batch, now)
-        elif batch["status"] == "finalizing":
+        elif batch.status == "finalizing":
             self.finish(batch, "completed")
         elif not self.jobs.runs(batch):
             self.launch(batch)
@@ -232,18 +230,18 @@ class BatchRunner:
             self.jobs.forget(batch)
             # Runs that failed, not launches: a server restarted mid-run launches its job again, and that
             # is no fault of the job's.
-            batch["failed_runs"] = batch.get("failed_runs", 0) + (code != 0)
+            batch.failed_runs += code != 0
             self.store.put_batch(batch)
-            if code != 0 and batch["failed_runs"] < MAX_ATTEMPTS and not self.refused(batch):
-                log.warning("batch %s: its job exited %d; running it again (it continues)", batch["id"], code)
+            if code != 0 and batch.failed_runs < MAX_ATTEMPTS and not self.refused(batch):
+                log.warning("batch %s: its job exited %d; running it again (it continues)", batch.id, code)
                 return  # launched again on the next pass
             self.finish(batch, "completed")
 
     def validate(self, batch: Batch, now: int) -> None:
-        meta = self.store.file(batch["tenant"], batch["input_file_id"])
+        meta = self.store.file(batch.tenant, batch.input_file_id)
         errors = None
         if meta is None:
-            errors = _errors("invalid_file", f"input file {batch['input_file_id']} no longer exists")
+            errors = _errors("invalid_file", f"input file {batch.input_file_id} no longer exists")
         else:
             data = self.store.content(meta)
             lines = request_lines(data)
@@ -251,11 +249,11 @@ class BatchRunner:
                 errors = _errors("empty_file", "the input file holds no request")
             elif lines > self.config.serve.max_requests:
                 errors = _errors("too_many_requests", f"{lines} requests; at most {self.config.serve.max_requests}")
-            elif self.config.serve.validation == "strict" and (wrong := line_errors(data, batch["endpoint"])):
+            elif self.config.serve.validation == "strict" and (wrong := line_errors(data, batch.endpoint)):
                 errors = {"object": "list", "data": wrong}  # lines OpenAI refuses, each named
             else:
-                storage.write_bytes_atomic(self.store.out, f"{self.store.input_folder(batch['id'])}/input.jsonl", data)
-                batch["request_counts"]["total"] = lines
+                storage.write_bytes_atomic(self.store.out, f"{self.store.input_folder(batch.id)}/input.jsonl", data)
+                batch.request_counts.total = lines
         if errors:
             batch.update(status="failed", failed_at=now, errors=errors)
         else:
@@ -264,21 +262,21 @@ class BatchRunner:
 
     def launch(self, batch: Batch) -> None:
         """The batch's job, started (again, after a restart or a failed attempt: the job continues)."""
-        batch["attempts"] = batch.get("attempts", 0) + 1
+        batch.attempts += 1
         self.jobs.start(batch, job_config(self.config, self.store, batch), lambda: self.store.put_batch(batch))
 
     def finish(self, batch: Batch, status: BatchStatus) -> None:
         """Finalize: the job's manifest over what committed; its result files become the batch's files."""
         now = int(time.time())
-        if batch["status"] != "finalizing":
+        if batch.status != "finalizing":
             batch.update(status="finalizing", finalizing_at=now)
             self.store.put_batch(batch)
         self.jobs.ended(batch)
-        job = self.state.job(batch["id"])
+        job = self.state.job(batch.id)
         ended = "failed" if status == "completed" else status  # how a batch with no answer ends
         # A budget cap (refused when it started, or deferred mid-run every time it ran): its error says by how much.
         refused = job is not None and job.status in ("refused", "deferred")
-        if refused and not self.state.has_items(batch["id"]):
+        if refused and not self.state.has_items(batch.id):
             self.end_unanswered(batch, "failed", now, _errors("budget_exceeded", job.error or "budget"))
             return
         config = job_config(self.config, self.store, batch)
@@ -286,39 +284,39 @@ class BatchRunner:
             # Cancelled, expired or stopped at a cap after answering some: what was paid for is returned.
             if refused:
                 stop = (job.status, "budget_exceeded", job.error or "budget")
-                batch["errors"] = _errors("budget_exceeded", stop[2])
+                batch.errors = _errors("budget_exceeded", stop[2])
             else:
                 stop = (status, status, f"the batch was {status} before this request was answered")
             if not self.return_what_was_paid(batch, config, *stop):
                 return
         results = None
         if job is not None:  # else its job never began: nothing was paid
-            manifest = job_manifest(config, batch["id"])
-            results = manifest.get("batches", {}).get("input.jsonl")
+            manifest = job_manifest(config, batch.id)
+            results = (manifest.batches or {}).get("input.jsonl")
         if results is None:  # planning never finished: nothing answered
             if job is not None:
-                log.error("batch %s: its job wrote no results; %s", batch["id"], self.jobs.where_to_look(batch))
+                log.error("batch %s: its job wrote no results; %s", batch.id, self.jobs.where_to_look(batch))
             self.end_unanswered(batch, ended, now, _errors("job_failed", JOB_FAILED) if ended == "failed" else None)
             return
         for kind, key in (("output", "output_file_id"), ("errors", "error_file_id"), ("results", "output_file_id")):
             path = results["files"].get(kind)
-            if path is None or batch.get(key):
+            if path is None or getattr(batch, key):
                 continue
             size = self.store.out.fs.get_file_info(self.store.out.join(path)).size
             if size or kind != "errors":  # OpenAI sets no error file when nothing failed
-                where, expiry = self.store.out.join(path), batch.get("output_expires_after")
+                where, expiry = self.store.out.join(path), batch.output_expires_after
                 meta = self.store.register_file(
-                    batch["tenant"], f"{batch['id']}_{kind}.jsonl", "batch_output", where, size, None, expiry
+                    batch.tenant, f"{batch.id}_{kind}.jsonl", "batch_output", where, size, None, expiry
                 )
-                batch[key] = meta["id"]
+                setattr(batch, key, meta["id"])
         counts = results["request_counts"]
-        batch["request_counts"] = {k: counts[k] for k in ("total", "completed", "failed")}
-        batch["usage"], batch["model"] = batch_usage(results), ",".join(results.get("models", [])) or None
-        batch["cost_usd"] = manifest.get("cost", {}).get("cost_usd", 0.0)
+        batch.request_counts = RequestCounts(**{k: counts[k] for k in ("total", "completed", "failed")})
+        batch.usage, batch.model = batch_usage(results), ",".join(results.get("models", [])) or None
+        batch.cost_usd = manifest.cost.cost_usd
         at = {"completed": "completed_at", "cancelled": "cancelled_at", "expired": "expired_at"}[status]
         batch.update(status=status, **{at: now})
         self.put_ended(batch)
-        log.info("batch %s: %s, %s", batch["id"], status, json.dumps(batch["request_counts"]))
+        log.info("batch %s: %s, %s", batch.id, status, json.dumps(batch.request_counts.model_dump()))
 
     @staticmethod
     def planned(job) -> bool:
@@ -332,19 +330,19 @@ class BatchRunner:
         `end_stopped`; the rest quarantined as `reason`), and set the job's status. False while a partition's
         holder elsewhere keeps its lease: the next pass tries again (the batch stays `finalizing`, shown as
         `cancelling` when cancelled), for at most two leases; then each pass counts as a fault."""
-        job = self.stopping.get(batch["id"]) or Job.open(config, batch["id"])
+        job = self.stopping.get(batch.id) or Job.open(config, batch.id)
         left = job.end_stopped(status, detail, reason)
         failed = [p for p in left if p.status != "running"]
-        waited = time.monotonic() - self.waiting.setdefault(batch["id"], time.monotonic())
+        waited = time.monotonic() - self.waiting.setdefault(batch.id, time.monotonic())
         if failed or waited > 2 * self.config.state.lease_seconds:  # a fault of this pass: MAX_FAULTS fail it
             p = (failed or left)[0]
             raise JobError(f"partition {p.partition} could not be committed: {p.status}: {p.last_error}")
         if left:
-            self.stopping[batch["id"]] = job  # one catalog connection while it waits, not one per pass
-            log.info("batch %s: %d partitions wait for their holders' leases to end", batch["id"], len(left))
+            self.stopping[batch.id] = job  # one catalog connection while it waits, not one per pass
+            log.info("batch %s: %d partitions wait for their holders' leases to end", batch.id, len(left))
             return False
-        self.stopping.pop(batch["id"], None)
-        self.waiting.pop(batch["id"], None)
+        self.stopping.pop(batch.id, None)
+        self.waiting.pop(batch.id, None)
         return True
 
     @functools.cached_property
@@ -354,20 +352,20 @@ class BatchRunner:
 
     def refused(self, batch: Batch) -> bool:
         """Whether the batch's job was refused at a budget cap (running it again would be refused again)."""
-        job = self.state.job(batch["id"])
+        job = self.state.job(batch.id)
         return job is not None and job.status == "refused"
 
     def put_ended(self, batch: Batch) -> None:
         """Write the ended batch, then remove the copies of its input the server made: the job's input file
         and its staged records (the client's upload stays until the client deletes it)."""
         self.store.put_batch(batch)
-        self.store.remove_input(batch["id"])
-        StagingArea(self.store.out, batch["id"]).remove()
+        self.store.remove_input(batch.id)
+        StagingArea(self.store.out, batch.id).remove()
 
     def end_unanswered(self, batch: Batch, status: BatchStatus, now: int, errors: dict | None = None) -> None:
         """End a batch (`cancelled`, `expired` or `failed`) whose job answered nothing: every request failed."""
-        counts = batch["request_counts"]
-        batch["request_counts"] = {**counts, "completed": 0, "failed": counts["total"]}
+        total = batch.request_counts.total
+        batch.request_counts = RequestCounts(total=total, completed=0, failed=total)
         batch.update(status=status, **{f"{status}_at": now}, **({"errors": errors} if errors else {}))
         self.put_ended(batch)
 
@@ -413,22 +411,22 @@ class ChildProcess:
         self.child_of: str | None = None  # the batch the child runs
 
     def runs(self, batch: Batch) -> bool:
-        return self.child is not None and self.child_of == batch["id"]
+        return self.child is not None and self.child_of == batch.id
 
     def start(self, batch: Batch, config: TokenmillConfig, save) -> None:
         self.stop()  # another batch's child, if any: one job (one set of engines) at a time
-        self.reap(batch["id"])  # one left by an earlier server, if any survived: never two runs of a job
-        path = self.workdir / f"{batch['id']}.yaml"
+        self.reap(batch.id)  # one left by an earlier server, if any survived: never two runs of a job
+        path = self.workdir / f"{batch.id}.yaml"
         # The config whole, its secrets expanded: readable by this user alone, deleted when the batch ends.
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as f:
             f.write(yaml.safe_dump(config.model_dump(mode="json"), sort_keys=False))
-        command = [sys.executable, "-m", "pipeline.cli", "run", "--config", str(path), "--job-id", batch["id"]]
+        command = [sys.executable, "-m", "pipeline.cli", "run", "--config", str(path), "--job-id", batch.id]
         # The config is whole in the file: no TOKENMILL_* override of the server's environment applies twice.
         env = {k: v for k, v in os.environ.items() if not k.startswith("TOKENMILL_") or k == "TOKENMILL_HOME"}
-        self.spawn(batch["id"], command, env)
+        self.spawn(batch.id, command, env)
         save()
-        log.info("batch %s: job started (pid %d)", batch["id"], self.child.pid)
+        log.info("batch %s: job started (pid %d)", batch.id, self.child.pid)
 
     def spawn(self, batch_id: str, command: list[str], env: dict | None = None) -> None:
         """Start `command` as the child running `batch_id`, dying with this server, its process group in a pidfile."""
@@ -449,14 +447,14 @@ class ChildProcess:
         return self.child.poll() if self.runs(batch) else None
 
     def forget(self, batch: Batch) -> None:
-        self._pidfile(batch["id"]).unlink(missing_ok=True)
+        self._pidfile(batch.id).unlink(missing_ok=True)
         self.child, self.child_of = None, None
 
     def stop(self, batch: Batch | None = None) -> bool:
         """Stop the child (only when it runs `batch`, if given; else whatever an earlier server left running
         `batch`); True: it has ended."""
-        if batch is not None and self.child_of != batch["id"]:
-            self.reap(batch["id"])
+        if batch is not None and self.child_of != batch.id:
+            self.reap(batch.id)
             return True
         if self.child is not None and self.child.poll() is None:
             os.killpg(self.child.pid, signal.SIGTERM)  # the child and its engines' processes
@@ -490,7 +488,7 @@ class ChildProcess:
         return self.workdir / f"{batch_id}.pid"
 
     def ended(self, batch: Batch) -> None:
-        (self.workdir / f"{batch['id']}.yaml").unlink(missing_ok=True)
+        (self.workdir / f"{batch.id}.yaml").unlink(missing_ok=True)
 
     def close(self) -> None:
         self.stop()
@@ -498,7 +496,7 @@ class ChildProcess:
     def where_to_look(self, batch: Batch) -> str:
         """The last line of the batch's job log, for the server's log (never for the tenant: it may name paths)."""
         try:
-            last = (self.workdir / f"{batch['id']}.log").read_text(errors="replace").strip().splitlines()[-1]
+            last = (self.workdir / f"{batch.id}.log").read_text(errors="replace").strip().splitlines()[-1]
             return f"its log: {last[:1000]}"
         except (OSError, IndexError):
             return "its job wrote no log"
@@ -581,17 +579,17 @@ class AirflowRuns:
         return r.json() if r.content else {}
 
     def runs(self, batch: Batch) -> bool:
-        return batch.get("airflow_run") is not None
+        return batch.airflow_run is not None
 
     def start(self, batch: Batch, config: TokenmillConfig, save) -> None:
         """Name the run on the batch and save it (`save`), then create the run with the job's params."""
-        batch["airflow_run"] = f"tokenmill-batch-{batch['id']}-{batch['attempts']}"
-        batch["airflow_conf"] = {
+        batch.airflow_run = f"tokenmill-batch-{batch.id}-{batch.attempts}"
+        batch.airflow_conf = {
             "config": self.trigger.config,
             "input_uri": config.input.uri,
             "output_uri": config.output.uri,
-            "job_id": batch["id"],
-            "tenant": batch["tenant"],
+            "job_id": batch.id,
+            "tenant": batch.tenant,
             "input_format": config.input.format,
         }
         save()
@@ -599,20 +597,18 @@ class AirflowRuns:
 
     def create(self, batch: Batch) -> None:
         path = f"/dags/{self.trigger.dag_id}/dagRuns"
-        body = {"dag_run_id": batch["airflow_run"], "logical_date": None, "conf": batch["airflow_conf"]}
+        body = {"dag_run_id": batch.airflow_run, "logical_date": None, "conf": batch.airflow_conf}
         try:
             self.call("POST", path, body)
         except AirflowRefused as e:
             if e.status != 409:  # 409: a run of that id exists (created before a restart): it is this batch's
                 raise
-            log.info("batch %s: Airflow run %s exists already: watching it", batch["id"], batch["airflow_run"])
+            log.info("batch %s: Airflow run %s exists already: watching it", batch.id, batch.airflow_run)
             return
-        log.info(
-            "batch %s: job started as Airflow run %s of %s", batch["id"], batch["airflow_run"], self.trigger.dag_id
-        )
+        log.info("batch %s: job started as Airflow run %s of %s", batch.id, batch.airflow_run, self.trigger.dag_id)
 
     def state(self, batch: Batch) -> str | None:
-        run = self.call("GET", f"/dags/{self.trigger.dag_id}/dagRuns/{batch['airflow_run']}")
+        run = self.call("GET", f"/dags/{self.trigger.dag_id}/dagRuns/{batch.airflow_run}")
         return None if run is None else run["state"]
 
     def exit_code(self, batch: Batch) -> int | None:
@@ -625,8 +621,7 @@ class AirflowRuns:
         return {"success": 0, "failed": 1}.get(state)
 
     def forget(self, batch: Batch) -> None:
-        batch.pop("airflow_run", None)
-        batch.pop("airflow_conf", None)
+        batch.update(airflow_run=None, airflow_conf=None)
 
     def stop(self, batch: Batch | None = None) -> bool:
         """Fail the batch's run (Airflow then stops its tasks; what they paid for stays paid). True once none
@@ -635,10 +630,10 @@ class AirflowRuns:
             return True
         state = self.state(batch)
         if state in ("queued", "running"):
-            self.call("PATCH", f"/dags/{self.trigger.dag_id}/dagRuns/{batch['airflow_run']}", {"state": "failed"})
+            self.call("PATCH", f"/dags/{self.trigger.dag_id}/dagRuns/{batch.airflow_run}", {"state": "failed"})
         elif state is None:
             return True
-        path = f"/dags/{self.trigger.dag_id}/dagRuns/{batch['airflow_run']}/taskInstances"
+        path = f"/dags/{self.trigger.dag_id}/dagRuns/{batch.airflow_run}/taskInstances"
         tasks = (self.call("GET", path, params={"limit": 1000}) or {}).get("task_instances", [])
         return not any(t["state"] in self.ACTIVE_TASKS for t in tasks)
 
@@ -652,7 +647,7 @@ class AirflowRuns:
         self.client.close()
 
     def where_to_look(self, batch: Batch) -> str:
-        return f"its Airflow run {batch.get('airflow_run')} of {self.trigger.dag_id}: see its failed tasks' logs"
+        return f"its Airflow run {batch.airflow_run} of {self.trigger.dag_id}: see its failed tasks' logs"
 
 
 PR_SET_PDEATHSIG = 1

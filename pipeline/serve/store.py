@@ -19,9 +19,10 @@ import secrets
 import threading
 import time
 from collections.abc import Iterator
-from typing import Literal, TypedDict
+from typing import Literal
 
 import pyarrow.fs as pafs
+from pydantic import BaseModel, ConfigDict
 
 from pipeline.output.tables import relative
 from pipeline.status import ACTIVE_BATCH, BatchStatus
@@ -31,48 +32,64 @@ from pipeline.stores.staging import StagingArea
 ACTIVE = ACTIVE_BATCH  # the batches the runner still works on
 
 
-class RequestCounts(TypedDict):
-    total: int
-    completed: int
-    failed: int
+class RequestCounts(BaseModel):
+    total: int = 0
+    completed: int = 0
+    failed: int = 0
 
 
-class Batch(TypedDict, total=False):
+class Batch(BaseModel):
     """A batch as the server keeps it: OpenAI's Batch object, then the server's own keys. The API creates it
-    (`app.new_batch`), the runner advances it, the store saves it whole; a dict on the wire and in storage,
-    typed here, once, so that a misspelt key or status is a type error instead of a batch that never moves."""
+    (`app.new_batch`), the runner advances it, the store saves it whole and parses it once as it reads it back:
+    a status outside BatchStatus, or a value of the wrong type, is refused where it is set (`validate_assignment`),
+    instead of a batch that never moves. It writes the keys it was given (`as_json`), and carries a key it does not
+    know (`extra`), so an object written by another version reads back and is written again with the same keys."""
+
+    model_config = ConfigDict(extra="allow", validate_assignment=True)
 
     id: str
-    object: Literal["batch"]
+    object: Literal["batch"] = "batch"
     endpoint: str
-    errors: dict | None
+    errors: dict | None = None
     input_file_id: str
     completion_window: str
     status: BatchStatus
-    output_file_id: str | None
-    error_file_id: str | None
+    output_file_id: str | None = None
+    error_file_id: str | None = None
     created_at: int
-    in_progress_at: int | None
+    in_progress_at: int | None = None
     expires_at: int
-    finalizing_at: int | None
-    completed_at: int | None
-    failed_at: int | None
-    expired_at: int | None
-    cancelling_at: int | None
-    cancelled_at: int | None
-    request_counts: RequestCounts
-    metadata: dict[str, str] | None
-    model: str | None
-    usage: dict | None
+    finalizing_at: int | None = None
+    completed_at: int | None = None
+    failed_at: int | None = None
+    expired_at: int | None = None
+    cancelling_at: int | None = None
+    cancelled_at: int | None = None
+    request_counts: RequestCounts = RequestCounts()
+    metadata: dict[str, str] | None = None
+    model: str | None = None
+    usage: dict | None = None
     # the server's own
     tenant: str  # whose batch: the API hands it to that tenant's keys only, and bills its job to it
-    output_expires_after: int | None  # seconds the result files are kept after the batch ends
-    cost_usd: float
-    attempts: int  # runs of its job started
-    failed_runs: int  # runs of its job that exited with an error
-    cancel_requested: bool
-    airflow_run: str | None  # its DAG run's id, with `serve.airflow`
-    airflow_conf: dict | None  # that run's params
+    output_expires_after: int | None = None  # seconds the result files are kept after the batch ends
+    cost_usd: float | None = None  # None: its job has not ended
+    attempts: int = 0  # runs of its job started
+    failed_runs: int = 0  # runs of its job that exited with an error
+    cancel_requested: bool = False
+    airflow_run: str | None = None  # its DAG run's id, with `serve.airflow`
+    airflow_conf: dict | None = None  # that run's params
+
+    def update(self, **values) -> None:
+        """Set several fields at once (each checked as it is set)."""
+        for name, value in values.items():
+            setattr(self, name, value)
+
+    def ended_at(self) -> int | None:
+        """When it ended: completed, failed, cancelled or expired (None: it has not)."""
+        return next((t for t in (self.completed_at, self.failed_at, self.cancelled_at, self.expired_at) if t), None)
+
+    def as_json(self) -> dict:
+        return self.model_dump(exclude_unset=True)
 
 
 def new_id(prefix: str) -> str:
@@ -191,27 +208,27 @@ class ApiStore:
         records): the runner removes them when a batch ends, so this finds some only in an output root from
         before it did. Reads the tenant's batches: for a client's delete, not for a sweep of many files."""
         for batch in self.batches(meta["tenant"]):
-            if batch["input_file_id"] == meta["id"] and batch["status"] not in ACTIVE:
-                self.remove_input(batch["id"])
-                StagingArea(self.out, batch["id"]).remove()
+            if batch.input_file_id == meta["id"] and batch.status not in ACTIVE:
+                self.remove_input(batch.id)
+                StagingArea(self.out, batch.id).remove()
 
     # -- batches ---------------------------------------------------------------------------------------
     def put_batch(self, batch: Batch) -> None:
         """Write the batch; an active one is in the index before its object exists, an ended one leaves it
         after its object says so (a crash in between leaves an entry the runner drops: never a lost batch)."""
-        marker = self._path("active", f"{batch['id']}.json")
-        if batch["status"] in ACTIVE:
-            self._write(marker, {"tenant": batch["tenant"], "created_at": batch["created_at"]})
-            self._write(self._path("batches", f"{batch['id']}.json"), batch)
+        marker = self._path("active", f"{batch.id}.json")
+        if batch.status in ACTIVE:
+            self._write(marker, {"tenant": batch.tenant, "created_at": batch.created_at})
+            self._write(self._path("batches", f"{batch.id}.json"), batch.as_json())
         else:
-            self._write(self._path("batches", f"{batch['id']}.json"), batch)
-            self._forget_active(batch["id"])
+            self._write(self._path("batches", f"{batch.id}.json"), batch.as_json())
+            self._forget_active(batch.id)
 
     def add_batch(self, batch: Batch, cap: int) -> bool:
         """Write a new batch unless its tenant has `cap` active ones already (False). One create at a time
         in this server, so that two creates cannot both pass the count."""
         with self.creating:
-            if self.active_count(batch["tenant"]) >= cap:
+            if self.active_count(batch.tenant) >= cap:
                 return False
             self.put_batch(batch)
             return True
@@ -222,16 +239,16 @@ class ApiStore:
         except FileNotFoundError:
             pass
 
-    def active_batches(self) -> list[dict]:
+    def active_batches(self) -> list[Batch]:
         """The active batches (any tenant), oldest first, read through the index: O(active), not O(batches)."""
         found = []
         for batch_id in self._names("active"):
             batch = self.batch(None, batch_id)
-            if batch is not None and batch["status"] in ACTIVE:
+            if batch is not None and batch.status in ACTIVE:
                 found.append(batch)
             elif batch is not None:  # ended, and its writer died before leaving the index
                 self._forget_active(batch_id)
-        return sorted(found, key=lambda b: (b["created_at"], b["id"]))
+        return sorted(found, key=lambda b: (b.created_at, b.id))
 
     def active_count(self, tenant: str) -> int:
         """How many batches `tenant` has queued or running (an entry whose batch was never written counts,
@@ -242,13 +259,13 @@ class ApiStore:
     def index_active(self) -> int:
         """Rebuild the index from every batch object (a root written before the index existed, or an entry
         lost): once, when a runner starts. How many active batches it found."""
-        active = [b for b in self._all("batches") if b["status"] in ACTIVE]
+        active = [b for b in self._batches() if b.status in ACTIVE]
         indexed = set(self._names("active"))
         for batch in active:
-            if batch["id"] not in indexed:
+            if batch.id not in indexed:
                 self._write(
-                    self._path("active", f"{batch['id']}.json"),
-                    {"tenant": batch["tenant"], "created_at": batch["created_at"]},
+                    self._path("active", f"{batch.id}.json"),
+                    {"tenant": batch.tenant, "created_at": batch.created_at},
                 )
         return len(active)
 
@@ -256,13 +273,14 @@ class ApiStore:
         """The batch, when `tenant` owns it (None: any tenant, for the runner)."""
         if not _safe_id(batch_id, "batch"):
             return None
-        batch = self._read(self._path("batches", f"{batch_id}.json"))
-        return batch if batch is not None and (tenant is None or batch["tenant"] == tenant) else None
+        raw = self._read(self._path("batches", f"{batch_id}.json"))
+        batch = None if raw is None else Batch.model_validate(raw)
+        return batch if batch is not None and (tenant is None or batch.tenant == tenant) else None
 
-    def batches(self, tenant: str | None = None) -> list[dict]:
+    def batches(self, tenant: str | None = None) -> list[Batch]:
         """Newest first."""
-        found = [b for b in self._all("batches") if tenant is None or b["tenant"] == tenant]
-        return sorted(found, key=lambda b: (b["created_at"], b["id"]), reverse=True)
+        found = [b for b in self._batches() if tenant is None or b.tenant == tenant]
+        return sorted(found, key=lambda b: (b.created_at, b.id), reverse=True)
 
     def ask_cancel(self, batch_id: str) -> None:
         storage.write_bytes_atomic(self.out, self._path("batches", f"{batch_id}.cancel"), b"")
@@ -291,6 +309,10 @@ class ApiStore:
 
     def _all(self, kind: str) -> list[dict]:
         return [v for v in (self._read(self._path(kind, f"{n}.json")) for n in self._names(kind)) if v is not None]
+
+    def _batches(self) -> list[Batch]:
+        """Every batch object, each parsed once as it is read."""
+        return [Batch.model_validate(v) for v in self._all("batches")]
 
 
 def _safe_id(value: str, prefix: str) -> bool:

@@ -210,7 +210,7 @@ def test_a_stopped_job_returns_what_it_has_and_says_the_rest_expired(make_config
         drain(job.ctx, "small")
     assert job.end_stopped("expired", "the batch's completion_window ended before this request ran") == []
     assert job.ctx.state.job("second").status == "expired"
-    out = results(config, refresh_manifest(job.ctx), "messages.jsonl")["results"]
+    out = results(config, refresh_manifest(job.ctx).as_json(), "messages.jsonl")["results"]
     assert [(r["custom_id"], r["result"]["type"]) for r in out] == [
         ("a1", "succeeded"),
         ("a2", "succeeded"),

@@ -211,8 +211,8 @@ def test_a_rerun_takes_over_from_a_gone_holder_at_once_and_names_the_live_ones(s
             assert state.claim(job.job_id, p, holder, lease_seconds=300)
         announced: set[tuple] = set()
         with caplog.at_level(logging.INFO, logger="pipeline.job.commit"):
-            assert take_over_gone_holders(job, state.partitions(job.job_id), announced)  # claim again at once
-            assert not take_over_gone_holders(job, state.partitions(job.job_id), announced)  # nothing more
+            assert take_over_gone_holders(state, job.job_id, state.partitions(job.job_id), announced)  # at once
+            assert not take_over_gone_holders(state, job.job_id, state.partitions(job.job_id), announced)  # no more
         assert state.claim(job.job_id, "p1", job.worker, 300)
         text = caplog.text
         assert f"partition p1: its holder {holders['p1']} is gone" in text

@@ -17,7 +17,7 @@ from fastapi.testclient import TestClient
 from pipeline.serve.access import key_digest
 from pipeline.serve.app import create_app
 from pipeline.serve.runner import BatchRunner, ChildProcess, kill_group
-from pipeline.serve.store import ApiStore
+from pipeline.serve.store import ApiStore, Batch
 from pipeline.stores import storage
 from pipeline.stores.catalog import migrate
 from tests.conftest import REPO
@@ -64,7 +64,7 @@ def group(pgid: int) -> list[int]:
 @pytest.mark.parametrize("then", ["the next server claims the root", "the batch is cancelled after a restart"])
 def test_a_hard_killed_servers_job_dies_with_it_and_what_is_left_is_killed(runner_for, tmp_path, then):
     runner = runner_for()  # the server started again, on the same host and $TOKENMILL_HOME
-    runner.store.put_batch(batch(0, "acme", "in_progress") | {"id": "batch-orphan"})
+    runner.store.put_batch(batch(0, "acme", "in_progress", id="batch-orphan"))
     env = {**os.environ, "PYTHONPATH": str(REPO)}
     server = subprocess.Popen(
         [sys.executable, "-c", SERVER, str(runner.workdir)], stdout=subprocess.PIPE, env=env, text=True
@@ -112,8 +112,16 @@ def runner_for(make_config, tmp_path):
         runner.close()
 
 
-def batch(n: int, tenant: str, status: str = "validating") -> dict:
-    return {"id": f"batch-{n}", "tenant": tenant, "status": status, "created_at": 1000 + n, "expires_at": 2**40}
+def batch(n: int, tenant: str, status: str = "validating", **fields) -> Batch:
+    return Batch(
+        **{"id": f"batch-{n}", "input_file_id": "file-0", **fields},
+        tenant=tenant,
+        status=status,
+        created_at=1000 + n,
+        expires_at=2**40,
+        endpoint="/v1/chat/completions",
+        completion_window="24h",
+    )
 
 
 def test_one_server_per_output_root_runs_batches_and_another_takes_over_when_it_stops(runner_for):
@@ -132,9 +140,10 @@ def test_tenants_take_turns_and_the_runner_reads_only_the_active_batches(runner_
     store.put_batch(batch(9, "acme", "completed"))
     taken = []
 
-    def run_to_its_end(b: dict) -> None:  # stands in for the batch's job
-        taken.append(b["id"])
-        store.put_batch({**b, "status": "completed"})
+    def run_to_its_end(b: Batch) -> None:  # stands in for the batch's job
+        taken.append(b.id)
+        b.status = "completed"
+        store.put_batch(b)
 
     runner.guarded = run_to_its_end
     for _ in range(5):
@@ -146,13 +155,13 @@ def test_tenants_take_turns_and_the_runner_reads_only_the_active_batches(runner_
 def test_the_index_survives_a_crash_between_its_writes_and_is_rebuilt_from_the_batches(runner_for):
     store = runner_for().store
     store.put_batch(batch(1, "acme"))
-    ended = {**batch(2, "acme"), "status": "failed"}
+    ended = batch(2, "acme", "failed").as_json()
     store.put_batch(batch(2, "acme"))
     storage.write_bytes_atomic(store.out, store.out.join("_api", "batches", "batch-2.json"), json.dumps(ended).encode())
-    assert [b["id"] for b in store.active_batches()] == ["batch-1"]  # the ended one's entry is dropped
+    assert [b.id for b in store.active_batches()] == ["batch-1"]  # the ended one's entry is dropped
     store.out.fs.delete_dir_contents(store.out.join("_api", "active"))  # an output root from before the index
     assert store.active_batches() == [] and store.index_active() == 1
-    assert [b["id"] for b in store.active_batches()] == ["batch-1"]
+    assert [b.id for b in store.active_batches()] == ["batch-1"]
 
 
 def test_a_tenant_over_its_cap_of_active_batches_is_refused_and_others_are_not(make_config):
@@ -174,7 +183,9 @@ def test_a_tenant_over_its_cap_of_active_batches_is_refused_and_others_are_not(m
     refused = create("acme")
     assert refused.status_code == 429 and refused.json()["error"]["code"] == "too_many_batches"
     assert create("globex").status_code == 200
-    store.put_batch({**store.batch(None, first.json()["id"]), "status": "completed"})
+    done = store.batch(None, first.json()["id"])
+    done.status = "completed"
+    store.put_batch(done)
     assert create("acme").status_code == 200  # one ended: room again
 
 
@@ -188,7 +199,7 @@ def test_files_past_their_retention_are_deleted_except_an_active_batchs_input(ru
             store.out.join("_api", "files", f"{meta['id']}.json"),
             json.dumps({**meta, "created_at": meta["created_at"] - 2 * 86400}).encode(),
         )
-    store.put_batch({**batch(1, "acme"), "input_file_id": in_use["id"]})
+    store.put_batch(batch(1, "acme", input_file_id=in_use["id"]))
     assert runner.sweep_files() == 1 and runner.sweep_files() == 0  # once an hour at most
     assert store.file("acme", old["id"]) is None
     assert store.file("acme", recent["id"]) and store.file("acme", in_use["id"])

@@ -183,11 +183,13 @@ def ledger_rows(job_id: str) -> list[dict]:
 
 def write_manifest(root: storage.Location, job_id: str, models: dict[str, str]) -> None:
     manifest = {
+        "job_id": job_id,
+        "status": "succeeded",
         "largest_tier": "large",
         "cost": {"cost_usd": 0.006, "baseline_cost_usd": 0.012},
         "engines": {t: {"model": m, "output_tokens_per_second": 10.0} for t, m in models.items()},
         "counts": {"records": 6, "outputs": 6, "quarantined": 0, "by_source": {"generated": 6}, "by_reason": {}},
-        "partitions": {"p0": {"file": "a.jsonl", "seconds": 1.0}},
+        "partitions": {"p0": {"file": "a.jsonl", "status": "succeeded", "seconds": 1.0}},
         "reuse": {"verification": {"checked": 0}},
     }
     storage.write_bytes_atomic(root, root.join("jobs", job_id, "manifest.json"), json.dumps(manifest).encode())

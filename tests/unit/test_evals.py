@@ -325,6 +325,7 @@ def test_policies_escalate_outputs_that_fail_a_check_as_the_job_does(config):
 def test_the_eval_writes_what_chose_the_routing_and_the_run_prints_it_beside_the_tiers_shares():
     from pipeline.cli.jobs import routing_line
     from pipeline.evals.apply import decided_by
+    from pipeline.output.manifest import Manifest
 
     routing = {
         "test_documents": 30,
@@ -337,13 +338,23 @@ def test_the_eval_writes_what_chose_the_routing_and_the_run_prints_it_beside_the
         line == "tokenmill eval 2026-12-07, 30 test documents: no mix with small keeps 95% of all-large's quality "
         "for less than all-large"
     )
-    one = {"counts": {"outputs": 60, "by_tier": {"large": 60}}, "routing": {"escalated": 0}}
-    assert routing_line(one, line) == f"every output on large: {line}"
+    one = {
+        "job_id": "j",
+        "status": "succeeded",
+        "counts": {"outputs": 60, "by_tier": {"large": 60}},
+        "routing": {"escalated": 0},
+    }
+    assert routing_line(Manifest.parse(one), line) == f"every output on large: {line}"
     routing["chosen"] = {"small_share": 0.6, "escalated_share": 0.25, "quality_kept": 0.962, "cost_per_1k_usd": 5.1}
     mixed = decided_by(routing, "small", "large", "2026-12-07")
     assert (
         "60% kept on small, 25% escalated, 96.2% of all-large's quality at $5.100 per 1k (all-large $12.880)" in mixed
     )
-    two = {"counts": {"outputs": 60, "by_tier": {"small": 45, "large": 15}}, "routing": {"escalated": 15}}
-    assert routing_line(two, mixed) == f"small 75%, large 25%; 15 escalated: {mixed}"
-    assert routing_line(two) == "small 75%, large 25%; 15 escalated"
+    two = {
+        "job_id": "j",
+        "status": "succeeded",
+        "counts": {"outputs": 60, "by_tier": {"small": 45, "large": 15}},
+        "routing": {"escalated": 15},
+    }
+    assert routing_line(Manifest.parse(two), mixed) == f"small 75%, large 25%; 15 escalated: {mixed}"
+    assert routing_line(Manifest.parse(two)) == "small 75%, large 25%; 15 escalated"

@@ -168,8 +168,11 @@ def test_cpu_tier_efficiency_against_the_measured_limits(make_config, tmp_path):
     assert fake["mfu"] is None and "fake" in fake["note"]
     # The job summary and the report say what it is measured against (`make demo` printed "(None)").
     from pipeline.cli.jobs import engine_line
+    from pipeline.output.manifest import EngineFigures
 
-    assert engine_line({"efficiency": e}).endswith(f"MFU {e['mfu']:.1%}, MBU {e['mbu']:.1%} (of this CPU, as measured)")
+    assert engine_line(EngineFigures(efficiency=e)).endswith(
+        f"MFU {e['mfu']:.1%}, MBU {e['mbu']:.1%} (of this CPU, as measured)"
+    )
 
 
 def test_what_if_refuses_a_device_count_or_an_acceptance_that_cannot_be():

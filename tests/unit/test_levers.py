@@ -22,6 +22,7 @@ from pipeline.generate.levers import (
     read_checkpoint,
 )
 from pipeline.job.manifest import engine_time
+from pipeline.output.manifest import Manifest
 from pipeline.output.report import engine_section
 from pipeline.plan.estimate import estimate_job
 from tests.conftest import TINY_CONFIG
@@ -327,7 +328,7 @@ def test_session_counters_reach_the_engine_figures_and_the_report():
             "speculative": {"method": "ngram", "num_speculative_tokens": 4},
         },
     )
-    page = engine_section({"engines": {"t": e}})
+    page = engine_section(Manifest.parse({"job_id": "j", "status": "succeeded", "engines": {"t": e}}))
     assert 'id="engine-levers"' in page and "ngram ×4" in page and "50.0%" in page
 
 

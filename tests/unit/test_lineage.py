@@ -13,6 +13,7 @@ import jsonschema
 import pytest
 from referencing import Registry, Resource
 
+from pipeline.output.manifest import Manifest
 from tests.conftest import REPO
 
 pytest.importorskip("openlineage.client")
@@ -29,16 +30,18 @@ def schemas() -> Registry:
     return Registry().with_resources(resources)
 
 
-def manifest(input_uri: str, output_uri: str) -> dict:
-    return {
-        "job_id": "nightly_summarization-2026-12-01",
-        "status": "partial",
-        "input_uri": input_uri,
-        "output_uri": output_uri,
-        "counts": {"records": 10, "outputs": 7, "quarantined": 3},
-        "cost": {"cost_usd": 0.5, "gpu_seconds": 60.0},
-        "partitions": {"a": {"status": "succeeded"}, "b": {"status": "failed"}},
-    }
+def manifest(input_uri: str, output_uri: str) -> Manifest:
+    return Manifest.parse(
+        {
+            "job_id": "nightly_summarization-2026-12-01",
+            "status": "incomplete",
+            "input_uri": input_uri,
+            "output_uri": output_uri,
+            "counts": {"records": 10, "outputs": 7, "quarantined": 3},
+            "cost": {"cost_usd": 0.5, "gpu_seconds": 60.0},
+            "partitions": {"a": {"status": "succeeded"}, "b": {"status": "failed"}},
+        }
+    )
 
 
 def complete_event(lineage: dict) -> dict:

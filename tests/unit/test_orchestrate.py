@@ -4,6 +4,7 @@ import pytest
 
 from pipeline import JobError
 from pipeline.job.orchestrate import job_from_params, job_id_for, job_outcome
+from pipeline.output.manifest import Manifest
 from tests.conftest import TINY_CONFIG
 
 
@@ -39,9 +40,10 @@ def test_a_batch_api_run_names_its_job_tenant_and_format(tmp_path, monkeypatch):
 
 
 def test_outcome_fails_when_a_partition_did_not_commit():
-    assert job_outcome({"partitions": {"p1": {"status": "succeeded"}}}) == "succeeded"
+    job = {"job_id": "j", "status": "incomplete"}
+    assert job_outcome({**job, "partitions": {"p1": {"status": "succeeded"}}}) == "succeeded"
     with pytest.raises(JobError, match="1 of 2 partitions not committed: p2 failed"):
-        job_outcome({"partitions": {"p1": {"status": "succeeded"}, "p2": {"status": "failed"}}})
+        job_outcome({**job, "partitions": {"p1": {"status": "succeeded"}, "p2": {"status": "failed"}}})
 
 
 @pytest.mark.parametrize("job_id", ["nl\n", "a\nb", "", "-lead", "x" * 129, "sp ace", "job=x"])
@@ -103,7 +105,7 @@ def test_table_assets_name_the_tables_physical_folders_and_each_update_names_its
         "cost": {"cost_usd": 0.25, "gpu_seconds": 90.0},
         "partitions": {"a": {"status": "succeeded"}, "b": {"status": "failed"}},
     }
-    updates = table_updates(manifest)
+    updates = table_updates(Manifest.parse(manifest))
     assert set(updates) == set(TABLES)
     assert all(
         u["job_id"] == "nightly-2026-12-01" and u["output_uri"] == "s3://summaries/out" for u in updates.values()
@@ -128,7 +130,7 @@ def test_lineage_names_datasets_by_the_openlineage_naming_spec():
         "cost": {"cost_usd": 0.5, "gpu_seconds": 60.0},
         "partitions": {"a": {"status": "succeeded"}, "b": {"status": "failed"}},
     }
-    lineage = summary_lineage(manifest)
+    lineage = summary_lineage(Manifest.parse(manifest))
     assert [(d.namespace, d.name) for d in lineage["inputs"]] == [("s3://incoming", "day")]
     assert [d.name for d in lineage["outputs"]] == ["tokenmill/outputs", "tokenmill/ledger", "tokenmill/quarantine"]
     rows = [(d.outputFacets or {}).get("outputStatistics") for d in lineage["outputs"]]
@@ -143,14 +145,24 @@ def test_a_batch_job_and_a_dag_run_set_their_input_in_one_place(tmp_path):
     from pipeline.config import load_config
     from pipeline.job.orchestrate import job_config, job_input
     from pipeline.serve.runner import job_config as batch_job_config
-    from pipeline.serve.store import ApiStore
+    from pipeline.serve.store import ApiStore, Batch
     from pipeline.stores import storage
     from tests.conftest import TINY_CONFIG
 
     server = load_config(TINY_CONFIG)
     before = server.model_dump(mode="json")
     store = ApiStore(storage.resolve(str(tmp_path / "out")))
-    batch = batch_job_config(server, store, {"id": "batch-1", "tenant": "acme", "endpoint": "/v1/messages"})
+    asked = Batch(
+        id="batch-1",
+        tenant="acme",
+        endpoint="/v1/messages",
+        input_file_id="file-1",
+        completion_window="24h",
+        status="in_progress",
+        created_at=0,
+        expires_at=86400,
+    )
+    batch = batch_job_config(server, store, asked)
     dag = job_config(str(TINY_CONFIG), "2026-12-07", input_uri="in-{date}", tenant="acme", input_format="anthropic")
     for job in (batch, dag):
         assert (job.input.default_tenant, job.input.request_tenant, job.input.format) == (

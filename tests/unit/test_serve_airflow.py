@@ -12,6 +12,7 @@ import pytest
 
 from pipeline.config import AirflowTriggerConfig
 from pipeline.serve.runner import MAX_FAULTS, AirflowRuns, AirflowUnavailable, BatchRunner
+from pipeline.serve.store import Batch
 
 RUN = "tokenmill-batch-batch-1-1"
 RUN_PATH = f"/api/v2/dags/nightly_summarization/dagRuns/{RUN}"
@@ -69,8 +70,19 @@ def _runs(airflow) -> AirflowRuns:
     return AirflowRuns(_trigger(), transport=httpx.MockTransport(airflow))
 
 
-def _batch() -> dict:
-    return {"id": "batch-1", "tenant": "acme", "attempts": 1}
+def _batch(**fields) -> Batch:
+    return Batch(
+        id="batch-1",
+        tenant="acme",
+        attempts=1,
+        endpoint="/v1/chat/completions",
+        input_file_id="file-1",
+        completion_window="24h",
+        status="in_progress",
+        created_at=0,
+        expires_at=2**40,
+        **fields,
+    )
 
 
 class _Config:
@@ -85,7 +97,7 @@ def test_the_run_is_named_and_saved_before_it_is_created_so_a_restart_finds_it(a
     runs, batch, saved = _runs(airflow), _batch(), []
     airflow.down = True
     with pytest.raises(AirflowUnavailable):
-        runs.start(batch, _Config, lambda: saved.append(dict(batch)))
+        runs.start(batch, _Config, lambda: saved.append(batch.as_json()))
     assert saved and saved[0]["airflow_run"] == RUN and saved[0]["airflow_conf"]["tenant"] == "acme"
     # The server restarts: the run it named does not exist yet; watching it creates it, once.
     airflow.down = False
@@ -131,16 +143,16 @@ def test_airflow_down_is_not_the_batchs_fault_but_a_refusing_airflow_fails_it(ma
     store = ApiStore(storage.resolve(str(tmp_path / "out")))
     runner = BatchRunner(config, store, tmp_path / "serve")
     runner.jobs = _runs(airflow)
-    batch = {**_batch(), "status": "in_progress", "created_at": 0, "expires_at": 2**40, "request_counts": {"total": 1}}
+    batch = _batch(request_counts={"total": 1})
     runner.jobs.start(batch, _Config, lambda: None)  # its run is on Airflow, running
     airflow.runs[RUN]["state"] = "running"
     store.put_batch(batch)
     airflow.down = True
     for _ in range(MAX_FAULTS + 2):  # Airflow restarting: the batch waits, however long
         runner.guarded(batch)
-    assert store.batch(None, "batch-1")["status"] == "in_progress" and not runner.faults
+    assert store.batch(None, "batch-1").status == "in_progress" and not runner.faults
     airflow.down, airflow.status = False, 403  # a refusal that will not pass: failed, and the queue moves on
     for _ in range(MAX_FAULTS):
         runner.guarded(batch)
     failed = store.batch(None, "batch-1")
-    assert failed["status"] == "failed" and failed["errors"]["data"][0]["code"] == "job_failed"
+    assert failed.status == "failed" and failed.errors["data"][0]["code"] == "job_failed"

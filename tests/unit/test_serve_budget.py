@@ -10,8 +10,18 @@ import pytest
 
 from pipeline.serve import app
 from pipeline.serve.app import ApiError, BudgetCheck
+from pipeline.serve.store import Batch
 
-BATCH = {"id": "batch_1", "tenant": "acme", "endpoint": "/v1/chat/completions"}
+BATCH = Batch(
+    id="batch_1",
+    tenant="acme",
+    endpoint="/v1/chat/completions",
+    input_file_id="file-1",
+    completion_window="24h",
+    status="validating",
+    created_at=0,
+    expires_at=86400,
+)
 FILE = b'{"custom_id": "r1"}\n\n{"custom_id": "r2"}\n'
 
 
@@ -69,7 +79,7 @@ def test_a_failed_estimate_creates_the_batch_and_a_large_file_is_not_estimated(c
 def test_a_tenants_estimate_never_holds_up_another_tenant_and_its_own_queue_is_bounded(check):
     """One estimate at a time per tenant, a bounded number of its creates waiting; other tenants go on."""
     budget, calls = check(estimate({"acme": 0.0, "globex": 0.0}), budget__max_job_usd=1.0, serve__estimate_queue=1)
-    globex = {**BATCH, "tenant": "globex"}
+    globex = BATCH.model_copy(update={"tenant": "globex"})
     with budget.queue.turn("acme"):  # acme's estimate in progress
         waiting = threading.Thread(target=budget.check, args=(BATCH, FILE))
         waiting.start()  # acme's next create waits for its turn ...

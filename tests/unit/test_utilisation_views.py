@@ -16,6 +16,7 @@ from typer.testing import CliRunner
 from pipeline.cli import app
 from pipeline.cli.jobs import summary_table
 from pipeline.output.charts import CHAR_W
+from pipeline.output.manifest import Manifest
 from pipeline.output.report import build_report, savings_steps
 from pipeline.output.tables import commit_rows
 from pipeline.schema import LEDGER, OUTPUTS, QUARANTINE
@@ -192,6 +193,7 @@ ENGINES = {
 def manifest(partition: str = "p0", file: str = "a.jsonl") -> dict:
     return {
         "job_id": "u",
+        "status": "succeeded",
         "largest_tier": "large",
         "cost": {
             "cost_usd": 0.0,
@@ -299,7 +301,7 @@ def test_report_waterfall_bars_utilisation_table_and_whole_partition_labels(tmp_
 def test_run_summary_prints_each_tiers_starts_held_time_and_utilisation():
     m = {**manifest(), "cost": {**manifest()["cost"], "cost_usd": 0.01, "baseline_cost_usd": 0.02, "saved_usd": 0.01}}
     console = Console(width=250, record=True)
-    console.print(summary_table(m))
+    console.print(summary_table(Manifest.parse(m)))
     text = console.export_text()
     assert (
         "2 starts, 120.0 s held (start-up 20.0, busy 90.0, idle 10.0), utilisation 75%, 50 output tok/s, "
@@ -310,7 +312,7 @@ def test_run_summary_prints_each_tiers_starts_held_time_and_utilisation():
 
     old = {**m, "engines": {"small": {"engine_seconds": 2.0, "output_tokens_per_second": 10.0}}}  # before sessions
     console = Console(width=250, record=True)
-    console.print(summary_table(old))
+    console.print(summary_table(Manifest.parse(old)))
     assert "10 output tok/s" in console.export_text()
 
 
@@ -435,10 +437,13 @@ def test_a_prefix_cache_that_hit_nothing_says_why(prefix, tokens, caching, says)
     from pipeline.cli.jobs import prefix_line
 
     m = {
+        "job_id": "j",
+        "status": "succeeded",
         "prefix_cache": prefix,
         "tokens": {"shareable_prompt_tokens": tokens},
         "counts": {"by_source": {"generated": 50}},
         "engines": {"large": {"levers": {"prefix_caching": caching}}},
     }
+    m = Manifest.parse(m)
     assert says in prefix_line(m)
     assert ("(" in prefix_line(m)) == (prefix["hit_ratio"] == 0)
