@@ -107,6 +107,35 @@ def partition_counts(
         "checks": {check: count_by(served.filter(pc.fill_null(served[check], False)), "tier") for check in CHECKS},
         # Served outputs no check failed (ledger column `acceptable`), per tier: what a buyer pays for.
         "acceptable": count_by(served.filter(pc.fill_null(served["acceptable"], False)), "tier"),
+        "judge": judge_counts(served, ledger),
+    }
+
+
+def judge_counts(served: pa.Table, ledger: pa.Table) -> dict:
+    """The LLM judge's part (checks.judge): served outputs it was asked about, by verdict (generate/judge.py
+    VERDICTS), and the verdicts this partition paid for (ledger rows of kind `judge`: a duplicate's or the cache's
+    cost nothing) with their GPU-seconds and cost."""
+    if not ledger.num_rows or "judge" not in served.column_names:
+        return {"judged": 0, "verdicts": {}, "paid": 0, "gpu_seconds": 0.0, "cost_usd": 0.0}
+    asked = served.filter(pc.is_valid(served["judge"]))
+    paid = ledger.filter(pc.equal(ledger["kind"], "judge"))
+    return {
+        "judged": asked.num_rows,
+        "verdicts": count_by(asked, "judge"),
+        "paid": paid.num_rows,
+        "gpu_seconds": float(pc.sum(paid["gpu_seconds"]).as_py() or 0),
+        "cost_usd": float(pc.sum(paid["cost_usd"]).as_py() or 0),
+    }
+
+
+def judge_totals(judge: dict) -> dict:
+    """The job's `judge_counts`, summed over its partitions (partitions committed before the judge: none)."""
+    return {
+        "judged": judge.get("judged", 0),
+        "verdicts": dict(sorted(judge.get("verdicts", {}).items())),
+        "paid": judge.get("paid", 0),
+        "gpu_seconds": judge.get("gpu_seconds", 0.0),
+        "cost_usd": judge.get("cost_usd", 0.0),
     }
 
 
@@ -236,6 +265,7 @@ def build_manifest(
         "unfaithful": {"outputs": dict(sorted(totals.get("unfaithful", {}).get("outputs", {}).items()))},
         "checks": {check: dict(sorted(totals.get("checks", {}).get(check, {}).items())) for check in CHECKS},
         "acceptable": dict(sorted(totals.get("acceptable", {}).items())),
+        "judge": judge_totals(totals.get("judge", {})),
         "cost": {
             "cost_usd": cost,
             "baseline_cost_usd": baseline,
