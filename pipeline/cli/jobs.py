@@ -85,6 +85,12 @@ def _acceptable_line(manifest: dict) -> str:
     return f"{acceptable} of {outputs} ({acceptable / outputs:.0%}){per}"
 
 
+def judge_line(judge: dict) -> str:
+    """The LLM judge's verdicts (checks.judge) and what the ones this job paid for cost, in one line."""
+    verdicts = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in judge["verdicts"].items())
+    return f"{judge['judged']} judged ({verdicts}); {judge['paid']} paid, ${judge['cost_usd']:.6f}"
+
+
 def routing_line(manifest: dict, decided_by: str | None = None) -> str:
     """How the outputs were shared between tiers, in one line: each tier's share and the escalations, or that
     every output went to one tier; then what chose the routing (`route.decided_by`: the eval's figure)."""
@@ -153,6 +159,8 @@ def summary_table(manifest: dict, decided_by: str | None = None) -> Table:
         )
     if reuse.get("cache_status", {}).get("bypassed"):
         rows.append(("cache", f"bypassed for {reuse['cache_status']['bypassed']} items (store unreachable)"))
+    if manifest.get("judge", {}).get("judged"):
+        rows.append(("LLM judge", judge_line(manifest["judge"])))
     rows += _engine_rows(manifest)
     for k, v in rows:
         table.add_row(k, str(v))

@@ -8,8 +8,10 @@ import json
 
 import pyarrow.compute as pc
 import pytest
+from rich.console import Console
 
 from pipeline import run_job
+from pipeline.cli.jobs import summary_table
 from pipeline.generate.engine import ENGINES, EnginePool
 from pipeline.output.ledger import connect, summary
 from tests.conftest import read_kind
@@ -38,13 +40,15 @@ def corpus(tmp_path) -> dict:
 
 def judged_config(make_config, **overrides):
     return make_config(
-        dedup__near=False,
-        dedup__semantic=False,
-        checks__judge={"tier": "large", "rubric": RUBRIC},
-        tiers__small__fake__answers={"Notice echo.": ECHO, "Notice ": GOOD},
-        sampling__max_tokens=128,  # the whole scripted summary, not one cut off
-        tiers__large__fake__answers={f"JUDGE Notice {w}.": a for w, a in VERDICTS.items()},
-        **overrides,
+        **{
+            "dedup__near": False,
+            "dedup__semantic": False,
+            "checks__judge": {"tier": "large", "rubric": RUBRIC},
+            "tiers__small__fake__answers": {"Notice echo.": ECHO, "Notice ": GOOD},
+            "sampling__max_tokens": 128,  # the whole scripted summary, not one cut off
+            "tiers__large__fake__answers": {f"JUDGE Notice {w}.": a for w, a in VERDICTS.items()},
+            **overrides,
+        }
     )
 
 
@@ -127,3 +131,40 @@ def test_a_judge_that_fails_leaves_every_output_served_unjudged_and_not_acceptab
     failed = sorted(r["id"] for r in ledger.to_pylist() if r["kind"] == "failed_attempt")
     assert failed == ["alpha", "bravo", "charlie", "delta"]
     assert_exactly_once(tmp_path / "output", "jf", ids, tmp_path / "state.db")
+
+
+def test_an_escalated_output_is_judged_after_its_escalation_on_the_escalation_tier(make_config, tmp_path):
+    """With escalation on, the judge runs on the escalation tier, after the escalation: on the output served."""
+    ids = corpus(tmp_path)
+    large = {f"JUDGE Notice {w}.": a for w, a in VERDICTS.items()} | {"Notice echo.": ECHO, "Notice ": GOOD}
+    config = judged_config(
+        make_config,
+        routing=True,
+        route__rules=[],
+        route__escalation__min_mean_logprob=-6.9,  # the fake's confidence splits the documents around it
+        tiers__large__fake__answers=large,
+    )
+    m = run_job(config, job_id="je", pool=EnginePool(config.tiers), release_engines=True).manifest
+    ledger = read_kind(tmp_path / "output", "ledger", "je")
+    rows = {r["id"]: r for r in ledger.to_pylist() if r["kind"] == "output"}
+    escalated = {i for i, r in rows.items() if r["escalated"]}
+    assert escalated and escalated != set(rows), "some outputs escalated, some not: both paths judged"
+    assert {i: r["judge"] for i, r in rows.items()} == {
+        "alpha": "keep",
+        "alpha-again": "keep",
+        "bravo": "bad",
+        "charlie": "no_verdict",
+        "delta": "keep",
+        "echo": None,
+    }
+    judged = [r for r in ledger.to_pylist() if r["kind"] == "judge"]
+    assert sorted(r["id"] for r in judged) == ["alpha", "bravo", "charlie", "delta"]
+    assert_exactly_once(tmp_path / "output", "je", ids, tmp_path / "state.db")
+    console = Console(record=True, width=200)
+    console.print(summary_table(m))
+    assert f"{m['judge']['judged']} judged (bad 1, keep 3, no verdict 1); 4 paid" in console.export_text()
+
+
+def test_a_judge_on_another_tier_than_the_escalation_tier_is_refused(make_config):
+    with pytest.raises(ValueError, match="checks.judge.tier 'small' is not the escalation tier 'large'"):
+        make_config(routing=True, checks__judge={"tier": "small"})
