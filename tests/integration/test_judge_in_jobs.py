@@ -16,7 +16,7 @@ from pipeline.generate.engine import ENGINES, EnginePool
 from pipeline.output.ledger import connect, summary
 from tests.conftest import read_kind
 from tests.engines import OneCallEngine
-from tests.jobs import assert_exactly_once
+from tests.jobs import assert_exactly_once, scalar
 
 DOC = (
     "The Artistic License lets anyone copy and distribute the Standard Version of the Package, provided the "
@@ -168,3 +168,27 @@ def test_an_escalated_output_is_judged_after_its_escalation_on_the_escalation_ti
 def test_a_judge_on_another_tier_than_the_escalation_tier_is_refused(make_config):
     with pytest.raises(ValueError, match="checks.judge.tier 'small' is not the escalation tier 'large'"):
         make_config(routing=True, checks__judge={"tier": "small"})
+
+
+def _no_judge_engine(tier):
+    from pipeline.generate.engine_api import EngineStartError
+
+    if tier.model.endswith("large"):
+        raise EngineStartError("no GPU for the judge's model")
+    return ENGINES["fake"](tier)
+
+
+def test_a_judge_tier_that_cannot_start_fails_the_job_and_its_rerun_judges_paying_no_summary_twice(
+    make_config, tmp_path
+):
+    ids = corpus(tmp_path)
+    config = judged_config(make_config)
+    with pytest.raises(Exception, match="tier large: no GPU for the judge's model"):
+        run_job(config, job_id="js", pool=EnginePool(config.tiers, factory=_no_judge_engine), release_engines=True)
+    db = tmp_path / "state.db"
+    summaries = scalar(db, "select count(*) from items where job_id='js' and tier='small'")
+    assert summaries == 5 and not read_kind(tmp_path / "output", "ledger", "js").num_rows  # paid, kept, not committed
+    m = run_job(config, job_id="js", pool=EnginePool(config.tiers), release_engines=True).manifest
+    assert m["status"] == "succeeded" and m["judge"]["verdicts"] == {"bad": 1, "keep": 3, "no_verdict": 1}
+    assert scalar(db, "select count(*) from items where job_id='js' and tier='small'") == summaries
+    assert_exactly_once(tmp_path / "output", "js", ids, db)
