@@ -2,7 +2,7 @@
 
 Every stage may use this module (it imports only the config). A record's item key is the hash of
 its recipe (model, prompt template, sampling parameters) and its content hash (tenant scope and
-normalised text); a generation derived from another (escalation, chunk, retry) is keyed from the
+normalised text); a generation derived from another (escalation, chunk, retry, judge) is keyed from the
 key it follows. Equal keys get the same output under greedy decoding, so one generation serves
 every record, partition, rerun and later job that asks for that key.
 
@@ -246,3 +246,9 @@ def chunk_keys(key: str, n: int) -> list[str]:
 
 def retry_key(key: str) -> str:
     return derived_key(key, "retry", 1)
+
+
+def judge_key(key: str, model: str, rubric: str, max_tokens: int) -> str:
+    """Key of the LLM judge's verdict on the output stored under `key`: by the judge's model, rubric and answer
+    budget, so another judge (or another rubric) asks again, and the same one is paid once."""
+    return derived_key(key, "judge", xxhash.xxh3_128_hexdigest(key_bytes(model, rubric, str(max_tokens))))

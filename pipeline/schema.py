@@ -145,7 +145,10 @@ LEDGER = pa.schema(
         (
             "acceptable",
             pa.bool_(),
-        ),  # served, and no check failed (degenerate, copied, off_topic, unfaithful, vague, truncated)
+        ),  # served, and no check failed (degenerate, copied, off_topic, unfaithful, vague, truncated, judge)
+        # The LLM judge's verdict (checks.judge) on an output that passed every other check: keep | bad | no_verdict
+        # | unjudged (its request failed); null: not asked (no judge, or a check failed). Its cost: a `judge` row.
+        ("judge", pa.string()),
         ("attempts", pa.int64()),  # generations paid for this row (1, +1 schema retry, +1 escalation; 0 when reused)
         ("chunks", pa.int64()),  # map-reduce: chunk summaries of a long document (0: not chunked)
         ("source", pa.string()),  # as in outputs
@@ -170,7 +173,7 @@ LEDGER = pa.schema(
         (
             "kind",
             pa.string(),
-        ),  # output | invalid_output (quarantined: schema or a check) | failed_attempt | lost | unfinished
+        ),  # output | invalid_output (quarantined: schema or a check) | failed_attempt | lost | unfinished | judge
         ("created_at", pa.timestamp("us", tz="UTC")),
     ]
 )

@@ -104,10 +104,12 @@ def assert_exactly_once(output, job_id, corpus, state_db):
     # One item per attempt and per chunk summary, all charged to the record that generated them; those of a
     # record a stopped job left unanswered (a Batch API cancel) in a row of their own each, kind `unfinished`.
     unfinished = [r for r in full_ledger.to_pylist() if r["kind"] == "unfinished"]
-    assert sum(r["attempts"] + r["chunks"] for r in generated) + len(unfinished) == scalar(
+    # The LLM judge's verdicts (checks.judge): a row each, kind `judge`, charged to the record judged.
+    judged = [r for r in full_ledger.to_pylist() if r["kind"] == "judge"]
+    assert sum(r["attempts"] + r["chunks"] for r in generated) + len(unfinished) + len(judged) == scalar(
         state_db, f"select count(*) from items where job_id='{job_id}' and origin is null"
     )
-    assert sum(r["busy_gpu_seconds"] for r in generated + unfinished) == pytest.approx(
+    assert sum(r["busy_gpu_seconds"] for r in generated + unfinished + judged) == pytest.approx(
         scalar(state_db, f"select sum(gpu_seconds) from items where job_id='{job_id}'") or 0.0
     )
     # Every GPU-second the job's engines were held is in exactly one ledger row, and priced at its tier.

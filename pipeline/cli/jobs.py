@@ -16,7 +16,7 @@ from pipeline.cli.common import ConfigOption, app, console, fail, jobs_app, load
 from pipeline.cli.liblog import library_output
 from pipeline.config.env import redact_url
 from pipeline.generate.quality import CHECKS
-from pipeline.output.manifest import EngineFigures, JobCounts, Manifest, PartitionCounts
+from pipeline.output.manifest import EngineFigures, JobCounts, JudgeCounts, Manifest, PartitionCounts
 from pipeline.output.telemetry import device_name
 
 InputOption = typer.Option(None, "--input", help="Input folder or URI (overrides input.uri).")
@@ -86,6 +86,12 @@ def _acceptable_line(manifest: Manifest) -> str:
     return f"{acceptable} of {outputs} ({acceptable / outputs:.0%}){per}"
 
 
+def judge_line(judge: JudgeCounts) -> str:
+    """The LLM judge's verdicts (checks.judge) and what the ones this job paid for cost, in one line."""
+    verdicts = ", ".join(f"{k.replace('_', ' ')} {v}" for k, v in judge.verdicts.items())
+    return f"{judge.judged} judged ({verdicts}); {judge.paid} paid, ${judge.cost_usd:.6f}"
+
+
 def routing_line(manifest: Manifest, decided_by: str | None = None) -> str:
     """How the outputs were shared between tiers, in one line: each tier's share and the escalations, or that
     every output went to one tier; then what chose the routing (`route.decided_by`: the eval's figure)."""
@@ -151,6 +157,8 @@ def summary_table(manifest: Manifest, decided_by: str | None = None) -> Table:
         )
     if reuse.cache_status.get("bypassed"):
         rows.append(("cache", f"bypassed for {reuse.cache_status['bypassed']} items (store unreachable)"))
+    if manifest.judge.judged:
+        rows.append(("LLM judge", judge_line(manifest.judge)))
     rows += _engine_rows(manifest)
     for k, v in rows:
         table.add_row(k, str(v))

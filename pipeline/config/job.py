@@ -72,6 +72,13 @@ class TokenmillConfig(Section):
         for where, tier in named.items():
             if tier is not None and tier not in self.tiers:
                 raise ValueError(f"{where} {tier!r} is not one of tiers {sorted(self.tiers)}")
+        judge, escalation = named["checks.judge.tier"], self.escalation_tier
+        if judge is not None and escalation is not None and judge != escalation:
+            # Each would wait on the other's units: escalations into one, judgements of its outputs into the other.
+            raise ValueError(
+                f"checks.judge.tier {judge!r} is not the escalation tier {escalation!r}: with route.escalation "
+                "on, the judge runs on the escalation tier (the strongest model, fed last)"
+            )
         claimed: dict[str, str] = {}
         for name, t in self.tiers.items():
             for served in t.served_model_names:

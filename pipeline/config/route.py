@@ -84,8 +84,9 @@ JUDGE_RUBRIC = (
 
 
 class JudgeConfig(Section):
-    """An LLM judge: a tier's model asked, per output, whether a reader would keep it (docs/judge-rubric.md).
-    `tokenmill checks calibrate --judge` measures its agreement with a reader's labels like any other check's."""
+    """An LLM judge: a tier's model asked, per output, whether a reader would keep it (docs/judge-rubric.md), in
+    jobs (generate/judge.py); `tokenmill checks calibrate --judge` measures its agreement with a reader's labels like
+    any other check's."""
 
     tier: str = Field(description="The tier whose model judges (a strong one: a 135M model answers at random).")
     rubric: str = Field(
@@ -221,8 +222,11 @@ class ChecksConfig(Section):
     judge: JudgeConfig | None = Field(
         None,
         description=(
-            "An optional LLM judge (a tier and a rubric), measured against labels by `tokenmill checks calibrate "
-            "--judge`; it does not run in jobs. Null: none."
+            "An optional LLM judge (a tier and a rubric) for deployments with a strong model: a job asks it about "
+            "each output that passed every other check, as a follow-up wave on its tier (with route.escalation on, "
+            "the escalation tier); an output it does not keep (BAD, or no verdict) is not `acceptable`, and its "
+            "cost is a ledger row of kind `judge`. `tokenmill checks calibrate --judge` measures its agreement "
+            "with labels. Null: none."
         ),
     )
     quarantine: list[Literal["degenerate", "copied", "off_topic"]] = Field(

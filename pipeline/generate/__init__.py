@@ -8,7 +8,8 @@
   lookup.py    item lookup: this job's paid items (catalog), then exact hits in the cache
   reuse.py     what each record gets: a paid output, a cached one, or a generation
   waves.py     a partition's generation waves, with their follow-ups (followup.py: escalation, map-reduce
-               chunks, schema retries), derived from what is stored
+               chunks, schema retries, judges), derived from what is stored
+  judge.py     the LLM judge (checks.judge): its verdicts on outputs that passed the checks, a follow-up wave
   worker.py    the tier worker: one engine kept fed with its tier's work units from every partition;
                it measures start-up, busy and idle time and prices each finished request (pricing.py)
   shadow.py    shadow verification: the measured false-hit rate of near/semantic reuse

@@ -15,7 +15,11 @@ cached like any generation, and a rerun finds them instead of paying again:
                the token budget (K>retry>1); still invalid, the record is quarantined as
                `invalid_output` and its ledger row keeps what both attempts cost.
 
-Order per key: retry an invalid output first, then escalate a valid low-confidence one.
+  judge        with `checks.judge`, the final output, once it passed every cheap check, is judged on the
+               judge's tier (K'>judge, K' the key of the output served: generate/judge.py); its verdict is
+               the output's `judge` flag, its cost a ledger row of its own.
+
+Order per key: retry an invalid output first, then escalate a valid low-confidence one, then judge what stands.
 """
 
 from __future__ import annotations
@@ -25,7 +29,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 
 from pipeline.config import TokenmillConfig
-from pipeline.generate.quality import failed_checks, flags
+from pipeline.generate.judge import judged_key, verdict_name
+from pipeline.generate.quality import acceptable, failed_checks, flags
 from pipeline.generate.requests import render_messages
 from pipeline.keys import adapter_digest, chunk_keys, escalation_key, retry_key
 
@@ -98,6 +103,15 @@ class Outcome:
     problem: str | None = None
     rejected: str | None = None
     chunks: int = 0  # chunk summaries among `paid`
+    # With `checks.judge`, for an output that passed every cheap check: where the judge's verdict lives, and the
+    # judge's item once it is in (not among `paid`: it is charged in a ledger row of its own, kind `judge`).
+    judge_key: str | None = None
+    judge: dict | None = None
+
+    @property
+    def verdict(self) -> str | None:
+        """The judge's verdict on the served output (generate/judge.py VERDICTS); None: it was not asked."""
+        return None if self.judge_key is None else verdict_name(self.judge)
 
     @property
     def refusal(self) -> tuple[str, str] | None:
@@ -135,9 +149,11 @@ def final_output(key: str, items: dict[str, dict], config: TokenmillConfig) -> O
         return Outcome(None)
     chunks = [items[k] for k in chunk_keys(key, item.get("chunks") or 0) if k in items]
     out = Outcome(item, [item] + chunks, chunks=len(chunks))
+    served = key  # the key of the output served
     out.problem = output_problem(item, config)
     if out.problem and retry_key(key) in items:
-        out.item = items[retry_key(key)]
+        served = retry_key(key)
+        out.item = items[served]
         out.paid.append(out.item)
         out.retried, out.problem = True, output_problem(out.item, config)
     reason = escalation_reason(out.item, config) if out.problem is None else None
@@ -146,22 +162,36 @@ def final_output(key: str, items: dict[str, dict], config: TokenmillConfig) -> O
         if second is not None:
             out.paid.append(second)
             if output_problem(second, config) is None:
+                served = escalated_key(key, item, config)
                 out.item, out.escalated, out.escalation_reason = second, True, reason
     if out.problem is None and config.checks.quarantine:
         out.rejected = next((c for c in failed_checks(out.item, config.checks) if c in config.checks.quarantine), None)
+    # Judged only once every cheap check passed: an output a check failed is not acceptable whatever the judge
+    # says, so asking about it would be money spent for nothing.
+    if config.checks.judge is not None and out.problem is None and not out.rejected:
+        if acceptable(flags(out.item, config.checks)):
+            out.judge_key = judged_key(served, config)
+            out.judge = items.get(out.judge_key)
     return out
 
 
-def next_attempt(key: str, items: dict[str, dict], config: TokenmillConfig) -> tuple[str, dict] | None:
+def next_attempt(
+    key: str, items: dict[str, dict], config: TokenmillConfig, gone: frozenset[str] = frozenset()
+) -> tuple[str, dict] | None:
     """(key, changes to the generation) of what `key` needs next, or None when it is complete: the
-    step `final_output` would take next, had its item been made."""
+    step `final_output` would take next, had its item been made. `gone`: follow-ups asked for that will not come
+    (failed, or too long for their tier): the output before them stands, and is judged. A judge's changes
+    carry the summary it judges (`judge`: generate/judge.py makes its generation)."""
     out = final_output(key, items, config)
     if out.item is None:
         return None
     if out.problem:  # retried once and still invalid: quarantined
         return None if out.retried else (retry_key(key), {"max_tokens": 2 * config.sampling.max_tokens, "retry": True})
-    if needs_escalation(out.item, config) and escalated_key(key, out.item, config) not in items:
-        return escalated_key(key, out.item, config), {"tier": config.escalation_tier, "escalation": True}
+    escalation = escalated_key(key, out.item, config) if needs_escalation(out.item, config) else None
+    if escalation is not None and escalation not in items and escalation not in gone:
+        return escalation, {"tier": config.escalation_tier, "escalation": True}
+    if out.judge_key is not None and out.judge is None:
+        return out.judge_key, {"judge": True, "summary": out.item["summary"]}
     return None
 
 
@@ -175,8 +205,12 @@ def related_keys(keys: list[str], items: dict[str, dict], config: TokenmillConfi
         out.extend(chunk_keys(key, item.get("chunks") or 0))
         if output_problem(item, config):
             out.append(retry_key(key))
+        served = [key, retry_key(key)]
         if config.escalation_tier and item["tier"] != config.escalation_tier and not item.get("chunks"):
             out.append(escalated_key(key, item, config))  # needed when this or its retry escalated
+            served.append(out[-1])
+        if config.checks.judge is not None:  # the verdict on whichever of them is served
+            out.extend(judged_key(k, config) for k in served)
     return out
 
 

@@ -3,7 +3,7 @@
 Wave 0 is the partition's prepared requests, plus the chunks of documents too long for the context
 (map; chunk summaries the cache holds are not run). When every key a wave waits for is in (stored by
 a tier worker, or failed), the next wave is derived from what is stored: the summary of a long
-document's chunk summaries (reduce), schema retries and escalations (followup.next_attempt);
+document's chunk summaries (reduce), schema retries, escalations and judges (followup.next_attempt);
 follow-ups found in the cache are not run: the derivation the catalog takes stores them. The
 partition is generated when a wave derives nothing.
 
@@ -29,6 +29,7 @@ from pipeline.generate.followup import (
     reduce_generation,
     split_for_context,
 )
+from pipeline.generate.judge import judge_generation
 from pipeline.generate.lookup import ItemLookup
 from pipeline.generate.requests import build_requests
 from pipeline.generate.reuse import effective_keys, generations_for, needed_keys
@@ -36,8 +37,9 @@ from pipeline.keys import chunk_keys
 from pipeline.schema import GENERATION
 
 # A partition needs at most: the base wave (with chunk maps); reduces; schema retries; escalations;
-# escalations of outputs that arrived late (a reduce or a retry); a wave of cache hits only; and one to spare.
-MAX_WAVES = 7
+# escalations of outputs that arrived late (a reduce or a retry); judges (`checks.judge`), and judges of outputs
+# that arrived late (an escalation of a late one); a wave of cache hits only; and one to spare.
+MAX_WAVES = 9
 
 
 @dataclass
@@ -146,8 +148,8 @@ class WaveDeriver:
         c, pieces_of = self.config, []
         for u in too_long.to_pylist():
             gen, d = by_id[u["id"]], u["detail"]
-            if gen.get("escalation") or gen.get("retry"):
-                continue  # a follow-up that does not fit: the earlier output stands
+            if gen.get("escalation") or gen.get("retry") or gen.get("judge"):
+                continue  # a follow-up that does not fit: the earlier output stands (a judge's: unjudged)
             if u["reason"] != "too_long":  # a request its model cannot render: no piece of it would do
                 state.failed.setdefault(gen["item_key"], [u["reason"], d, record_id(gen)])
             elif c.requests.long_documents == "chunk" and not is_chunk(gen) and not gen.get("chunks"):
@@ -184,11 +186,13 @@ class WaveDeriver:
         return out
 
     def followups(self, state: WaveState, records: pa.Table, items: dict[str, dict]) -> list[dict]:
-        """Generations for the next attempt records need: schema retries and escalations (cache hits: kept in
-        `state.hits`, not run)."""
+        """Generations for the next attempt records need: schema retries, escalations and judges (cache hits:
+        kept in `state.hits`, not run)."""
         wanted = {}
+        # Asked for in an earlier wave and not stored once it was in: failed, or too long for its tier.
+        gone = frozenset(state.tried) - set(items)
         for key in sorted(set(effective_keys(records))):
-            attempt = next_attempt(key, items, self.config)
+            attempt = next_attempt(key, items, self.config, gone)
             if attempt is None or attempt[0] in state.tried:
                 continue
             target, changes = attempt
@@ -198,7 +202,10 @@ class WaveDeriver:
                 if not found:
                     continue
                 gen = found[0]
-            wanted[target] = {**gen, "item_key": target, **changes}
+            if changes.get("judge"):
+                wanted[target] = judge_generation(gen, target, changes["summary"], self.config, self.pool)
+            else:
+                wanted[target] = {**gen, "item_key": target, **changes}
             state.tried.append(target)
         found = self.lookup.cache_hits(wanted)
         state.hits.update(found)

@@ -90,9 +90,17 @@ def served(c: Completion, generation: dict, sampling: SamplingConfig) -> tuple[s
     """The text served of a finished request and what its output checks read (quality.measure): checked once, where
     the output meets the text it summarises. A cut output is served to its last complete sentence (still `length`:
     flagged truncated, every token paid); JSON is left whole for its validation to judge."""
+    if generation.get("judge"):  # a verdict, not a summary: its first word is read whole, and checked by nothing
+        return c.text, {}
     cut = c.finish_reason == "length" and sampling.json_schema is None
     text = complete_sentences(c.text) if cut else c.text
     return text, measure(text, generation.get("document", generation["text"]))
+
+
+def tenant_adapter(config: TokenmillConfig, generation: dict, tier: str) -> str | None:
+    """The LoRA adapter a generation runs with: its tenant's on this tier; none for the judge, whose verdict is
+    the base model's (a tenant's adapter is trained to summarise, not to judge)."""
+    return None if generation.get("judge") else config.adapter(generation["tenant"], tier)
 
 
 class BusyShares:
@@ -451,7 +459,7 @@ class TierWorker:
         for i, row in enumerate(rows):
             rid = f"{unit.unit_id}\x00{i}"
             try:
-                adapter = self.config.adapter(row["generation"]["tenant"], self.tier)
+                adapter = tenant_adapter(self.config, row["generation"], self.tier)
                 steps.add(
                     rid,
                     row["prompt_token_ids"],
@@ -519,12 +527,13 @@ class TierWorker:
         for (p, f, (text, measures)), g, b in zip(ok, gpu, base):
             gen, c = f.row["generation"], p.completion
             key = gen["item_key"]
-            if gen["tenant"] not in digests:  # read once per store: the adapter the engine serves now
-                digests[gen["tenant"]] = adapter_digest(self.config.adapter(gen["tenant"], self.tier))
+            adapter = tenant_adapter(self.config, gen, self.tier)
+            if adapter not in digests:  # read once per store: the adapter the engine serves now
+                digests[adapter] = adapter_digest(adapter)
             items[key] = {
                 "tier": self.tier,
                 "model": model,
-                "adapter_digest": digests[gen["tenant"]],
+                "adapter_digest": digests[adapter],
                 "summary": text,
                 "prompt_tokens": c.prompt_tokens,
                 "cached_prompt_tokens": c.cached_prompt_tokens,

@@ -87,10 +87,12 @@ class TierDrain:
         self.waves.fail(unit.partition, f"generation: {error}")
 
     def more_may_come(self) -> bool:
-        """Units of this tier can still come from the units of the tiers that escalate into it (chunks,
-        reduces and retries stay on their own tier). A question only: the waves move where a unit finishes."""
+        """Units of this tier can still come from the units of the tiers that escalate into it, or whose outputs
+        it judges (chunks, reduces and retries stay on their own tier). A question only: the waves move where a
+        unit finishes."""
         c = self.config
-        feeders = {t for t in c.tiers if t != self.tier} if self.tier == c.escalation_tier else set()
+        judge = c.checks.judge.tier if c.checks.judge else None
+        feeders = {t for t in c.tiers if t != self.tier} if self.tier in (c.escalation_tier, judge) else set()
         depth = self.queue.depth(self.job_id)
         return any(depth.get(t, {}).get(s) for t in feeders for s in UNFINISHED)
 

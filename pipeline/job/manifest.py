@@ -21,6 +21,7 @@ from pipeline.output.batch import write_batch_results
 from pipeline.output.manifest import (
     CommitRecord,
     JobCounts,
+    JudgeCounts,
     Manifest,
     ManifestCost,
     ManifestCounts,
@@ -124,8 +125,26 @@ def partition_counts(
         "checks": {check: count_by(served.filter(pc.fill_null(served[check], False)), "tier") for check in CHECKS},
         # Served outputs no check failed (ledger column `acceptable`), per tier: what a buyer pays for.
         "acceptable": count_by(served.filter(pc.fill_null(served["acceptable"], False)), "tier"),
+        "judge": judge_counts(served, ledger),
     }
     return PartitionCounts.model_validate_json(json.dumps(counts))
+
+
+def judge_counts(served: pa.Table, ledger: pa.Table) -> dict:
+    """The LLM judge's part (checks.judge): served outputs it was asked about, by verdict (generate/judge.py
+    VERDICTS), and the verdicts this partition paid for (ledger rows of kind `judge`: a duplicate's or the cache's
+    cost nothing) with their GPU-seconds and cost."""
+    if not ledger.num_rows or "judge" not in served.column_names:
+        return {"judged": 0, "verdicts": {}, "paid": 0, "gpu_seconds": 0.0, "cost_usd": 0.0}
+    asked = served.filter(pc.is_valid(served["judge"]))
+    paid = ledger.filter(pc.equal(ledger["kind"], "judge"))
+    return {
+        "judged": asked.num_rows,
+        "verdicts": count_by(asked, "judge"),
+        "paid": paid.num_rows,
+        "gpu_seconds": float(pc.sum(paid["gpu_seconds"]).as_py() or 0),
+        "cost_usd": float(pc.sum(paid["cost_usd"]).as_py() or 0),
+    }
 
 
 def prefix_cache(tokens: Tokens) -> PrefixCache:
@@ -247,6 +266,7 @@ def build_manifest(
         unfaithful=Unfaithful(outputs=dict(sorted(t.unfaithful.outputs.items()))),
         checks={check: dict(sorted(t.checks.get(check, {}).items())) for check in CHECKS},
         acceptable=dict(sorted(t.acceptable.items())),
+        judge=JudgeCounts(**{**t.judge.model_dump(), "verdicts": dict(sorted(t.judge.verdicts.items()))}),
         cost=ManifestCost(
             cost_usd=t.cost_usd,
             baseline_cost_usd=t.baseline_cost_usd,

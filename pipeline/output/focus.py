@@ -206,6 +206,7 @@ def charge_description(row: dict, basis: str) -> str:
         "failed_attempt": f"GPU time on {engine} of a request the engine failed on",
         "lost": f"GPU time on {engine} lost with a tier worker that died (no record owns it)",
         "unfinished": f"GPU time on {engine} for a request its stopped job left unanswered",
+        "judge": f"GPU time on {engine} judging a summary (checks.judge)",
     }.get(row["kind"])
     if what is None:
         if (

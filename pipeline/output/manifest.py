@@ -79,6 +79,17 @@ class EngineFigures(_Part):
     levers: dict[str, Any] = {}
 
 
+class JudgeCounts(_Part):
+    """The LLM judge's part (checks.judge): outputs it was asked about, by verdict (generate/judge.py VERDICTS),
+    and the verdicts paid for (ledger rows of kind `judge`) with their GPU-seconds and cost."""
+
+    judged: int = 0
+    verdicts: dict[str, int] = {}
+    paid: int = 0
+    gpu_seconds: float = 0.0
+    cost_usd: float = 0.0
+
+
 class CommitRecord(_Part):
     """Which claim committed a partition and the files it staged (output/tables.py publishes them)."""
 
@@ -109,6 +120,7 @@ class PartitionCounts(_Part):
     unfaithful: Unfaithful = Unfaithful()
     checks: dict[str, dict[str, int]] = {}
     acceptable: dict[str, int] = {}
+    judge: JudgeCounts = JudgeCounts()
     metrics: dict[str, Any] = {}  # the job's running totals add these up (generate/metrics.py)
     verification: dict[str, Any] = {}
     seconds: float | None = None
@@ -200,6 +212,7 @@ class Manifest(_Part):
     unfaithful: Unfaithful = Unfaithful()
     checks: dict[str, dict[str, int]] = {}
     acceptable: dict[str, int] = {}
+    judge: JudgeCounts = JudgeCounts()
     cost: ManifestCost = ManifestCost()
     reuse: Reuse = Reuse()
     engines: dict[str, EngineFigures] = {}

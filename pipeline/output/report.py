@@ -82,7 +82,8 @@ def savings_steps(
     rows = _rows(
         con,
         f"""
-        SELECT CASE WHEN coalesce(kind, 'output') IN {CHARGES} THEN 'charge' WHEN source = 'generated' THEN 'generated'
+        SELECT CASE WHEN coalesce(kind, 'output') IN {CHARGES} THEN 'charge' WHEN kind = 'judge' THEN 'judge'
+                    WHEN source = 'generated' THEN 'generated'
                     WHEN source IS NULL THEN 'other' ELSE 'reuse' END AS grp,
                source, tier, coalesce(escalated, false) AS escalated,
                sum({money.format("coalesce(baseline_cost_usd, 0)")}), sum({money.format("coalesce(cost_usd, 0)")}),
@@ -93,7 +94,8 @@ def savings_steps(
     )
     prices = _tier_prices(con, job_id)
     reuse: dict[str, float] = {}
-    routing = prefix = overhead = escalation = charges = other = 0.0
+    routing = prefix = overhead = escalation = other = 0.0
+    extra = {"charge": 0.0, "judge": 0.0}
     notes, unsplit = [], []
     for grp, source, tier, escalated, baseline, cost, over, busy_gpu in rows:
         busy = cost - over  # cost = (busy + overhead) GPU-seconds × price / 3600
@@ -101,8 +103,8 @@ def savings_steps(
         if grp == "reuse":
             reuse[source] = reuse.get(source, 0.0) + baseline - busy
             continue
-        if grp == "charge":
-            charges += busy - baseline
+        if grp in ("charge", "judge"):  # rows no baseline has: added, never saved
+            extra[grp] += busy - baseline
             continue
         if grp == "other":
             other += busy - baseline
@@ -132,16 +134,22 @@ def savings_steps(
         for label, added in (
             ("engine start-up and idle", overhead),
             ("escalation: attempts before it", escalation),
-            ("failed attempts and lost work", charges),
+            ("failed attempts and lost work", extra["charge"]),
+            ("LLM judge (checks.judge)", extra["judge"]),
             ("other rows", other),
         )
         if added
     ]
-    notes.append(
+    return steps, notes + savings_notes(escalation, unsplit)
+
+
+def savings_notes(escalation: float, unsplit: list[str]) -> list[str]:
+    """How the waterfall's steps were derived; `unsplit`: tiers whose escalated rows could not be split."""
+    notes = [
         "Savings compare the baseline (every document generated on the largest tier, no dedup, no cache, "
         "with its share of engine start-up and idle) with the busy GPU time actually paid; engine start-up "
         "and idle (ledger overhead_gpu_seconds × price) and the other costs are then added as paid."
-    )
+    ]
     if escalation and not unsplit:
         notes.append(
             "Escalation: what escalated documents paid on the tier they were escalated from (their first "
@@ -154,7 +162,7 @@ def savings_steps(
             "the ledger (tier prices equal, unknown, or more than one tier they came from), so the bar "
             "shows what escalated documents paid above their baseline."
         )
-    return steps, notes
+    return notes
 
 
 def _false_reuse_line(v: dict) -> str:

@@ -50,14 +50,45 @@ def paid_price(config: TokenmillConfig, fresh: list[dict], served: dict, cost: f
     return config.tiers[tier].price_per_gpu_hour if tier in config.tiers else 0.0
 
 
-def check_flags(item: dict, config: TokenmillConfig, refused: bool) -> dict[str, bool | None]:
+def check_flags(item: dict, config: TokenmillConfig, refused: bool, verdict: str | None = None) -> dict:
     """The ledger's output-check columns for the served item (null: recorded before the check existed), and
-    `acceptable` (quality.acceptable: not empty, not truncated, no check failed) and not refused."""
+    `acceptable` (quality.acceptable: not empty, not truncated, no check failed) and not refused.
+
+    `verdict`: the LLM judge's (followup.Outcome.verdict), its `judge` flag raised unless it is `keep`. No verdict,
+    or none at all (the judge's request failed), is not `keep`: `acceptable` says a reader keeps the output, and
+    once a deployment judges its outputs nothing else vouches for one; `calibrate --judge` counts it so too, so
+    the agreement it reports is that of the rule applied here. The manifest counts each verdict apart."""
     every = flags(item, config.checks)
+    if verdict is not None:
+        every["judge"] = verdict != "keep"
     columns = {name: every[name] for name in (*MEASURES, "unfaithful")}
     judged = acceptable(every)
     columns["acceptable"] = None if judged is None else judged and not refused
+    columns["judge"] = verdict
     return columns
+
+
+def judge_charge(row: dict, outcome, overhead_ratio: Callable[[dict], float]) -> list[dict]:
+    """The ledger charge (charge_rows) for the judge's verdict on a record's output, when this record asked for it
+    and this job paid for it (a duplicate served the same output pays nothing; a verdict the cache held, nothing).
+    Its own row (kind `judge`), so the output's row keeps what made the summary and the ledger what the judge cost."""
+    judged = outcome.judge
+    if judged is None or judged.get("origin") is not None or judged["id"] != row["id"]:
+        return []
+    return [
+        {
+            "partition": row["partition"],
+            "id": row["id"],
+            "tenant": row["tenant"],
+            "tier": judged["tier"],
+            "kind": "judge",
+            "adapter": None,  # the judge runs on its tier's base model (worker.tenant_adapter)
+            **{k: judged[k] for k in ("prompt_tokens", "cached_prompt_tokens", "output_tokens")},
+            # its busy seconds, and its engine's start-up and idle share, as any generation carries
+            "busy_gpu_seconds": judged["gpu_seconds"],
+            "overhead_gpu_seconds": judged["gpu_seconds"] * overhead_ratio(judged),
+        }
+    ]
 
 
 def record_costs(
@@ -127,7 +158,8 @@ def assemble_results(
     from pipeline.generate.followup import final_output
     from pipeline.generate.reuse import effective_keys
 
-    served, paid_only = [], []  # rows with an output; rows quarantined after paid generations (ledger only)
+    # Rows with an output; rows quarantined after paid generations (ledger only); the judge's charges (ledger only).
+    served, paid_only, judged = [], [], []
     answered = []  # per served row, the tokens of the attempt that produced its output
     bad_rows, bad_reasons, bad_details = [], [], []
     rows = records.select(["id", "tenant", "partition", "reuse", "similarity", "shadow", "route_reason"]).to_pylist()
@@ -170,7 +202,7 @@ def assemble_results(
             "route_reason": row["route_reason"],
             "escalated": outcome.escalated,
             "escalation_reason": outcome.escalation_reason,
-            **check_flags(item, config, bool(refusal)),
+            **check_flags(item, config, bool(refusal), outcome.verdict),
             "chunks": first.get("chunks") or 0,
             "source_job": source_job or (None if generated else job_id),
             "cache_status": item.get("cache_status") if generated or item.get("origin") == "cache" else None,
@@ -183,10 +215,13 @@ def assemble_results(
         else:
             served.append(values)
             answered.append(answer_tokens(item, charged))
+            judged.extend(judge_charge(row, outcome, overhead_ratio))
 
     answers = [values | tokens for values, tokens in zip(served, answered, strict=True)]
     outputs = pa.Table.from_pylist(answers, schema=pa.schema([("partition", pa.string()), *OUTPUTS]))
-    ledger = pa.Table.from_pylist(served + paid_only, schema=LEDGER)
+    ledger = pa.concat_tables(
+        [pa.Table.from_pylist(served + paid_only, schema=LEDGER), charge_rows(judged, config, job_id, created_at)]
+    )
     bad = records.take(pa.array(bad_rows, pa.int64()))
     quarantine = quarantine_rows(
         bad,
@@ -199,13 +234,14 @@ def assemble_results(
 
 
 def charge_rows(charges: list[dict], config: TokenmillConfig, job_id: str, created_at: datetime) -> pa.Table:
-    """Ledger rows for GPU time no output carries (`kind` failed_attempt or lost): charges with their
-    `busy_gpu_seconds` and `overhead_gpu_seconds` already split."""
+    """Ledger rows for GPU time no output carries (`kind` failed_attempt, lost, unfinished or judge): charges with
+    their `busy_gpu_seconds` and `overhead_gpu_seconds` already split (and tokens, and `adapter`, where known)."""
     rows = []
     for ch in charges:
         tier = config.tiers.get(ch["tier"])
         price = tier.price_per_gpu_hour if tier else 0.0
         gpu = ch["busy_gpu_seconds"] + ch["overhead_gpu_seconds"]
+        adapter = ch["adapter"] if "adapter" in ch else config.adapter(ch.get("tenant"), ch["tier"])
         rows.append(
             {
                 "job_id": job_id,
@@ -215,14 +251,12 @@ def charge_rows(charges: list[dict], config: TokenmillConfig, job_id: str, creat
                 "tier": ch["tier"],
                 "model": tier.generator if tier else None,
                 "kind": ch["kind"],
-                "adapter": config.adapter(ch.get("tenant"), ch["tier"]),
-                "adapter_digest": adapter_digest(config.adapter(ch.get("tenant"), ch["tier"])),
+                "adapter": adapter,
+                "adapter_digest": adapter_digest(adapter),
                 "escalated": False,
                 "attempts": 1 if ch["kind"] == "failed_attempt" else 0,
                 "chunks": 0,
-                "prompt_tokens": 0,
-                "cached_prompt_tokens": 0,
-                "output_tokens": 0,
+                **{k: ch.get(k, 0) for k in ("prompt_tokens", "cached_prompt_tokens", "output_tokens")},
                 "gpu_seconds": gpu,
                 "busy_gpu_seconds": ch["busy_gpu_seconds"],
                 "overhead_gpu_seconds": ch["overhead_gpu_seconds"],

@@ -29,7 +29,8 @@ NOTE = (
     "and idle, documents too long for the context as the run cuts them (a request per chunk, a reduce each). "
     "Not counted: reuse from earlier jobs' "
     "cache (inputs it holds cost less), shadow verification (dedup.shadow_rate of near/semantic reuses), schema "
-    "retries, failed attempts."
+    "retries, failed attempts, the LLM judge (checks.judge: a request per output that passes the checks, on the "
+    "judge's tier)."
 )
 
 

@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from tests.conftest import REPO
+from tests.conftest import REPO, read_kind
 from tests.engine.test_real_model import real_config, real_models  # noqa: F401 (a fixture)
 
 pytestmark = pytest.mark.real_model
@@ -41,3 +41,41 @@ def test_the_judge_answers_on_the_real_engine_and_calibrate_reports_its_agreemen
         assert judge["recall"]["n"] == 1 and judge["tp"] + judge["fp"] == sum(
             j["verdict"] is True for r, j in zip(rows, judged) if r["split"] == half
         )
+
+
+def test_a_jobs_judge_wave_gives_the_verdicts_calibrate_measures(real_models, tmp_path):  # noqa: F811
+    """The judge in a job (a follow-up wave through the tier worker's streaming engine) asks what `run_judge` asks
+    (prompt, sampling): its verdicts are the ones `calibrate --judge` measured. The summaries come from the fake
+    engine on the small tier (scripted, so they pass the checks); the large tier, the judge, is the real model."""
+    from pipeline import run_job
+    from pipeline.evals.llm_judge import run_judge
+    from pipeline.generate.engine import EnginePool, shutdown_engines
+    from pipeline.generate.judge import verdict_name
+
+    doc = (
+        "The Artistic License lets anyone copy and distribute the Standard Version of the Package, provided the "
+        "copyright notice is kept. Modified versions must be clearly documented and renamed."
+    )
+    good = "The Artistic License lets anyone copy the Standard Version; modified versions must be renamed."
+    (tmp_path / "input").mkdir()
+    docs = [{"id": w, "text": f"Notice {w}. {doc}"} for w in ("alpha", "bravo")]
+    (tmp_path / "input" / "a.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
+    config = real_config(
+        tmp_path,
+        TOKENMILL_CHECKS__JUDGE=json.dumps({"tier": "large"}),
+        TOKENMILL_TIERS__SMALL__ENGINE="fake",
+        TOKENMILL_TIERS__SMALL__FAKE__ANSWERS=json.dumps({"Notice ": good}),
+        TOKENMILL_ROUTE__DEFAULT_TIER="small",
+        TOKENMILL_ROUTE__RULES="[]",
+        TOKENMILL_DEDUP__NEAR="false",
+        TOKENMILL_DEDUP__SEMANTIC="false",
+    )
+    try:
+        m = run_job(config, job_id="judged", pool=EnginePool(config.tiers)).manifest  # the engines kept, for below
+        answers = run_judge(config, [{"document": d["text"], "summary": good} for d in docs])
+    finally:
+        shutdown_engines()
+    ledger = read_kind(tmp_path / "output", "ledger", "judged").to_pylist()
+    in_job = {r["id"]: r["judge"] for r in ledger if r["kind"] == "output"}
+    assert in_job == {d["id"]: verdict_name({"summary": a["answer"]}) for d, a in zip(docs, answers)}
+    assert m["judge"]["paid"] == 2 and sorted(r["id"] for r in ledger if r["kind"] == "judge") == ["alpha", "bravo"]
