@@ -14,6 +14,7 @@ from pipeline import run_job
 from pipeline.cli.jobs import summary_table
 from pipeline.generate.engine import ENGINES, EnginePool
 from pipeline.output.ledger import connect, summary
+from pipeline.output.manifest import Manifest
 from tests.conftest import read_kind
 from tests.engines import OneCallEngine
 from tests.jobs import assert_exactly_once, scalar
@@ -161,7 +162,7 @@ def test_an_escalated_output_is_judged_after_its_escalation_on_the_escalation_ti
     assert sorted(r["id"] for r in judged) == ["alpha", "bravo", "charlie", "delta"]
     assert_exactly_once(tmp_path / "output", "je", ids, tmp_path / "state.db")
     console = Console(record=True, width=200)
-    console.print(summary_table(m))
+    console.print(summary_table(Manifest.parse(m)))
     assert f"{m['judge']['judged']} judged (bad 1, keep 3, no verdict 1); 4 paid" in console.export_text()
 
 
