@@ -1,7 +1,8 @@
-"""The LLM judge (`checks.judge`) once on the real engine: SmolLM2-135M-Instruct in float32 (the demo's large
-tier, as `tokenmill models real` builds it) judges four labelled outputs, and `calibrate` sets its verdicts beside
-the labels. A 135M model is no judge worth trusting: this checks the path (prompt, context, answer, verdict),
-not its agreement, which `tokenmill checks calibrate --judge` measures for a deployment's own strong model."""
+"""The LLM judge (`checks.judge`) on the real engine: SmolLM2-135M-Instruct in float32 (the demo's large tier, as
+`tokenmill models real` builds it) judges a job's outputs as a follow-up wave and four labelled outputs through
+`run_judge`, one engine start for both. A 135M model is no judge worth trusting: this checks the path (prompt,
+context, answer, verdict), not its agreement, which `tokenmill checks calibrate --judge` measures for a
+deployment's own strong model."""
 
 from __future__ import annotations
 
@@ -15,39 +16,17 @@ from tests.engine.test_real_model import real_config, real_models  # noqa: F401 
 pytestmark = pytest.mark.real_model
 
 
-def test_the_judge_answers_on_the_real_engine_and_calibrate_reports_its_agreement(real_models, tmp_path):  # noqa: F811
-    from pipeline.evals.calibrate import calibrate
-    from pipeline.evals.llm_judge import run_judge
-    from pipeline.generate.engine import shutdown_engines
-
-    labels = [
-        json.loads(line) for line in (REPO / "tests" / "data" / "judge" / "labels.jsonl").read_text().splitlines()
-    ]
-    rows = [
-        next(r for r in labels if r["verdict"] == v and r["split"] == s)
-        for v in ("good", "bad")
-        for s in ("calibration", "test")
-    ]
-    config = real_config(tmp_path, TOKENMILL_CHECKS__JUDGE=json.dumps({"tier": "large"}))
-    try:
-        judged = run_judge(config, rows)
-    finally:
-        shutdown_engines()
-    assert len(judged) == 4 and all(j["answer"].strip() for j in judged), judged  # it answered every one
-    assert all(j["verdict"] in (True, False, None) for j in judged)
-    result = calibrate([{**r, "judge": j["verdict"]} for r, j in zip(rows, judged)], config.checks)
-    for half in ("calibration", "test"):
-        judge = result["after"][half]["judge"]
-        assert judge["recall"]["n"] == 1 and judge["tp"] + judge["fp"] == sum(
-            j["verdict"] is True for r, j in zip(rows, judged) if r["split"] == half
-        )
-
-
-def test_a_jobs_judge_wave_gives_the_verdicts_calibrate_measures(real_models, tmp_path):  # noqa: F811
+def test_a_jobs_judge_wave_gives_the_verdicts_run_judge_gives_and_calibrate_sets_them_beside_labels(
+    real_models,  # noqa: F811
+    tmp_path,
+):
     """The judge in a job (a follow-up wave through the tier worker's streaming engine) asks what `run_judge` asks
-    (prompt, sampling): its verdicts are the ones `calibrate --judge` measured. The summaries come from the fake
-    engine on the small tier (scripted, so they pass the checks); the large tier, the judge, is the real model."""
+    (prompt, sampling): its verdicts are the ones `calibrate --judge` measures. The summaries come from the fake
+    engine on the small tier (scripted, so they pass the checks); the large tier, the judge, is the real model.
+    Then `run_judge` on four labelled outputs (a good and a bad one of each half, the shortest: the path is what
+    is checked, not the prefill), and `calibrate` counts its verdicts per half."""
     from pipeline import run_job
+    from pipeline.evals.calibrate import calibrate
     from pipeline.evals.llm_judge import run_judge
     from pipeline.generate.engine import EnginePool, shutdown_engines
     from pipeline.generate.judge import verdict_name
@@ -60,6 +39,14 @@ def test_a_jobs_judge_wave_gives_the_verdicts_calibrate_measures(real_models, tm
     (tmp_path / "input").mkdir()
     docs = [{"id": w, "text": f"Notice {w}. {doc}"} for w in ("alpha", "bravo")]
     (tmp_path / "input" / "a.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
+    labels = [
+        json.loads(line) for line in (REPO / "tests" / "data" / "judge" / "labels.jsonl").read_text().splitlines()
+    ]
+    rows = [
+        min((r for r in labels if r["verdict"] == v and r["split"] == s), key=lambda r: len(r["document"]))
+        for v in ("good", "bad")
+        for s in ("calibration", "test")
+    ]
     config = real_config(
         tmp_path,
         TOKENMILL_CHECKS__JUDGE=json.dumps({"tier": "large"}),
@@ -73,9 +60,19 @@ def test_a_jobs_judge_wave_gives_the_verdicts_calibrate_measures(real_models, tm
     try:
         m = run_job(config, job_id="judged", pool=EnginePool(config.tiers)).manifest  # the engines kept, for below
         answers = run_judge(config, [{"document": d["text"], "summary": good} for d in docs])
+        judged = run_judge(config, rows)
     finally:
         shutdown_engines()
     ledger = read_kind(tmp_path / "output", "ledger", "judged").to_pylist()
     in_job = {r["id"]: r["judge"] for r in ledger if r["kind"] == "output"}
     assert in_job == {d["id"]: verdict_name({"summary": a["answer"]}) for d, a in zip(docs, answers)}
     assert m["judge"]["paid"] == 2 and sorted(r["id"] for r in ledger if r["kind"] == "judge") == ["alpha", "bravo"]
+
+    assert len(judged) == 4 and all(j["answer"].strip() for j in judged), judged  # it answered every one
+    assert all(j["verdict"] in (True, False, None) for j in judged)
+    result = calibrate([{**r, "judge": j["verdict"]} for r, j in zip(rows, judged)], config.checks)
+    for half in ("calibration", "test"):
+        judge = result["after"][half]["judge"]
+        assert judge["recall"]["n"] == 1 and judge["tp"] + judge["fp"] == sum(
+            j["verdict"] is True for r, j in zip(rows, judged) if r["split"] == half
+        )
