@@ -33,7 +33,7 @@ from pipeline.output.manifest import (
     Tokens,
     Unfaithful,
 )
-from pipeline.output.tables import publish, published_epochs
+from pipeline.output.tables import StagedFileGone, publish, published_epochs
 from pipeline.output.telemetry import decode_steps, tier_efficiency
 from pipeline.output.write import count_by, write_manifest
 from pipeline.stores import storage
@@ -328,13 +328,17 @@ def refresh_manifest(ctx: JobContext) -> Manifest:
         if counts is not None and counts.commit is not None and counts.commit.epoch is not None:
             committed[p.partition] = counts.commit
     published = published_epochs(ctx.out, ctx.job_id, committed) if committed else {}
-    refused = {}
+    refused, gone = {}, []
     for partition, commit in committed.items():
         if published[partition] is None or published[partition] < commit.epoch:
             try:
                 publish(ctx.out, ctx.job_id, partition, commit.epoch, commit.files)
+            except StagedFileGone as e:  # no later publish can take it: its message names the partition's rerun
+                gone.append(e)
             except Exception as e:  # the store refused it: the others are still published, this one next run
                 refused[partition] = f"{type(e).__name__}: {e}".splitlines()[0]
+    if gone:
+        raise gone[0]
     if refused:
         first = next(iter(refused))
         raise storage.StorageError(

@@ -101,9 +101,10 @@ def storage_options(root: storage.Location) -> dict[str, str]:
     return out
 
 
-# What boto3 takes credentials from: one session per set of them, kept (a new one per call took 5-20 ms of Python,
-# three times per partition commit, and asks an instance's metadata service again); it refreshes temporary
-# credentials itself before they expire.
+# What boto3 takes credentials from: one session per set of them, kept for the process (a new one per call took
+# 10.6-12.9 ms of Python, three times per partition commit: benchmarks/RESULTS.md section 18b; and asks an
+# instance's metadata service again). It refreshes temporary credentials itself before they expire; static keys
+# rewritten in the same credentials file are read by the next process.
 CREDENTIAL_SOURCES = (
     "AWS_ACCESS_KEY_ID",
     "AWS_SECRET_ACCESS_KEY",
@@ -173,7 +174,7 @@ def ensure_table(root: storage.Location, kind: str):
 
 # Publishes keep each table they opened, per table URI, for the life of the process: before each use the log
 # entries written since are read into it (update_incremental) instead of the table being read again from its
-# checkpoint (benchmarks/RESULTS.md section 18), and its schema is checked once, when opened.
+# checkpoint (benchmarks/RESULTS.md section 18b), and its schema is checked once, when opened.
 class _Cached:
     def __init__(self, options: dict[str, str]):
         self.options = options  # the credentials it was opened with: new ones (rotated) open it again
@@ -233,10 +234,13 @@ def _log_entry(root: storage.Location, kind: str, version: int) -> int | None:
 
 
 def _forget_tables() -> None:
-    """A forked child starts with no table: the parent's delta-rs runtime and locks are not the child's."""
-    global _cached_lock
+    """A forked child starts with no table and no credentials session: the parent's delta-rs runtime, boto3
+    session and locks are not the child's (a lock held by a parent's thread at the fork would never be freed)."""
+    global _cached_lock, _session_lock
     _cached.clear()
     _cached_lock = threading.Lock()
+    _session_lock = threading.Lock()
+    _aws_session.cache_clear()
 
 
 os.register_at_fork(after_in_child=_forget_tables)
@@ -380,11 +384,15 @@ def _publish_one(root: storage.Location, kind: str, job_id: str, partition: str,
     return False
 
 
+class StagedFileGone(storage.StorageError):
+    """A staged file a publish needs is gone: only running its partition again makes new ones."""
+
+
 def _staged_files_exist(root: storage.Location, kind: str, partition: str, files: list[dict]) -> None:
     """A table must never name a missing file (one `tables maintain` vacuumed after a long kill)."""
     for f in files:
         if root.fs.get_file_info(root.join(kind, f["path"])).type != pafs.FileType.File:
-            raise storage.StorageError(
+            raise StagedFileGone(
                 f"{root.uri(root.join(kind, f['path']))}: staged file of partition {partition} is gone; "
                 f"run the partition again (`tokenmill rerun --partition {partition}`)"
             )
