@@ -219,7 +219,7 @@ def mapped(docs: int, processes: int) -> dict:
         "tier_workers": [
             {**{k: r[k] for k in ("tier", "units", "requests")}, "seconds": round(s, 2)} for r, s in results["drain"]
         ],
-        "outputs": manifest["counts"]["outputs"],
+        "outputs": manifest.counts.outputs,
     }
 
 
