@@ -164,15 +164,18 @@ def _database_url(admin_url: str, name: str) -> str:
 
 
 def migrated_template(admin_url: str) -> str:
-    """The name of a database that `airflow db migrate` of this Airflow version made, on the server, made once
-    per server and version: each deployment's database is a copy (`CREATE DATABASE ... TEMPLATE`, well under a
+    """The name of a database that `airflow db migrate` of these Airflow releases made, on the server, made once
+    per server and set of releases: each deployment's database is a copy (`CREATE DATABASE ... TEMPLATE`, well under a
     second, where migrating takes 8 to 20 s). Built under an advisory lock (test workers are processes) with
     another name, renamed once complete: a build killed half-way is never copied."""
-    from importlib.metadata import version
+    import hashlib
+    from importlib.metadata import distributions
 
     from sqlalchemy import text
 
-    name = f"airflow_template_{version('apache-airflow').replace('.', '_')}"
+    # Keyed by every installed Airflow distribution's version: a provider's upgrade can bring migrations too.
+    releases = sorted(f"{d.metadata['Name']}=={d.version}" for d in distributions() if "airflow" in d.metadata["Name"])
+    name = f"airflow_template_{hashlib.sha256(' '.join(releases).encode()).hexdigest()[:16]}"
     admin = _admin(admin_url)
     try:
         with admin.connect() as c:
