@@ -101,7 +101,7 @@ def test_a_job_on_real_text_gives_real_summaries_flags_each_check_alike_everywhe
     (tmp_path / "input" / "docs.jsonl").write_text(
         "".join(json.dumps({"id": d["id"], "text": d["text"]}) + "\n" for d in docs)
     )
-    # The small tier first, escalating what fails a check (configs/local.yaml sends all to large: its eval's choice).
+    # The small tier first, escalating what fails a check, whatever configs/local.yaml's eval chose.
     env = {"TOKENMILL_ROUTE__DEFAULT_TIER": "small", "TOKENMILL_ROUTE__ESCALATION__ENABLED": "true"}
     config = real_config(tmp_path, **env)
     shutdown_engines()  # the process below starts its own: never two engines at once
