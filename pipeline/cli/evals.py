@@ -84,7 +84,9 @@ def policy_table(title: str, rows: list[dict], chosen: dict | None) -> Table:
         "min logprob",
         "trunc",
         "unfaithful",
+        "acceptable (95% CI)",
         "quality kept",
+        "ROUGE-L kept",
         "kept small",
         "escalated",
         "$/1k docs",
@@ -97,7 +99,9 @@ def policy_table(title: str, rows: list[dict], chosen: dict | None) -> Table:
             "off" if r["min_mean_logprob"] is None else f"{r['min_mean_logprob']:.3f}",
             "on" if r["on_truncation"] else "off",
             "on" if r["on_unfaithful"] else "off",
+            _rate(r["acceptable"]),
             f"{r['quality_kept']:.1%}{mark}",
+            f"{r['rouge_l_kept']:.3f}",
             _pct(r["small_share"]),
             _pct(r["escalated_share"]),
             f"${r['cost_per_1k_usd']:.5f}",
@@ -192,7 +196,9 @@ def evaluate(
         help="Hold-out JSONL (`python benchmarks/eval_set.py` builds one from this machine's text).",
     ),
     target_quality: float = typer.Option(
-        0.95, "--target-quality", help="Quality to keep, as a share of all-large (mean ROUGE-L agreement)."
+        0.95,
+        "--target-quality",
+        help="Quality to keep: the share of outputs acceptable (no output check failed) relative to all-large's.",
     ),
     out: Optional[Path] = typer.Option(
         None, "--out", help="Folder for eval.json, labels.jsonl and router.json (default $TOKENMILL_HOME/eval)."
@@ -229,7 +235,8 @@ def evaluate(
     if chosen is None:
         fail(f"no policy keeps {target_quality:.0%} of all-{result['baseline_tier']} quality; the config is unchanged")
     typer.echo(
-        f"chosen: quality kept {chosen['quality_kept']:.1%}, {chosen['small_share']:.1%} kept on the small tier, "
+        f"chosen: acceptable {_rate(chosen['acceptable'])}, quality kept {chosen['quality_kept']:.1%} of "
+        f"all-large's, ROUGE-L kept {chosen['rouge_l_kept']:.3f}, {chosen['small_share']:.1%} kept on the small tier, "
         f"${chosen['cost_per_1k_usd']:.5f} per 1k documents (all-large ${routing['all_large']['cost_per_1k_usd']:.5f})",
         err=fmt == "json",
     )

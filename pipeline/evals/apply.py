@@ -123,16 +123,26 @@ def chosen_values(chosen: dict, small: str, large: str, router_path: str | None)
     }
 
 
+def _share(policy: dict) -> str:
+    rate = policy["acceptable"]["rate"]
+    return "-" if rate is None else f"{rate:.1%}"  # None: no test document answered on both tiers
+
+
 def decided_by(routing: dict, small: str, large: str, day: str) -> str:
     """The `route.decided_by` line of a chosen policy: the eval that chose it and its figure, which `tokenmill run`
-    prints beside the tiers' shares (so that a demo sending everything to one tier says why)."""
-    chosen, all_large = routing["chosen"], routing["all_large"]
+    prints beside the tiers' shares (so that a demo sending everything to one tier says why, with the figure)."""
+    chosen, all_large, all_small = routing["chosen"], routing["all_large"], routing["all_small"]
     where = f"tokenmill eval {day}, {routing['test_documents']} test documents"
-    target = f"{routing['target_quality']:.0%} of all-{large}'s quality"
+    target = f"{routing['target_quality']:.0%} of all-{large}'s acceptable share"
     if chosen.get("all_large"):
-        return f"{where}: no mix with {small} keeps {target} for less than all-{large}"
+        return (
+            f"{where}: no mix with {small} keeps {target} for less than all-{large} (all-{small} keeps "
+            f"{all_small['quality_kept']:.1%}: acceptable {_share(all_small)} against {_share(all_large)})"
+        )
     return (
         f"{where}: {chosen['small_share']:.0%} kept on {small}, {chosen['escalated_share']:.0%} escalated, "
-        f"{chosen['quality_kept']:.1%} of all-{large}'s quality at ${chosen['cost_per_1k_usd']:.3f} per 1k "
+        f"{chosen['quality_kept']:.1%} of all-{large}'s acceptable share "
+        f"(acceptable {_share(chosen)} against {_share(all_large)}) "
+        f"at ${chosen['cost_per_1k_usd']:.3f} per 1k "
         f"(all-{large} ${all_large['cost_per_1k_usd']:.3f})"
     )

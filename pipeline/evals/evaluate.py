@@ -12,12 +12,11 @@ import pyarrow as pa
 import xxhash
 
 from pipeline.config import LOOP_KNOBS, TokenmillConfig
-from pipeline.evals.policies import NO_LOGPROB, Policy, cheapest, grid, logprob_thresholds, score
+from pipeline.evals.policies import NO_LOGPROB, Outcomes, Policy, cheapest, grid, logprob_thresholds, rate, score
 from pipeline.evals.reuse import reuse_quality
 from pipeline.evals.runs import TierRun, tier_run
 from pipeline.generate.engine import EnginePool
 from pipeline.generate.quality import CHECKS, rouge_l
-from pipeline.generate.shadow import wilson_interval
 from pipeline.plan.stages import staged_input
 from pipeline.route.router import Labels, Router, RouterError, calibration_curve, train_router
 
@@ -42,12 +41,6 @@ def read_labels(path: Path) -> dict[str, dict]:
         except (ValueError, KeyError, TypeError) as e:
             raise EvalError(f"{path}:{n}: expected a JSON object with `id` and `text`: {e}") from None
     return out
-
-
-def rate(hits: int, n: int) -> dict:
-    """A share of `n` with its 95% Wilson interval (null when nothing was measured)."""
-    low, high = wilson_interval(hits, n)
-    return {"rate": round(hits / n, 4) if n else None, "ci95": [round(low, 4), round(high, 4)]}
 
 
 def tier_section(run: TierRun, base: TierRun, ids: list[str], agreement: dict[str, float], checks) -> dict:
@@ -115,36 +108,35 @@ def routing(
     ids: list[str],
     small: TierRun,
     large: TierRun,
-    agreement: dict[str, float],
+    outcomes: Outcomes,
     target: float,
     ruled: frozenset[str] = frozenset(),
 ) -> dict:
-    """Router trained on one half (labels from agreement), every policy scored on the other."""
+    """Router trained on one half (labels: each tier's output acceptable or not), every policy scored on the
+    other."""
     train, test = split(ids)
     artifact, note, curve = None, None, []
-    try:
-        artifact = train_router(
-            [text[i] for i in train],
-            np.array([agreement[i] for i in train]),
-            np.ones(len(train)),
-            small.tier,
-            large.tier,
-            target,
+
+    def labels(half: list[str]) -> Labels:
+        return Labels(
+            [text[i] for i in half],
+            np.array([float(outcomes.small_ok[i]) for i in half]),
+            np.array([float(outcomes.large_ok[i]) for i in half]),
         )
+
+    try:
+        fit = labels(train)
+        artifact = train_router(fit.texts, fit.small_quality, fit.large_quality, small.tier, large.tier, target)
         router = Router(artifact)
         p = dict(zip(test, router.probabilities([text[i] for i in test]).tolist()))
-        curve = calibration_curve(
-            router, Labels([text[i] for i in test], np.array([agreement[i] for i in test]), np.ones(len(test))), target
-        )
+        curve = calibration_curve(router, labels(test), target)
     except RouterError as e:
         p, note = None, f"no router: {e}"
     thresholds = logprob_thresholds(small, test)
-    rows = [
-        score(policy, test, small, large, agreement, p, config, ruled) for policy in grid(p is not None, thresholds)
-    ]
+    rows = [score(policy, test, small, large, outcomes, p, config, ruled) for policy in grid(p is not None, thresholds)]
     # Everything on the large tier: a router that sends every item there, whatever its probability.
     all_large = {
-        **score(Policy(1.01, NO_LOGPROB, False, False), test, small, large, agreement, {i: 0.0 for i in test}, config),
+        **score(Policy(1.01, NO_LOGPROB, False, False), test, small, large, outcomes, {i: 0.0 for i in test}, config),
         "router_threshold": None,
         "all_large": True,
     }
@@ -253,6 +245,7 @@ def run_eval(
         for t, r in runs.items()
     }
     scored = [i for i in originals if i in agreement[small]]
+    outcomes = Outcomes.of(runs[small], base, scored, agreement[small], config.checks)
     return {
         "holdout": {
             "path": str(holdout),
@@ -266,7 +259,11 @@ def run_eval(
         "models": {t: config.tiers[t].generator for t in by_price},
         "tiers": {t: tier_section(runs[t], base, originals, agreement[t], config.checks) for t in by_price},
         "loop_knobs": loop_knobs(config, docs, runs[small], base, pool),
-        "routing": routing(config, text, scored, runs[small], base, agreement[small], target, ruled),
+        "routing": routing(config, text, scored, runs[small], base, outcomes, target, ruled),
         "reuse": reuse_quality(records, labels, base),
-        "labels": [{"text": text[i], "quality": {small: agreement[small][i], large: 1.0}} for i in scored],
+        # the router's labels (`tokenmill router train`): 1.0 where the tier's output is acceptable
+        "labels": [
+            {"text": text[i], "quality": {small: float(outcomes.small_ok[i]), large: float(outcomes.large_ok[i])}}
+            for i in scored
+        ],
     }

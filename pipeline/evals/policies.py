@@ -5,8 +5,11 @@ threshold, escalation signals and a confidence threshold) is scored without gene
 served output is the small tier's unless the router sends the document to the large tier or an
 escalation signal fires (the job's own `escalation_reason` decides, with the policy's settings),
 and the cost is what the ledger would carry: small, large, or both for an escalated item.
-Quality kept is the mean ROUGE-L agreement of the served output with the large tier's (1.0 when
-the large tier served it): all-large keeps 1.0 by definition.
+Quality is the share of served outputs that are acceptable (no output check failed: the checks
+calibrated against a reader's labels, tests/data/judge/labels.jsonl), with its 95% Wilson interval;
+quality kept is that share relative to all-large's (all-large keeps 1.0 by definition). ROUGE-L
+agreement with the large tier's wording (1.0 where large served) is reported beside it, never chosen by:
+a quantised copy of the large model words its summaries differently where a reader keeps them alike.
 """
 
 from __future__ import annotations
@@ -18,8 +21,33 @@ import numpy as np
 from pipeline.config import TokenmillConfig
 from pipeline.evals.runs import TierRun
 from pipeline.generate.followup import escalation_reason
+from pipeline.generate.shadow import wilson_interval
 
 NO_LOGPROB = None  # min_mean_logprob: the confidence signal off
+
+
+def rate(hits: int, n: int) -> dict:
+    """A share of `n` with its 95% Wilson interval (null when nothing was measured)."""
+    low, high = wilson_interval(hits, n)
+    return {"rate": round(hits / n, 4) if n else None, "ci95": [round(low, 4), round(high, 4)]}
+
+
+@dataclass(frozen=True)
+class Outcomes:
+    """Per document, what each tier's output is worth: acceptable (TierRun.acceptable with the config's
+    checks) on each tier, and the small output's ROUGE-L agreement with the large one's (the secondary figure)."""
+
+    small_ok: dict[str, bool]
+    large_ok: dict[str, bool]
+    agreement: dict[str, float]
+
+    @classmethod
+    def of(cls, small: TierRun, large: TierRun, ids: list[str], agreement: dict[str, float], checks) -> Outcomes:
+        return cls(
+            {i: small.acceptable(i, small.flags(i, checks)) for i in ids},
+            {i: large.acceptable(i, large.flags(i, checks)) for i in ids},
+            {i: agreement[i] for i in ids},
+        )
 
 
 @dataclass(frozen=True)
@@ -48,20 +76,23 @@ def score(
     ids: list[str],
     small: TierRun,
     large: TierRun,
-    agreement: dict[str, float],
+    outcomes: Outcomes,
     router_p: dict[str, float] | None,
     config: TokenmillConfig,
     ruled: frozenset[str] = frozenset(),
 ) -> dict:
-    """Quality kept, shares and cost per 1,000 documents of one policy over `ids`. `ruled`: ids a route
-    rule sends past the small tier (as in the job, rules decide before the router and escalation)."""
+    """Acceptable share (95% interval), quality kept against all-large, ROUGE-L kept, shares and cost per
+    1,000 documents of one policy over `ids`. `ruled`: ids a route rule sends past the small tier (as in the
+    job, rules decide before the router and escalation). quality_kept_ci95 is the acceptable share's
+    interval over all-large's share, taken as exact."""
     cfg = escalation_config(config, policy, large.tier)
-    quality, cost, kept_small, escalated, reasons = [], [], 0, 0, {}
+    served_ok, agreement, cost, kept_small, escalated, reasons = 0, [], [], 0, 0, {}
     for i in ids:
         if i in ruled or (
             policy.router_threshold is not None and router_p is not None and router_p[i] < policy.router_threshold
         ):
-            quality.append(1.0)
+            served_ok += outcomes.large_ok[i]
+            agreement.append(1.0)
             cost.append(large.usd[i])
             continue
         item = {
@@ -75,17 +106,28 @@ def score(
         reason = escalation_reason(item, cfg)
         if reason is None:
             kept_small += 1
-            quality.append(agreement[i])
+            served_ok += outcomes.small_ok[i]
+            agreement.append(outcomes.agreement[i])
             cost.append(small.usd[i])
         else:
             escalated += 1
             reasons[reason] = reasons.get(reason, 0) + 1
-            quality.append(1.0)
+            served_ok += outcomes.large_ok[i]
+            agreement.append(1.0)
             cost.append(small.usd[i] + large.usd[i])
     n = max(len(ids), 1)
+    acceptable = rate(served_ok, len(ids))
+    base = sum(outcomes.large_ok[i] for i in ids)  # all-large's acceptable outputs
+
+    def kept(hits: float) -> float:  # 1.0 where large has none acceptable either: nothing to lose against it
+        return round(hits / base, 4) if base else 1.0
+
     return {
         **asdict(policy),
-        "quality_kept": round(float(np.mean(quality)) if quality else 0.0, 4),
+        "quality_kept": kept(served_ok),
+        "quality_kept_ci95": [kept(b * len(ids)) for b in acceptable["ci95"]],
+        "acceptable": acceptable,
+        "rouge_l_kept": round(float(np.mean(agreement)) if agreement else 0.0, 4),
         "small_share": round(kept_small / n, 4),
         "escalated_share": round(escalated / n, 4),
         "escalated_by": reasons,
@@ -112,6 +154,6 @@ def grid(has_router: bool, thresholds: list[float]) -> list[Policy]:
 
 
 def cheapest(rows: list[dict], target: float) -> dict | None:
-    """The cheapest row keeping `target` of all-large quality (ties: more kept on the small tier)."""
+    """The cheapest row keeping `target` of all-large's acceptable share (ties: more kept on the small tier)."""
     ok = [r for r in rows if r["quality_kept"] >= target]
     return min(ok, key=lambda r: (round(r["cost_per_1k_usd"], 12), -r["small_share"])) if ok else None

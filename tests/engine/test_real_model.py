@@ -101,7 +101,7 @@ def test_a_job_on_real_text_gives_real_summaries_flags_each_check_alike_everywhe
     (tmp_path / "input" / "docs.jsonl").write_text(
         "".join(json.dumps({"id": d["id"], "text": d["text"]}) + "\n" for d in docs)
     )
-    # The small tier first, escalating what fails a check (configs/local.yaml sends all to large: its eval's choice).
+    # The small tier first, escalating what fails a check, whatever configs/local.yaml's eval chose.
     env = {"TOKENMILL_ROUTE__DEFAULT_TIER": "small", "TOKENMILL_ROUTE__ESCALATION__ENABLED": "true"}
     config = real_config(tmp_path, **env)
     shutdown_engines()  # the process below starts its own: never two engines at once
@@ -277,8 +277,15 @@ def test_eval_scores_every_saving_and_writes_its_choice_into_the_config(real_mod
     assert routing["all_small"]["cost_per_1k_usd"] < routing["all_large"]["cost_per_1k_usd"]
     chosen = routing["chosen"]
     assert chosen["quality_kept"] >= 0.5 and chosen["cost_per_1k_usd"] <= routing["all_large"]["cost_per_1k_usd"]
+    # Quality is the share of served outputs acceptable (no output check failed) against all-large's, with its
+    # interval; ROUGE-L agreement with the large tier's wording is reported beside it.
+    for policy in (routing["all_large"], routing["all_small"], chosen):
+        low, high = policy["acceptable"]["ci95"]
+        assert 0.0 <= low <= policy["acceptable"]["rate"] <= high <= 1.0 and 0.0 <= policy["rouge_l_kept"] <= 1.0
+    assert routing["all_large"]["rouge_l_kept"] == 1.0
     labels = (out / "labels.jsonl").read_text().splitlines()
     assert len(labels) == routing["train_documents"] + routing["test_documents"]
+    assert all(set(json.loads(line)["quality"].values()) <= {0.0, 1.0} for line in labels)
     assert report["reuse"]["labelled"]["should_reuse"]["pairs"] + report["reuse"]["labelled"]["must_not_reuse"][
         "pairs"
     ] == len(variants)
@@ -287,6 +294,7 @@ def test_eval_scores_every_saving_and_writes_its_choice_into_the_config(real_mod
 
     written = yaml.safe_load(config.read_text())["route"]
     loaded = load_config(config, environ={"TOKENMILL_HOME": os.environ["TOKENMILL_HOME"]})
+    assert "acceptable" in written["decided_by"] and loaded.route.decided_by == written["decided_by"]
     if chosen.get("all_large"):
         assert written["default_tier"] == "large" and loaded.route.escalation.enabled is False
     else:

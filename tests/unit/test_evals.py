@@ -11,7 +11,7 @@ import yaml
 from pipeline.config import load_config
 from pipeline.evals.apply import ApplyError, apply_values, chosen_values
 from pipeline.evals.evaluate import EvalError, read_labels, split
-from pipeline.evals.policies import NO_LOGPROB, Policy, cheapest, grid, logprob_thresholds, score
+from pipeline.evals.policies import NO_LOGPROB, Outcomes, Policy, cheapest, grid, logprob_thresholds, rate, score
 from pipeline.evals.reuse import reuse_quality
 from pipeline.evals.runs import TierRun
 from pipeline.generate.followup import escalation_reason
@@ -45,20 +45,29 @@ def config(tmp_path):
     return load_config(TINY_CONFIG, environ={"TOKENMILL_HOME": str(tmp_path)})
 
 
-def test_policies_are_scored_from_both_tiers_outputs(config):
+def test_policies_are_scored_by_the_acceptable_share_they_serve_against_all_large(config):
     ids = ["a", "b", "c", "d"]
     small = run("small", {i: f"s {i}" for i in ids}, usd=0.001, unfaithful={"a": 1})
     small.mean_logprob.update({"b": -3.0})
     large = run("large", {i: f"l {i}" for i in ids}, usd=0.004)
-    agreement = {"a": 0.2, "b": 0.4, "c": 1.0, "d": 0.9}
-    # Everything kept on the small tier: its agreement, its cost.
-    plain = score(Policy(None, NO_LOGPROB, False, False), ids, small, large, agreement, None, config)
-    assert plain["quality_kept"] == pytest.approx((0.2 + 0.4 + 1.0 + 0.9) / 4, abs=1e-4)
+    # Acceptable (no check failed) per tier: all-large serves 3 of 4; ROUGE-L is only the secondary figure.
+    outcomes = Outcomes(
+        small_ok={"a": False, "b": False, "c": True, "d": True},
+        large_ok={"a": True, "b": True, "c": True, "d": False},
+        agreement={"a": 0.2, "b": 0.4, "c": 1.0, "d": 0.9},
+    )
+    # Everything kept on the small tier: 2 of 4 acceptable, two thirds of all-large's 3, at its cost.
+    plain = score(Policy(None, NO_LOGPROB, False, False), ids, small, large, outcomes, None, config)
+    assert plain["acceptable"] == rate(2, 4) and plain["quality_kept"] == pytest.approx(2 / 3, abs=1e-4)
+    assert plain["quality_kept_ci95"] == [pytest.approx(b * 4 / 3, abs=1e-4) for b in rate(2, 4)["ci95"]]
+    assert plain["rouge_l_kept"] == pytest.approx((0.2 + 0.4 + 1.0 + 0.9) / 4, abs=1e-4)
     assert plain["small_share"] == 1.0 and plain["cost_per_1k_usd"] == pytest.approx(1.0)
-    # Escalating the unfaithful output and the low-confidence one: both then count as large (1.0) and pay twice.
-    both = score(Policy(None, -2.0, False, True), ids, small, large, agreement, None, config)
+    # Escalating the unfaithful output and the low-confidence one: both then served by large (acceptable
+    # there), paid twice; d stays on small, where it is acceptable and large's is not: more than all-large keeps.
+    both = score(Policy(None, -2.0, False, True), ids, small, large, outcomes, None, config)
     assert both["escalated_by"] == {"unfaithful": 1, "low_logprob": 1}
-    assert both["quality_kept"] == pytest.approx((1 + 1 + 1.0 + 0.9) / 4, abs=1e-4)
+    assert both["acceptable"]["rate"] == 1.0 and both["quality_kept"] == pytest.approx(4 / 3, abs=1e-4)
+    assert both["rouge_l_kept"] == pytest.approx((1 + 1 + 1.0 + 0.9) / 4, abs=1e-4)
     assert both["cost_per_1k_usd"] == pytest.approx(1000 * (2 * 0.005 + 2 * 0.001) / 4)
     # The router sends p < threshold straight to the large tier: paid once, on large.
     routed = score(
@@ -66,17 +75,35 @@ def test_policies_are_scored_from_both_tiers_outputs(config):
         ids,
         small,
         large,
-        agreement,
+        outcomes,
         {"a": 0.1, "b": 0.9, "c": 0.9, "d": 0.9},
         config,
     )
     assert routed["small_share"] == 0.75 and routed["cost_per_1k_usd"] == pytest.approx(1000 * (0.004 + 3 * 0.001) / 4)
-    # The cheapest policy keeping 95%: both escalations are needed, the router alone is not enough.
+    assert routed["quality_kept"] == 1.0
+    # The cheapest policy keeping the target of all-large's acceptable share.
     rows = [plain, both, routed]
-    assert cheapest(rows, 0.99) is None
-    assert cheapest(rows, 0.95) == both
-    assert cheapest(rows, 0.7) == routed  # cheaper than escalating twice
-    assert cheapest(rows, 0.5) == plain
+    assert cheapest(rows, 1.4) is None
+    assert cheapest(rows, 1.2) == both
+    assert cheapest(rows, 0.95) == routed  # cheaper than escalating twice
+    assert cheapest(rows, 0.6) == plain
+    # Where all-large serves nothing acceptable either, nothing is lost against it.
+    none_ok = Outcomes(dict.fromkeys(ids, False), dict.fromkeys(ids, False), outcomes.agreement)
+    assert (
+        score(Policy(None, NO_LOGPROB, False, False), ids, small, large, none_ok, None, config)["quality_kept"] == 1.0
+    )
+
+
+def test_outcomes_read_each_tiers_output_checks(config):
+    from pipeline.generate.quality import measure
+
+    doc = "The committee approved the northern office budget and the hiring of two engineers in March."
+    summaries = {"loop": "budget budget budget " * 20, "fine": "The committee approved the northern office budget."}
+    small, large = run("small", summaries, usd=0.001), run("large", {**summaries, "loop": summaries["fine"]}, usd=0.004)
+    for tier in (small, large):
+        tier.measures.update({i: measure(tier.summary[i], doc) for i in summaries})
+    outcomes = Outcomes.of(small, large, ["loop", "fine"], {"loop": 0.1, "fine": 1.0}, config.checks)
+    assert outcomes.small_ok == {"loop": False, "fine": True} and outcomes.large_ok == {"loop": True, "fine": True}
 
 
 def test_the_grid_covers_every_signal_and_threshold(config):
@@ -304,9 +331,10 @@ def test_policies_escalate_outputs_that_fail_a_check_as_the_job_does(config):
     )
     small.measures.update({i: measure(small.summary[i], doc) for i in ids})
     large = run("large", {i: f"l {i}" for i in ids}, usd=0.004)
-    plain = score(Policy(None, NO_LOGPROB, False, False), ids, small, large, {"loop": 0.1, "fine": 0.9}, None, config)
+    outcomes = Outcomes({"loop": False, "fine": True}, {"loop": True, "fine": False}, {"loop": 0.1, "fine": 0.9})
+    plain = score(Policy(None, NO_LOGPROB, False, False), ids, small, large, outcomes, None, config)
     assert plain["escalated_by"] == {"degenerate": 1} and plain["small_share"] == 0.5
-    assert plain["quality_kept"] == pytest.approx((1.0 + 0.9) / 2, abs=1e-4)
+    assert plain["acceptable"]["rate"] == 1.0 and plain["rouge_l_kept"] == pytest.approx((1.0 + 0.9) / 2, abs=1e-4)
     off = config.model_copy(
         update={
             "route": config.route.model_copy(
@@ -314,12 +342,7 @@ def test_policies_escalate_outputs_that_fail_a_check_as_the_job_does(config):
             )
         }
     )
-    assert (
-        score(Policy(None, NO_LOGPROB, False, False), ids, small, large, {"loop": 0.1, "fine": 0.9}, None, off)[
-            "escalated_by"
-        ]
-        == {}
-    )
+    assert score(Policy(None, NO_LOGPROB, False, False), ids, small, large, outcomes, None, off)["escalated_by"] == {}
 
 
 def test_the_eval_writes_what_chose_the_routing_and_the_run_prints_it_beside_the_tiers_shares():
@@ -330,13 +353,14 @@ def test_the_eval_writes_what_chose_the_routing_and_the_run_prints_it_beside_the
     routing = {
         "test_documents": 30,
         "target_quality": 0.95,
-        "all_large": {"cost_per_1k_usd": 12.88},
+        "all_large": {"cost_per_1k_usd": 12.88, "acceptable": {"rate": 0.2}},
+        "all_small": {"quality_kept": 0.8333, "acceptable": {"rate": 0.1667}},
         "chosen": {"all_large": True, "cost_per_1k_usd": 12.88},
     }
     line = decided_by(routing, "small", "large", "2026-12-07")
     assert (
-        line == "tokenmill eval 2026-12-07, 30 test documents: no mix with small keeps 95% of all-large's quality "
-        "for less than all-large"
+        line == "tokenmill eval 2026-12-07, 30 test documents: no mix with small keeps 95% of all-large's acceptable "
+        "share for less than all-large (all-small keeps 83.3%: acceptable 16.7% against 20.0%)"
     )
     one = {
         "job_id": "j",
@@ -345,10 +369,17 @@ def test_the_eval_writes_what_chose_the_routing_and_the_run_prints_it_beside_the
         "routing": {"escalated": 0},
     }
     assert routing_line(Manifest.parse(one), line) == f"every output on large: {line}"
-    routing["chosen"] = {"small_share": 0.6, "escalated_share": 0.25, "quality_kept": 0.962, "cost_per_1k_usd": 5.1}
+    routing["chosen"] = {
+        "small_share": 0.6,
+        "escalated_share": 0.25,
+        "quality_kept": 0.962,
+        "acceptable": {"rate": 0.1923},
+        "cost_per_1k_usd": 5.1,
+    }
     mixed = decided_by(routing, "small", "large", "2026-12-07")
     assert (
-        "60% kept on small, 25% escalated, 96.2% of all-large's quality at $5.100 per 1k (all-large $12.880)" in mixed
+        "60% kept on small, 25% escalated, 96.2% of all-large's acceptable share (acceptable 19.2% against 20.0%) "
+        "at $5.100 per 1k (all-large $12.880)" in mixed
     )
     two = {
         "job_id": "j",
