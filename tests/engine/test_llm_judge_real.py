@@ -20,16 +20,18 @@ def test_a_jobs_judge_wave_gives_the_verdicts_run_judge_gives_and_calibrate_sets
     real_models,  # noqa: F811
     tmp_path,
 ):
-    """The judge in a job (a follow-up wave through the tier worker's streaming engine) asks what `run_judge` asks
-    (prompt, sampling): its verdicts are the ones `calibrate --judge` measures. The summaries come from the fake
-    engine on the small tier (scripted, so they pass the checks); the large tier, the judge, is the real model.
-    Then `run_judge` on four labelled outputs (a good and a bad one of each half, the shortest: the path is what
-    is checked, not the prefill), and `calibrate` counts its verdicts per half."""
+    """The judge in a job (a follow-up wave through the tier worker's streaming engine) asks what `run_judge` asks:
+    each paid verdict's prompt is the one `run_judge` builds for that output (its tokens counted in the ledger),
+    and the verdict is one of the judge's. (Not the same words from both: a batch's outputs need not be those of
+    each request alone.) The summaries come from the fake engine on the small tier (scripted, so they pass the
+    checks, and no escalation); the large tier, the judge, is the real model. Then `run_judge` on four labelled
+    outputs (a good and a bad one of each half, the shortest: the path is what is checked, not the prefill), and
+    `calibrate` counts its verdicts per half."""
     from pipeline import run_job
     from pipeline.evals.calibrate import calibrate
     from pipeline.evals.llm_judge import run_judge
     from pipeline.generate.engine import EnginePool, shutdown_engines
-    from pipeline.generate.judge import verdict_name
+    from pipeline.generate.judge import VERDICTS, fitted_prompt
 
     doc = (
         "The Artistic License lets anyone copy and distribute the Standard Version of the Package, provided the "
@@ -54,21 +56,25 @@ def test_a_jobs_judge_wave_gives_the_verdicts_run_judge_gives_and_calibrate_sets
         TOKENMILL_TIERS__SMALL__FAKE__ANSWERS=json.dumps({"Notice ": good}),
         TOKENMILL_ROUTE__DEFAULT_TIER="small",
         TOKENMILL_ROUTE__RULES="[]",
+        TOKENMILL_ROUTE__ESCALATION__ENABLED="false",
         TOKENMILL_DEDUP__NEAR="false",
         TOKENMILL_DEDUP__SEMANTIC="false",
     )
     try:
-        m = run_job(config, job_id="judged", pool=EnginePool(config.tiers)).manifest  # the engines kept, for below
-        answers = run_judge(config, [{"document": d["text"], "summary": good} for d in docs])
+        pool = EnginePool(config.tiers)
+        m = run_job(config, job_id="judged", pool=pool).manifest  # the engines kept, for below
         judged = run_judge(config, rows)
+        tokenizer, context = pool.tokenizer("large"), pool.context_length("large")
     finally:
         shutdown_engines()
     ledger = read_kind(tmp_path / "output", "ledger", "judged").to_pylist()
-    in_job = {r["id"]: r["judge"] for r in ledger if r["kind"] == "output"}
-    assert in_job == {d["id"]: verdict_name({"summary": a["answer"]}) for d, a in zip(docs, answers)}
-    assert m["judge"]["paid"] == 2 and sorted(r["id"] for r in ledger if r["kind"] == "judge") == ["alpha", "bravo"]
+    assert {r["id"] for r in ledger if r["kind"] == "output" and r["judge"] in VERDICTS[:3]} == {"alpha", "bravo"}
+    asked = {r["id"]: r["prompt_tokens"] for r in ledger if r["kind"] == "judge"}
+    assert m["judge"]["paid"] == 2 and asked == {
+        d["id"]: len(fitted_prompt(config.checks.judge, tokenizer, context, d["text"], good)[1]) for d in docs
+    }
 
-    assert len(judged) == 4 and all(j["answer"].strip() for j in judged), judged  # it answered every one
+    assert len(judged) == 4 and all(isinstance(j["answer"], str) for j in judged), judged  # an answer each
     assert all(j["verdict"] in (True, False, None) for j in judged)
     result = calibrate([{**r, "judge": j["verdict"]} for r, j in zip(rows, judged)], config.checks)
     for half in ("calibration", "test"):
