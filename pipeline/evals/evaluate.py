@@ -140,7 +140,9 @@ def routing(
         "router_threshold": None,
         "all_large": True,
     }
-    chosen = cheapest(rows + [all_large], target)  # when no mix is cheaper, all-large is the answer
+    # When no mix is cheaper, all-large is the answer; and when all-large made no acceptable output, every policy
+    # "keeps" its share of none: no evidence for a cheaper one, so all-large stays.
+    chosen = cheapest(rows + [all_large], target) if all_large["acceptable"]["rate"] else all_large
 
     def plain(r: dict) -> bool:
         return r["min_mean_logprob"] == NO_LOGPROB and not r["on_truncation"] and not r["on_unfaithful"]

@@ -86,3 +86,13 @@ def test_an_eval_output_is_flagged_as_the_job_flags_it(make_config):
         "cut": ["vague", "truncated"],
     }
     assert [i for i in outputs if run.acceptable(i, run.flags(i, config.checks))] == ["good"]
+
+
+def test_no_acceptable_output_on_all_large_leaves_all_large_chosen(make_config, tiny_models, holdout):
+    """Where all-large made no acceptable output, every policy keeps "all" of its none: the eval has no evidence
+    that a cheaper one is as good, so all-large stays (the config is not moved to the small tier)."""
+    from pipeline.evals.evaluate import run_eval
+
+    result = run_eval(make_config(routing=True, checks__vague_below=10_000), holdout, min_documents=3)
+    assert result["tiers"]["large"]["acceptable"]["rate"] == 0.0
+    assert result["routing"]["chosen"]["all_large"] is True
