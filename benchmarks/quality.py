@@ -7,7 +7,7 @@ unfaithful rate, each output check's rate (degenerate, copied, off topic) and th
 95% intervals, cost per 1,000 documents and per 1,000 acceptable summaries; the sampling knobs against
 loops (configs/local.yaml's) against none on the small tier; the cheapest policy that keeps the target quality and
 its share kept on the small tier; near and semantic reuse's false-hit rate with its 95% interval;
-and whether each of the issue's targets is met.
+and whether each of the quality targets (RESULTS §6c) is met.
 
     python benchmarks/quality.py [--documents 300] [--variants 500] [--target 0.95]
     python benchmarks/quality.py --judge-only   # the checks against the labelled set only: no engine
@@ -90,7 +90,7 @@ def escalation_by_labels(rows: list[dict], checks, small: str, large: str) -> di
 
 def judge_section(config, target_precision: float = 0.9) -> dict:
     """The checks against the labelled set: thresholds from its calibration half, figures on its test half
-    (all, and per model), and the issue's two targets on the test half."""
+    (all, and per model), and the two quality targets (RESULTS §6c) on the test half."""
     from pipeline.cli.checks import agreement_table
     from pipeline.evals.calibrate import calibrate, half, read_labels, report
 
