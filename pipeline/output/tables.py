@@ -179,7 +179,7 @@ class _Cached:
     def __init__(self, options: dict[str, str]):
         self.options = options  # the credentials it was opened with: new ones (rotated) open it again
         self.table = None
-        self.entry = None  # the modification time of the log entry of the version `table` holds
+        self.entry = None  # the modification time and size of the log entry of the version `table` holds
         self.lock = threading.Lock()  # one use at a time: a DeltaTable's state is not for two writers
 
 
@@ -227,10 +227,12 @@ def _bring_up_to_date(root: storage.Location, kind: str, cached: _Cached) -> Non
     cached.entry = _log_entry(root, kind, cached.table.version())
 
 
-def _log_entry(root: storage.Location, kind: str, version: int) -> int | None:
-    """The modification time of the table's log entry of `version`; None when there is no such file."""
+def _log_entry(root: storage.Location, kind: str, version: int) -> tuple[int | None, int | None] | None:
+    """The modification time and size of the table's log entry of `version` (the size too: S3 gives times in
+    whole seconds, and a table made again within one would otherwise pass for the one held); None when there is
+    no such file."""
     info = root.fs.get_file_info(root.join(kind, "_delta_log", f"{version:020d}.json"))
-    return info.mtime_ns if info.type == pafs.FileType.File else None
+    return (info.mtime_ns, info.size) if info.type == pafs.FileType.File else None
 
 
 def _forget_tables() -> None:
