@@ -61,6 +61,7 @@ import threading
 import time
 import weakref
 from collections.abc import Iterable
+from typing import Any, Protocol
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -364,10 +365,20 @@ def push(config: MetricsConfig, job_id: str) -> bool:
         return False
 
 
-def report_job(ctx) -> bool:
-    """A step's report at its end (`ctx`: a JobContext): the job's totals from the catalog, the units each tier
-    could claim and the budget left, to this process's endpoint and, pushed, to its pipeline's group. Never
-    raises: a step's end state is what counts, not its report."""
+class JobParts(Protocol):
+    """What a step's report reads: a JobContext, or a step's own part of one (job/commit.py PartitionCommit)."""
+
+    config: TokenmillConfig
+    job_id: str
+    state: Any  # the catalog (stores/catalog.py StateStore): partitions(job_id)
+    queue: Any  # the work units (stores/units.py UnitQueue): claimable(job_id, tier)
+    budget: Any  # the caps (job/budget.py BudgetGuard): active, remaining()
+
+
+def report_job(ctx: JobParts) -> bool:
+    """A step's report at its end: the job's totals from the catalog, the units each tier could claim and the
+    budget left, to this process's endpoint and, pushed, to its pipeline's group. Never raises: a step's end
+    state is what counts, not its report."""
     config = ctx.config.metrics
     if not wanted(config):
         return False

@@ -119,7 +119,7 @@ class PartitionCommit:
     def report(self) -> None:
         """The job's state after this commit (its totals, budget left, units still claimable), to the metrics and
         the Pushgateway. Never raises: the partition's end state is what counts."""
-        metrics.report_job(self)  # (it reads the config, job id, budget, queue and catalog: all here)
+        metrics.report_job(self)  # a metrics.JobParts: its config, job id, catalog, queue and budget
 
     def run_claimed(self, step) -> None:
         partition = self.partition
