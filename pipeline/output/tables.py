@@ -91,7 +91,7 @@ def storage_options(root: storage.Location) -> dict[str, str]:
             out["AWS_ALLOW_HTTP"] = "true"
     if config is not None and config.s3_region:
         out["AWS_REGION"] = config.s3_region
-    with _session_lock:  # a session's first look-up of its credentials is not for two threads at once
+    with _boto3_lock:  # boto3's first look-up of a Session's credentials is not for two threads at once
         credentials = _aws_session(tuple(os.environ.get(name) for name in CREDENTIAL_SOURCES)).get_credentials()
         frozen = credentials.get_frozen_credentials() if credentials is not None else None
     if frozen is not None:
@@ -101,7 +101,7 @@ def storage_options(root: storage.Location) -> dict[str, str]:
     return out
 
 
-# What boto3 takes credentials from: one session per set of them, kept for the process (a new one per call took
+# What boto3 takes credentials from: one boto3 Session per set of them, kept for the process (a new one per call took
 # 10.6-12.9 ms of Python, three times per partition commit: benchmarks/RESULTS.md section 18b; and asks an
 # instance's metadata service again). It refreshes temporary credentials itself before they expire; static keys
 # rewritten in the same credentials file are read by the next process.
@@ -118,7 +118,7 @@ CREDENTIAL_SOURCES = (
     "AWS_CONTAINER_CREDENTIALS_RELATIVE_URI",
     "AWS_CONTAINER_CREDENTIALS_FULL_URI",
 )
-_session_lock = threading.Lock()
+_boto3_lock = threading.Lock()
 
 
 @functools.lru_cache(maxsize=8)
@@ -236,12 +236,12 @@ def _log_entry(root: storage.Location, kind: str, version: int) -> tuple[int | N
 
 
 def _forget_tables() -> None:
-    """A forked child starts with no table and no credentials session: the parent's delta-rs runtime, boto3
-    session and locks are not the child's (a lock held by a parent's thread at the fork would never be freed)."""
-    global _cached_lock, _session_lock
+    """A forked child starts with no table and no boto3 Session: the parent's delta-rs runtime, boto3 Session
+    and locks are not the child's (a lock held by a parent's thread at the fork would never be freed)."""
+    global _cached_lock, _boto3_lock
     _cached.clear()
     _cached_lock = threading.Lock()
-    _session_lock = threading.Lock()
+    _boto3_lock = threading.Lock()
     _aws_session.cache_clear()
 
 
