@@ -119,7 +119,8 @@ def score(
     acceptable = rate(served_ok, len(ids))
     base = sum(outcomes.large_ok[i] for i in ids)  # all-large's acceptable outputs
 
-    def kept(hits: float) -> float:  # 1.0 where large has none acceptable either: nothing to lose against it
+    # 1.0 where large made none acceptable: no evidence either way, and evaluate.py then keeps all-large.
+    def kept(hits: float) -> float:
         return round(hits / base, 4) if base else 1.0
 
     return {
