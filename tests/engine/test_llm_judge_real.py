@@ -16,7 +16,7 @@ from tests.engine.test_real_model import real_config, real_models  # noqa: F401 
 pytestmark = pytest.mark.real_model
 
 
-def test_a_jobs_judge_wave_gives_the_verdicts_run_judge_gives_and_calibrate_sets_them_beside_labels(
+def test_a_jobs_judge_wave_asks_what_run_judge_asks_and_calibrate_sets_its_verdicts_beside_labels(
     real_models,  # noqa: F811
     tmp_path,
 ):
