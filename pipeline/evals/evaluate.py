@@ -71,15 +71,23 @@ def tier_section(run: TierRun, base: TierRun, ids: list[str], agreement: dict[st
     }
 
 
-def loop_knobs(config: TokenmillConfig, docs: pa.Table, small: TierRun, base: TierRun, pool: EnginePool) -> dict | None:
-    """The sampling knobs against loops (config.LOOP_KNOBS) measured: the cheaper tier again with every knob
-    neutral, next to its run as configured (the same engine; the baseline keeps its knobs). None when no
-    knob is set."""
-    knobs = {k: v for k, v in config.sampling.keyed().items() if k in LOOP_KNOBS}
-    if not knobs:
+def without_loop_knobs(config: TokenmillConfig, docs: pa.Table, tier: str, pool: EnginePool) -> TierRun | None:
+    """The cheaper tier again with every sampling knob against loops (config.LOOP_KNOBS) neutral, on the
+    same engine; None when no knob is set."""
+    if not any(k in LOOP_KNOBS for k in config.sampling.keyed()):
         return None
     neutral = config.model_copy(update={"sampling": config.sampling.model_copy(update=LOOP_KNOBS)})
-    plain = tier_run(docs, small.tier, neutral, pool)
+    return tier_run(docs, tier, neutral, pool)
+
+
+def loop_knobs(
+    config: TokenmillConfig, docs: pa.Table, small: TierRun, plain: TierRun | None, base: TierRun
+) -> dict | None:
+    """The sampling knobs against loops measured: the cheaper tier's run as configured next to its run with
+    the knobs neutral (`plain`); the baseline keeps its knobs. None when no knob is set."""
+    if plain is None:
+        return None
+    knobs = {k: v for k, v in config.sampling.keyed().items() if k in LOOP_KNOBS}
 
     def side(run: TierRun) -> dict:
         done = [i for i in docs["id"].to_pylist() if i in run.summary and i in base.summary]
@@ -238,6 +246,9 @@ def run_eval(
     pool = pool or EnginePool(config.tiers)
     docs = pa.table({"id": originals, "text": [text[i] for i in originals]})
     runs = {t: tier_run(docs, t, config, pool) for t in by_price if t != large}
+    plain = without_loop_knobs(config, docs, small, pool)
+    for t in runs:  # one engine at a time: a GPU that holds the largest tier may not hold a cheaper one beside it
+        pool.shutdown(t)
     reused = [i for i, kind in zip(ids, records["reuse"].to_pylist()) if kind is not None and i not in original]
     on_large = originals + reused[:shadows]
     runs[large] = tier_run(pa.table({"id": on_large, "text": [text[i] for i in on_large]}), large, config, pool)
@@ -260,7 +271,7 @@ def run_eval(
         "baseline_tier": large,
         "models": {t: config.tiers[t].generator for t in by_price},
         "tiers": {t: tier_section(runs[t], base, originals, agreement[t], config.checks) for t in by_price},
-        "loop_knobs": loop_knobs(config, docs, runs[small], base, pool),
+        "loop_knobs": loop_knobs(config, docs, runs[small], plain, base),
         "routing": routing(config, text, scored, runs[small], base, outcomes, target, ruled),
         "reuse": reuse_quality(records, labels, base),
         # the router's labels (`tokenmill router train`): 1.0 where the tier's output is acceptable
