@@ -228,9 +228,10 @@ def test_as_of_reads_the_tables_as_they_were(tmp_path):
     out = tmp_path / "out"
     root = storage.resolve(str(out))
     fake_job(root, "early", datetime(2026, 11, 20, tzinfo=timezone.utc), rows=10, seed=1)
-    version = open_table(root, "ledger").version()
-    moment = datetime.now(timezone.utc)
-    time.sleep(0.01)  # the next commit's timestamp is later than `moment` (milliseconds in the Delta log)
+    table = open_table(root, "ledger")
+    version = table.version()
+    # the early job's last commit, as its log entry dates it: a later commit is later (it writes its files first)
+    moment = datetime.fromtimestamp(table.history(1)[0]["timestamp"] / 1000, timezone.utc)
     fake_job(root, "late", datetime(2026, 11, 21, tzinfo=timezone.utc), rows=10, seed=2)
 
     def jobs(as_of: str | None) -> list[str]:
