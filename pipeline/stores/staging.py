@@ -11,7 +11,8 @@ A wave's files are named by the token of the derivation that wrote them: workers
 same wave each write their own, and the one whose token the catalog took (Partition.wave_token) is the
 wave; the others' are never read. (No token: files of a job staged before tokens, read by their old names.)
 
-Every file is written atomically (a reader sees the old file or the new one, never half of one).
+Its paths are built by stores/paths.py (`OutputPath.staging`). Every file is written atomically (a reader
+sees the old file or the new one, never half of one).
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from pipeline.stores import storage
+from pipeline.stores.paths import OutputPath
 
 
 class StagingArea:
@@ -31,7 +33,7 @@ class StagingArea:
         self.root, self.job_id = root, job_id
 
     def _path(self, partition: str, name: str) -> str:
-        return self.root.join("_staging", f"job={self.job_id}", f"partition={partition}", f"{name}.parquet")
+        return OutputPath.staging(self.job_id, f"{name}.parquet", partition).full(self.root)
 
     def _write(self, partition: str, name: str, table: pa.Table) -> None:
         storage.write_parquet_atomic(self.root, self._path(partition, name), table, "zstd")
@@ -40,12 +42,12 @@ class StagingArea:
         return storage.read_parquet(self.root, self._path(partition, name), columns)
 
     def _json_path(self, name: str) -> str:
-        return self.root.join("_staging", f"job={self.job_id}", f"{name}.json")
+        return OutputPath.staging(self.job_id, f"{name}.json").full(self.root)
 
     def remove(self) -> None:
         """Delete the job's whole area (its staged records hold the input's text): for a job that has ended
         for good, such as a Batch API batch once it is finalised."""
-        folder = self.root.join("_staging", f"job={self.job_id}")
+        folder = OutputPath.staging(self.job_id).full(self.root)
         if self.root.fs.get_file_info(folder).type != pafs.FileType.NotFound:
             self.root.fs.delete_dir(folder)
 
