@@ -102,7 +102,10 @@ class PartitionWaves:
 
     def state_of(self, p: Partition) -> WaveState:
         """The partition's wave state: its current wave's, as the derivation the catalog took wrote it."""
-        return WaveState.loads(self.staging.wave_state(p.partition, p.wave, p.wave_token))
+        state = WaveState.loads(self.staging.wave_state(p.partition, p.wave, p.wave_token))
+        if any(isinstance(g.get("request"), str) for g in state.known.values()):
+            raise self.staging.staged_before_typed_requests()
+        return state
 
     def requests(self, unit: WorkUnit) -> list[dict]:
         """A unit's requests still owned and pending (a unit taken over from a dead worker: what it left).
@@ -120,6 +123,8 @@ class PartitionWaves:
             rows = [
                 {**r, "generation": json.loads(r["generation"])} for r in table.to_pylist() if r["item_key"] in owned
             ]
+            if any(isinstance(r["generation"].get("request"), str) for r in rows):
+                raise self.staging.staged_before_typed_requests()
         self.queue.give_up(self.job_id, unit.unit_id, owned - {r["item_key"] for r in rows})
         stored = self.lookup.stored([r["item_key"] for r in rows])
         if stored:

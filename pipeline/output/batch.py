@@ -125,7 +125,7 @@ def _result_lines(job_id: str, fmt: str, requests: pa.Table, tables: dict) -> tu
     usage = {"prompt_tokens": 0, "cached_prompt_tokens": 0, "output_tokens": 0}
     for row in requests.to_pylist():
         counts["total"] += 1
-        request = json.loads(row["request"]) if row["request"] else None
+        request = row["request"]
         custom_id, answer = row["id"] or recovered_id(row["raw_excerpt"]), outputs.get(row["id"])
         problem = quarantined.get(row["line"])
         if problem is None and answer is None:

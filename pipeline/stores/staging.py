@@ -39,7 +39,18 @@ class StagingArea:
         storage.write_parquet_atomic(self.root, self._path(partition, name), table, "zstd")
 
     def _read(self, partition: str, name: str, columns: list[str] | None = None) -> pa.Table:
-        return storage.read_parquet(self.root, self._path(partition, name), columns)
+        table = storage.read_parquet(self.root, self._path(partition, name), columns)
+        if "request" in table.column_names and pa.types.is_string(table.schema.field("request").type):
+            raise self.staged_before_typed_requests()
+        return table
+
+    def staged_before_typed_requests(self) -> storage.StorageError:
+        """A job staged when a batch request was JSON text (`schema.REQUEST` is what every step reads now)."""
+        return storage.StorageError(
+            f"job {self.job_id} was planned by an earlier tokenmill, which staged batch requests as JSON text; "
+            "it cannot be continued: run its input as a new job (item keys are unchanged, so what this job "
+            "generated is reused where the catalog or the cache holds it)"
+        )
 
     def _json_path(self, name: str) -> str:
         return OutputPath.staging(self.job_id, f"{name}.json").full(self.root)
