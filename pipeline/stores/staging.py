@@ -5,6 +5,7 @@
                                    quarantine.parquet    the rows planning quarantined
                                    keyed, sketch, split, reuse-<shard>, quarantine-read   planning's scratch
                                    wave-<n>-<token>-<tier>.parquet  wave n's engine requests for one tier
+                                     (each with its generation, typed: partition_waves.WAVE_GENERATION)
                                    wave-state-<n>-<token>.parquet   the partition's wave state after wave n
 
 A wave's files are named by the token of the derivation that wrote them: workers racing to derive the

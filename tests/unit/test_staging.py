@@ -24,3 +24,20 @@ def test_records_staged_with_typed_requests_read_back_as_staged(tmp_path):
     records = pa.table({"id": ["r1", "d1"], "request": pa.array([request, None], REQUEST)})
     area.write_staged("p-0", records, records.slice(0, 0))
     assert area.records("p-0").equals(records)
+
+
+def test_a_wave_files_generations_read_back_as_derived_and_an_unknown_field_is_refused():
+    from pipeline.generate.partition_waves import read_generation, wave_generations
+
+    request = {"format": "openai", "endpoint": "/v1/completions", "model": "m", "messages": None, "document": None}
+    chunk = {"id": "d\x00chunk0", "text": "piece", "tenant": "t", "scope": None, "tier": "small", "item_key": "k1"}
+    chunk |= {"request": request, "record_id": "d"}
+    judge = {"id": "d", "text": "rubric", "tenant": "t", "scope": "s", "tier": "large", "item_key": "k2"}
+    judge |= {"request": None, "judge": True, "max_tokens": 4}
+    column = wave_generations([chunk, judge])
+    chunk_back, judge_back = (read_generation(v) for v in column.to_pylist())
+    assert judge_back == judge and "document" not in chunk_back
+    assert {k: v for k, v in chunk_back.items() if k != "request"} == {k: v for k, v in chunk.items() if k != "request"}
+    assert chunk_back["request"]["endpoint"] == "/v1/completions" and chunk_back["request"]["params"] is None
+    with pytest.raises(ValueError, match="pieces"):
+        wave_generations([{**judge, "pieces": 3}])
