@@ -25,6 +25,7 @@ import pyarrow as pa
 import xxhash
 
 from pipeline.config import PromptConfig, SamplingConfig, TokenmillConfig
+from pipeline.schema import request_params
 
 _ASCII_SPACE = "\t\n\r\x0b\x0c\x1c\x1d\x1e\x1f"
 
@@ -73,26 +74,25 @@ def tenant_scope(tenant: str, shared: set[str]) -> str:
     return "shared" if tenant in shared else f"t={tenant}"
 
 
-def request_sampling(sampling: SamplingConfig, request: str | None) -> SamplingConfig:
+def request_sampling(sampling: SamplingConfig, request: dict | None) -> SamplingConfig:
     """The sampling a record runs with: for a batch request, what it sets (checked on reading) over the config's
     defaults, but never the config's output schema or stop strings, which are for document records: a request
     gets JSON or a stop only when it asks for them."""
     if request is None:
         return sampling
-    return sampling.model_copy(update={"json_schema": None, "stop": [], **json.loads(request)["params"]})
+    return sampling.model_copy(update={"json_schema": None, "stop": [], **request_params(request)})
 
 
-def request_template(request: str, sampling: SamplingConfig) -> dict:
-    """What of a batch request (canonical JSON, ingest/batch.py) decides its answer besides the document: the
+def request_template(request: dict, sampling: SamplingConfig) -> dict:
+    """What of a batch request (a `schema.REQUEST` value, ingest/batch.py) decides its answer besides the document: the
     endpoint, the messages around the document's slot and the sampling it runs with (effective: an explicit
     default and an unset one are the same). Not the model name (a tier answers for every name it serves) nor
     the format (OpenAI's or Anthropic's)."""
-    parsed = json.loads(request)
-    template = {k: parsed[k] for k in ("endpoint", "messages", "document")}
+    template = {k: request[k] for k in ("endpoint", "messages", "document")}
     return {**template, "sampling": request_sampling(sampling, request).keyed()}
 
 
-def request_scope(scope: str, request: str, sampling: SamplingConfig) -> str:
+def request_scope(scope: str, request: dict, sampling: SamplingConfig) -> str:
     """A batch request's scope: its tenant's, narrowed to requests of the same template, so near and semantic
     reuse only ever pair requests that differ in their document alone. Unambiguous: tenant scopes begin with
     `t=` or are `shared`; these begin with `r=` and a fixed-length hash."""
@@ -117,7 +117,7 @@ def recipe_hash(model: str, prompt: PromptConfig, sampling: SamplingConfig, adap
     )
 
 
-def request_recipe_hash(model: str, request: str, sampling: SamplingConfig, adapter_digest: str | None) -> str:
+def request_recipe_hash(model: str, request: dict, sampling: SamplingConfig, adapter_digest: str | None) -> str:
     """A batch request's recipe: the model, its template (messages and endpoint) and the sampling it runs
     with (the config's, with the request's own parameters over them), and the adapter's digest."""
     parts = [model, "request", request_template(request, sampling), adapter_digest]
@@ -219,15 +219,18 @@ def add_item_keys(
     """
     tiers_of, tenants = records["tier"].to_pylist(), records["tenant"].to_pylist()
     requests = records["request"].to_pylist() if "request" in records.column_names else [None] * len(tenants)
+    # A request is a dict (schema.REQUEST): its JSON text stands for it where a key must be hashable.
+    texts = [None if r is None else json.dumps(r, sort_keys=True) for r in requests]
+    request_of = dict(zip(texts, requests))
     recipe = {}
-    for t, n, r in set(zip(tiers_of, tenants, requests)):
+    for t, n, r in set(zip(tiers_of, tenants, texts)):
         digest = adapter_digest(adapter_of(n, t))
         recipe[t, n, r] = (
             recipe_hash(tiers[t].generator, prompt, sampling, digest)
             if r is None
-            else request_recipe_hash(tiers[t].generator, r, sampling, digest)
+            else request_recipe_hash(tiers[t].generator, request_of[r], sampling, digest)
         )
-    recipes = [recipe[k] for k in zip(tiers_of, tenants, requests)]
+    recipes = [recipe[k] for k in zip(tiers_of, tenants, texts)]
     keys = [item_key(r, h) for r, h in zip(recipes, records["content_hash"].to_pylist())]
     return records.append_column("recipe", pa.array(recipes, pa.string())).append_column(
         "item_key", pa.array(keys, pa.string())

@@ -7,7 +7,51 @@ engine) -> output (rows, ledger, quarantine). pipeline/plan/stages.py declares e
 
 from __future__ import annotations
 
+import json
+
 import pyarrow as pa
+
+# A batch request as ingest/batch.py parses it, once, when its line is read: what every later step reads
+# (routing's model, dedup's scope, item keys, prompt rendering, sampling, the result lines), never its JSON.
+# `messages` hold the document's slot as a null `content` at index `document` (null both for a completion
+# request, whose prompt is the record's text); `params` are the sampling fields the request set (null: unset,
+# the config's apply). `json_schema` is the JSON Schema a `response_format` asks for, as its JSON text: an
+# arbitrary schema has no Arrow type, and only the sampling reads it (`request_params`).
+MESSAGE = pa.struct([("role", pa.string()), ("content", pa.string())])
+REQUEST_PARAMS = pa.struct(
+    [
+        ("max_tokens", pa.int64()),
+        ("temperature", pa.float64()),
+        ("top_p", pa.float64()),
+        ("seed", pa.int64()),
+        ("presence_penalty", pa.float64()),
+        ("frequency_penalty", pa.float64()),
+        ("repetition_penalty", pa.float64()),  # this and min_tokens: the judge's requests only (generate/judge.py)
+        ("min_tokens", pa.int64()),
+        ("stop", pa.list_(pa.string())),
+        ("json_schema", pa.string()),
+    ]
+)
+REQUEST = pa.struct(
+    [
+        ("format", pa.string()),  # "openai" or "anthropic"
+        ("endpoint", pa.string()),
+        ("model", pa.string()),
+        ("messages", pa.list_(MESSAGE)),
+        ("document", pa.int64()),
+        ("params", REQUEST_PARAMS),
+    ]
+)
+
+
+def request_params(request: dict) -> dict:
+    """The sampling parameters a request (a REQUEST value, as Arrow gives it) sets, as SamplingConfig names
+    them: the unset ones left out."""
+    params = {k: v for k, v in (request.get("params") or {}).items() if v is not None}
+    if "json_schema" in params:
+        params["json_schema"] = json.loads(params["json_schema"])
+    return params
+
 
 # What the read stage emits: one row per record it saw, good or bad. `read_error` is set when the
 # record could not be parsed at all; the validate stage turns those (and its own findings) into
@@ -18,7 +62,7 @@ RAW_RECORDS = pa.schema(
         ("text", pa.string()),
         ("tenant", pa.string()),
         ("metadata", pa.string()),  # JSON text of the record's metadata object, or null
-        ("request", pa.string()),  # a batch request's messages, model and sampling (ingest/batch.py), or null
+        ("request", REQUEST),  # a batch request's messages, model and sampling (ingest/batch.py), or null
         ("file", pa.string()),  # path relative to the input root
         ("line", pa.int64()),  # 1-based line (JSONL) or row (Parquet); null for .txt/.md
         ("partition", pa.string()),
@@ -31,7 +75,7 @@ RAW_RECORDS = pa.schema(
 # What the generate stage works from: one row per item key to generate, naming who generates it
 # (`request`: a batch request's messages and sampling, ingest/batch.py; null for a document).
 GENERATION = pa.schema(
-    [(name, pa.string()) for name in ("id", "text", "tenant", "scope", "tier", "item_key", "request")]
+    [*[(name, pa.string()) for name in ("id", "text", "tenant", "scope", "tier", "item_key")], ("request", REQUEST)]
 )
 
 # What one generation produced (the engine's completion of one request).

@@ -10,7 +10,6 @@ the same prompt and sampling, against a reader's labels.
 
 from __future__ import annotations
 
-import json
 import re
 
 from pipeline.config import SamplingConfig, TokenmillConfig
@@ -51,12 +50,12 @@ def judge_sampling(judge: JudgeConfig) -> SamplingConfig:
     return SamplingConfig(temperature=0.0, max_tokens=judge.max_tokens)
 
 
-def judge_request(judge: JudgeConfig) -> str:
-    """The judge's request as a batch request (ingest/batch.py's canonical JSON): one user message, the
-    generation's `text` (`fitted_prompt`'s message), judge_sampling's parameters; so a wave renders and
+def judge_request(judge: JudgeConfig) -> dict:
+    """The judge's request as a batch request (a `schema.REQUEST` value, as ingest/batch.py makes): one user
+    message, the generation's `text` (`fitted_prompt`'s message), judge_sampling's parameters; so a wave renders and
     samples it as it does any batch request."""
     params = {k: v for k, v in judge_sampling(judge).model_dump().items() if k not in ("json_schema", "stop")}
-    request = {
+    return {
         "format": "openai",
         "endpoint": "/v1/chat/completions",
         "model": None,
@@ -64,7 +63,6 @@ def judge_request(judge: JudgeConfig) -> str:
         "document": 0,
         "params": params,
     }
-    return json.dumps(request, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
 
 
 def fitted_prompt(judge: JudgeConfig, tokenizer, context: int, document: str, summary: str) -> tuple[str, list[int]]:

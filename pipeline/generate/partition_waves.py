@@ -15,7 +15,6 @@ derivation found are in its state and stored once it stands, so a derivation tha
 
 from __future__ import annotations
 
-import json
 import logging
 import secrets
 from collections.abc import Callable
@@ -29,12 +28,42 @@ from pipeline.generate.engine import EnginePool
 from pipeline.generate.engine_api import EngineDeadError
 from pipeline.generate.lookup import ItemLookup
 from pipeline.generate.waves import WaveDeriver, WaveState, partition_keys
+from pipeline.schema import GENERATION
 from pipeline.stores import storage
 from pipeline.stores.catalog import Partition, StateError, StateStore
 from pipeline.stores.staging import StagingArea
 from pipeline.stores.units import UNFINISHED, UnitQueue, WorkUnit
 
 log = logging.getLogger(__name__)
+# A wave file's generations, typed: what a worker reads of each request (GENERATION's columns, the request a
+# schema.REQUEST struct) and what a follow-up adds (waves.py, followup.py, judge.py). A field a follow-up sets
+# beyond these is refused when the wave is written, never dropped.
+WAVE_GENERATION = pa.struct(
+    [
+        *GENERATION,
+        ("max_tokens", pa.int64()),
+        ("retry", pa.bool_()),
+        ("escalation", pa.bool_()),
+        ("judge", pa.bool_()),
+        ("summary", pa.string()),
+        ("record_id", pa.string()),
+        ("chunks", pa.int64()),
+        ("document", pa.string()),
+    ]
+)
+_FIELDS = {f.name for f in WAVE_GENERATION}
+
+
+def wave_generations(generations: list[dict]) -> pa.Array:
+    unknown = {k for g in generations for k in g} - _FIELDS
+    if unknown:
+        raise ValueError(f"generation fields {sorted(unknown)} have no place in a wave file (WAVE_GENERATION)")
+    return pa.array(generations, WAVE_GENERATION)
+
+
+def read_generation(value: dict) -> dict:
+    """A wave file's generation as its derivation made it: a follow-up's field it did not set is absent."""
+    return {k: v for k, v in value.items() if v is not None or k in GENERATION.names}
 
 
 class PartitionWaves:
@@ -83,7 +112,7 @@ class PartitionWaves:
                         "item_key": [r["generation"]["item_key"] for r in tier_rows],
                         "prompt_token_ids": pa.array([r["prompt_token_ids"] for r in tier_rows], pa.list_(pa.int32())),
                         "max_tokens": pa.array([r["max_tokens"] for r in tier_rows], pa.int64()),
-                        "generation": [json.dumps(r["generation"], sort_keys=True) for r in tier_rows],
+                        "generation": wave_generations([r["generation"] for r in tier_rows]),
                     }
                 ),
             )
@@ -102,7 +131,10 @@ class PartitionWaves:
 
     def state_of(self, p: Partition) -> WaveState:
         """The partition's wave state: its current wave's, as the derivation the catalog took wrote it."""
-        return WaveState.loads(self.staging.wave_state(p.partition, p.wave, p.wave_token))
+        state = WaveState.loads(self.staging.wave_state(p.partition, p.wave, p.wave_token))
+        if any(isinstance(g.get("request"), str) for g in state.known.values()):
+            raise self.staging.staged_before_typed_requests()
+        return state
 
     def requests(self, unit: WorkUnit) -> list[dict]:
         """A unit's requests still owned and pending (a unit taken over from a dead worker: what it left).
@@ -117,8 +149,12 @@ class PartitionWaves:
             rows = []
         else:  # (a missing file is a fault of the staging area: the unit fails its partition)
             table = self.staging.wave(unit.partition, unit.wave, p.wave_token, unit.tier)
+            if pa.types.is_string(table.schema.field("generation").type):  # JSON text, as before typed requests
+                raise self.staging.staged_before_typed_requests()
             rows = [
-                {**r, "generation": json.loads(r["generation"])} for r in table.to_pylist() if r["item_key"] in owned
+                {**r, "generation": read_generation(r["generation"])}
+                for r in table.to_pylist()
+                if r["item_key"] in owned
             ]
         self.queue.give_up(self.job_id, unit.unit_id, owned - {r["item_key"] for r in rows})
         stored = self.lookup.stored([r["item_key"] for r in rows])

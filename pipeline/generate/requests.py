@@ -9,7 +9,6 @@ prompts sharing a prefix (system prompt, template) run back to back and hit vLLM
 
 from __future__ import annotations
 
-import json
 from typing import Protocol
 
 import pyarrow as pa
@@ -72,7 +71,7 @@ def render_prompts(tokenizer: Tokenizer, texts: list[str], prompt: PromptConfig)
 
 
 def render_rows(
-    tokenizer: Tokenizer, texts: list[str], requests: list[str | None], prompt: PromptConfig
+    tokenizer: Tokenizer, texts: list[str], requests: list[dict | None], prompt: PromptConfig
 ) -> tuple[list[str | None], dict[int, str]]:
     """(each row's prompt, why a row has none). A document goes in the prompt template (render_prompts); a batch
     request's own messages take the text in the document's slot, or a completion request's prompt is given
@@ -85,22 +84,22 @@ def render_rows(
     for i, request in enumerate(requests):
         if request is None:
             continue
-        parsed = json.loads(request)
-        if parsed["messages"] is None:
+        if request["messages"] is None:
             out[i] = texts[i]
             continue
         try:
             out[i] = tokenizer.apply_chat_template(
-                messages_for(parsed, texts[i]), tokenize=False, add_generation_prompt=True
+                messages_for(request, texts[i]), tokenize=False, add_generation_prompt=True
             )
         except Exception as e:  # Jinja's raise_exception, or a template's own checks: this request only
             refused[i] = f"the model's chat template refused the messages: {e}"[:500]
     return out, refused
 
 
-def requested_max_tokens(request: str | None, default: int) -> int:
+def requested_max_tokens(request: dict | None, default: int) -> int:
     """The output budget a batch request asks for, else the config's."""
-    return json.loads(request)["params"].get("max_tokens", default) if request is not None else default
+    asked = request["params"]["max_tokens"] if request is not None and request["params"] else None
+    return asked if asked is not None else default
 
 
 def build_requests(

@@ -81,7 +81,8 @@ def engine_requests(generations: pa.Table, config: TokenmillConfig, pool: Engine
 
 def _table(generations: list[dict]) -> pa.Table:
     return pa.Table.from_pylist(
-        [{**{k: u.get(k) for k in GENERATION.names}, "max_tokens": u.get("max_tokens")} for u in generations]
+        [{**{k: u.get(k) for k in GENERATION.names}, "max_tokens": u.get("max_tokens")} for u in generations],
+        schema=pa.schema([*GENERATION, ("max_tokens", pa.int64())]),
     )
 
 

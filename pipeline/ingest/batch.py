@@ -8,8 +8,9 @@ Anthropic Message Batches requests:
 
 A request becomes a record: `id` is its `custom_id`; `text` is the document, the text of its last user
 message (or the completion prompt), so that dedup, routing and the cache work on it as on any document;
-`request` is the rest, canonical JSON (`REQUEST_FIELDS`): the messages with the document's slot empty,
-the model asked for and the sampling parameters. The prompt template is for document records; a request's
+`request` is the rest (`REQUEST_FIELDS`, the Arrow struct `schema.REQUEST`): the messages with the document's
+slot empty, the model asked for and the sampling parameters. This is the one place a request's JSON is read:
+every later step reads the struct. The prompt template is for document records; a request's
 messages are used as given. Whatever a request asks that tokenmill does not do is refused by name (the
 record is quarantined with `unsupported_request` and a detail naming the field), never ignored, except the
 fields that do not change an answer (`IGNORED`).
@@ -20,7 +21,7 @@ from __future__ import annotations
 import json
 import math
 
-# What a parsed request keeps (canonical JSON in the record's `request` column).
+# What a parsed request keeps (the record's `request` column, a `schema.REQUEST` struct).
 REQUEST_FIELDS = ("format", "endpoint", "model", "messages", "document", "params")
 OPENAI_ENDPOINTS = ("/v1/chat/completions", "/v1/completions")
 ANTHROPIC_ENDPOINT = "/v1/messages"
@@ -72,7 +73,8 @@ def batch_format(obj: object) -> str | None:
 
 
 def parse_request(obj: dict, fmt: str) -> dict:
-    """(id, text, tenant, request JSON) of one batch line; RequestError when it cannot run as given."""
+    """(id, text, tenant, request) of one batch line, the request a `schema.REQUEST` value; RequestError when it
+    cannot run as given."""
     custom_id = obj.get("custom_id")
     if not isinstance(custom_id, str) or not custom_id:
         raise RequestError("missing_id", "`custom_id` is missing, empty or not a string")
@@ -124,11 +126,12 @@ def parse_request(obj: dict, fmt: str) -> dict:
     tenant = metadata.get("tenant") if isinstance(metadata, dict) else None
     if tenant is not None and not isinstance(tenant, str):
         raise RequestError("invalid_tenant", "`metadata.tenant` is not a string")
-    return {"id": custom_id, "text": text, "tenant": tenant, "request": canonical(request)}
+    return {"id": custom_id, "text": text, "tenant": tenant, "request": request}
 
 
-def canonical(request: dict) -> str:
-    return json.dumps(request, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
+def canonical(value: dict) -> str:
+    """A JSON object as one text for equal objects (a response format's schema)."""
+    return json.dumps(value, sort_keys=True, ensure_ascii=False, separators=(",", ":"))
 
 
 def _content(content, where: str) -> str:
@@ -236,7 +239,7 @@ def _params(body: dict, fmt: str) -> dict:
             out["stop"] = stop
     schema = _response_format(body.get("response_format"))
     if schema is not None:
-        out["json_schema"] = schema
+        out["json_schema"] = canonical(schema)
     return out
 
 

@@ -26,7 +26,7 @@ import pyarrow.parquet as pq
 from pipeline.config import InputConfig, StorageConfig
 from pipeline.ingest.batch import RequestError, batch_format, parse_request
 from pipeline.ingest.gunzip import gunzip
-from pipeline.schema import RAW_RECORDS
+from pipeline.schema import RAW_RECORDS, REQUEST
 from pipeline.stores import storage
 
 JSONL_SUFFIXES = (".jsonl", ".jsonl.gz")
@@ -184,7 +184,7 @@ class _Rows:
             return pa.table(self.cols, schema=RAW_RECORDS)
 
     def _quarantine_unstorable(self) -> None:
-        strings = [n for n in RAW_RECORDS.names if RAW_RECORDS.field(n).type == pa.string()]
+        strings = [n for n in RAW_RECORDS.names if RAW_RECORDS.field(n).type in (pa.string(), REQUEST)]
         for i in range(len(self.cols["id"])):
             bad = [n for n in strings if not _storable(self.cols[n][i])]
             if not bad:
@@ -202,6 +202,10 @@ class _Rows:
 def _storable(value) -> bool:
     if value is None:
         return True
+    if isinstance(value, dict):  # a batch request (schema.REQUEST)
+        return all(_storable(v) or isinstance(v, (int, float)) for v in value.values())
+    if isinstance(value, list):
+        return all(_storable(v) for v in value)
     if not isinstance(value, str):
         return False
     if value.isascii():
@@ -245,9 +249,11 @@ def _name_value(value, error: str) -> tuple[str | None, str | None]:
     return str(value), None
 
 
-def _unicode_problem(fields: dict[str, str | None]) -> str | None:
+def _unicode_problem(fields: dict[str, str | dict | None]) -> str | None:
     """Detail naming the first field that holds a lone surrogate (which UTF-8 cannot encode), or None."""
     for name, value in fields.items():
+        if isinstance(value, dict):  # a batch request: its strings, as one text
+            value = json.dumps(value, ensure_ascii=False)
         if value is None or value.isascii():
             continue
         try:

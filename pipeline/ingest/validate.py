@@ -7,8 +7,6 @@ checked last among valid records, so the first *valid* occurrence of an id wins.
 
 from __future__ import annotations
 
-import json
-
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -50,7 +48,7 @@ def quarantine_rows(
 
 def requested_models(raw: pa.Table) -> list[str | None]:
     """Per row, the model a batch request asks for (None: a document record)."""
-    return [json.loads(r)["model"] if r else None for r in raw["request"].to_pylist()]
+    return pc.struct_field(raw["request"], "model").to_pylist()
 
 
 def validate_records(

@@ -25,11 +25,11 @@ import xxhash
 from pipeline.config import TokenmillConfig
 from pipeline.ingest.read import FileReader
 from pipeline.output.safe_text import json_line
-from pipeline.output.tables import read, relative
+from pipeline.output.tables import read
 from pipeline.schema import REASONS
 from pipeline.stores import storage
+from pipeline.stores.paths import OutputPath
 
-BATCHES = "batches"
 # Quarantine reasons that are the server's fault, not the request's (HTTP 500 rather than 400).
 SERVER_ERRORS = {"engine_error", "not_run", "unreadable_file"}
 FINISH = {"stop": "end_turn", "length": "max_tokens"}  # OpenAI's finish_reason -> Anthropic's stop_reason
@@ -37,11 +37,9 @@ FINISH = {"stop": "end_turn", "length": "max_tokens"}  # OpenAI's finish_reason 
 STOPPED = {"expired": ("batch_expired", "expired"), "cancelled": ("batch_cancelled", "canceled")}
 
 
-def result_paths(out: storage.Location, job_id: str, file: str, fmt: str) -> dict[str, str]:
-    base = out.join(BATCHES, f"job={job_id}", file)
-    if fmt == "anthropic":
-        return {"results": f"{base}.results.jsonl"}
-    return {"output": f"{base}.output.jsonl", "errors": f"{base}.errors.jsonl"}
+def result_paths(job_id: str, file: str, fmt: str) -> dict[str, OutputPath]:
+    kinds = ["results"] if fmt == "anthropic" else ["output", "errors"]
+    return {kind: OutputPath.batch_result(job_id, file, kind) for kind in kinds}
 
 
 def write_batch_results(
@@ -62,13 +60,13 @@ def write_batch_results(
         tables = {kind: _committed(out, job_id, partitions, kind) for kind in _KINDS}
         requests = FileReader(root, file, root.join(file), config.input).table()
         lines, counts, usage = _result_lines(job_id, fmt, requests, tables)
-        paths = result_paths(out, job_id, file, fmt)
+        paths = result_paths(job_id, file, fmt)
         for kind, path in paths.items():
             body = "".join(json_line(line) for line in lines[kind])
-            storage.write_bytes_atomic(out, path, body.encode())
+            storage.write_bytes_atomic(out, path.full(out), body.encode())
         summary[file] = {
             "format": fmt,
-            "files": {k: relative(out, p) for k, p in paths.items()},
+            "files": {k: str(p) for k, p in paths.items()},
             "request_counts": counts,
             "usage": usage,
             "models": sorted({served_name(config, t) for t in _answering_tiers(tables["outputs"])}),
@@ -127,7 +125,7 @@ def _result_lines(job_id: str, fmt: str, requests: pa.Table, tables: dict) -> tu
     usage = {"prompt_tokens": 0, "cached_prompt_tokens": 0, "output_tokens": 0}
     for row in requests.to_pylist():
         counts["total"] += 1
-        request = json.loads(row["request"]) if row["request"] else None
+        request = row["request"]
         custom_id, answer = row["id"] or recovered_id(row["raw_excerpt"]), outputs.get(row["id"])
         problem = quarantined.get(row["line"])
         if problem is None and answer is None:

@@ -19,6 +19,7 @@ from pydantic import BaseModel, ConfigDict
 
 from pipeline.status import PartitionStatus
 from pipeline.stores import storage
+from pipeline.stores.paths import OutputPath
 
 
 class _Part(BaseModel):
@@ -235,4 +236,4 @@ class Manifest(_Part):
 
 def read_manifest(root: storage.Location, job_id: str) -> Manifest:
     """The manifest a job wrote under the output root (raises storage.StorageError when there is none)."""
-    return Manifest.parse(storage.read_bytes(root, root.join("jobs", job_id, "manifest.json")))
+    return Manifest.parse(storage.read_bytes(root, OutputPath.manifest(job_id).full(root)))

@@ -18,6 +18,7 @@ import pyarrow.fs as pafs
 
 from pipeline.output.tables import KINDS, LEGACY_MARKER, SCHEMAS, app_id, commit_rows, old_layout, open_table
 from pipeline.stores import storage
+from pipeline.stores.paths import OutputPath
 
 log = logging.getLogger(__name__)
 LEGACY_FILE = "part-0.parquet"
@@ -37,10 +38,10 @@ def committed_partitions(root: storage.Location) -> dict[tuple[str, str], tuple[
     with_records = {job for job, _ in found}
     for kind in KINDS:
         for info in root.fs.get_file_info(pafs.FileSelector(root.join(kind), recursive=True, allow_not_found=True)):
-            parts = info.path.rsplit("/", 3)
-            if info.base_name != LEGACY_FILE or not parts[1].startswith("job=") or len(parts) < 4:
+            path = OutputPath.parse(info.path, root)
+            if info.base_name != LEGACY_FILE or not path.old or path.partition is None:
                 continue
-            job, partition = parts[1].removeprefix("job="), parts[2].removeprefix("partition=")
+            job, partition = path.job, path.partition
             if job not in with_records:
                 found.setdefault((job, partition), (0, {}))[1][kind] = info.path
     return found
@@ -81,7 +82,7 @@ def migrate(root: storage.Location, compression: str = "zstd") -> dict[str, int]
     # The old files, then the records: a migration killed here is run again and finds every partition done.
     for kind in KINDS:
         for info in root.fs.get_file_info(pafs.FileSelector(root.join(kind), allow_not_found=True)):
-            if info.type == pafs.FileType.Directory and info.base_name.startswith("job="):
+            if info.type == pafs.FileType.Directory and OutputPath.parse(info.path, root).old:
                 done["files_deleted"] += delete_tree(root, info.path)
     done["files_deleted"] += delete_tree(root, root.join(LEGACY_MARKER))
     return done

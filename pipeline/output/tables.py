@@ -32,7 +32,6 @@ import json
 import logging
 import os
 import random
-import re
 import threading
 import time
 import uuid
@@ -50,6 +49,7 @@ import pyarrow.fs as pafs
 
 from pipeline.schema import LEDGER, OUTPUTS, QUARANTINE
 from pipeline.stores import storage
+from pipeline.stores.paths import OutputPath
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -248,11 +248,6 @@ def _forget_tables() -> None:
 os.register_at_fork(after_in_child=_forget_tables)
 
 
-def relative(root: storage.Location, path: str) -> str:
-    """`path` (under the root) as the manifest names it: relative to the root."""
-    return path[len(root.path.rstrip("/")) + 1 :]
-
-
 def app_id(job_id: str, partition: str) -> str:
     return f"{job_id}/{partition}"
 
@@ -271,18 +266,17 @@ def stage(
 
     `tables` hold this partition's rows only (with a `partition` column, as `assemble_results` makes them).
     """
-    folder = f"job_id={_encode(job_id)}/partition={_encode(partition)}"
 
     def stage_one(kind: str) -> list[dict]:
         body_schema = pa.schema([f for f in SCHEMAS[kind] if f.name not in PARTITION_BY])
         body = tables[kind].select(body_schema.names).cast(body_schema)
-        relative = f"{folder}/part-{commit}.parquet"
-        path = root.join(kind, relative)
+        file = OutputPath.table_file(kind, job_id, partition, commit)
+        path = file.full(root)
         storage.write_parquet_atomic(root, path, body, compression)
         size = root.fs.get_file_info(path).size
         return [
             {
-                "path": relative,
+                "path": file.in_table(),
                 "size": size,
                 "partition_values": {"job_id": job_id, "partition": partition},
                 "modification_time": int(time.time() * 1000),
@@ -299,19 +293,6 @@ def _each_kind(work: Callable[[str], T]) -> dict[str, T]:
     raised once all three are done."""
     with ThreadPoolExecutor(max_workers=len(KINDS)) as pool:
         return dict(zip(KINDS, pool.map(work, KINDS)))
-
-
-def _encode(value: str) -> str:
-    """A partition value as a folder name: itself when it is plain, else a digest of it. Only cosmetic: every
-    reader takes partition values from the table's log, and a `%` in a Delta path would be read as an escape."""
-    if _PLAIN.fullmatch(value):
-        return value
-    import xxhash
-
-    return f"h{xxhash.xxh3_64_hexdigest(value.encode())}"
-
-
-_PLAIN = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,99}")
 
 
 def _stats(body: pa.Table) -> str:
@@ -504,7 +485,7 @@ def old_layout(root: storage.Location) -> bool:
     if root.fs.get_file_info(root.join(LEGACY_MARKER)).type == pafs.FileType.Directory:
         return True
     return any(
-        info.type == pafs.FileType.Directory and info.base_name.startswith("job=")
+        info.type == pafs.FileType.Directory and OutputPath.parse(info.path, root).old
         for kind in KINDS
         for info in root.fs.get_file_info(pafs.FileSelector(root.join(kind), allow_not_found=True))
     )

@@ -22,6 +22,7 @@ from pipeline.keys import adapter_digest
 from pipeline.output.manifest import Manifest
 from pipeline.schema import LEDGER, OUTPUTS
 from pipeline.stores import storage
+from pipeline.stores.paths import OutputPath
 
 
 def record_source(row: dict, item: dict) -> tuple[str, str | None, str | None, float | None]:
@@ -273,7 +274,7 @@ def charge_rows(charges: list[dict], config: TokenmillConfig, job_id: str, creat
 
 def write_manifest(root: storage.Location, job_id: str, manifest: Manifest) -> None:
     data = json.dumps(manifest.as_json(), indent=2, sort_keys=False, default=str).encode()
-    storage.write_bytes_atomic(root, root.join("jobs", job_id, "manifest.json"), data)
+    storage.write_bytes_atomic(root, OutputPath.manifest(job_id).full(root), data)
 
 
 def count_by(table: pa.Table, column: str) -> dict[str, int]:

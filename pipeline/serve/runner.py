@@ -252,7 +252,7 @@ class BatchRunner:
             elif self.config.serve.validation == "strict" and (wrong := line_errors(data, batch.endpoint)):
                 errors = {"object": "list", "data": wrong}  # lines OpenAI refuses, each named
             else:
-                storage.write_bytes_atomic(self.store.out, f"{self.store.input_folder(batch.id)}/input.jsonl", data)
+                storage.write_bytes_atomic(self.store.out, self.store.input_file(batch.id), data)
                 batch.request_counts.total = lines
         if errors:
             batch.update(status="failed", failed_at=now, errors=errors)

@@ -24,9 +24,9 @@ from typing import Literal
 import pyarrow.fs as pafs
 from pydantic import BaseModel, ConfigDict
 
-from pipeline.output.tables import relative
 from pipeline.status import ACTIVE_BATCH, BatchStatus
 from pipeline.stores import storage
+from pipeline.stores.paths import API, OutputPath
 from pipeline.stores.staging import StagingArea
 
 ACTIVE = ACTIVE_BATCH  # the batches the runner still works on
@@ -104,8 +104,8 @@ class ApiStore:
         self.creating = threading.Lock()
         self.clock = clock  # what "now" is for a file's `expires_at` (tests move it)
 
-    def _path(self, *parts: str) -> str:
-        return self.out.join("_api", *parts)
+    def _path(self, folder: str, name: str | None = None) -> str:
+        return OutputPath.api(folder, name).full(self.out)
 
     def _read(self, path: str) -> dict | None:
         try:
@@ -146,7 +146,7 @@ class ApiStore:
             "purpose": purpose,
             "status": "processed",
             "tenant": tenant,
-            "content": relative(self.out, content),
+            "content": str(OutputPath.parse(content, self.out)),
         }
         self._write(self._path("files", f"{meta['id']}.json"), meta)
         return meta
@@ -196,7 +196,8 @@ class ApiStore:
 
     def delete_file(self, meta: dict) -> None:
         """Its content removed (an upload's; a job's result files stay with the job), its metadata marked."""
-        if meta["content"].startswith("_api/files/"):
+        content = OutputPath.parse(meta["content"])
+        if content.area == API and content.folder == "files":
             try:
                 self.out.fs.delete_file(self.out.join(meta["content"]))
             except FileNotFoundError:
@@ -293,6 +294,10 @@ class ApiStore:
 
     def input_folder(self, batch_id: str) -> str:
         return self._path("inputs", batch_id)
+
+    def input_file(self, batch_id: str) -> str:
+        """The copy of a batch's input its job reads."""
+        return self._path("inputs", f"{batch_id}/input.jsonl")
 
     def remove_input(self, batch_id: str) -> None:
         """Delete the copy of a batch's input its job read (the batch has ended)."""

@@ -5,13 +5,15 @@
                                    quarantine.parquet    the rows planning quarantined
                                    keyed, sketch, split, reuse-<shard>, quarantine-read   planning's scratch
                                    wave-<n>-<token>-<tier>.parquet  wave n's engine requests for one tier
+                                     (each with its generation, typed: partition_waves.WAVE_GENERATION)
                                    wave-state-<n>-<token>.parquet   the partition's wave state after wave n
 
 A wave's files are named by the token of the derivation that wrote them: workers racing to derive the
 same wave each write their own, and the one whose token the catalog took (Partition.wave_token) is the
 wave; the others' are never read. (No token: files of a job staged before tokens, read by their old names.)
 
-Every file is written atomically (a reader sees the old file or the new one, never half of one).
+Its paths are built by stores/paths.py (`OutputPath.staging`). Every file is written atomically (a reader
+sees the old file or the new one, never half of one).
 """
 
 from __future__ import annotations
@@ -22,6 +24,7 @@ import pyarrow as pa
 import pyarrow.fs as pafs
 
 from pipeline.stores import storage
+from pipeline.stores.paths import OutputPath
 
 
 class StagingArea:
@@ -31,21 +34,32 @@ class StagingArea:
         self.root, self.job_id = root, job_id
 
     def _path(self, partition: str, name: str) -> str:
-        return self.root.join("_staging", f"job={self.job_id}", f"partition={partition}", f"{name}.parquet")
+        return OutputPath.staging(self.job_id, f"{name}.parquet", partition).full(self.root)
 
     def _write(self, partition: str, name: str, table: pa.Table) -> None:
         storage.write_parquet_atomic(self.root, self._path(partition, name), table, "zstd")
 
     def _read(self, partition: str, name: str, columns: list[str] | None = None) -> pa.Table:
-        return storage.read_parquet(self.root, self._path(partition, name), columns)
+        table = storage.read_parquet(self.root, self._path(partition, name), columns)
+        if "request" in table.column_names and pa.types.is_string(table.schema.field("request").type):
+            raise self.staged_before_typed_requests()
+        return table
+
+    def staged_before_typed_requests(self) -> storage.StorageError:
+        """A job staged when a batch request was JSON text (`schema.REQUEST` is what every step reads now)."""
+        return storage.StorageError(
+            f"job {self.job_id} was planned by an earlier tokenmill, which staged batch requests as JSON text; "
+            "it cannot be continued: run its input as a new job (item keys are unchanged, so what this job "
+            "generated is reused where the catalog or the cache holds it)"
+        )
 
     def _json_path(self, name: str) -> str:
-        return self.root.join("_staging", f"job={self.job_id}", f"{name}.json")
+        return OutputPath.staging(self.job_id, f"{name}.json").full(self.root)
 
     def remove(self) -> None:
         """Delete the job's whole area (its staged records hold the input's text): for a job that has ended
         for good, such as a Batch API batch once it is finalised."""
-        folder = self.root.join("_staging", f"job={self.job_id}")
+        folder = OutputPath.staging(self.job_id).full(self.root)
         if self.root.fs.get_file_info(folder).type != pafs.FileType.NotFound:
             self.root.fs.delete_dir(folder)
 

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import json
 
+import pyarrow as pa
 import pytest
 
 from pipeline.config import SamplingConfig
 from pipeline.ingest.batch import RequestError, batch_format, messages_for, parse_request
 from pipeline.keys import request_recipe_hash, request_sampling, request_scope
+from pipeline.schema import REQUEST
 
 
 def line(**body):
@@ -25,7 +27,7 @@ def line(**body):
 def test_a_chat_request_becomes_a_record_with_its_document_apart():
     record = parse_request(line(max_tokens=50, temperature=0.5, stop="END", metadata={"tenant": "acme"}), "openai")
     assert record["id"] == "r1" and record["text"] == "the document" and record["tenant"] == "acme"
-    request = json.loads(record["request"])
+    request = record["request"]
     assert request["messages"] == [{"role": "system", "content": "Be brief."}, {"role": "user", "content": None}]
     assert request["params"] == {"max_tokens": 50, "temperature": 0.5, "stop": ["END"]}
     assert messages_for(request, "another")[1] == {"role": "user", "content": "another"}
@@ -78,7 +80,7 @@ def test_a_line_that_is_not_a_post_to_a_supported_endpoint_is_refused():
 
 def test_an_anthropic_request_needs_max_tokens_and_takes_its_system_prompt_apart():
     params = {"model": "c", "max_tokens": 9, "system": "Sys.", "messages": [{"role": "user", "content": "doc"}]}
-    request = json.loads(parse_request({"custom_id": "a", "params": params}, "anthropic")["request"])
+    request = parse_request({"custom_id": "a", "params": params}, "anthropic")["request"]
     assert request["messages"][0] == {"role": "system", "content": "Sys."} and request["params"]["max_tokens"] == 9
     with pytest.raises(RequestError, match="max_tokens"):
         parse_request({"custom_id": "a", "params": {**params, "max_tokens": None}}, "anthropic")
@@ -105,6 +107,22 @@ def test_keys_depend_on_the_template_and_sampling_never_on_the_model_name():
     assert request_sampling(strict, base).json_schema is None and request_sampling(strict, base).stop == []
     asked = request(response_format={"type": "json_object"})
     assert request_sampling(strict, asked).json_schema == {"type": "object"}
+
+
+def test_a_request_is_read_as_a_typed_column_and_keys_as_it_did_as_json_text():
+    """Parsed once as the line is read (schema.REQUEST): the column a step reads gives the same sampling and
+    keys as the parsed request, and the keys a request had when it was staged as JSON text."""
+    asked = {"type": "object", "properties": {"b": {"type": "string"}, "a": {"type": "integer"}}}
+    schema = {"type": "json_schema", "json_schema": {"schema": asked}}
+    parsed = parse_request(line(max_tokens=50, temperature=0.5, stop="END", response_format=schema), "openai")
+    column = pa.array([parsed["request"], None], REQUEST)
+    typed, sampling = column[0].as_py(), SamplingConfig()
+    assert column[1].as_py() is None and typed["messages"][1] == {"role": "user", "content": None}
+    assert request_sampling(sampling, typed) == request_sampling(sampling, parsed["request"])
+    assert request_sampling(sampling, typed).json_schema == asked
+    assert request_sampling(sampling, typed).max_tokens == 50 and request_sampling(sampling, typed).seed == 0
+    # the recipe as tokenmill 0.1.0 computed it from the request's canonical JSON text
+    assert request_recipe_hash("model-path", typed, sampling, None) == "1c86d6206c45c94f"
 
 
 @pytest.mark.parametrize(
