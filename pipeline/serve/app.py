@@ -232,7 +232,6 @@ def _owned_batch(store: ApiStore, batch_id: str, who: str) -> Batch:
     batch = store.batch(who, batch_id)
     if batch is None:
         raise ApiError(404, f"no batch {batch_id!r}", "not_found", "batch_id")
-    batch.cancel_requested = store.cancel_asked(batch_id)
     return batch
 
 

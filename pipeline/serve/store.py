@@ -22,14 +22,15 @@ from collections.abc import Iterator
 from typing import Literal
 
 import pyarrow.fs as pafs
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
 from pipeline.output.tables import relative
-from pipeline.status import ACTIVE_BATCH, BatchStatus
+from pipeline.status import ACTIVE_BATCH, BatchStatus, JobStatus
 from pipeline.stores import storage
 from pipeline.stores.staging import StagingArea
 
 ACTIVE = ACTIVE_BATCH  # the batches the runner still works on
+MAX_ATTEMPTS = 3  # runs of a batch's job that exit with an error before the batch is finalised with what it has
 
 
 class RequestCounts(BaseModel):
@@ -40,10 +41,11 @@ class RequestCounts(BaseModel):
 
 class Batch(BaseModel):
     """A batch as the server keeps it: OpenAI's Batch object, then the server's own keys. The API creates it
-    (`app.new_batch`), the runner advances it, the store saves it whole and parses it once as it reads it back:
-    a status outside BatchStatus, or a value of the wrong type, is refused where it is set (`validate_assignment`),
-    instead of a batch that never moves. It writes the keys it was given (`as_json`), and carries a key it does not
-    know (`extra`), so an object written by another version reads back and is written again with the same keys."""
+    (`app.new_batch`), the runner moves it from status to status (the methods below: no I/O, each checks what
+    it sets), the store saves it whole and parses it once as it reads it back: a status outside BatchStatus, or
+    a value of the wrong type, is refused where it is set (`validate_assignment`), instead of a batch that never
+    moves. It writes the keys it was given (`as_json`), and carries a key it does not know (`extra`), so an
+    object written by another version reads back and is written again with the same keys."""
 
     model_config = ConfigDict(extra="allow", validate_assignment=True)
 
@@ -75,14 +77,47 @@ class Batch(BaseModel):
     cost_usd: float | None = None  # None: its job has not ended
     attempts: int = 0  # runs of its job started
     failed_runs: int = 0  # runs of its job that exited with an error
-    cancel_requested: bool = False
+    # Asked to cancel: read from its `.cancel` marker as the store reads the batch (the API writes the marker,
+    # never the batch), so never written with it.
+    cancel_requested: bool = Field(False, exclude=True)
     airflow_run: str | None = None  # its DAG run's id, with `serve.airflow`
     airflow_conf: dict | None = None  # that run's params
 
-    def update(self, **values) -> None:
-        """Set several fields at once (each checked as it is set)."""
+    def move(self, status: BatchStatus, now: int, **values) -> None:
+        """Set its status, the time it got there (`<status>_at`) and `values`."""
+        self.status = status
+        setattr(self, f"{status}_at", now)
         for name, value in values.items():
             setattr(self, name, value)
+
+    def ending(self, now: int) -> Literal["cancelled", "expired"] | None:
+        """How it ends before its job has: asked to cancel, or past its completion window (None: neither)."""
+        return "cancelled" if self.cancel_requested else "expired" if now >= self.expires_at else None
+
+    def stopped(self, now: int) -> None:
+        """Its job was stopped (cancelled or expired, `ending`): finalised with what the job has."""
+        if self.cancel_requested:
+            self.cancelling_at = self.cancelling_at or now
+        self.move("finalizing", now)
+
+    def after_run(self, code: int, job: JobStatus | None, now: int) -> None:
+        """A run of its job exited with `code` (its job's status now `job`): a failed run counts, and the batch
+        is finalised unless another run may answer more: fewer than MAX_ATTEMPTS runs failed, and its job was
+        not refused at a budget cap (it would be refused again). Runs that failed count, not launches: a server
+        restarted mid-run launches its job again, and that is no fault of the job's."""
+        self.failed_runs += code != 0
+        if code == 0 or self.failed_runs >= MAX_ATTEMPTS or job == "refused":
+            self.move("finalizing", now)
+
+    def failed_for_good(self) -> bool:
+        """Whether its job's runs failed MAX_ATTEMPTS times: it is finalised with what the job has."""
+        return self.failed_runs >= MAX_ATTEMPTS
+
+    def unanswered(self, status: BatchStatus, now: int, errors: dict | None = None) -> None:
+        """It ends (`cancelled`, `expired` or `failed`) with no answer: every request failed."""
+        total = self.request_counts.total
+        self.request_counts = RequestCounts(total=total, completed=0, failed=total)
+        self.move(status, now, **({"errors": errors} if errors else {}))
 
     def ended_at(self) -> int | None:
         """When it ended: completed, failed, cancelled or expired (None: it has not)."""
@@ -270,12 +305,13 @@ class ApiStore:
         return len(active)
 
     def batch(self, tenant: str | None, batch_id: str) -> Batch | None:
-        """The batch, when `tenant` owns it (None: any tenant, for the runner)."""
+        """The batch, when `tenant` owns it (None: any tenant, for the runner), with whether it was asked to cancel."""
         if not _safe_id(batch_id, "batch"):
             return None
         raw = self._read(self._path("batches", f"{batch_id}.json"))
-        batch = None if raw is None else Batch.model_validate(raw)
-        return batch if batch is not None and (tenant is None or batch.tenant == tenant) else None
+        if raw is None or (tenant is not None and raw["tenant"] != tenant):
+            return None
+        return Batch.model_validate(raw | {"cancel_requested": self.cancel_asked(batch_id)})
 
     def batches(self, tenant: str | None = None) -> list[Batch]:
         """Newest first."""
