@@ -42,16 +42,14 @@ from pipeline.config import TokenmillConfig, tokenmill_home
 from pipeline.errors import JobError
 from pipeline.job.lifecycle import Job
 from pipeline.job.orchestrate import job_input
-from pipeline.output.batch import batch_usage
 from pipeline.output.manifest import Manifest, read_manifest
-from pipeline.serve.store import ACTIVE, MAX_ATTEMPTS, ApiStore, Batch, RequestCounts
-from pipeline.serve.validate import line_errors
+from pipeline.serve.store import ACTIVE, MAX_ATTEMPTS, ApiStore, Batch
+from pipeline.serve.validate import batch_errors, input_errors, request_lines
 from pipeline.status import PLANNING, JobStatus
 from pipeline.stores import storage
 from pipeline.stores.catalog import StateStore, migrate
 from pipeline.stores.lease import Renewal, default_worker
 from pipeline.stores.runners import RunnerLeases
-from pipeline.stores.staging import StagingArea
 
 log = logging.getLogger(__name__)
 
@@ -59,11 +57,6 @@ __all__ = ["ACTIVE", "MAX_ATTEMPTS", "BatchRunner", "job_config", "request_lines
 MAX_FAULTS = 5  # passes in a row that fail on one batch (storage, catalog) before it is failed, unblocking the queue
 JOB_FAILED = "the batch's job failed; the server's log names the cause (look for the batch id)"
 WINDOWS = {"24h": 24 * 3600, "48h": 48 * 3600, "7d": 7 * 24 * 3600}  # completion windows the runner can time
-
-
-def request_lines(data: bytes) -> int:
-    """The requests of a batch input file, as the reader counts them: its lines that are not blank."""
-    return sum(1 for line in data.split(b"\n") if line.strip())
 
 
 def job_config(config: TokenmillConfig, store: ApiStore, batch: Batch) -> TokenmillConfig:
@@ -212,8 +205,9 @@ class BatchRunner:
                     self.jobs.stop(batch)
                 except Exception:  # failed all the same, so it cannot block the queue
                     log.exception("batch %s: its job could not be stopped", batch.id)
-                batch.move("failed", int(time.time()), errors=_errors("job_failed", JOB_FAILED))
-                self.save(batch)
+                batch.move("failed", int(time.time()), errors=batch_errors("job_failed", JOB_FAILED))
+                self.jobs.ended(batch)
+                self.store.put_batch(batch)
                 return True
         return False
 
@@ -234,91 +228,65 @@ class BatchRunner:
             batch.stopped(now)
         elif batch.status == "validating":
             self.validate(batch, now)
-        elif batch.status == "finalizing":
-            if not self.finish(batch, batch.ending(now) or "completed", now):
-                return False
-        elif not self.jobs.runs(batch):
-            batch.attempts += 1  # the job continues: after a restart, or a failed run
-            self.jobs.start(batch, job_config(self.config, self.store, batch))
-        elif (code := self.jobs.exit_code(batch)) is not None:
-            self.jobs.forget(batch)
-            job = self.state.job(batch.id)
-            batch.after_run(code, job and job.status, now)
-            if batch.status == "in_progress":
-                log.warning("batch %s: its job exited %d; running it again (it continues)", batch.id, code)
-        else:
+        elif batch.status == "in_progress":
+            if not self.jobs.runs(batch):
+                batch.attempts += 1  # the job continues: after a restart, or a failed run
+                self.jobs.start(batch, job_config(self.config, self.store, batch))
+            elif (code := self.jobs.exit_code(batch)) is not None:
+                self.jobs.forget(batch)
+                job = self.state.job(batch.id)
+                batch.after_run(code, job and job.status, now)
+                if batch.status == "in_progress":
+                    log.warning("batch %s: its job exited %d; running it again (it continues)", batch.id, code)
+            else:
+                return False  # its job runs
+        elif not self.finish(batch, batch.ending(now) or "completed", now):  # finalizing
             return False
-        self.save(batch)
-        return True
-
-    def save(self, batch: Batch) -> None:
-        """Write the batch; one that ended, then loses the copies of its input the server made (the job's input
-        file, its staged records, its run's config file; the client's upload stays until the client deletes it)."""
-        self.store.put_batch(batch)
         if batch.status not in ACTIVE:
             self.jobs.ended(batch)
-            self.store.remove_input(batch.id)
-            StagingArea(self.store.out, batch.id).remove()
+        self.store.put_batch(batch)
+        return True
 
     def validate(self, batch: Batch, now: int) -> None:
+        """Check its input (`validate.input_errors`); one that may run is copied where its job reads it."""
         meta = self.store.file(batch.tenant, batch.input_file_id)
-        errors = None
-        if meta is None:
-            errors = _errors("invalid_file", f"input file {batch.input_file_id} no longer exists")
-        else:
-            data = self.store.content(meta)
-            lines = request_lines(data)
-            if lines == 0:
-                errors = _errors("empty_file", "the input file holds no request")
-            elif lines > self.config.serve.max_requests:
-                errors = _errors("too_many_requests", f"{lines} requests; at most {self.config.serve.max_requests}")
-            elif self.config.serve.validation == "strict" and (wrong := line_errors(data, batch.endpoint)):
-                errors = {"object": "list", "data": wrong}  # lines OpenAI refuses, each named
-            else:
-                storage.write_bytes_atomic(self.store.out, f"{self.store.input_folder(batch.id)}/input.jsonl", data)
-                batch.request_counts.total = lines
-        if errors:
+        data = None if meta is None else self.store.content(meta)
+        errors = input_errors(batch.input_file_id, data, batch.endpoint, self.config.serve)
+        if errors is not None:
             batch.move("failed", now, errors=errors)
-        else:
-            batch.move("in_progress", now)
+            return
+        storage.write_bytes_atomic(self.store.out, f"{self.store.input_folder(batch.id)}/input.jsonl", data)
+        batch.request_counts.total = request_lines(data)
+        batch.move("in_progress", now)
 
     def finish(self, batch: Batch, status: Literal["completed", "cancelled", "expired"], now: int) -> bool:
-        """End a finalizing batch as `status`: its job, if it will not run again and did not end by itself
-        (stopped, refused at a budget cap, or failed MAX_ATTEMPTS times), is ended with what it has (job/lifecycle.py
-        `end_stopped`: what was paid for is returned); then its result files, as its manifest names them, become the
-        batch's files. False while a partition's holder elsewhere keeps its lease (see `return_what_was_paid`)."""
+        """End a finalizing batch as `status`: its job, if it did not end by itself (`stopped_as`), is ended
+        with what it has (job/lifecycle.py `end_stopped`: what was paid for is returned); then the result files its
+        manifest names become the batch's files. False while a partition's holder elsewhere keeps its lease (see
+        `return_what_was_paid`)."""
         job = self.state.job(batch.id)
-        if job is None:  # its job never began: nothing was paid
-            batch.unanswered("failed" if status == "completed" else status, now, _no_answer(status))
-            return True
-        # A budget cap (refused when it started, or deferred mid-run every time it ran): its error says by how much.
-        budget = job.status in ("refused", "deferred")
-        if budget and not self.state.has_items(batch.id):
-            batch.unanswered("failed", now, _errors("budget_exceeded", job.error or "budget"))
-            return True
-        if budget:
-            stop = (job.status, "budget_exceeded", job.error or "budget")
-        elif status != "completed":
-            stop = (status, status, f"the batch was {status} before this request was answered")
-        elif batch.failed_for_good():
-            stop = ("failed", "not_run", "the batch's job failed before this request was answered")
-        else:
-            stop = None  # its job ended by itself, its manifest written
-        if stop is not None and self.planned(job):
-            if budget:
-                batch.errors = _errors("budget_exceeded", job.error or "budget")
+        budget = job is not None and job.status in ("refused", "deferred")
+        if budget:  # a budget cap (refused when it started, or deferred mid-run every time it ran): by how much
+            batch.errors = batch_errors("budget_exceeded", job.error or "budget")
+        # Whether its job may have answered: it began, and was not refused at a cap before it paid for anything.
+        paid = job is not None and not (budget and not self.state.has_items(batch.id))
+        stop = stopped_as(status, job, batch) if paid else None
+        if stop is not None:
             config = job_config(self.config, self.store, batch)
             if not self.return_what_was_paid(batch, config, *stop):
                 return False
-        manifest = self.manifest(batch.id)
+        manifest = self.manifest(batch.id) if paid else None
         results = None if manifest is None else (manifest.batches or {}).get("input.jsonl")
-        if results is None:  # planning never finished: nothing answered
-            log.error("batch %s: its job wrote no results; %s", batch.id, self.jobs.where_to_look(batch))
-            batch.unanswered("failed" if status == "completed" else status, now, _no_answer(status))
+        if results is None:  # its job never began, was refused before paying, or never finished planning
+            if paid:
+                log.error("batch %s: its job wrote no results; %s", batch.id, self.jobs.where_to_look(batch))
+            ended = "failed" if budget or status == "completed" else status
+            batch.unanswered(ended, now, batch.errors or _no_answer(status))
             return True
+        files = {}
         for kind, key in (("output", "output_file_id"), ("errors", "error_file_id"), ("results", "output_file_id")):
             path = results["files"].get(kind)
-            if path is None or getattr(batch, key):
+            if path is None or getattr(batch, key) or key in files:
                 continue
             size = self.store.out.fs.get_file_info(self.store.out.join(path)).size
             if size or kind != "errors":  # OpenAI sets no error file when nothing failed
@@ -326,16 +294,8 @@ class BatchRunner:
                 meta = self.store.register_file(
                     batch.tenant, f"{batch.id}_{kind}.jsonl", "batch_output", where, size, None, expiry
                 )
-                setattr(batch, key, meta["id"])
-        counts = results["request_counts"]
-        batch.move(
-            status,
-            now,
-            request_counts=RequestCounts(**{k: counts[k] for k in ("total", "completed", "failed")}),
-            usage=batch_usage(results),
-            model=",".join(results.get("models", [])) or None,
-            cost_usd=manifest.cost.cost_usd,
-        )
+                files[key] = meta["id"]
+        batch.answered(status, now, results, manifest.cost.cost_usd, **files)
         log.info("batch %s: %s, %s", batch.id, status, json.dumps(batch.request_counts.model_dump()))
         return True
 
@@ -346,11 +306,6 @@ class BatchRunner:
             return read_manifest(self.store.out, job_id)
         except storage.StorageError:
             return None
-
-    @staticmethod
-    def planned(job) -> bool:
-        """Whether the job planned: its partitions exist (each is committed, or can be with what it has)."""
-        return job is not None and job.status not in (*PLANNING, "succeeded")
 
     def return_what_was_paid(
         self, batch: Batch, config: TokenmillConfig, status: JobStatus, reason: str, detail: str
@@ -712,10 +667,21 @@ def kill_group(group: int, started: int | None) -> int:
     return len(found)
 
 
+def stopped_as(status: str, job, batch: Batch) -> tuple[JobStatus, str, str] | None:
+    """How a finalizing batch's job is ended, when it did not end by itself: (the job's status, and the reason and
+    detail of each request it did not answer). None: it ended by itself (its manifest written), or it never planned
+    (its partitions do not exist). `status`: how the batch ends (`completed` unless cancelled or expired)."""
+    if job.status in (*PLANNING, "succeeded"):
+        return None
+    if job.status in ("refused", "deferred"):  # stopped at a budget cap after paying for some
+        return job.status, "budget_exceeded", job.error or "budget"
+    if status != "completed":
+        return status, status, f"the batch was {status} before this request was answered"
+    if batch.failed_for_good():
+        return "failed", "not_run", "the batch's job failed before this request was answered"
+    return None
+
+
 def _no_answer(status: str) -> dict | None:
     """The errors of a batch that ends with no answer as `status`: a completed one failed, its job's fault."""
-    return _errors("job_failed", JOB_FAILED) if status == "completed" else None
-
-
-def _errors(code: str, message: str) -> dict:
-    return {"object": "list", "data": [{"code": code, "message": message, "param": None, "line": None}]}
+    return batch_errors("job_failed", JOB_FAILED) if status == "completed" else None

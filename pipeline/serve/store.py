@@ -119,6 +119,27 @@ class Batch(BaseModel):
         self.request_counts = RequestCounts(total=total, completed=0, failed=total)
         self.move(status, now, **({"errors": errors} if errors else {}))
 
+    def answered(self, status: BatchStatus, now: int, results: dict, cost_usd: float, **files: str) -> None:
+        """It ends as `status` with what its job answered: `results`, its input's entry in the job's manifest
+        (output/batch.py: request counts, usage, models), the job's cost, and its result `files` (file ids)."""
+        counts, usage = results["request_counts"], results.get("usage") or {}
+        prompt, cached, output = (usage.get(k, 0) for k in ("prompt_tokens", "cached_prompt_tokens", "output_tokens"))
+        self.move(
+            status,
+            now,
+            request_counts=RequestCounts(**{k: counts[k] for k in ("total", "completed", "failed")}),
+            usage={  # OpenAI's `Batch.usage`: what its answers' `usage` report
+                "input_tokens": prompt,
+                "input_tokens_details": {"cached_tokens": cached},
+                "output_tokens": output,
+                "output_tokens_details": {"reasoning_tokens": 0},
+                "total_tokens": prompt + output,
+            },
+            model=",".join(results.get("models", [])) or None,
+            cost_usd=cost_usd,
+            **files,
+        )
+
     def ended_at(self) -> int | None:
         """When it ended: completed, failed, cancelled or expired (None: it has not)."""
         return next((t for t in (self.completed_at, self.failed_at, self.cancelled_at, self.expired_at) if t), None)
@@ -244,13 +265,13 @@ class ApiStore:
         before it did. Reads the tenant's batches: for a client's delete, not for a sweep of many files."""
         for batch in self.batches(meta["tenant"]):
             if batch.input_file_id == meta["id"] and batch.status not in ACTIVE:
-                self.remove_input(batch.id)
-                StagingArea(self.out, batch.id).remove()
+                self.remove_copies_of(batch.id)
 
     # -- batches ---------------------------------------------------------------------------------------
     def put_batch(self, batch: Batch) -> None:
         """Write the batch; an active one is in the index before its object exists, an ended one leaves it
-        after its object says so (a crash in between leaves an entry the runner drops: never a lost batch)."""
+        after its object says so (a crash in between leaves an entry the runner drops: never a lost batch), and
+        then the copies of its input the server made go (`remove_copies_of`)."""
         marker = self._path("active", f"{batch.id}.json")
         if batch.status in ACTIVE:
             self._write(marker, {"tenant": batch.tenant, "created_at": batch.created_at})
@@ -258,6 +279,7 @@ class ApiStore:
         else:
             self._write(self._path("batches", f"{batch.id}.json"), batch.as_json())
             self._forget_active(batch.id)
+            self.remove_copies_of(batch.id)
 
     def add_batch(self, batch: Batch, cap: int) -> bool:
         """Write a new batch unless its tenant has `cap` active ones already (False). One create at a time
@@ -330,11 +352,13 @@ class ApiStore:
     def input_folder(self, batch_id: str) -> str:
         return self._path("inputs", batch_id)
 
-    def remove_input(self, batch_id: str) -> None:
-        """Delete the copy of a batch's input its job read (the batch has ended)."""
+    def remove_copies_of(self, batch_id: str) -> None:
+        """Delete what the server made from an ended batch's input: the copy its job read and the job's staged
+        records (the client's upload stays until the client deletes it)."""
         folder = self.input_folder(batch_id)
         if self.out.fs.get_file_info(folder).type != pafs.FileType.NotFound:
             self.out.fs.delete_dir(folder)
+        StagingArea(self.out, batch_id).remove()
 
     def _names(self, kind: str) -> list[str]:
         """The ids of the JSON objects under `_api/<kind>/`."""
