@@ -74,19 +74,6 @@ def write_batch_results(
     return summary
 
 
-def batch_usage(results: dict) -> dict:
-    """OpenAI's `Batch.usage` from a batch file's entry in the manifest: what its answers' `usage` report."""
-    usage = results.get("usage") or {"prompt_tokens": 0, "cached_prompt_tokens": 0, "output_tokens": 0}
-    prompt, output = usage["prompt_tokens"], usage["output_tokens"]
-    return {
-        "input_tokens": prompt,
-        "input_tokens_details": {"cached_tokens": usage["cached_prompt_tokens"]},
-        "output_tokens": output,
-        "output_tokens_details": {"reasoning_tokens": 0},
-        "total_tokens": prompt + output,
-    }
-
-
 def served_name(config: TokenmillConfig, tier: str) -> str:
     """The name a tier answers to in the API: its first `served_model_names`, else its name (never its path)."""
     names = config.tiers[tier].served_model_names if tier in config.tiers else []

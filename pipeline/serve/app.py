@@ -45,8 +45,9 @@ from pipeline.plan.estimate import budget_problems, estimate_job
 from pipeline.serve.access import BodyCap, declared_length, json_body, tenant
 from pipeline.serve.errors import ApiError, error_response
 from pipeline.serve.messages import message_batch_routes
-from pipeline.serve.runner import ACTIVE, WINDOWS, BatchRunner, job_config, request_lines
+from pipeline.serve.runner import ACTIVE, WINDOWS, BatchRunner, job_config
 from pipeline.serve.store import ApiStore, Batch, RequestCounts, new_id
+from pipeline.serve.validate import request_lines
 
 ENDPOINTS = (*OPENAI_ENDPOINTS, ANTHROPIC_ENDPOINT)
 MAX_METADATA = 16  # OpenAI's limits on a batch's metadata: pairs, and characters per key and value
@@ -232,7 +233,6 @@ def _owned_batch(store: ApiStore, batch_id: str, who: str) -> Batch:
     batch = store.batch(who, batch_id)
     if batch is None:
         raise ApiError(404, f"no batch {batch_id!r}", "not_found", "batch_id")
-    batch.cancel_requested = store.cancel_asked(batch_id)
     return batch
 
 

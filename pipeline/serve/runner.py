@@ -3,7 +3,8 @@
   validating   the input file counted against `serve.max_requests` and copied where its job reads it
   in_progress  `tokenmill run --job-id <batch id>` in a child process (its own engines; a kill loses nothing),
                or, with `serve.airflow`, a run of the nightly DAG on the Airflow deployment (its GPU workers)
-  finalizing   the job's manifest written over what committed, its result files registered as API files
+  finalizing   a job stopped (or failed for good) ended with what it has; the result files its manifest
+               names registered as API files
   completed | failed | cancelled | expired
 
 The batch id is the job id, so a server restarted mid-batch runs the same job again and it continues
@@ -30,9 +31,8 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
-from typing import Protocol
+from typing import Literal, Protocol
 
 import httpx
 import yaml
@@ -41,29 +41,22 @@ from pydantic import SecretStr
 from pipeline.config import TokenmillConfig, tokenmill_home
 from pipeline.errors import JobError
 from pipeline.job.lifecycle import Job
-from pipeline.job.orchestrate import job_input, job_manifest
-from pipeline.output.batch import batch_usage
-from pipeline.serve.store import ACTIVE, ApiStore, Batch, RequestCounts
-from pipeline.serve.validate import line_errors
-from pipeline.status import PLANNING, BatchStatus, JobStatus
+from pipeline.job.orchestrate import job_input
+from pipeline.output.manifest import Manifest, read_manifest
+from pipeline.serve.store import ACTIVE, MAX_ATTEMPTS, ApiStore, Batch
+from pipeline.serve.validate import batch_errors, input_errors, request_lines
+from pipeline.status import PLANNING, JobStatus
 from pipeline.stores import storage
 from pipeline.stores.catalog import StateStore, migrate
 from pipeline.stores.lease import Renewal, default_worker
 from pipeline.stores.runners import RunnerLeases
-from pipeline.stores.staging import StagingArea
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ACTIVE", "BatchRunner", "job_config", "request_lines"]
-MAX_ATTEMPTS = 3  # runs of a batch's job that exit with an error before the batch is finalised with what it has
+__all__ = ["ACTIVE", "MAX_ATTEMPTS", "BatchRunner", "job_config", "request_lines"]
 MAX_FAULTS = 5  # passes in a row that fail on one batch (storage, catalog) before it is failed, unblocking the queue
 JOB_FAILED = "the batch's job failed; the server's log names the cause (look for the batch id)"
 WINDOWS = {"24h": 24 * 3600, "48h": 48 * 3600, "7d": 7 * 24 * 3600}  # completion windows the runner can time
-
-
-def request_lines(data: bytes) -> int:
-    """The requests of a batch input file, as the reader counts them: its lines that are not blank."""
-    return sum(1 for line in data.split(b"\n") if line.strip())
 
 
 def job_config(config: TokenmillConfig, store: ApiStore, batch: Batch) -> TokenmillConfig:
@@ -114,13 +107,15 @@ class BatchRunner:
 
     def _loop(self) -> None:
         while not self.stop.is_set():
+            moved = False
             try:
                 if self.holds_lease():
-                    self.step()
+                    moved = self.step()
                     self.sweep_files()
             except Exception:  # a fault of one pass (storage down): logged, the next pass tries again
                 log.exception("batch runner")
-            self.stop.wait(self.config.serve.poll_seconds)
+            if not moved:  # a batch that moved may move again at once (its job launched, its results read)
+                self.stop.wait(self.config.serve.poll_seconds)
 
     @functools.cached_property
     def leases(self) -> RunnerLeases:
@@ -155,18 +150,17 @@ class BatchRunner:
             self.renewal.__enter__()
         return True
 
-    def step(self) -> None:
+    def step(self) -> bool:
         """One pass: end every active batch asked to cancel or past its window, wherever it is in the queue;
-        then advance the one running, or else start the next in turn (one job at a time: one set of engines)."""
+        then advance the one running, or else start the next in turn (one job at a time: one set of engines).
+        Whether a batch moved."""
         active = self.store.active_batches()
         started = [b for b in active if b.status != "validating"]
         current = started[0] if started else self.next_turn([b for b in active if b.status == "validating"])
         now = int(time.time())
-        for batch in active:
-            if batch is not current and (self.store.cancel_asked(batch.id) or now >= batch.expires_at):
-                self.guarded(batch)
-        if current is not None:
-            self.guarded(current)
+        ending = [b for b in active if b is not current and b.ending(now) is not None]
+        moved = [self.guarded(batch) for batch in [*ending, *([current] if current is not None else [])]]
+        return any(moved)
 
     def sweep_files(self, every: float = 3600) -> int:
         """Delete the files older than `serve.file_retention_days` (at most once every `every` seconds: it reads
@@ -184,7 +178,7 @@ class BatchRunner:
             log.info("%d files older than serve.file_retention_days (%s) deleted", len(old), days)
         return len(old)
 
-    def next_turn(self, queued: list[dict]) -> dict | None:
+    def next_turn(self, queued: list[Batch]) -> Batch | None:
         """The oldest queued batch of the tenant after the one taken last (tenants in turn, by name): a tenant
         that queued many batches gets one of every round, never the whole queue."""
         if not queued:
@@ -194,11 +188,13 @@ class BatchRunner:
         self.last_tenant = (after or tenants)[0]
         return next(b for b in queued if b.tenant == self.last_tenant)
 
-    def guarded(self, batch: Batch) -> None:
-        """Advance `batch`; one that fails MAX_FAULTS passes in a row is failed, so it cannot block the queue."""
+    def guarded(self, batch: Batch) -> bool:
+        """Advance `batch`; one that fails MAX_FAULTS passes in a row is failed, so it cannot block the queue.
+        Whether it moved."""
         try:
-            self.advance(batch)
+            moved = self.advance(batch)
             self.faults.pop(batch.id, None)
+            return moved
         except AirflowUnavailable as e:  # Airflow restarting or down: the batch did nothing wrong; asked again
             log.warning("batch %s: Airflow did not answer (%s); trying again", batch.id, e)
         except Exception:
@@ -209,98 +205,88 @@ class BatchRunner:
                     self.jobs.stop(batch)
                 except Exception:  # failed all the same, so it cannot block the queue
                     log.exception("batch %s: its job could not be stopped", batch.id)
-                batch.update(status="failed", failed_at=int(time.time()), errors=_errors("job_failed", JOB_FAILED))
-                self.put_ended(batch)
+                batch.move("failed", int(time.time()), errors=batch_errors("job_failed", JOB_FAILED))
+                self.jobs.ended(batch)
+                self.store.put_batch(batch)
+                return True
+        return False
 
-    def advance(self, batch: Batch) -> None:
+    def advance(self, batch: Batch) -> bool:
+        """Move `batch` one status on, and write it once when it moved (False: it stays as it was, its job
+        running, or a partition of its stopped job held by a holder elsewhere):
+
+          asked to cancel, or expired   its job stopped -> finalizing
+          validating                    its input checked and copied -> in_progress | failed
+          in_progress, no run           its job started (or its Airflow run named; watching it creates it)
+          in_progress, run ended        -> finalizing, or in_progress to run again (Batch.after_run)
+          finalizing                    its results become its files -> completed | cancelled | expired | failed
+        """
         now = int(time.time())
-        ending = "cancelled" if self.store.cancel_asked(batch.id) else "expired" if now >= batch.expires_at else None
-        if ending == "cancelled":
-            batch.cancelling_at = batch.cancelling_at or now
-        if ending is not None:
-            if self.jobs.stop(batch):  # else its tasks are still ending: what they commit is returned too
-                self.finish(batch, ending)
+        if batch.status != "finalizing" and batch.ending(now) is not None:
+            if not self.jobs.stop(batch):  # its tasks are still ending: what they commit is returned too
+                return False
+            batch.stopped(now)
         elif batch.status == "validating":
             self.validate(batch, now)
-        elif batch.status == "finalizing":
-            self.finish(batch, "completed")
-        elif not self.jobs.runs(batch):
-            self.launch(batch)
-        elif (code := self.jobs.exit_code(batch)) is not None:
-            self.jobs.forget(batch)
-            # Runs that failed, not launches: a server restarted mid-run launches its job again, and that
-            # is no fault of the job's.
-            batch.failed_runs += code != 0
-            self.store.put_batch(batch)
-            if code != 0 and batch.failed_runs < MAX_ATTEMPTS and not self.refused(batch):
-                log.warning("batch %s: its job exited %d; running it again (it continues)", batch.id, code)
-                return  # launched again on the next pass
-            self.finish(batch, "completed")
+        elif batch.status == "in_progress":
+            if not self.jobs.runs(batch):
+                batch.attempts += 1  # the job continues: after a restart, or a failed run
+                self.jobs.start(batch, job_config(self.config, self.store, batch))
+            elif (code := self.jobs.exit_code(batch)) is not None:
+                self.jobs.forget(batch)
+                job = self.state.job(batch.id)
+                batch.after_run(code, job and job.status, now)
+                if batch.status == "in_progress":
+                    log.warning("batch %s: its job exited %d; running it again (it continues)", batch.id, code)
+            else:
+                return False  # its job runs
+        elif not self.finish(batch, batch.ending(now) or "completed", now):  # finalizing
+            return False
+        if batch.status not in ACTIVE:
+            self.jobs.ended(batch)
+        self.store.put_batch(batch)
+        return True
 
     def validate(self, batch: Batch, now: int) -> None:
+        """Check its input (`validate.input_errors`); one that may run is copied where its job reads it."""
         meta = self.store.file(batch.tenant, batch.input_file_id)
-        errors = None
-        if meta is None:
-            errors = _errors("invalid_file", f"input file {batch.input_file_id} no longer exists")
-        else:
-            data = self.store.content(meta)
-            lines = request_lines(data)
-            if lines == 0:
-                errors = _errors("empty_file", "the input file holds no request")
-            elif lines > self.config.serve.max_requests:
-                errors = _errors("too_many_requests", f"{lines} requests; at most {self.config.serve.max_requests}")
-            elif self.config.serve.validation == "strict" and (wrong := line_errors(data, batch.endpoint)):
-                errors = {"object": "list", "data": wrong}  # lines OpenAI refuses, each named
-            else:
-                storage.write_bytes_atomic(self.store.out, self.store.input_file(batch.id), data)
-                batch.request_counts.total = lines
-        if errors:
-            batch.update(status="failed", failed_at=now, errors=errors)
-        else:
-            batch.update(status="in_progress", in_progress_at=now)
-        self.store.put_batch(batch)
+        data = None if meta is None else self.store.content(meta)
+        errors = input_errors(batch.input_file_id, data, batch.endpoint, self.config.serve)
+        if errors is not None:
+            batch.move("failed", now, errors=errors)
+            return
+        storage.write_bytes_atomic(self.store.out, self.store.input_file(batch.id), data)
+        batch.request_counts.total = request_lines(data)
+        batch.move("in_progress", now)
 
-    def launch(self, batch: Batch) -> None:
-        """The batch's job, started (again, after a restart or a failed attempt: the job continues)."""
-        batch.attempts += 1
-        self.jobs.start(batch, job_config(self.config, self.store, batch), lambda: self.store.put_batch(batch))
-
-    def finish(self, batch: Batch, status: BatchStatus) -> None:
-        """Finalize: the job's manifest over what committed; its result files become the batch's files."""
-        now = int(time.time())
-        if batch.status != "finalizing":
-            batch.update(status="finalizing", finalizing_at=now)
-            self.store.put_batch(batch)
-        self.jobs.ended(batch)
+    def finish(self, batch: Batch, status: Literal["completed", "cancelled", "expired"], now: int) -> bool:
+        """End a finalizing batch as `status`: its job, if it did not end by itself (`stopped_as`), is ended
+        with what it has (job/lifecycle.py `end_stopped`: what was paid for is returned); then the result files its
+        manifest names become the batch's files. False while a partition's holder elsewhere keeps its lease (see
+        `return_what_was_paid`)."""
         job = self.state.job(batch.id)
-        ended = "failed" if status == "completed" else status  # how a batch with no answer ends
-        # A budget cap (refused when it started, or deferred mid-run every time it ran): its error says by how much.
-        refused = job is not None and job.status in ("refused", "deferred")
-        if refused and not self.state.has_items(batch.id):
-            self.end_unanswered(batch, "failed", now, _errors("budget_exceeded", job.error or "budget"))
-            return
-        config = job_config(self.config, self.store, batch)
-        if (refused or status != "completed") and self.planned(job):
-            # Cancelled, expired or stopped at a cap after answering some: what was paid for is returned.
-            if refused:
-                stop = (job.status, "budget_exceeded", job.error or "budget")
-                batch.errors = _errors("budget_exceeded", stop[2])
-            else:
-                stop = (status, status, f"the batch was {status} before this request was answered")
+        budget = job is not None and job.status in ("refused", "deferred")
+        if budget:  # a budget cap (refused when it started, or deferred mid-run every time it ran): by how much
+            batch.errors = batch_errors("budget_exceeded", job.error or "budget")
+        # Whether its job may have answered: it began, and was not refused at a cap before it paid for anything.
+        paid = job is not None and not (budget and not self.state.has_items(batch.id))
+        stop = stopped_as(status, job, batch) if paid else None
+        if stop is not None:
+            config = job_config(self.config, self.store, batch)
             if not self.return_what_was_paid(batch, config, *stop):
-                return
-        results = None
-        if job is not None:  # else its job never began: nothing was paid
-            manifest = job_manifest(config, batch.id)
-            results = (manifest.batches or {}).get("input.jsonl")
-        if results is None:  # planning never finished: nothing answered
-            if job is not None:
+                return False
+        manifest = self.manifest(batch.id) if paid else None
+        results = None if manifest is None else (manifest.batches or {}).get("input.jsonl")
+        if results is None:  # its job never began, was refused before paying, or never finished planning
+            if paid:
                 log.error("batch %s: its job wrote no results; %s", batch.id, self.jobs.where_to_look(batch))
-            self.end_unanswered(batch, ended, now, _errors("job_failed", JOB_FAILED) if ended == "failed" else None)
-            return
+            ended = "failed" if budget or status == "completed" else status
+            batch.unanswered(ended, now, batch.errors or _no_answer(status))
+            return True
+        files = {}
         for kind, key in (("output", "output_file_id"), ("errors", "error_file_id"), ("results", "output_file_id")):
             path = results["files"].get(kind)
-            if path is None or getattr(batch, key):
+            if path is None or getattr(batch, key) or key in files:
                 continue
             size = self.store.out.fs.get_file_info(self.store.out.join(path)).size
             if size or kind != "errors":  # OpenAI sets no error file when nothing failed
@@ -308,28 +294,26 @@ class BatchRunner:
                 meta = self.store.register_file(
                     batch.tenant, f"{batch.id}_{kind}.jsonl", "batch_output", where, size, None, expiry
                 )
-                setattr(batch, key, meta["id"])
-        counts = results["request_counts"]
-        batch.request_counts = RequestCounts(**{k: counts[k] for k in ("total", "completed", "failed")})
-        batch.usage, batch.model = batch_usage(results), ",".join(results.get("models", [])) or None
-        batch.cost_usd = manifest.cost.cost_usd
-        at = {"completed": "completed_at", "cancelled": "cancelled_at", "expired": "expired_at"}[status]
-        batch.update(status=status, **{at: now})
-        self.put_ended(batch)
+                files[key] = meta["id"]
+        batch.answered(status, now, results, manifest.cost.cost_usd, **files)
         log.info("batch %s: %s, %s", batch.id, status, json.dumps(batch.request_counts.model_dump()))
+        return True
 
-    @staticmethod
-    def planned(job) -> bool:
-        """Whether the job planned: its partitions exist (each is committed, or can be with what it has)."""
-        return job is not None and job.status not in (*PLANNING, "succeeded")
+    def manifest(self, job_id: str) -> Manifest | None:
+        """The manifest the batch's job wrote as it ended (its `batches` name the result files), read, never
+        written; None when it wrote none (its planning never finished)."""
+        try:
+            return read_manifest(self.store.out, job_id)
+        except storage.StorageError:
+            return None
 
     def return_what_was_paid(
         self, batch: Batch, config: TokenmillConfig, status: JobStatus, reason: str, detail: str
     ) -> bool:
         """Commit every partition of the batch's stopped job with the answers it has (job/lifecycle.py
-        `end_stopped`; the rest quarantined as `reason`), and set the job's status. False while a partition's
-        holder elsewhere keeps its lease: the next pass tries again (the batch stays `finalizing`, shown as
-        `cancelling` when cancelled), for at most two leases; then each pass counts as a fault."""
+        `end_stopped`; the rest quarantined as `reason`), write its manifest and set the job's status. False while
+        a partition's holder elsewhere keeps its lease: the next pass tries again (the batch stays `finalizing`,
+        shown as `cancelling` when cancelled), for at most two leases; then each pass counts as a fault."""
         job = self.stopping.get(batch.id) or Job.open(config, batch.id)
         left = job.end_stopped(status, detail, reason)
         failed = [p for p in left if p.status != "running"]
@@ -350,25 +334,6 @@ class BatchRunner:
         """The jobs' catalog, opened once (opening one checks its schema)."""
         return StateStore(self.config.state.url)
 
-    def refused(self, batch: Batch) -> bool:
-        """Whether the batch's job was refused at a budget cap (running it again would be refused again)."""
-        job = self.state.job(batch.id)
-        return job is not None and job.status == "refused"
-
-    def put_ended(self, batch: Batch) -> None:
-        """Write the ended batch, then remove the copies of its input the server made: the job's input file
-        and its staged records (the client's upload stays until the client deletes it)."""
-        self.store.put_batch(batch)
-        self.store.remove_input(batch.id)
-        StagingArea(self.store.out, batch.id).remove()
-
-    def end_unanswered(self, batch: Batch, status: BatchStatus, now: int, errors: dict | None = None) -> None:
-        """End a batch (`cancelled`, `expired` or `failed`) whose job answered nothing: every request failed."""
-        total = batch.request_counts.total
-        batch.request_counts = RequestCounts(total=total, completed=0, failed=total)
-        batch.update(status=status, **{f"{status}_at": now}, **({"errors": errors} if errors else {}))
-        self.put_ended(batch)
-
 
 class JobLauncher(Protocol):
     """How a batch's job runs: `tokenmill run` in a child process of the server (ChildProcess, the default), or a
@@ -377,8 +342,10 @@ class JobLauncher(Protocol):
     def runs(self, batch: Batch) -> bool:
         """Whether this launcher has a run of the batch's job under way (started here, or recorded on it)."""
 
-    def start(self, batch: Batch, config: TokenmillConfig, save: Callable[[], None]) -> None:
-        """Start the batch's job with `config`; `save()` writes the batch once what names its run is on it."""
+    def start(self, batch: Batch, config: TokenmillConfig) -> None:
+        """Start the batch's job with `config`, naming its run on the batch (the runner writes it next). Airflow's
+        run is only named: `exit_code` creates a run it does not find, so a server stopped at any moment watches
+        (or creates) that same run on its next start instead of starting another."""
 
     def exit_code(self, batch: Batch) -> int | None:
         """0 once the run succeeded, non-zero once it failed, None while it runs."""
@@ -413,7 +380,7 @@ class ChildProcess:
     def runs(self, batch: Batch) -> bool:
         return self.child is not None and self.child_of == batch.id
 
-    def start(self, batch: Batch, config: TokenmillConfig, save) -> None:
+    def start(self, batch: Batch, config: TokenmillConfig) -> None:
         self.stop()  # another batch's child, if any: one job (one set of engines) at a time
         self.reap(batch.id)  # one left by an earlier server, if any survived: never two runs of a job
         path = self.workdir / f"{batch.id}.yaml"
@@ -425,7 +392,6 @@ class ChildProcess:
         # The config is whole in the file: no TOKENMILL_* override of the server's environment applies twice.
         env = {k: v for k, v in os.environ.items() if not k.startswith("TOKENMILL_") or k == "TOKENMILL_HOME"}
         self.spawn(batch.id, command, env)
-        save()
         log.info("batch %s: job started (pid %d)", batch.id, self.child.pid)
 
     def spawn(self, batch_id: str, command: list[str], env: dict | None = None) -> None:
@@ -581,8 +547,8 @@ class AirflowRuns:
     def runs(self, batch: Batch) -> bool:
         return batch.airflow_run is not None
 
-    def start(self, batch: Batch, config: TokenmillConfig, save) -> None:
-        """Name the run on the batch and save it (`save`), then create the run with the job's params."""
+    def start(self, batch: Batch, config: TokenmillConfig) -> None:
+        """Name the run on the batch, with the job's params: `exit_code` creates it, once the batch says so."""
         batch.airflow_run = f"tokenmill-batch-{batch.id}-{batch.attempts}"
         batch.airflow_conf = {
             "config": self.trigger.config,
@@ -592,8 +558,6 @@ class AirflowRuns:
             "tenant": batch.tenant,
             "input_format": config.input.format,
         }
-        save()
-        self.create(batch)
 
     def create(self, batch: Batch) -> None:
         path = f"/dags/{self.trigger.dag_id}/dagRuns"
@@ -621,7 +585,7 @@ class AirflowRuns:
         return {"success": 0, "failed": 1}.get(state)
 
     def forget(self, batch: Batch) -> None:
-        batch.update(airflow_run=None, airflow_conf=None)
+        batch.airflow_run, batch.airflow_conf = None, None
 
     def stop(self, batch: Batch | None = None) -> bool:
         """Fail the batch's run (Airflow then stops its tasks; what they paid for stays paid). True once none
@@ -703,5 +667,21 @@ def kill_group(group: int, started: int | None) -> int:
     return len(found)
 
 
-def _errors(code: str, message: str) -> dict:
-    return {"object": "list", "data": [{"code": code, "message": message, "param": None, "line": None}]}
+def stopped_as(status: str, job, batch: Batch) -> tuple[JobStatus, str, str] | None:
+    """How a finalizing batch's job is ended, when it did not end by itself: (the job's status, and the reason and
+    detail of each request it did not answer). None: it ended by itself (its manifest written), or it never planned
+    (its partitions do not exist). `status`: how the batch ends (`completed` unless cancelled or expired)."""
+    if job.status in (*PLANNING, "succeeded"):
+        return None
+    if job.status in ("refused", "deferred"):  # stopped at a budget cap after paying for some
+        return job.status, "budget_exceeded", job.error or "budget"
+    if status != "completed":
+        return status, status, f"the batch was {status} before this request was answered"
+    if batch.failed_for_good():
+        return "failed", "not_run", "the batch's job failed before this request was answered"
+    return None
+
+
+def _no_answer(status: str) -> dict | None:
+    """The errors of a batch that ends with no answer as `status`: a completed one failed, its job's fault."""
+    return batch_errors("job_failed", JOB_FAILED) if status == "completed" else None

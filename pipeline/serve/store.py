@@ -22,14 +22,15 @@ from collections.abc import Iterator
 from typing import Literal
 
 import pyarrow.fs as pafs
-from pydantic import BaseModel, ConfigDict
+from pydantic import BaseModel, ConfigDict, Field
 
-from pipeline.status import ACTIVE_BATCH, BatchStatus
+from pipeline.status import ACTIVE_BATCH, BatchStatus, JobStatus
 from pipeline.stores import storage
 from pipeline.stores.paths import API, OutputPath
 from pipeline.stores.staging import StagingArea
 
 ACTIVE = ACTIVE_BATCH  # the batches the runner still works on
+MAX_ATTEMPTS = 3  # runs of a batch's job that exit with an error before the batch is finalised with what it has
 
 
 class RequestCounts(BaseModel):
@@ -40,10 +41,11 @@ class RequestCounts(BaseModel):
 
 class Batch(BaseModel):
     """A batch as the server keeps it: OpenAI's Batch object, then the server's own keys. The API creates it
-    (`app.new_batch`), the runner advances it, the store saves it whole and parses it once as it reads it back:
-    a status outside BatchStatus, or a value of the wrong type, is refused where it is set (`validate_assignment`),
-    instead of a batch that never moves. It writes the keys it was given (`as_json`), and carries a key it does not
-    know (`extra`), so an object written by another version reads back and is written again with the same keys."""
+    (`app.new_batch`), the runner moves it from status to status (the methods below: no I/O, each checks what
+    it sets), the store saves it whole and parses it once as it reads it back: a status outside BatchStatus, or
+    a value of the wrong type, is refused where it is set (`validate_assignment`), instead of a batch that never
+    moves. It writes the keys it was given (`as_json`), and carries a key it does not know (`extra`), so an
+    object written by another version reads back and is written again with the same keys."""
 
     model_config = ConfigDict(extra="allow", validate_assignment=True)
 
@@ -75,14 +77,68 @@ class Batch(BaseModel):
     cost_usd: float | None = None  # None: its job has not ended
     attempts: int = 0  # runs of its job started
     failed_runs: int = 0  # runs of its job that exited with an error
-    cancel_requested: bool = False
+    # Asked to cancel: read from its `.cancel` marker as the store reads the batch (the API writes the marker,
+    # never the batch), so never written with it.
+    cancel_requested: bool = Field(False, exclude=True)
     airflow_run: str | None = None  # its DAG run's id, with `serve.airflow`
     airflow_conf: dict | None = None  # that run's params
 
-    def update(self, **values) -> None:
-        """Set several fields at once (each checked as it is set)."""
+    def move(self, status: BatchStatus, now: int, **values) -> None:
+        """Set its status, the time it got there (`<status>_at`) and `values`."""
+        self.status = status
+        setattr(self, f"{status}_at", now)
         for name, value in values.items():
             setattr(self, name, value)
+
+    def ending(self, now: int) -> Literal["cancelled", "expired"] | None:
+        """How it ends before its job has: asked to cancel, or past its completion window (None: neither)."""
+        return "cancelled" if self.cancel_requested else "expired" if now >= self.expires_at else None
+
+    def stopped(self, now: int) -> None:
+        """Its job was stopped (cancelled or expired, `ending`): finalised with what the job has."""
+        if self.cancel_requested:
+            self.cancelling_at = self.cancelling_at or now
+        self.move("finalizing", now)
+
+    def after_run(self, code: int, job: JobStatus | None, now: int) -> None:
+        """A run of its job exited with `code` (its job's status now `job`): a failed run counts, and the batch
+        is finalised unless another run may answer more: fewer than MAX_ATTEMPTS runs failed, and its job was
+        not refused at a budget cap (it would be refused again). Runs that failed count, not launches: a server
+        restarted mid-run launches its job again, and that is no fault of the job's."""
+        self.failed_runs += code != 0
+        if code == 0 or self.failed_runs >= MAX_ATTEMPTS or job == "refused":
+            self.move("finalizing", now)
+
+    def failed_for_good(self) -> bool:
+        """Whether its job's runs failed MAX_ATTEMPTS times: it is finalised with what the job has."""
+        return self.failed_runs >= MAX_ATTEMPTS
+
+    def unanswered(self, status: BatchStatus, now: int, errors: dict | None = None) -> None:
+        """It ends (`cancelled`, `expired` or `failed`) with no answer: every request failed."""
+        total = self.request_counts.total
+        self.request_counts = RequestCounts(total=total, completed=0, failed=total)
+        self.move(status, now, **({"errors": errors} if errors else {}))
+
+    def answered(self, status: BatchStatus, now: int, results: dict, cost_usd: float, **files: str) -> None:
+        """It ends as `status` with what its job answered: `results`, its input's entry in the job's manifest
+        (output/batch.py: request counts, usage, models), the job's cost, and its result `files` (file ids)."""
+        counts, usage = results["request_counts"], results.get("usage") or {}
+        prompt, cached, output = (usage.get(k, 0) for k in ("prompt_tokens", "cached_prompt_tokens", "output_tokens"))
+        self.move(
+            status,
+            now,
+            request_counts=RequestCounts(**{k: counts[k] for k in ("total", "completed", "failed")}),
+            usage={  # OpenAI's `Batch.usage`: what its answers' `usage` report
+                "input_tokens": prompt,
+                "input_tokens_details": {"cached_tokens": cached},
+                "output_tokens": output,
+                "output_tokens_details": {"reasoning_tokens": 0},
+                "total_tokens": prompt + output,
+            },
+            model=",".join(results.get("models", [])) or None,
+            cost_usd=cost_usd,
+            **files,
+        )
 
     def ended_at(self) -> int | None:
         """When it ended: completed, failed, cancelled or expired (None: it has not)."""
@@ -210,13 +266,13 @@ class ApiStore:
         before it did. Reads the tenant's batches: for a client's delete, not for a sweep of many files."""
         for batch in self.batches(meta["tenant"]):
             if batch.input_file_id == meta["id"] and batch.status not in ACTIVE:
-                self.remove_input(batch.id)
-                StagingArea(self.out, batch.id).remove()
+                self.remove_copies_of(batch.id)
 
     # -- batches ---------------------------------------------------------------------------------------
     def put_batch(self, batch: Batch) -> None:
         """Write the batch; an active one is in the index before its object exists, an ended one leaves it
-        after its object says so (a crash in between leaves an entry the runner drops: never a lost batch)."""
+        after its object says so (a crash in between leaves an entry the runner drops: never a lost batch), and
+        then the copies of its input the server made go (`remove_copies_of`)."""
         marker = self._path("active", f"{batch.id}.json")
         if batch.status in ACTIVE:
             self._write(marker, {"tenant": batch.tenant, "created_at": batch.created_at})
@@ -224,6 +280,7 @@ class ApiStore:
         else:
             self._write(self._path("batches", f"{batch.id}.json"), batch.as_json())
             self._forget_active(batch.id)
+            self.remove_copies_of(batch.id)
 
     def add_batch(self, batch: Batch, cap: int) -> bool:
         """Write a new batch unless its tenant has `cap` active ones already (False). One create at a time
@@ -271,12 +328,13 @@ class ApiStore:
         return len(active)
 
     def batch(self, tenant: str | None, batch_id: str) -> Batch | None:
-        """The batch, when `tenant` owns it (None: any tenant, for the runner)."""
+        """The batch, when `tenant` owns it (None: any tenant, for the runner), with whether it was asked to cancel."""
         if not _safe_id(batch_id, "batch"):
             return None
         raw = self._read(self._path("batches", f"{batch_id}.json"))
-        batch = None if raw is None else Batch.model_validate(raw)
-        return batch if batch is not None and (tenant is None or batch.tenant == tenant) else None
+        if raw is None or (tenant is not None and raw["tenant"] != tenant):
+            return None
+        return Batch.model_validate(raw | {"cancel_requested": self.cancel_asked(batch_id)})
 
     def batches(self, tenant: str | None = None) -> list[Batch]:
         """Newest first."""
@@ -299,11 +357,13 @@ class ApiStore:
         """The copy of a batch's input its job reads."""
         return self._path("inputs", f"{batch_id}/input.jsonl")
 
-    def remove_input(self, batch_id: str) -> None:
-        """Delete the copy of a batch's input its job read (the batch has ended)."""
+    def remove_copies_of(self, batch_id: str) -> None:
+        """Delete what the server made from an ended batch's input: the copy its job read and the job's staged
+        records (the client's upload stays until the client deletes it)."""
         folder = self.input_folder(batch_id)
         if self.out.fs.get_file_info(folder).type != pafs.FileType.NotFound:
             self.out.fs.delete_dir(folder)
+        StagingArea(self.out, batch_id).remove()
 
     def _names(self, kind: str) -> list[str]:
         """The ids of the JSON objects under `_api/<kind>/`."""

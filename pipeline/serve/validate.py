@@ -10,9 +10,36 @@ from __future__ import annotations
 
 import json
 
+from pipeline.config import ServeConfig
 from pipeline.ingest.batch import ANTHROPIC_ENDPOINT
 
 MAX_ERRORS = 100  # lines named in `errors`: enough to fix a file, not a copy of a broken one
+
+
+def request_lines(data: bytes) -> int:
+    """The requests of a batch input file, as the reader counts them: its lines that are not blank."""
+    return sum(1 for line in data.split(b"\n") if line.strip())
+
+
+def input_errors(file_id: str, data: bytes | None, endpoint: str, limits: ServeConfig) -> dict | None:
+    """The batch's `errors` for its input file `file_id`, whose content is `data` (None: the file no longer
+    exists), or None when it may run: it holds a request, at most `serve.max_requests`, and under
+    `serve.validation: strict` every line is one OpenAI runs (`line_errors`)."""
+    if data is None:
+        return batch_errors("invalid_file", f"input file {file_id} no longer exists")
+    lines = request_lines(data)
+    if lines == 0:
+        return batch_errors("empty_file", "the input file holds no request")
+    if lines > limits.max_requests:
+        return batch_errors("too_many_requests", f"{lines} requests; at most {limits.max_requests}")
+    if limits.validation == "strict" and (wrong := line_errors(data, endpoint)):
+        return {"object": "list", "data": wrong}  # lines OpenAI refuses, each named
+    return None
+
+
+def batch_errors(code: str, message: str) -> dict:
+    """A batch's `errors` naming one error of the whole batch (no line)."""
+    return {"object": "list", "data": [{"code": code, "message": message, "param": None, "line": None}]}
 
 
 def line_errors(data: bytes, endpoint: str) -> list[dict]:

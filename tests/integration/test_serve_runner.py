@@ -1,6 +1,7 @@
 """The Batch API's runner as a process among others (pipeline/serve/runner.py): its job dies with it, a server
 that takes over kills what a hard-killed one left, one server per output root runs batches, tenants take turns,
-and the runner finds its work through the index of active batches."""
+the runner finds its work through the index of active batches, and reads a finished job's results without
+writing any of the job's files."""
 
 from __future__ import annotations
 
@@ -219,3 +220,35 @@ def test_both_job_launchers_speak_the_one_protocol():
         for name in methods:
             want = list(inspect.signature(getattr(JobLauncher, name)).parameters)
             assert list(inspect.signature(getattr(launcher, name)).parameters) == want, (launcher.__name__, name)
+
+
+def test_a_finished_jobs_results_are_read_from_its_manifest_and_nothing_of_the_job_is_written(runner_for, monkeypatch):
+    """Finalizing a batch whose job ended by itself reads the manifest the job wrote (output.manifest), and writes
+    only the batch and its files' metadata under `_api/`: never the job's manifest or result files."""
+    from types import SimpleNamespace
+
+    from pipeline.output.manifest import Manifest, ManifestCost
+    from pipeline.output.write import write_manifest
+
+    runner = runner_for()
+    out, done = runner.store.out, batch(1, "acme", "finalizing", request_counts={"total": 2})
+    files = {
+        "output": "batches/job=batch-1/input.jsonl.output.jsonl",
+        "errors": "batches/job=batch-1/input.jsonl.errors.jsonl",
+    }
+    for path, body in zip(files.values(), (b'{"custom_id": "a"}\n', b"")):
+        storage.write_bytes_atomic(out, out.join(path), body)
+    results = {"files": files, "request_counts": {"total": 2, "completed": 1, "failed": 1}, "models": ["gpt-4o-mini"]}
+    results["usage"] = {"prompt_tokens": 7, "cached_prompt_tokens": 2, "output_tokens": 3}
+    cost = ManifestCost(cost_usd=0.5)
+    manifest = Manifest(job_id="batch-1", status="succeeded", cost=cost, batches={"input.jsonl": results})
+    write_manifest(out, "batch-1", manifest)
+    runner.state = SimpleNamespace(job=lambda _: SimpleNamespace(status="succeeded", error=None), has_items=bool)
+    written = []
+    monkeypatch.setattr(storage, "write_bytes_atomic", lambda root, path, data: written.append(path))
+
+    assert runner.advance(done)
+    assert done.status == "completed" and done.request_counts.completed == 1 and done.cost_usd == 0.5
+    assert done.usage["total_tokens"] == 10 and done.usage["input_tokens_details"] == {"cached_tokens": 2}
+    assert done.output_file_id and done.error_file_id is None  # OpenAI sets no error file when nothing failed
+    assert written and all("/_api/" in path for path in written), written

@@ -93,13 +93,14 @@ class _Config:
         uri = "s3://out"
 
 
-def test_the_run_is_named_and_saved_before_it_is_created_so_a_restart_finds_it(airflow):
-    runs, batch, saved = _runs(airflow), _batch(), []
-    airflow.down = True
+def test_the_run_is_named_before_it_is_created_so_a_restart_finds_it(airflow):
+    runs, batch = _runs(airflow), _batch()
+    runs.start(batch, _Config)  # named on the batch (the runner writes it), not created: Airflow is not called
+    assert batch.airflow_run == RUN and batch.airflow_conf["tenant"] == "acme" and not airflow.calls
+    airflow.down = True  # Airflow down as it is watched: asked again next pass
     with pytest.raises(AirflowUnavailable):
-        runs.start(batch, _Config, lambda: saved.append(batch.as_json()))
-    assert saved and saved[0]["airflow_run"] == RUN and saved[0]["airflow_conf"]["tenant"] == "acme"
-    # The server restarts: the run it named does not exist yet; watching it creates it, once.
+        runs.exit_code(batch)
+    # Back (or the server restarted): the run it named does not exist yet; watching it creates it, once.
     airflow.down = False
     assert runs.runs(batch) and runs.exit_code(batch) is None and set(airflow.runs) == {RUN}
     runs.create(batch)  # created twice (a 409): adopted, not an error
@@ -110,7 +111,7 @@ def test_the_run_is_named_and_saved_before_it_is_created_so_a_restart_finds_it(a
 
 def test_an_expired_token_is_fetched_again_and_the_password_never_shows(airflow):
     runs, batch = _runs(airflow), _batch()
-    runs.start(batch, _Config, lambda: None)
+    runs.start(batch, _Config)
     airflow.stale_tokens = 1
     assert runs.exit_code(batch) is None
     assert [c for c in airflow.calls if c[1] == "/auth/token"] == [("POST", "/auth/token")] * 2
@@ -123,7 +124,8 @@ def test_an_expired_token_is_fetched_again_and_the_password_never_shows(airflow)
 
 def test_a_cancel_waits_until_the_runs_tasks_have_ended(airflow):
     runs, batch = _runs(airflow), _batch()
-    runs.start(batch, _Config, lambda: None)
+    runs.start(batch, _Config)
+    runs.create(batch)
     airflow.runs[RUN]["state"] = "running"
     airflow.tasks = [{"task_id": "commit", "state": "running"}, {"task_id": "prepare", "state": "success"}]
     assert runs.stop(batch) is False and airflow.runs[RUN]["state"] == "failed"  # failed, its commit still ending
@@ -144,7 +146,8 @@ def test_airflow_down_is_not_the_batchs_fault_but_a_refusing_airflow_fails_it(ma
     runner = BatchRunner(config, store, tmp_path / "serve")
     runner.jobs = _runs(airflow)
     batch = _batch(request_counts={"total": 1})
-    runner.jobs.start(batch, _Config, lambda: None)  # its run is on Airflow, running
+    runner.jobs.start(batch, _Config)
+    runner.jobs.create(batch)  # its run is on Airflow, running
     airflow.runs[RUN]["state"] = "running"
     store.put_batch(batch)
     airflow.down = True
