@@ -256,7 +256,8 @@ class BatchRunner:
             batch.move("failed", now, errors=errors)
             return
         storage.write_bytes_atomic(self.store.out, self.store.input_file(batch.id), data)
-        batch.request_counts.total = request_lines(data)
+        # Assigned, not changed in place: a batch writes only the fields set on it (`as_json`).
+        batch.request_counts = batch.request_counts.model_copy(update={"total": request_lines(data)})
         batch.move("in_progress", now)
 
     def finish(self, batch: Batch, status: Literal["completed", "cancelled", "expired"], now: int) -> bool:
