@@ -100,24 +100,25 @@ class Job:
         escalate into another first; commit every generated partition, draining again while partitions
         wait on units this process can run (a dead worker's); finish."""
         ctx = self.ctx
-        plan(ctx)
+        plan(ctx.planning())
         partitions = ctx.state.partitions(ctx.job_id)
         unknown = sorted(set(forced) - {p.partition for p in partitions})
         if unknown:
             raise JobError(f"job {ctx.job_id} has no partition {', '.join(unknown)}")
         to_run = [p for p in partitions if p.status != "succeeded" or p.partition in forced]
         if ctx.config.budget.active:
-            check_budget(ctx, [p.partition for p in to_run])
+            check_budget(ctx.preparing(), [p.partition for p in to_run])
         ctx.state.set_job(ctx.job_id, status="running", started_at=now(), finished_at=None, error=None)
         ctx.progress.start(sum(p.records for p in to_run))
         tried: set[str] = set()
         announced: set[tuple] = set()
         try:
             self.prepare(to_run, forced)
+            draining, committing = ctx.draining(), ctx.committing()
             while True:
                 for tier in ctx.drain_order():
-                    drain(ctx, tier, release=release_engines)
-                if not commit_ready(ctx, forced, tried, announced):
+                    drain(draining, tier, release=release_engines)
+                if not commit_ready(committing, forced, tried, announced):
                     break
         finally:
             ctx.progress.finish()
@@ -129,13 +130,14 @@ class Job:
         """Prepare the partitions to run; when the run is watched (docs/ops.md), its expected end: now plus the
         high end of the estimate of what it prepared."""
         ctx = self.ctx
+        preparing = ctx.preparing()
         demand = Demand() if ctx.config.metrics.serving or ctx.config.metrics.pushgateway_url else None
         for p in to_run:
             if p.status != "running" or p.partition in forced:
-                prepare_or_fail(ctx, p.partition, demand)
+                prepare_or_fail(preparing, p.partition, demand)
         if demand is not None:
             try:
-                metrics.expect_end(time.time() + expected_engine_seconds(ctx, demand))
+                metrics.expect_end(time.time() + expected_engine_seconds(preparing, demand))
             except Exception as e:  # no estimate is no reason to stop a job
                 log.warning("no expected end for job %s: %s: %s", ctx.job_id, type(e).__name__, e)
 
@@ -146,10 +148,10 @@ class Job:
         job's status is `status`. Returns the partitions that could not be committed yet (held by a worker
         whose lease runs, or failed: each says why), with the job's status unchanged: call again."""
         ctx = self.ctx
-        left = commit_stopped(ctx, reason or status, detail)
+        left = commit_stopped(ctx.committing(), reason or status, detail)
         if left:
             return [p for p in ctx.state.partitions(ctx.job_id) if p.partition in left]
-        manifest = refresh_manifest(ctx)
+        manifest = refresh_manifest(ctx.manifests())
         counts = manifest.job_counts().as_json()
         ctx.state.set_job(ctx.job_id, status=status, finished_at=now(), error=detail, counts=counts)
         return []
@@ -160,7 +162,7 @@ class Job:
         parts = ctx.state.partitions(ctx.job_id)
         unfinished = [p for p in parts if p.status != "succeeded"]
         try:
-            manifest = refresh_manifest(ctx)
+            manifest = refresh_manifest(ctx.manifests())
         except storage.StorageError as e:  # committed partitions the tables lack: failed until a run publishes them
             ctx.state.set_job(ctx.job_id, status="failed", finished_at=now(), error=str(e))
             raise JobError(str(e)) from e

@@ -195,7 +195,7 @@ def test_a_stopped_job_returns_what_it_has_and_says_the_rest_expired(make_config
     lines = [request("a1", DOC), request("a2", OTHER), {"custom_id": "a3"}, request("a4", long), request("a5", long)]
     write_batch(tmp_path / "input", lines, "messages.jsonl")
     job = Job.open(config, "second")
-    plan(job.ctx)
+    plan(job.ctx.planning())
     waves = []
 
     def stop_after_the_first_wave(point, job_id, partition):
@@ -206,11 +206,11 @@ def test_a_stopped_job_returns_what_it_has_and_says_the_rest_expired(make_config
 
     with faults.inject(stop_after_the_first_wave):
         for p in job.ctx.state.partitions("second"):
-            prepare_or_fail(job.ctx, p.partition)
-        drain(job.ctx, "small")
+            prepare_or_fail(job.ctx.preparing(), p.partition)
+        drain(job.ctx.draining(), "small")
     assert job.end_stopped("expired", "the batch's completion_window ended before this request ran") == []
     assert job.ctx.state.job("second").status == "expired"
-    out = results(config, refresh_manifest(job.ctx).as_json(), "messages.jsonl")["results"]
+    out = results(config, refresh_manifest(job.ctx.manifests()).as_json(), "messages.jsonl")["results"]
     assert [(r["custom_id"], r["result"]["type"]) for r in out] == [
         ("a1", "succeeded"),
         ("a2", "succeeded"),
