@@ -55,9 +55,9 @@ class JobContext:
     config: TokenmillConfig
     job_id: str
     state: StateStore
-    pool: EnginePool
     progress: Progress
     worker: str
+    given_pool: EnginePool | None = None  # None: `pool` builds the tiers' engines on first use
 
     @classmethod
     def open(
@@ -70,15 +70,19 @@ class JobContext:
     ) -> JobContext:
         """The job `job_id` on the configured catalog, with defaults for what is not given."""
         check_job_id(job_id)
-        pool = pool or EnginePool(config.tiers, adapters=config.tier_adapters())
-        if pool.adapters != config.tier_adapters():
+        if pool is not None and pool.adapters != config.tier_adapters():
             raise JobError(
                 f"the engine pool serves adapters {pool.adapters}, the config's tenants need "
                 f"{config.tier_adapters()}: build it as EnginePool(config.tiers, adapters=config.tier_adapters())"
             )
         return cls(
-            config, job_id, StateStore(config.state.url), pool, progress or Progress("off"), worker or default_worker()
+            config, job_id, StateStore(config.state.url), progress or Progress("off"), worker or default_worker(), pool
         )
+
+    @functools.cached_property
+    def pool(self) -> EnginePool:
+        """The tiers' engines and tokenizers, built on first use (a planning task builds none)."""
+        return self.given_pool or EnginePool(self.config.tiers, adapters=self.config.tier_adapters())
 
     # functools.cached_property writes the instance's __dict__ directly, so it works on a frozen dataclass.
     @functools.cached_property

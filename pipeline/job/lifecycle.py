@@ -63,7 +63,8 @@ def run_job(
     since their items are already paid for); otherwise pending, failed and abandoned ones run.
     """
     try:
-        return Job.open(config, job_id or new_job_id(), pool, progress, worker).run(partitions or [], release_engines)
+        job = Job.open(config, job_id or new_job_id(), pool, progress, worker)
+        return job.run(partitions or [], release_engines)
     except JobError:
         raise
     except (storage.StorageError, StateError) as e:
