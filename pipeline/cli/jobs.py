@@ -644,7 +644,7 @@ def status(
                             "last_error": p.last_error,
                             "started_at": when(p.started_at),
                             "finished_at": when(p.finished_at),
-                            "counts": json.loads(p.counts) if p.counts else None,
+                            "counts": counts.as_json() if (counts := PartitionCounts.parse(p.counts)) else None,
                         }
                         for p in parts
                     ],

@@ -14,7 +14,6 @@ still generating is not this step's to finish: `commit_ready` says so, and the c
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from dataclasses import dataclass
@@ -39,7 +38,7 @@ from pipeline.job.budget import BudgetGuard
 from pipeline.job.drain import release_gone
 from pipeline.job.manifest import partition_counts
 from pipeline.job.progress import Progress
-from pipeline.output.manifest import CommitRecord
+from pipeline.output.manifest import PartitionCounts
 from pipeline.output.tables import discard, new_commit_id, publish, stage
 from pipeline.output.write import assemble_results, charge_rows
 from pipeline.stores import storage
@@ -296,11 +295,10 @@ class PartitionCommit:
         )
         counts = partition_counts(outputs, ledger, quarantine, items, c)
         counts.tokens.shareable_prompt_tokens = shareable
-        counts.metrics = metrics.partition_figures(ledger, quarantine)  # the job's running totals add these up
         counts.verification = verification
         counts.seconds = round(time.perf_counter() - started, 3)
-        counts.commit = CommitRecord(id=commit, epoch=self.epoch, files=files)
-        if not self.finish("succeeded", counts=counts.as_json()):
+        figures = metrics.partition_figures(ledger, quarantine)  # the job's running totals add these up
+        if not self.finish("succeeded", counts=counts.as_json(), commit_id=commit, commit_files=files, figures=figures):
             discard(self.out, files)
             raise LeaseLost(
                 f"partition {partition}: lease lost to another worker (claim epoch {self.epoch} "
@@ -471,4 +469,5 @@ def commit_partition(committing: Committing, partition: str) -> dict:
     p = committing.state.partition(committing.job_id, partition)
     if p.status != "succeeded":
         raise JobError(f"partition {partition}: {p.status}: {p.last_error}", budget=p.status == "deferred")
-    return {"partition": partition, "status": p.status, "attempts": p.attempts, **json.loads(p.counts or "{}")}
+    counts = PartitionCounts.parse(p.counts)
+    return {"partition": partition, "status": p.status, "attempts": p.attempts, **(counts.as_json() if counts else {})}

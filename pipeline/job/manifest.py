@@ -248,7 +248,7 @@ def build_manifest(
 ) -> Manifest:
     stored = {p.partition: PartitionCounts.parse(p.counts) for p in parts}
     committed = [c for p in parts if p.status == "succeeded" and (c := stored[p.partition]) is not None]
-    t = PartitionCounts.model_validate(functools.reduce(_add, (c.totals() for c in committed), {}))
+    t = PartitionCounts.model_validate(functools.reduce(_add, (c.as_json() for c in committed), {}))
     engines = engine_figures(config, {k: e.as_json() for k, e in t.engines.items()}, sessions)
     verification = summarise_verification([c.verification for c in committed], config.dedup.shadow_min_f1)
     return Manifest(
@@ -339,11 +339,11 @@ def refresh_manifest(sources: ManifestSources) -> Manifest:
     the store refuses stays out of the tables, and the others are published: a StorageError then names it.
     """
     parts = sources.state.partitions(sources.job_id)
-    committed: dict[str, CommitRecord] = {}
-    for p in parts:
-        counts = PartitionCounts.parse(p.counts) if p.status == "succeeded" else None
-        if counts is not None and counts.commit is not None and counts.commit.epoch is not None:
-            committed[p.partition] = counts.commit
+    committed = {
+        p.partition: CommitRecord(id=p.commit_id, epoch=p.commit_epoch, files=p.commit_files or {})
+        for p in parts
+        if p.status == "succeeded" and p.commit_id is not None and p.commit_epoch is not None
+    }
     published = published_epochs(sources.out, sources.job_id, committed) if committed else {}
     refused, gone = {}, []
     for partition, commit in committed.items():
@@ -364,7 +364,7 @@ def refresh_manifest(sources: ManifestSources) -> Manifest:
             f"their files are staged and the job's next run publishes them: tokenmill rerun --job-id {sources.job_id}"
         )
     manifest = current_manifest(sources, partial=any(p.status != "succeeded" for p in parts))
-    batch_files = (manifest.staging or {}).get("batch_files")
+    batch_files = sources.state.job(sources.job_id).batch_files
     if batch_files:  # the answers to batch files, in their own format, from the tables' snapshot
         partitions_of: dict[str, list[str]] = {}
         for p in parts:

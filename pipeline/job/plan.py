@@ -215,11 +215,16 @@ def register_plan(planning: Planning, epoch: int, planned: Plan, seconds: float)
             "cut_scopes": {s: len(r) for s, r in planned.cut.items()},
             "step_seconds": {k: round(v, 3) for k, v in planned.seconds.items()},
             "seconds": round(seconds, 3),
-            "isolation": isolation_fingerprint(planning.config),
-            "batch_files": planned.batch_files,
         },
     )
-    if not planning.state.register_partitions(planning.job_id, epoch, planned.partitions, counts.as_json()):
+    if not planning.state.register_partitions(
+        planning.job_id,
+        epoch,
+        planned.partitions,
+        counts.as_json(),
+        isolation=isolation_fingerprint(planning.config),
+        batch_files=planned.batch_files,
+    ):
         row = planning.state.job(planning.job_id)
         if row is not None and row.status not in PLANNING:
             log.info("job %s: planned meanwhile by another worker; its partitions stand", planning.job_id)

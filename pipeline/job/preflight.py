@@ -9,7 +9,6 @@ from pipeline.errors import JobError
 from pipeline.generate.adapters import adapter_problems
 from pipeline.generate.levers import config_lever_problems
 from pipeline.keys import isolation_fingerprint
-from pipeline.output.manifest import JobCounts
 from pipeline.stores.catalog import StateStore
 
 
@@ -28,7 +27,7 @@ def check_isolation(state: StateStore, job_id: str, config: TokenmillConfig) -> 
     not see, or store new weights' outputs under the old adapter's keys. Jobs planned before the fingerprint was
     recorded are not checked."""
     row = state.job(job_id)
-    planned = JobCounts.parse(row.counts).staging.get("isolation") if row is not None else None
+    planned = row.isolation if row is not None else None
     if planned is not None and planned != isolation_fingerprint(config):
         raise JobError(
             f"job {job_id} was planned under other tenant isolation settings (dedup.shared_tenants, "
