@@ -17,6 +17,7 @@ from __future__ import annotations
 import logging
 import time
 from dataclasses import dataclass
+from typing import Literal
 
 import pyarrow as pa
 from sqlalchemy.exc import OperationalError
@@ -60,6 +61,8 @@ class LeaseLost(RuntimeError):
     """This worker's claim on a partition was taken over; what it made is not committed."""
 
 
+# What commit_ready leaves to its caller: `drain` (partitions wait on work units this process can run), or `done`.
+AfterCommits = Literal["drain", "done"]
 JOB_FATAL = (EngineDeadError, EngineStartError, StateError, OperationalError)  # no point trying further partitions
 
 
@@ -358,10 +361,10 @@ def unfinished_charges(partition: str, items: list[dict], ratio) -> list[dict]:
     ]
 
 
-def commit_ready(committing: Committing, forced: list[str], tried: set[str], announced: set[tuple]) -> bool:
+def commit_ready(committing: Committing, forced: list[str], tried: set[str], announced: set[tuple]) -> AfterCommits:
     """Commit every partition left that is generated, waiting for (or taking over from) other workers
-    holding one. True when partitions wait on work units this process can run now (a dead worker's, or
-    escalations): drain, then call again with the same `tried` and `announced`. False when none is left.
+    holding one. `drain` when partitions wait on work units this process can run now (a dead worker's, or
+    escalations): drain, then call again with the same `tried` and `announced`. `done` when none is left.
 
     `tried`: partitions this run has committed or given up on; `announced`: holders already said to be
     waited for (partition, holder, lease end)."""
@@ -372,7 +375,7 @@ def commit_ready(committing: Committing, forced: list[str], tried: set[str], ann
             if p.partition not in tried and (p.status in RUNNABLE or p.partition in forced)
         ]
         if not todo:
-            return False
+            return "done"
         claimed_any, generating = False, []
         for p in todo:
             if p.generation == "failed":  # failed before the GPU (its prepare): it says why; prepare it again
@@ -391,9 +394,9 @@ def commit_ready(committing: Committing, forced: list[str], tried: set[str], ann
         if generating and (
             release_gone(committing.queue, committing.job_id) or committing.queue.claimable(committing.job_id)
         ):
-            return True
+            return "drain"
         if all(p.status != "running" for p in todo) and not generating:
-            return False  # only failed partitions this run already tried, or none left
+            return "done"  # only failed partitions this run already tried, or none left
         if not take_over_gone_holders(committing.state, committing.job_id, todo, announced):
             time.sleep(committing.config.state.wait_seconds)  # others hold them; their leases tell
 

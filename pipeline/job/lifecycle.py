@@ -119,7 +119,7 @@ class Job:
             while True:
                 for tier in ctx.drain_order():
                     drain(draining, tier, release=release_engines)
-                if not commit_ready(committing, forced, tried, announced):
+                if commit_ready(committing, forced, tried, announced) == "done":
                     break
         finally:
             ctx.progress.finish()
