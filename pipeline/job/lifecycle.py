@@ -34,6 +34,7 @@ from pipeline.job.manifest import refresh_manifest
 from pipeline.job.plan import plan
 from pipeline.job.prepare import check_budget, expected_engine_seconds, prepare_or_fail
 from pipeline.job.progress import Progress
+from pipeline.output.manifest import Manifest
 from pipeline.plan.estimate import Demand
 from pipeline.status import JobStatus
 from pipeline.stores import storage
@@ -45,7 +46,7 @@ log = logging.getLogger(__name__)
 @dataclass
 class JobResult:
     job_id: str
-    manifest: dict  # manifest.json as written (output/manifest.py's `Manifest.as_json`): what a caller keeps
+    manifest: Manifest  # manifest.json as written (`Manifest.as_json` gives its JSON)
 
 
 def run_job(
@@ -186,4 +187,4 @@ class Job:
             ctx.state.set_job(ctx.job_id, status="failed", finished_at=now(), error=error, counts=counts)
             raise JobError(f"{error}. Rerun with: tokenmill rerun --job-id {ctx.job_id}")
         ctx.state.set_job(ctx.job_id, status="succeeded", finished_at=now(), counts=counts)
-        return JobResult(ctx.job_id, manifest.as_json())
+        return JobResult(ctx.job_id, manifest)

@@ -310,6 +310,6 @@ def test_a_folder_of_one_document_files_is_packed_into_few_partitions(make_confi
     assert len(set(one["gen_key"].to_pylist())) == 200  # 200 texts three times: across packs, one generation each
 
     result = run_job(config, job_id="packed")
-    assert result.manifest["status"] == "succeeded" and len(result.manifest["partitions"]) == 3
+    assert result.manifest.as_json()["status"] == "succeeded" and len(result.manifest.as_json()["partitions"]) == 3
     ids = [n for n in names if n != "docs/0100.txt"]
     assert_exactly_once(config.output.uri, "packed", {"ids": ids, "bad_records": 1}, tmp_path / "state.db")
