@@ -147,27 +147,34 @@ class Job:
         """End a job stopped for good (`cancelled` or `expired`, as its batch, or `refused` at a budget cap; none
         of its workers runs): every partition not committed is committed with what it has (commit.commit_stopped),
         the records it had not answered quarantined as `reason` (default: `status`) with `detail`; then the
-        job's status is `status`. Returns the partitions that could not be committed yet (held by a worker
-        whose lease runs, or failed: each says why), with the job's status unchanged: call again."""
+        job's status is `status` (`failed`, raising JobError, when the tables refuse a partition: `write_manifest`).
+        Returns the partitions that could not be committed yet (held by a worker whose lease runs, or failed: each
+        says why), with the job's status unchanged: call again."""
         ctx = self.ctx
         left = commit_stopped(ctx.committing(), reason or status, detail)
         if left:
             return [p for p in ctx.state.partitions(ctx.job_id) if p.partition in left]
-        manifest = refresh_manifest(ctx.manifests())
+        manifest = self.write_manifest()
         counts = manifest.job_counts().as_json()
         ctx.state.set_job(ctx.job_id, status=status, finished_at=now(), error=detail, counts=counts)
         return []
+
+    def write_manifest(self) -> Manifest:
+        """The job's manifest, written once every committed partition is in the tables; a store that refuses
+        one fails the job with the error naming them (failed until a run, or a later end, publishes them)."""
+        ctx = self.ctx
+        try:
+            return refresh_manifest(ctx.manifests())
+        except storage.StorageError as e:
+            ctx.state.set_job(ctx.job_id, status="failed", finished_at=now(), error=str(e))
+            raise JobError(str(e)) from e
 
     # -- finish -----------------------------------------------------------------------------------
     def finish(self) -> JobResult:
         ctx = self.ctx
         parts = ctx.state.partitions(ctx.job_id)
         unfinished = [p for p in parts if p.status != "succeeded"]
-        try:
-            manifest = refresh_manifest(ctx.manifests())
-        except storage.StorageError as e:  # committed partitions the tables lack: failed until a run publishes them
-            ctx.state.set_job(ctx.job_id, status="failed", finished_at=now(), error=str(e))
-            raise JobError(str(e)) from e
+        manifest = self.write_manifest()
         deferred = [p for p in unfinished if p.status == "deferred"]
         counts = manifest.job_counts().as_json()
         if unfinished and len(deferred) == len(unfinished):

@@ -183,3 +183,33 @@ def test_a_delta_log_write_that_fails_leaves_the_partition_in_no_table_and_a_rer
     monkeypatch.undo()
     assert run_job(config, job_id="unpublished").manifest.as_json()["status"] == "succeeded"
     assert_exactly_once(output, "unpublished", sample_corpus[1], db)
+
+
+def test_a_stopped_job_whose_tables_refuse_the_publish_fails_naming_it_then_ends_when_they_take_it(
+    make_config, sample_corpus, tmp_path, monkeypatch
+):
+    """Reproducer: a job stopped for good (its batch cancelled) commits every partition with what it has, then
+    the output store refuses the tables' log writes: the manifest write's error escaped `end_stopped` and the
+    job's status stayed as it was. It is `failed` now with that error, as a run's end is; called again with the
+    store back, the job ends `cancelled`."""
+    from deltalake import DeltaTable
+
+    from pipeline.job.lifecycle import Job
+    from pipeline.job.plan import plan
+
+    config = make_config(input__records_per_partition=10)
+    job = Job.open(config, "stopped")
+    plan(job.ctx.planning())
+
+    def refused(*args, **kwargs):
+        raise OSError(errno.EIO, "Generic LocalFileSystem error: writing _delta_log")
+
+    monkeypatch.setattr(DeltaTable, "create_write_transaction", refused)
+    with pytest.raises(JobError, match="committed partitions not in the output tables yet"):
+        job.end_stopped("cancelled", "the batch was cancelled")
+    db = tmp_path / "state.db"
+    assert scalar(db, "select status from jobs where job_id='stopped'") == "failed"
+    assert scalar(db, "select error from jobs where job_id='stopped'").startswith("committed partitions not in")
+    monkeypatch.undo()
+    assert job.end_stopped("cancelled", "the batch was cancelled") == []
+    assert scalar(db, "select status from jobs where job_id='stopped'") == "cancelled"
