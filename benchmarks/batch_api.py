@@ -142,7 +142,7 @@ def tokenmill(
     )
     config = load_config(config_path, environ=env)
     started = time.perf_counter()
-    manifest = run_job(config, job_id=job_id or f"batch-{name}", release_engines=True).manifest
+    manifest = run_job(config, job_id=job_id or f"batch-{name}", release_engines=True).manifest.as_json()
     seconds = time.perf_counter() - started
     shutdown_engines()
     counts = next(iter(manifest["batches"].values()))["request_counts"]

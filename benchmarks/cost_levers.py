@@ -113,7 +113,7 @@ if __name__ == "__main__":
             # another over the same corpus would find its prompts already in vLLM's prefix cache.
             EnginePool(config.tiers).reset_prefix_caches()
             forget_idle_between_jobs()  # the gap since the last run is this benchmark's set-up, not the run's
-            m = run_job(config, job_id=job).manifest
+            m = run_job(config, job_id=job).manifest.as_json()
             return {
                 "cost_usd": m["cost"]["cost_usd"],
                 "gpu_seconds": m["cost"]["gpu_seconds"],

@@ -68,17 +68,17 @@ def run_step(step: dict) -> dict:
         plan(job)
         return {"partitions": [p.partition for p in job.state.partitions(job.job_id)], "tiers": job.drain_order()}
     if kind == "partition":  # shape (a): one partition on its own, every tier
-        prepared = prepare(job, step["partition"])
-        drains = [drain_tier(job, tier) for tier in job.drain_order()]
-        return {"prepared": prepared, "drains": drains, "commit": commit_partition(job, step["partition"])}
+        prepared = prepare(job.preparing(), step["partition"])
+        drains = [drain_tier(job.draining(), tier) for tier in job.drain_order()]
+        return {"prepared": prepared, "drains": drains, "commit": commit_partition(job.committing(), step["partition"])}
     if kind == "prepare":  # shape (b), CPU: every partition's wave 0
-        return {"prepared": [prepare(job, p) for p in step["partitions"]]}
+        return {"prepared": [prepare(job.preparing(), p) for p in step["partitions"]]}
     if kind == "drain":  # shape (b), one tier worker
-        return {"drains": [drain_tier(job, step["tier"])]}
+        return {"drains": [drain_tier(job.draining(), step["tier"])]}
     if kind == "commit":
-        return {"commits": [commit_partition(job, p) for p in step["partitions"]]}
+        return {"commits": [commit_partition(job.committing(), p) for p in step["partitions"]]}
     if kind == "finish":
-        manifest = refresh_manifest(job).as_json()
+        manifest = refresh_manifest(job.manifests()).as_json()
         return {
             "manifest": {k: manifest[k] for k in ("status", "counts", "cost", "engines", "routing")},
             "ledger": ledger_sums(job.config.output.uri, job.job_id),

@@ -371,7 +371,7 @@ def run_one(run: dict, work: Path, input_dir: Path) -> dict:
     finally:
         shutdown_engines()
         LOCK.release()
-    m = result.manifest
+    m = result.manifest.as_json()
     ledger = read_kind(work / "out", "ledger", "levers")
     outputs = {r["id"]: r for r in read_kind(work / "out", "outputs", "levers")}
     engines = {

@@ -121,7 +121,7 @@ def end_to_end(docs: int) -> None:
         config = tiny_config(tmp, PER_FILE)
         fake = timed_fake_engine()
         started = time.perf_counter()
-        manifest = run_job(config, job_id="bench").manifest
+        manifest = run_job(config, job_id="bench").manifest.as_json()
         seconds = time.perf_counter() - started
         staging_s = manifest["staging"]["seconds"]
         part_s = sum(p["seconds"] or 0 for p in manifest["partitions"].values())

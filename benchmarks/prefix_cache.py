@@ -57,7 +57,7 @@ if __name__ == "__main__":
                     "TOKENMILL_REQUESTS__PREFIX_ORDERING": ordering,
                 },
             )
-            m = run_job(config, job_id="prefix").manifest
+            m = run_job(config, job_id="prefix").manifest.as_json()
             shutdown_engines()  # a fresh engine (and an empty prefix cache) for the next run
             figures[name] = {
                 **m["prefix_cache"],

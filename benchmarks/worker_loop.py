@@ -140,7 +140,7 @@ def run(mode: str, docs: list[str], in_flight: int, step_ms: float, clock: Clock
         with open(tmp / "in" / "docs.jsonl", "w") as f:
             for i, text in enumerate(docs):
                 f.write(json.dumps({"id": f"d{i}", "text": text, "tenant": f"t{i % 3}"}) + "\n")
-        manifest = run_job(c, job_id="bench", pool=EnginePool(c.tiers)).manifest
+        manifest = run_job(c, job_id="bench", pool=EnginePool(c.tiers)).manifest.as_json()
         return manifest["counts"]["outputs"]
     from pipeline.generate.memory_units import generate
     from pipeline.generate.requests import render_prompts, tokenize

@@ -144,7 +144,7 @@ def check_a_two_tier_job(make_config, sample_corpus, tmp_path) -> None:
     add_long_document(input_dir)
     config = make_config(routing=True)  # both tiers, rules and escalation, as the demo runs
     result = run_job(config, job_id="acct")
-    m, out_dir = result.manifest, tmp_path / "output"
+    m, out_dir = result.manifest.as_json(), tmp_path / "output"
     outputs, ledger, quarantine = (read_kind(out_dir, k, "acct") for k in ("outputs", "ledger", "quarantine"))
 
     # Nothing lost: every record read is an output row or a quarantine row, exactly once.

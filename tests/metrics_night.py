@@ -128,14 +128,11 @@ def tables(partition: str):
 
 
 def step(config, job_id: str, committed: list[str], claimable: dict[str, int]):
-    """A step's JobContext as metrics.report_job reads it: the catalog's partitions (committed ones with the counts
+    """A step's parts as metrics.report_job reads them: the catalog's partitions (committed ones with the figures
     commit stores), the queue, the budget."""
     from pipeline.generate import metrics
 
-    parts = [
-        SimpleNamespace(status="succeeded", counts=json.dumps({"metrics": metrics.partition_figures(*tables(p))}))
-        for p in committed
-    ]
+    parts = [SimpleNamespace(status="succeeded", figures=metrics.partition_figures(*tables(p))) for p in committed]
     return SimpleNamespace(
         config=config,
         job_id=job_id,

@@ -257,9 +257,9 @@ def _run(cfg, job_id: Optional[str], partitions: list[str] | None, json_summary:
 
             metrics.linger(cfg.metrics)  # a served endpoint's final values, scraped before the process exits
     if json_summary:
-        typer.echo(json.dumps(result.manifest, indent=2))
+        typer.echo(json.dumps(result.manifest.as_json(), indent=2))
     else:
-        console.print(summary_table(Manifest.parse(result.manifest), cfg.route.decided_by))
+        console.print(summary_table(result.manifest, cfg.route.decided_by))
         for e in examples(cfg, result.job_id):
             console.print(_example_line(e))
         console.print(
@@ -644,7 +644,7 @@ def status(
                             "last_error": p.last_error,
                             "started_at": when(p.started_at),
                             "finished_at": when(p.finished_at),
-                            "counts": json.loads(p.counts) if p.counts else None,
+                            "counts": counts.as_json() if (counts := PartitionCounts.parse(p.counts)) else None,
                         }
                         for p in parts
                     ],

@@ -34,8 +34,8 @@ items and tokens exactly; USD, GPU-seconds and engine seconds × the tier's `gpu
 
 The job's running totals (`tokenmill_job_*` gauges: committed records by outcome, USD, GPU-seconds, per tenant
 and tier; `JobTotals`) are not counted by any process: each step that reports reads them from the state catalog,
-where every committed partition stores its figures (`partition_figures`, in its counts). So any process can tell
-the whole job's totals so far, and a later report replaces an earlier one.
+where every committed partition stores its figures (`partition_figures`, in its `figures` column). So any process
+can tell the whole job's totals so far, and a later report replaces an earlier one.
 
 Distributed (the Airflow DAG, whose tasks are one-shot processes): each drain task serves its own endpoint
 (scraped as a target: its counters grow while it lives; what it counted after its last scrape dies with it,
@@ -54,7 +54,6 @@ ago, and the per-process groups (`job_id`, `instance`) older versions pushed.
 
 from __future__ import annotations
 
-import functools
 import json
 import logging
 import threading
@@ -565,7 +564,7 @@ def expect_end(timestamp: float | None) -> None:
 
 def partition_figures(ledger: pa.Table, quarantine: pa.Table) -> dict:
     """A committed partition's records by tenant, tier and outcome, USD by tenant and tier, GPU-seconds by tier and
-    kind, from the ledger and quarantine it wrote, as nested JSON objects (kept in its counts in the catalog, for
+    kind, from the ledger and quarantine it wrote, as nested JSON objects (kept in its catalog row's `figures`, for
     `job_totals`). A record with an output is `generated` when its row's source is, else `reused`; a quarantined
     record counts once, on the tier that generated its invalid output (a ledger row of kind invalid_output), else
     tier `none`. Tenants as the records name them (`none` for none): labels are bounded when exported."""
@@ -609,16 +608,9 @@ def committed(ledger: pa.Table, quarantine: pa.Table) -> None:
         GPU_SECONDS.labels(*path).inc(seconds)
 
 
-@functools.lru_cache(maxsize=1 << 16)
-def _figures(counts: str) -> dict:
-    """A committed partition's figures from its counts (JSON): parsed once per process, as `tokenmill run` adds
-    up every partition's after each commit."""
-    return json.loads(counts).get("metrics") or {}
-
-
 def job_totals(pipeline: str, partitions: Iterable) -> dict:
     """Set the job's running totals (the `tokenmill_job_*` gauges) to the figures of its committed partitions
-    (catalog rows: `status`, `counts` as JSON), tenants bounded as labels; returns them."""
+    (catalog rows: `status`, `figures`), tenants bounded as labels; returns them."""
     totals: dict = {}
 
     def add(total: dict, part: dict, depth: int, bound: bool) -> None:
@@ -630,9 +622,9 @@ def job_totals(pipeline: str, partitions: Iterable) -> dict:
                 total[k] = total.get(k, 0) + v
 
     for p in partitions:
-        if p.status != "succeeded" or not p.counts:
+        if p.status != "succeeded" or not p.figures:
             continue
-        figures = _figures(p.counts)
+        figures = p.figures
         for _, (_, labels, key) in JOB_GAUGES.items():
             add(totals.setdefault(key, {}), figures.get(key, {}), len(labels), labels[0] == "tenant")
     _job_totals.update(pipeline=pipeline, totals=totals)

@@ -14,10 +14,10 @@ still generating is not this step's to finish: `commit_ready` says so, and the c
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from dataclasses import dataclass
+from typing import Literal
 
 import pyarrow as pa
 from sqlalchemy.exc import OperationalError
@@ -36,11 +36,10 @@ from pipeline.generate.shadow import verify_shadows
 from pipeline.generate.waves import partition_keys
 from pipeline.job import faults
 from pipeline.job.budget import BudgetGuard
-from pipeline.job.context import JobContext
 from pipeline.job.drain import release_gone
 from pipeline.job.manifest import partition_counts
 from pipeline.job.progress import Progress
-from pipeline.output.manifest import CommitRecord
+from pipeline.output.manifest import PartitionCounts
 from pipeline.output.tables import discard, new_commit_id, publish, stage
 from pipeline.output.write import assemble_results, charge_rows
 from pipeline.stores import storage
@@ -62,13 +61,34 @@ class LeaseLost(RuntimeError):
     """This worker's claim on a partition was taken over; what it made is not committed."""
 
 
+# What commit_ready leaves to its caller: `drain` (partitions wait on work units this process can run), or `done`.
+AfterCommits = Literal["drain", "done"]
 JOB_FATAL = (EngineDeadError, EngineStartError, StateError, OperationalError)  # no point trying further partitions
+
+
+@dataclass(frozen=True)
+class Committing:
+    """What the commit step uses, and only that (built by the job's context, `JobContext.committing`)."""
+
+    config: TokenmillConfig
+    job_id: str
+    worker: str  # whose claims
+    state: StateStore  # the claims, the partitions' rows, their commits
+    queue: UnitQueue  # the units (what a cap held back; a gone worker's)
+    budget: BudgetGuard  # why a cap held them back
+    waves: PartitionWaves  # the partitions' generation: still going, its last wave, stopping it
+    engine_time: EngineTime  # the engine sessions' held time shared in
+    staging: StagingArea  # the partitions' records and quarantine as planned
+    lookup: ItemLookup  # their paid items
+    out: storage.Location  # where the tables' files are staged and published
+    cache: ResilientStore | None  # None: generations are not cached (off, or unreachable)
+    progress: Progress
 
 
 @dataclass
 class PartitionCommit:
-    """One claim on a partition, run to its end state: the collaborators the commit step uses, and only those,
-    taken from the job's context by `of`."""
+    """One claim on a partition, run to its end state: the commit step's collaborators (`Committing`, by
+    `of`) and the claim's partition and epoch."""
 
     partition: str
     config: TokenmillConfig
@@ -87,11 +107,10 @@ class PartitionCommit:
     epoch: int | None = None  # the claim's fencing token
 
     @classmethod
-    def of(cls, ctx: JobContext, partition: str) -> PartitionCommit:
-        cache = ctx.cache if ctx.cache_on else None
+    def of(cls, c: Committing, partition: str) -> PartitionCommit:
         return cls(
-            partition, ctx.config, ctx.job_id, ctx.worker, ctx.state, ctx.queue, ctx.budget, ctx.waves,
-            ctx.engine_time, ctx.staging, ctx.lookup, ctx.out, cache, ctx.progress,
+            partition, c.config, c.job_id, c.worker, c.state, c.queue, c.budget, c.waves, c.engine_time, c.staging,
+            c.lookup, c.out, c.cache, c.progress,
         )  # fmt: skip
 
     def claim(self, force: bool = False) -> bool:
@@ -279,11 +298,10 @@ class PartitionCommit:
         )
         counts = partition_counts(outputs, ledger, quarantine, items, c)
         counts.tokens.shareable_prompt_tokens = shareable
-        counts.metrics = metrics.partition_figures(ledger, quarantine)  # the job's running totals add these up
         counts.verification = verification
         counts.seconds = round(time.perf_counter() - started, 3)
-        counts.commit = CommitRecord(id=commit, epoch=self.epoch, files=files)
-        if not self.finish("succeeded", counts=counts.as_json()):
+        figures = metrics.partition_figures(ledger, quarantine)  # the job's running totals add these up
+        if not self.finish("succeeded", counts=counts.as_json(), commit_id=commit, commit_files=files, figures=figures):
             discard(self.out, files)
             raise LeaseLost(
                 f"partition {partition}: lease lost to another worker (claim epoch {self.epoch} "
@@ -343,42 +361,44 @@ def unfinished_charges(partition: str, items: list[dict], ratio) -> list[dict]:
     ]
 
 
-def commit_ready(ctx: JobContext, forced: list[str], tried: set[str], announced: set[tuple]) -> bool:
+def commit_ready(committing: Committing, forced: list[str], tried: set[str], announced: set[tuple]) -> AfterCommits:
     """Commit every partition left that is generated, waiting for (or taking over from) other workers
-    holding one. True when partitions wait on work units this process can run now (a dead worker's, or
-    escalations): drain, then call again with the same `tried` and `announced`. False when none is left.
+    holding one. `drain` when partitions wait on work units this process can run now (a dead worker's, or
+    escalations): drain, then call again with the same `tried` and `announced`. `done` when none is left.
 
     `tried`: partitions this run has committed or given up on; `announced`: holders already said to be
     waited for (partition, holder, lease end)."""
     while True:
         todo = [
             p
-            for p in ctx.state.partitions(ctx.job_id)
+            for p in committing.state.partitions(committing.job_id)
             if p.partition not in tried and (p.status in RUNNABLE or p.partition in forced)
         ]
         if not todo:
-            return False
+            return "done"
         claimed_any, generating = False, []
         for p in todo:
             if p.generation == "failed":  # failed before the GPU (its prepare): it says why; prepare it again
                 tried.add(p.partition)
                 continue
-            if p.generation == "generating" and ctx.waves.still_generating(p.partition):
+            if p.generation == "generating" and committing.waves.still_generating(p.partition):
                 generating.append(p)
                 continue
-            attempt = PartitionCommit.of(ctx, p.partition)
+            attempt = PartitionCommit.of(committing, p.partition)
             if attempt.claim(force=p.partition in forced):
                 claimed_any = True
                 tried.add(p.partition)
                 attempt.run_to_end_state()
         if claimed_any:
             continue
-        if generating and (release_gone(ctx.queue, ctx.job_id) or ctx.queue.claimable(ctx.job_id)):
-            return True
+        if generating and (
+            release_gone(committing.queue, committing.job_id) or committing.queue.claimable(committing.job_id)
+        ):
+            return "drain"
         if all(p.status != "running" for p in todo) and not generating:
-            return False  # only failed partitions this run already tried, or none left
-        if not take_over_gone_holders(ctx.state, ctx.job_id, todo, announced):
-            time.sleep(ctx.config.state.wait_seconds)  # others hold them; their leases tell
+            return "done"  # only failed partitions this run already tried, or none left
+        if not take_over_gone_holders(committing.state, committing.job_id, todo, announced):
+            time.sleep(committing.config.state.wait_seconds)  # others hold them; their leases tell
 
 
 def take_over_gone_holders(state: StateStore, job_id: str, held: list, announced: set[tuple]) -> bool:
@@ -412,36 +432,36 @@ def take_over_gone_holders(state: StateStore, job_id: str, held: list, announced
     return released
 
 
-def commit_stopped(ctx: JobContext, reason: str, detail: str) -> list[str]:
+def commit_stopped(committing: Committing, reason: str, detail: str) -> list[str]:
     """Commit every partition of a job stopped for good with what it has (PartitionCommit.commit_stopped): what
     was paid for is returned, not only kept. The caller makes sure none of the job's workers runs (their claims
     are taken over). Returns the partitions that could not be committed (each says why in the catalog)."""
     left = []
-    for p in ctx.state.partitions(ctx.job_id):
+    for p in committing.state.partitions(committing.job_id):
         if p.status == "succeeded":
             continue
         if p.status == "running" and worker_is_gone(p.worker):  # a killed worker's claim: taken over at once
-            ctx.state.release_gone_holder(ctx.job_id, p.partition, p.worker)
-        attempt = PartitionCommit.of(ctx, p.partition)
+            committing.state.release_gone_holder(committing.job_id, p.partition, p.worker)
+        attempt = PartitionCommit.of(committing, p.partition)
         if attempt.claim():  # (one still held by another host's worker: its lease ends, the caller tries again)
             attempt.run_to_end_state(lambda beat, attempt=attempt: attempt.commit_stopped(beat, reason, detail))
-        if ctx.partition(p.partition).status != "succeeded":
+        if committing.state.partition(committing.job_id, p.partition).status != "succeeded":
             left.append(p.partition)
     return left
 
 
-def commit_partition(ctx: JobContext, partition: str) -> dict:
+def commit_partition(committing: Committing, partition: str) -> dict:
     """Commit one generated partition (an orchestrator's task): a no-op when it is already committed."""
-    p = ctx.partition(partition)
+    p = committing.state.partition(committing.job_id, partition)
     if p is None:
-        raise JobError(f"job {ctx.job_id} has no partition {partition}")
+        raise JobError(f"job {committing.job_id} has no partition {partition}")
     if p.generation == "failed" and p.status != "succeeded":
         raise JobError(f"partition {partition}: {p.last_error}")
     if p.status != "succeeded":
-        attempt = PartitionCommit.of(ctx, partition)
+        attempt = PartitionCommit.of(committing, partition)
         if not attempt.claim() and not (
             worker_is_gone(p.worker)
-            and ctx.state.release_gone_holder(ctx.job_id, partition, p.worker)
+            and committing.state.release_gone_holder(committing.job_id, partition, p.worker)
             and attempt.claim()
         ):
             raise JobError(
@@ -449,7 +469,8 @@ def commit_partition(ctx: JobContext, partition: str) -> dict:
                 f"{utc(p.lease_expires_at)} (database clock); retry later"
             )
         attempt.run_to_end_state()
-    p = ctx.partition(partition)
+    p = committing.state.partition(committing.job_id, partition)
     if p.status != "succeeded":
         raise JobError(f"partition {partition}: {p.status}: {p.last_error}", budget=p.status == "deferred")
-    return {"partition": partition, "status": p.status, "attempts": p.attempts, **json.loads(p.counts or "{}")}
+    counts = PartitionCounts.parse(p.counts)
+    return {"partition": partition, "status": p.status, "attempts": p.attempts, **(counts.as_json() if counts else {})}

@@ -1,10 +1,10 @@
-"""The job context: what every step of a job receives, built once per process and job.
+"""The job context: built once per process and job, it builds each step's collaborators.
 
-A step (plan, prepare, drain, commit) takes the context and never a `Job`; a step changes the
-catalog, the staging area and the output, and replaces no part of the context (the budget guard's
-running spend is the one figure the drains add to). Its parts the steps share (the cache
-connection, the item lookup, the work-unit queue, the budget guard) open on first use, so a step
-that does not need the cache never connects to it.
+A step (plan, prepare, drain, commit, the manifest write) takes a small type of its own that names what it uses
+(`Planning`, `Preparing`, `Draining`, `Committing`, `ManifestSources`), and never the context: the context builds
+them (`planning()`, `preparing()`, ...). The parts the steps share (the cache connection, the item lookup, the
+work-unit queue, the budget guard) open on first use, so a step that does not need the cache never connects to it;
+no step replaces a part (the budget guard's running spend is the one figure the drains add to).
 """
 
 from __future__ import annotations
@@ -17,20 +17,21 @@ from datetime import datetime, timezone
 
 from pipeline.config import TokenmillConfig
 from pipeline.errors import JobError
-from pipeline.generate.adapters import adapter_problems
 from pipeline.generate.engine import EnginePool
 from pipeline.generate.engine_time import EngineTime
-from pipeline.generate.levers import config_lever_problems
 from pipeline.generate.lookup import ItemLookup
 from pipeline.generate.partition_waves import PartitionWaves
 from pipeline.job import faults
 from pipeline.job.budget import BudgetGuard
+from pipeline.job.commit import Committing
+from pipeline.job.drain import Draining
+from pipeline.job.manifest import ManifestSources
+from pipeline.job.plan import Planning
+from pipeline.job.prepare import Preparing
 from pipeline.job.progress import Progress
-from pipeline.keys import isolation_fingerprint
-from pipeline.output.manifest import JobCounts
 from pipeline.stores import storage
 from pipeline.stores.cache import ResilientStore, open_store
-from pipeline.stores.catalog import Partition, StateStore
+from pipeline.stores.catalog import StateStore
 from pipeline.stores.lease import default_worker
 from pipeline.stores.staging import StagingArea
 from pipeline.stores.units import UnitQueue
@@ -54,9 +55,9 @@ class JobContext:
     config: TokenmillConfig
     job_id: str
     state: StateStore
-    pool: EnginePool
     progress: Progress
     worker: str
+    given_pool: EnginePool | None = None  # None: `pool` builds the tiers' engines on first use
 
     @classmethod
     def open(
@@ -69,15 +70,19 @@ class JobContext:
     ) -> JobContext:
         """The job `job_id` on the configured catalog, with defaults for what is not given."""
         check_job_id(job_id)
-        pool = pool or EnginePool(config.tiers, adapters=config.tier_adapters())
-        if pool.adapters != config.tier_adapters():
+        if pool is not None and pool.adapters != config.tier_adapters():
             raise JobError(
                 f"the engine pool serves adapters {pool.adapters}, the config's tenants need "
                 f"{config.tier_adapters()}: build it as EnginePool(config.tiers, adapters=config.tier_adapters())"
             )
         return cls(
-            config, job_id, StateStore(config.state.url), pool, progress or Progress("off"), worker or default_worker()
+            config, job_id, StateStore(config.state.url), progress or Progress("off"), worker or default_worker(), pool
         )
+
+    @functools.cached_property
+    def pool(self) -> EnginePool:
+        """The tiers' engines and tokenizers, built on first use (a planning task builds none)."""
+        return self.given_pool or EnginePool(self.config.tiers, adapters=self.config.tier_adapters())
 
     # functools.cached_property writes the instance's __dict__ directly, so it works on a frozen dataclass.
     @functools.cached_property
@@ -126,37 +131,34 @@ class JobContext:
         """What the cache is to this job's new items: off (config), bypassed (unreachable) or miss (in use)."""
         return "off" if not self.config.cache.enabled else "bypassed" if self.cache.bypassed else "miss"
 
-    @property
-    def cache_on(self) -> bool:
-        return self.cache_status() == "miss"
+    def manifests(self) -> ManifestSources:
+        return ManifestSources(self.config, self.job_id, self.state, self.queue, self.out)
 
-    def partition(self, partition: str) -> Partition | None:
-        return self.state.partition(self.job_id, partition)
+    def planning(self) -> Planning:
+        return Planning(
+            self.config, self.job_id, self.state, self.worker, self.out, self.staging, self.manifests(),
+            self.progress.planning, lambda: self.cache,
+        )  # fmt: skip
 
-    def check_engines(self, tiers: list[str]) -> None:
-        """Before any work on `tiers` (an engine refusing them costs minutes): their levers and their tenants'
-        adapters, checked on this host; one JobError naming every problem and its fix."""
-        problems = config_lever_problems({t: self.config.tiers[t] for t in tiers}) + adapter_problems(
-            self.config, tiers
-        )
-        if problems:
-            raise JobError("engines that cannot run: " + "; ".join(problems))
+    def preparing(self) -> Preparing:
+        return Preparing(
+            self.config, self.job_id, self.staging, self.lookup, self.pool, self.waves, self.budget, self.state,
+            self.queue,
+        )  # fmt: skip
 
-    def check_isolation(self) -> None:
-        """Refuse to go on with a job planned under other tenant isolation than this config's: planning
-        decided which tenants share outputs and keyed items by their adapters' digests, so another
-        `dedup.shared_tenants`, or an adapter retrained since (say between the DAG's `plan` and drain
-        tasks), could serve a tenant an output it may not see, or store new weights' outputs under the
-        old adapter's keys. Jobs planned before the hash was recorded are not checked."""
-        row = self.state.job(self.job_id)
-        planned = JobCounts.parse(row.counts).staging.get("isolation") if row is not None else None
-        if planned is not None and planned != isolation_fingerprint(self.config):
-            raise JobError(
-                f"job {self.job_id} was planned under other tenant isolation settings (dedup.shared_tenants, "
-                "or a tenant's adapter, retrained or moved since) than this config's: its reuse decisions "
-                "and item keys could give a tenant outputs it may no longer see. Restore those settings "
-                "to continue it, or run the input as a new job id"
-            )
+    def draining(self) -> Draining:
+        status = self.cache_status()
+        return Draining(
+            self.config, self.job_id, self.worker, self.pool, self.state, self.queue, self.waves, self.budget,
+            self.progress, self.cache if status == "miss" else None, status,
+        )  # fmt: skip
+
+    def committing(self) -> Committing:
+        cache = self.cache if self.cache_status() == "miss" else None
+        return Committing(
+            self.config, self.job_id, self.worker, self.state, self.queue, self.budget, self.waves,
+            self.engine_time, self.staging, self.lookup, self.out, cache, self.progress,
+        )  # fmt: skip
 
     def drain_order(self) -> list[str]:
         """Tiers in the order one process drains them: the escalation tier and the judge's last, since others

@@ -21,10 +21,11 @@ import pyarrow as pa
 from pipeline.config import TokenmillConfig
 from pipeline.errors import JobError
 from pipeline.generate import metrics
+from pipeline.generate.engine import EnginePool
 from pipeline.generate.partition_waves import PartitionWaves
 from pipeline.generate.worker import Failure, TierWorker, WorkerReport
 from pipeline.job.budget import BudgetGuard
-from pipeline.job.context import JobContext
+from pipeline.job.preflight import check_engines, check_isolation
 from pipeline.job.progress import Progress
 from pipeline.stores.cache import ResilientStore
 from pipeline.stores.catalog import ItemsRefused, StateStore
@@ -48,10 +49,27 @@ def check_worker_serves(tier: str) -> None:
         )
 
 
+@dataclass(frozen=True)
+class Draining:
+    """What the drain step uses, and only that (built by the job's context, `JobContext.draining`)."""
+
+    config: TokenmillConfig
+    job_id: str
+    worker: str  # whose unit claims and engine session
+    pool: EnginePool  # the tiers' engines
+    state: StateStore  # items stored; the job's row (its isolation)
+    queue: UnitQueue  # the job's work units
+    waves: PartitionWaves
+    budget: BudgetGuard
+    progress: Progress
+    cache: ResilientStore | None  # None: this job's items are not offered to the cache (off, or unreachable)
+    cache_status: str  # recorded on every item: off | bypassed | miss
+
+
 @dataclass
 class TierDrain:
     """What the tier worker of `tier` needs from the job (worker.JobSide): the collaborators it uses, and only
-    those, taken from the job's context by `of`."""
+    those, taken from the drain step's by `of`."""
 
     tier: str
     config: TokenmillConfig
@@ -65,12 +83,8 @@ class TierDrain:
     cache_status: str  # recorded on every item: off | bypassed | miss
 
     @classmethod
-    def of(cls, ctx: JobContext, tier: str) -> TierDrain:
-        status = ctx.cache_status()
-        cache = ctx.cache if status == "miss" else None
-        return cls(
-            tier, ctx.config, ctx.job_id, ctx.state, ctx.queue, ctx.waves, ctx.budget, ctx.progress, cache, status
-        )
+    def of(cls, d: Draining, tier: str) -> TierDrain:
+        return cls(tier, d.config, d.job_id, d.state, d.queue, d.waves, d.budget, d.progress, d.cache, d.cache_status)
 
     def requests(self, unit: WorkUnit) -> list[dict]:
         return self.waves.requests(unit)
@@ -163,33 +177,41 @@ def release_gone(queue: UnitQueue, job_id: str) -> bool:
     return bool(gone)
 
 
-def drain(ctx: JobContext, tier: str, release: bool = False) -> WorkerReport:
+def drain(draining: Draining, tier: str, release: bool = False) -> WorkerReport:
     """Run one tier worker for this job until its tier has no unit left or to come; `release`: shut the
     tier's engine down at the end (this process will not use it again). The process serves its metrics from
     here on (`metrics.port`), and pushes the job's state at the end (`metrics.pushgateway_url`)."""
-    metrics.serve(ctx.config.metrics)
-    metrics.begin(ctx.config, ctx.job_id)
-    release_gone(ctx.queue, ctx.job_id)
+    metrics.serve(draining.config.metrics)
+    metrics.begin(draining.config, draining.job_id)
+    release_gone(draining.queue, draining.job_id)
     try:
         return TierWorker(
-            ctx.config, tier, ctx.job_id, ctx.queue, ctx.pool, ctx.worker, TierDrain.of(ctx, tier), release
+            draining.config,
+            tier,
+            draining.job_id,
+            draining.queue,
+            draining.pool,
+            draining.worker,
+            TierDrain.of(draining, tier),
+            release,
         ).drain()
     finally:
-        metrics.report_job(ctx)
+        metrics.report_job(draining)
 
 
-def drain_tier(ctx: JobContext, tier: str) -> dict:
+def drain_tier(draining: Draining, tier: str) -> dict:
     """One tier worker as an orchestrator's GPU task: check the tier's engine on this host, drain, free the
     engine; what the engine's time went to."""
-    if tier not in ctx.config.tiers:
-        raise JobError(f"no tier {tier!r} in the config (tiers: {', '.join(ctx.config.tiers)})")
+    if tier not in draining.config.tiers:
+        raise JobError(f"no tier {tier!r} in the config (tiers: {', '.join(draining.config.tiers)})")
     check_worker_serves(tier)
-    ctx.check_engines([tier])
-    ctx.check_isolation()  # an adapter retrained since the plan task: its outputs would get the old keys
-    report = drain(ctx, tier, release=True)
+    check_engines(draining.config, [tier])
+    # An adapter retrained since the plan task: its outputs would get the old keys.
+    check_isolation(draining.state, draining.job_id, draining.config)
+    report = drain(draining, tier, release=True)
     return {
         "tier": tier,
-        "worker": ctx.worker,  # host:pid of the task process: which worker ran it, in its own words
+        "worker": draining.worker,  # host:pid of the task process: which worker ran it, in its own words
         "session": report.session_id,
         "units": report.units,
         "requests": report.requests,

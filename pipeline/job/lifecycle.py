@@ -34,6 +34,7 @@ from pipeline.job.manifest import refresh_manifest
 from pipeline.job.plan import plan
 from pipeline.job.prepare import check_budget, expected_engine_seconds, prepare_or_fail
 from pipeline.job.progress import Progress
+from pipeline.output.manifest import Manifest
 from pipeline.plan.estimate import Demand
 from pipeline.status import JobStatus
 from pipeline.stores import storage
@@ -45,7 +46,7 @@ log = logging.getLogger(__name__)
 @dataclass
 class JobResult:
     job_id: str
-    manifest: dict  # manifest.json as written (output/manifest.py's `Manifest.as_json`): what a caller keeps
+    manifest: Manifest  # manifest.json as written (`Manifest.as_json` gives its JSON)
 
 
 def run_job(
@@ -63,7 +64,8 @@ def run_job(
     since their items are already paid for); otherwise pending, failed and abandoned ones run.
     """
     try:
-        return Job.open(config, job_id or new_job_id(), pool, progress, worker).run(partitions or [], release_engines)
+        job = Job.open(config, job_id or new_job_id(), pool, progress, worker)
+        return job.run(partitions or [], release_engines)
     except JobError:
         raise
     except (storage.StorageError, StateError) as e:
@@ -100,24 +102,25 @@ class Job:
         escalate into another first; commit every generated partition, draining again while partitions
         wait on units this process can run (a dead worker's); finish."""
         ctx = self.ctx
-        plan(ctx)
+        plan(ctx.planning())
         partitions = ctx.state.partitions(ctx.job_id)
         unknown = sorted(set(forced) - {p.partition for p in partitions})
         if unknown:
             raise JobError(f"job {ctx.job_id} has no partition {', '.join(unknown)}")
         to_run = [p for p in partitions if p.status != "succeeded" or p.partition in forced]
         if ctx.config.budget.active:
-            check_budget(ctx, [p.partition for p in to_run])
+            check_budget(ctx.preparing(), [p.partition for p in to_run])
         ctx.state.set_job(ctx.job_id, status="running", started_at=now(), finished_at=None, error=None)
         ctx.progress.start(sum(p.records for p in to_run))
         tried: set[str] = set()
         announced: set[tuple] = set()
         try:
             self.prepare(to_run, forced)
+            draining, committing = ctx.draining(), ctx.committing()
             while True:
                 for tier in ctx.drain_order():
-                    drain(ctx, tier, release=release_engines)
-                if not commit_ready(ctx, forced, tried, announced):
+                    drain(draining, tier, release=release_engines)
+                if commit_ready(committing, forced, tried, announced) == "done":
                     break
         finally:
             ctx.progress.finish()
@@ -129,13 +132,14 @@ class Job:
         """Prepare the partitions to run; when the run is watched (docs/ops.md), its expected end: now plus the
         high end of the estimate of what it prepared."""
         ctx = self.ctx
+        preparing = ctx.preparing()
         demand = Demand() if ctx.config.metrics.serving or ctx.config.metrics.pushgateway_url else None
         for p in to_run:
             if p.status != "running" or p.partition in forced:
-                prepare_or_fail(ctx, p.partition, demand)
+                prepare_or_fail(preparing, p.partition, demand)
         if demand is not None:
             try:
-                metrics.expect_end(time.time() + expected_engine_seconds(ctx, demand))
+                metrics.expect_end(time.time() + expected_engine_seconds(preparing, demand))
             except Exception as e:  # no estimate is no reason to stop a job
                 log.warning("no expected end for job %s: %s: %s", ctx.job_id, type(e).__name__, e)
 
@@ -143,27 +147,34 @@ class Job:
         """End a job stopped for good (`cancelled` or `expired`, as its batch, or `refused` at a budget cap; none
         of its workers runs): every partition not committed is committed with what it has (commit.commit_stopped),
         the records it had not answered quarantined as `reason` (default: `status`) with `detail`; then the
-        job's status is `status`. Returns the partitions that could not be committed yet (held by a worker
-        whose lease runs, or failed: each says why), with the job's status unchanged: call again."""
+        job's status is `status` (`failed`, raising JobError, when the tables refuse a partition: `write_manifest`).
+        Returns the partitions that could not be committed yet (held by a worker whose lease runs, or failed: each
+        says why), with the job's status unchanged: call again."""
         ctx = self.ctx
-        left = commit_stopped(ctx, reason or status, detail)
+        left = commit_stopped(ctx.committing(), reason or status, detail)
         if left:
             return [p for p in ctx.state.partitions(ctx.job_id) if p.partition in left]
-        manifest = refresh_manifest(ctx)
+        manifest = self.write_manifest()
         counts = manifest.job_counts().as_json()
         ctx.state.set_job(ctx.job_id, status=status, finished_at=now(), error=detail, counts=counts)
         return []
+
+    def write_manifest(self) -> Manifest:
+        """The job's manifest, written once every committed partition is in the tables; a store that refuses
+        one fails the job with the error naming them (failed until a run, or a later end, publishes them)."""
+        ctx = self.ctx
+        try:
+            return refresh_manifest(ctx.manifests())
+        except storage.StorageError as e:
+            ctx.state.set_job(ctx.job_id, status="failed", finished_at=now(), error=str(e))
+            raise JobError(str(e)) from e
 
     # -- finish -----------------------------------------------------------------------------------
     def finish(self) -> JobResult:
         ctx = self.ctx
         parts = ctx.state.partitions(ctx.job_id)
         unfinished = [p for p in parts if p.status != "succeeded"]
-        try:
-            manifest = refresh_manifest(ctx)
-        except storage.StorageError as e:  # committed partitions the tables lack: failed until a run publishes them
-            ctx.state.set_job(ctx.job_id, status="failed", finished_at=now(), error=str(e))
-            raise JobError(str(e)) from e
+        manifest = self.write_manifest()
         deferred = [p for p in unfinished if p.status == "deferred"]
         counts = manifest.job_counts().as_json()
         if unfinished and len(deferred) == len(unfinished):
@@ -183,4 +194,4 @@ class Job:
             ctx.state.set_job(ctx.job_id, status="failed", finished_at=now(), error=error, counts=counts)
             raise JobError(f"{error}. Rerun with: tokenmill rerun --job-id {ctx.job_id}")
         ctx.state.set_job(ctx.job_id, status="succeeded", finished_at=now(), counts=counts)
-        return JobResult(ctx.job_id, manifest.as_json())
+        return JobResult(ctx.job_id, manifest)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import functools
 import json
+from dataclasses import dataclass
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -16,7 +17,6 @@ from pipeline.config import TokenmillConfig, redact_url
 from pipeline.generate.levers import lever_summary, ratio
 from pipeline.generate.quality import CHECKS
 from pipeline.generate.shadow import summarise_verification
-from pipeline.job.context import JobContext
 from pipeline.output.batch import write_batch_results
 from pipeline.output.manifest import (
     CommitRecord,
@@ -37,8 +37,19 @@ from pipeline.output.tables import StagedFileGone, publish, published_epochs
 from pipeline.output.telemetry import decode_steps, tier_efficiency
 from pipeline.output.write import count_by, write_manifest
 from pipeline.stores import storage
-from pipeline.stores.catalog import aware, now
-from pipeline.stores.units import SESSION_COUNTERS
+from pipeline.stores.catalog import StateStore, aware, now
+from pipeline.stores.units import SESSION_COUNTERS, UnitQueue
+
+
+@dataclass(frozen=True)
+class ManifestSources:
+    """What the manifest write uses, and only that (built by the job's context, `JobContext.manifests`)."""
+
+    config: TokenmillConfig
+    job_id: str
+    state: StateStore  # the job's row and its partitions' counts
+    queue: UnitQueue  # the job's engine sessions
+    out: storage.Location  # where the tables are published and the manifest written
 
 
 def partition_counts(
@@ -237,7 +248,7 @@ def build_manifest(
 ) -> Manifest:
     stored = {p.partition: PartitionCounts.parse(p.counts) for p in parts}
     committed = [c for p in parts if p.status == "succeeded" and (c := stored[p.partition]) is not None]
-    t = PartitionCounts.model_validate(functools.reduce(_add, (c.totals() for c in committed), {}))
+    t = PartitionCounts.model_validate(functools.reduce(_add, (c.as_json() for c in committed), {}))
     engines = engine_figures(config, {k: e.as_json() for k, e in t.engines.items()}, sessions)
     verification = summarise_verification([c.verification for c in committed], config.dedup.shadow_min_f1)
     return Manifest(
@@ -304,16 +315,22 @@ def build_manifest(
     )
 
 
-def current_manifest(ctx: JobContext, partial: bool) -> Manifest:
+def current_manifest(sources: ManifestSources, partial: bool) -> Manifest:
     """The manifest over what the catalog holds now (`partial` while any partition has not committed)."""
-    job = ctx.state.job(ctx.job_id)
+    job = sources.state.job(sources.job_id)
     staging = JobCounts.parse(job.counts).staging
     return build_manifest(
-        ctx.config, ctx.job_id, job, ctx.state.partitions(ctx.job_id), partial, staging, ctx.queue.sessions(ctx.job_id)
+        sources.config,
+        sources.job_id,
+        job,
+        sources.state.partitions(sources.job_id),
+        partial,
+        staging,
+        sources.queue.sessions(sources.job_id),
     )
 
 
-def refresh_manifest(ctx: JobContext) -> Manifest:
+def refresh_manifest(sources: ManifestSources) -> Manifest:
     """Write and return the manifest over whatever has committed (partial while any partition has not).
 
     First publishes, in the tables, every partition the catalog committed whose commit a table lacks (its
@@ -321,18 +338,18 @@ def refresh_manifest(ctx: JobContext) -> Manifest:
     recorded (output/tables.py: publishing is idempotent, and a newer claim's commit is never replaced). One
     the store refuses stays out of the tables, and the others are published: a StorageError then names it.
     """
-    parts = ctx.state.partitions(ctx.job_id)
-    committed: dict[str, CommitRecord] = {}
-    for p in parts:
-        counts = PartitionCounts.parse(p.counts) if p.status == "succeeded" else None
-        if counts is not None and counts.commit is not None and counts.commit.epoch is not None:
-            committed[p.partition] = counts.commit
-    published = published_epochs(ctx.out, ctx.job_id, committed) if committed else {}
+    parts = sources.state.partitions(sources.job_id)
+    committed = {
+        p.partition: CommitRecord(id=p.commit_id, epoch=p.commit_epoch, files=p.commit_files or {})
+        for p in parts
+        if p.status == "succeeded" and p.commit_id is not None and p.commit_epoch is not None
+    }
+    published = published_epochs(sources.out, sources.job_id, committed) if committed else {}
     refused, gone = {}, []
     for partition, commit in committed.items():
         if published[partition] is None or published[partition] < commit.epoch:
             try:
-                publish(ctx.out, ctx.job_id, partition, commit.epoch, commit.files)
+                publish(sources.out, sources.job_id, partition, commit.epoch, commit.files)
             except StagedFileGone as e:  # no later publish can take it: its message names the partition's rerun
                 gone.append(e)
             except Exception as e:  # the store refused it: the others are still published, this one next run
@@ -344,16 +361,16 @@ def refresh_manifest(ctx: JobContext) -> Manifest:
         raise storage.StorageError(
             f"committed partitions not in the output tables yet: {', '.join(list(refused)[:5])} ({first}: "
             f"{refused[first]}); "
-            f"their files are staged and the job's next run publishes them: tokenmill rerun --job-id {ctx.job_id}"
+            f"their files are staged and the job's next run publishes them: tokenmill rerun --job-id {sources.job_id}"
         )
-    manifest = current_manifest(ctx, partial=any(p.status != "succeeded" for p in parts))
-    batch_files = (manifest.staging or {}).get("batch_files")
+    manifest = current_manifest(sources, partial=any(p.status != "succeeded" for p in parts))
+    batch_files = sources.state.job(sources.job_id).batch_files
     if batch_files:  # the answers to batch files, in their own format, from the tables' snapshot
         partitions_of: dict[str, list[str]] = {}
         for p in parts:
             partitions_of.setdefault(p.file, []).append(p.partition)
         manifest.batches = write_batch_results(
-            ctx.config, ctx.out, ctx.job_id, batch_files, set(committed), partitions_of
+            sources.config, sources.out, sources.job_id, batch_files, set(committed), partitions_of
         )
-    write_manifest(ctx.out, ctx.job_id, manifest)
+    write_manifest(sources.out, sources.job_id, manifest)
     return manifest

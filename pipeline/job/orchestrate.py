@@ -21,6 +21,7 @@ from pipeline.job.commit import commit_partition
 from pipeline.job.context import JobContext, check_job_id
 from pipeline.job.drain import drain_tier
 from pipeline.job.manifest import refresh_manifest
+from pipeline.job.preflight import check_isolation
 from pipeline.job.prepare import check_budget, prepare
 from pipeline.job.progress import Progress
 from pipeline.output.manifest import Manifest
@@ -95,55 +96,55 @@ def keyed_shards(config: TokenmillConfig, job_id: str) -> list[int]:
     """Planning's first step (claim the planning, key every input file): the shards left to cluster. The
     first task of a run, so the one that brings the catalog to the latest schema; later tasks do not."""
     migrate(config.state.url)
-    ctx = _context(config, job_id)
-    ctx.check_engines(list(config.tiers))
-    return plan_step.keyed_shards(ctx)
+    return plan_step.keyed_shards(_context(config, job_id).planning())
 
 
 def clustered_shard(config: TokenmillConfig, job_id: str, shard: int) -> dict:
     """One shard's dedup (a CPU task per shard); its figures."""
-    return plan_step.clustered_shard(_context(config, job_id), shard)
+    return plan_step.clustered_shard(_context(config, job_id).planning(), shard)
 
 
 def planned_partitions(config: TokenmillConfig, job_id: str) -> list[str]:
     """Plan the job once (from the clustered shards, or all of planning when no shard task ran; later
     calls return the same partitions) and check the budget before GPU work."""
     ctx = _context(config, job_id)
-    plan_step.planned_from_shards(ctx)
-    plan_step.plan(ctx)
+    planning = ctx.planning()
+    plan_step.planned_from_shards(planning)
+    plan_step.plan(planning)
     partitions = ctx.state.partitions(job_id)
     todo = [p.partition for p in partitions if p.status != "succeeded"]
     if config.budget.active and todo:
-        check_budget(ctx, todo)
+        check_budget(ctx.preparing(), todo)
     return [p.partition for p in partitions]
 
 
 def prepared_partition(config: TokenmillConfig, job_id: str, partition: str) -> dict:
     """CPU side of a partition: paid-item lookup, prompts rendered and tokenised, enqueued as work units."""
     ctx = _context(config, job_id)
-    ctx.check_isolation()
+    check_isolation(ctx.state, job_id, config)
+    preparing = ctx.preparing()
     try:
-        return prepare(ctx, partition)
+        return prepare(preparing, partition)
     except Exception as e:
-        ctx.waves.fail(partition, f"prepare: {type(e).__name__}: {e}")
+        preparing.waves.fail(partition, f"prepare: {type(e).__name__}: {e}")
         raise
 
 
 def drained_tier(config: TokenmillConfig, job_id: str, tier: str) -> dict:
     """GPU side: one tier worker, draining its tier's units of every partition; returns its engine time."""
-    return drain_tier(_context(config, job_id), tier)
+    return drain_tier(_context(config, job_id).draining(), tier)
 
 
 def committed_partition(config: TokenmillConfig, job_id: str, partition: str) -> dict:
     """CPU side after the GPU: commit the generated partition, return its counts. Raises if it fails."""
-    return commit_partition(_context(config, job_id), partition)
+    return commit_partition(_context(config, job_id).committing(), partition)
 
 
 def job_manifest(config: TokenmillConfig, job_id: str) -> Manifest:
     """Write and return the manifest over whatever has committed; never raises for failed partitions. Pushes
     the job's final totals (after every commit task: whichever commit pushed last, this push is the night's)."""
     ctx = _context(config, job_id)
-    manifest = refresh_manifest(ctx)
+    manifest = refresh_manifest(ctx.manifests())
     metrics.report_job(ctx)
     return manifest
 

@@ -92,7 +92,8 @@ class JudgeCounts(_Part):
 
 
 class CommitRecord(_Part):
-    """Which claim committed a partition and the files it staged (output/tables.py publishes them)."""
+    """Which claim committed a partition and the files it staged (output/tables.py publishes them): the
+    partition's catalog columns `commit_id`, `commit_epoch`, `commit_files`."""
 
     id: str
     epoch: int | None = None  # None: committed before claims had epochs
@@ -122,21 +123,13 @@ class PartitionCounts(_Part):
     checks: dict[str, dict[str, int]] = {}
     acceptable: dict[str, int] = {}
     judge: JudgeCounts = JudgeCounts()
-    metrics: dict[str, Any] = {}  # the job's running totals add these up (generate/metrics.py)
     verification: dict[str, Any] = {}
     seconds: float | None = None
-    commit: CommitRecord | None = None
 
     @classmethod
     def parse(cls, text: str | None) -> PartitionCounts | None:
         """A catalog row's `counts` (JSON), or None when it has none (not committed)."""
         return cls.model_validate_json(text) if text else None
-
-    def totals(self) -> dict:
-        """The figures the manifest adds up over partitions (not which files this one committed)."""
-        out = self.as_json()
-        out.pop("commit", None)
-        return out
 
 
 class ManifestCounts(_Part):
@@ -150,8 +143,8 @@ class ManifestCounts(_Part):
 
 
 class JobCounts(ManifestCounts):
-    """A job's catalog row `counts`: its manifest's counts and what planning staged (`staging.isolation`: the
-    tenant isolation it was planned under; `staging.batch_files`: the batch files it read)."""
+    """A job's catalog row `counts`: its manifest's counts and planning's figures (`staging`). What planning
+    decided under (its tenant isolation, the batch files it read) is in columns of the row of its own."""
 
     staging: dict[str, Any] = {}
 

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from datetime import datetime, timedelta, timezone
 from pathlib import Path
 
-from sqlalchemy import DateTime, Float, Integer, String, Text, create_engine, func, select, update
+from sqlalchemy import JSON, DateTime, Float, Integer, String, Text, create_engine, func, select, update
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.engine import Engine
 from sqlalchemy.exc import DataError, IntegrityError
@@ -56,8 +56,12 @@ class JobRow(Base):
     created_at: Mapped[datetime] = mapped_column(DateTime(timezone=True))
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
-    counts: Mapped[str | None] = mapped_column(Text, nullable=True)  # JSON
+    counts: Mapped[str | None] = mapped_column(Text, nullable=True)  # JSON: figures only (output/manifest.py JobCounts)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # What planning decided under: the tenant isolation fingerprint (pipeline/keys.py isolation_fingerprint;
+    # None: planned before it was recorded), and the input files of batch requests it read (file -> format).
+    isolation: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    batch_files: Mapped[dict | None] = mapped_column(JSON, nullable=True)
     # Planning's lease: who plans the job, the claim's fencing epoch (every claim increments it; renewals,
     # failure marks and the registration of partitions must present it), and its last renewal.
     planning_worker: Mapped[str | None] = mapped_column(String(200), nullable=True)
@@ -84,7 +88,15 @@ class Partition(Base):
     lease_expires_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     started_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
     finished_at: Mapped[datetime | None] = mapped_column(DateTime(timezone=True), nullable=True)
-    counts: Mapped[str | None] = mapped_column(Text, nullable=True)  # JSON
+    counts: Mapped[str | None] = mapped_column(
+        Text, nullable=True
+    )  # JSON: figures (output/manifest.py PartitionCounts)
+    # Its commit: the claim's commit id and epoch and the files it staged per table (output/tables.py publishes
+    # them), and its metrics figures (generate/metrics.py partition_figures); None until it commits.
+    commit_id: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    commit_epoch: Mapped[int | None] = mapped_column(Integer, nullable=True)
+    commit_files: Mapped[dict | None] = mapped_column(JSON, nullable=True)
+    figures: Mapped[dict | None] = mapped_column(JSON, nullable=True)
     wave: Mapped[int] = mapped_column(Integer, default=0)  # its work units' wave (pipeline/generate/partition_waves.py)
     wave_token: Mapped[str | None] = mapped_column(String(32), nullable=True)  # whose derivation of it stands
     generation: Mapped[str | None] = mapped_column(String(16), nullable=True)  # generating | generated | failed
@@ -392,15 +404,30 @@ class StateStore:
                 == 1
             )
 
-    def register_partitions(self, job_id: str, epoch: int, partitions: dict[str, dict], counts: dict) -> bool:
-        """Planning's end, in one transaction fenced by its claim: add the partitions, mark the job planned.
-        False (and nothing written) when another worker took the planning over."""
+    def register_partitions(
+        self,
+        job_id: str,
+        epoch: int,
+        partitions: dict[str, dict],
+        counts: dict,
+        isolation: str | None = None,
+        batch_files: dict[str, str] | None = None,
+    ) -> bool:
+        """Planning's end, in one transaction fenced by its claim: add the partitions, mark the job planned with
+        its `counts` and what it was planned under (`isolation`, `batch_files`: JobRow). False (and nothing
+        written) when another worker took the planning over."""
         with self.db_session() as s, s.begin():
             planned = (
                 s.execute(
                     update(JobRow)
                     .where(self._planning(job_id, epoch))
-                    .values(status="planned", counts=json.dumps(counts), **PLANNING_LEASE.ended())
+                    .values(
+                        status="planned",
+                        counts=json.dumps(counts),
+                        isolation=isolation,
+                        batch_files=batch_files or None,
+                        **PLANNING_LEASE.ended(),
+                    )
                 ).rowcount
                 == 1
             )
@@ -496,9 +523,14 @@ class StateStore:
         status: PartitionStatus,
         counts: dict | None = None,
         error: str | None = None,
+        commit_id: str | None = None,
+        commit_files: dict | None = None,
+        figures: dict | None = None,
     ) -> bool:
         """Set a claimed partition's end state, fenced: False (and nothing changed) when the claim of
-        `epoch` is no longer the partition's latest, i.e. another worker took it over."""
+        `epoch` is no longer the partition's latest, i.e. another worker took it over. A commit gives its
+        `counts`, `commit_id` and `commit_files` (at the claim's epoch) and metrics `figures`; any other end
+        state clears them."""
         with self.db_session() as s, s.begin():
             result = s.execute(
                 update(Partition)
@@ -509,6 +541,10 @@ class StateStore:
                     last_error=error,
                     **PARTITION_LEASE.ended(),
                     counts=json.dumps(counts) if counts is not None else None,
+                    commit_id=commit_id,
+                    commit_epoch=epoch if commit_id is not None else None,
+                    commit_files=commit_files,
+                    figures=figures,
                 )
             )
             return result.rowcount == 1

@@ -33,7 +33,7 @@ def test_a_job_with_a_json_schema_serves_valid_json_retries_once_and_quarantines
     write_sample_corpus(tmp_path / "input", documents=20, with_bad_input=False)
     # 24 tokens cuts some outputs off mid-string; the retry's 48 closes some of them, not all.
     config = make_config(engine="vllm", sampling__json_schema=SCHEMA, sampling__max_tokens=24)
-    manifest = run_job(config, job_id="js").manifest
+    manifest = run_job(config, job_id="js").manifest.as_json()
     outputs, ledger, quarantine = (read_kind(tmp_path / "output", k, "js") for k in ("outputs", "ledger", "quarantine"))
 
     validator = Draft202012Validator(SCHEMA)
@@ -64,7 +64,7 @@ def test_a_job_with_a_json_schema_serves_valid_json_retries_once_and_quarantines
 def test_speculative_decoding_telemetry_reaches_the_manifest(make_config, tmp_path):
     corpus = write_sample_corpus(tmp_path / "input", documents=6)
     config = make_config(engine="vllm", tiers__small__vllm__speculative_config=NGRAM)
-    manifest = run_job(config, job_id="spec", release_engines=True).manifest
+    manifest = run_job(config, job_id="spec", release_engines=True).manifest.as_json()
     e = manifest["engines"]["small"]
     assert e["levers"]["speculative"] == {"method": "ngram", "num_speculative_tokens": 4}
     assert e["levers"]["quantization"] == "none" and e["levers"]["kv_cache_dtype"] == "auto"
@@ -85,7 +85,7 @@ def test_a_seeded_job_at_temperature_above_zero_survives_a_full_engine_step_on_t
     config = make_config(
         engine="vllm", sampling__temperature=0.7, sampling__seed=1, tiers__small__vllm__max_num_batched_tokens=1024
     )
-    manifest = run_job(config, job_id="seeded", release_engines=True).manifest
+    manifest = run_job(config, job_id="seeded", release_engines=True).manifest.as_json()
     ledger = read_kind(tmp_path / "output", "ledger", "seeded")
     assert manifest["counts"]["quarantined"] == 0 and sum(ledger["prompt_tokens"].to_pylist()) > 2 * 1024
     assert_exactly_once(tmp_path / "output", "seeded", corpus, tmp_path / "state.db")
@@ -98,7 +98,7 @@ def test_a_file_written_for_vllm_run_batch_runs_unchanged_on_the_real_engine(mak
 
     write_batch(tmp_path / "input", [chat("a", DOC), chat("b", DOC), chat("c", OTHER, temperature=0.0, seed=1)])
     config = make_config(engine="vllm", tiers__small__served_model_names=["gpt-4o-mini"])
-    manifest = run_job(config, job_id="run-batch").manifest
+    manifest = run_job(config, job_id="run-batch").manifest.as_json()
     files = manifest["batches"]["nightly.jsonl"]["files"]
     out = read_jsonl(Path(config.output.uri) / files["output"])
     assert read_jsonl(Path(config.output.uri) / files["errors"]) == []

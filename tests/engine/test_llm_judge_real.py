@@ -62,7 +62,7 @@ def test_a_jobs_judge_wave_asks_what_run_judge_asks_and_calibrate_sets_its_verdi
     )
     try:
         pool = EnginePool(config.tiers)
-        m = run_job(config, job_id="judged", pool=pool).manifest  # the engines kept, for below
+        m = run_job(config, job_id="judged", pool=pool).manifest.as_json()  # the engines kept, for below
         judged = run_judge(config, rows)
         tokenizer, context = pool.tokenizer("large"), pool.context_length("large")
     finally:

@@ -144,7 +144,7 @@ def test_each_tenant_is_served_its_own_adapter_and_never_anothers_output(make_co
     config = make_config(
         **tenants(demo_adapters, "acme", "globex", dedup__shared_tenants=["acme", "globex", "initech"])
     )
-    m = run_job(config, job_id="tenants").manifest
+    m = run_job(config, job_id="tenants").manifest.as_json()
     assert m["status"] == "succeeded"
     ledger = {r["id"]: r for r in read_kind(tmp_path / "output", "ledger", "tenants").to_pylist() if r["id"]}
     assert all(ledger[r["id"]]["source"] == "generated" for r in rows), "an output crossed adapters"
@@ -156,7 +156,7 @@ def test_each_tenant_is_served_its_own_adapter_and_never_anothers_output(make_co
         assert ledger[r["id"]]["adapter_digest"] == digests.get(r["tenant"])
     outputs = {r["id"]: r["summary"] for r in read_kind(tmp_path / "output", "outputs", "tenants").to_pylist()}
     assert any(outputs[f"acme-{i}"] != outputs[f"initech-{i}"] for i in range(len(texts)))  # the adapter ran
-    again = run_job(config, job_id="tenants-again").manifest
+    again = run_job(config, job_id="tenants-again").manifest.as_json()
     assert again["status"] == "succeeded"
     reused = read_kind(tmp_path / "output", "ledger", "tenants-again").to_pylist()
     assert sum(r["cost_usd"] for r in reused if r["kind"] == "output") == 0  # every tenant's own output, reused

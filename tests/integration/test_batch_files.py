@@ -77,7 +77,7 @@ def results(config, manifest, file="nightly.jsonl") -> dict[str, list[dict]]:
 
 
 def test_a_batch_file_gets_one_line_per_request_answers_and_errors_apart(config):
-    manifest = run_job(config, job_id="b1").manifest
+    manifest = run_job(config, job_id="b1").manifest.as_json()
     out = results(config, manifest)
     answered = {line["custom_id"]: line for line in out["output"]}
     # OpenAI's shape: a refused request's error object in `response.body.error`, the top-level `error` null.
@@ -122,11 +122,13 @@ def test_a_batch_file_gets_one_line_per_request_answers_and_errors_apart(config)
 
 
 def test_a_rerun_writes_the_same_lines_and_a_new_job_pays_nothing(config):
-    first = run_job(config, job_id="b1").manifest
+    first = run_job(config, job_id="b1").manifest.as_json()
     before = results(config, first)
-    again = run_job(config, job_id="b1").manifest  # the same job: nothing to do, the files written again
+    again = run_job(config, job_id="b1").manifest.as_json()  # the same job: nothing to do, the files written again
     assert results(config, again) == before
-    second = run_job(config, job_id="b2").manifest  # the next night, the same file: every answer from the cache
+    second = run_job(
+        config, job_id="b2"
+    ).manifest.as_json()  # the next night, the same file: every answer from the cache
     out = results(config, second)
     assert [line["custom_id"] for line in out["output"]] == [line["custom_id"] for line in before["output"]]
     assert all(line["tokenmill"]["cost_usd"] == 0 for line in out["output"])
@@ -153,7 +155,7 @@ def test_an_anthropic_batch_file_gets_one_results_file(make_config, tmp_path):
     ]
     write_batch(tmp_path / "input", lines, "messages.jsonl")
     config = make_config(tiers__small__served_model_names=["claude-haiku"], dedup__shadow_rate=0)
-    manifest = run_job(config, job_id="a").manifest
+    manifest = run_job(config, job_id="a").manifest.as_json()
     out = results(config, manifest, "messages.jsonl")["results"]
     assert [(r["custom_id"], r["result"]["type"]) for r in out] == [
         ("a1", "succeeded"),
@@ -195,7 +197,7 @@ def test_a_stopped_job_returns_what_it_has_and_says_the_rest_expired(make_config
     lines = [request("a1", DOC), request("a2", OTHER), {"custom_id": "a3"}, request("a4", long), request("a5", long)]
     write_batch(tmp_path / "input", lines, "messages.jsonl")
     job = Job.open(config, "second")
-    plan(job.ctx)
+    plan(job.ctx.planning())
     waves = []
 
     def stop_after_the_first_wave(point, job_id, partition):
@@ -206,11 +208,11 @@ def test_a_stopped_job_returns_what_it_has_and_says_the_rest_expired(make_config
 
     with faults.inject(stop_after_the_first_wave):
         for p in job.ctx.state.partitions("second"):
-            prepare_or_fail(job.ctx, p.partition)
-        drain(job.ctx, "small")
+            prepare_or_fail(job.ctx.preparing(), p.partition)
+        drain(job.ctx.draining(), "small")
     assert job.end_stopped("expired", "the batch's completion_window ended before this request ran") == []
     assert job.ctx.state.job("second").status == "expired"
-    out = results(config, refresh_manifest(job.ctx).as_json(), "messages.jsonl")["results"]
+    out = results(config, refresh_manifest(job.ctx.manifests()).as_json(), "messages.jsonl")["results"]
     assert [(r["custom_id"], r["result"]["type"]) for r in out] == [
         ("a1", "succeeded"),
         ("a2", "succeeded"),
@@ -236,7 +238,7 @@ def test_a_document_file_beside_a_batch_file_writes_no_batch_results(make_config
     write_batch(tmp_path / "input", [chat("r1", DOC)])
     (tmp_path / "input" / "docs.jsonl").write_text(json.dumps({"id": "d1", "text": OTHER}) + "\n")
     config = make_config(tiers__small__served_model_names=["gpt-4o-mini"])
-    manifest = run_job(config, job_id="mixed").manifest
+    manifest = run_job(config, job_id="mixed").manifest.as_json()
     assert list(manifest["batches"]) == ["nightly.jsonl"]
     assert manifest["counts"]["outputs"] == 2
 

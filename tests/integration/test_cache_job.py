@@ -42,8 +42,8 @@ def by_id(table):
 
 def test_second_run_generates_nothing_and_costs_nothing(make_config, sample_corpus, tmp_path):
     config = make_config()
-    first = run_job(config, job_id="night-1").manifest
-    second = run_job(config, job_id="night-2").manifest
+    first = run_job(config, job_id="night-1").manifest.as_json()
+    second = run_job(config, job_id="night-2").manifest.as_json()
     assert first["counts"]["by_source"].get("generated", 0) > 0 and first["cost"]["cost_usd"] > 0
     assert second["counts"]["outputs"] == first["counts"]["outputs"]
     assert "generated" not in second["counts"]["by_source"] and second["cost"]["cost_usd"] == 0
@@ -72,7 +72,7 @@ def test_near_duplicate_mirrors_are_reused_in_the_job_and_across_jobs(make_confi
         + [{"id": "mirror", "tenant": "acme", "text": "Fwd: " + docs("a")[0]["text"] + " Sent from the archive."}],
     )
     config = make_config(dedup__shadow_rate=0.0)
-    m = run_job(config, job_id="j1").manifest
+    m = run_job(config, job_id="j1").manifest.as_json()
     out = by_id(read_kind(tmp_path / "output", "outputs", "j1"))
     assert out["mirror"]["source"] == "near_duplicate" and out["mirror"]["source_id"] == "a-0"
     assert out["mirror"]["summary"] == out["a-0"]["summary"] and out["mirror"]["similarity"] >= 0.8
@@ -104,12 +104,12 @@ def test_tenants_share_only_when_listed(make_config, tmp_path):
     write_jsonl(tmp_path / "input" / "a.jsonl", docs("a", "public-1", n=2))
     write_jsonl(tmp_path / "input2" / "b.jsonl", [dict(d, id="b" + d["id"], tenant="public-2") for d in docs("a", n=2)])
     run_job(make_config(), job_id="p1")
-    isolated = run_job(make_config(tmp_path / "input2"), job_id="p2").manifest
+    isolated = run_job(make_config(tmp_path / "input2"), job_id="p2").manifest.as_json()
     assert isolated["counts"]["by_source"] == {"generated": 2}
 
     shared = {"dedup__shared_tenants": ["public-1", "public-2"]}
     run_job(make_config(**shared), job_id="p3")  # shared scope: its own keys, so it generates once more
-    reused = run_job(make_config(tmp_path / "input2", **shared), job_id="p4").manifest
+    reused = run_job(make_config(tmp_path / "input2", **shared), job_id="p4").manifest.as_json()
     assert reused["counts"]["by_source"] == {"cache_exact": 2} and reused["cost"]["cost_usd"] == 0
 
 
@@ -119,7 +119,7 @@ def test_shadow_verification_measures_the_false_hit_rate(make_config, tmp_path):
         docs("a", n=3)
         + [{"id": f"m{i}", "tenant": "acme", "text": "Fwd: " + docs("a", n=3)[i]["text"]} for i in range(3)],
     )
-    m = run_job(make_config(dedup__shadow_rate=1.0), job_id="shadow").manifest
+    m = run_job(make_config(dedup__shadow_rate=1.0), job_id="shadow").manifest.as_json()
     v = m["reuse"]["verification"]
     assert v["checked"] == 3 and v["by_kind"]["near_duplicate"]["checked"] == 3
     assert 0 <= v["false_hit_rate"] <= 1 and v["ci95"][0] <= v["false_hit_rate"] <= v["ci95"][1]
@@ -140,14 +140,14 @@ def test_redis_cache_serves_the_second_night_and_its_outage_loses_nothing(
     make_config, sample_corpus, tmp_path, redis_server, caplog
 ):
     redis = {"cache__store": "redis", "cache__redis_url": redis_server.url, "cache__timeout_seconds": 1.0}
-    first = run_job(make_config(**redis), job_id="r1").manifest
+    first = run_job(make_config(**redis), job_id="r1").manifest.as_json()
     assert redis_server.client().dbsize() > 0
-    second = run_job(make_config(**redis), job_id="r2").manifest
+    second = run_job(make_config(**redis), job_id="r2").manifest.as_json()
     assert "generated" not in second["counts"]["by_source"] and second["cost"]["cost_usd"] == 0
 
     redis_server.stop()  # the store goes away: the job generates, warns once, marks the ledger
     with caplog.at_level(logging.WARNING, logger="pipeline.stores.cache"):
-        third = run_job(make_config(**redis), job_id="r3").manifest
+        third = run_job(make_config(**redis), job_id="r3").manifest.as_json()
     assert third["counts"]["outputs"] == first["counts"]["outputs"] and third["status"] == "succeeded"
     assert third["counts"]["by_source"].get("generated", 0) == first["counts"]["by_source"]["generated"]
     ledger = read_kind(tmp_path / "output", "ledger", "r3")
@@ -161,7 +161,7 @@ def test_unreachable_redis_from_the_start_is_one_warning(make_config, sample_cor
         cache__store="redis", cache__redis_url=f"redis://127.0.0.1:{free_port()}/0", cache__timeout_seconds=0.5
     )
     with caplog.at_level(logging.WARNING, logger="pipeline.stores.cache"):
-        m = run_job(config, job_id="no-redis").manifest
+        m = run_job(config, job_id="no-redis").manifest.as_json()
     assert m["status"] == "succeeded" and m["reuse"]["cache_status"]["bypassed"] > 0
     assert len([r for r in caplog.records if r.name == "pipeline.stores.cache"]) == 1
 
@@ -186,7 +186,7 @@ def test_semantic_paraphrases_are_reused_in_the_job_and_from_the_cache(make_conf
         "dedup__shadow_rate": 0.0,
         "dedup__semantic_threshold": 0.85,
     }
-    m = run_job(make_config(**semantic), job_id="s1").manifest
+    m = run_job(make_config(**semantic), job_id="s1").manifest.as_json()
     out = by_id(read_kind(tmp_path / "output", "outputs", "s1"))
     assert out["para"]["source"] == "semantic" and out["para"]["source_id"] == "orig"
     assert out["para"]["similarity"] >= 0.85
@@ -218,9 +218,11 @@ def test_a_job_is_not_continued_under_other_tenant_isolation(make_config, tmp_pa
         [dict(d, tenant="public-1") for d in same] + [dict(d, id="b" + d["id"], tenant="public-2") for d in same],
     )
     shared = {"dedup__shared_tenants": ["public-1", "public-2"]}
-    first = run_job(make_config(**shared), job_id="iso").manifest
+    first = run_job(make_config(**shared), job_id="iso").manifest.as_json()
     assert first["counts"]["by_source"] == {"generated": 2, "duplicate_in_job": 2}
-    assert run_job(make_config(**shared), job_id="iso").manifest["status"] == "succeeded"  # same settings: fine
+    assert (
+        run_job(make_config(**shared), job_id="iso").manifest.as_json()["status"] == "succeeded"
+    )  # same settings: fine
     with pytest.raises(JobError, match="dedup.shared_tenants"):
         run_job(make_config(), job_id="iso", partitions=[next(iter(first["partitions"]))])  # a forced rerun too
     with pytest.raises(JobError, match="new job id"):
@@ -247,7 +249,7 @@ def test_a_long_document_seen_before_pays_nothing_for_its_chunk_summaries(make_c
 
     with faults.inject(fail_the_reduce), pytest.raises(Exception, match="1 of"):
         run_job(config, job_id="first")
-    m = run_job(config, job_id="second").manifest
+    m = run_job(config, job_id="second").manifest.as_json()
     with sqlite3.connect(tmp_path / "state.db") as c:
         origins = dict(
             c.execute("select coalesce(origin, 'generated'), count(*) from items where job_id='second' group by 1")

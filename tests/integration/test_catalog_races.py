@@ -221,7 +221,7 @@ def test_a_rerun_takes_over_from_a_gone_holder_at_once_and_names_the_live_ones(s
             assert f"partition {p} waits: held by worker {holders[p]}" in text and f"lease ends at {expiry}" in text
             assert text.count(f"partition {p} waits") == 1  # said once per holder and lease, not every second
         with pytest.raises(JobError, match=f"held by worker {holders['p2']} until its lease ends at 20"):
-            commit_partition(job, "p2")
+            commit_partition(job.committing(), "p2")
     finally:
         live.kill()
         live.wait()

@@ -107,7 +107,7 @@ def test_record_ids_with_hash_signs_round_trip(make_config, tmp_path):
     assert set(rows) == {"notes#1.txt", "notes#2.txt"}
     for source, cost, attempts in rows.values():
         assert source == "generated" and cost > 0 and attempts >= 1  # not taken for a duplicate, not free
-    assert job.manifest["counts"]["by_source"] == {"generated": 2}
+    assert job.manifest.as_json()["counts"]["by_source"] == {"generated": 2}
 
 
 def test_a_publish_lost_after_the_catalog_commit_is_done_by_the_job(make_config, sample_corpus, tmp_path):
@@ -125,7 +125,7 @@ def test_a_publish_lost_after_the_catalog_commit_is_done_by_the_job(make_config,
     config = make_config()
     with faults.inject(lose_record):
         job = run_job(config, job_id="republished")
-    assert job.manifest["status"] == "succeeded" and victim
+    assert job.manifest.as_json()["status"] == "succeeded" and victim
     epoch = [p.epoch for p in StateStore(config.state.url).partitions("republished") if p.partition == victim["p"]]
     root = storage.resolve(str(tmp_path / "output"))
     assert published_epochs(root, "republished", [victim["p"]]) == {victim["p"]: epoch[0]}
@@ -148,10 +148,10 @@ def test_files_no_table_log_names_are_never_read(make_config, sample_corpus, tmp
     con = connect(str(out))
     assert (
         con.execute("SELECT count(*) FROM ledger WHERE kind = 'output'").fetchone()[0]
-        == first.manifest["counts"]["outputs"]
+        == first.manifest.as_json()["counts"]["outputs"]
     )
     again = run_job(config, job_id="leftover")  # nothing to do: nothing published twice
-    assert again.manifest["cost"]["cost_usd"] == first.manifest["cost"]["cost_usd"]
+    assert again.manifest.as_json()["cost"]["cost_usd"] == first.manifest.as_json()["cost"]["cost_usd"]
     assert read_kind(out, "ledger", "leftover").num_rows == con.execute("SELECT count(*) FROM ledger").fetchone()[0]
 
 
@@ -214,5 +214,5 @@ def test_plain_duckdb_and_polars_read_whole_partitions_mid_job(make_config, samp
 
     with faults.inject(read_mid_job):
         job = run_job(config, job_id="midjob")
-    assert job.manifest["status"] == "succeeded"
-    assert checks == list(range(len(job.manifest["partitions"])))  # read at every commit point, 0 to n-1 done
+    assert job.manifest.as_json()["status"] == "succeeded"
+    assert checks == list(range(len(job.manifest.as_json()["partitions"])))  # read at every commit point, 0 to n-1 done

@@ -27,7 +27,11 @@ def test_rerun_of_a_job_id_replaces_rows_and_is_deterministic(make_config, sampl
     )
     second = run_job(config, job_id="again")
     outputs = read_kind(tmp_path / "output", "outputs", "again")
-    assert outputs.num_rows == first.manifest["counts"]["outputs"] == second.manifest["counts"]["outputs"]
+    assert (
+        outputs.num_rows
+        == first.manifest.as_json()["counts"]["outputs"]
+        == second.manifest.as_json()["counts"]["outputs"]
+    )
     assert read_kind(tmp_path / "output", "ledger", "again").num_rows == outputs.num_rows
     assert dict(zip(outputs["id"].to_pylist(), outputs["summary"].to_pylist())) == summaries  # greedy: same text
 
@@ -51,7 +55,7 @@ def test_an_item_the_engine_fails_on_is_quarantined_alone(make_config, tmp_path,
         return real_add(self, request_id, prompt, max_tokens, sampling)
 
     monkeypatch.setattr(FakeEngine, "add", add)
-    m = run_job(make_config(), job_id="poison").manifest
+    m = run_job(make_config(), job_id="poison").manifest.as_json()
     quarantine = read_kind(tmp_path / "output", "quarantine", "poison")
     assert quarantine["id"].to_pylist() == ["d5"] and quarantine["reason"].to_pylist() == ["engine_error"]
     assert "simulated CUDA error" in quarantine["detail"][0].as_py()
@@ -72,7 +76,7 @@ def test_an_output_its_checks_cannot_measure_is_quarantined_alone(make_config, t
         return real_measure(summary, document)
 
     monkeypatch.setattr(worker, "measure", measure)
-    m = run_job(make_config(), job_id="unchecked").manifest
+    m = run_job(make_config(), job_id="unchecked").manifest.as_json()
     quarantine = read_kind(tmp_path / "output", "quarantine", "unchecked")
     assert quarantine["id"].to_pylist() == ["d7"] and quarantine["reason"].to_pylist() == ["engine_error"]
     assert "output checks failed: ValueError" in quarantine["detail"][0].as_py()
@@ -81,7 +85,7 @@ def test_an_output_its_checks_cannot_measure_is_quarantined_alone(make_config, t
 
 def test_empty_input_folder_is_a_finished_job_with_nothing_in_it(make_config, tmp_path):
     (tmp_path / "input").mkdir()
-    m = run_job(make_config(), job_id="empty").manifest
+    m = run_job(make_config(), job_id="empty").manifest.as_json()
     assert m["counts"]["records"] == 0 and m["cost"]["cost_usd"] == 0
 
 
@@ -106,7 +110,7 @@ def test_tokenmill_home_holds_state_and_models(tiny_models, tmp_path, sample_cor
         "TOKENMILL_RUN__PROGRESS": "off",
         **FAKE_ENGINE,
     }
-    m = run_job(load_config(TINY_CONFIG, environ=env), job_id="home").manifest
+    m = run_job(load_config(TINY_CONFIG, environ=env), job_id="home").manifest.as_json()
     assert (home / "state.db").exists() and (home / "cache" / "cache.sqlite").exists()
     # No embedding model in this home: the job runs without semantic reuse and says so.
     assert m["status"] == "succeeded" and "semantic reuse off" in m["staging"]["dedup"]["notes"][0]
@@ -168,7 +172,7 @@ def test_manifest_reports_efficiency_against_the_gpu_limits(make_config, sample_
     from pipeline.output.telemetry import GPU_PEAKS, checkpoint_size
 
     config = make_config(tiers__small__gpu_model="H100-SXM")  # arithmetic check: the tiny model on a named GPU
-    e = run_job(config, job_id="eff").manifest["engines"]["small"]
+    e = run_job(config, job_id="eff").manifest.as_json()["engines"]["small"]
     params, weight_bytes = checkpoint_size(config.tiers["small"].model)
     assert params == 1_115_264 and weight_bytes == 4 * params  # fp32 tiny model, read from safetensors headers
     peak = GPU_PEAKS["H100-SXM"]
@@ -178,7 +182,7 @@ def test_manifest_reports_efficiency_against_the_gpu_limits(make_config, sample_
         weight_bytes * e["decode_steps_estimate"] / (e["engine_seconds"] * peak["bandwidth"])
     )
     assert 0 < e["efficiency"]["mfu"] < 1 and e["decode_steps_estimate"] >= 48
-    unnamed = run_job(make_config(), job_id="eff-cpu").manifest["engines"]
+    unnamed = run_job(make_config(), job_id="eff-cpu").manifest.as_json()["engines"]
     assert all(v["efficiency"]["mfu"] is None for v in unnamed.values()) or unnamed == {}
 
 
@@ -197,7 +201,7 @@ def test_a_fifo_named_like_an_input_file_is_skipped_not_waited_on(make_config, t
     if job.is_alive():  # release the blocked reader (a writer's open unblocks it) before failing
         os.close(os.open(root / "b.jsonl", os.O_WRONLY | os.O_NONBLOCK))
     assert done, "the job blocked on the FIFO"
-    m = done[0].manifest
+    m = done[0].manifest.as_json()
     assert m["status"] == "succeeded" and m["counts"]["outputs"] == 1
     assert any(s.startswith("b.jsonl: skipped, not a regular file (a FIFO)") for s in m["staging"]["skipped_files"])
 
@@ -227,7 +231,7 @@ def test_a_job_id_given_again_for_other_input_is_refused(make_config, sample_cor
     from pipeline.dev.samples import write_sample_corpus
 
     config = make_config()
-    assert run_job(config, job_id="given").manifest["status"] == "succeeded"
+    assert run_job(config, job_id="given").manifest.as_json()["status"] == "succeeded"
     write_sample_corpus(tmp_path / "other", documents=5)
     with pytest.raises(JobError, match=r"a job's input is fixed once planned"):
         run_job(make_config(tmp_path / "other"), job_id="given")

@@ -56,7 +56,7 @@ def judged_config(make_config, **overrides):
 def test_the_judge_runs_on_outputs_that_passed_the_checks_and_its_cost_is_charged_to_them(make_config, tmp_path):
     ids = corpus(tmp_path)
     config = judged_config(make_config)
-    m = run_job(config, job_id="j1", pool=EnginePool(config.tiers), release_engines=True).manifest
+    m = run_job(config, job_id="j1", pool=EnginePool(config.tiers), release_engines=True).manifest.as_json()
     assert m["status"] == "succeeded" and m["counts"]["outputs"] == 6
     ledger = read_kind(tmp_path / "output", "ledger", "j1")
     rows = {r["id"]: r for r in ledger.to_pylist() if r["kind"] == "output"}
@@ -91,9 +91,9 @@ def test_the_judge_runs_on_outputs_that_passed_the_checks_and_its_cost_is_charge
     )
     after = read_kind(tmp_path / "output", "ledger", "j1")
     assert sorted(r["id"] for r in after.to_pylist() if r["kind"] == "judge") == sorted(r["id"] for r in judged)
-    assert again.manifest["judge"] == m["judge"]
+    assert again.manifest.as_json()["judge"] == m["judge"]
     # A later job over the same documents: outputs and verdicts from the cache, no verdict paid again.
-    m2 = run_job(config, job_id="j2", pool=EnginePool(config.tiers), release_engines=True).manifest
+    m2 = run_job(config, job_id="j2", pool=EnginePool(config.tiers), release_engines=True).manifest.as_json()
     rows2 = {r["id"]: r for r in read_kind(tmp_path / "output", "ledger", "j2").to_pylist() if r["kind"] == "output"}
     assert {i: r["judge"] for i, r in rows2.items()} == {i: r["judge"] for i, r in rows.items()}
     assert m2["judge"]["paid"] == 0 and "judge" not in m2["cost"]["gpu_seconds_by_kind"]
@@ -115,7 +115,7 @@ def test_a_judge_that_fails_leaves_every_output_served_unjudged_and_not_acceptab
     pool = EnginePool(
         config.tiers, factory=lambda tier: (_BrokenJudge if tier.model.endswith("large") else ENGINES["fake"])(tier)
     )
-    m = run_job(config, job_id="jf", pool=pool, release_engines=True).manifest
+    m = run_job(config, job_id="jf", pool=pool, release_engines=True).manifest.as_json()
     assert m["status"] == "succeeded" and m["counts"]["outputs"] == 6 and m["counts"]["quarantined"] == 0
     ledger = read_kind(tmp_path / "output", "ledger", "jf")
     rows = {r["id"]: r for r in ledger.to_pylist() if r["kind"] == "output"}
@@ -145,7 +145,7 @@ def test_an_escalated_output_is_judged_after_its_escalation_on_the_escalation_ti
         route__escalation__min_mean_logprob=-6.9,  # the fake's confidence splits the documents around it
         tiers__large__fake__answers=large,
     )
-    m = run_job(config, job_id="je", pool=EnginePool(config.tiers), release_engines=True).manifest
+    m = run_job(config, job_id="je", pool=EnginePool(config.tiers), release_engines=True).manifest.as_json()
     ledger = read_kind(tmp_path / "output", "ledger", "je")
     rows = {r["id"]: r for r in ledger.to_pylist() if r["kind"] == "output"}
     escalated = {i for i, r in rows.items() if r["escalated"]}
@@ -189,7 +189,7 @@ def test_a_judge_tier_that_cannot_start_fails_the_job_and_its_rerun_judges_payin
     db = tmp_path / "state.db"
     summaries = scalar(db, "select count(*) from items where job_id='js' and tier='small'")
     assert summaries == 5 and not read_kind(tmp_path / "output", "ledger", "js").num_rows  # paid, kept, not committed
-    m = run_job(config, job_id="js", pool=EnginePool(config.tiers), release_engines=True).manifest
+    m = run_job(config, job_id="js", pool=EnginePool(config.tiers), release_engines=True).manifest.as_json()
     assert m["status"] == "succeeded" and m["judge"]["verdicts"] == {"bad": 1, "keep": 3, "no_verdict": 1}
     assert scalar(db, "select count(*) from items where job_id='js' and tier='small'") == summaries
     assert_exactly_once(tmp_path / "output", "js", ids, db)

@@ -125,7 +125,7 @@ def test_a_watched_job_counts_mid_drain_and_ends_equal_to_its_ledger(make_config
     finally:
         release.set()
     job.join(HANG_GUARD)
-    assert not job.is_alive() and result and result[0].manifest["status"] == "succeeded"
+    assert not job.is_alive() and result and result[0].manifest.as_json()["status"] == "succeeded"
     end = scrape(port)
 
     # Mid-drain: generations, tokens and busy seconds counted, nothing committed yet; the estimate's end ahead.
@@ -150,7 +150,7 @@ def test_a_watched_job_counts_mid_drain_and_ends_equal_to_its_ledger(make_config
     ):
         assert by(end, {}, gauge, *keys) == pytest.approx(by(end, before, counter, *keys), rel=1e-9), gauge
         assert {dict(ls)["pipeline"] for n, ls in end if n == gauge} == {"run"}
-    utilisation = result[0].manifest["engines"]["small"]["utilisation"]
+    utilisation = result[0].manifest.as_json()["engines"]["small"]["utilisation"]
     assert end[("tokenmill_engine_utilisation_ratio", (("tier", "small"),))] == pytest.approx(utilisation, abs=1e-4)
 
 
@@ -235,7 +235,7 @@ def test_a_pushgateway_that_refuses_connections_fails_no_commit(make_config, tmp
             lambda point, job, p: committing.append(len(caplog.records)) if point == "before_publish" else None
         ),
     ):
-        m = run_job(config, job_id="unpushed").manifest
+        m = run_job(config, job_id="unpushed").manifest.as_json()
     assert m["status"] == "succeeded" and m["counts"]["outputs"] == 5 and committing
     failed = [i for i, r in enumerate(caplog.records) if r.getMessage().startswith(f"metrics: push to {url} failed")]
     assert failed and failed[-1] >= committing[0], "the commit pushed (and failed) after its files were committed"
@@ -276,9 +276,9 @@ def test_steps_push_the_jobs_state_to_one_group_per_pipeline(make_config, tmp_pa
             metrics__job_label="tm",
             metrics__pipeline="nightly",
         )
-        assert run_job(config, job_id="pushed", worker="host-a:1").manifest["status"] == "succeeded"
+        assert run_job(config, job_id="pushed", worker="host-a:1").manifest.as_json()["status"] == "succeeded"
         pushes, Gateway.pushes = Gateway.pushes, []
-        assert run_job(config, job_id="batch-0001", worker="host-a:1").manifest["status"] == "succeeded"
+        assert run_job(config, job_id="batch-0001", worker="host-a:1").manifest.as_json()["status"] == "succeeded"
     finally:
         server.shutdown()
         server.server_close()

@@ -168,10 +168,10 @@ def test_stage_waits_for_a_planning_in_progress_instead_of_failing_it(config):
     stage.join(timeout=2 * config.state.wait_seconds + 1)
     assert stage.is_alive() and job.state.job("busy").status == "planning"  # waiting, the staging untouched
     assert not job.state.reclaim_planning("busy", config.state.lease_seconds)
-    plan_input(job, 1)  # the planning worker finishes (its claim: epoch 1)
+    plan_input(job.planning(), 1)  # the planning worker finishes (its claim: epoch 1)
     stage.join(timeout=60)
     assert not stage.is_alive() and staged and staged[0] == [p.partition for p in job.state.partitions("busy")]
-    with pytest.raises(RuntimeError), planning_step(job, 1):
+    with pytest.raises(RuntimeError), planning_step(job.planning(), 1):
         raise RuntimeError("a late step of an earlier attempt fails")
     assert job.state.job("busy").status == "planned"
 
@@ -205,7 +205,7 @@ def test_a_staging_step_renews_its_lease_while_it_runs(config):
         "lease", config_fingerprint(config), config.input.uri, config.output.uri, lease_seconds=lease
     )
     claimed = aware(job.state.job("lease").planning_renewed_at)
-    with planning_step(job, epoch):  # renews every lease / 3
+    with planning_step(job.planning(), epoch):  # renews every lease / 3
         # Past the claim's own lease end, with a renewal since: the step's beats keep it.
         wait_until(
             lambda: (
@@ -310,6 +310,6 @@ def test_a_folder_of_one_document_files_is_packed_into_few_partitions(make_confi
     assert len(set(one["gen_key"].to_pylist())) == 200  # 200 texts three times: across packs, one generation each
 
     result = run_job(config, job_id="packed")
-    assert result.manifest["status"] == "succeeded" and len(result.manifest["partitions"]) == 3
+    assert result.manifest.as_json()["status"] == "succeeded" and len(result.manifest.as_json()["partitions"]) == 3
     ids = [n for n in names if n != "docs/0100.txt"]
     assert_exactly_once(config.output.uri, "packed", {"ids": ids, "bad_records": 1}, tmp_path / "state.db")

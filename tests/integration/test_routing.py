@@ -240,7 +240,7 @@ def test_escalation_regenerates_low_confidence_outputs_and_pays_both_attempts(ma
     write(tmp_path / "input" / "a.jsonl", docs(6))
     # Threshold 0: every small-tier output is "low confidence" (log-probabilities are negative).
     config = make_config(routing=True, route__escalation__min_mean_logprob=0.0, route__rules=[], dedup__near=False)
-    m = run_job(config, job_id="esc").manifest
+    m = run_job(config, job_id="esc").manifest.as_json()
     ledger = {r["id"]: r for r in read_kind(tmp_path / "output", "ledger", "esc").to_pylist()}
     assert all(r["escalated"] and r["attempts"] == 2 and r["tier"] == "large" for r in ledger.values())
     assert all(r["route_reason"] == "default" for r in ledger.values())
@@ -252,9 +252,9 @@ def test_escalation_regenerates_low_confidence_outputs_and_pays_both_attempts(ma
     small_price, large_price = (config.tiers[t].price_per_gpu_hour for t in ("small", "large"))
     assert all(small_price < r["price_per_gpu_hour"] < large_price for r in ledger.values())
 
-    again = run_job(config, job_id="esc").manifest  # a rerun: nothing generated twice
+    again = run_job(config, job_id="esc").manifest.as_json()  # a rerun: nothing generated twice
     assert again["engines"] == m["engines"]
-    cached = run_job(config, job_id="esc-2").manifest  # another night: both attempts come from the cache
+    cached = run_job(config, job_id="esc-2").manifest.as_json()  # another night: both attempts come from the cache
     assert cached["counts"]["by_source"] == {"cache_exact": 6} and cached["cost"]["cost_usd"] == 0
     assert "engines" not in cached or cached["engines"] == {}
 
@@ -262,7 +262,7 @@ def test_escalation_regenerates_low_confidence_outputs_and_pays_both_attempts(ma
 def test_confident_outputs_stay_on_the_small_tier(make_config, tmp_path):
     write(tmp_path / "input" / "a.jsonl", docs(4))
     config = make_config(routing=True, route__escalation__min_mean_logprob=-1000.0, route__rules=[], dedup__near=False)
-    m = run_job(config, job_id="calm").manifest
+    m = run_job(config, job_id="calm").manifest.as_json()
     ledger = read_kind(tmp_path / "output", "ledger", "calm").to_pylist()
     assert {(r["tier"], r["escalated"], r["attempts"]) for r in ledger} == {("small", False, 1)}
     assert set(m["engines"]) == {"small"}, "an engine starts only for a tier that gets items"
@@ -270,7 +270,7 @@ def test_confident_outputs_stay_on_the_small_tier(make_config, tmp_path):
 
 def test_long_documents_are_quarantined_when_chunking_is_off(make_config, tmp_path):
     write(tmp_path / "input" / "a.jsonl", docs(1, words=3000))
-    m = run_job(make_config(requests__long_documents="quarantine"), job_id="q").manifest
+    m = run_job(make_config(requests__long_documents="quarantine"), job_id="q").manifest.as_json()
     assert m["counts"]["by_reason"] == {"too_long": 1}
 
 
@@ -279,7 +279,7 @@ CPU_BLOCK_TOKENS = 128  # vLLM's KV block on the CPU: the prefix cache hits whol
 
 def test_prefix_sharing_is_reported_against_what_is_possible(make_config, tmp_path):
     write(tmp_path / "input" / "a.jsonl", docs(12, words=200))
-    m = run_job(make_config(dedup__near=False), job_id="px").manifest
+    m = run_job(make_config(dedup__near=False), job_id="px").manifest.as_json()
     p, tokens = m["prefix_cache"], m["tokens"]
     assert p["shareable_ratio"] > 0.5, "every prompt shares the system prompt and template"
     # 12 prompts share the system prompt, template and 200 words (about 245 tokens, more than one block),
@@ -318,7 +318,7 @@ def test_loops_are_flagged_alike_in_catalog_ledger_and_manifest_and_escalate_whe
     from pipeline.generate.quality import failed_checks
 
     config = looping(make_config, tmp_path, 24, route__escalation__on_degenerate=escalate)
-    m = run_job(config, job_id="loops").manifest
+    m = run_job(config, job_id="loops").manifest.as_json()
     with sqlite3.connect(tmp_path / "state.db") as c:
         c.row_factory = sqlite3.Row
         small = [dict(r) for r in c.execute("select * from items where job_id='loops' and tier='small'")]
@@ -361,7 +361,7 @@ def test_outputs_still_failing_a_check_after_escalation_are_quarantined_with_its
         tiers__large__fake__loop_share=0.5,
         tiers__large__fake__output_tokens=24,
     )  # loops aside, they stop
-    m = run_job(config, job_id="rejects").manifest
+    m = run_job(config, job_id="rejects").manifest.as_json()
     with sqlite3.connect(tmp_path / "state.db") as c:
         c.row_factory = sqlite3.Row
         items = [dict(r) for r in c.execute("select * from items where job_id='rejects'")]

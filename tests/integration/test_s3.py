@@ -57,7 +57,7 @@ def s3_config(make_config, endpoint: str, buckets, **overrides):
 
 def test_job_reads_and_writes_s3(make_config, s3_server, s3_client, buckets, tmp_path):
     counts = upload_corpus(s3_client, tmp_path, buckets[0], "corpus")
-    m = run_job(s3_config(make_config, s3_server, buckets), job_id="s3-job").manifest
+    m = run_job(s3_config(make_config, s3_server, buckets), job_id="s3-job").manifest.as_json()
     outputs = read_s3_kind(s3_client, buckets[1], "tokenmill", "outputs", "s3-job")
     quarantine = read_s3_kind(s3_client, buckets[1], "tokenmill", "quarantine", "s3-job")
     ledger = read_s3_kind(s3_client, buckets[1], "tokenmill", "ledger", "s3-job")
@@ -91,7 +91,7 @@ def test_missing_bucket_is_a_clear_error_without_credentials(make_config, s3_ser
 def test_throttling_is_retried_transparently(make_config, s3_proxy, s3_client, buckets, tmp_path):
     counts = upload_corpus(s3_client, tmp_path, buckets[0], "corpus", documents=10)
     s3_proxy.fail("/ledger/", times=2)  # two SlowDown answers, then the store recovers
-    m = run_job(s3_config(make_config, s3_proxy.url, buckets, attempts=4), job_id="throttled").manifest
+    m = run_job(s3_config(make_config, s3_proxy.url, buckets, attempts=4), job_id="throttled").manifest.as_json()
     assert s3_proxy.failed == 2
     assert m["counts"]["records"] == counts["documents"] + counts["bad_records"] and m["status"] == "succeeded"
 
@@ -118,7 +118,7 @@ def test_store_outage_fails_only_that_partition_and_the_rerun_pays_nothing_twice
         ).one()
 
     s3_proxy.fail(None)  # the store is back
-    m = run_job(config, job_id="outage").manifest
+    m = run_job(config, job_id="outage").manifest.as_json()
     with state.db_session() as s:
         items_after = s.execute(
             __import__("sqlalchemy").text("select count(*), sum(gpu_seconds) from items where job_id='outage'")
@@ -246,7 +246,7 @@ def test_job_with_only_the_endpoint_variable(aws_env, make_config, s3_server, s3
     aws_env.setenv("AWS_ENDPOINT_URL_S3", s3_server)
     config = make_config(input_dir=f"s3://{buckets[0]}/corpus", output__uri=f"s3://{buckets[1]}/tokenmill")
     assert config.storage.s3_endpoint_url is None
-    m = run_job(config, job_id="env-endpoint").manifest
+    m = run_job(config, job_id="env-endpoint").manifest.as_json()
     assert m["status"] == "succeeded" and m["counts"]["records"] == counts["documents"] + counts["bad_records"]
     assert read_s3_kind(s3_client, buckets[1], "tokenmill", "outputs", "env-endpoint").num_rows > 0
 

@@ -1,5 +1,6 @@
 """The state catalog's contract, on SQLite and on a real PostgreSQL server."""
 
+import json
 import threading
 import time
 import uuid
@@ -327,3 +328,52 @@ def test_a_first_migration_killed_midway_leaves_nothing_and_the_next_run_migrate
         assert StateStore(url).jobs() == []
     finally:
         engine.dispose()
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "postgresql"])
+def test_migration_0020_moves_control_data_out_of_counts_into_columns(backend, tmp_path, request):
+    """A catalog whose rows kept control data in `counts` (a job's isolation fingerprint and batch files under
+    `staging`, a partition's commit record and metrics figures) has it in columns after the upgrade, `counts`
+    keeping the figures; and in `counts` again after a downgrade."""
+    from alembic import command
+    from sqlalchemy import create_engine, text
+
+    from pipeline.stores.catalog import alembic_config
+
+    url = f"sqlite:///{tmp_path}/old.db" if backend == "sqlite" else request.getfixturevalue("fresh_postgres_url")
+    cfg = alembic_config(url)
+    command.upgrade(cfg, "0019")
+    engine = create_engine(url)
+    job_counts = {"records": 2, "staging": {"records": 2, "isolation": "iso", "batch_files": {"a.jsonl": "openai"}}}
+    figures = {"items": {"t": {"small": {"generated": 1}}}}
+    commit = {"id": "1-abc", "epoch": 1, "files": {"outputs": ["outputs/x.parquet"]}}
+    part_counts = {"outputs": 1, "commit": commit, "metrics": figures}
+    with engine.begin() as c:
+        c.execute(
+            text(
+                "INSERT INTO jobs (job_id, status, config_fingerprint, input_uri, output_uri, created_at, counts, "
+                "planning_epoch) VALUES ('j', 'planned', 'fp', 'in', 'out', CURRENT_TIMESTAMP, :counts, 1)"
+            ),
+            {"counts": json.dumps(job_counts)},
+        )
+        insert = text(
+            "INSERT INTO partitions (job_id, partition, file, records, status, attempts, epoch, counts, wave) "
+            "VALUES ('j', :p, 'f', 1, :status, 1, 1, :counts, 0)"
+        )
+        c.execute(insert, {"p": "p1", "status": "succeeded", "counts": json.dumps(part_counts)})
+        c.execute(insert, {"p": "p2", "status": "pending", "counts": None})
+    command.upgrade(cfg, "head")
+    store = StateStore(url)
+    job = store.job("j")
+    assert (job.isolation, job.batch_files) == ("iso", {"a.jsonl": "openai"})
+    assert json.loads(job.counts) == {"records": 2, "staging": {"records": 2}}
+    p1, p2 = store.partitions("j")
+    assert (p1.commit_id, p1.commit_epoch, p1.commit_files, p1.figures) == ("1-abc", 1, commit["files"], figures)
+    assert json.loads(p1.counts) == {"outputs": 1}
+    assert (p2.commit_id, p2.commit_epoch, p2.commit_files, p2.figures, p2.counts) == (None,) * 5
+    command.downgrade(cfg, "0019")
+    with engine.connect() as c:
+        assert json.loads(c.execute(text("SELECT counts FROM jobs")).scalar_one()) == job_counts
+        counts = dict(c.execute(text("SELECT partition, counts FROM partitions")).all())
+        assert json.loads(counts["p1"]) == part_counts and counts["p2"] is None
+    engine.dispose()

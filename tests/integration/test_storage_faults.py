@@ -51,7 +51,7 @@ def test_a_full_disk_during_commits_fails_those_commits_and_a_rerun_completes_th
     output = tmp_path / "output"
     assert leftovers(output) == []
     # space freed
-    assert run_job(config, job_id="full").manifest["status"] == "succeeded"
+    assert run_job(config, job_id="full").manifest.as_json()["status"] == "succeeded"
     assert_exactly_once(output, "full", sample_corpus[1], tmp_path / "state.db")
     assert leftovers(output) == []
 
@@ -91,7 +91,7 @@ def test_an_output_root_that_cannot_be_written_is_one_clear_error_before_any_gpu
     )
     assert scalar(tmp_path / "state.db", "select count(*) from jobs") == 0, "nothing was staged"
     assert list(output.iterdir()) == []
-    assert run_job(config, job_id="ro").manifest["status"] == "succeeded"
+    assert run_job(config, job_id="ro").manifest.as_json()["status"] == "succeeded"
     assert_exactly_once(output, "ro", sample_corpus[1], tmp_path / "state.db")
 
 
@@ -141,7 +141,7 @@ def test_the_state_database_restarted_mid_drain_loses_no_record_and_no_gpu_secon
             run_job(config, job_id="pg", worker=f"{socket.gethostname()}:{dead.pid}")
     except JobError as e:
         assert "state database" in str(e) or "partitions not committed" in str(e), e
-        assert run_job(config, job_id="pg").manifest["status"] == "succeeded"
+        assert run_job(config, job_id="pg").manifest.as_json()["status"] == "succeeded"
     assert restarts
     assert_exactly_once(tmp_path / "output", "pg", sample_corpus[1], own_postgres.url)
 
@@ -181,5 +181,35 @@ def test_a_delta_log_write_that_fails_leaves_the_partition_in_no_table_and_a_rer
     for kind in ("outputs", "ledger", "quarantine"):
         assert victim not in set(read_kind(output, kind, "unpublished")["partition"].to_pylist()), kind
     monkeypatch.undo()
-    assert run_job(config, job_id="unpublished").manifest["status"] == "succeeded"
+    assert run_job(config, job_id="unpublished").manifest.as_json()["status"] == "succeeded"
     assert_exactly_once(output, "unpublished", sample_corpus[1], db)
+
+
+def test_a_stopped_job_whose_tables_refuse_the_publish_fails_naming_it_then_ends_when_they_take_it(
+    make_config, sample_corpus, tmp_path, monkeypatch
+):
+    """Reproducer: a job stopped for good (its batch cancelled) commits every partition with what it has, then
+    the output store refuses the tables' log writes: the manifest write's error escaped `end_stopped` and the
+    job's status stayed as it was. It is `failed` now with that error, as a run's end is; called again with the
+    store back, the job ends `cancelled`."""
+    from deltalake import DeltaTable
+
+    from pipeline.job.lifecycle import Job
+    from pipeline.job.plan import plan
+
+    config = make_config(input__records_per_partition=10)
+    job = Job.open(config, "stopped")
+    plan(job.ctx.planning())
+
+    def refused(*args, **kwargs):
+        raise OSError(errno.EIO, "Generic LocalFileSystem error: writing _delta_log")
+
+    monkeypatch.setattr(DeltaTable, "create_write_transaction", refused)
+    with pytest.raises(JobError, match="committed partitions not in the output tables yet"):
+        job.end_stopped("cancelled", "the batch was cancelled")
+    db = tmp_path / "state.db"
+    assert scalar(db, "select status from jobs where job_id='stopped'") == "failed"
+    assert scalar(db, "select error from jobs where job_id='stopped'").startswith("committed partitions not in")
+    monkeypatch.undo()
+    assert job.end_stopped("cancelled", "the batch was cancelled") == []
+    assert scalar(db, "select status from jobs where job_id='stopped'") == "cancelled"

@@ -61,7 +61,9 @@ def test_a_job_refuses_the_old_layout_and_migrate_converts_it_once(make_config, 
     again = CliRunner().invoke(app, ["tables", "migrate", "--output", str(out)])
     assert again.exit_code == 0 and "converted 0 partitions" in again.output
     assert counts(out) == WANT
-    assert run_job(make_config(), job_id="after").manifest["status"] == "succeeded"  # the root is a job's again
+    assert (
+        run_job(make_config(), job_id="after").manifest.as_json()["status"] == "succeeded"
+    )  # the root is a job's again
 
 
 def test_a_migration_killed_before_its_clean_up_is_run_again(tmp_path, monkeypatch):

@@ -61,7 +61,7 @@ def test_one_process_runs_tier_workers_fed_from_every_partition(make_config, tmp
     assert pc.sum(before["overhead_gpu_seconds"]).as_py() > 0  # start-up and idle are billed, not dropped
 
     # Ops re-run exactly the failed partition: only its work is done, nothing paid twice.
-    m = run_job(config, job_id="tw", pool=pool, partitions=[victim], release_engines=True).manifest
+    m = run_job(config, job_id="tw", pool=pool, partitions=[victim], release_engines=True).manifest.as_json()
     assert m["status"] == "succeeded"
     after = read_kind(tmp_path / "output", "ledger", "tw")
     others = lambda t: t.filter(pc.not_equal(t["partition"], victim)).sort_by("id").to_pylist()  # noqa: E731
@@ -173,7 +173,7 @@ def test_failed_attempts_are_billed_in_the_ledger_and_it_adds_up_to_held(make_co
     config = make_config()
     pool = EnginePool(config.tiers, factory=SlowFailingEngine)
     SlowFailingEngine.poison = pool.tokenizer("small")("POISON", add_special_tokens=False)["input_ids"]
-    m = run_job(config, job_id="fail", pool=pool, release_engines=True).manifest
+    m = run_job(config, job_id="fail", pool=pool, release_engines=True).manifest.as_json()
     ledger = read_kind(tmp_path / "output", "ledger", "fail")
     failed = [r for r in ledger.to_pylist() if r["kind"] == "failed_attempt"]
     assert [r["id"] for r in failed] == ["d5"] and failed[0]["busy_gpu_seconds"] > 0 and failed[0]["tenant"]
@@ -196,7 +196,7 @@ def test_a_tier_without_max_num_seqs_fills_to_the_engines_default(make_config, t
     )
     config = make_config(tiers__small__vllm__max_num_seqs=None)
     assert config.tiers["small"].vllm.max_num_seqs is None
-    m = run_job(config, job_id="unset", pool=EnginePool(config.tiers, factory=SlowFailingEngine)).manifest
+    m = run_job(config, job_id="unset", pool=EnginePool(config.tiers, factory=SlowFailingEngine)).manifest.as_json()
     assert m["status"] == "succeeded" and m["counts"]["outputs"] == 5
     assert batch_size(SlowFailingEngine(None), None) == 256 and batch_size(SlowFailingEngine(None), 8) == 8
 
@@ -270,7 +270,7 @@ def race_at_wave_one(config, second, first=None) -> tuple[dict, list[str]]:
             second(partition)
 
     with faults.inject(race):
-        m = run_job(config, job_id="race").manifest
+        m = run_job(config, job_id="race").manifest.as_json()
     return m, raced
 
 

@@ -68,7 +68,7 @@ def test_tier_worker_killed_mid_drain_rerun_takes_over_without_paying_twice(make
 
     config = make_config()  # the same recipe (the stall is not part of what an output is): nothing paid twice
     with caplog.at_level("WARNING", logger="pipeline.job.drain"):
-        m = run_job(config, job_id="killed").manifest  # its holder is provably gone: taken over at once
+        m = run_job(config, job_id="killed").manifest.as_json()  # its holder is provably gone: taken over at once
     assert m["status"] == "succeeded"
     assert f"its holder {socket.gethostname()}:{proc.pid} is gone" in caplog.text
     assert (
@@ -121,7 +121,7 @@ def test_rerun_of_succeeded_partitions_changes_nothing_and_costs_nothing(
     make_config, sample_corpus, tiny_models, tmp_path
 ):
     config = make_config()
-    first = run_job(config, job_id="again").manifest
+    first = run_job(config, job_id="again").manifest.as_json()
     before = {k: read_kind(tmp_path / "output", k, "again") for k in ("outputs", "ledger", "quarantine")}
     env = cli_env(tiny_models, tmp_path, run__progress="off")
     parts = [f"--partition={p}" for p in first["partitions"]]
@@ -231,7 +231,7 @@ def test_job_on_postgresql(make_config, sample_corpus, fresh_postgres_url, tmp_p
     # (make test-repeat) would find its job id there already, bound to another output.
     postgres_url = fresh_postgres_url
     config = make_config(state__url=postgres_url)
-    m = run_job(config, job_id="pg").manifest
+    m = run_job(config, job_id="pg").manifest.as_json()
     assert m["status"] == "succeeded"
     assert m["counts"]["records"] == sample_corpus[1]["documents"] + sample_corpus[1]["bad_records"]
     # The session's PostgreSQL database is shared with the other catalog tests: look at this job only.
@@ -270,7 +270,7 @@ def test_state_database_outage_mid_job_leaves_no_partition_running_forever(
     state = StateStore(postgres_url)
     held = [u for u in UnitQueue(state).units("dbdown") if u.status == "leased"]
     assert held and all(u.lease_expires_at is not None for u in held)  # held only until the lease ends
-    m = run_job(config, job_id="dbdown").manifest  # takes the abandoned units over once their lease is out
+    m = run_job(config, job_id="dbdown").manifest.as_json()  # takes the abandoned units over once their lease is out
     assert m["status"] == "succeeded"
     assert {p.status for p in state.partitions("dbdown")} == {"succeeded"}
     with state.db_session() as s:
@@ -323,7 +323,7 @@ def test_a_killed_planner_is_taken_over_at_once_and_named(make_config, sample_co
         )
         rerun.start()
         rerun.join(timeout=120)  # a guard against the 300 s wait the bug was; nothing here is timed
-    assert done and done[0].manifest["status"] == "succeeded", "the rerun waited out the dead planner's lease"
+    assert done and done[0].manifest.as_json()["status"] == "succeeded", "the rerun waited out the dead planner's lease"
     planner = scalar(db, "select planning_worker from jobs where job_id='planner'")  # the rerun's process, now
     assert planner == f"{socket.gethostname()}:{os.getpid()}" and "its planning worker" in caplog.text
     assert "is gone (no such process on this host); planning it again now" in caplog.text
