@@ -6,7 +6,6 @@ import json
 import random
 import subprocess
 import sys
-import time
 from datetime import date, datetime, timedelta, timezone
 from decimal import Decimal
 
