@@ -116,11 +116,10 @@ class Job:
         announced: set[tuple] = set()
         try:
             self.prepare(to_run, forced)
-            draining, committing = ctx.draining(), ctx.committing()
-            while True:
+            while True:  # each step built anew: a cache that became unreachable meanwhile is bypassed from then on
                 for tier in ctx.drain_order():
-                    drain(draining, tier, release=release_engines)
-                if commit_ready(committing, forced, tried, announced) == "done":
+                    drain(ctx.draining(), tier, release=release_engines)
+                if commit_ready(ctx.committing(), forced, tried, announced) == "done":
                     break
         finally:
             ctx.progress.finish()
