@@ -71,9 +71,8 @@ def plan(planning: Planning) -> None:
     """The plan step: check that the output root can be written and every tier's engine on this host (each
     drain checks its own again, where GPU tasks run elsewhere), then plan the job unless it is planned
     already."""
-    check_engines(
-        planning.config, list(planning.config.tiers)
-    )  # first: a refused config leaves no output folder behind
+    # first: a refused config leaves no output folder behind
+    check_engines(planning.config, list(planning.config.tiers))
     ensure_planned(planning)
 
 
