@@ -15,6 +15,7 @@ derivation found are in its state and stored once it stands, so a derivation tha
 
 from __future__ import annotations
 
+import json
 import logging
 import secrets
 from collections.abc import Callable
@@ -64,6 +65,18 @@ def wave_generations(generations: list[dict]) -> pa.Array:
 def read_generation(value: dict) -> dict:
     """A wave file's generation as its derivation made it: a follow-up's field it did not set is absent."""
     return {k: v for k, v in value.items() if v is not None or k in GENERATION.names}
+
+
+def wave_rows(staging: StagingArea, table: pa.Table) -> list[dict]:
+    """A wave file's rows, each generation as its derivation made it. A wave file written before generations were
+    typed holds them as JSON text: parsed here, and refused only where one holds a batch request as JSON text
+    (a document's request is null)."""
+    if not pa.types.is_string(table.schema.field("generation").type):
+        return [{**r, "generation": read_generation(r["generation"])} for r in table.to_pylist()]
+    rows = [{**r, "generation": json.loads(r["generation"])} for r in table.to_pylist()]
+    if any(isinstance(r["generation"].get("request"), str) for r in rows):
+        raise staging.staged_before_typed_requests()
+    return rows
 
 
 class PartitionWaves:
@@ -149,13 +162,7 @@ class PartitionWaves:
             rows = []
         else:  # (a missing file is a fault of the staging area: the unit fails its partition)
             table = self.staging.wave(unit.partition, unit.wave, p.wave_token, unit.tier)
-            if pa.types.is_string(table.schema.field("generation").type):  # JSON text, as before typed requests
-                raise self.staging.staged_before_typed_requests()
-            rows = [
-                {**r, "generation": read_generation(r["generation"])}
-                for r in table.to_pylist()
-                if r["item_key"] in owned
-            ]
+            rows = [r for r in wave_rows(self.staging, table) if r["item_key"] in owned]
         self.queue.give_up(self.job_id, unit.unit_id, owned - {r["item_key"] for r in rows})
         stored = self.lookup.stored([r["item_key"] for r in rows])
         if stored:

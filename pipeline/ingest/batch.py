@@ -53,6 +53,7 @@ REFUSED = {
 }
 ROLES = {"system": "system", "developer": "system", "user": "user", "assistant": "assistant"}
 MAX_STOP = 4  # OpenAI's limit on stop sequences
+MAX_TOKENS = 2**31 - 1  # a request's max_tokens at most (far past any context; its column is int64)
 
 
 class RequestError(ValueError):
@@ -209,10 +210,11 @@ def _number(body: dict, name: str, low: float, high: float) -> float | None:
 def _params(body: dict, fmt: str) -> dict:
     """The sampling parameters a request sets (unset ones are left out: the config's apply)."""
     out: dict = {}
-    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    name = "max_completion_tokens" if body.get("max_completion_tokens") is not None else "max_tokens"
+    max_tokens = body.get(name)
     if max_tokens is not None:
-        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or max_tokens < 1:
-            raise RequestError("invalid_request", f"`max_tokens` is {max_tokens!r}; a positive integer")
+        if isinstance(max_tokens, bool) or not isinstance(max_tokens, int) or not 1 <= max_tokens <= MAX_TOKENS:
+            raise RequestError("invalid_request", f"`{name}` is {max_tokens!r}; an integer within [1, {MAX_TOKENS}]")
         out["max_tokens"] = max_tokens
     elif fmt == "anthropic":
         raise RequestError("invalid_request", "`max_tokens` is required in Anthropic requests")

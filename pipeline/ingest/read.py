@@ -177,7 +177,7 @@ class _Rows:
     def table(self) -> pa.Table:
         try:
             return pa.table(self.cols, schema=RAW_RECORDS)
-        except (UnicodeEncodeError, pa.ArrowException):
+        except (UnicodeEncodeError, OverflowError, pa.ArrowException):
             # The net under the per-record checks: a value Arrow refuses makes its record a quarantine
             # row instead of failing the file (and the job).
             self._quarantine_unstorable()
@@ -186,11 +186,16 @@ class _Rows:
     def _quarantine_unstorable(self) -> None:
         strings = [n for n in RAW_RECORDS.names if RAW_RECORDS.field(n).type in (pa.string(), REQUEST)]
         for i in range(len(self.cols["id"])):
-            bad = [n for n in strings if not _storable(self.cols[n][i])]
+            bad = next(((n, p) for n in strings if (p := _unstorable(self.cols[n][i], n))), None)
             if not bad:
                 continue
-            self.cols["read_error"][i] = "invalid_unicode"
-            self.cols["read_detail"][i] = f"`{bad[0]}` is not valid Unicode text"
+            name, (kind, where) = bad
+            if kind == "integer":
+                self.cols["read_error"][i] = "invalid_request"
+                self.cols["read_detail"][i] = f"`{where}` is an integer out of range"
+            else:
+                self.cols["read_error"][i] = "invalid_unicode"
+                self.cols["read_detail"][i] = f"`{name}` is not valid Unicode text"
             for name in ("id", "text", "metadata", "request"):
                 self.cols[name][i] = None
             for name in ("tenant", "file", "partition", "raw_excerpt"):
@@ -199,22 +204,26 @@ class _Rows:
             self.cols["tenant"][i] = self.cols["tenant"][i] or self.config.default_tenant
 
 
-def _storable(value) -> bool:
-    if value is None:
-        return True
+def _unstorable(value, where: str) -> tuple[str, str] | None:
+    """What of `value` Arrow cannot hold, if anything: ("integer", the field) for an integer past int64,
+    ("text", the field) for text that is not valid Unicode."""
+    if value is None or isinstance(value, (bool, float)):
+        return None
+    if isinstance(value, int):
+        return None if -(2**63) <= value < 2**63 else ("integer", where)
     if isinstance(value, dict):  # a batch request (schema.REQUEST)
-        return all(_storable(v) or isinstance(v, (int, float)) for v in value.values())
+        return next((p for k, v in value.items() if (p := _unstorable(v, k))), None)
     if isinstance(value, list):
-        return all(_storable(v) for v in value)
+        return next((p for v in value if (p := _unstorable(v, where))), None)
     if not isinstance(value, str):
-        return False
+        return ("text", where)
     if value.isascii():
-        return True
+        return None
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:
-        return False
-    return True
+        return ("text", where)
+    return None
 
 
 def _nesting(value) -> int:
@@ -286,8 +295,8 @@ def _add_object(rows: _Rows, position: int, line: int | None, obj: dict, raw, ch
         detail = _unicode_problem({"id": id_, "text": text, "tenant": tenant, "metadata": metadata})
         if detail:
             error = "invalid_unicode"
-            id_ = id_ if _storable(id_) else None
-            tenant = tenant if _storable(tenant) else None
+            id_ = id_ if _unstorable(id_, "id") is None else None
+            tenant = tenant if _unstorable(tenant, "tenant") is None else None
     if error:
         rows.add(position, line, id=id_, tenant=tenant, error=error, detail=detail, raw=raw)
     else:

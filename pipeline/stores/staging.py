@@ -23,6 +23,7 @@ import json
 import pyarrow as pa
 import pyarrow.fs as pafs
 
+from pipeline.schema import REQUEST
 from pipeline.stores import storage
 from pipeline.stores.paths import OutputPath
 
@@ -42,11 +43,16 @@ class StagingArea:
     def _read(self, partition: str, name: str, columns: list[str] | None = None) -> pa.Table:
         table = storage.read_parquet(self.root, self._path(partition, name), columns)
         if "request" in table.column_names and pa.types.is_string(table.schema.field("request").type):
-            raise self.staged_before_typed_requests()
+            # Staged before requests were typed: a document job's column is all null, read as a null REQUEST
+            # column; a batch job's holds request JSON, which is not read as something else.
+            if table["request"].null_count < table.num_rows:
+                raise self.staged_before_typed_requests()
+            at = table.column_names.index("request")
+            table = table.set_column(at, pa.field("request", REQUEST), pa.nulls(table.num_rows, REQUEST))
         return table
 
     def staged_before_typed_requests(self) -> storage.StorageError:
-        """A job staged when a batch request was JSON text (`schema.REQUEST` is what every step reads now)."""
+        """A batch job staged when a batch request was JSON text (`schema.REQUEST` is what every step reads now)."""
         return storage.StorageError(
             f"job {self.job_id} was planned by an earlier tokenmill, which staged batch requests as JSON text; "
             "it cannot be continued: run its input as a new job (item keys are unchanged, so what this job "

@@ -171,3 +171,37 @@ def test_a_request_its_models_chat_template_refuses_is_refused_alone():
     out, why = render_rows(Template(), ["doc a", "doc b"], [fine, refused], PromptConfig())
     assert out[0] == "Be brief.|doc a" and out[1] is None
     assert "alternate" in why[1] and 0 not in why
+
+
+@pytest.mark.parametrize("field", ["max_tokens", "max_completion_tokens"])
+def test_a_request_whose_max_tokens_no_integer_column_holds_is_quarantined_alone(field, tmp_path):
+    """2**63 is past int64: the line once failed its whole file when the request column was built."""
+    from pipeline.config import InputConfig
+    from pipeline.ingest.read import FileReader
+    from pipeline.stores import storage
+
+    lines = [line(max_tokens=50), {**line(**{field: 2**63}), "custom_id": "big"}, {**line(), "custom_id": "r3"}]
+    (tmp_path / "b.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    table = FileReader(storage.resolve(str(tmp_path)), "b.jsonl", str(tmp_path / "b.jsonl"), InputConfig()).table()
+    assert table["read_error"].to_pylist() == [None, "invalid_request", None]
+    assert field in table["read_detail"][1].as_py() and table["id"][1].as_py() == "big"
+    assert table["request"][0].as_py()["params"]["max_tokens"] == 50 and table["id"][2].as_py() == "r3"
+
+
+def test_a_value_no_column_holds_is_quarantined_by_the_reader_alone_naming_its_field(tmp_path, monkeypatch):
+    """The net under the parser's checks: a request the parser let through whose integer Arrow cannot hold."""
+    from pipeline.config import InputConfig
+    from pipeline.ingest import read
+    from pipeline.stores import storage
+
+    def lenient(obj, fmt):
+        record = parse_request(obj, fmt)
+        if record["id"] == "r1":
+            record["request"]["params"]["seed"] = 2**64
+        return record
+
+    monkeypatch.setattr(read, "parse_request", lenient)
+    (tmp_path / "b.jsonl").write_text("".join(json.dumps(x) + "\n" for x in [line(), {**line(), "custom_id": "r2"}]))
+    table = read.FileReader(storage.resolve(str(tmp_path)), "b.jsonl", str(tmp_path / "b.jsonl"), InputConfig()).table()
+    assert table["read_error"].to_pylist() == ["invalid_request", None]
+    assert "seed" in table["read_detail"][0].as_py() and table["request"][0].as_py() is None
