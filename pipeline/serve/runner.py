@@ -45,7 +45,7 @@ from pipeline.job.orchestrate import job_input
 from pipeline.output.manifest import Manifest, read_manifest
 from pipeline.serve.store import ACTIVE, MAX_ATTEMPTS, ApiStore, Batch
 from pipeline.serve.validate import batch_errors, input_errors, request_lines
-from pipeline.status import PLANNING, JobStatus
+from pipeline.status import AT_BUDGET_CAP, PLANNING, JobStatus
 from pipeline.stores import storage
 from pipeline.stores.catalog import StateStore, migrate
 from pipeline.stores.lease import Renewal, default_worker
@@ -266,7 +266,7 @@ class BatchRunner:
         manifest names become the batch's files. False while a partition's holder elsewhere keeps its lease (see
         `return_what_was_paid`)."""
         job = self.state.job(batch.id)
-        budget = job is not None and job.status in ("refused", "deferred")
+        budget = job is not None and job.status in AT_BUDGET_CAP
         if budget:  # a budget cap (refused when it started, or deferred mid-run every time it ran): by how much
             batch.errors = batch_errors("budget_exceeded", job.error or "budget")
         # Whether its job may have answered: it began, and was not refused at a cap before it paid for anything.
@@ -674,7 +674,7 @@ def stopped_as(status: str, job, batch: Batch) -> tuple[JobStatus, str, str] | N
     (its partitions do not exist). `status`: how the batch ends (`completed` unless cancelled or expired)."""
     if job.status in (*PLANNING, "succeeded"):
         return None
-    if job.status in ("refused", "deferred"):  # stopped at a budget cap after paying for some
+    if job.status in AT_BUDGET_CAP:  # stopped at a budget cap after paying for some
         return job.status, "budget_exceeded", job.error or "budget"
     if status != "completed":
         return status, status, f"the batch was {status} before this request was answered"
