@@ -217,7 +217,7 @@ class BatchRunner:
 
           asked to cancel, or expired   its job stopped -> finalizing
           validating                    its input checked and copied -> in_progress | failed
-          in_progress, no run           its job started (or its Airflow run named; watching it creates it)
+          in_progress, no run           its job started (a child process, or an Airflow run)
           in_progress, run ended        -> finalizing, or in_progress to run again (Batch.after_run)
           finalizing                    its results become its files -> completed | cancelled | expired | failed
         """
@@ -344,9 +344,9 @@ class JobLauncher(Protocol):
         """Whether this launcher has a run of the batch's job under way (started here, or recorded on it)."""
 
     def start(self, batch: Batch, config: TokenmillConfig) -> None:
-        """Start the batch's job with `config`, naming its run on the batch (the runner writes it next). Airflow's
-        run is only named: `exit_code` creates a run it does not find, so a server stopped at any moment watches
-        (or creates) that same run on its next start instead of starting another."""
+        """Start the batch's job with `config`, naming its run on the batch (the runner writes it next). A server
+        stopped before that write starts the same run again on its next pass, never a second one beside it (the
+        child's pidfile reaped; Airflow's run, of the same id, adopted)."""
 
     def exit_code(self, batch: Batch) -> int | None:
         """0 once the run succeeded, non-zero once it failed, None while it runs."""
@@ -518,9 +518,9 @@ class AirflowToken(httpx.Auth):
 
 class AirflowRuns:
     """Each batch's job as a run of the nightly DAG on Airflow (`serve.airflow`), through its REST API: the
-    deployment's GPU workers run it, this server only triggers, watches and stops it. The run's id is kept on
-    the batch before the run is created, so a server restarted at any moment watches (or creates) that same
-    run instead of starting another."""
+    deployment's GPU workers run it, this server only triggers, watches and stops it. The run's id follows
+    from the batch (its id and attempt number, as written), so a server restarted at any moment watches (or
+    adopts) that same run instead of starting another."""
 
     ACTIVE_TASKS = ("scheduled", "queued", "running", "restarting", "up_for_retry", "up_for_reschedule", "deferred")
 
@@ -549,7 +549,9 @@ class AirflowRuns:
         return batch.airflow_run is not None
 
     def start(self, batch: Batch, config: TokenmillConfig) -> None:
-        """Name the run on the batch, with the job's params: `exit_code` creates it, once the batch says so."""
+        """Name the run on the batch, with the job's params, and create it. The runner writes the batch after:
+        a server stopped in between left the batch as it read it, so the next pass names the same run (its
+        attempt number is the batch's) and `create` adopts it."""
         batch.airflow_run = f"tokenmill-batch-{batch.id}-{batch.attempts}"
         batch.airflow_conf = {
             "config": self.trigger.config,
@@ -559,6 +561,7 @@ class AirflowRuns:
             "tenant": batch.tenant,
             "input_format": config.input.format,
         }
+        self.create(batch)
 
     def create(self, batch: Batch) -> None:
         path = f"/dags/{self.trigger.dag_id}/dagRuns"
@@ -578,7 +581,7 @@ class AirflowRuns:
 
     def exit_code(self, batch: Batch) -> int | None:
         """0 when the run succeeded, 1 when it failed, None while it is queued or running. A run Airflow does not
-        have (never created: the server stopped in between; or deleted) is created: the job continues."""
+        have (deleted, or lost as Airflow restarted) is created again: the job continues."""
         state = self.state(batch)
         if state is None:
             self.create(batch)
