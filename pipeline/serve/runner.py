@@ -206,8 +206,7 @@ class BatchRunner:
                 except Exception:  # failed all the same, so it cannot block the queue
                     log.exception("batch %s: its job could not be stopped", batch.id)
                 batch.move("failed", int(time.time()), errors=batch_errors("job_failed", JOB_FAILED))
-                self.jobs.ended(batch)
-                self.store.put_batch(batch)
+                self.write(batch)
                 return True
         return False
 
@@ -242,10 +241,20 @@ class BatchRunner:
                 return False  # its job runs
         elif not self.finish(batch, batch.ending(now) or "completed", now):  # finalizing
             return False
-        if batch.status not in ACTIVE:
+        self.write(batch)
+        return True
+
+    def write(self, batch: Batch) -> None:
+        """The pass's one write of `batch`. Where it ended, what the server made for its job goes: its run's
+        config here (`ended`, before the write: it holds secrets), then, once the batch says it ended, its
+        input's copy and its job's staged records (`remove_copies_of`; a crash in between leaves copies that
+        deleting the input file removes: `ApiStore.remove_copies`)."""
+        ended = batch.status not in ACTIVE
+        if ended:
             self.jobs.ended(batch)
         self.store.put_batch(batch)
-        return True
+        if ended:
+            self.store.remove_copies_of(batch.id)
 
     def validate(self, batch: Batch, now: int) -> None:
         """Check its input (`validate.input_errors`); one that may run is copied where its job reads it."""
