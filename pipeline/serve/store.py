@@ -336,8 +336,12 @@ class ApiStore:
         return Batch.model_validate(raw | {"cancel_requested": self.cancel_asked(batch_id)})
 
     def batches(self, tenant: str | None = None) -> list[Batch]:
-        """Newest first."""
+        """Newest first, each active one with whether it was asked to cancel (at most a tenant's cap of active
+        batches read so; an ended one's request no longer matters)."""
         found = [b for b in self._batches() if tenant is None or b.tenant == tenant]
+        for b in found:
+            if b.status in ACTIVE:
+                b.cancel_requested = self.cancel_asked(b.id)
         return sorted(found, key=lambda b: (b.created_at, b.id), reverse=True)
 
     def ask_cancel(self, batch_id: str) -> None:

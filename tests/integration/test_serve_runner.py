@@ -280,3 +280,31 @@ def test_a_batch_write_writes_only_the_batch_and_the_runner_removes_an_ended_bat
     assert not os.path.exists(copies) and store.file("acme", upload["id"]) is not None
     with pytest.raises(storage.StorageError):
         staged.plan()
+
+
+def test_every_read_of_an_active_batch_carries_its_cancel_request_and_both_apis_show_it(make_config):
+    """The store reads a batch with whether it was asked to cancel, one batch or a tenant's list; both APIs show a
+    batch asked to cancel as cancelling (OpenAI) or canceling (Anthropic), as they answer the cancel and as they
+    list it, without reading the request themselves."""
+    config = make_config(tenants__acme={"api_keys": [key_digest("tm-a")]})
+    store = ApiStore(storage.resolve(config.output.uri))
+    client = TestClient(create_app(config, store))
+    openai_, anthropic = {"Authorization": "Bearer tm-a"}, {"x-api-key": "tm-a", "anthropic-version": "2023-06-01"}
+    file = client.post("/v1/files", headers=openai_, files={"file": ("b.jsonl", b"{}\n")}, data={"purpose": "batch"})
+    body = {"input_file_id": file.json()["id"], "endpoint": "/v1/chat/completions", "completion_window": "24h"}
+    chat = client.post("/v1/batches", headers=openai_, json=body).json()["id"]
+    request = {
+        "custom_id": "a",
+        "params": {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]},
+    }
+    message = client.post("/v1/messages/batches", headers=anthropic, json={"requests": [request]}).json()["id"]
+    assert not any(b.cancel_requested for b in store.batches("acme"))
+
+    assert client.post(f"/v1/batches/{chat}/cancel", headers=openai_).json()["status"] == "cancelling"
+    cancel = client.post(f"/v1/messages/batches/{message}/cancel", headers=anthropic).json()
+    assert cancel["processing_status"] == "canceling"
+    assert store.batch("acme", chat).cancel_requested and store.batch("acme", message).cancel_requested
+    assert all(b.cancel_requested for b in store.batches("acme"))
+    assert [b["status"] for b in client.get("/v1/batches", headers=openai_).json()["data"]] == ["cancelling"] * 2
+    listed = client.get("/v1/messages/batches", headers=anthropic).json()["data"]
+    assert [b["processing_status"] for b in listed] == ["canceling"]
