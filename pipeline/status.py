@@ -31,6 +31,8 @@ BatchStatus = Literal[
 PLANNING: tuple[JobStatus, ...] = ("planning", "planning_failed")
 # A job finished for good, while nobody reruns it.
 FINISHED: tuple[JobStatus, ...] = ("succeeded", "failed", "deferred", "refused", "cancelled", "expired")
+# A job stopped at a budget cap: refused as it started, or deferred mid-run.
+AT_BUDGET_CAP: tuple[JobStatus, ...] = ("refused", "deferred")
 # A batch the runner still works on.
 ACTIVE_BATCH: tuple[BatchStatus, ...] = ("validating", "in_progress", "finalizing", "cancelling")
 

@@ -36,7 +36,7 @@ from pipeline.job.prepare import check_budget, expected_engine_seconds, prepare_
 from pipeline.job.progress import Progress
 from pipeline.output.manifest import Manifest
 from pipeline.plan.estimate import Demand
-from pipeline.status import JobStatus
+from pipeline.status import AT_BUDGET_CAP, JobStatus
 from pipeline.stores import storage
 from pipeline.stores.catalog import StateError, StateStore, migrate, now
 
@@ -146,26 +146,30 @@ class Job:
         """End a job stopped for good (`cancelled` or `expired`, as its batch, or `refused` at a budget cap; none
         of its workers runs): every partition not committed is committed with what it has (commit.commit_stopped),
         the records it had not answered quarantined as `reason` (default: `status`) with `detail`; then the
-        job's status is `status` (`failed`, raising JobError, when the tables refuse a partition: `write_manifest`).
-        Returns the partitions that could not be committed yet (held by a worker whose lease runs, or failed: each
-        says why), with the job's status unchanged: call again."""
+        job's status is `status` (`failed`, raising JobError, when the tables refuse a partition: `write_manifest`;
+        a job `refused` or `deferred` at a budget cap keeps that status and its error, so its batch still reads
+        the cap). Returns the partitions that could not be committed yet (held by a worker whose lease runs, or
+        failed: each says why), with the job's status unchanged: call again."""
         ctx = self.ctx
         left = commit_stopped(ctx.committing(), reason or status, detail)
         if left:
             return [p for p in ctx.state.partitions(ctx.job_id) if p.partition in left]
-        manifest = self.write_manifest()
+        manifest = self.write_manifest(keeping=AT_BUDGET_CAP)
         counts = manifest.job_counts().as_json()
         ctx.state.set_job(ctx.job_id, status=status, finished_at=now(), error=detail, counts=counts)
         return []
 
-    def write_manifest(self) -> Manifest:
+    def write_manifest(self, keeping: tuple[JobStatus, ...] = ()) -> Manifest:
         """The job's manifest, written once every committed partition is in the tables; a store that refuses
-        one fails the job with the error naming them (failed until a run, or a later end, publishes them)."""
+        one fails the job with the error naming them (failed until a run, or a later end, publishes them),
+        unless its status is one of `keeping`: that status stays, and the JobError names them all the same."""
         ctx = self.ctx
         try:
             return refresh_manifest(ctx.manifests())
         except storage.StorageError as e:
-            ctx.state.set_job(ctx.job_id, status="failed", finished_at=now(), error=str(e))
+            job = ctx.state.job(ctx.job_id)
+            if job is None or job.status not in keeping:
+                ctx.state.set_job(ctx.job_id, status="failed", finished_at=now(), error=str(e))
             raise JobError(str(e)) from e
 
     # -- finish -----------------------------------------------------------------------------------

@@ -423,8 +423,6 @@ def _batch_routes(app: FastAPI, store: ApiStore, config: TokenmillConfig, tenant
     @app.get("/v1/batches")
     def list_batches(limit: int = 20, after: str | None = None, who: str = Depends(tenant)):
         found = page(store.batches(who), min(limit, 100), after, key=lambda b: b.id)
-        for b in found["data"]:
-            b.cancel_requested = store.cancel_asked(b.id)
         found["data"] = [public(b) for b in found["data"]]
         return found
 

@@ -87,7 +87,6 @@ def message_batch_routes(app: FastAPI, store: ApiStore, tenant, create: Callable
     results = Results(store)
 
     def answer(batch: Batch, request: Request) -> dict:
-        batch.cancel_requested = store.cancel_asked(batch.id)
         url = f"{str(request.base_url).rstrip('/')}/v1/messages/batches/{batch.id}/results"
         return message_batch(batch, results.counts(batch), url)
 
@@ -144,6 +143,7 @@ def message_batch_routes(app: FastAPI, store: ApiStore, tenant, create: Callable
         batch = owned(batch_id, who)
         if batch.status in ACTIVE:
             store.ask_cancel(batch_id)
+            batch.cancel_requested = True
         return answer(batch, request)  # an ended batch: as it is, as Anthropic answers it
 
     @app.get("/v1/messages/batches/{batch_id}/results", dependencies=version)

@@ -45,7 +45,7 @@ from pipeline.job.orchestrate import job_input
 from pipeline.output.manifest import Manifest, read_manifest
 from pipeline.serve.store import ACTIVE, MAX_ATTEMPTS, ApiStore, Batch
 from pipeline.serve.validate import batch_errors, input_errors, request_lines
-from pipeline.status import PLANNING, JobStatus
+from pipeline.status import AT_BUDGET_CAP, PLANNING, JobStatus
 from pipeline.stores import storage
 from pipeline.stores.catalog import StateStore, migrate
 from pipeline.stores.lease import Renewal, default_worker
@@ -206,8 +206,7 @@ class BatchRunner:
                 except Exception:  # failed all the same, so it cannot block the queue
                     log.exception("batch %s: its job could not be stopped", batch.id)
                 batch.move("failed", int(time.time()), errors=batch_errors("job_failed", JOB_FAILED))
-                self.jobs.ended(batch)
-                self.store.put_batch(batch)
+                self.write(batch)
                 return True
         return False
 
@@ -217,7 +216,7 @@ class BatchRunner:
 
           asked to cancel, or expired   its job stopped -> finalizing
           validating                    its input checked and copied -> in_progress | failed
-          in_progress, no run           its job started (or its Airflow run named; watching it creates it)
+          in_progress, no run           its job started (a child process, or an Airflow run)
           in_progress, run ended        -> finalizing, or in_progress to run again (Batch.after_run)
           finalizing                    its results become its files -> completed | cancelled | expired | failed
         """
@@ -242,10 +241,20 @@ class BatchRunner:
                 return False  # its job runs
         elif not self.finish(batch, batch.ending(now) or "completed", now):  # finalizing
             return False
-        if batch.status not in ACTIVE:
+        self.write(batch)
+        return True
+
+    def write(self, batch: Batch) -> None:
+        """The pass's one write of `batch`. Where it ended, what the server made for its job goes: its run's
+        config here (`ended`, before the write: it holds secrets), then, once the batch says it ended, its
+        input's copy and its job's staged records (`remove_copies_of`; a crash in between leaves copies that
+        deleting the input file removes: `ApiStore.remove_copies`)."""
+        ended = batch.status not in ACTIVE
+        if ended:
             self.jobs.ended(batch)
         self.store.put_batch(batch)
-        return True
+        if ended:
+            self.store.remove_copies_of(batch.id)
 
     def validate(self, batch: Batch, now: int) -> None:
         """Check its input (`validate.input_errors`); one that may run is copied where its job reads it."""
@@ -266,7 +275,7 @@ class BatchRunner:
         manifest names become the batch's files. False while a partition's holder elsewhere keeps its lease (see
         `return_what_was_paid`)."""
         job = self.state.job(batch.id)
-        budget = job is not None and job.status in ("refused", "deferred")
+        budget = job is not None and job.status in AT_BUDGET_CAP
         if budget:  # a budget cap (refused when it started, or deferred mid-run every time it ran): by how much
             batch.errors = batch_errors("budget_exceeded", job.error or "budget")
         # Whether its job may have answered: it began, and was not refused at a cap before it paid for anything.
@@ -344,9 +353,9 @@ class JobLauncher(Protocol):
         """Whether this launcher has a run of the batch's job under way (started here, or recorded on it)."""
 
     def start(self, batch: Batch, config: TokenmillConfig) -> None:
-        """Start the batch's job with `config`, naming its run on the batch (the runner writes it next). Airflow's
-        run is only named: `exit_code` creates a run it does not find, so a server stopped at any moment watches
-        (or creates) that same run on its next start instead of starting another."""
+        """Start the batch's job with `config`, naming its run on the batch (the runner writes it next). A server
+        stopped before that write starts the same run again on its next pass, never a second one beside it (the
+        child's pidfile reaped; Airflow's run, of the same id, adopted)."""
 
     def exit_code(self, batch: Batch) -> int | None:
         """0 once the run succeeded, non-zero once it failed, None while it runs."""
@@ -518,9 +527,9 @@ class AirflowToken(httpx.Auth):
 
 class AirflowRuns:
     """Each batch's job as a run of the nightly DAG on Airflow (`serve.airflow`), through its REST API: the
-    deployment's GPU workers run it, this server only triggers, watches and stops it. The run's id is kept on
-    the batch before the run is created, so a server restarted at any moment watches (or creates) that same
-    run instead of starting another."""
+    deployment's GPU workers run it, this server only triggers, watches and stops it. The run's id follows
+    from the batch (its id and attempt number, as written), so a server restarted at any moment watches (or
+    adopts) that same run instead of starting another."""
 
     ACTIVE_TASKS = ("scheduled", "queued", "running", "restarting", "up_for_retry", "up_for_reschedule", "deferred")
 
@@ -549,7 +558,9 @@ class AirflowRuns:
         return batch.airflow_run is not None
 
     def start(self, batch: Batch, config: TokenmillConfig) -> None:
-        """Name the run on the batch, with the job's params: `exit_code` creates it, once the batch says so."""
+        """Name the run on the batch, with the job's params, and create it. The runner writes the batch after:
+        a server stopped in between left the batch as it read it, so the next pass names the same run (its
+        attempt number is the batch's) and `create` adopts it."""
         batch.airflow_run = f"tokenmill-batch-{batch.id}-{batch.attempts}"
         batch.airflow_conf = {
             "config": self.trigger.config,
@@ -559,6 +570,7 @@ class AirflowRuns:
             "tenant": batch.tenant,
             "input_format": config.input.format,
         }
+        self.create(batch)
 
     def create(self, batch: Batch) -> None:
         path = f"/dags/{self.trigger.dag_id}/dagRuns"
@@ -578,7 +590,7 @@ class AirflowRuns:
 
     def exit_code(self, batch: Batch) -> int | None:
         """0 when the run succeeded, 1 when it failed, None while it is queued or running. A run Airflow does not
-        have (never created: the server stopped in between; or deleted) is created: the job continues."""
+        have (deleted, or lost as Airflow restarted) is created again: the job continues."""
         state = self.state(batch)
         if state is None:
             self.create(batch)
@@ -674,7 +686,7 @@ def stopped_as(status: str, job, batch: Batch) -> tuple[JobStatus, str, str] | N
     (its partitions do not exist). `status`: how the batch ends (`completed` unless cancelled or expired)."""
     if job.status in (*PLANNING, "succeeded"):
         return None
-    if job.status in ("refused", "deferred"):  # stopped at a budget cap after paying for some
+    if job.status in AT_BUDGET_CAP:  # stopped at a budget cap after paying for some
         return job.status, "budget_exceeded", job.error or "budget"
     if status != "completed":
         return status, status, f"the batch was {status} before this request was answered"

@@ -271,8 +271,8 @@ class ApiStore:
     # -- batches ---------------------------------------------------------------------------------------
     def put_batch(self, batch: Batch) -> None:
         """Write the batch; an active one is in the index before its object exists, an ended one leaves it
-        after its object says so (a crash in between leaves an entry the runner drops: never a lost batch), and
-        then the copies of its input the server made go (`remove_copies_of`)."""
+        after its object says so (a crash in between leaves an entry the runner drops: never a lost batch). The
+        copies of an ended batch's input are the runner's to remove (`remove_copies_of`)."""
         marker = self._path("active", f"{batch.id}.json")
         if batch.status in ACTIVE:
             self._write(marker, {"tenant": batch.tenant, "created_at": batch.created_at})
@@ -280,7 +280,6 @@ class ApiStore:
         else:
             self._write(self._path("batches", f"{batch.id}.json"), batch.as_json())
             self._forget_active(batch.id)
-            self.remove_copies_of(batch.id)
 
     def add_batch(self, batch: Batch, cap: int) -> bool:
         """Write a new batch unless its tenant has `cap` active ones already (False). One create at a time
@@ -337,8 +336,12 @@ class ApiStore:
         return Batch.model_validate(raw | {"cancel_requested": self.cancel_asked(batch_id)})
 
     def batches(self, tenant: str | None = None) -> list[Batch]:
-        """Newest first."""
+        """Newest first, each active one with whether it was asked to cancel (at most a tenant's cap of active
+        batches read so; an ended one's request no longer matters)."""
         found = [b for b in self._batches() if tenant is None or b.tenant == tenant]
+        for b in found:
+            if b.status in ACTIVE:
+                b.cancel_requested = self.cancel_asked(b.id)
         return sorted(found, key=lambda b: (b.created_at, b.id), reverse=True)
 
     def ask_cancel(self, batch_id: str) -> None:

@@ -252,3 +252,59 @@ def test_a_finished_jobs_results_are_read_from_its_manifest_and_nothing_of_the_j
     assert done.usage["total_tokens"] == 10 and done.usage["input_tokens_details"] == {"cached_tokens": 2}
     assert done.output_file_id and done.error_file_id is None  # OpenAI sets no error file when nothing failed
     assert written and all("/_api/" in path for path in written), written
+
+
+def test_a_batch_write_writes_only_the_batch_and_the_runner_removes_an_ended_batchs_copies(runner_for):
+    """`put_batch` writes the batch and its index entry, nothing else; where a batch ends, the runner removes
+    the copy of its input its job read and the job's staged records (`remove_copies_of`), the client's upload
+    kept."""
+    from pipeline.stores.staging import StagingArea
+
+    runner = runner_for()
+    store = runner.store
+    upload = store.add_file("acme", "b.jsonl", "batch", b"{}\n")
+    copies = store.input_folder("batch-1")
+    staged = StagingArea(store.out, "batch-1")
+
+    def copy_made() -> None:
+        storage.write_bytes_atomic(store.out, store.input_file("batch-1"), b"{}\n")
+        staged.write_plan({"partitions": []})
+
+    copy_made()
+    store.put_batch(batch(1, "acme", "failed", input_file_id=upload["id"]))
+    assert os.path.exists(copies) and staged.plan() == {"partitions": []}  # a write of the batch only
+
+    ended = batch(1, "acme", input_file_id="file-missing")  # its input gone: it fails as it is validated
+    store.put_batch(ended)
+    assert runner.advance(ended) and store.batch(None, "batch-1").status == "failed"
+    assert not os.path.exists(copies) and store.file("acme", upload["id"]) is not None
+    with pytest.raises(storage.StorageError):
+        staged.plan()
+
+
+def test_every_read_of_an_active_batch_carries_its_cancel_request_and_both_apis_show_it(make_config):
+    """The store reads a batch with whether it was asked to cancel, one batch or a tenant's list; both APIs show a
+    batch asked to cancel as cancelling (OpenAI) or canceling (Anthropic), as they answer the cancel and as they
+    list it, without reading the request themselves."""
+    config = make_config(tenants__acme={"api_keys": [key_digest("tm-a")]})
+    store = ApiStore(storage.resolve(config.output.uri))
+    client = TestClient(create_app(config, store))
+    openai_, anthropic = {"Authorization": "Bearer tm-a"}, {"x-api-key": "tm-a", "anthropic-version": "2023-06-01"}
+    file = client.post("/v1/files", headers=openai_, files={"file": ("b.jsonl", b"{}\n")}, data={"purpose": "batch"})
+    body = {"input_file_id": file.json()["id"], "endpoint": "/v1/chat/completions", "completion_window": "24h"}
+    chat = client.post("/v1/batches", headers=openai_, json=body).json()["id"]
+    request = {
+        "custom_id": "a",
+        "params": {"model": "m", "max_tokens": 8, "messages": [{"role": "user", "content": "hi"}]},
+    }
+    message = client.post("/v1/messages/batches", headers=anthropic, json={"requests": [request]}).json()["id"]
+    assert not any(b.cancel_requested for b in store.batches("acme"))
+
+    assert client.post(f"/v1/batches/{chat}/cancel", headers=openai_).json()["status"] == "cancelling"
+    cancel = client.post(f"/v1/messages/batches/{message}/cancel", headers=anthropic).json()
+    assert cancel["processing_status"] == "canceling"
+    assert store.batch("acme", chat).cancel_requested and store.batch("acme", message).cancel_requested
+    assert all(b.cancel_requested for b in store.batches("acme"))
+    assert [b["status"] for b in client.get("/v1/batches", headers=openai_).json()["data"]] == ["cancelling"] * 2
+    listed = client.get("/v1/messages/batches", headers=anthropic).json()["data"]
+    assert [b["processing_status"] for b in listed] == ["canceling"]

@@ -213,3 +213,35 @@ def test_a_stopped_job_whose_tables_refuse_the_publish_fails_naming_it_then_ends
     monkeypatch.undo()
     assert job.end_stopped("cancelled", "the batch was cancelled") == []
     assert scalar(db, "select status from jobs where job_id='stopped'") == "cancelled"
+
+
+def test_a_job_stopped_at_a_budget_cap_whose_tables_refuse_the_publish_keeps_its_budget_status(
+    make_config, sample_corpus, tmp_path, monkeypatch
+):
+    """Reproducer: a job refused at a budget cap after paying for some is ended with what it has; the output store
+    refuses the tables' log writes: the job was set `failed`, so its batch no longer saw the cap (no
+    `budget_exceeded` error, and it could end `completed`). Its status and error stay the cap's, the JobError
+    names the partitions; called again with the store back, the job ends `refused`."""
+    from deltalake import DeltaTable
+
+    from pipeline.job.lifecycle import Job
+    from pipeline.job.plan import plan
+
+    config = make_config(input__records_per_partition=10)
+    job = Job.open(config, "capped")
+    plan(job.ctx.planning())
+    cap = "budget reached: job cost cap"
+    job.ctx.state.set_job("capped", status="refused", error=cap)
+
+    def refused(*args, **kwargs):
+        raise OSError(errno.EIO, "Generic LocalFileSystem error: writing _delta_log")
+
+    monkeypatch.setattr(DeltaTable, "create_write_transaction", refused)
+    with pytest.raises(JobError, match="committed partitions not in the output tables yet"):
+        job.end_stopped("refused", cap, "budget_exceeded")
+    db = tmp_path / "state.db"
+    assert scalar(db, "select status from jobs where job_id='capped'") == "refused"
+    assert scalar(db, "select error from jobs where job_id='capped'") == cap
+    monkeypatch.undo()
+    assert job.end_stopped("refused", cap, "budget_exceeded") == []
+    assert scalar(db, "select status from jobs where job_id='capped'") == "refused"

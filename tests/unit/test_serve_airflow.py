@@ -70,11 +70,11 @@ def _runs(airflow) -> AirflowRuns:
     return AirflowRuns(_trigger(), transport=httpx.MockTransport(airflow))
 
 
-def _batch(**fields) -> Batch:
+def _batch(attempts: int = 1, **fields) -> Batch:
     return Batch(
         id="batch-1",
         tenant="acme",
-        attempts=1,
+        attempts=attempts,
         endpoint="/v1/chat/completions",
         input_file_id="file-1",
         completion_window="24h",
@@ -93,20 +93,47 @@ class _Config:
         uri = "s3://out"
 
 
-def test_the_run_is_named_before_it_is_created_so_a_restart_finds_it(airflow):
+def test_start_creates_the_run_and_watching_creates_it_only_when_airflow_lost_it(airflow):
     runs, batch = _runs(airflow), _batch()
-    runs.start(batch, _Config)  # named on the batch (the runner writes it), not created: Airflow is not called
-    assert batch.airflow_run == RUN and batch.airflow_conf["tenant"] == "acme" and not airflow.calls
+    runs.start(batch, _Config)  # named on the batch (the runner writes it) and created
+    assert batch.airflow_run == RUN and batch.airflow_conf["tenant"] == "acme"
+    assert set(airflow.runs) == {RUN} and [c for c in airflow.calls if c[0] == "POST" and "dagRuns" in c[1]]
+    assert runs.exit_code(batch) is None
     airflow.down = True  # Airflow down as it is watched: asked again next pass
     with pytest.raises(AirflowUnavailable):
         runs.exit_code(batch)
-    # Back (or the server restarted): the run it named does not exist yet; watching it creates it, once.
-    airflow.down = False
+    # Back, having lost the run (its database restored): watching it creates it again, once.
+    airflow.down, airflow.runs = False, {}
     assert runs.runs(batch) and runs.exit_code(batch) is None and set(airflow.runs) == {RUN}
     runs.create(batch)  # created twice (a 409): adopted, not an error
     assert set(airflow.runs) == {RUN}
     airflow.runs[RUN]["state"] = "success"
     assert runs.exit_code(batch) == 0
+
+
+def test_a_server_stopped_before_it_wrote_the_run_it_created_adopts_it(make_config, airflow, tmp_path):
+    """The runner writes a batch once a pass, after its run is created: a server stopped in between left the
+    batch as it was read; the next pass names the same run (its attempt number is the batch's), and Airflow's
+    409 adopts it: never two runs of one job."""
+    from pipeline.serve.store import ApiStore
+    from pipeline.stores import storage
+    from pipeline.stores.catalog import migrate
+
+    config = make_config(serve__airflow=_trigger().model_dump() | {"password": "s3cret"})
+    migrate(config.state.url)
+    store = ApiStore(storage.resolve(str(tmp_path / "out")))
+    runner = BatchRunner(config, store, tmp_path / "serve")
+    runner.jobs = _runs(airflow)
+    store.put_batch(_batch(attempts=0, request_counts={"total": 1}))
+    written = store.put_batch
+    store.put_batch = lambda batch: (_ for _ in ()).throw(OSError("the server stopped"))
+    with pytest.raises(OSError):
+        runner.advance(store.batch(None, "batch-1"))
+    assert set(airflow.runs) == {RUN} and store.batch(None, "batch-1").airflow_run is None
+    store.put_batch = written
+    assert runner.advance(store.batch(None, "batch-1"))
+    again = store.batch(None, "batch-1")
+    assert again.airflow_run == RUN and again.attempts == 1 and set(airflow.runs) == {RUN}
 
 
 def test_an_expired_token_is_fetched_again_and_the_password_never_shows(airflow):
@@ -125,7 +152,6 @@ def test_an_expired_token_is_fetched_again_and_the_password_never_shows(airflow)
 def test_a_cancel_waits_until_the_runs_tasks_have_ended(airflow):
     runs, batch = _runs(airflow), _batch()
     runs.start(batch, _Config)
-    runs.create(batch)
     airflow.runs[RUN]["state"] = "running"
     airflow.tasks = [{"task_id": "commit", "state": "running"}, {"task_id": "prepare", "state": "success"}]
     assert runs.stop(batch) is False and airflow.runs[RUN]["state"] == "failed"  # failed, its commit still ending
@@ -146,8 +172,7 @@ def test_airflow_down_is_not_the_batchs_fault_but_a_refusing_airflow_fails_it(ma
     runner = BatchRunner(config, store, tmp_path / "serve")
     runner.jobs = _runs(airflow)
     batch = _batch(request_counts={"total": 1})
-    runner.jobs.start(batch, _Config)
-    runner.jobs.create(batch)  # its run is on Airflow, running
+    runner.jobs.start(batch, _Config)  # its run is on Airflow, running
     airflow.runs[RUN]["state"] = "running"
     store.put_batch(batch)
     airflow.down = True
