@@ -91,7 +91,7 @@ def storage_options(root: storage.Location) -> dict[str, str]:
             out["AWS_ALLOW_HTTP"] = "true"
     if config is not None and config.s3_region:
         out["AWS_REGION"] = config.s3_region
-    with _boto3_lock:  # boto3's first look-up of a Session's credentials is not for two threads at once
+    with _boto3_lock:  # boto3 resolves credentials on first use, and that resolution is not thread-safe
         credentials = _aws_session(tuple(os.environ.get(name) for name in CREDENTIAL_SOURCES)).get_credentials()
         frozen = credentials.get_frozen_credentials() if credentials is not None else None
     if frozen is not None:
@@ -101,10 +101,10 @@ def storage_options(root: storage.Location) -> dict[str, str]:
     return out
 
 
-# What boto3 takes credentials from: one boto3 Session per set of them, kept for the process (a new one per call took
-# 10.6-12.9 ms of Python, three times per partition commit: benchmarks/RESULTS.md section 18b; and asks an
-# instance's metadata service again). It refreshes temporary credentials itself before they expire; static keys
-# rewritten in the same credentials file are read by the next process.
+# What boto3 takes credentials from: one `boto3.session.Session` object per set of them, kept for the process
+# (a new one per call took 10.6-12.9 ms of Python, three times per partition commit: benchmarks/RESULTS.md
+# section 18b; and asks an instance's metadata service again). It refreshes temporary credentials itself before
+# they expire; static keys rewritten in the same credentials file are read by the next process.
 CREDENTIAL_SOURCES = (
     "AWS_ACCESS_KEY_ID",
     "AWS_SECRET_ACCESS_KEY",
@@ -236,8 +236,8 @@ def _log_entry(root: storage.Location, kind: str, version: int) -> tuple[int | N
 
 
 def _forget_tables() -> None:
-    """A forked child starts with no table and no boto3 Session: the parent's delta-rs runtime, boto3 Session
-    and locks are not the child's (a lock held by a parent's thread at the fork would never be freed)."""
+    """A forked child starts with no table and no boto3 credentials object: the parent's delta-rs runtime, boto3
+    objects and locks are not the child's (a lock held by a parent's thread at the fork would never be freed)."""
     global _cached_lock, _boto3_lock
     _cached.clear()
     _cached_lock = threading.Lock()
