@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -58,13 +57,11 @@ def failing_runs(runner: BatchRunner, where: dict) -> list[int]:
 
 
 def run_to_its_end(runner: BatchRunner, batch_id: str, limit: float = 300) -> Batch:
-    """Drive the runner's passes over the batch until it ends (`limit`: a guard against a hang, never a wait
-    for a moment: each pass waits for its job's run to exit by itself)."""
-    deadline = time.monotonic() + limit
+    """Drive the runner's passes over the batch until it ends: a pass that leaves it as it was (its job runs)
+    is followed by waiting for that run's process to exit (`limit`: a guard against a hung run)."""
     while (current := runner.store.batch(None, batch_id)).status in ACTIVE:
-        assert time.monotonic() < deadline, f"batch {batch_id} still {current.status}"
-        if not runner.advance(current):  # its job runs
-            time.sleep(0.05)
+        if not runner.advance(current):
+            runner.jobs.child.wait(timeout=limit)
     return current
 
 
