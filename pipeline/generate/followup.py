@@ -158,11 +158,12 @@ def final_output(key: str, items: dict[str, dict], config: TokenmillConfig) -> O
         out.retried, out.problem = True, output_problem(out.item, config)
     reason = escalation_reason(out.item, config) if out.problem is None else None
     if reason is not None:
-        second = items.get(escalated_key(key, item, config))
+        escalated = escalated_key(key, item, config)
+        second = items.get(escalated)
         if second is not None:
             out.paid.append(second)
             if output_problem(second, config) is None:
-                served = escalated_key(key, item, config)
+                served = escalated
                 out.item, out.escalated, out.escalation_reason = second, True, reason
     if out.problem is None and config.checks.quarantine:
         out.rejected = next((c for c in failed_checks(out.item, config.checks) if c in config.checks.quarantine), None)
