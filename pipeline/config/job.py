@@ -92,6 +92,11 @@ class TokenmillConfig(Section):
         e = self.route.escalation
         return (e.to_tier or self.largest_tier) if e.enabled else None
 
+    @property
+    def fed_tiers(self) -> set[str]:
+        """Tiers other tiers' outputs feed: the escalation tier and the LLM judge's (one tier when both are on)."""
+        return {t for t in (self.escalation_tier, self.checks.judge.tier if self.checks.judge else None) if t}
+
     def adapter(self, tenant: str, tier: str) -> str | None:
         """The LoRA adapter folder `tenant`'s requests on `tier` run with, or None (the base model)."""
         t = self.tenants.get(tenant)

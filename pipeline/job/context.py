@@ -163,6 +163,5 @@ class JobContext:
     def drain_order(self) -> list[str]:
         """Tiers in the order one process drains them: the escalation tier and the judge's last, since others
         feed them (with escalation on, the judge's tier is the escalation tier: config/job.py)."""
-        c = self.config
-        last = {c.escalation_tier, c.checks.judge.tier if c.checks.judge else None}
-        return sorted(c.tiers, key=lambda t: (t in last, t))
+        fed = self.config.fed_tiers
+        return sorted(self.config.tiers, key=lambda t: (t in fed, t))

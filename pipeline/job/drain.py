@@ -105,8 +105,7 @@ class TierDrain:
         it judges (chunks, reduces and retries stay on their own tier). A question only: the waves move where a
         unit finishes."""
         c = self.config
-        judge = c.checks.judge.tier if c.checks.judge else None
-        feeders = {t for t in c.tiers if t != self.tier} if self.tier in (c.escalation_tier, judge) else set()
+        feeders = {t for t in c.tiers if t != self.tier} if self.tier in c.fed_tiers else set()
         depth = self.queue.depth(self.job_id)
         return any(depth.get(t, {}).get(s) for t in feeders for s in UNFINISHED)
 
