@@ -26,6 +26,7 @@ from pipeline.job.prepare import check_budget, prepare
 from pipeline.job.progress import Progress
 from pipeline.output.manifest import Manifest
 from pipeline.stores.catalog import migrate
+from pipeline.stores.paths import TABLES
 
 
 def job_id_for(prefix: str, run_date: str) -> str:
@@ -149,9 +150,8 @@ def job_manifest(config: TokenmillConfig, job_id: str) -> Manifest:
     return manifest
 
 
-# The tables a job updates, as the orchestrator's assets (Airflow Assets): a downstream DAG (an analyst's
-# load into the warehouse, a FinOps export) is scheduled on "the ledger was updated", not on a clock.
-TABLES = ("outputs", "ledger", "quarantine")
+# The tables a job updates (stores/paths.py TABLES) are the orchestrator's assets (Airflow Assets): a downstream
+# DAG (an analyst's load into the warehouse, a FinOps export) is scheduled on "the ledger was updated", not on a clock.
 
 
 def table_asset_uri(output_uri: str, table: str) -> str:

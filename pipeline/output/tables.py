@@ -49,11 +49,11 @@ import pyarrow.fs as pafs
 
 from pipeline.schema import LEDGER, OUTPUTS, QUARANTINE
 from pipeline.stores import storage
-from pipeline.stores.paths import OutputPath
+from pipeline.stores.paths import TABLES, OutputPath
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-KINDS = ("outputs", "ledger", "quarantine")
+KINDS = TABLES  # the three tables, by the name of their folders
 PARTITION_BY = ["job_id", "partition"]
 # Each table's columns: the kind's schema, with `partition` (outputs and quarantine keep it out of their rows
 # in the job's own tables; as a Delta partition column every reader gets it as a column).
