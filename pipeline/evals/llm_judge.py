@@ -5,9 +5,7 @@ and `tokenmill checks calibrate --judge` reports its agreement like any other ch
 from __future__ import annotations
 
 from pipeline.config import TokenmillConfig
-from pipeline.generate.judge import fitted_prompt, judge_messages, judge_sampling, verdict
-
-__all__ = ["judge_messages", "run_judge", "verdict"]
+from pipeline.generate.judge import fitted_prompt, judge_sampling, verdict
 
 
 def run_judge(config: TokenmillConfig, rows: list[dict]) -> list[dict]:

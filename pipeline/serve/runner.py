@@ -53,7 +53,7 @@ from pipeline.stores.runners import RunnerLeases
 
 log = logging.getLogger(__name__)
 
-__all__ = ["ACTIVE", "MAX_ATTEMPTS", "BatchRunner", "job_config", "request_lines"]
+__all__ = ["ACTIVE", "MAX_ATTEMPTS", "BatchRunner", "job_config"]
 MAX_FAULTS = 5  # passes in a row that fail on one batch (storage, catalog) before it is failed, unblocking the queue
 JOB_FAILED = "the batch's job failed; the server's log names the cause (look for the batch id)"
 WINDOWS = {"24h": 24 * 3600, "48h": 48 * 3600, "7d": 7 * 24 * 3600}  # completion windows the runner can time

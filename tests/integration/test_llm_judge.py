@@ -4,7 +4,8 @@ verdicts read from its answers and set beside a reader's labels by `calibrate` l
 import pytest
 
 from pipeline.evals.calibrate import calibrate
-from pipeline.evals.llm_judge import judge_messages, run_judge, verdict
+from pipeline.evals.llm_judge import run_judge
+from pipeline.generate.judge import judge_messages, verdict
 from tests.unit.test_checks_judge import LABELS, share
 
 
