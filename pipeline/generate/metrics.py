@@ -365,7 +365,7 @@ def push(config: MetricsConfig, job_id: str) -> bool:
 
 
 class JobParts(Protocol):
-    """What a step's report reads: a JobContext, or a step's own part of one (job/commit.py PartitionCommit)."""
+    """What a step's report reads: a JobContext, or a step's own part of one (job/commit.py Committing)."""
 
     config: TokenmillConfig
     job_id: str

@@ -87,49 +87,36 @@ class Committing:
 
 @dataclass
 class PartitionCommit:
-    """One claim on a partition, run to its end state: the commit step's collaborators (`Committing`, by
-    `of`) and the claim's partition and epoch."""
+    """One claim on a partition, run to its end state: the commit step's collaborators (`step`) and the claim's
+    partition and epoch."""
 
     partition: str
-    config: TokenmillConfig
-    job_id: str
-    worker: str  # whose claim
-    state: StateStore  # the claim, the partition's row, its commit
-    queue: UnitQueue  # its units (what a cap held back)
-    budget: BudgetGuard  # why a cap held them back
-    waves: PartitionWaves  # its generation: the last wave, its state, stopping it
-    engine_time: EngineTime  # the engine sessions' held time shared in
-    staging: StagingArea  # its records and quarantine as planned
-    lookup: ItemLookup  # its paid items
-    out: storage.Location  # where its tables' files are staged and published
-    cache: ResilientStore | None  # None: its generations are not cached (off, or unreachable)
-    progress: Progress
+    step: Committing
     epoch: int | None = None  # the claim's fencing token
 
     @classmethod
     def of(cls, c: Committing, partition: str) -> PartitionCommit:
-        return cls(
-            partition, c.config, c.job_id, c.worker, c.state, c.queue, c.budget, c.waves, c.engine_time, c.staging,
-            c.lookup, c.out, c.cache, c.progress,
-        )  # fmt: skip
+        return cls(partition, c)
 
     def claim(self, force: bool = False) -> bool:
-        self.epoch = self.state.claim(
-            self.job_id, self.partition, self.worker, self.config.state.lease_seconds, force=force
+        self.epoch = self.step.state.claim(
+            self.step.job_id, self.partition, self.step.worker, self.step.config.state.lease_seconds, force=force
         )
         return self.epoch is not None
 
     def finish(self, status: str, **fields) -> bool:
         """Set this claim's end state; False when the claim was fenced out (another worker took over)."""
-        return self.state.finish_partition(self.job_id, self.partition, self.worker, self.epoch, status, **fields)
+        return self.step.state.finish_partition(
+            self.step.job_id, self.partition, self.step.worker, self.epoch, status, **fields
+        )
 
     def row(self) -> Partition:
-        return self.state.partition(self.job_id, self.partition)
+        return self.step.state.partition(self.step.job_id, self.partition)
 
     def run_to_end_state(self, step=None) -> None:
         """Run the claimed partition to its end state (succeeded, deferred or failed), then report to the metrics.
         `step(beat)`: what commits it (default: generate_and_commit)."""
-        metrics.begin(self.config, self.job_id)
+        metrics.begin(self.step.config, self.step.job_id)
         try:
             self.run_claimed(step or self.generate_and_commit)
         finally:
@@ -138,14 +125,14 @@ class PartitionCommit:
     def report(self) -> None:
         """The job's state after this commit (its totals, budget left, units still claimable), to the metrics and
         the Pushgateway. Never raises: the partition's end state is what counts."""
-        metrics.report_job(self)  # a metrics.JobParts: its config, job id, catalog, queue and budget
+        metrics.report_job(self.step)  # a metrics.JobParts: its config, job id, catalog, queue and budget
 
     def run_claimed(self, step) -> None:
         partition = self.partition
         try:
-            lease = self.config.state.lease_seconds
+            lease = self.step.config.state.lease_seconds
             with Renewal(
-                lambda: self.state.heartbeat(self.job_id, partition, self.worker, lease, self.epoch),
+                lambda: self.step.state.heartbeat(self.step.job_id, partition, self.step.worker, lease, self.epoch),
                 lease,
                 f"lease-{partition}",
             ) as beat:
@@ -170,16 +157,16 @@ class PartitionCommit:
     def generate_and_commit(self, beat: Renewal) -> None:
         """Commit a generated partition: its generation must be over (a wave derived nothing)."""
         partition, started = self.partition, time.perf_counter()
-        self.waves.advance(partition)  # the last wave may have come in through another partition's unit
+        self.step.waves.advance(partition)  # the last wave may have come in through another partition's unit
         p = self.row()
         if p.generation != "generated":
-            units = self.queue.units(self.job_id, partition)
+            units = self.step.queue.units(self.step.job_id, partition)
             # Its own units, or those of another partition it waits on: any unit of the job a cap held back.
-            deferred = [u for u in self.queue.units(self.job_id) if u.status == "deferred"]
+            deferred = [u for u in self.step.queue.units(self.step.job_id) if u.status == "deferred"]
             if deferred:
                 raise BudgetReached(
                     f"budget reached before {len(deferred)} work units of this job "
-                    f"({sum(u.requests for u in deferred)} requests) could run: {self.budget.reason or 'a cap'}; "
+                    f"({sum(u.requests for u in deferred)} requests) could run: {self.step.budget.reason or 'a cap'}; "
                     "what was generated is kept and not paid again"
                 )
             waiting = [u for u in units if u.status in ("pending", "leased")]
@@ -189,16 +176,16 @@ class PartitionCommit:
                 if p.generation != "failed"
                 else f"partition {partition}: {p.last_error}"
             )
-        self.engine_time.wait_for_engines(lambda: not beat.lost)
-        records = self.staging.records(partition)
-        quarantine = self.staging.quarantine(partition)
+        self.step.engine_time.wait_for_engines(lambda: not beat.lost)
+        records = self.step.staging.records(partition)
+        quarantine = self.step.staging.quarantine(partition)
         self.commit(beat, records, quarantine, *self.generated(p, records), started)
 
     def generated(self, p, records: pa.Table) -> tuple[dict[str, dict], dict[str, tuple], int]:
         """What the partition's generation has made, as its current wave's state says: (its items by key, keys
         given up on with why, prompt tokens its requests could share)."""
-        state = self.waves.state_of(p)
-        items = self.lookup.stored(partition_keys(records, state))
+        state = self.step.waves.state_of(p)
+        items = self.step.lookup.stored(partition_keys(records, state))
         return items, {k: tuple(v) for k, v in state.failed.items()}, state.shareable
 
     def commit_stopped(self, beat: Renewal, reason: str, detail: str) -> None:
@@ -209,13 +196,13 @@ class PartitionCommit:
         partition, started = self.partition, time.perf_counter()
         prepared = self.row().generation in ("generating", "generated")
         if prepared:
-            self.waves.stop(partition)
-        self.engine_time.wait_for_engines(lambda: not beat.lost)  # a killed worker's session: gone at once
-        records, quarantine = self.staging.records(partition), self.staging.quarantine(partition)
+            self.step.waves.stop(partition)
+        self.step.engine_time.wait_for_engines(lambda: not beat.lost)  # a killed worker's session: gone at once
+        records, quarantine = self.step.staging.records(partition), self.step.staging.quarantine(partition)
         if prepared:
             items, failed, shareable = self.generated(self.row(), records)
         else:  # never prepared (or its generation failed): what this job's partitions or the cache hold
-            records, items, _ = self.lookup.unpaid(partition, records)
+            records, items, _ = self.step.lookup.unpaid(partition, records)
             failed, shareable = {}, 0
         self.commit(beat, records, quarantine, items, failed, shareable, started, stopped=(reason, detail))
 
@@ -231,14 +218,17 @@ class PartitionCommit:
                 and item.get("partition") == self.partition
                 and item["id"] in scope_of
                 and ratio(item) > 0
-                and item["tier"] in self.config.tiers
+                and item["tier"] in self.step.config.tiers
             ):
                 usd = (
-                    item["gpu_seconds"] * (1 + ratio(item)) * self.config.tiers[item["tier"]].price_per_gpu_hour / 3600
+                    item["gpu_seconds"]
+                    * (1 + ratio(item))
+                    * self.step.config.tiers[item["tier"]].price_per_gpu_hour
+                    / 3600
                 )
-                by_scope.setdefault(scope_of[item["id"]], {})[key] = cache_value(item, self.job_id, usd)
+                by_scope.setdefault(scope_of[item["id"]], {})[key] = cache_value(item, self.step.job_id, usd)
         for scope, values in by_scope.items():
-            self.cache.put_many(scope, values)
+            self.step.cache.put_many(scope, values)
 
     def commit(
         self,
@@ -257,19 +247,19 @@ class PartitionCommit:
         What was paid for a record left without an answer and without a ledger row of its own (a long
         document's chunk summaries when a chunk failed, or when its job stopped before the reduce) is
         charged as `unfinished` rows, so the ledger holds every paid generation."""
-        c, partition = self.config, self.partition
-        items |= self.lookup.stored([k for k in related_keys(needed_keys(records), items, c) if k not in items])
+        c, partition = self.step.config, self.partition
+        items |= self.step.lookup.stored([k for k in related_keys(needed_keys(records), items, c) if k not in items])
         if stopped is not None:
             failed = failed | unanswered_keys(records, items, failed, c, *stopped)
-        shares = self.engine_time.shares()
-        ratio = self.engine_time.overhead_ratio(shares)
-        outputs, ledger, late_quarantine = assemble_results(records, items, failed, c, self.job_id, now(), ratio)
+        shares = self.step.engine_time.shares()
+        ratio = self.step.engine_time.overhead_ratio(shares)
+        outputs, ledger, late_quarantine = assemble_results(records, items, failed, c, self.step.job_id, now(), ratio)
         unfinished = []  # (a partition with nothing quarantined here, the common case, looks nothing up)
         if late_quarantine.num_rows:
             unanswered = set(late_quarantine["id"].to_pylist()) - set(ledger["id"].to_pylist())
-            unfinished = self.state.generated_for(self.job_id, sorted(unanswered)) if unanswered else []
-        charges = self.engine_time.charges(partition, shares) + unfinished_charges(partition, unfinished, ratio)
-        ledger = pa.concat_tables([ledger, charge_rows(charges, c, self.job_id, now())])
+            unfinished = self.step.state.generated_for(self.step.job_id, sorted(unanswered)) if unanswered else []
+        charges = self.step.engine_time.charges(partition, shares) + unfinished_charges(partition, unfinished, ratio)
+        ledger = pa.concat_tables([ledger, charge_rows(charges, c, self.step.job_id, now())])
         quarantine = pa.concat_tables([quarantine, late_quarantine])
         expected = self.row().records
         if outputs.num_rows + quarantine.num_rows != expected:  # the invariant every row depends on
@@ -277,24 +267,24 @@ class PartitionCommit:
                 f"partition {partition}: accounting mismatch: {outputs.num_rows} outputs + "
                 f"{quarantine.num_rows} quarantined != {expected} records; nothing was committed"
             )
-        faults.checkpoint("before_commit", self.job_id, partition)
+        faults.checkpoint("before_commit", self.step.job_id, partition)
         if beat.lost:
             raise LeaseLost(f"partition {partition}: lease lost to another worker; not committing")
         commit = new_commit_id(self.epoch)
         files = stage(
-            self.out,
-            self.job_id,
+            self.step.out,
+            self.step.job_id,
             partition,
             {"outputs": outputs, "ledger": ledger, "quarantine": quarantine},
             c.output.compression,
             commit,
         )
-        if self.cache is not None:
+        if self.step.cache is not None:
             for scope, recipe, blob in generated_segments(records, items, c.dedup.boilerplate_patterns):
-                self.cache.put_segment(scope, recipe, f"{self.job_id}/{partition}", blob)
+                self.step.cache.put_segment(scope, recipe, f"{self.step.job_id}/{partition}", blob)
             self.cache_full_costs(records, items, ratio)
         verification = verify_shadows(
-            records, items, self.lookup.reference_outputs(records, items), c.dedup.shadow_min_f1
+            records, items, self.step.lookup.reference_outputs(records, items), c.dedup.shadow_min_f1
         )
         counts = partition_counts(outputs, ledger, quarantine, items, c)
         counts.tokens.shareable_prompt_tokens = shareable
@@ -302,7 +292,7 @@ class PartitionCommit:
         counts.seconds = round(time.perf_counter() - started, 3)
         figures = metrics.partition_figures(ledger, quarantine)  # the job's running totals add these up
         if not self.finish("succeeded", counts=counts.as_json(), commit_id=commit, commit_files=files, figures=figures):
-            discard(self.out, files)
+            discard(self.step.out, files)
             raise LeaseLost(
                 f"partition {partition}: lease lost to another worker (claim epoch {self.epoch} "
                 f"superseded); its commit was fenced out and wrote nothing visible"
@@ -315,8 +305,8 @@ class PartitionCommit:
         job's next manifest write."""
         partition = self.partition
         try:
-            faults.checkpoint("before_publish", self.job_id, partition)
-            if not publish(self.out, self.job_id, partition, self.epoch, files):
+            faults.checkpoint("before_publish", self.step.job_id, partition)
+            if not publish(self.step.out, self.step.job_id, partition, self.epoch, files):
                 log.warning("partition %s: a newer claim published first; this claim's rows stay invisible", partition)
         except Exception as e:  # committed in the catalog: never downgrade it; the tables follow
             log.warning(
@@ -326,7 +316,7 @@ class PartitionCommit:
                 e,
             )
         try:  # counted once the catalog committed, whether or not the tables are written yet
-            self.progress.advance(done=outputs.num_rows, quarantined=quarantine.num_rows, partition=partition)
+            self.step.progress.advance(done=outputs.num_rows, quarantined=quarantine.num_rows, partition=partition)
             metrics.committed(ledger, quarantine)
         except Exception as e:  # telemetry never downgrades a committed partition
             log.warning("partition %s committed; its progress and metrics were not counted: %s", partition, e)
